@@ -1,0 +1,56 @@
+"""Shared CLI plumbing: exit codes, one-line errors, JSON/table output.
+
+Exit codes: ``0`` success; ``1`` the operation ran and failed (job failed, unschedulable);
+``2`` bad arguments or bad input (a file that does not validate); ``3`` a service is unavailable;
+``4`` not found; ``5`` permission denied; ``130`` interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_PERMISSION",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "CliError",
+    "console",
+    "err_console",
+    "print_json",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = 4
+EXIT_PERMISSION = 5
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class CliError(Exception):
+    """Raised by a command to end with a one-line message and an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def print_json(obj: Any) -> None:
+    """Write ``obj`` as one JSON document on stdout (no rich markup, machine-readable)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def add_json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")

@@ -1,0 +1,79 @@
+"""Entry point of the ``spiderflow`` command.
+
+Command groups live in :mod:`spiderflow.cli.commands`; each module there exposes
+``register(subparsers)`` and sets ``func`` on its parsers. Every domain error becomes a one-line message
+on stderr and a documented exit code (see :mod:`spiderflow.cli.common`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from spiderflow.cli import commands
+from spiderflow.cli.common import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_PERMISSION,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CliError,
+    err_console,
+)
+from spiderflow.errors import (
+    NotFoundError,
+    PermissionDeniedError,
+    SpiderFlowError,
+    UnavailableError,
+    ValidationError,
+)
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spiderflow",
+        description="Topology-aware scheduling of LLM training across decentralized GPU clusters.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+        return int(code or 0)
+    except CliError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return e.code
+    except ValidationError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_USAGE
+    except NotFoundError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_NOT_FOUND
+    except PermissionDeniedError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_PERMISSION
+    except UnavailableError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_UNAVAILABLE
+    except SpiderFlowError as e:
+        err_console.print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        err_console.print("interrupted", markup=False)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+r"""The closed-form cost model shared by the scheduler, the planner, the simulator and every baseline.
+
+Symbols (units in brackets):
+
+- ``b`` micro-batch [samples], ``s`` sequence length [tokens], ``h`` hidden, ``a`` heads, ``V`` vocab.
+- ``F_c`` achieved throughput of one GPU of cluster ``c`` [FLOP/s] = measured-or-peak TFLOPS × mfu.
+- Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
+- Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same.
+
+Stage ``s`` (cluster ``c``, tensor degree ``t``, ``d`` replicas, layers ``ℓ_s``) per micro-batch:
+
+    T_s = 3·FLOPs(ℓ_s) / (t · F_c)  +  4·|ℓ_s|·AR_t(A, B_tp)                         (compute + TP)
+    AR_k(x, B) = 2(k−1)/k · x / B  (+ 2(k−1)·λ)                                        (ring all-reduce)
+
+``B_tp`` is the intra-node bandwidth when ``t`` GPUs fit in one node, else the inter-node bandwidth.
+A stage with ``d`` replicas admits one micro-batch every ``T_s / d`` in steady state.
+
+Boundary between stages ``s`` and ``s+1``:
+
+    P_s = A / b_{c_s c_{s+1}} + l_{c_s c_{s+1}}     (0 when both stages share a cluster and t fits a node;
+                                                      else the cluster's inter-node bandwidth)
+
+Pipeline step for ``m`` micro-batches, GPipe and 1F1B alike (they differ in memory, not in this bound):
+
+    T_pipe = (m − 1) · max( max_s T_s/d_s , max_s P_s )  +  Σ_s T_s  +  2 · Σ_s P_s
+
+(the activation crosses each boundary once forward and the gradient once backward on the critical
+path, hence ``2·ΣP``). Interleaved 1F1B with ``v`` chunks divides the fill/drain term by ``v`` and
+multiplies boundary crossings by ``v``. Exact event-level timings of every schedule (including the
+latency-aware one) live in :mod:`spiderflow.schedules`; this closed form is what searches use.
+
+Gradient synchronisation, after the pipeline drains, stages in parallel:
+
+    T_dp = max_s AR_{d_s}(2·params_s / t_s, B_dp(s))
+
+Memory per GPU of stage ``s`` (bytes):
+
+    M_s = 16·params_s / t_s  +  k_s · act_s  +  R
+    act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation)
+    k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages)
+
+``16`` bytes/parameter = bf16 weights and grads + fp32 master weights and two Adam moments.
+``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
+(``V·h`` params) and the head plus its fp32 logits (``4·b·s·V`` bytes).
+
+Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
+
+``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
+Everything here is pure: no I/O, no randomness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from spiderflow.catalog import ModelSpec
+from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+
+__all__ = [
+    "BYTES_PER_PARAM",
+    "GIB",
+    "RESERVED_GIB",
+    "Breakdown",
+    "activation_bytes",
+    "allreduce_time",
+    "evaluate",
+    "layer_fwd_flops",
+    "pipeline_step_time",
+    "stage_activation_bytes_per_microbatch",
+    "stage_compute_time",
+    "stage_fwd_flops",
+    "stage_memory_bytes",
+    "stage_params",
+    "transfer_time",
+]
+
+GIB = float(1 << 30)
+BYTES_PER_PARAM = 16
+RESERVED_GIB = 0.5
+
+
+def layer_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
+    """Forward FLOPs of one transformer layer: ``24·b·s·h² + 4·b·s²·h``."""
+    h = model.hidden
+    return 24.0 * b * s * h * h + 4.0 * b * s * s * h
+
+
+def activation_bytes(model: ModelSpec, b: int, s: int) -> float:
+    """Bytes of the activation (or its gradient) crossing a stage boundary: ``2·b·s·h``."""
+    return 2.0 * b * s * model.hidden
+
+
+def stage_fwd_flops(model: ModelSpec, first: int, last: int, b: int, s: int) -> float:
+    """Forward FLOPs of layers ``first..last``; the last layer's stage also runs the head."""
+    flops = (last - first + 1) * layer_fwd_flops(model, b, s)
+    if last == model.layers - 1:
+        flops += 2.0 * b * s * model.hidden * model.vocab
+    return flops
+
+
+def stage_params(model: ModelSpec, first: int, last: int) -> float:
+    """Parameters of layers ``first..last`` plus embedding (first stage) and head (last stage)."""
+    p = (last - first + 1) * float(model.params_per_layer)
+    if first == 0:
+        p += model.embedding_params
+    if last == model.layers - 1:
+        p += model.embedding_params
+    return p
+
+
+def transfer_time(nbytes: float, gbps: float, latency_ms: float) -> float:
+    """Seconds to move ``nbytes`` over a ``gbps`` link with one-way latency ``latency_ms``."""
+    if gbps <= 0:
+        return math.inf
+    if math.isinf(gbps):
+        return latency_ms / 1e3
+    return nbytes * 8.0 / (gbps * 1e9) + latency_ms / 1e3
+
+
+def allreduce_time(nbytes: float, d: int, gbps: float, latency_ms: float = 0.0) -> float:
+    """Ring all-reduce of ``nbytes`` over ``d`` members: ``2(d−1)/d · x/B + 2(d−1)·λ``."""
+    if d <= 1:
+        return 0.0
+    if gbps <= 0:
+        return math.inf
+    return 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9) + 2.0 * (d - 1) * latency_ms / 1e3
+
+
+def _tp_bandwidth(cluster: Cluster, tp: int) -> float:
+    return cluster.intra_node_gbps if tp <= cluster.gpus_per_node else cluster.inter_node_gbps
+
+
+def _dp_bandwidth(cluster: Cluster, stage_gpus: int) -> float:
+    return cluster.intra_node_gbps if stage_gpus <= cluster.gpus_per_node else cluster.inter_node_gbps
+
+
+def stage_compute_time(
+    model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int
+) -> float:
+    """``T_s``: forward + backward seconds of one micro-batch on one replica (compute + TP all-reduces)."""
+    flops = 3.0 * stage_fwd_flops(model, first, last, b, s)
+    compute = flops / (tp * cluster.effective_tflops * 1e12)
+    comm = 4 * (last - first + 1) * allreduce_time(activation_bytes(model, b, s), tp, _tp_bandwidth(cluster, tp))
+    return compute + comm
+
+
+def stage_activation_bytes_per_microbatch(model: ModelSpec, first: int, last: int, tp: int, b: int, s: int) -> float:
+    """Activation memory one in-flight micro-batch pins on one GPU of the stage."""
+    h, a = model.hidden, model.heads
+    per_layer = s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp))
+    act = (last - first + 1) * per_layer
+    if last == model.layers - 1:
+        act += 4.0 * b * s * model.vocab / tp
+    return act
+
+
+def stage_memory_bytes(
+    model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int
+) -> float:
+    """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held."""
+    return (
+        BYTES_PER_PARAM * stage_params(model, first, last) / tp
+        + in_flight * stage_activation_bytes_per_microbatch(model, first, last, tp, b, s)
+        + RESERVED_GIB * GIB
+    )
+
+
+def in_flight_microbatches(schedule: Schedule, m: int, dp: int, stage_index: int, n_stages: int) -> int:
+    """Micro-batches whose activations a replica of stage ``stage_index`` holds at peak."""
+    per_replica = math.ceil(m / dp)
+    if schedule is Schedule.GPIPE:
+        return per_replica
+    if schedule is Schedule.LATENCY_AWARE:
+        # Deeper warm-up: up to twice the 1F1B depth (see spiderflow.schedules for the exact policy).
+        return min(per_replica, 2 * (n_stages - stage_index))
+    return min(per_replica, n_stages - stage_index)
+
+
+def pipeline_step_time(
+    compute: Sequence[float], replicas: Sequence[int], boundaries: Sequence[float], m: int, chunks: int = 1
+) -> float:
+    """``T_pipe`` of the module docstring; ``boundaries[i]`` is ``P`` between stage i and i+1."""
+    if not compute:
+        raise ValueError("a pipeline needs at least one stage")
+    bottleneck = max(max(t / d for t, d in zip(compute, replicas, strict=True)), max(boundaries, default=0.0))
+    fill = sum(compute) / chunks
+    comm = 2.0 * sum(boundaries) * chunks
+    return (m - 1) * bottleneck + fill + comm
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Per-stage figures behind an estimate (same order as the plan's stages)."""
+
+    compute_s: tuple[float, ...]
+    boundary_s: tuple[float, ...]
+    allreduce_s: tuple[float, ...]
+    memory_gib: tuple[float, ...]
+    pipeline_s: float
+    dp_sync_s: float
+
+
+def boundary_time(topo: Topology, model: ModelSpec, a: Stage, b_: Stage, b: int, s: int) -> float:
+    """``P`` between consecutive stages ``a`` and ``b_``."""
+    nbytes = activation_bytes(model, b, s)
+    if a.cluster == b_.cluster:
+        c = topo.cluster(a.cluster)
+        return transfer_time(nbytes, c.inter_node_gbps, 0.0)
+    return transfer_time(nbytes, topo.bandwidth_gbps(a.cluster, b_.cluster), topo.latency_ms(a.cluster, b_.cluster))
+
+
+def breakdown(
+    plan: Plan, topo: Topology, model: ModelSpec, *, micro_batch: int, seq_len: int
+) -> Breakdown:
+    """Compute every term of the module docstring for ``plan``."""
+    b, s = micro_batch, seq_len
+    stages = plan.stages
+    clusters = [topo.cluster(st.cluster) for st in stages]
+    compute = tuple(
+        stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s)
+        for st, c in zip(stages, clusters, strict=True)
+    )
+    bounds = tuple(boundary_time(topo, model, stages[i], stages[i + 1], b, s) for i in range(len(stages) - 1))
+    chunks = int(plan.extras.get("chunks", 2 if plan.schedule is Schedule.INTERLEAVED_1F1B else 1))
+    pipe = pipeline_step_time(compute, [st.dp for st in stages], bounds, plan.micro_batches, chunks)
+    ar = tuple(
+        allreduce_time(
+            2.0 * stage_params(model, st.first_layer, st.last_layer) / st.tp, st.dp, _dp_bandwidth(c, st.gpus)
+        )
+        for st, c in zip(stages, clusters, strict=True)
+    )
+    n = len(stages)
+    mem = tuple(
+        stage_memory_bytes(
+            model, st.first_layer, st.last_layer, st.tp, b, s,
+            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n),
+        ) / GIB
+        for i, st in enumerate(stages)
+    )
+    return Breakdown(
+        compute_s=compute, boundary_s=bounds, allreduce_s=ar, memory_gib=mem, pipeline_s=pipe,
+        dp_sync_s=max(ar, default=0.0),
+    )
+
+
+def evaluate(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
+    """Return ``plan`` with its predictions filled in (step time, throughput, memory, $ per step).
+
+    The micro-batch size is ``job.global_batch / plan.micro_batches``.
+    """
+    micro_batch = max(1, job.global_batch // plan.micro_batches)
+    bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len)
+    step = bd.pipeline_s + bd.dp_sync_s
+    usd = 0.0
+    for st in plan.stages:
+        c = topo.cluster(st.cluster)
+        usd += st.gpus * c.power_w / 1000.0 * step / 3600.0 * c.electricity_usd_per_kwh
+    return replace(
+        plan,
+        step_time_s=step,
+        throughput_tokens_per_s=(job.tokens_per_step / step) if step > 0 and math.isfinite(step) else 0.0,
+        memory_gib_per_gpu=bd.memory_gib,
+        usd_per_step=usd,
+    )
+
+
+def fits_memory(plan: Plan, topo: Topology) -> tuple[bool, int, float]:
+    """``(ok, worst_stage_index, excess_gib)`` for a plan already passed through :func:`evaluate`."""
+    worst, excess = -1, -math.inf
+    for i, (st, m) in enumerate(zip(plan.stages, plan.memory_gib_per_gpu, strict=True)):
+        over = m - topo.cluster(st.cluster).gpu_memory_gib
+        if over > excess:
+            worst, excess = i, over
+    return excess <= 0, worst, excess

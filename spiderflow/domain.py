@@ -1,0 +1,432 @@
+"""The domain model: frozen, validated value objects shared by every component.
+
+Glossary
+--------
+cluster
+    A set of identical GPUs in one region under one administrator, reachable by one agent. Has
+    ``nodes × gpus_per_node`` GPUs of one :class:`~spiderflow.catalog.GpuType`, of which ``free_gpus`` are
+    available to SpiderFlow.
+node
+    One machine of a cluster; GPUs inside a node talk over ``intra_node_gbps`` (NVLink), nodes over
+    ``inter_node_gbps`` (InfiniBand/Ethernet).
+GPU
+    One accelerator. ``tflops`` on a cluster is the *measured* dense matmul throughput per GPU when an
+    agent has calibrated it, else the catalog's peak; ``mfu`` the fraction of it a training step reaches.
+link
+    A measured inter-cluster connection ``a → b`` with ``bandwidth_gbps`` (Gbit/s) and one-way
+    ``latency_ms``. Symmetric unless ``directed``. Clusters without a link talk through relays along the
+    widest path.
+chain
+    The ordered list of clusters a job's pipeline flows through (activations go chain[i] → chain[i+1]).
+stage
+    One pipeline stage: a contiguous layer range ``[first_layer, last_layer]`` on one cluster, run by
+    ``tp × dp`` GPUs (tensor-parallel degree ``tp``, ``dp`` replicas of the stage that split its
+    micro-batches and all-reduce gradients). Layers are numbered ``0 .. L-1``; the embedding lives with
+    layer 0's stage and the head/loss with layer ``L-1``'s.
+rank
+    One worker process of a running plan; ranks are numbered stage by stage, replica by replica.
+plan
+    Stages in pipeline order, the micro-batch count ``m``, the pipeline schedule, and the cost model's
+    predictions (step time, throughput, memory per GPU, dollars per step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from typing import TYPE_CHECKING
+
+from spiderflow.catalog import GpuType, ModelSpec, gpu_type
+from spiderflow.errors import ValidationError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = [
+    "Cluster",
+    "GpuRange",
+    "JobSpec",
+    "Link",
+    "Plan",
+    "Schedule",
+    "Stage",
+    "Topology",
+]
+
+
+def _positive(fieldname: str, value: float, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValidationError(fieldname, "must be a number", value)
+    if value < 0 or (value == 0 and not allow_zero) or math.isinf(value):
+        raise ValidationError(fieldname, "must be " + ("≥ 0" if allow_zero else "> 0"), value)
+
+
+def _int(fieldname: str, value: int, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(fieldname, "must be an integer", value)
+    if value < minimum:
+        raise ValidationError(fieldname, f"must be ≥ {minimum}", value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """A GPU cluster (see the module glossary). ``free_gpus=None`` means all GPUs are free."""
+
+    name: str
+    gpu: str
+    nodes: int
+    gpus_per_node: int
+    intra_node_gbps: float = 600.0
+    inter_node_gbps: float = 100.0
+    electricity_usd_per_kwh: float = 0.10
+    free_gpus: int | None = None
+    tflops: float | None = None
+    mfu: float | None = None
+    memory_gib: float | None = None
+    region: str = ""
+    lat: float | None = None
+    lon: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 63:
+            raise ValidationError("cluster.name", "must be a non-empty string of ≤ 63 characters", self.name)
+        where = f"clusters[{self.name}]"
+        gpu_type(self.gpu, field=f"{where}.gpu")
+        _int(f"{where}.nodes", self.nodes, minimum=1)
+        _int(f"{where}.gpus_per_node", self.gpus_per_node, minimum=1)
+        _positive(f"{where}.intra_node_gbps", self.intra_node_gbps)
+        _positive(f"{where}.inter_node_gbps", self.inter_node_gbps)
+        _positive(f"{where}.electricity_usd_per_kwh", self.electricity_usd_per_kwh, allow_zero=True)
+        if self.free_gpus is None:
+            object.__setattr__(self, "free_gpus", self.nodes * self.gpus_per_node)
+        else:
+            _int(f"{where}.free_gpus", self.free_gpus, minimum=0)
+            if self.free_gpus > self.total_gpus:
+                raise ValidationError(
+                    f"{where}.free_gpus", f"exceeds nodes × gpus_per_node = {self.total_gpus}", self.free_gpus
+                )
+        if self.tflops is not None:
+            _positive(f"{where}.tflops", self.tflops)
+        if self.mfu is not None:
+            _positive(f"{where}.mfu", self.mfu)
+            if self.mfu > 1:
+                raise ValidationError(f"{where}.mfu", "must be ≤ 1", self.mfu)
+        if self.memory_gib is not None:
+            _positive(f"{where}.memory_gib", self.memory_gib)
+
+    @property
+    def gpu_type(self) -> GpuType:
+        return gpu_type(self.gpu)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def free(self) -> int:
+        """Free GPUs (``free_gpus`` with its default resolved)."""
+        assert self.free_gpus is not None
+        return self.free_gpus
+
+    @property
+    def effective_tflops(self) -> float:
+        """Achieved TFLOPS per GPU in training: (measured or peak) × mfu."""
+        t = self.gpu_type
+        return (self.tflops if self.tflops is not None else t.peak_tflops) * (
+            self.mfu if self.mfu is not None else t.default_mfu
+        )
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.memory_gib if self.memory_gib is not None else self.gpu_type.memory_gib
+
+    @property
+    def power_w(self) -> float:
+        return self.gpu_type.power_w
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """An inter-cluster link ``a → b`` (and ``b → a`` unless ``directed``)."""
+
+    a: str
+    b: str
+    bandwidth_gbps: float
+    latency_ms: float
+    directed: bool = False
+
+    def __post_init__(self) -> None:
+        where = f"links[{self.a}-{self.b}]"
+        if self.a == self.b:
+            raise ValidationError(f"{where}.b", "a link must join two different clusters", self.b)
+        _positive(f"{where}.bandwidth_gbps", self.bandwidth_gbps)
+        _positive(f"{where}.latency_ms", self.latency_ms, allow_zero=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Topology:
+    """An immutable snapshot of the cluster graph.
+
+    ``revision`` is the etcd revision it was read at (0 for files). Pairwise figures between clusters that
+    share no link come from relaying along the *widest path* (maximum bottleneck bandwidth; latency summed
+    along that path); unreachable pairs have bandwidth 0 and infinite latency.
+    """
+
+    clusters: tuple[Cluster, ...]
+    links: tuple[Link, ...] = ()
+    revision: int = 0
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for c in self.clusters:
+            if c.name in seen:
+                raise ValidationError("clusters.name", "duplicate cluster name", c.name)
+            seen.add(c.name)
+        pairs: set[tuple[str, str]] = set()
+        for i, link in enumerate(self.links):
+            for end in ("a", "b"):
+                if getattr(link, end) not in seen:
+                    raise ValidationError(f"links[{i}].{end}", "unknown cluster", getattr(link, end))
+            for pair in self._directions(link):
+                if pair in pairs:
+                    raise ValidationError(f"links[{i}]", "duplicate link", f"{pair[0]}-{pair[1]}")
+                pairs.add(pair)
+
+    @staticmethod
+    def _directions(link: Link) -> list[tuple[str, str]]:
+        return [(link.a, link.b)] if link.directed else [(link.a, link.b), (link.b, link.a)]
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.clusters)
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+    def cluster(self, name: str) -> Cluster:
+        from spiderflow.errors import NotFoundError
+
+        try:
+            return self.clusters[self.index[name]]
+        except KeyError:
+            raise NotFoundError(f"cluster {name!r} is not in the topology") from None
+
+    @cached_property
+    def direct(self) -> dict[tuple[str, str], Link]:
+        """Directed adjacency: ``(u, v) → link``."""
+        out: dict[tuple[str, str], Link] = {}
+        for link in self.links:
+            for pair in self._directions(link):
+                out[pair] = link
+        return out
+
+    @cached_property
+    def _paths(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """All-pairs widest paths (bandwidth Gbit/s, latency ms): a vectorised Floyd–Warshall, O(n³/…)."""
+        import numpy as np
+
+        n = len(self.clusters)
+        bw = np.zeros((n, n))
+        lat = np.full((n, n), np.inf)
+        for (u, v), link in self.direct.items():
+            i, j = self.index[u], self.index[v]
+            bw[i, j] = link.bandwidth_gbps
+            lat[i, j] = link.latency_ms
+        np.fill_diagonal(bw, np.inf)
+        np.fill_diagonal(lat, 0.0)
+        for k in range(n):
+            via = np.minimum(bw[:, k : k + 1], bw[k : k + 1, :])
+            via_lat = lat[:, k : k + 1] + lat[k : k + 1, :]
+            better = (via > bw) | ((via == bw) & (via_lat < lat))
+            bw = np.where(better, via, bw)
+            lat = np.where(better, via_lat, lat)
+        return bw, lat
+
+    def bandwidth_gbps(self, u: str, v: str) -> float:
+        """Bandwidth from ``u`` to ``v`` (direct link, else widest relay path; ∞ for u == v)."""
+        return float(self._paths[0][self.index[u], self.index[v]])
+
+    def latency_ms(self, u: str, v: str) -> float:
+        """One-way latency from ``u`` to ``v`` along the path :meth:`bandwidth_gbps` uses."""
+        return float(self._paths[1][self.index[u], self.index[v]])
+
+    @property
+    def bandwidth_matrix(self) -> npt.NDArray[np.float64]:
+        """``n × n`` widest-path bandwidths in Gbit/s, indexed like :attr:`clusters`."""
+        return self._paths[0]
+
+    @property
+    def latency_matrix(self) -> npt.NDArray[np.float64]:
+        return self._paths[1]
+
+    def components(self) -> list[list[str]]:
+        """Weakly connected components, each sorted, largest first."""
+        parent = {n: n for n in self.names}
+
+        def find(x: str) -> str:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for link in self.links:
+            parent[find(link.a)] = find(link.b)
+        groups: dict[str, list[str]] = {}
+        for n in self.names:
+            groups.setdefault(find(n), []).append(n)
+        return sorted((sorted(g) for g in groups.values()), key=lambda g: (-len(g), g))
+
+    def with_free(self, free: dict[str, int]) -> Topology:
+        """A copy with some clusters' ``free_gpus`` replaced (e.g. after reserving GPUs for a job)."""
+        from dataclasses import replace
+
+        clusters = tuple(replace(c, free_gpus=free[c.name]) if c.name in free else c for c in self.clusters)
+        return Topology(clusters=clusters, links=self.links, revision=self.revision)
+
+    @property
+    def total_free_gpus(self) -> int:
+        return sum(c.free for c in self.clusters)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRange:
+    """The GPUs a job accepts: at least ``min``, at most ``max``."""
+
+    min: int
+    max: int
+
+    def __post_init__(self) -> None:
+        _int("gpus.min", self.min, minimum=1)
+        _int("gpus.max", self.max, minimum=1)
+        if self.min > self.max:
+            raise ValidationError("gpus.min", f"must be ≤ gpus.max ({self.max})", self.min)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """A training job, as in the trace file format (field names match the proto and the file)."""
+
+    id: str
+    model: ModelSpec
+    global_batch: int
+    micro_batch: int = 1
+    seq_len: int = 2048
+    steps: int = 1
+    gpus: GpuRange
+    arrival_s: float = 0.0
+    priority: int = 0
+    tenant: str = "default"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id or len(self.id) > 128:
+            raise ValidationError("id", "must be a non-empty string of ≤ 128 characters", self.id)
+        _int("global_batch", self.global_batch, minimum=1)
+        _int("micro_batch", self.micro_batch, minimum=1)
+        if self.global_batch % self.micro_batch:
+            raise ValidationError(
+                "global_batch", f"must be a multiple of micro_batch ({self.micro_batch})", self.global_batch
+            )
+        _int("seq_len", self.seq_len, minimum=1)
+        _int("steps", self.steps, minimum=1)
+        _positive("arrival_s", self.arrival_s, allow_zero=True)
+        _int("priority", self.priority, minimum=-1000)
+        if self.priority > 1000:
+            raise ValidationError("priority", "must be ≤ 1000", self.priority)
+        if not isinstance(self.tenant, str) or not self.tenant or len(self.tenant) > 63:
+            raise ValidationError("tenant", "must be a non-empty string of ≤ 63 characters", self.tenant)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def micro_batches_total(self) -> int:
+        """Micro-batches per step before data parallelism: ``global_batch / micro_batch``."""
+        return self.global_batch // self.micro_batch
+
+
+class Schedule(StrEnum):
+    """Pipeline schedules. ``LATENCY_AWARE`` deepens warm-up to hide slow links (CrossPipe-style)."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    LATENCY_AWARE = "latency-aware"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """One pipeline stage (see the glossary). ``gpus == tp × dp``."""
+
+    cluster: str
+    first_layer: int
+    last_layer: int
+    tp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        _int("stage.first_layer", self.first_layer, minimum=0)
+        _int("stage.last_layer", self.last_layer, minimum=self.first_layer)
+        _int("stage.tp", self.tp, minimum=1)
+        _int("stage.dp", self.dp, minimum=1)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def layers(self) -> int:
+        return self.last_layer - self.first_layer + 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A parallelization plan and its predictions (``step_time_s`` etc. are filled by the cost model)."""
+
+    stages: tuple[Stage, ...]
+    micro_batches: int
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    step_time_s: float = 0.0
+    throughput_tokens_per_s: float = 0.0
+    memory_gib_per_gpu: tuple[float, ...] = ()
+    usd_per_step: float = 0.0
+    extras: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise ValidationError("plan.stages", "a plan needs at least one stage", ())
+        _int("plan.micro_batches", self.micro_batches, minimum=1)
+        expected = 0
+        for i, s in enumerate(self.stages):
+            if s.first_layer != expected:
+                raise ValidationError(
+                    f"plan.stages[{i}].first_layer", f"must be {expected} (stages are contiguous)", s.first_layer
+                )
+            expected = s.last_layer + 1
+
+    @property
+    def layers(self) -> int:
+        return self.stages[-1].last_layer + 1
+
+    @property
+    def gpus(self) -> int:
+        return sum(s.gpus for s in self.stages)
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """Clusters in pipeline order, consecutive duplicates collapsed."""
+        out: list[str] = []
+        for s in self.stages:
+            if not out or out[-1] != s.cluster:
+                out.append(s.cluster)
+        return tuple(out)
+
+    def gpus_by_cluster(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self.stages:
+            out[s.cluster] = out.get(s.cluster, 0) + s.gpus
+        return out

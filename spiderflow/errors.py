@@ -1,0 +1,86 @@
+"""The domain error tree.
+
+Every error that can reach a user derives from :class:`SpiderFlowError`. Adapters map the classes to
+transport codes in one place (gRPC status codes in ``spiderflow.rpc.errors``, CLI exit codes in the
+CLI), so the meaning of an error survives every boundary.
+
+=========================  ==========================  ==================
+class                      meaning                     gRPC code
+=========================  ==========================  ==================
+``ValidationError``        input is malformed          INVALID_ARGUMENT
+``NotFoundError``          a named thing is absent     NOT_FOUND
+``AlreadyExistsError``     a key is already taken      ALREADY_EXISTS
+``ConflictError``          lost a compare-and-swap     ABORTED
+``PreconditionError``      valid, but cannot be done   FAILED_PRECONDITION
+``UnschedulableError``     no placement satisfies job  FAILED_PRECONDITION
+``PermissionError_``       caller may not do this      PERMISSION_DENIED
+``ResourceExhaustedError`` rate limit or queue bound   RESOURCE_EXHAUSTED
+``UnavailableError``       a dependency is down        UNAVAILABLE
+=========================  ==========================  ==================
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AlreadyExistsError",
+    "ConflictError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "PreconditionError",
+    "ResourceExhaustedError",
+    "SpiderFlowError",
+    "UnavailableError",
+    "UnschedulableError",
+    "ValidationError",
+]
+
+
+class SpiderFlowError(Exception):
+    """Base of every error SpiderFlow reports to a user."""
+
+
+class ValidationError(SpiderFlowError, ValueError):
+    """Malformed input. ``field`` is a dotted path (``jobs[3].gpus.min``); ``value`` the offending value."""
+
+    def __init__(self, field: str, reason: str, value: object = None) -> None:
+        self.field = field
+        self.reason = reason
+        self.value = value
+        shown = "" if value is None else f" (got {value!r})"
+        super().__init__(f"{field}: {reason}{shown}")
+
+
+class NotFoundError(SpiderFlowError, LookupError):
+    """A named object (job, cluster, plan, key) does not exist."""
+
+
+class AlreadyExistsError(SpiderFlowError):
+    """A create found the key already present."""
+
+
+class ConflictError(SpiderFlowError):
+    """A compare-and-swap lost: the object changed since it was read."""
+
+
+class PreconditionError(SpiderFlowError):
+    """The request is well formed but the system's state does not allow it."""
+
+
+class UnschedulableError(PreconditionError):
+    """No placement satisfies the job. ``constraint`` names the binding constraint."""
+
+    def __init__(self, reason: str, *, constraint: str = "") -> None:
+        self.constraint = constraint
+        super().__init__(reason)
+
+
+class PermissionDeniedError(SpiderFlowError):
+    """The caller's identity does not allow the operation."""
+
+
+class ResourceExhaustedError(SpiderFlowError):
+    """A rate limit or a bounded queue refused the request."""
+
+
+class UnavailableError(SpiderFlowError):
+    """A dependency (etcd, another service) cannot be reached right now; retrying may succeed."""

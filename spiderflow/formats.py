@@ -1,0 +1,234 @@
+"""Loaders and writers for the topology and trace file formats (JSON or YAML).
+
+Topology::
+
+    {"clusters": [{"name": "virginia", "gpu": "A100-80G", "nodes": 2, "gpus_per_node": 8,
+                   "intra_node_gbps": 2400, "inter_node_gbps": 200,
+                   "electricity_usd_per_kwh": 0.08, "free_gpus": 16}],
+     "links": [{"a": "virginia", "b": "ohio", "bandwidth_gbps": 1.12, "latency_ms": 11}]}
+
+Trace::
+
+    {"jobs": [{"id": "j1", "model": "gpt3-6.7b", "global_batch": 512, "micro_batch": 1, "seq_len": 2048,
+               "steps": 1000, "gpus": {"min": 8, "max": 64}, "arrival_s": 0, "priority": 0, "tenant": "a"}]}
+
+``model`` is a preset name or an inline ``{"layers", "hidden", "heads", "vocab"}`` object. Every
+rejection is a :class:`~spiderflow.errors.ValidationError` whose ``field`` is the dotted path of the
+offending value (``clusters[2].gpu``), so callers can print one line that names the field and value.
+Unknown keys are rejected too: a misspelt optional field must not be silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spiderflow.catalog import ModelSpec, model_preset
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.errors import ValidationError
+
+__all__ = [
+    "job_from_dict",
+    "job_to_dict",
+    "load_document",
+    "load_topology",
+    "load_trace",
+    "model_from_value",
+    "topology_from_dict",
+    "topology_to_dict",
+    "trace_from_dict",
+    "trace_to_dict",
+]
+
+_CLUSTER_FIELDS = {
+    "name": str, "gpu": str, "nodes": int, "gpus_per_node": int, "intra_node_gbps": float,
+    "inter_node_gbps": float, "electricity_usd_per_kwh": float, "free_gpus": int, "tflops": float,
+    "mfu": float, "memory_gib": float, "region": str, "lat": float, "lon": float,
+}
+_LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float, "directed": bool}
+_JOB_FIELDS = {
+    "id": str, "model": object, "global_batch": int, "micro_batch": int, "seq_len": int, "steps": int,
+    "gpus": dict, "arrival_s": float, "priority": int, "tenant": str,
+}
+_MODEL_FIELDS = {"name": str, "layers": int, "hidden": int, "heads": int, "vocab": int}
+
+
+def load_document(path: str | Path) -> Any:
+    """Parse a JSON (``.json``) or YAML (anything else) file; a clear error for unreadable input."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError("file", "no such file", str(p)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValidationError("file", f"cannot read: {e}", str(p)) from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValidationError("file", f"not valid {'JSON' if p.suffix.lower() == '.json' else 'YAML'}: {first}",
+                              str(p)) from None
+
+
+def _check_type(where: str, value: Any, kind: type) -> Any:
+    if kind is object:
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValidationError(where, "must be a number", value)
+        if math.isnan(value) or math.isinf(value):
+            raise ValidationError(where, "must be finite", value)
+        return float(value)
+    if kind is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValidationError(where, "must be an integer", value)
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValidationError(where, "must be true or false", value)
+        return value
+    if not isinstance(value, kind):
+        raise ValidationError(where, f"must be a {kind.__name__}", value)
+    return value
+
+
+def _fields(where: str, raw: Any, spec: Mapping[str, type], required: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ValidationError(where, "must be an object", raw)
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in spec:
+            raise ValidationError(f"{where}.{key}" if where else str(key), "unknown field", value)
+        if value is None and key not in required:
+            continue
+        out[key] = _check_type(f"{where}.{key}" if where else key, value, spec[key])
+    for key in required:
+        if key not in out:
+            raise ValidationError(f"{where}.{key}" if where else key, "is required")
+    return out
+
+
+def _rebase(e: ValidationError, prefix: str, local: str) -> ValidationError:
+    """Re-express an error raised by a dataclass (``clusters[name].gpu``) with the file's path."""
+    suffix = e.field.split(".", 1)[1] if "." in e.field else e.field
+    return ValidationError(f"{prefix}.{suffix}" if local else prefix, e.reason, e.value)
+
+
+def topology_from_dict(raw: Any) -> Topology:
+    """Build a :class:`Topology` from the parsed file format."""
+    doc = _fields("", raw, {"clusters": list, "links": list, "revision": int}, ("clusters",))
+    clusters = []
+    for i, c in enumerate(doc["clusters"]):
+        where = f"clusters[{i}]"
+        fields = _fields(where, c, _CLUSTER_FIELDS, ("name", "gpu", "nodes", "gpus_per_node"))
+        try:
+            clusters.append(Cluster(**fields))
+        except ValidationError as e:
+            raise _rebase(e, where, "x") from None
+    if not clusters:
+        raise ValidationError("clusters", "must list at least one cluster", [])
+    links = []
+    for i, link in enumerate(doc.get("links", [])):
+        where = f"links[{i}]"
+        fields = _fields(where, link, _LINK_FIELDS, ("a", "b", "bandwidth_gbps", "latency_ms"))
+        try:
+            links.append(Link(**fields))
+        except ValidationError as e:
+            raise _rebase(e, where, "x") from None
+    return Topology(clusters=tuple(clusters), links=tuple(links), revision=doc.get("revision", 0))
+
+
+def load_topology(path: str | Path) -> Topology:
+    return topology_from_dict(load_document(path))
+
+
+def topology_to_dict(topo: Topology) -> dict[str, Any]:
+    """The file format of ``topo`` (defaults omitted where they equal the implicit ones)."""
+    clusters = []
+    for c in topo.clusters:
+        d: dict[str, Any] = {
+            "name": c.name, "gpu": c.gpu, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
+            "intra_node_gbps": c.intra_node_gbps, "inter_node_gbps": c.inter_node_gbps,
+            "electricity_usd_per_kwh": c.electricity_usd_per_kwh, "free_gpus": c.free,
+        }
+        for opt in ("tflops", "mfu", "memory_gib", "lat", "lon"):
+            if getattr(c, opt) is not None:
+                d[opt] = getattr(c, opt)
+        if c.region:
+            d["region"] = c.region
+        clusters.append(d)
+    links = []
+    for link in topo.links:
+        ld: dict[str, Any] = {"a": link.a, "b": link.b, "bandwidth_gbps": link.bandwidth_gbps,
+                              "latency_ms": link.latency_ms}
+        if link.directed:
+            ld["directed"] = True
+        links.append(ld)
+    return {"clusters": clusters, "links": links}
+
+
+def model_from_value(value: Any, *, field: str = "model") -> ModelSpec:
+    """A preset name or an inline model object."""
+    if isinstance(value, str):
+        return model_preset(value, field=field)
+    fields = _fields(field, value, _MODEL_FIELDS, ("layers", "hidden", "heads", "vocab"))
+    fields.setdefault("name", "custom")
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as e:
+        raise _rebase(e, field, "x") from None
+
+
+def job_from_dict(raw: Any, *, where: str = "") -> JobSpec:
+    """Build a :class:`JobSpec` from a trace job object. ``where`` prefixes error fields (``jobs[3]``)."""
+    pre = f"{where}." if where else ""
+    fields = _fields(where, raw, _JOB_FIELDS, ("id", "model", "global_batch", "gpus"))
+    fields["model"] = model_from_value(fields["model"], field=f"{pre}model")
+    g = _fields(f"{pre}gpus", fields["gpus"], {"min": int, "max": int}, ("min", "max"))
+    try:
+        fields["gpus"] = GpuRange(**g)
+        return JobSpec(**fields)
+    except ValidationError as e:
+        raise ValidationError(f"{pre}{e.field}", e.reason, e.value) from None
+
+
+def job_to_dict(job: JobSpec) -> dict[str, Any]:
+    from spiderflow.catalog import MODEL_PRESETS
+
+    model: Any = job.model.name
+    if MODEL_PRESETS.get(job.model.name) != job.model:
+        model = {"layers": job.model.layers, "hidden": job.model.hidden, "heads": job.model.heads,
+                 "vocab": job.model.vocab}
+    return {
+        "id": job.id, "model": model, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
+        "seq_len": job.seq_len, "steps": job.steps, "gpus": {"min": job.gpus.min, "max": job.gpus.max},
+        "arrival_s": job.arrival_s, "priority": job.priority, "tenant": job.tenant,
+    }
+
+
+def trace_from_dict(raw: Any) -> list[JobSpec]:
+    doc = _fields("", raw, {"jobs": list}, ("jobs",))
+    jobs = [job_from_dict(j, where=f"jobs[{i}]") for i, j in enumerate(doc["jobs"])]
+    seen: set[str] = set()
+    for i, j in enumerate(jobs):
+        if j.id in seen:
+            raise ValidationError(f"jobs[{i}].id", "duplicate job id", j.id)
+        seen.add(j.id)
+    return jobs
+
+
+def load_trace(path: str | Path) -> list[JobSpec]:
+    return trace_from_dict(load_document(path))
+
+
+def trace_to_dict(jobs: list[JobSpec]) -> dict[str, Any]:
+    return {"jobs": [job_to_dict(j) for j in jobs]}
