@@ -1,0 +1,236 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from spiderflow.proto.types.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class WorkerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER_STATE_UNSPECIFIED: _ClassVar[WorkerState]
+    WORKER_STATE_STARTING: _ClassVar[WorkerState]
+    WORKER_STATE_RUNNING: _ClassVar[WorkerState]
+    WORKER_STATE_SUCCEEDED: _ClassVar[WorkerState]
+    WORKER_STATE_FAILED: _ClassVar[WorkerState]
+    WORKER_STATE_STOPPED: _ClassVar[WorkerState]
+WORKER_STATE_UNSPECIFIED: WorkerState
+WORKER_STATE_STARTING: WorkerState
+WORKER_STATE_RUNNING: WorkerState
+WORKER_STATE_SUCCEEDED: WorkerState
+WORKER_STATE_FAILED: WorkerState
+WORKER_STATE_STOPPED: WorkerState
+
+class ProbeEchoRequest(_message.Message):
+    __slots__ = ("payload", "sequence")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    sequence: int
+    def __init__(self, payload: _Optional[bytes] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class ProbeEchoResponse(_message.Message):
+    __slots__ = ("payload", "sequence")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    sequence: int
+    def __init__(self, payload: _Optional[bytes] = ..., sequence: _Optional[int] = ...) -> None: ...
+
+class ProbeUploadRequest(_message.Message):
+    __slots__ = ("source", "data")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    data: bytes
+    def __init__(self, source: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ProbeUploadResponse(_message.Message):
+    __slots__ = ("bytes_received", "seconds")
+    BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    bytes_received: int
+    seconds: float
+    def __init__(self, bytes_received: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class ProbeDownloadRequest(_message.Message):
+    __slots__ = ("source", "total_bytes", "chunk_bytes")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    total_bytes: int
+    chunk_bytes: int
+    def __init__(self, source: _Optional[str] = ..., total_bytes: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ProbeDownloadResponse(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class Rendezvous(_message.Message):
+    __slots__ = ("store_address", "world_size", "backend")
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    store_address: str
+    world_size: int
+    backend: str
+    def __init__(self, store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+
+class CheckpointSpec(_message.Message):
+    __slots__ = ("directory", "every_steps", "resume_step")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    every_steps: int
+    resume_step: int
+    def __init__(self, directory: _Optional[str] = ..., every_steps: _Optional[int] = ..., resume_step: _Optional[int] = ...) -> None: ...
+
+class DataSpec(_message.Message):
+    __slots__ = ("seed", "token_files")
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FILES_FIELD_NUMBER: _ClassVar[int]
+    seed: int
+    token_files: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seed: _Optional[int] = ..., token_files: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StartStagesRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "job", "plan", "stages", "rendezvous", "checkpoint", "data", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    job: _types_pb2.JobSpec
+    plan: _types_pb2.Plan
+    stages: _containers.RepeatedScalarFieldContainer[int]
+    rendezvous: Rendezvous
+    checkpoint: CheckpointSpec
+    data: DataSpec
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., stages: _Optional[_Iterable[int]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class Worker(_message.Message):
+    __slots__ = ("rank", "stage", "replica", "tp_rank", "pid")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    stage: int
+    replica: int
+    tp_rank: int
+    pid: int
+    def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., replica: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class StartStagesResponse(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedCompositeFieldContainer[Worker]
+    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
+
+class StopStagesRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "reason", "grace_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    reason: str
+    grace_s: float
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., reason: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
+
+class StopStagesResponse(_message.Message):
+    __slots__ = ("stopped",)
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    stopped: _containers.RepeatedCompositeFieldContainer[Worker]
+    def __init__(self, stopped: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("job_id", "attempt", "worker", "state", "step", "exit_code", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    worker: Worker
+    state: WorkerState
+    step: int
+    exit_code: int
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., worker: _Optional[_Union[Worker, _Mapping]] = ..., state: _Optional[_Union[WorkerState, str]] = ..., step: _Optional[int] = ..., exit_code: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class PeerProbe(_message.Message):
+    __slots__ = ("peer", "bandwidth_gbps", "latency_ms", "measured_at")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_GBPS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    bandwidth_gbps: float
+    latency_ms: float
+    measured_at: _timestamp_pb2.Timestamp
+    def __init__(self, peer: _Optional[str] = ..., bandwidth_gbps: _Optional[float] = ..., latency_ms: _Optional[float] = ..., measured_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("cluster", "agent_id", "address", "training", "workers", "probes", "started_at")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PROBES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    cluster: _types_pb2.Cluster
+    agent_id: str
+    address: str
+    training: bool
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    probes: _containers.RepeatedCompositeFieldContainer[PeerProbe]
+    started_at: _timestamp_pb2.Timestamp
+    def __init__(self, cluster: _Optional[_Union[_types_pb2.Cluster, _Mapping]] = ..., agent_id: _Optional[str] = ..., address: _Optional[str] = ..., training: _Optional[bool] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., probes: _Optional[_Iterable[_Union[PeerProbe, _Mapping]]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchWorkersRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WatchWorkersResponse(_message.Message):
+    __slots__ = ("worker", "progress")
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    worker: WorkerStatus
+    progress: _types_pb2.ProgressEvent
+    def __init__(self, worker: _Optional[_Union[WorkerStatus, _Mapping]] = ..., progress: _Optional[_Union[_types_pb2.ProgressEvent, _Mapping]] = ...) -> None: ...
