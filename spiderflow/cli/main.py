@@ -21,7 +21,6 @@ from spiderflow.cli.common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CliError,
-    err_console,
 )
 from spiderflow.errors import (
     NotFoundError,
@@ -32,6 +31,13 @@ from spiderflow.errors import (
 )
 
 __all__ = ["build_parser", "main"]
+
+
+def _fail(e: object) -> None:
+    """One line on stderr, never wrapped or styled (scripts grep it)."""
+    msg = " ".join(str(e).split())
+    sys.stderr.write(f"error: {msg}\n" if msg != "interrupted" else "interrupted\n")
+    sys.stderr.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,25 +59,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.func(args)
         return int(code or 0)
     except CliError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return e.code
     except ValidationError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return EXIT_USAGE
     except NotFoundError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return EXIT_NOT_FOUND
     except PermissionDeniedError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return EXIT_PERMISSION
     except UnavailableError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return EXIT_UNAVAILABLE
     except SpiderFlowError as e:
-        err_console.print(f"error: {e}", markup=False, highlight=False)
+        _fail(e)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        err_console.print("interrupted", markup=False)
+        _fail("interrupted")
         return 130
 
 

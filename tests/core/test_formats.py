@@ -1,0 +1,118 @@
+"""The file formats: valid files load; each kind of invalid value is named by field and value."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spiderflow.errors import ValidationError
+from spiderflow.formats import (
+    job_from_dict,
+    job_to_dict,
+    load_topology,
+    load_trace,
+    topology_from_dict,
+    topology_to_dict,
+    trace_from_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _topo(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "clusters": [
+            {"name": "virginia", "gpu": "A100-80G", "nodes": 2, "gpus_per_node": 8},
+            {"name": "ohio", "gpu": "V100-32G", "nodes": 1, "gpus_per_node": 8, "free_gpus": 4},
+        ],
+        "links": [{"a": "virginia", "b": "ohio", "bandwidth_gbps": 1.12, "latency_ms": 11}],
+    }
+    doc.update(over)
+    return doc
+
+
+def _job(**over: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": "j1", "model": "gpt3-6.7b", "global_batch": 512, "micro_batch": 1, "seq_len": 2048,
+        "steps": 1000, "gpus": {"min": 8, "max": 64}, "arrival_s": 0, "priority": 0, "tenant": "a",
+    }
+    doc.update(over)
+    return doc
+
+
+def test_examples_load() -> None:
+    topo = load_topology(ROOT / "examples/topology-3.yaml")
+    assert topo.names == ("virginia", "ohio", "oregon")
+    assert topo.cluster("ohio").free == 16  # defaults to all GPUs
+    jobs = load_trace(ROOT / "examples/trace-3.json")
+    assert [j.id for j in jobs] == ["j1", "j2", "j3"]
+    assert jobs[2].model.layers == 12
+
+
+def test_roundtrip() -> None:
+    topo = topology_from_dict(_topo())
+    assert topology_from_dict(json.loads(json.dumps(topology_to_dict(topo)))) == topo
+    job = job_from_dict(_job())
+    assert job_from_dict(job_to_dict(job)) == job
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "value"),
+    [
+        (_topo(links=[{"a": "virginia", "b": "tokyo", "bandwidth_gbps": 1, "latency_ms": 1}]), "links[0].b", "tokyo"),
+        (_topo(links=[{"a": "virginia", "b": "ohio", "bandwidth_gbps": -1, "latency_ms": 1}]),
+         "links[0].bandwidth_gbps", -1.0),
+        (_topo(clusters=[{"name": "x", "gpu": "B200", "nodes": 1, "gpus_per_node": 8}], links=[]),
+         "clusters[0].gpu", "B200"),
+        (_topo(clusters=[{"name": "x", "gpu": "T4", "nodes": 1, "gpus_per_node": 8, "free_gpus": 9}], links=[]),
+         "clusters[0].free_gpus", 9),
+        (_topo(clusters=[{"name": "x", "gpu": "T4", "nodes": 0, "gpus_per_node": 8}], links=[]),
+         "clusters[0].nodes", 0),
+        (_topo(clusters=[{"name": "x", "gpu": "T4", "nodes": 1, "gpus_per_node": 8, "colour": "red"}], links=[]),
+         "clusters[0].colour", "red"),
+        (_topo(clusters=[]), "clusters", []),
+    ],
+)
+def test_topology_rejections_name_field_and_value(doc: dict[str, Any], field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as e:
+        topology_from_dict(doc)
+    assert e.value.field == field
+    assert e.value.value == value
+    assert field in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"model": "gpt5"}, "jobs[0].model"),
+        ({"steps": 0}, "jobs[0].steps"),
+        ({"gpus": {"min": 9, "max": 8}}, "jobs[0].gpus.min"),
+        ({"arrival_s": -1}, "jobs[0].arrival_s"),
+        ({"global_batch": "big"}, "jobs[0].global_batch"),
+        ({"global_batch": 10, "micro_batch": 3}, "jobs[0].global_batch"),
+        ({"model": {"layers": 2, "hidden": 10, "heads": 3, "vocab": 5}}, "jobs[0].model.heads"),
+        ({"gpus": {"min": 1}}, "jobs[0].gpus.max"),
+        ({"nodes": 3}, "jobs[0].nodes"),
+    ],
+)
+def test_trace_rejections_name_the_field(over: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        trace_from_dict({"jobs": [_job(**over)]})
+    assert e.value.field == field
+
+
+def test_duplicate_job_ids_rejected() -> None:
+    with pytest.raises(ValidationError, match=r"jobs\[1\]\.id"):
+        trace_from_dict({"jobs": [_job(), _job()]})
+
+
+def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "t.yaml"
+    p.write_text("clusters: [\n")
+    with pytest.raises(ValidationError) as e:
+        load_topology(p)
+    assert e.value.field == "file"
+    assert "\n" not in str(e.value)
