@@ -285,7 +285,12 @@ class Topology:
         from dataclasses import replace
 
         clusters = tuple(replace(c, free_gpus=free[c.name]) if c.name in free else c for c in self.clusters)
-        return Topology(clusters=clusters, links=self.links, revision=self.revision)
+        out = Topology(clusters=clusters, links=self.links, revision=self.revision)
+        # Names, links and paths are unchanged: reuse what this snapshot already computed.
+        for key in ("names", "index", "direct", "_paths"):
+            if key in self.__dict__:
+                out.__dict__[key] = self.__dict__[key]
+        return out
 
     @property
     def total_free_gpus(self) -> int:

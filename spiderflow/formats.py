@@ -12,6 +12,9 @@ Trace::
     {"jobs": [{"id": "j1", "model": "gpt3-6.7b", "global_batch": 512, "micro_batch": 1, "seq_len": 2048,
                "steps": 1000, "gpus": {"min": 8, "max": 64}, "arrival_s": 0, "priority": 0, "tenant": "a"}]}
 
+An optional top-level ``"source"`` string cites where measured figures come from (bundled presets); it
+is informational and not part of the :class:`~spiderflow.domain.Topology`.
+
 ``model`` is a preset name or an inline ``{"layers", "hidden", "heads", "vocab"}`` object. Every
 rejection is a :class:`~spiderflow.errors.ValidationError` whose ``field`` is the dotted path of the
 offending value (``clusters[2].gpu``), so callers can print one line that names the field and value.
@@ -125,7 +128,7 @@ def _rebase(e: ValidationError, prefix: str, local: str) -> ValidationError:
 
 def topology_from_dict(raw: Any) -> Topology:
     """Build a :class:`Topology` from the parsed file format."""
-    doc = _fields("", raw, {"clusters": list, "links": list, "revision": int}, ("clusters",))
+    doc = _fields("", raw, {"clusters": list, "links": list, "revision": int, "source": str}, ("clusters",))
     clusters = []
     for i, c in enumerate(doc["clusters"]):
         where = f"clusters[{i}]"
