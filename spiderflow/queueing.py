@@ -1,0 +1,216 @@
+r"""The multi-tenant queue policy: which queued job goes next, and which may jump ahead.
+
+Shared by the simulator and the scheduler service; pure (no I/O, no clock: ``now`` is an argument).
+
+Ordering (BACE-Pipe-style dynamic prioritisation, with aging)
+------------------------------------------------------------
+Every queued job ``j`` gets a score at time ``now``:
+
+    score_j = w_p · priority_j                                   (user priority, −1000 … 1000)
+            + w_a · wait_j / 3600                                (aging: hours waited since enqueue)
+            − w_w · log10(1 + work_j / 3600)                     (remaining work in reference GPU-hours)
+            − w_n · net_j · U                                    (network-heavy jobs yield when the network is busy)
+
+``net_j ∈ [0, 1]`` is the share of the job's step time spent on cross-cluster transfers (estimated before
+its first placement, measured from its plan afterwards) and ``U ∈ [0, 1]`` the current utilisation of the
+inter-cluster links. Short jobs go before long ones (a long job at the head would block them:
+head-of-line blocking), and jobs that would saturate busy links wait for them to drain.
+
+Order: first the *starving* jobs (waited ≥ ``starvation_s``) by enqueue time, then everyone else by
+descending score (ties: enqueue time, then id).
+
+No starvation: the aging term grows without bound while every other term is bounded for a given job
+(priority is bounded, remaining work is finite, ``net·U ≤ 1``), so a waiting job's score eventually
+exceeds the score of any job that arrives later; and after ``starvation_s`` it is ordered before every
+non-starving job regardless of scores. The first job in order that cannot start becomes the *head* and
+gets a reservation (below), which backfilling never delays.
+
+Backfilling (EASY, on GPU counts)
+---------------------------------
+When the head cannot start, :func:`reserve` computes its *shadow time* ``S``: the earliest time at
+which the GPUs free now plus those released by running jobs (at their estimated ends, in order) reach
+the head's need ``g_h``; ``spare = available(S) − g_h``. A later job asking for ``g`` GPUs with estimated
+end ``e`` may start now iff (:func:`admits`)
+
+    (1) g ≤ free now,   and
+    (2) e ≤ S  (it is gone before the head starts)   or   g ≤ spare  (it only uses GPUs the head will not
+        need); in the second case ``spare −= g`` (:func:`after_admit`).
+
+With exact estimates the head's shadow time never moves later (tests check this). Cross-cluster
+placement needs GPUs in particular clusters, so counting GPUs in aggregate is an approximation: the
+head's reservation is on the pool, not on named clusters.
+Complexity: :func:`order` O(q log q) for q queued jobs; :func:`reserve` O(r log r) for r running jobs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from spiderflow.costmodel import activation_bytes, stage_fwd_flops
+from spiderflow.domain import JobSpec
+
+__all__ = [
+    "REFERENCE_GBPS",
+    "REFERENCE_TFLOPS",
+    "QueuePolicy",
+    "QueuedJob",
+    "Reservation",
+    "RunningJob",
+    "admits",
+    "after_admit",
+    "estimate_network_share",
+    "estimate_work_gpu_s",
+    "order",
+    "queued_job",
+    "reserve",
+    "score",
+]
+
+REFERENCE_TFLOPS = 125.0
+"""Achieved TFLOPS of the reference GPU used for work estimates (an A100 at 40 % MFU)."""
+REFERENCE_GBPS = 1.0
+"""Reference inter-cluster bandwidth (Gbit/s) for network-share estimates before placement."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePolicy:
+    """Weights of :func:`score` and the knobs of ordering and backfilling (see the module docstring).
+
+    ``backfill_depth`` bounds how many jobs behind a blocked head one cycle tries (each try is a
+    placement decision, which costs scheduler time).
+    """
+
+    priority_weight: float = 0.1
+    aging_per_hour: float = 1.0
+    work_weight: float = 1.0
+    network_weight: float = 1.0
+    starvation_s: float = 6 * 3600.0
+    backfill: bool = True
+    backfill_depth: int = 4
+
+    def __post_init__(self) -> None:
+        from spiderflow.errors import ValidationError
+
+        for name in ("priority_weight", "aging_per_hour", "work_weight", "network_weight", "starvation_s"):
+            v = getattr(self, name)
+            if not isinstance(v, int | float) or math.isnan(v) or v < 0:
+                raise ValidationError(f"queue.{name}", "must be a number ≥ 0", v)
+        if self.aging_per_hour <= 0:
+            raise ValidationError("queue.aging_per_hour", "must be > 0 (aging is what prevents starvation)",
+                                  self.aging_per_hour)
+        if not isinstance(self.backfill_depth, int) or self.backfill_depth < 0:
+            raise ValidationError("queue.backfill_depth", "must be an integer ≥ 0", self.backfill_depth)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuedJob:
+    """What the queue knows about a waiting job: ``work_gpu_s`` remaining reference GPU-seconds,
+    ``network_share`` ∈ [0, 1], ``min_gpus`` its smallest acceptable allocation."""
+
+    id: str
+    enqueued_s: float
+    min_gpus: int
+    work_gpu_s: float
+    network_share: float = 0.0
+    priority: int = 0
+    tenant: str = "default"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningJob:
+    """A running job as backfilling sees it: GPUs held and estimated end time."""
+
+    id: str
+    gpus: int
+    est_end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reservation:
+    """The head job's reservation: it starts at ``start_s``; ``spare_gpus`` GPUs free then are not needed."""
+
+    job_id: str
+    gpus: int
+    start_s: float
+    spare_gpus: int
+
+
+def estimate_work_gpu_s(job: JobSpec, steps: int | None = None) -> float:
+    """Remaining work in reference GPU-seconds: training FLOPs of ``steps`` (default all) / ``REFERENCE_TFLOPS``."""
+    n = job.steps if steps is None else steps
+    flops = 3.0 * stage_fwd_flops(job.model, 0, job.model.layers - 1, job.micro_batch, job.seq_len)
+    return n * flops * job.micro_batches_total / (REFERENCE_TFLOPS * 1e12)
+
+
+def estimate_network_share(job: JobSpec) -> float:
+    """Share of a step spent on one cross-cluster boundary at :data:`REFERENCE_GBPS`, before placement.
+
+    ``t_net = 2 · m · A · 8 / B_ref`` (activation forward + gradient back, ``m`` micro-batches) against
+    ``t_comp = work per step / min_gpus``; returns ``t_net / (t_net + t_comp)``.
+    """
+    m = job.micro_batches_total
+    t_net = 2.0 * m * activation_bytes(job.model, job.micro_batch, job.seq_len) * 8.0 / (REFERENCE_GBPS * 1e9)
+    t_comp = estimate_work_gpu_s(job, 1) / job.gpus.min
+    return t_net / (t_net + t_comp) if t_net + t_comp > 0 else 0.0
+
+
+def queued_job(job: JobSpec, enqueued_s: float, *, steps_left: int | None = None,
+               network_share: float | None = None) -> QueuedJob:
+    """The queue's view of ``job`` (estimates from :func:`estimate_work_gpu_s` / :func:`estimate_network_share`)."""
+    share = estimate_network_share(job) if network_share is None else network_share
+    return QueuedJob(
+        id=job.id, enqueued_s=enqueued_s, min_gpus=job.gpus.min, work_gpu_s=estimate_work_gpu_s(job, steps_left),
+        network_share=min(1.0, max(0.0, share)), priority=job.priority, tenant=job.tenant,
+    )
+
+
+def score(job: QueuedJob, now: float, policy: QueuePolicy, network_utilization: float = 0.0) -> float:
+    """The score of the module docstring (higher goes first)."""
+    wait_h = max(0.0, now - job.enqueued_s) / 3600.0
+    util = min(1.0, max(0.0, network_utilization))
+    return (
+        policy.priority_weight * job.priority
+        + policy.aging_per_hour * wait_h
+        - policy.work_weight * math.log10(1.0 + max(0.0, job.work_gpu_s) / 3600.0)
+        - policy.network_weight * job.network_share * util
+    )
+
+
+def order(jobs: Sequence[QueuedJob], now: float, policy: QueuePolicy,
+          network_utilization: float = 0.0) -> list[QueuedJob]:
+    """Starving jobs first (by enqueue time), then the rest by descending :func:`score`."""
+    starving = [j for j in jobs if now - j.enqueued_s >= policy.starvation_s]
+    rest = [j for j in jobs if now - j.enqueued_s < policy.starvation_s]
+    starving.sort(key=lambda j: (j.enqueued_s, j.id))
+    rest.sort(key=lambda j: (-score(j, now, policy, network_utilization), j.enqueued_s, j.id))
+    return starving + rest
+
+
+def reserve(job_id: str, gpus: int, free_gpus: int, running: Sequence[RunningJob], now: float) -> Reservation | None:
+    """The head's reservation (shadow time and spare GPUs); ``None`` if even all GPUs would not suffice."""
+    avail = free_gpus
+    if avail >= gpus:
+        return Reservation(job_id=job_id, gpus=gpus, start_s=now, spare_gpus=avail - gpus)
+    for r in sorted(running, key=lambda r: (r.est_end_s, r.id)):
+        avail += r.gpus
+        if avail >= gpus:
+            return Reservation(job_id=job_id, gpus=gpus, start_s=max(now, r.est_end_s), spare_gpus=avail - gpus)
+    return None
+
+
+def admits(res: Reservation | None, gpus: int, est_end_s: float, free_gpus: int) -> bool:
+    """Rule (1)–(2) of the module docstring; with no reservation only rule (1) applies."""
+    if gpus > free_gpus:
+        return False
+    if res is None:
+        return True
+    return est_end_s <= res.start_s or gpus <= res.spare_gpus
+
+
+def after_admit(res: Reservation | None, gpus: int, est_end_s: float) -> Reservation | None:
+    """The reservation after admitting a backfilled job (spare shrinks unless it ends before the shadow time)."""
+    if res is None or est_end_s <= res.start_s:
+        return res
+    return replace(res, spare_gpus=res.spare_gpus - gpus)
