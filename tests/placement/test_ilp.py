@@ -1,0 +1,208 @@
+"""The global CP-SAT baseline: optimality against exhaustive enumeration, constraints, limits, errors."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from spiderflow.catalog import ModelSpec, model_preset
+from spiderflow.costmodel import evaluate, fits_memory
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.placement import get_policy
+from spiderflow.placement.base import Budget, PlacementStatus
+from spiderflow.placement.ilp import IlpPolicy, greedy_plan
+
+TINY_MODEL = ModelSpec(name="tiny6", layers=6, hidden=1024, heads=8, vocab=8192)
+GPU_TYPES = ("H100-80G", "A100-40G", "V100-32G", "RTX4090")
+
+
+def _random_instance(seed: int, clusters: int = 4) -> tuple[Topology, JobSpec]:
+    """A tiny heterogeneous instance where memory, compute and links all matter."""
+    rng = np.random.default_rng(seed)
+    cs = []
+    for i in range(clusters):
+        gpn = int(rng.choice([1, 2, 4]))
+        nodes = int(rng.integers(1, 3))
+        cs.append(Cluster(
+            name=f"c{i}", gpu=str(rng.choice(GPU_TYPES)), nodes=nodes, gpus_per_node=gpn,
+            free_gpus=int(rng.integers(1, nodes * gpn + 1)),
+            memory_gib=float(rng.choice([1.3, 1.6, 2.5, 8.0])),
+            intra_node_gbps=float(rng.uniform(50, 600)), inter_node_gbps=float(rng.uniform(10, 100)),
+        ))
+    links = []
+    for i, j in itertools.combinations(range(clusters), 2):
+        if i + 1 == j or rng.random() < 0.5:
+            links.append(Link(a=f"c{i}", b=f"c{j}", bandwidth_gbps=float(rng.uniform(5, 100)),
+                              latency_ms=float(rng.uniform(0, 3))))
+    topo = Topology(clusters=tuple(cs), links=tuple(links))
+    job = JobSpec(id=f"j{seed}", model=TINY_MODEL, global_batch=16, micro_batch=1, seq_len=1024,
+                  gpus=GpuRange(min=1, max=int(rng.integers(3, 7))))
+    return topo, job
+
+
+def _tps(c: Cluster, job: JobSpec) -> list[int]:
+    return [t for t in (1, 2, 4, 8) if t <= min(c.gpus_per_node, c.free, job.gpus.max) and job.model.heads % t == 0]
+
+
+def _brute_force(topo: Topology, job: JobSpec) -> Plan | None:
+    """Every chain (ordered subset), layer split and per-cluster (tp, dp); the best feasible plan."""
+    L = job.model.layers
+    m = job.global_batch // job.micro_batch
+    best: Plan | None = None
+    names = [c.name for c in topo.clusters if c.free > 0]
+    for k in range(1, len(names) + 1):
+        for chain in itertools.permutations(names, k):
+            if any(topo.bandwidth_gbps(a, b) <= 0 for a, b in itertools.pairwise(chain)):
+                continue
+            opts = []
+            for name in chain:
+                c = topo.cluster(name)
+                cap = min(c.free, job.gpus.max)
+                opts.append([(t, d) for t in _tps(c, job) for d in range(1, cap // t + 1)])
+            for cuts in itertools.combinations(range(1, L), k - 1):
+                bounds = (0, *cuts, L)
+                for degs in itertools.product(*opts):
+                    g = sum(t * d for t, d in degs)
+                    if not job.gpus.min <= g <= job.gpus.max:
+                        continue
+                    stages = tuple(
+                        Stage(cluster=name, first_layer=bounds[i], last_layer=bounds[i + 1] - 1, tp=t, dp=d)
+                        for i, (name, (t, d)) in enumerate(zip(chain, degs, strict=True))
+                    )
+                    plan = evaluate(Plan(stages=stages, micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
+                    if fits_memory(plan, topo)[0] and (best is None or plan.step_time_s < best.step_time_s):
+                        best = plan
+    return best
+
+
+def _assert_valid(plan: Plan, topo: Topology, job: JobSpec) -> None:
+    assert plan.layers == job.model.layers
+    assert job.gpus.min <= plan.gpus <= job.gpus.max
+    for name, g in plan.gpus_by_cluster().items():
+        assert g <= topo.cluster(name).free
+    assert fits_memory(plan, topo)[0]
+    again = evaluate(plan, topo, job)
+    assert again.step_time_s == pytest.approx(plan.step_time_s)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ilp_proves_optimality_and_matches_exhaustive_enumeration(seed: int) -> None:
+    topo, job = _random_instance(seed)
+    best = _brute_force(topo, job)
+    res = IlpPolicy().place(topo, job, Budget(time_limit_s=30, seed=seed))
+    if best is None:
+        assert not res.ok
+        assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
+        return
+    assert res.ok and res.plan is not None
+    assert res.optimal is True
+    assert res.stats["cp_status"] == 4.0
+    _assert_valid(res.plan, topo, job)
+    # Same space, same cost model: the ILP can neither beat nor miss the enumeration (tick rounding aside).
+    assert res.plan.step_time_s == pytest.approx(best.step_time_s, rel=1e-5)
+    assert res.stats["objective_s"] == pytest.approx(res.plan.step_time_s, rel=1e-4)
+    assert res.stats["bound_s"] <= res.stats["objective_s"] + 1e-12
+
+
+def test_memory_binds_and_forces_a_longer_chain() -> None:
+    """A model that fits no single cluster: the optimum spreads layers and stays within memory."""
+    cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
+    links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
+    topo = Topology(clusters=cs, links=links)
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
+    res = IlpPolicy().place(topo, job, Budget(time_limit_s=20))
+    best = _brute_force(topo, job)
+    assert best is not None and len(best.stages) >= 2
+    assert res.ok and res.plan is not None and res.optimal
+    assert len(res.plan.stages) >= 2
+    _assert_valid(res.plan, topo, job)
+    assert res.plan.step_time_s == pytest.approx(best.step_time_s, rel=1e-5)
+
+
+def test_greedy_hint_is_feasible_and_never_better_than_the_optimum() -> None:
+    for seed in range(3):
+        topo, job = _random_instance(seed + 10)
+        hint = greedy_plan(topo, job)
+        res = IlpPolicy().place(topo, job, Budget(time_limit_s=20))
+        if hint is not None:
+            _assert_valid(hint, topo, job)
+            assert res.ok and res.plan is not None
+            assert res.plan.step_time_s <= hint.step_time_s * (1 + 1e-6)
+
+
+def _generated(n: int) -> Topology:
+    from spiderflow.topogen import generate_topology
+
+    return generate_topology(n, 7)
+
+
+def test_plans_respect_constraints_on_a_generated_topology() -> None:
+    topo = _generated(12)
+    for name, gpus in (("gpt3-1.3b", GpuRange(min=8, max=32)), ("gpt3-13b", GpuRange(min=16, max=64))):
+        job = JobSpec(id=name, model=model_preset(name), global_batch=128, seq_len=2048, gpus=gpus)
+        res = get_policy("ilp").place(topo, job, Budget(time_limit_s=4))
+        assert res.ok and res.plan is not None, res.reason
+        _assert_valid(res.plan, topo, job)
+        assert res.optimal in (True, False)
+        assert set(res.stats) >= {"cp_status", "objective_s", "bound_s", "wall_s"}
+
+
+def test_time_limit_is_honoured_on_64_clusters() -> None:
+    """At 64 clusters the model is far from proven optimal in 3 s; a valid plan still arrives."""
+    topo = _generated(64)
+    job = JobSpec(id="big", model=model_preset("llama3-70b"), global_batch=256, seq_len=2048,
+                  gpus=GpuRange(min=64, max=256))
+    res = IlpPolicy(workers=2).place(topo, job, Budget(time_limit_s=3))
+    assert res.ok and res.plan is not None, res.reason
+    _assert_valid(res.plan, topo, job)
+    assert res.stats["wall_s"] <= 3 + 1.0  # CP-SAT's own clock, within its limit
+    if res.optimal:
+        assert res.stats["cp_status"] == 4.0
+    else:
+        assert res.stats["cp_status"] in (2.0, 0.0)
+
+
+def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
+    topo, job = _random_instance(1)
+    job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=100, max=200))
+    res = IlpPolicy().place(topo, job)
+    assert res.status is PlacementStatus.UNRESOLVABLE
+    assert res.constraint == "gpus.min" and "100" in res.reason
+
+
+def test_too_few_free_gpus_is_unschedulable() -> None:
+    cs = (Cluster(name="a", gpu="H100-80G", nodes=2, gpus_per_node=8, free_gpus=4),)
+    job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=8, max=16))
+    res = IlpPolicy().place(Topology(clusters=cs), job)
+    assert res.status is PlacementStatus.UNSCHEDULABLE
+    assert res.constraint == "gpus.min" and "4 GPUs are free" in res.reason
+
+
+def test_model_larger_than_all_memory_is_unresolvable_with_reason() -> None:
+    cs = (Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=2), Cluster(name="b", gpu="T4", nodes=1, gpus_per_node=2))
+    topo = Topology(clusters=cs, links=(Link(a="a", b="b", bandwidth_gbps=5, latency_ms=2),))
+    job = JobSpec(id="x", model=model_preset("llama3-70b"), global_batch=8, gpus=GpuRange(min=1, max=4))
+    res = IlpPolicy().place(topo, job, Budget(time_limit_s=10))
+    assert res.status is PlacementStatus.UNRESOLVABLE
+    assert res.constraint == "memory" and "llama3-70b" in res.reason
+
+
+def test_memory_fit_needing_busy_gpus_is_unschedulable() -> None:
+    cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3, free_gpus=f)
+               for i, f in enumerate((1, 0, 0, 0)))
+    links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
+    res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    assert res.status is PlacementStatus.UNSCHEDULABLE
+    assert res.constraint == "memory"
+
+
+def test_registered_and_deterministic_objective() -> None:
+    topo, job = _random_instance(3)
+    a = get_policy("ilp").place(topo, job, Budget(time_limit_s=20, seed=1))
+    b = get_policy("ilp").place(topo, job, Budget(time_limit_s=20, seed=2))
+    assert a.ok and b.ok and a.plan is not None and b.plan is not None
+    assert math.isclose(a.plan.step_time_s, b.plan.step_time_s, rel_tol=1e-9)
