@@ -1,0 +1,635 @@
+"""The real :class:`~spiderflow.store.base.Store`: etcd v3 over gRPC via ``aetcd``.
+
+The connection (channel, auth metadata) and the etcdserverpb/mvccpb messages and stubs come from
+``aetcd`` 1.0; requests go through those stubs directly so every call carries the store's
+``request_timeout`` and every failure maps to the contract's errors. Leader election uses etcd's
+``v3electionpb.Election`` service through :mod:`spiderflow.proto.etcd.v3election_pb2_grpc`.
+
+Connection handling: the gRPC channel reconnects by itself (backoff 0.1–1 s) and sends HTTP/2
+keep-alive pings every ``keepalive_s`` (etcd refuses pings more often than its
+``--grpc-keepalive-min-time``, 5 s by default), so a silent server (SIGSTOP, partition) breaks open
+streams within ``keepalive_s + 5`` s. Unary calls fail after ``request_timeout`` with
+:class:`~spiderflow.errors.UnavailableError`. Watches, observations and a campaign in progress
+re-establish themselves across restarts for up to ``stream_retry_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+import aetcd
+import aetcd.rpc as rpc
+import grpc
+import grpc.aio
+import structlog
+
+from spiderflow.errors import (
+    ConflictError,
+    NotFoundError,
+    PreconditionError,
+    SpiderFlowError,
+    UnavailableError,
+    ValidationError,
+)
+from spiderflow.proto.etcd import v3election_pb2 as epb
+from spiderflow.proto.etcd import v3election_pb2_grpc as epb_grpc
+from spiderflow.store.base import (
+    CompactedError,
+    Compare,
+    CompareFailedError,
+    EventType,
+    KeyValue,
+    LeaderInfo,
+    Leadership,
+    Lease,
+    LeaseLike,
+    LostCallback,
+    NotLeaderError,
+    Observation,
+    Put,
+    Store,
+    Watch,
+    WatchEvent,
+    lease_id,
+    prefix_range_end,
+    validate_commit,
+)
+
+__all__ = ["EtcdStore", "map_rpc_error"]
+
+_log = structlog.get_logger(__name__)
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+    }
+)
+
+
+def map_rpc_error(exc: grpc.aio.AioRpcError, *, what: str = "etcd") -> SpiderFlowError:
+    """The contract error for an etcd gRPC failure (see :mod:`spiderflow.store.base`, "Errors")."""
+    code = exc.code()
+    details = exc.details() or code.name
+    if "election: not leader" in details:
+        return NotLeaderError(details)
+    if "election: no leader" in details:
+        return NotFoundError(f"{what}: {details}")
+    if code is grpc.StatusCode.NOT_FOUND:
+        return NotFoundError(f"{what}: {details}")
+    if code is grpc.StatusCode.OUT_OF_RANGE and "compacted" in details:
+        return CompactedError(0)
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return ValidationError(what, details)
+    if code is grpc.StatusCode.FAILED_PRECONDITION:
+        return PreconditionError(f"{what}: {details}")
+    if code is grpc.StatusCode.ALREADY_EXISTS:
+        return ConflictError(f"{what}: {details}")
+    if code in _UNAVAILABLE_CODES:
+        return UnavailableError(f"{what}: {code.name.lower()}: {details}")
+    return UnavailableError(f"{what}: {code.name.lower()}: {details}")
+
+
+def _kv(m: Any) -> KeyValue:
+    return KeyValue(
+        key=bytes(m.key).decode(),
+        value=bytes(m.value),
+        create_revision=int(m.create_revision),
+        mod_revision=int(m.mod_revision),
+        version=int(m.version),
+        lease=int(m.lease),
+    )
+
+
+def _event(e: Any) -> WatchEvent:
+    kv = e.kv
+    deleted = e.type == rpc.Event.DELETE
+    prev = bytes(e.prev_kv.value) if e.HasField("prev_kv") else None
+    return WatchEvent(
+        type=EventType.DELETE if deleted else EventType.PUT,
+        key=bytes(kv.key).decode(),
+        value=b"" if deleted else bytes(kv.value),
+        mod_revision=int(kv.mod_revision),
+        create_revision=0 if deleted else int(kv.create_revision),
+        lease=0 if deleted else int(kv.lease),
+        prev_value=prev,
+    )
+
+
+def _leader_info(name: str, kv: Any) -> LeaderInfo:
+    return LeaderInfo(
+        name=name,
+        key=bytes(kv.key).decode(),
+        value=bytes(kv.value),
+        lease=int(kv.lease),
+        create_revision=int(kv.create_revision),
+        mod_revision=int(kv.mod_revision),
+    )
+
+
+class _Backoff:
+    """Retry pacing for streams: 0.05 s doubling to 1 s, giving up ``budget`` s after the first failure."""
+
+    def __init__(self, budget: float) -> None:
+        self._budget = budget
+        self._delay = 0.05
+        self._since: float | None = None
+
+    def reset(self) -> None:
+        self._delay = 0.05
+        self._since = None
+
+    async def wait(self, error: Exception) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._since is None:
+            self._since = now
+        if now - self._since >= self._budget:
+            raise UnavailableError(f"gave up reconnecting after {self._budget:.0f}s: {error}") from error
+        await asyncio.sleep(self._delay)
+        self._delay = min(1.0, self._delay * 2)
+
+
+class _EtcdLease(Lease):
+    def __init__(self, store: EtcdStore, *, lease_id: int, ttl: int) -> None:
+        super().__init__(lease_id=lease_id, ttl=ttl, request_timeout=store.request_timeout)
+        self._store = store
+
+    async def _refresh_once(self) -> int:
+        resp = await self._store._keepalive_once(self.id)
+        return int(resp.TTL)
+
+    async def _revoke_once(self) -> None:
+        await self._store._unary("LeaseRevoke", rpc.LeaseRevokeRequest(ID=self.id))
+
+
+class _EtcdWatch(Watch):
+    """Pull-driven watch stream: reads the gRPC stream only when its buffer is empty, so a slow
+    consumer applies flow control and a reconnect resumes exactly after the last buffered revision."""
+
+    def __init__(self, store: EtcdStore, key: bytes, range_end: bytes | None, start_revision: int | None) -> None:
+        self._store = store
+        self._key = key
+        self._range_end = range_end
+        self._next: int | None = start_revision
+        self._last = (start_revision - 1) if start_revision is not None else 0
+        self._buffer: collections.deque[WatchEvent] = collections.deque()
+        self._call: Any = None
+        self._started = False
+        self._closed = False
+        self._backoff = _Backoff(store.stream_retry_s)
+
+    @property
+    def revision(self) -> int:
+        return self._last
+
+    async def start(self) -> Self:
+        if self._closed or self._started:
+            return self
+        while True:
+            try:
+                await self._establish()
+                break
+            except UnavailableError as exc:
+                await self._backoff.wait(exc)
+        self._started = True
+        self._store._watches.add(self)
+        return self
+
+    async def _establish(self) -> None:
+        store = self._store
+        stub = await store._stub("watch")
+        call = stub.Watch(metadata=store._metadata())
+        try:
+            create = rpc.WatchCreateRequest(key=self._key, start_revision=self._next or 0, prev_kv=True)
+            if self._range_end is not None:
+                create.range_end = self._range_end
+            await asyncio.wait_for(call.write(rpc.WatchRequest(create_request=create)), store.request_timeout)
+            resp = await asyncio.wait_for(call.read(), store.request_timeout)
+        except grpc.aio.AioRpcError as exc:
+            call.cancel()
+            raise map_rpc_error(exc, what="etcd watch") from exc
+        except TimeoutError:
+            call.cancel()
+            raise UnavailableError("etcd watch: no answer to watch create") from None
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if resp is grpc.aio.EOF:
+            call.cancel()
+            raise UnavailableError("etcd watch: stream closed during create")
+        if resp.compact_revision:
+            call.cancel()
+            raise CompactedError(int(resp.compact_revision), self._next)
+        if resp.canceled:
+            call.cancel()
+            raise UnavailableError(f"etcd watch: canceled at create: {resp.cancel_reason}")
+        if self._next is None:
+            self._next = int(resp.header.revision) + 1
+            self._last = self._next - 1
+        self._call = call
+        self._take(resp)
+        self._backoff.reset()
+
+    def _take(self, resp: Any) -> None:
+        for e in resp.events:
+            ev = _event(e)
+            self._buffer.append(ev)
+            assert self._next is not None
+            self._next = max(self._next, ev.mod_revision + 1)
+
+    def _drop_call(self) -> None:
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+    async def __anext__(self) -> WatchEvent:
+        if not self._started:
+            await self.start()
+        while True:
+            if self._buffer:
+                ev = self._buffer.popleft()
+                self._last = ev.mod_revision
+                return ev
+            if self._closed:
+                raise StopAsyncIteration
+            if self._call is None:
+                try:
+                    await self._establish()
+                except UnavailableError as exc:
+                    await self._backoff.wait(exc)
+                continue
+            try:
+                resp = await self._call.read()
+            except asyncio.CancelledError:
+                self._drop_call()
+                if self._closed:
+                    raise StopAsyncIteration from None
+                raise
+            except grpc.aio.AioRpcError as exc:
+                self._drop_call()
+                if self._closed:
+                    raise StopAsyncIteration from None
+                _log.info("store.watch_reconnect", key=self._key.decode(errors="replace"), next=self._next,
+                          error=exc.code().name)
+                continue
+            if resp is grpc.aio.EOF:
+                self._drop_call()
+                continue
+            if resp.compact_revision:
+                self._drop_call()
+                raise CompactedError(int(resp.compact_revision), self._next)
+            if resp.canceled:
+                self._drop_call()
+                continue
+            self._take(resp)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._drop_call()
+        self._store._watches.discard(self)
+
+
+class _EtcdObservation(Observation):
+    def __init__(self, store: EtcdStore, name: str) -> None:
+        self._store = store
+        self._name = name
+        self._call: Any = None
+        self._last: tuple[str, int] | None = None
+        self._closed = False
+        self._backoff = _Backoff(store.stream_retry_s)
+
+    async def __anext__(self) -> LeaderInfo:
+        while not self._closed:
+            if self._call is None:
+                stub = await self._store._stub("election")
+                self._call = stub.Observe(epb.LeaderRequest(name=self._name.encode()),
+                                          metadata=self._store._metadata())
+            try:
+                resp = await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                self._call = None
+                if self._closed:
+                    break
+                await self._backoff.wait(map_rpc_error(exc, what="etcd observe"))
+                continue
+            except asyncio.CancelledError:
+                call, self._call = self._call, None
+                if call is not None:
+                    call.cancel()
+                if self._closed:
+                    break
+                raise
+            if resp is grpc.aio.EOF:
+                self._call = None
+                await self._backoff.wait(UnavailableError("etcd observe: stream ended"))
+                continue
+            self._backoff.reset()
+            info = _leader_info(self._name, resp.kv)
+            if (info.key, info.mod_revision) == self._last:
+                continue
+            self._last = (info.key, info.mod_revision)
+            return info
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._closed = True
+        call, self._call = self._call, None
+        if call is not None:
+            call.cancel()
+
+
+@dataclass(kw_only=True, eq=False)
+class _EtcdLeadership(Leadership):
+    store: EtcdStore
+    _monitor: asyncio.Task[None] | None = field(default=None, init=False)
+
+    def _leader_key(self) -> Any:
+        return epb.LeaderKey(name=self.name.encode(), key=self.key.encode(), rev=self.revision, lease=self.lease.id)
+
+    def _start(self, from_revision: int) -> None:
+        self.lease.add_lost_callback(lambda _l: self._lose("lease lost"))
+        self._monitor = asyncio.get_running_loop().create_task(self._watch_key(from_revision))
+        self.store._leaderships.add(self)
+
+    def _lose(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            _log.warning("store.leadership_lost", election=self.name, key=self.key, reason=reason)
+        self.store._leaderships.discard(self)
+        task, self._monitor = self._monitor, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    async def _watch_key(self, from_revision: int) -> None:
+        watch = _EtcdWatch(self.store, self.key.encode(), None, from_revision)
+        try:
+            async for ev in watch:
+                if ev.type is EventType.DELETE:
+                    self._lose("leader key deleted")
+                    return
+        except (UnavailableError, CompactedError) as exc:
+            self._lose(f"cannot confirm leadership: {exc}")
+        finally:
+            await watch.aclose()
+
+    async def proclaim(self, value: bytes) -> None:
+        if self.lost.is_set():
+            raise NotLeaderError(f"not leader of {self.name}")
+        await self.store._unary("Proclaim", epb.ProclaimRequest(leader=self._leader_key(), value=bytes(value)),
+                                stub="election")
+        self.value = bytes(value)
+
+    async def resign(self) -> None:
+        if self.lost.is_set():
+            return
+        self._lose("resigned")
+        with contextlib.suppress(NotLeaderError):
+            await self.store._unary("Resign", epb.ResignRequest(leader=self._leader_key()), stub="election")
+
+
+class EtcdStore(Store):
+    """The contract of :mod:`spiderflow.store.base` on etcd at ``endpoint`` (``host:port``)."""
+
+    def __init__(
+        self,
+        endpoint: str = "127.0.0.1:2379",
+        *,
+        request_timeout: float = 5.0,
+        stream_retry_s: float = 30.0,
+        keepalive_s: float = 10.0,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValidationError("endpoint", "must be host:port", endpoint)
+        self.endpoint = endpoint
+        self.request_timeout = request_timeout
+        self.stream_retry_s = stream_retry_s
+        options = {
+            "grpc.initial_reconnect_backoff_ms": 100,
+            "grpc.min_reconnect_backoff_ms": 100,
+            "grpc.max_reconnect_backoff_ms": 1000,
+            "grpc.keepalive_time_ms": int(keepalive_s * 1000),
+            "grpc.keepalive_timeout_ms": 5000,
+            "grpc.max_receive_message_length": 64 * 1024 * 1024,
+        }
+        self._client = aetcd.Client(host=host, port=int(port), username=username, password=password,
+                                    options=options)
+        self._stubs: dict[str, Any] = {}
+        self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
+        self._leases: weakref.WeakSet[_EtcdLease] = weakref.WeakSet()
+        self._leaderships: set[_EtcdLeadership] = set()
+        self._closed = False
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _metadata(self) -> Any:
+        return self._client.metadata
+
+    async def _stub(self, kind: str) -> Any:
+        if self._closed:
+            raise UnavailableError("store is closed")
+        if not self._stubs:
+            try:
+                await asyncio.wait_for(self._client.connect(), self.request_timeout)
+            except aetcd.ClientError as exc:
+                raise UnavailableError(f"etcd {self.endpoint}: {exc}") from exc
+            except TimeoutError as exc:
+                raise UnavailableError(f"etcd {self.endpoint}: connect timed out") from exc
+            channel = self._client.channel
+            self._stubs = {
+                "kv": rpc.KVStub(channel),
+                "lease": rpc.LeaseStub(channel),
+                "watch": rpc.WatchStub(channel),
+                "election": epb_grpc.ElectionStub(channel),  # type: ignore[no-untyped-call]
+            }
+        return self._stubs[kind]
+
+    async def _unary(self, method: str, request: Any, *, stub: str | None = None,
+                     timeout: float | None = None) -> Any:
+        if stub is None:
+            stub = "lease" if method.startswith("Lease") else "kv"
+        fn = getattr(await self._stub(stub), method)
+        try:
+            return await fn(request, timeout=self.request_timeout if timeout is None else timeout,
+                            metadata=self._metadata())
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, what=f"etcd {method}") from exc
+
+    async def _keepalive_once(self, lid: int) -> Any:
+        stub = await self._stub("lease")
+        call = stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lid)]), timeout=self.request_timeout,
+                                   metadata=self._metadata())
+        try:
+            resp = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            raise map_rpc_error(exc, what="etcd LeaseKeepAlive") from exc
+        finally:
+            call.cancel()
+        if resp is grpc.aio.EOF:
+            raise UnavailableError("etcd LeaseKeepAlive: stream ended")
+        return resp
+
+    @staticmethod
+    def _put_request(p: Put) -> Any:
+        return rpc.PutRequest(key=p.key.encode(), value=bytes(p.value), lease=lease_id(p.lease))
+
+    # -- Store --------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> KeyValue | None:
+        resp = await self._unary("Range", rpc.RangeRequest(key=key.encode()))
+        return _kv(resp.kvs[0]) if resp.kvs else None
+
+    async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
+        start = prefix.encode() or b"\0"
+        req = rpc.RangeRequest(key=start, range_end=prefix_range_end(prefix.encode()),
+                               sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+        resp = await self._unary("Range", req)
+        return [_kv(m) for m in resp.kvs], int(resp.header.revision)
+
+    async def revision(self) -> int:
+        resp = await self._unary("Range", rpc.RangeRequest(key=b"\0", limit=1, count_only=True))
+        return int(resp.header.revision)
+
+    async def put(self, key: str, value: bytes, *, lease: LeaseLike = None) -> int:
+        resp = await self._unary("Put", self._put_request(Put(key=key, value=value, lease=lease)))
+        return int(resp.header.revision)
+
+    async def delete(self, key: str) -> bool:
+        resp = await self._unary("DeleteRange", rpc.DeleteRangeRequest(key=key.encode()))
+        return int(resp.deleted) > 0
+
+    async def delete_prefix(self, prefix: str) -> int:
+        if not prefix:
+            raise ValidationError("prefix", "must be non-empty (refusing to delete every key)", prefix)
+        req = rpc.DeleteRangeRequest(key=prefix.encode(), range_end=prefix_range_end(prefix.encode()))
+        resp = await self._unary("DeleteRange", req)
+        return int(resp.deleted)
+
+    async def commit(
+        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()
+    ) -> int:
+        validate_commit(compares, puts, deletes)
+        cmp = [
+            rpc.Compare(key=c.key.encode(), target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                        mod_revision=c.mod_revision)
+            for c in compares
+        ]
+        success = [rpc.RequestOp(request_put=self._put_request(p)) for p in puts]
+        success += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=c.key.encode())) for c in compares]
+        resp = await self._unary("Txn", rpc.TxnRequest(compare=cmp, success=success, failure=failure))
+        if resp.succeeded:
+            return int(resp.header.revision)
+        failed: dict[str, int] = {}
+        for c, r in zip(compares, resp.responses, strict=True):
+            kvs = r.response_range.kvs
+            current = int(kvs[0].mod_revision) if kvs else 0
+            if current != c.mod_revision:
+                failed[c.key] = current
+        raise CompareFailedError(failed)
+
+    async def compact(self, revision: int) -> None:
+        try:
+            await self._unary("Compact", rpc.CompactionRequest(revision=revision, physical=True))
+        except CompactedError as exc:
+            raise CompactedError(0, revision) from exc
+
+    async def grant(
+        self, ttl: int, *, keepalive: bool = True, on_lost: LostCallback | None = None
+    ) -> Lease:
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValidationError("ttl", "must be an integer number of seconds ≥ 1", ttl)
+        resp = await self._unary("LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
+        if resp.error:
+            raise PreconditionError(f"etcd LeaseGrant: {resp.error}")
+        lease = _EtcdLease(self, lease_id=int(resp.ID), ttl=int(resp.TTL))
+        if on_lost is not None:
+            lease.add_lost_callback(on_lost)
+        lease._start(keepalive=keepalive)
+        self._leases.add(lease)
+        _log.debug("store.lease_granted", lease=lease.id, ttl=lease.ttl)
+        return lease
+
+    def watch_prefix(self, prefix: str, *, start_revision: int | None = None) -> Watch:
+        if start_revision is not None and start_revision < 1:
+            raise ValidationError("start_revision", "must be ≥ 1", start_revision)
+        raw = prefix.encode()
+        return _EtcdWatch(self, raw or b"\0", prefix_range_end(raw), start_revision)
+
+    async def campaign(self, name: str, value: bytes, lease: Lease) -> Leadership:
+        req = epb.CampaignRequest(name=name.encode(), lease=lease.id, value=bytes(value))
+        backoff = _Backoff(self.stream_retry_s)
+        while True:
+            if not lease.alive:
+                raise ConflictError(f"lease {lease.id:x} lost while campaigning for {name}")
+            stub = await self._stub("election")
+            call = stub.Campaign(req, metadata=self._metadata())
+            won = asyncio.ensure_future(call)
+            lost = asyncio.ensure_future(lease.lost.wait())
+            try:
+                await asyncio.wait({won, lost}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                call.cancel()
+                raise
+            finally:
+                lost.cancel()
+            if not won.done():
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await won
+                raise ConflictError(f"lease {lease.id:x} lost while campaigning for {name}")
+            try:
+                resp = won.result()
+            except grpc.aio.AioRpcError as exc:
+                err = map_rpc_error(exc, what="etcd Campaign")
+                if isinstance(err, UnavailableError):
+                    await backoff.wait(err)
+                    continue
+                raise err from exc
+            break
+        key = bytes(resp.leader.key).decode()
+        rev = int(resp.leader.rev)
+        kv = await self.get(key)
+        if kv is None or kv.create_revision != rev:
+            raise ConflictError(f"leader key {key} vanished while campaigning for {name} (lease lost)")
+        leadership = _EtcdLeadership(name=name, key=key, revision=rev, lease=lease, value=kv.value, store=self)
+        leadership._start(kv.mod_revision + 1)
+        _log.info("store.elected", election=name, key=key, lease=lease.id, revision=rev)
+        return leadership
+
+    async def leader(self, name: str) -> LeaderInfo | None:
+        try:
+            resp = await self._unary("Leader", epb.LeaderRequest(name=name.encode()), stub="election")
+        except NotFoundError:
+            return None
+        return _leader_info(name, resp.kv)
+
+    def observe(self, name: str) -> Observation:
+        return _EtcdObservation(self, name)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for ld in list(self._leaderships):
+            ld._lose("store closed")
+        for lease in list(self._leases):
+            lease._stop()
+        for w in list(self._watches):
+            await w.aclose()
+        with contextlib.suppress(Exception):
+            await self._client.close()
+        self._stubs = {}

@@ -1,0 +1,178 @@
+"""The etcd key layout of the whole system: every key SpiderFlow reads or writes is built here.
+
+All keys live under :data:`ROOT` (``/spiderflow/v1/``). Name components (cluster names, job ids,
+tenants) must be non-empty and contain no ``/``; the builders reject anything else with a
+:class:`~spiderflow.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
+
+=====================================================  ===========================================  =====
+key                                                    value                                        lease
+=====================================================  ===========================================  =====
+``clusters/<cluster>``                                 registration: endpoint, GPUs, agent version  agent
+``profiles/<cluster>``                                 measured GPU profile (tflops, mfu, memory)   no
+``links/<src>/<dst>``                                  measured link src→dst (bandwidth, latency)   no
+``topology/revision``                                  topology generation counter (bumped on edit) no
+``jobs/<job>``                                         job record: spec, state, timestamps          no
+``queue/<priority:04d>/<arrival:020d>/<job>``          queue entry (ordering key), value = job id   no
+``plans/<job>``                                        the bound plan (stages, schedule, prediction) no
+``allocations/<cluster>``                              GPUs reserved on the cluster, by job         no
+``assignments/<cluster>/<job>``                        the cluster's stages of a job's plan         no
+``reports/<job>/<cluster>``                            latest step-time report of a running stage   agent
+``checkpoints/<job>``                                  last checkpoint (step, location)             no
+``elections/<service>``                                leader election name (etcd Election API)     svc
+=====================================================  ===========================================  =====
+
+Binding a job is one :meth:`~spiderflow.store.base.Store.commit`: compare ``jobs/<job>`` and each
+``allocations/<cluster>`` of the chain on their read ``mod_revision``, then put the job's new state,
+its plan, the allocations and the assignments together (STYLE.md §3: decide on a snapshot, then bind).
+"""
+
+from __future__ import annotations
+
+from spiderflow.errors import ValidationError
+
+__all__ = [
+    "ALLOCATIONS",
+    "ASSIGNMENTS",
+    "CHECKPOINTS",
+    "CLUSTERS",
+    "ELECTIONS",
+    "JOBS",
+    "LINKS",
+    "PLANS",
+    "PROFILES",
+    "QUEUE",
+    "REPORTS",
+    "ROOT",
+    "SCHEDULER",
+    "TOPOLOGY",
+    "TOPOLOGY_REVISION",
+    "allocation_key",
+    "assignment_key",
+    "assignments_prefix",
+    "checkpoint_key",
+    "cluster_key",
+    "election_name",
+    "job_key",
+    "link_key",
+    "links_from_prefix",
+    "name_of",
+    "plan_key",
+    "profile_key",
+    "queue_key",
+    "report_key",
+    "reports_prefix",
+    "split",
+]
+
+ROOT = "/spiderflow/v1/"
+CLUSTERS = ROOT + "clusters/"
+PROFILES = ROOT + "profiles/"
+LINKS = ROOT + "links/"
+TOPOLOGY_REVISION = ROOT + "topology/revision"
+JOBS = ROOT + "jobs/"
+QUEUE = ROOT + "queue/"
+PLANS = ROOT + "plans/"
+ALLOCATIONS = ROOT + "allocations/"
+ASSIGNMENTS = ROOT + "assignments/"
+REPORTS = ROOT + "reports/"
+CHECKPOINTS = ROOT + "checkpoints/"
+ELECTIONS = ROOT + "elections/"
+
+#: Election names of the leader-elected services.
+SCHEDULER = "scheduler"
+TOPOLOGY = "topology"
+
+
+def _part(fieldname: str, value: str) -> str:
+    if not isinstance(value, str) or not value or "/" in value or value.strip() != value:
+        raise ValidationError(fieldname, "must be a non-empty name without '/' or surrounding spaces", value)
+    return value
+
+
+def cluster_key(cluster: str) -> str:
+    """Registration of ``cluster`` (under the agent's lease)."""
+    return CLUSTERS + _part("cluster", cluster)
+
+
+def profile_key(cluster: str) -> str:
+    """Measured GPU profile of ``cluster``."""
+    return PROFILES + _part("cluster", cluster)
+
+
+def link_key(src: str, dst: str) -> str:
+    """Measured link ``src → dst``."""
+    return f"{LINKS}{_part('src', src)}/{_part('dst', dst)}"
+
+
+def links_from_prefix(src: str) -> str:
+    """Prefix of every link measured from ``src``."""
+    return f"{LINKS}{_part('src', src)}/"
+
+
+def job_key(job: str) -> str:
+    """The record of job ``job``."""
+    return JOBS + _part("job", job)
+
+
+def queue_key(job: str, *, priority: int, arrival_ms: int) -> str:
+    """Queue entry; keys sort by (priority descending, arrival ascending, id)."""
+    if not 0 <= priority <= 9999:
+        raise ValidationError("priority", "must be in 0..9999", priority)
+    if arrival_ms < 0:
+        raise ValidationError("arrival_ms", "must be ≥ 0", arrival_ms)
+    return f"{QUEUE}{9999 - priority:04d}/{arrival_ms:020d}/{_part('job', job)}"
+
+
+def plan_key(job: str) -> str:
+    """The bound plan of ``job``."""
+    return PLANS + _part("job", job)
+
+
+def allocation_key(cluster: str) -> str:
+    """GPUs reserved on ``cluster`` (one key per cluster, the unit of compare-and-swap when binding)."""
+    return ALLOCATIONS + _part("cluster", cluster)
+
+
+def assignment_key(cluster: str, job: str) -> str:
+    """The stages of ``job`` that ``cluster``'s agent runs."""
+    return f"{ASSIGNMENTS}{_part('cluster', cluster)}/{_part('job', job)}"
+
+
+def assignments_prefix(cluster: str) -> str:
+    """Prefix an agent watches for its assignments."""
+    return f"{ASSIGNMENTS}{_part('cluster', cluster)}/"
+
+
+def report_key(job: str, cluster: str) -> str:
+    """Latest step-time report of ``job``'s stages on ``cluster``."""
+    return f"{REPORTS}{_part('job', job)}/{_part('cluster', cluster)}"
+
+
+def reports_prefix(job: str) -> str:
+    """Prefix of every report of ``job``."""
+    return f"{REPORTS}{_part('job', job)}/"
+
+
+def checkpoint_key(job: str) -> str:
+    """Last checkpoint of ``job``."""
+    return CHECKPOINTS + _part("job", job)
+
+
+def election_name(service: str) -> str:
+    """The election name for ``service`` (``scheduler``, ``topology``, ...)."""
+    return ELECTIONS + _part("service", service)
+
+
+def split(key: str, prefix: str) -> list[str]:
+    """The name components of ``key`` below ``prefix`` (``split(link_key("a", "b"), LINKS) == ["a", "b"]``)."""
+    if not key.startswith(prefix):
+        raise ValidationError("key", f"is not under {prefix}", key)
+    return key[len(prefix):].split("/")
+
+
+def name_of(key: str, prefix: str) -> str:
+    """The single name component of ``key`` below ``prefix`` (``name_of(job_key("j1"), JOBS) == "j1"``)."""
+    parts = split(key, prefix)
+    if len(parts) != 1:
+        raise ValidationError("key", f"has {len(parts)} components below {prefix}, expected 1", key)
+    return parts[0]

@@ -1,0 +1,22 @@
+"""Shared pytest fixtures (keep each one small and generic)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from spiderflow.store.process import EtcdProcess
+
+
+@pytest.fixture
+def etcd() -> Iterator[EtcdProcess]:
+    """A real single-member etcd on 127.0.0.1 free ports with a temp data dir (fast election flags).
+
+    Always killed and its data dir removed afterwards, even if the test suspended or stopped it."""
+    proc = EtcdProcess()
+    try:
+        proc.start()
+        yield proc
+    finally:
+        proc.close()
