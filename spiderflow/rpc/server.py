@@ -175,15 +175,16 @@ async def serve(
     classes, or :class:`Service` objects), with health and reflection for each.
 
     ``port=0`` binds a free port; the bound port is in the result. ``credentials`` switch to TLS (mTLS
-    when they require client certificates). Raises ``OSError`` when the address cannot be bound.
+    when they require client certificates). Raises ``OSError`` when the address cannot be bound (also
+    when another process listens there: ``SO_REUSEPORT`` is disabled).
     """
     services = [service_of(s) for s in servicers]
     names = [s.name for s in services]
     if len(set(names)) != len(names):
         raise ValueError(f"a service is given twice: {names}")
-    server = grpc.aio.server(
-        options=channel_options(max_message_bytes) + list(options), interceptors=list(interceptors) or None
-    )
+    # SO_REUSEPORT off: a second server on a taken port must fail, not silently share the port.
+    server_options = [*channel_options(max_message_bytes), ("grpc.so_reuseport", 0), *options]
+    server = grpc.aio.server(options=server_options, interceptors=list(interceptors) or None)
     for s in services:
         s.register(s.servicer, server)
     health = HealthServicer()
