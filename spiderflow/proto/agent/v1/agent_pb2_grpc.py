@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class AgentStub:
-    """Missing associated documentation comment in .proto file."""
+    """Runs on every cluster; see the file comment.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -72,7 +73,8 @@ class AgentStub:
 
 
 class AgentServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Runs on every cluster; see the file comment.
+    """
 
     def ProbeEcho(self, request, context):
         """Latency probe: returns the payload unchanged. The caller times round trips (one-way ~ RTT / 2).
@@ -171,7 +173,8 @@ def add_AgentServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Agent:
-    """Missing associated documentation comment in .proto file."""
+    """Runs on every cluster; see the file comment.
+    """
 
     @staticmethod
     def ProbeEcho(request,

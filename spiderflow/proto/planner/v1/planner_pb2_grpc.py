@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class PlannerStub:
-    """Missing associated documentation comment in .proto file."""
+    """Planning and estimation; see the file comment.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -47,7 +48,8 @@ class PlannerStub:
 
 
 class PlannerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Planning and estimation; see the file comment.
+    """
 
     def Plan(self, request, context):
         """Plan a job: on a given chain of clusters, or by running a placement policy that also picks the
@@ -86,7 +88,8 @@ def add_PlannerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Planner:
-    """Missing associated documentation comment in .proto file."""
+    """Planning and estimation; see the file comment.
+    """
 
     @staticmethod
     def Plan(request,

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class SchedulerStub:
-    """Missing associated documentation comment in .proto file."""
+    """The job API; see the file comment.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -67,7 +68,8 @@ class SchedulerStub:
 
 
 class SchedulerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The job API; see the file comment.
+    """
 
     def SubmitJob(self, request, context):
         """Queue a job. Idempotent on `request_id`: a retry with the same id returns the same job and creates
@@ -155,7 +157,8 @@ def add_SchedulerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Scheduler:
-    """Missing associated documentation comment in .proto file."""
+    """The job API; see the file comment.
+    """
 
     @staticmethod
     def SubmitJob(request,

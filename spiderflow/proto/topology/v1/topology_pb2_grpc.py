@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TopologyStub:
-    """Missing associated documentation comment in .proto file."""
+    """The live cluster graph; see the file comment.
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,7 +58,8 @@ class TopologyStub:
 
 
 class TopologyServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The live cluster graph; see the file comment.
+    """
 
     def ReportProfile(self, request, context):
         """An agent reports its cluster's profile: GPU type and count, free GPUs, measured TFLOPS and memory.
@@ -120,7 +122,8 @@ def add_TopologyServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Topology:
-    """Missing associated documentation comment in .proto file."""
+    """The live cluster graph; see the file comment.
+    """
 
     @staticmethod
     def ReportProfile(request,
