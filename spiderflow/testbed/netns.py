@@ -1,0 +1,749 @@
+"""The emulated multi-region testbed: one network namespace per cluster, kernel-shaped links, a delay relay.
+
+Contract
+--------
+* ``Testbed(topology, prefix="sf").up()`` creates, for prefix ``P`` (see :mod:`spiderflow.testbed.layout`
+  for names and addresses): a router namespace ``P-router``; one namespace ``P-<short>-<i>`` per cluster
+  joined to the router by a veth pair (``eth0`` in the cluster); a host veth ``P-host`` whose address
+  :attr:`Testbed.host_address` (``10.N.0.1``) is how processes in the namespaces reach services on the
+  host: TCP to ``host_address:PORT`` is DNAT-ed to ``127.0.0.1:PORT`` (iptables rule on ``P-host`` only,
+  plus ``route_localnet`` on that interface), so etcd and gRPC services listening on loopback work
+  unchanged. Host ↔ cluster traffic is neither delayed nor shaped.
+* Each directed cluster pair ``a → b`` gets the topology's widest-path bandwidth (htb class on the
+  router) and one-way latency (the delay relay, :mod:`spiderflow.testbed.relay`, a child process in the
+  router namespace reached by nat REDIRECT of cluster-to-cluster TCP). Only TCP is delayed; other
+  protocols and ``passthrough_ports`` are forwarded directly (bandwidth-shaped, no added latency).
+  Processes see the router's address of their own link as the peer of relayed connections.
+* :meth:`Testbed.set_link` changes a link of the running testbed (bandwidth at once, latency for data
+  arriving afterwards); :meth:`Testbed.exec` / :meth:`Testbed.run` start processes in a cluster
+  namespace with ``SPIDERFLOW_TESTBED_{CLUSTER,ADDRESS,HOST}`` and ``GLOO_SOCKET_IFNAME=eth0`` set.
+* :meth:`Testbed.down` removes everything (processes in the namespaces, namespaces, veths, the host
+  rule, the state file); a failed :meth:`Testbed.up` calls it before re-raising. :func:`cleanup` does
+  the same from names alone for a crashed run. State lives in ``<state_dir>/<prefix>.json``
+  (``/run/spiderflow-testbed`` by default) so :meth:`Testbed.attach` finds a detached testbed.
+
+Requires root, ``ip``, ``tc`` and ``iptables`` (nft or legacy backend, whichever works).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from spiderflow.domain import Topology
+from spiderflow.errors import NotFoundError, PermissionDeniedError, PreconditionError, SpiderFlowError
+from spiderflow.formats import topology_from_dict, topology_to_dict
+from spiderflow.testbed.layout import (
+    CLUSTER_IFACE,
+    DEFAULT_CLASS_MINOR,
+    HOST_IFACE_SUFFIX,
+    Layout,
+    PairShaping,
+    pair_figures,
+    plan_layout,
+    update_link,
+    validate_prefix,
+)
+
+__all__ = [
+    "DEFAULT_RELAY_PORT",
+    "Testbed",
+    "TestbedError",
+    "check_environment",
+    "cleanup",
+    "default_state_dir",
+    "list_testbeds",
+]
+
+log = structlog.get_logger("spiderflow.testbed")
+
+DEFAULT_RELAY_PORT = 15001
+_RULE_COMMENT = "spiderflow-testbed:{prefix}"
+_DEFAULT_RATE = "10gbit"
+
+
+class TestbedError(SpiderFlowError):
+    """A kernel/tool operation of the testbed failed; the message names the command."""
+
+
+def default_state_dir() -> Path:
+    """``/run/spiderflow-testbed`` when writable, else ``<tmp>/spiderflow-testbed``."""
+    for base in (Path("/run"), Path(os.environ.get("TMPDIR", "/tmp"))):
+        d = base / "spiderflow-testbed"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            if os.access(d, os.W_OK):
+                return d
+        except OSError:
+            continue
+    raise TestbedError("no writable state directory (/run or $TMPDIR)")
+
+
+def _iptables_backend() -> str:
+    for exe in ("iptables", "iptables-legacy"):
+        if shutil.which(exe) and subprocess.run([exe, "-t", "nat", "-S"], capture_output=True).returncode == 0:
+            return exe
+    raise PreconditionError("iptables with the nat table is not usable (install the iptables package)")
+
+
+def check_environment() -> str:
+    """Raise unless the testbed can run here: root, ``ip``/``tc``, a working iptables. Returns its name."""
+    if os.geteuid() != 0:
+        raise PermissionDeniedError("the testbed needs root (network namespaces, tc, iptables)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise PreconditionError(f"'{tool}' is not installed (install iproute2)")
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        raise PreconditionError("'ip netns' is not usable here")
+    return _iptables_backend()
+
+
+def _sh(argv: Sequence[str], *, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"{' '.join(argv)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _rate(gbps: float) -> str:
+    return f"{max(round(gbps * 1e9), 8000)}bit"
+
+
+def _burst(gbps: float) -> int:
+    """htb burst: 4 ms at the class rate, at least 64 KiB (TSO segments on veths are up to 64 KiB)."""
+    return int(max(gbps * 1e9 / 8 * 0.004, 64 * 1024))
+
+
+def _namespaces() -> list[str]:
+    out = _sh(["ip", "netns", "list"], check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _netns_pids(ns: str) -> list[int]:
+    out = _sh(["ip", "netns", "pids", ns], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def _kill_namespace_processes(namespaces: Sequence[str], *, grace_s: float = 3.0) -> list[int]:
+    """SIGTERM every process in ``namespaces``, SIGKILL the ones still there after ``grace_s``."""
+    killed: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [p for ns in namespaces for p in _netns_pids(ns)]
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                killed.append(pid)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_netns_pids(ns) for ns in namespaces):
+            time.sleep(0.05)
+    return sorted(set(killed))
+
+
+def _delete_host_rules(prefix: str) -> list[str]:
+    comment = _RULE_COMMENT.format(prefix=prefix)
+    removed: list[str] = []
+    for exe in ("iptables", "iptables-legacy"):
+        if shutil.which(exe) is None:
+            continue
+        listing = _sh([exe, "-t", "nat", "-S", "PREROUTING"], check=False)
+        if listing.returncode != 0:
+            continue
+        for line in listing.stdout.splitlines():
+            if comment in line and line.startswith("-A "):
+                args = line.split()
+                args[0] = "-D"
+                args = [a.strip('"') for a in args]
+                if _sh([exe, "-t", "nat", *args], check=False).returncode == 0:
+                    removed.append(f"{exe} nat rule {comment}")
+    return removed
+
+
+def cleanup(prefix: str, *, state_dir: Path | None = None) -> list[str]:
+    """Remove every leftover of testbed ``prefix`` by name (processes, namespaces, host veth and rule,
+    state files). Safe to call when nothing is left; returns what was removed."""
+    validate_prefix(prefix)
+    removed: list[str] = []
+    mine = [ns for ns in _namespaces() if ns.startswith(f"{prefix}-")]
+    for pid in _kill_namespace_processes(mine):
+        removed.append(f"process {pid}")
+    removed += _delete_host_rules(prefix)
+    host_iface = f"{prefix}{HOST_IFACE_SUFFIX}"
+    if _sh(["ip", "link", "show", host_iface], check=False).returncode == 0:
+        _sh(["ip", "link", "del", host_iface], check=False)
+        removed.append(f"link {host_iface}")
+    for ns in mine:
+        if _sh(["ip", "netns", "del", ns], check=False).returncode == 0:
+            removed.append(f"netns {ns}")
+    d = state_dir or default_state_dir()
+    for f in sorted(d.glob(f"{prefix}.*")) + sorted(d.glob(f"{prefix}-*.log")):
+        with contextlib.suppress(FileNotFoundError):
+            f.unlink()
+            removed.append(f"file {f}")
+    if removed:
+        log.info("testbed_cleanup", prefix=prefix, removed=len(removed))
+    return removed
+
+
+def list_testbeds(*, state_dir: Path | None = None) -> list[str]:
+    """Prefixes of testbeds with a state file."""
+    d = state_dir or default_state_dir()
+    return sorted(p.name[: -len(".json")] for p in d.glob("*.json") if not p.name.endswith(".relay.json"))
+
+
+def _used_octets(state_dir: Path) -> set[int]:
+    used: set[int] = set()
+    text = _sh(["ip", "-4", "-o", "addr"], check=False).stdout + _sh(["ip", "-4", "route"], check=False).stdout
+    for tok in text.split():
+        parts = tok.split("/")[0].split(".")
+        if len(parts) == 4 and parts[0] == "10" and parts[1].isdigit():
+            used.add(int(parts[1]))
+    for p in state_dir.glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            used.add(int(json.loads(p.read_text())["octet"]))
+    return used
+
+
+def _choose_octet(prefix: str, state_dir: Path) -> int:
+    used = _used_octets(state_dir)
+    start = zlib.crc32(prefix.encode()) % 50
+    for k in range(50):
+        octet = 200 + (start + k) % 50
+        if octet not in used:
+            return octet
+    raise PreconditionError("no free 10.200-249.0.0/16 subnet for the testbed")
+
+
+class _Supervised:
+    """A command kept running in one cluster namespace (restarted with backoff when it exits)."""
+
+    def __init__(self, cluster: str, argv: list[str], start: Any, restart: bool) -> None:
+        self.cluster = cluster
+        self.argv = argv
+        self._start = start
+        self.restart = restart
+        self.proc: subprocess.Popen[bytes] = start()
+        self.restarts = 0
+        self.next_start = 0.0
+
+
+class Testbed:
+    """An emulated multi-region testbed for ``topology`` (see the module docstring for the contract).
+
+    ``relay_port`` is where the relay listens in the router namespace; ``passthrough_ports`` are
+    destination ports forwarded without the relay (no added latency); ``connect_retry_s`` bounds how long
+    the relay retries a refused onward connect.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        *,
+        prefix: str = "sf",
+        octet: int | None = None,
+        relay_port: int = DEFAULT_RELAY_PORT,
+        passthrough_ports: Sequence[int] = (),
+        connect_retry_s: float = 10.0,
+        state_dir: Path | str | None = None,
+        python: str = sys.executable,
+        host_access: bool = True,
+    ) -> None:
+        self.prefix = validate_prefix(prefix)
+        self.topology = topology
+        self.relay_port = relay_port
+        self.passthrough_ports = tuple(int(p) for p in passthrough_ports)
+        self.connect_retry_s = connect_retry_s
+        self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
+        self.python = python
+        self.host_access = host_access
+        self._octet = octet
+        self._layout: Layout | None = None
+        self._backend = ""
+        self._relay: subprocess.Popen[bytes] | None = None
+        self._relay_pid = 0
+        self._children: list[subprocess.Popen[bytes]] = []
+        self._supervised: list[_Supervised] = []
+        self._stop = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._is_up = False
+
+    # ----------------------------------------------------------------- paths and names
+    @property
+    def state_file(self) -> Path:
+        return self.state_dir / f"{self.prefix}.json"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.state_dir / f"{self.prefix}.relay.sock"
+
+    @property
+    def layout(self) -> Layout:
+        if self._layout is None:
+            raise PreconditionError(f"testbed {self.prefix!r} is not up")
+        return self._layout
+
+    @property
+    def host_address(self) -> str:
+        """The host's address as seen from inside the namespaces (DNAT-ed to 127.0.0.1)."""
+        return self.layout.host_address
+
+    def address(self, cluster: str) -> str:
+        """The IPv4 address of ``cluster``'s namespace."""
+        return self.layout.slot(cluster).address
+
+    def netns(self, cluster: str) -> str:
+        return self.layout.slot(cluster).netns
+
+    def pairs(self) -> dict[tuple[str, str], PairShaping]:
+        """The configured figures of every directed pair (widest path of the current topology)."""
+        return pair_figures(self.topology)
+
+    def pair(self, a: str, b: str) -> PairShaping:
+        try:
+            return self.pairs()[(a, b)]
+        except KeyError:
+            raise NotFoundError(f"no pair {a!r} → {b!r} in the testbed") from None
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> Testbed:
+        if not self._is_up:
+            self.up()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.down()
+
+    def up(
+        self,
+        commands: Mapping[str, Sequence[str]] | None = None,
+        *,
+        restart: bool = True,
+    ) -> Testbed:
+        """Create the testbed; start ``commands[cluster]`` (argv) in each named cluster and supervise them.
+
+        Raises :class:`PreconditionError` if a testbed with this prefix exists. On any failure (or
+        KeyboardInterrupt) everything created so far is removed before the error propagates.
+        """
+        self._backend = check_environment()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        existing = [ns for ns in _namespaces() if ns.startswith(f"{self.prefix}-")]
+        if existing or self.state_file.exists():
+            raise PreconditionError(
+                f"testbed {self.prefix!r} already exists ({len(existing)} namespaces); "
+                f"run 'spiderflow testbed down --prefix {self.prefix}'"
+            )
+        octet = self._octet if self._octet is not None else _choose_octet(self.prefix, self.state_dir)
+        self._layout = plan_layout(self.topology, prefix=self.prefix, octet=octet)
+        t0 = time.monotonic()
+        try:
+            self._write_state("starting")
+            self._create_namespaces()
+            self._create_links()
+            self._shape()
+            self._redirect()
+            self._start_relay()
+            self._is_up = True
+            self._write_state("up")
+            for cluster, argv in (commands or {}).items():
+                self.supervise(cluster, argv, restart=restart)
+        except BaseException:
+            log.warning("testbed_up_failed", prefix=self.prefix)
+            self.down()
+            raise
+        log.info(
+            "testbed_up",
+            prefix=self.prefix,
+            clusters=len(self.topology.clusters),
+            subnet=self.layout.subnet,
+            seconds=round(time.monotonic() - t0, 2),
+        )
+        return self
+
+    def down(self) -> list[str]:
+        """Remove everything this testbed created (idempotent). Returns what was removed."""
+        self._stop.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=5)
+        procs = [s.proc for s in self._supervised] + self._children
+        if self._relay is not None:
+            procs.append(self._relay)
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=3)
+        removed = cleanup(self.prefix, state_dir=self.state_dir)
+        self._is_up = False
+        self._relay = None
+        self._children.clear()
+        self._supervised.clear()
+        log.info("testbed_down", prefix=self.prefix)
+        return removed
+
+    @classmethod
+    def attach(cls, prefix: str, *, state_dir: Path | str | None = None) -> Testbed:
+        """A handle on a running testbed started elsewhere (e.g. by ``spiderflow testbed up --detach``)."""
+        validate_prefix(prefix)
+        d = Path(state_dir) if state_dir is not None else default_state_dir()
+        path = d / f"{prefix}.json"
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NotFoundError(f"no testbed {prefix!r} (no state file {path})") from None
+        tb = cls(
+            topology_from_dict(state["topology"]),
+            prefix=prefix,
+            octet=int(state["octet"]),
+            relay_port=int(state["relay_port"]),
+            passthrough_ports=state.get("passthrough_ports", []),
+            state_dir=d,
+        )
+        tb._layout = plan_layout(tb.topology, prefix=prefix, octet=int(state["octet"]))
+        tb._backend = str(state.get("iptables", "iptables"))
+        tb._relay_pid = int(state.get("relay_pid", 0))
+        tb._is_up = state.get("status") == "up"
+        return tb
+
+    # ----------------------------------------------------------------- processes
+    def environment(self, cluster: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of processes started in ``cluster``: ours plus the testbed variables."""
+        env = dict(os.environ)
+        env.update(
+            SPIDERFLOW_TESTBED_CLUSTER=cluster,
+            SPIDERFLOW_TESTBED_ADDRESS=self.address(cluster),
+            SPIDERFLOW_TESTBED_HOST=self.host_address,
+            GLOO_SOCKET_IFNAME=CLUSTER_IFACE,
+            TP_SOCKET_IFNAME=CLUSTER_IFACE,
+        )
+        env.update(extra or {})
+        return env
+
+    def exec(
+        self,
+        cluster: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        **popen: Any,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``cluster``'s namespace (its own session). :meth:`down` terminates it."""
+        ns = self.netns(cluster)
+        popen.setdefault("start_new_session", True)
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
+            ["ip", "netns", "exec", ns, *argv], env=self.environment(cluster, env), **popen
+        )
+        self._children.append(proc)
+        return proc
+
+    def run(
+        self,
+        cluster: str,
+        argv: Sequence[str],
+        *,
+        timeout: float = 60.0,
+        check: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in ``cluster``'s namespace to completion; text output captured."""
+        ns = self.netns(cluster)
+        return subprocess.run(
+            ["ip", "netns", "exec", ns, *argv],
+            env=self.environment(cluster, env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    def supervise(self, cluster: str, argv: Sequence[str], *, restart: bool = True) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``cluster`` with output to ``<state_dir>/<prefix>-<cluster>.log``; restart it
+        (backoff 1 s doubling to 30 s) whenever it exits while the testbed is up, if ``restart``."""
+        logfile = self.state_dir / f"{self.prefix}-{self.netns(cluster)}.log"
+
+        def start() -> subprocess.Popen[bytes]:
+            with open(logfile, "ab") as out:
+                p: subprocess.Popen[bytes] = subprocess.Popen(
+                    ["ip", "netns", "exec", self.netns(cluster), *argv],
+                    env=self.environment(cluster),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            log.info("testbed_process_started", cluster=cluster, pid=p.pid, argv=list(argv))
+            return p
+
+        sup = _Supervised(cluster, list(argv), start, restart)
+        with self._lock:
+            self._supervised.append(sup)
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._watch, name=f"testbed-{self.prefix}", daemon=True)
+            self._monitor.start()
+        self._write_state("up")
+        return sup.proc
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            with self._lock:
+                for sup in self._supervised:
+                    code = sup.proc.poll()
+                    if code is None or not sup.restart:
+                        continue
+                    now = time.monotonic()
+                    if sup.next_start == 0.0:
+                        backoff = min(2.0**sup.restarts, 30.0)
+                        sup.next_start = now + backoff
+                        log.warning("testbed_process_exited", cluster=sup.cluster, code=code, restart_in_s=backoff)
+                    elif now >= sup.next_start:
+                        sup.proc = sup._start()
+                        sup.restarts += 1
+                        sup.next_start = 0.0
+
+    # ----------------------------------------------------------------- shaping changes
+    def set_link(
+        self,
+        a: str,
+        b: str,
+        *,
+        bandwidth_gbps: float | None = None,
+        latency_ms: float | None = None,
+        directed: bool = False,
+    ) -> dict[tuple[str, str], PairShaping]:
+        """Change link ``a → b`` (and ``b → a`` unless ``directed``) of the running testbed.
+
+        Every pair whose widest path changes is re-shaped (htb class rate and relay latency). Returns
+        the pairs that changed. Bandwidth applies at once; latency to data that arrives afterwards.
+        """
+        layout = self.layout
+        before = self.pairs()
+        self.topology = update_link(
+            self.topology, a, b, bandwidth_gbps=bandwidth_gbps, latency_ms=latency_ms, directed=directed
+        )
+        after = self.pairs()
+        changed = {k: v for k, v in after.items() if before[k] != v}
+        lines = []
+        for (src, dst), p in changed.items():
+            s, d = layout.slot(src), layout.slot(dst)
+            lines.append(self._class_cmd("replace", d.router_iface, s.index, p.bandwidth_gbps))
+        if lines:
+            _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+        self._control({"op": "set", "pairs": self._pair_rows()})
+        self._write_state("up")
+        log.info("testbed_link_set", prefix=self.prefix, a=a, b=b, bandwidth_gbps=bandwidth_gbps,
+                 latency_ms=latency_ms, directed=directed, pairs_changed=len(changed))
+        return changed
+
+    # ----------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        """A JSON-able description: names, addresses, pair figures, process and relay state."""
+        layout = self.layout
+        present = set(_namespaces())
+        relay: dict[str, Any]
+        try:
+            relay = self._control({"op": "stats"})
+        except TestbedError as e:
+            relay = {"ok": False, "error": str(e)}
+        procs: dict[str, list[int]] = {s.netns: _netns_pids(s.netns) for s in layout.clusters}
+        return {
+            "prefix": self.prefix,
+            "subnet": layout.subnet,
+            "host_address": layout.host_address,
+            "host_iface": layout.host_iface,
+            "router_netns": layout.router_netns,
+            "relay_port": self.relay_port,
+            "relay": relay,
+            "clusters": [
+                {
+                    "name": s.name,
+                    "netns": s.netns,
+                    "address": s.address,
+                    "present": s.netns in present,
+                    "pids": procs[s.netns],
+                }
+                for s in layout.clusters
+            ],
+            "pairs": [
+                {"src": p.src, "dst": p.dst, "bandwidth_gbps": p.bandwidth_gbps, "latency_ms": p.latency_ms}
+                for p in self.pairs().values()
+            ],
+        }
+
+    # ----------------------------------------------------------------- internals
+    def _write_state(self, status: str) -> None:
+        layout = self.layout
+        state = {
+            "prefix": self.prefix,
+            "status": status,
+            "octet": layout.octet,
+            "relay_port": self.relay_port,
+            "relay_pid": self._relay.pid if self._relay is not None else self._relay_pid,
+            "passthrough_ports": list(self.passthrough_ports),
+            "iptables": self._backend,
+            "topology": topology_to_dict(self.topology),
+            "supervised": [{"cluster": s.cluster, "argv": s.argv, "pid": s.proc.pid} for s in self._supervised],
+            "pid": os.getpid(),
+        }
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(self.state_file)
+
+    def _in_ns(self, ns: str, script: str) -> None:
+        _sh(["ip", "netns", "exec", ns, "sh", "-ec", script])
+
+    def _create_namespaces(self) -> None:
+        layout = self.layout
+        for ns in layout.namespaces:
+            _sh(["ip", "netns", "add", ns])
+            _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+            self._in_ns(
+                ns,
+                "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter; echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter",
+            )
+        self._in_ns(layout.router_netns, "echo 1 > /proc/sys/net/ipv4/ip_forward")
+
+    def _create_links(self) -> None:
+        layout = self.layout
+        r = layout.router_netns
+        for s in layout.clusters:
+            _sh(["ip", "-n", r, "link", "add", s.router_iface, "type", "veth", "peer", "name", CLUSTER_IFACE,
+                 "netns", s.netns])
+            _sh(["ip", "-n", r, "addr", "add", f"{s.gateway}/24", "dev", s.router_iface])
+            _sh(["ip", "-n", r, "link", "set", s.router_iface, "up"])
+            _sh(["ip", "-n", s.netns, "addr", "add", f"{s.address}/24", "dev", CLUSTER_IFACE])
+            _sh(["ip", "-n", s.netns, "link", "set", CLUSTER_IFACE, "up"])
+            _sh(["ip", "-n", s.netns, "route", "add", "default", "via", s.gateway])
+        if self.host_access:
+            h = layout.host_iface
+            _sh(["ip", "link", "add", h, "type", "veth", "peer", "name", "host", "netns", r])
+            _sh(["ip", "addr", "add", f"{layout.host_address}/24", "dev", h])
+            _sh(["ip", "link", "set", h, "up"])
+            _sh(["ip", "-n", r, "addr", "add", f"{layout.router_host_address}/24", "dev", "host"])
+            _sh(["ip", "-n", r, "link", "set", "host", "up"])
+            _sh(["ip", "route", "add", layout.subnet, "via", layout.router_host_address, "dev", h])
+            Path(f"/proc/sys/net/ipv4/conf/{h}/route_localnet").write_text("1\n")
+            Path(f"/proc/sys/net/ipv4/conf/{h}/rp_filter").write_text("0\n")
+            _sh([self._backend, "-t", "nat", "-I", "PREROUTING", "-i", h, "-d", layout.host_address, "-p", "tcp",
+                 "-m", "comment", "--comment", _RULE_COMMENT.format(prefix=self.prefix),
+                 "-j", "DNAT", "--to-destination", "127.0.0.1"])
+
+    @staticmethod
+    def _class_cmd(verb: str, iface: str, src_index: int, gbps: float) -> str:
+        burst = _burst(gbps)
+        return (f"class {verb} dev {iface} parent 1: classid 1:{src_index + 1:x} htb rate {_rate(gbps)} "
+                f"ceil {_rate(gbps)} burst {burst} cburst {burst} quantum 60000")
+
+    def _shape(self) -> None:
+        layout = self.layout
+        pairs = self.pairs()
+        lines: list[str] = []
+        for d in layout.clusters:
+            dev = d.router_iface
+            lines.append(f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS_MINOR:x} r2q 100")
+            lines.append(f"class add dev {dev} parent 1: classid 1:{DEFAULT_CLASS_MINOR:x} htb rate {_DEFAULT_RATE}"
+                         f" quantum 60000")
+            for s in layout.clusters:
+                if s.index == d.index:
+                    continue
+                lines.append(self._class_cmd("add", dev, s.index, pairs[(s.name, d.name)].bandwidth_gbps))
+                lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip src {s.address}/32 "
+                             f"flowid 1:{s.index + 1:x}")
+        _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+
+    def _redirect(self) -> None:
+        layout = self.layout
+        ipt = ["ip", "netns", "exec", layout.router_netns, self._backend, "-t", "nat"]
+        _sh([*ipt, "-N", "SF_RELAY"])
+        _sh([*ipt, "-A", "SF_RELAY", "-s", layout.host_subnet, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_RELAY", "-d", layout.host_subnet, "-j", "RETURN"])
+        for port in self.passthrough_ports:
+            _sh([*ipt, "-A", "SF_RELAY", "-p", "tcp", "--dport", str(port), "-j", "RETURN"])
+        for s in layout.clusters:
+            _sh([*ipt, "-A", "SF_RELAY", "-d", s.gateway, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_RELAY", "-p", "tcp", "-s", layout.subnet, "-d", layout.subnet,
+             "-j", "REDIRECT", "--to-ports", str(self.relay_port)])
+        _sh([*ipt, "-A", "PREROUTING", "-p", "tcp", "-j", "SF_RELAY"])
+
+    def _pair_rows(self) -> list[list[float]]:
+        layout = self.layout
+        return [
+            [layout.slot(p.src).index, layout.slot(p.dst).index, p.bandwidth_gbps, p.latency_ms]
+            for p in self.pairs().values()
+        ]
+
+    def _start_relay(self) -> None:
+        layout = self.layout
+        config = {
+            "port": self.relay_port,
+            "control": str(self.control_socket),
+            "connect_retry_s": self.connect_retry_s,
+            "addresses": {s.address: s.index for s in layout.clusters},
+            "pairs": self._pair_rows(),
+        }
+        cfg = self.state_dir / f"{self.prefix}.relay.json"
+        cfg.write_text(json.dumps(config))
+        logfile = self.state_dir / f"{self.prefix}.relay.log"
+        with open(logfile, "ab") as out:
+            self._relay = subprocess.Popen(
+                ["ip", "netns", "exec", layout.router_netns, self.python, "-m", "spiderflow.testbed.relay",
+                 "--config", str(cfg)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._write_state("starting")
+        deadline = time.monotonic() + 15.0
+        while True:
+            if self._relay.poll() is not None:
+                tail = logfile.read_text()[-500:]
+                raise TestbedError(f"the relay exited with code {self._relay.returncode}: {tail}")
+            try:
+                self._control({"op": "ping"}, timeout=1.0)
+                return
+            except TestbedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _control(self, request: Mapping[str, Any], *, timeout: float = 5.0) -> dict[str, Any]:
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(str(self.control_socket))
+                s.sendall((json.dumps(request) + "\n").encode())
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        break
+                    buf += chunk
+        except OSError as e:
+            raise TestbedError(f"relay control socket {self.control_socket}: {e}") from None
+        try:
+            resp: dict[str, Any] = json.loads(buf)
+        except ValueError:
+            raise TestbedError(f"relay control socket: bad answer {buf[:200]!r}") from None
+        if not resp.get("ok"):
+            raise TestbedError(f"relay refused {request.get('op')}: {resp.get('error')}")
+        return resp
