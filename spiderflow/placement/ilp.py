@@ -63,7 +63,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from ortools.sat.python import cp_model
@@ -81,6 +81,7 @@ from spiderflow.costmodel import (
 )
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
+from spiderflow.placement.common import diagnose
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -271,15 +272,9 @@ class IlpPolicy:
                                planning_seconds=time.perf_counter() - t0, optimal=None, stats=stats or {})
 
     def _place(self, topo: Topology, job: JobSpec, budget: Budget, t0: float) -> PlacementResult:
-        total_all = sum(c.total_gpus for c in topo.clusters)
-        if total_all < job.gpus.min:
-            return self._fail(PlacementStatus.UNRESOLVABLE,
-                              f"the topology has {total_all} GPUs in all, the job needs at least {job.gpus.min}",
-                              "gpus.min", t0)
-        if topo.total_free_gpus < job.gpus.min:
-            return self._fail(PlacementStatus.UNSCHEDULABLE,
-                              f"{topo.total_free_gpus} GPUs are free, the job needs at least {job.gpus.min}",
-                              "gpus.min", t0)
+        early = diagnose(topo, job, self.name)
+        if early is not None:
+            return replace(early, planning_seconds=time.perf_counter() - t0)
         limit = budget.time_limit_s if budget.time_limit_s is not None else self.default_time_limit_s
         hint = greedy_plan(topo, job) if self.use_hint else None
         built = _Model(topo, job, hint)

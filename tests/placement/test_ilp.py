@@ -171,6 +171,7 @@ def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
     res = IlpPolicy().place(topo, job)
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "gpus.min" and "100" in res.reason
+    assert res.planning_seconds >= 0
 
 
 def test_too_few_free_gpus_is_unschedulable() -> None:
@@ -178,7 +179,7 @@ def test_too_few_free_gpus_is_unschedulable() -> None:
     job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=8, max=16))
     res = IlpPolicy().place(Topology(clusters=cs), job)
     assert res.status is PlacementStatus.UNSCHEDULABLE
-    assert res.constraint == "gpus.min" and "4 GPUs are free" in res.reason
+    assert res.constraint == "free_gpus" and "4 are free" in res.reason
 
 
 def test_model_larger_than_all_memory_is_unresolvable_with_reason() -> None:
@@ -187,17 +188,29 @@ def test_model_larger_than_all_memory_is_unresolvable_with_reason() -> None:
     job = JobSpec(id="x", model=model_preset("llama3-70b"), global_batch=8, gpus=GpuRange(min=1, max=4))
     res = IlpPolicy().place(topo, job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
-    assert res.constraint == "memory" and "llama3-70b" in res.reason
+    assert res.constraint == "memory" and "GiB" in res.reason
 
 
 def test_memory_fit_needing_busy_gpus_is_unschedulable() -> None:
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3, free_gpus=f)
-               for i, f in enumerate((1, 0, 0, 0)))
+               for i, f in enumerate((1, 1, 0, 0)))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
     res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNSCHEDULABLE
-    assert res.constraint == "memory"
+    assert res.constraint == "memory" and "more GPUs were free" in res.reason
+    assert res.stats["cp_status"] == 3.0  # proven infeasible by CP-SAT, not by the quick pre-check
+
+
+def test_activation_memory_proven_infeasible_is_unresolvable() -> None:
+    """Model states fit the two GPUs the job may use, activations and reserves do not: CP-SAT proves it."""
+    cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
+    links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
+    res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    assert res.status is PlacementStatus.UNRESOLVABLE
+    assert res.constraint == "memory" and "tiny6" in res.reason
+    assert res.stats["cp_status"] == 3.0
 
 
 def test_registered_and_deterministic_objective() -> None:
