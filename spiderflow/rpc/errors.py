@@ -95,12 +95,22 @@ def status_for(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+_MAX_VALUE_CHARS = 512
+_MAX_DETAILS_CHARS = 2048
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _jsonable(value: object) -> object:
+    """``value`` if it is JSON and small, else its (clipped) repr: metadata must stay well under the
+    8 KiB header limit of gRPC clients."""
     try:
-        json.dumps(value)
+        text = json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(value)
-    return value
+        return _clip(repr(value), _MAX_VALUE_CHARS)
+    return value if len(text) <= _MAX_VALUE_CHARS else _clip(repr(value), _MAX_VALUE_CHARS)
 
 
 def error_metadata(error: E.SpiderFlowError) -> tuple[tuple[str, bytes], ...]:
@@ -108,9 +118,10 @@ def error_metadata(error: E.SpiderFlowError) -> tuple[tuple[str, bytes], ...]:
     cls = next((c for c, _ in STATUS_CODES if type(error) is c), None) or next(
         (c for c, _ in STATUS_CODES if isinstance(error, c)), E.SpiderFlowError
     )
-    doc: dict[str, object] = {"class": cls.__name__, "message": str(error)}
+    doc: dict[str, object] = {"class": cls.__name__}
     if isinstance(error, E.ValidationError):
-        doc.update(field=error.field, reason=error.reason, value=_jsonable(error.value))
+        doc.update(field=error.field, reason=_clip(error.reason, _MAX_DETAILS_CHARS),
+                   value=_jsonable(error.value))
     if isinstance(error, E.UnschedulableError):
         doc["constraint"] = error.constraint
     return ((ERROR_METADATA_KEY, json.dumps(doc, ensure_ascii=False).encode()),)
@@ -120,7 +131,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: Exception, method: st
     code = status_for(error)
     if isinstance(error, E.SpiderFlowError):
         log.info("rpc.error", method=method, code=code.name, error=str(error), error_class=type(error).__name__)
-        await context.abort(code, str(error), trailing_metadata=error_metadata(error))
+        details = _clip(str(error), _MAX_DETAILS_CHARS)
+        await context.abort(code, details, trailing_metadata=error_metadata(error))
     elif code is grpc.StatusCode.UNIMPLEMENTED:
         await context.abort(code, str(error) or f"{method} is not implemented")
     else:

@@ -45,6 +45,8 @@ class ErrorScheduler(scheduler_pb2_grpc.SchedulerServicer):
         what = request.job_id
         if what in DOMAIN_ERRORS:
             raise DOMAIN_ERRORS[what]
+        if what == "huge":
+            raise E.ValidationError("topology.clusters", "must be an object", ["x" * 100] * 1000)
         if what == "runtime":
             raise RuntimeError("secret internal detail")
         if what == "unimplemented":

@@ -80,6 +80,14 @@ async def test_streaming_error_after_messages(channel: grpc.aio.Channel, name: s
     assert str(got.value) == str(DOMAIN_ERRORS[name])
 
 
+async def test_huge_error_value_is_clipped(channel: grpc.aio.Channel) -> None:
+    stub = scheduler_pb2_grpc.SchedulerStub(channel)
+    with pytest.raises(E.ValidationError) as got, domain_errors():
+        await stub.GetJob(scheduler_pb2.GetJobRequest(job_id="huge"))
+    assert got.value.field == "topology.clusters" and got.value.reason == "must be an object"
+    assert isinstance(got.value.value, str) and len(got.value.value) <= 512
+
+
 async def test_stream_without_error_completes(channel: grpc.aio.Channel) -> None:
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     with domain_errors():
