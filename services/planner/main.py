@@ -1,0 +1,30 @@
+"""``spiderflow serve planner``: run the stateless Planner service."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from services.planner.service import DEFAULT_POLICY, PlannerService
+from spiderflow.rpc.server import serve
+from spiderflow.runtime import parse_hostport, write_ready_file
+
+__all__ = ["add_arguments", "run"]
+
+log = structlog.get_logger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--default-policy", default=DEFAULT_POLICY, help="policy when a request names none")
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    host, port = parse_hostport(args.listen, field="--listen")
+    server = await serve([PlannerService(default_policy=args.default_policy)], host=host, port=port)
+    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
+    log.info("planner.serving", address=server.address)
+    await stop.wait()
+    await server.stop(grace_s=5)

@@ -1,0 +1,143 @@
+"""The Planner gRPC service (``spiderflow.planner.v1.Planner``): a thin, stateless adapter over TPA.
+
+Every request carries the topology it is about, so any replica answers any request and nothing is
+stored. The servicer only converts proto → domain (:mod:`spiderflow.rpc.convert`), calls the pure core
+(:func:`spiderflow.tpa.plan_chain` or a placement policy) in a worker thread so the event loop stays
+responsive, and converts back. Errors keep their meaning (:mod:`spiderflow.rpc.errors`):
+
+- malformed topology/job/plan → INVALID_ARGUMENT naming the field (``job.gpus.min``);
+- a chain cluster that is not in the topology, or an unknown policy → NOT_FOUND / INVALID_ARGUMENT;
+- no feasible plan → FAILED_PRECONDITION whose message names the binding constraint (e.g. which stage
+  exceeds memory by how many GiB); the constraint travels in the error metadata too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import grpc.aio
+import structlog
+
+from spiderflow import costmodel
+from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
+from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
+from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
+from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.rpc import convert
+from spiderflow.rpc.errors import map_domain_errors
+
+__all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_on_chain"]
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_POLICY = "spinsearch"
+
+
+def allocation_for_chain(topo: Topology, job: JobSpec, chain: Sequence[str]) -> list[tuple[str, int]]:
+    """GPUs per cluster for a user-given chain: each cluster's free GPUs, in chain order, until the job's
+    maximum is reached. Raises NotFound for an unknown cluster, Unschedulable below the job's minimum."""
+    if not chain:
+        raise ValidationError("chain.clusters", "must name at least one cluster", [])
+    if len(set(chain)) != len(chain):
+        raise ValidationError("chain.clusters", "a cluster may appear once", list(chain))
+    out: list[tuple[str, int]] = []
+    left = job.gpus.max
+    for name in chain:
+        c = topo.cluster(name)  # NotFoundError for an unknown cluster
+        take = min(c.free, left)
+        if take <= 0:
+            raise UnschedulableError(
+                f"cluster {name} has no free GPUs left for the chain (free {c.free}, job max {job.gpus.max})",
+                constraint="gpus",
+            )
+        out.append((name, take))
+        left -= take
+    total = sum(g for _, g in out)
+    if total < job.gpus.min:
+        raise UnschedulableError(
+            f"chain {','.join(chain)} has {total} free GPUs, job needs at least {job.gpus.min}", constraint="gpus"
+        )
+    return out
+
+
+def plan_on_chain(
+    topo: Topology, job: JobSpec, chain: Sequence[str], objective: Objective = Objective.JCT
+) -> PlacementResult:
+    """TPA on a fixed chain, timed; raises :class:`UnschedulableError` when nothing fits."""
+    from spiderflow.tpa import plan_chain
+
+    t0 = time.perf_counter()
+    plan = plan_chain(topo, job, allocation_for_chain(topo, job, chain), objective=objective)
+    return PlacementResult(
+        status=PlacementStatus.SUCCESS, policy="tpa", plan=plan, planning_seconds=time.perf_counter() - t0
+    )
+
+
+def _force_schedule(plan: Plan, topo: Topology, job: JobSpec, schedule: int) -> Plan:
+    if schedule == types_pb2.SCHEDULE_UNSPECIFIED:
+        return plan
+    forced = convert.schedule_from_proto(schedule, field="schedule")
+    return costmodel.evaluate(replace(plan, schedule=forced), topo, job)
+
+
+@map_domain_errors
+class PlannerService(planner_pb2_grpc.PlannerServicer):
+    """Stateless; safe to run any number of replicas."""
+
+    def __init__(self, *, default_policy: str = DEFAULT_POLICY) -> None:
+        self.default_policy = default_policy
+
+    async def Plan(
+        self, request: planner_pb2.PlanRequest, context: grpc.aio.ServicerContext
+    ) -> planner_pb2.PlanResponse:
+        if not request.HasField("topology"):
+            raise ValidationError("topology", "is required")
+        if not request.HasField("job"):
+            raise ValidationError("job", "is required")
+        topo = convert.topology_from_proto(request.topology)
+        job = convert.job_from_proto(request.job)
+        budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else Budget()
+        strategy = request.WhichOneof("strategy")
+        if strategy == "chain":
+            chain = list(request.chain.clusters)
+            result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective)
+        else:
+            name = request.policy if strategy == "policy" else self.default_policy
+            policy = get_policy(name)
+            result = await asyncio.to_thread(policy.place, topo, job, budget)
+        if not result.ok:
+            log.info("planner.unschedulable", job=job.id, policy=result.policy, reason=result.reason,
+                     constraint=result.constraint, topology_revision=topo.revision)
+            raise UnschedulableError(result.reason or "no feasible plan", constraint=result.constraint)
+        assert result.plan is not None
+        plan = _force_schedule(result.plan, topo, job, request.schedule)
+        result = replace(result, plan=plan)
+        log.info("planner.planned", job=job.id, policy=result.policy, chain=list(plan.chain),
+                 step_time_s=plan.step_time_s, planning_seconds=result.planning_seconds,
+                 topology_revision=topo.revision)
+        return convert.placement_result_to_proto(result)
+
+    async def Estimate(
+        self, request: planner_pb2.EstimateRequest, context: grpc.aio.ServicerContext
+    ) -> planner_pb2.EstimateResponse:
+        for name in ("topology", "job", "plan"):
+            if not request.HasField(name):
+                raise ValidationError(name, "is required")
+        topo = convert.topology_from_proto(request.topology)
+        job = convert.job_from_proto(request.job)
+        plan = convert.plan_from_proto(request.plan)
+        for i, st in enumerate(plan.stages):
+            if st.cluster not in topo.index:
+                raise NotFoundError(f"plan.stages[{i}].cluster: cluster {st.cluster!r} is not in the topology")
+        if plan.layers != job.model.layers:
+            raise ValidationError("plan.stages", f"must cover the model's {job.model.layers} layers",
+                                  plan.layers)
+        out = costmodel.evaluate(plan, topo, job)
+        ok, worst, excess = costmodel.fits_memory(out, topo)
+        return planner_pb2.EstimateResponse(
+            plan=convert.plan_to_proto(out), fits_memory=ok, worst_stage=worst, excess_gib=excess
+        )

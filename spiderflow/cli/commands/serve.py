@@ -1,0 +1,42 @@
+"""``spiderflow serve SERVICE``: run one SpiderFlow service in the foreground (what compose and
+``spiderflow up`` start). Stops gracefully on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from spiderflow.runtime import configure_logging, run_until_signalled
+
+__all__ = ["SERVICES", "register"]
+
+SERVICES: dict[str, tuple[str, str]] = {
+    "planner": ("services.planner.main", "the stateless TPA planner (Plan, Estimate)"),
+    "scheduler": ("services.scheduler.main", "the job API and the leader-elected SpinSearch scheduler"),
+    "topology": ("services.topology.main", "the live cluster graph built from agent reports"),
+}
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging(json_logs=True if args.log_format == "json" else None if args.log_format == "auto" else False)
+    module: Any = importlib.import_module(SERVICES[args.service][0])
+    return run_until_signalled(lambda stop: module.run(args, stop))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run a SpiderFlow service (planner, scheduler, topology)")
+    ssub = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    for name, (modname, help_text) in SERVICES.items():
+        try:
+            module: Any = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name != modname:
+                raise
+            continue
+        sp = ssub.add_parser(name, help=help_text)
+        sp.add_argument("--listen", default="127.0.0.1:0", help="host:port to serve gRPC on (port 0 = any free)")
+        sp.add_argument("--ready-file", help="write {address, pid} as JSON here once serving")
+        sp.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+        module.add_arguments(sp)
+        sp.set_defaults(func=_run)

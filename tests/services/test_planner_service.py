@@ -1,0 +1,81 @@
+"""The Planner service on a real gRPC server (port 0): plans, estimates and typed errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+
+from services.planner.service import PlannerService
+from spiderflow.formats import job_from_dict, load_topology
+from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
+from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.rpc import convert
+from spiderflow.rpc.server import RpcServer, open_channel, serve
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPO = load_topology(ROOT / "examples/topology-3.yaml")
+JOB = job_from_dict({"id": "j1", "model": "gpt3-1.3b", "global_batch": 64, "seq_len": 2048,
+                     "gpus": {"min": 8, "max": 24}})
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[planner_pb2_grpc.PlannerStub]:
+    server: RpcServer = await serve([PlannerService()], port=0)
+    channel = open_channel(server.address)
+    try:
+        yield planner_pb2_grpc.PlannerStub(channel)
+    finally:
+        await channel.close()
+        await server.stop(grace_s=0)
+
+
+def _req(**kw: object) -> planner_pb2.PlanRequest:
+    req = planner_pb2.PlanRequest(topology=convert.topology_to_proto(TOPO), job=convert.job_to_proto(JOB))
+    for k, v in kw.items():
+        if k == "chain":
+            req.chain.clusters.extend(v)  # type: ignore[arg-type]
+        else:
+            setattr(req, k, v)
+    return req
+
+
+async def test_plan_with_policy_and_chain(stub: planner_pb2_grpc.PlannerStub) -> None:
+    for req in (_req(policy="spinsearch"), _req(chain=["virginia", "ohio"])):
+        resp = await stub.Plan(req)
+        assert resp.status == types_pb2.PLACEMENT_STATUS_SUCCESS
+        plan = convert.plan_from_proto(resp.plan)
+        assert plan.layers == JOB.model.layers
+        assert JOB.gpus.min <= plan.gpus <= JOB.gpus.max
+        assert plan.step_time_s > 0 and resp.planning_seconds >= 0
+
+
+async def test_estimate_matches_plan(stub: planner_pb2_grpc.PlannerStub) -> None:
+    planned = await stub.Plan(_req(chain=["virginia"]))
+    est = await stub.Estimate(planner_pb2.EstimateRequest(topology=_req().topology, job=_req().job, plan=planned.plan))
+    assert est.fits_memory
+    assert est.plan.predictions.step_time_s == pytest.approx(planned.plan.predictions.step_time_s)
+
+
+async def test_errors_are_typed(stub: planner_pb2_grpc.PlannerStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Plan(_req(chain=["tokyo"]))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    bad = _req()
+    bad.job.gpus.min = 99
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Plan(bad)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "job.gpus.min" in (e.value.details() or "")
+    huge = job_from_dict({"id": "big", "model": "llama3-70b", "global_batch": 64, "gpus": {"min": 1, "max": 8}})
+    req = planner_pb2.PlanRequest(topology=_req().topology, job=convert.job_to_proto(huge))
+    req.chain.clusters.append("oregon")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Plan(req)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "GiB" in (e.value.details() or "")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Plan(_req(policy="no-such-policy"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
