@@ -1,0 +1,336 @@
+r"""TPA level 1: the layer split across the clusters of a chain (heuristic), and the cross-cluster DP rule.
+
+Input: the chain ``c_0 … c_{C−1}`` with ``n_c`` GPUs each, the model's ``L`` layers, the micro-batch size
+``b``, sequence ``s``, micro-batch count ``m`` and the schedule's in-flight profile.
+Output: ``ℓ_0 … ℓ_{C−1}`` (``ℓ_c ≥ 1``, ``Σ ℓ_c = L``) contiguous blocks, each solved by level 2.
+
+Algorithm
+    1. Proportional split: ``ℓ_c ∝ n_c · F_c`` (effective compute), largest remainder, every block ≥ 1.
+    2. Evaluate: solve every block with level 2 from the last cluster to the first (a block's in-flight
+       depth depends on how many stages follow it), then the step estimate of the costmodel closed form
+       ``(m−1)·max(max_s T_s/d_s, max P) + Σ T_s + 2 Σ P + max_s AR_s`` over all sub-stages and
+       boundaries. A block no level-2 configuration fits scores its memory excess instead.
+    3. Refine: take the bottleneck block (the one over memory by the most, else the one with the largest
+       ``T/d``) and move one layer across either of its boundaries; keep the better move if the score
+       ``(excess, step)`` improves and repeat; stop when neither move improves.
+
+Complexity: each evaluation is ``O(C)`` cached level-2 lookups (a CP-SAT solve on a miss); the refinement
+moves at most ``O(L·C)`` layers, two evaluations per move.
+
+Cross-cluster data parallelism (:func:`dp_crossing`)
+    A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
+    them) only if (a) both clusters have the same GPU type and the same GPU count (replicas run in
+    lock-step), (b) each cluster fits the whole block in memory, and (c) the hierarchical all-reduce —
+    reduce-scatter inside each cluster, all-reduce of the ``1/n`` shards across the WAN link, all-gather
+    inside — costs less than what the replication saves on the pipeline. The cross term is
+    ``2·(2−1)/2 · (2·params/t) / b_uv + 2·l_uv`` per step; the saving is the pipeline bottleneck and fill of
+    one fewer stage boundary. Plans express stages on a single cluster each, so the planner reports the
+    rule's verdict and margin (``Plan.extras['dp_cross_gain_s']``) but always pipelines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spiderflow.catalog import ModelSpec
+from spiderflow.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time
+from spiderflow.domain import Cluster, Schedule, Topology
+from spiderflow.tpa.level2 import (
+    BlockConfig,
+    BlockProblem,
+    ClusterShape,
+    min_memory_config,
+    solve_block_cached,
+)
+
+__all__ = [
+    "BlockInfeasibility",
+    "ChainContext",
+    "DpCrossing",
+    "SplitEval",
+    "dp_crossing",
+    "evaluate_split",
+    "level1",
+    "proportional_split",
+]
+
+
+def _profile(schedule: Schedule) -> tuple[bool, int]:
+    """``(gpipe, depth_factor)`` of the in-flight profile a schedule imposes (see the cost model)."""
+    if schedule is Schedule.GPIPE:
+        return True, 1
+    if schedule is Schedule.LATENCY_AWARE:
+        return False, 2
+    return False, 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChainContext:
+    """Everything level 1 needs about one chain and one (m, schedule) choice."""
+
+    clusters: tuple[Cluster, ...]
+    gpus: tuple[int, ...]
+    model: ModelSpec
+    micro_batch: int
+    seq_len: int
+    m: int
+    schedule: Schedule
+    boundaries_s: tuple[float, ...]  # P between chain[c] and chain[c+1]
+
+    @classmethod
+    def build(
+        cls, topo: Topology, clusters: Sequence[Cluster], gpus: Sequence[int], model: ModelSpec, *,
+        micro_batch: int, seq_len: int, m: int, schedule: Schedule,
+    ) -> ChainContext:
+        nbytes = activation_bytes(model, micro_batch, seq_len)
+        bounds = []
+        for u, v in itertools.pairwise(clusters):
+            if u.name == v.name:
+                bounds.append(transfer_time(nbytes, u.inter_node_gbps, 0.0))
+            else:
+                bounds.append(
+                    transfer_time(nbytes, topo.bandwidth_gbps(u.name, v.name), topo.latency_ms(u.name, v.name))
+                )
+        return cls(
+            clusters=tuple(clusters), gpus=tuple(gpus), model=model, micro_batch=micro_batch,
+            seq_len=seq_len, m=m, schedule=schedule, boundaries_s=tuple(bounds),
+        )
+
+    def problem(self, c: int, first: int, layers: int, downstream: int) -> BlockProblem:
+        gpipe, factor = _profile(self.schedule)
+        per_replica_max = self.m  # in-flight never exceeds m: clamp so equivalent problems share a key
+        return BlockProblem(
+            shape=ClusterShape.of(self.clusters[c]),
+            gpus=self.gpus[c],
+            layers=layers,
+            has_embed=first == 0,
+            has_head=first + layers == self.model.layers,
+            model=self.model,
+            micro_batch=self.micro_batch,
+            seq_len=self.seq_len,
+            m=self.m,
+            downstream=None if gpipe else min(downstream, per_replica_max),
+            depth_factor=factor,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockInfeasibility:
+    """Why a block fits nowhere: its cluster (chain index), global index of its first stage, the smallest
+    peak memory per GPU any configuration needs, and the capacity."""
+
+    chain_index: int
+    stage_index: int
+    need_gib: float
+    capacity_gib: float
+
+    @property
+    def excess_gib(self) -> float:
+        return self.need_gib - self.capacity_gib
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SplitEval:
+    """A split and its level-2 configurations (``None`` for a block that fits nowhere)."""
+
+    split: tuple[int, ...]
+    configs: tuple[BlockConfig | None, ...]
+    step_s: float
+    excess_gib: float
+    infeasible: tuple[BlockInfeasibility, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.infeasible
+
+    @property
+    def score(self) -> tuple[float, float]:
+        return (self.excess_gib, self.step_s)
+
+
+def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """``ℓ_c ∝ weights[c]``, every ``ℓ_c ≥ 1``, ``Σ ℓ_c = layers`` (largest remainder). Needs ``layers ≥ len``."""
+    n = len(weights)
+    if layers < n:
+        raise ValueError(f"{layers} layers cannot give each of {n} blocks one")
+    total = float(sum(weights))
+    spare = layers - n  # one layer each first, the rest by weight
+    raw = [spare * w / total for w in weights]
+    out = [1 + math.floor(r) for r in raw]
+    left = layers - sum(out)
+    order = sorted(range(n), key=lambda i: (-(raw[i] - math.floor(raw[i])), i))
+    for i in order[:left]:
+        out[i] += 1
+    return tuple(out)
+
+
+def evaluate_split(ctx: ChainContext, split: Sequence[int]) -> SplitEval:
+    """Step 2 of the module docstring."""
+    n = len(split)
+    firsts = [0] * n
+    acc = 0
+    for c, k in enumerate(split):
+        firsts[c] = acc
+        acc += k
+    configs: list[BlockConfig | None] = [None] * n
+    bad: list[BlockInfeasibility] = []
+    downstream = 0
+    pps = [1] * n
+    for c in range(n - 1, -1, -1):
+        p = ctx.problem(c, firsts[c], split[c], downstream)
+        cfg = solve_block_cached(p)
+        configs[c] = cfg
+        if cfg is None:
+            worst = min_memory_config(p)
+            need = max(worst.memory_gib) if worst is not None else math.inf
+            bad.append(
+                BlockInfeasibility(chain_index=c, stage_index=-1, need_gib=need,
+                                   capacity_gib=p.shape.memory_gib)
+            )
+        else:
+            pps[c] = cfg.pp
+        downstream += pps[c]
+    # Global stage index of each block's first stage.
+    starts = [0] * n
+    for c in range(1, n):
+        starts[c] = starts[c - 1] + pps[c - 1]
+    bad = [
+        BlockInfeasibility(chain_index=b.chain_index, stage_index=starts[b.chain_index], need_gib=b.need_gib,
+                           capacity_gib=b.capacity_gib)
+        for b in sorted(bad, key=lambda b: b.chain_index)
+    ]
+    if bad:
+        excess = sum(max(b.excess_gib, 1e-9) for b in bad)
+        return SplitEval(split=tuple(split), configs=tuple(configs), step_s=math.inf, excess_gib=excess,
+                         infeasible=tuple(bad))
+    step = step_estimate(ctx, [c for c in configs if c is not None])
+    return SplitEval(split=tuple(split), configs=tuple(configs), step_s=step, excess_gib=0.0, infeasible=())
+
+
+def step_estimate(ctx: ChainContext, configs: Sequence[BlockConfig]) -> float:
+    """The costmodel closed form over every sub-stage of ``configs`` (one per chain cluster)."""
+    bottleneck = 0.0
+    fill = 0.0
+    comm = 0.0
+    ar = 0.0
+    for c, cfg in enumerate(configs):
+        bottleneck = max(bottleneck, cfg.bottleneck_s)
+        fill += sum(cfg.compute_s)
+        if cfg.pp > 1:
+            bottleneck = max(bottleneck, cfg.intra_boundary_s)
+            comm += (cfg.pp - 1) * cfg.intra_boundary_s
+        if c < len(configs) - 1:
+            p = ctx.boundaries_s[c]
+            bottleneck = max(bottleneck, p)
+            comm += p
+        ar = max(ar, max(cfg.allreduce_s))
+    return (ctx.m - 1) * bottleneck + fill + 2.0 * comm + ar
+
+
+def _bottleneck_block(ev: SplitEval) -> int:
+    if ev.infeasible:
+        return max(ev.infeasible, key=lambda b: b.excess_gib).chain_index
+    best, arg = -1.0, 0
+    for c, cfg in enumerate(ev.configs):
+        assert cfg is not None
+        if cfg.bottleneck_s > best:
+            best, arg = cfg.bottleneck_s, c
+    return arg
+
+
+def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None) -> SplitEval:
+    """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible)."""
+    n = len(ctx.clusters)
+    L = ctx.model.layers
+    if initial is None:
+        initial = proportional_split(L, [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)])
+    ev = evaluate_split(ctx, initial)
+    budget = max_moves if max_moves is not None else L * n
+    for _ in range(budget):
+        b = _bottleneck_block(ev)
+        if ev.split[b] <= 1:
+            break
+        best: SplitEval | None = None
+        for nb in (b - 1, b + 1):
+            if 0 <= nb < n:
+                split = list(ev.split)
+                split[b] -= 1
+                split[nb] += 1
+                cand = evaluate_split(ctx, split)
+                if best is None or cand.score < best.score:
+                    best = cand
+        if best is None or not best.score < ev.score:
+            break
+        ev = best
+    return ev
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DpCrossing:
+    """Verdict of the cross-cluster DP rule for chain positions ``(c, c+1)``."""
+
+    index: int
+    allowed: bool
+    reason: str
+    hierarchical_allreduce_s: float
+    pipeline_saving_s: float
+
+    @property
+    def gain_s(self) -> float:
+        """Seconds per step replication would save (negative: pipelining is better)."""
+        return self.pipeline_saving_s - self.hierarchical_allreduce_s if self.allowed else -math.inf
+
+
+def hierarchical_allreduce_time(
+    nbytes: float, clusters: Sequence[Cluster], gpus: Sequence[int], wan_gbps: float, wan_latency_ms: float
+) -> float:
+    """Reduce-scatter in each cluster, ring all-reduce of the shard across clusters, all-gather in each.
+
+    ``T = max_c AR_{n_c}(x, B_c) + AR_{|C|}(x / min n_c, b_wan) + |C|·λ`` (the in-cluster reduce-scatter and
+    all-gather together cost one in-cluster ring all-reduce).
+    """
+    inner = max(
+        allreduce_time(nbytes, n, c.intra_node_gbps if n <= c.gpus_per_node else c.inter_node_gbps)
+        for c, n in zip(clusters, gpus, strict=True)
+    )
+    shard = nbytes / max(1, min(gpus))
+    return inner + allreduce_time(shard, len(clusters), wan_gbps, wan_latency_ms)
+
+
+def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCrossing]:
+    """Apply the cross-cluster DP rule of the module docstring to every adjacent pair of the chain."""
+    out: list[DpCrossing] = []
+    if not ev.feasible:
+        return out
+    firsts = [sum(ev.split[:c]) for c in range(len(ev.split))]
+    for c in range(len(ctx.clusters) - 1):
+        u, v = ctx.clusters[c], ctx.clusters[c + 1]
+        if u.name == v.name:
+            continue
+        if u.gpu != v.gpu or ctx.gpus[c] != ctx.gpus[c + 1]:
+            out.append(DpCrossing(index=c, allowed=False, reason="different GPU types or counts",
+                                  hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
+            continue
+        first, last = firsts[c], firsts[c] + ev.split[c] + ev.split[c + 1] - 1
+        merged = ev.split[c] + ev.split[c + 1]
+        fits = all(
+            solve_block_cached(ctx.problem(i, first, merged, 0)) is not None for i in (c, c + 1)
+        )
+        if not fits:
+            out.append(DpCrossing(index=c, allowed=False, reason="the merged block does not fit in memory",
+                                  hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
+            continue
+        grad = 2.0 * stage_params(ctx.model, first, last)
+        t_ar = hierarchical_allreduce_time(
+            grad, (u, v), (ctx.gpus[c], ctx.gpus[c + 1]),
+            topo.bandwidth_gbps(u.name, v.name), topo.latency_ms(u.name, v.name),
+        )
+        p = ctx.boundaries_s[c]
+        saving = 2.0 * p + (ctx.m - 1) * max(0.0, p - max(
+            cfg.bottleneck_s for cfg in ev.configs if cfg is not None))
+        out.append(DpCrossing(index=c, allowed=t_ar < saving, reason="hierarchical all-reduce vs pipeline boundary",
+                              hierarchical_allreduce_s=t_ar, pipeline_saving_s=saving))
+    return out

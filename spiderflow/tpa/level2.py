@@ -1,0 +1,385 @@
+r"""TPA level 2: how one cluster runs its layer block (OR-Tools CP-SAT).
+
+Given a cluster shape (GPU type, GPUs per node ``g``, bandwidths), the number of GPUs ``n`` the chain
+gives it, a contiguous block of ``L_b`` layers (flags: holds the embedding, holds the head), the micro-batch
+size ``b``, the sequence ``s``, the micro-batch count ``m`` and the schedule's in-flight profile, choose the
+tensor / pipeline / data degrees ``(t, p, d)`` with ``t·p·d = n`` and the layer split over the ``p``
+intra-cluster sub-stages, minimising the block's contribution to the step time under GPU memory.
+
+Candidates ``k = (t_k, p_k, d_k)``: ``t_k`` divides ``g`` (a tensor group never straddles a node) or is a
+multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads and the hidden
+size; ``p_k ≤ L_b``; ``d_k ≤ m`` (every replica gets a micro-batch).
+
+Variables
+    ``x_k ∈ {0,1}``: candidate ``k`` is chosen.
+    ``ℓ_{k,j} ∈ [0, L_b]``: layers of sub-stage ``j < p_k`` under candidate ``k``.
+    ``z_k ≥ 0``: bottleneck time per micro-batch of the block under ``k`` (``max_j T_{k,j} / d_k``; 0 if
+    ``k`` is not chosen).
+    ``a_k ≥ 0``: the slowest sub-stage's data-parallel gradient all-reduce under ``k``.
+
+Because ``ℓ_{k,·} = 0`` whenever ``x_k = 0``, every constraint below is linear without big-M terms
+(constants are multiplied by ``x_k``), which keeps the LP relaxation tight.
+
+Constants (from :mod:`spiderflow.costmodel`, linear in ``ℓ`` for a fixed ``k``)
+    ``T_{k,j} = τ_k·ℓ_{k,j} + η_{k,j}``  (``τ_k`` per-layer fwd+bwd time incl. TP all-reduces,
+    ``η`` the head on the last sub-stage of a head-holding block);
+    ``M_{k,j} = μ_{k,j}·ℓ_{k,j} + ν_{k,j}`` bytes per GPU with ``κ_{k,j} = min(⌈m/d_k⌉, φ·(R + p_k − j))``
+    micro-batches in flight (``R`` stages downstream of the block, ``φ`` the schedule's depth factor:
+    1 for 1F1B, 2 for the latency-aware schedule; GPipe holds ``⌈m/d_k⌉``);
+    ``A_{k,j} = α_k·ℓ_{k,j} + β_{k,j}`` ring all-reduce of the sub-stage's gradients over ``d_k`` replicas;
+    ``F_k = τ_k·L_b + η_k + 2(p_k−1)·P_in`` the fill (one micro-batch through the block) and the
+    intra-cluster boundaries ``P_in`` over the inter-node bandwidth.
+
+Constraints (numbered as in the code)
+    (1) ``Σ_k x_k = 1``
+    (2) ``x_k ≤ ℓ_{k,j} ≤ L_b·x_k``                      (a chosen candidate's sub-stages are non-empty)
+    (3) ``Σ_j ℓ_{k,j} = L_b·x_k``                         (the block's layers are all placed)
+    (4) ``μ_{k,j}·ℓ_{k,j} + ν_{k,j}·x_k ≤ C``              (GPU memory ``C``)
+    (5) ``d_k·z_k ≥ τ_k·ℓ_{k,j} + η_{k,j}·x_k``; if ``p_k > 1``: ``z_k ≥ P_in·x_k``  (bottleneck)
+    (6) ``a_k ≥ α_k·ℓ_{k,j} + β_{k,j}·x_k``                (gradient sync)
+    symmetry: ``ℓ_{k,1} ≥ … ≥ ℓ_{k,p_k−2}`` (middle sub-stages are interchangeable)
+
+Objective
+    ``min Σ_k [(m−1)·z_k + a_k + F_k·x_k]`` — the block's share of ``T_pipe + T_dp`` if it were the pipeline's
+    bottleneck (costmodel docstring).
+
+Complexity: ``O(Σ_k p_k) ≤ O(n·σ(n))`` variables; a few milliseconds per solve. Results are cached by
+(cluster shape, n, block shape, b, s, model, m, in-flight profile) so repeated calls are dictionary lookups.
+
+GPU mapping: ranks are packed node-major on ``⌈n/g⌉`` nodes, tensor rank innermost, then replica, then
+sub-stage: GPU ``(j·d + r)·t + q`` runs tensor rank ``q`` of replica ``r`` of sub-stage ``j``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+from ortools.sat.python import cp_model
+
+from spiderflow.catalog import ModelSpec
+from spiderflow.costmodel import (
+    BYTES_PER_PARAM,
+    GIB,
+    RESERVED_GIB,
+    activation_bytes,
+    allreduce_time,
+    layer_fwd_flops,
+    transfer_time,
+)
+from spiderflow.domain import Cluster
+
+__all__ = [
+    "BlockConfig",
+    "BlockProblem",
+    "ClusterShape",
+    "Degrees",
+    "block_candidates",
+    "brute_force_block",
+    "cache_clear",
+    "config_cost",
+    "gpu_mapping",
+    "min_memory_config",
+    "solve_block",
+    "solve_block_cached",
+]
+
+_SCALE_UNITS = 100_000  # the largest per-layer time coefficient maps to this many integer units
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterShape:
+    """The parts of a cluster level 2 depends on (its name and free count do not matter)."""
+
+    effective_tflops: float
+    memory_gib: float
+    gpus_per_node: int
+    intra_node_gbps: float
+    inter_node_gbps: float
+
+    @classmethod
+    def of(cls, c: Cluster) -> ClusterShape:
+        return cls(
+            effective_tflops=c.effective_tflops,
+            memory_gib=c.gpu_memory_gib,
+            gpus_per_node=c.gpus_per_node,
+            intra_node_gbps=c.intra_node_gbps,
+            inter_node_gbps=c.inter_node_gbps,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockProblem:
+    """One level-2 instance.
+
+    ``downstream``: pipeline stages after this block (``None``: every micro-batch of a replica is in
+    flight, GPipe); else sub-stage ``j`` of ``p`` holds ``min(⌈m/d⌉, depth_factor·(downstream + p − j))``
+    micro-batches (1F1B: factor 1; the latency-aware schedule: factor 2). ``memory_bound=False`` drops
+    constraint (4) (used to share one solve between profiles).
+    """
+
+    shape: ClusterShape
+    gpus: int
+    layers: int
+    has_embed: bool
+    has_head: bool
+    model: ModelSpec
+    micro_batch: int
+    seq_len: int
+    m: int
+    downstream: int | None
+    depth_factor: int = 1
+    memory_bound: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degrees:
+    tp: int
+    pp: int
+    dp: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockConfig:
+    """A solved block: degrees, layers per sub-stage, and the cost-model figures per sub-stage."""
+
+    tp: int
+    pp: int
+    dp: int
+    layers: tuple[int, ...]
+    compute_s: tuple[float, ...]
+    memory_gib: tuple[float, ...]
+    allreduce_s: tuple[float, ...]
+    intra_boundary_s: float
+    objective_s: float
+
+    @property
+    def bottleneck_s(self) -> float:
+        """Steady-state seconds per micro-batch of the slowest sub-stage (``max_j T_j / d``)."""
+        return max(self.compute_s) / self.dp
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def block_candidates(p: BlockProblem) -> list[Degrees]:
+    """Every admissible ``(t, p, d)`` (module docstring), ordered by ``(t, p)``."""
+    g = p.shape.gpus_per_node
+    out: list[Degrees] = []
+    for tp in _divisors(p.gpus):
+        if not (g % tp == 0 or tp % g == 0):
+            continue
+        if p.model.heads % tp or p.model.hidden % tp:
+            continue
+        for pp in _divisors(p.gpus // tp):
+            dp = p.gpus // (tp * pp)
+            if pp > p.layers or dp > p.m:
+                continue
+            out.append(Degrees(tp=tp, pp=pp, dp=dp))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Coeffs:
+    tau: float  # per-layer fwd+bwd seconds
+    eta_head: float  # head seconds on the head-holding sub-stage
+    mu: tuple[float, ...]  # memory bytes per layer, per sub-stage
+    nu: tuple[float, ...]  # memory constant bytes, per sub-stage
+    alpha: float  # all-reduce seconds per layer
+    beta: tuple[float, ...]  # all-reduce constant seconds, per sub-stage
+    p_in: float  # intra-cluster boundary seconds
+
+
+def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
+    model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
+    h, a, v = model.hidden, model.heads, model.vocab
+    f_layer = layer_fwd_flops(model, b, s)
+    flops_rate = k.tp * sh.effective_tflops * 1e12
+    tp_bw = sh.intra_node_gbps if k.tp <= sh.gpus_per_node else sh.inter_node_gbps
+    tau = 3.0 * f_layer / flops_rate + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw)
+    eta_head = 3.0 * 2.0 * b * s * h * v / flops_rate
+    act_layer = s * b * h * (10.0 + 24.0 / k.tp + 5.0 * a * s / (h * k.tp))
+    per_replica = math.ceil(p.m / k.dp)
+    mu: list[float] = []
+    nu: list[float] = []
+    beta: list[float] = []
+    stage_gpus = k.tp * k.dp
+    dp_bw = sh.intra_node_gbps if stage_gpus <= sh.gpus_per_node else sh.inter_node_gbps
+    alpha = allreduce_time(2.0 * model.params_per_layer / k.tp, k.dp, dp_bw)
+    for j in range(k.pp):
+        inflight = (
+            per_replica
+            if p.downstream is None
+            else max(1, min(per_replica, p.depth_factor * (p.downstream + k.pp - j)))
+        )
+        embed = p.has_embed and j == 0
+        head = p.has_head and j == k.pp - 1
+        extra_params = (model.embedding_params if embed else 0) + (model.embedding_params if head else 0)
+        mu.append(BYTES_PER_PARAM * model.params_per_layer / k.tp + inflight * act_layer)
+        const = BYTES_PER_PARAM * extra_params / k.tp + RESERVED_GIB * GIB
+        if head:
+            const += inflight * 4.0 * b * s * v / k.tp
+        nu.append(const)
+        beta.append(allreduce_time(2.0 * extra_params / k.tp, k.dp, dp_bw) if extra_params else 0.0)
+    p_in = transfer_time(activation_bytes(model, b, s), sh.inter_node_gbps, 0.0)
+    return _Coeffs(tau, eta_head, tuple(mu), tuple(nu), alpha, tuple(beta), p_in)
+
+
+def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...]) -> BlockConfig:
+    """The cost-model figures of candidate ``k`` with the given layers per sub-stage (no feasibility check)."""
+    c = _coeffs(p, k)
+    compute = tuple(
+        c.tau * n + (c.eta_head if (p.has_head and j == k.pp - 1) else 0.0) for j, n in enumerate(layers)
+    )
+    mem = tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
+    ar = tuple(c.alpha * n + c.beta[j] for j, n in enumerate(layers))
+    p_in = c.p_in if k.pp > 1 else 0.0
+    obj = (p.m - 1) * max(max(compute) / k.dp, p_in) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
+    return BlockConfig(
+        tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
+        intra_boundary_s=p_in, objective_s=obj,
+    )
+
+
+def _balanced(n_layers: int, parts: int) -> tuple[int, ...]:
+    q, r = divmod(n_layers, parts)
+    return tuple(q + (1 if j < r else 0) for j in range(parts))
+
+
+def min_memory_config(p: BlockProblem) -> BlockConfig | None:
+    """The candidate (balanced split) with the smallest peak memory per GPU — used to explain infeasibility."""
+    best: BlockConfig | None = None
+    for k in block_candidates(p):
+        cfg = config_cost(p, k, _balanced(p.layers, k.pp))
+        if best is None or max(cfg.memory_gib) < max(best.memory_gib):
+            best = cfg
+    return best
+
+
+def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | None:
+    """Solve the CP-SAT model of the module docstring; ``None`` when no candidate fits in memory."""
+    cands = block_candidates(p)
+    if not cands or p.layers < 1:
+        return None
+    coeffs = [_coeffs(p, k) for k in cands]
+    unit = max(c.tau for c in coeffs) / _SCALE_UNITS  # seconds per integer time unit
+    cap_bytes = p.shape.memory_gib * GIB
+    mem_unit = 1024.0  # KiB
+
+    def t_int(x: float) -> int:
+        return math.ceil(x / unit)
+
+    model = cp_model.CpModel()
+    lb = p.layers
+    cap = int(cap_bytes / mem_unit)
+    xs = [model.new_bool_var(f"x{i}") for i in range(len(cands))]
+    ells: list[list[cp_model.IntVar]] = []
+    model.add_exactly_one(xs)  # (1)
+    terms = []
+    for i, (k, c, x) in enumerate(zip(cands, coeffs, xs, strict=True)):
+        row = [model.new_int_var(0, lb, f"l{i}_{j}") for j in range(k.pp)]
+        ells.append(row)
+        for ell in row:
+            model.add(ell >= x)  # (2)
+            model.add(ell <= lb * x)  # (2)
+        model.add(sum(row) == lb * x)  # (3)
+        # Sub-stages other than the first (embedding) and the last (head) are interchangeable.
+        for j in range(1, k.pp - 2):
+            model.add(row[j] >= row[j + 1])
+        tau = t_int(c.tau)
+        p_in = c.p_in if k.pp > 1 else 0.0
+        z_k = model.new_int_var(0, t_int(c.tau * lb + c.eta_head + p_in) + 1, f"z{i}")
+        a_k = model.new_int_var(0, t_int(c.alpha * lb + max(c.beta)) + 1, f"a{i}")
+        for j, ell in enumerate(row):
+            mu = math.ceil(c.mu[j] / mem_unit)
+            nu = math.ceil(c.nu[j] / mem_unit)
+            if p.memory_bound:
+                model.add(mu * ell + nu * x <= cap)  # (4)
+            eta = t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0
+            model.add(z_k * k.dp >= tau * ell + eta * x)  # (5)
+            model.add(a_k >= t_int(c.alpha) * ell + t_int(c.beta[j]) * x)  # (6)
+        if k.pp > 1:
+            model.add(z_k >= t_int(p_in) * x)  # (5) a boundary can be the bottleneck too
+        fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
+        terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
+    model.minimize(sum(terms))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    for i, x in enumerate(xs):
+        if solver.boolean_value(x):
+            layers = tuple(int(solver.value(v)) for v in ells[i])
+            return config_cost(p, cands[i], layers)
+    return None  # pragma: no cover - exactly one x is true in any solution
+
+
+@lru_cache(maxsize=65536)
+def _solve_memo(p: BlockProblem) -> BlockConfig | None:
+    return solve_block(p)
+
+
+@lru_cache(maxsize=262144)
+def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
+    """:func:`solve_block`, memoised on the (hashable, frozen) problem.
+
+    The objective does not depend on the in-flight profile, only constraint (4) does: the optimum of the
+    memory-free model is solved once per (shape, block, b, s, m) and reused whenever it fits ``p``'s memory;
+    only otherwise is ``p`` itself solved.
+    """
+    free = _solve_memo(replace(p, downstream=0, depth_factor=1, memory_bound=False))
+    if free is None:
+        return None
+    cfg = config_cost(p, Degrees(tp=free.tp, pp=free.pp, dp=free.dp), free.layers)
+    if max(cfg.memory_gib) <= p.shape.memory_gib:
+        return cfg
+    return _solve_memo(p)
+
+
+def cache_clear() -> None:
+    """Forget every memoised level-2 solve."""
+    _solve_memo.cache_clear()
+    solve_block_cached.cache_clear()
+
+
+def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    if parts == 1:
+        return [(total,)]
+    out: list[tuple[int, ...]] = []
+    for first in range(1, total - parts + 2):
+        out.extend((first, *rest) for rest in _compositions(total - first, parts - 1))
+    return out
+
+
+def brute_force_block(p: BlockProblem) -> BlockConfig | None:
+    """Reference solver: every candidate × every composition of the block; same objective as the ILP.
+
+    Exponential in ``p``; for tests on tiny instances only.
+    """
+    best: BlockConfig | None = None
+    cap = p.shape.memory_gib
+    for k in block_candidates(p):
+        for layers in _compositions(p.layers, k.pp):
+            cfg = config_cost(p, k, layers)
+            if max(cfg.memory_gib) > cap:
+                continue
+            if best is None or cfg.objective_s < best.objective_s - 1e-12:
+                best = cfg
+    return best
+
+
+def gpu_mapping(cfg: BlockConfig, gpus_per_node: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:
+    """``mapping[j][r]`` = the ``(node, gpu)`` pairs running replica ``r`` of sub-stage ``j`` (tensor ranks
+    in order), packed node-major as the module docstring states."""
+    out = []
+    for j in range(cfg.pp):
+        reps = []
+        for r in range(cfg.dp):
+            base = (j * cfg.dp + r) * cfg.tp
+            reps.append(tuple(divmod(base + q, gpus_per_node) for q in range(cfg.tp)))
+        out.append(tuple(reps))
+    return tuple(out)

@@ -1,0 +1,221 @@
+r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~spiderflow.domain.Plan` out.
+
+``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
+``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.tpa.level1`) with level 2
+(per-cluster degrees, :mod:`spiderflow.tpa.level2`) for the 1F1B memory profile, then, for the best
+splits, tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
+latency-aware schedule) and scores each with the exact event-level timeline
+(:mod:`spiderflow.tpa.timeline`). The plan with the best objective wins.
+
+Contract
+    * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses
+      exactly those GPUs (``plan.gpus_by_cluster()`` equals the allocation summed per cluster), its
+      stages follow the chain order, a cluster with intra-cluster pipelining appears as consecutive stages.
+    * The plan is passed through :func:`spiderflow.costmodel.evaluate`: ``step_time_s``, throughput,
+      memory and dollars are the shared closed form, comparable with every other policy.
+      ``extras`` adds ``timeline_step_s`` (the exact simulated step: pipeline makespan + gradient sync;
+      what the schedule choice minimises), ``chunks`` (interleaving), ``closed_form_step_s``,
+      ``micro_batch_size``, ``plan_seconds`` and ``dp_cross_gain_s`` (the best margin of the
+      cross-cluster DP rule; ≤ 0 means pipelining is right everywhere).
+    * Raises :class:`~spiderflow.errors.ValidationError` for a malformed allocation and
+      :class:`~spiderflow.errors.UnschedulableError` (``constraint`` = ``"memory"``, ``"layers"``,
+      ``"free_gpus"`` or ``"link"``) when no configuration fits, naming the binding stage, cluster and GiB.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import structlog
+
+from spiderflow.costmodel import evaluate
+from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.errors import UnschedulableError, ValidationError
+from spiderflow.placement.base import Objective
+from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1
+from spiderflow.tpa.timeline import simulate_plan
+
+__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
+
+log = structlog.get_logger(__name__)
+
+_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)
+INTERLEAVE_CHUNKS = 2
+
+
+def micro_batch_candidates(global_batch: int, n_blocks: int, *, limit: int = 6) -> list[int]:
+    """Divisors ``m`` of the global batch to try: those ≥ the chain length (fewer micro-batches than
+    stages leaves stages idle) — all divisors if none is — thinned to ``limit`` values spread evenly in
+    ``log m`` and always including the largest (smallest micro-batches: least activation memory)."""
+    divs = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    pool = [d for d in divs if d >= n_blocks] or divs
+    if len(pool) <= limit:
+        return pool
+    lo, hi = math.log(pool[0]), math.log(pool[-1])
+    picked: list[int] = []
+    for i in range(limit):
+        target = lo + (hi - lo) * i / (limit - 1)
+        best = min(pool, key=lambda d: (abs(math.log(d) - target), d))
+        if best not in picked:
+            picked.append(best)
+    return sorted(picked)
+
+
+def objective_score(plan: Plan, objective: Objective, step_s: float) -> float:
+    """The quantity ``objective`` minimises for a plan whose step takes ``step_s`` seconds."""
+    usd = plan.usd_per_step * (step_s / plan.step_time_s) if plan.step_time_s > 0 else plan.usd_per_step
+    if objective is Objective.COST:
+        return usd
+    if objective is Objective.BALANCED:
+        return step_s * math.sqrt(max(usd, 0.0))
+    return step_s
+
+
+def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Plan:
+    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order)."""
+    stages: list[Stage] = []
+    first = 0
+    for cl, cfg in zip(ctx.clusters, ev.configs, strict=True):
+        if cfg is None:
+            raise ValueError("plan_from_split needs a feasible split")
+        for n in cfg.layers:
+            stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp))
+            first += n
+    extras = {"chunks": float(chunks)} if ctx.schedule is Schedule.INTERLEAVED_1F1B else {}
+    return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
+
+
+def _validate(topo: Topology, allocation: Sequence[tuple[str, int]]) -> tuple[list[Cluster], list[int]]:
+    if not allocation:
+        raise ValidationError("allocation", "needs at least one (cluster, gpus) entry", [])
+    clusters: list[Cluster] = []
+    gpus: list[int] = []
+    used: dict[str, int] = {}
+    for i, entry in enumerate(allocation):
+        try:
+            name, n = entry
+        except (TypeError, ValueError):
+            raise ValidationError(f"allocation[{i}]", "must be a (cluster name, gpus) pair", entry) from None
+        if name not in topo.index:
+            raise ValidationError(f"allocation[{i}].cluster", "unknown cluster", name)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValidationError(f"allocation[{i}].gpus", "must be an integer ≥ 1", n)
+        c = topo.cluster(name)
+        clusters.append(c)
+        gpus.append(n)
+        used[name] = used.get(name, 0) + n
+    for name, n in used.items():
+        free = topo.cluster(name).free
+        if n > free:
+            raise UnschedulableError(
+                f"cluster {name} has {free} free GPUs, the chain asks for {n}", constraint="free_gpus"
+            )
+    for u, v in itertools.pairwise(clusters):
+        if u.name != v.name and topo.bandwidth_gbps(u.name, v.name) <= 0:
+            raise UnschedulableError(f"no network path from cluster {u.name} to cluster {v.name}", constraint="link")
+    return clusters, gpus
+
+
+def _memory_error(ctx: ChainContext, ev: SplitEval) -> UnschedulableError:
+    worst = max(ev.infeasible, key=lambda b: b.excess_gib)
+    c = ctx.clusters[worst.chain_index]
+    if math.isinf(worst.need_gib):
+        return UnschedulableError(
+            f"cluster {c.name} cannot run its {ev.split[worst.chain_index]} layers on "
+            f"{ctx.gpus[worst.chain_index]} GPUs with any tensor/pipeline/data degrees",
+            constraint="degrees",
+        )
+    return UnschedulableError(
+        f"stage {worst.stage_index} on cluster {c.name} needs {worst.need_gib:.1f} GiB per GPU, "
+        f"{worst.excess_gib:.1f} GiB over the {c.gpu_memory_gib:g} GiB of {c.gpu}",
+        constraint="memory",
+    )
+
+
+def plan_chain(
+    topo: Topology,
+    job: JobSpec,
+    allocation: Sequence[tuple[str, int]],
+    *,
+    objective: Objective = Objective.JCT,
+    finalists: int = 2,
+) -> Plan:
+    """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
+
+    Complexity: ``|m candidates| × level 1`` plus ``finalists × 4`` timeline simulations of
+    ``O(m·S·log(m·S))`` each; level-2 solves are cached across calls.
+    """
+    t0 = time.perf_counter()
+    clusters, gpus = _validate(topo, allocation)
+    model = job.model
+    if model.layers < len(clusters):
+        raise UnschedulableError(
+            f"{model.name} has {model.layers} layers, fewer than the {len(clusters)} clusters of the chain",
+            constraint="layers",
+        )
+    results: list[tuple[ChainContext, SplitEval]] = []
+    least_bad: tuple[ChainContext, SplitEval] | None = None
+    for m in micro_batch_candidates(job.global_batch, len(clusters)):
+        ctx = ChainContext.build(
+            topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
+            schedule=Schedule.ONE_F_ONE_B,
+        )
+        ev = level1(ctx)
+        if ev.feasible:
+            results.append((ctx, ev))
+        elif least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
+            least_bad = (ctx, ev)
+    if not results:
+        assert least_bad is not None
+        raise _memory_error(*least_bad)
+    results.sort(key=lambda r: r[1].step_s)
+    best: tuple[float, Plan, float] | None = None
+    for ctx, ev in results[:finalists]:
+        n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
+        for sched in _SCHEDULES:
+            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B:
+                continue
+            chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
+            sctx = replace(ctx, schedule=sched)
+            sev = ev if sched is Schedule.ONE_F_ONE_B else evaluate_split(sctx, ev.split)
+            if not sev.feasible:
+                continue
+            plan = plan_from_split(sctx, sev, chunks=chunks)
+            if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
+                continue
+            plan = evaluate(plan, topo, job)
+            try:
+                sim_step = simulate_plan(plan, topo, job).step_s
+            except ValueError:
+                # An order this replica layout cannot run (interleaving needs m mod S = 0): skip it, but
+                # never lose the 1F1B plan, which the closed form scores if its order cannot be simulated.
+                if sched is not Schedule.ONE_F_ONE_B:
+                    continue
+                sim_step = plan.step_time_s
+            score = objective_score(plan, objective, sim_step)
+            if best is None or score < best[0]:
+                best = (score, plan, sim_step)
+    assert best is not None  # the 1F1B plan of a feasible split always scores
+    _, plan, sim_step = best
+    ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)
+    crossings = dp_crossing(ctx, ev, topo)
+    gain = max((d.gain_s for d in crossings), default=-math.inf)
+    extras = dict(plan.extras)
+    extras.update(
+        timeline_step_s=sim_step,
+        closed_form_step_s=plan.step_time_s,
+        micro_batch_size=float(job.global_batch // plan.micro_batches),
+        dp_cross_gain_s=gain if math.isfinite(gain) else 0.0,
+        plan_seconds=time.perf_counter() - t0,
+    )
+    plan = replace(plan, extras=extras)
+    log.debug(
+        "tpa.plan", job=job.id, chain=[c.name for c in clusters], m=plan.micro_batches,
+        schedule=str(plan.schedule), stages=len(plan.stages), step_s=plan.step_time_s,
+        timeline_step_s=sim_step, seconds=extras["plan_seconds"],
+    )
+    return plan

@@ -1,0 +1,334 @@
+r"""Pipeline schedules and an exact event-level simulator of one training step.
+
+Op orders (per stage, per data-parallel replica): a list of ``(kind, micro_batch, chunk)`` with kind
+``"F"`` or ``"B"``. Generators (``S`` stages, ``m`` micro-batches of the replica, stage ``i``):
+
+* GPipe: ``F_0 … F_{m−1}, B_0 … B_{m−1}``; every micro-batch in flight.
+* 1F1B: ``w = min(m, S−i−1)`` warm-up forwards, then ``F, B`` pairs, then the remaining backwards;
+  ``w + 1`` micro-batches in flight.
+* Interleaved 1F1B with ``v`` chunks (stage ``i`` holds chunks ``i, i+S, …``; needs ``m mod S = 0``):
+  Megatron's order: forward number ``k`` is micro-batch ``⌊k/(S·v)⌋·S + k mod S`` of chunk
+  ``⌊k/S⌋ mod v`` (backwards the same with chunks reversed), ``w = min(m·v, 2(S−i−1) + (v−1)·S)``.
+* Latency-aware (CrossPipe-style): 1F1B with a warm-up twice as deep, ``w = min(m, 2(S−i) − 1)``, so
+  ``2(S−i)`` micro-batches are in flight — exactly the in-flight count the cost model charges for it.
+  A stage keeps injecting forwards while the gradients of earlier micro-batches are still crossing the
+  slow links, so a round trip of ``2·Σ l`` is hidden behind ``S−i`` extra forwards instead of stalling.
+
+Simulator (:func:`simulate`): discrete events in time order. Each (stage, replica) is a sequential
+executor running its static op order; an op starts when the executor is free and its input has arrived:
+``F(j, u)`` needs ``F(j, u−1)``'s activation, ``B(j, u)`` needs ``B(j, u+1)``'s gradient (the last
+virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage. Micro-batch
+``j`` runs on replica ``j mod d`` of a stage with ``d`` replicas. A transfer between different stages
+takes the directed link ``(src, dst)`` for ``bytes / bandwidth`` seconds (FIFO: one transfer at a time per
+direction; the two directions are independent — full duplex) and arrives ``latency`` later.
+Compute per op: forward ``T/3``, backward ``2T/3`` (``T`` the cost model's fwd+bwd stage time), divided
+by ``v`` for interleaved chunks. The step ends when every stage has finished its last backward and its
+gradient all-reduce: ``step = max_s (end_s + AR_s)``.
+
+Complexity: ``O(N log N)`` for ``N = 2·m·v·S`` ops. Raises :class:`ScheduleDeadlockError` when an op order
+cannot complete (a malformed order).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spiderflow.costmodel import activation_bytes, breakdown
+from spiderflow.domain import JobSpec, Plan, Schedule, Topology
+
+__all__ = [
+    "Op",
+    "OpRecord",
+    "ScheduleDeadlockError",
+    "StageTiming",
+    "Timeline",
+    "TransferRecord",
+    "default_warmup",
+    "plan_stage_timing",
+    "replica_ops",
+    "simulate",
+    "simulate_plan",
+    "stage_ops",
+]
+
+Op = tuple[str, int, int]
+
+
+class ScheduleDeadlockError(ValueError):
+    """An op order that cannot complete (every executor waits on an input that never comes)."""
+
+
+def default_warmup(schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1) -> int:
+    """Warm-up forwards of ``stage`` under ``schedule`` (module docstring)."""
+    s, i = n_stages, stage
+    if schedule is Schedule.GPIPE:
+        return m
+    if schedule is Schedule.LATENCY_AWARE:
+        return min(m, 2 * (s - i) - 1)
+    if schedule is Schedule.INTERLEAVED_1F1B and chunks > 1:
+        return min(m * chunks, 2 * (s - i - 1) + (chunks - 1) * s)
+    return min(m, s - i - 1)
+
+
+def stage_ops(
+    schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1, warmup: int | None = None
+) -> list[Op]:
+    """The op order of ``stage`` for ``m`` micro-batches (module docstring); ``warmup`` overrides the
+    schedule's warm-up depth (clamped to ``[0, m·chunks]``)."""
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage {stage} is outside 0..{n_stages - 1}")
+    if m < 1:
+        raise ValueError("m must be ≥ 1")
+    v = chunks if schedule is Schedule.INTERLEAVED_1F1B else 1
+    if v > 1 and m % n_stages:
+        raise ValueError(f"interleaved 1F1B needs m ({m}) divisible by the stage count ({n_stages})")
+    total = m * v
+    w = default_warmup(schedule, n_stages, m, stage, chunks=v) if warmup is None else warmup
+    w = max(0, min(total, w))
+
+    def fwd(k: int) -> Op:
+        if v == 1:
+            return ("F", k, 0)
+        group, pos = divmod(k, n_stages * v)
+        return ("F", group * n_stages + pos % n_stages, (pos // n_stages) % v)
+
+    def bwd(k: int) -> Op:
+        if v == 1:
+            return ("B", k, 0)
+        group, pos = divmod(k, n_stages * v)
+        return ("B", group * n_stages + pos % n_stages, v - 1 - (pos // n_stages) % v)
+
+    ops: list[Op] = [fwd(k) for k in range(w)]
+    for k in range(total - w):
+        ops.append(fwd(w + k))
+        ops.append(bwd(k))
+    ops.extend(bwd(k) for k in range(total - w, total))
+    return ops
+
+
+def replica_ops(
+    schedule: Schedule, n_stages: int, m: int, stage: int, dp: int, replica: int, *, chunks: int = 1
+) -> list[Op]:
+    """The op order of one replica: the schedule over the replica's ``⌈(m − r)/d⌉`` micro-batches
+    ``r, r+d, …``, with micro-batch numbers mapped back to the global ones."""
+    local = len(range(replica, m, dp))
+    if local == 0:
+        return []
+    return [(k, j * dp + replica, c) for k, j, c in stage_ops(schedule, n_stages, local, stage, chunks=chunks)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpRecord:
+    stage: int
+    replica: int
+    kind: str
+    micro_batch: int
+    chunk: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransferRecord:
+    src: int
+    dst: int
+    kind: str
+    micro_batch: int
+    chunk: int
+    start_s: float
+    end_s: float  # arrival at dst (serialisation + latency)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTiming:
+    """Inputs of :func:`simulate` for one stage: fwd+bwd seconds per micro-batch, replicas, all-reduce."""
+
+    compute_s: float
+    replicas: int = 1
+    allreduce_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timeline:
+    """The simulated step: every op and transfer with its times, the pipeline makespan and the step."""
+
+    n_stages: int
+    replicas: tuple[int, ...]
+    ops: tuple[OpRecord, ...]
+    transfers: tuple[TransferRecord, ...]
+    makespan_s: float
+    step_s: float
+
+    def busy_s(self, stage: int) -> float:
+        """Compute seconds of ``stage`` summed over its replicas."""
+        return sum(o.end_s - o.start_s for o in self.ops if o.stage == stage)
+
+    def bubble_fraction(self, stage: int) -> float:
+        """Idle share of ``stage``'s replicas over the makespan."""
+        if self.makespan_s <= 0:
+            return 0.0
+        return 1.0 - self.busy_s(stage) / (self.makespan_s * self.replicas[stage])
+
+
+def simulate(
+    stages: Sequence[StageTiming],
+    orders: Sequence[Sequence[Sequence[Op]]],
+    serialise_s: Sequence[Sequence[float]],
+    latency_s: Sequence[Sequence[float]],
+    *,
+    chunks: int = 1,
+) -> Timeline:
+    """Run the event simulation of the module docstring.
+
+    ``orders[i][r]`` is replica ``r`` of stage ``i``'s op order; ``serialise_s[a][b]`` and ``latency_s[a][b]``
+    the seconds one activation (or gradient) occupies link ``a → b`` and its one-way latency.
+    """
+    n = len(stages)
+    v = chunks
+    last_virtual = n * v - 1
+    execs: list[tuple[int, int]] = [(i, r) for i in range(n) for r in range(len(orders[i]))]
+    ptr = {e: 0 for e in execs}
+    busy = dict.fromkeys(execs, False)
+    avail: dict[tuple[str, int, int], float] = {}
+    waiting: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    link_free: dict[tuple[int, int], float] = {}
+    heap: list[tuple[float, int, int]] = []  # (time, 0 arrival | 1 op end, sequence number)
+    arrivals: dict[int, tuple[str, int, int]] = {}
+    ends: dict[int, tuple[tuple[int, int], Op, float]] = {}
+    seq = 0
+    ops_out: list[OpRecord] = []
+    xfers: list[TransferRecord] = []
+    stage_end = [0.0] * n
+
+    def push_arrival(t: float, key: tuple[str, int, int]) -> None:
+        nonlocal seq
+        arrivals[seq] = key
+        heapq.heappush(heap, (t, 0, seq))
+        seq += 1
+
+    def push_end(t: float, e: tuple[int, int], op: Op, start: float) -> None:
+        nonlocal seq
+        ends[seq] = (e, op, start)
+        heapq.heappush(heap, (t, 1, seq))
+        seq += 1
+
+    def need(op: Op, stage: int) -> tuple[str, int, int] | None:
+        kind, j, c = op
+        u = c * n + stage
+        if kind == "F":
+            return None if u == 0 else ("F", j, u - 1)
+        return ("F", j, u) if u == last_virtual else ("B", j, u + 1)
+
+    def try_start(e: tuple[int, int], now: float) -> None:
+        if busy[e] or ptr[e] >= len(orders[e[0]][e[1]]):
+            return
+        op = orders[e[0]][e[1]][ptr[e]]
+        dep = need(op, e[0])
+        if dep is not None and dep not in avail:
+            waiting.setdefault(dep, []).append(e)
+            return
+        kind, _, _ = op
+        dur = stages[e[0]].compute_s * (1.0 / 3.0 if kind == "F" else 2.0 / 3.0) / v
+        busy[e] = True
+        push_end(now + dur, e, op, now)
+
+    def release(key: tuple[str, int, int], t: float) -> None:
+        avail[key] = t
+        for e in waiting.pop(key, []):
+            try_start(e, t)
+
+    for e in execs:
+        try_start(e, 0.0)
+    while heap:
+        t, kind_ev, sq = heapq.heappop(heap)
+        if kind_ev == 0:
+            release(arrivals.pop(sq), t)
+            continue
+        e, op, start = ends.pop(sq)
+        i, r = e
+        okind, j, c = op
+        busy[e] = False
+        ptr[e] += 1
+        ops_out.append(OpRecord(stage=i, replica=r, kind=okind, micro_batch=j, chunk=c, start_s=start, end_s=t))
+        stage_end[i] = max(stage_end[i], t)
+        u = c * n + i
+        key = (okind, j, u)
+        # A forward feeds the next virtual stage (the last one feeds its own backward); a backward the previous.
+        dst_u = (u + 1 if u < last_virtual else u) if okind == "F" else u - 1
+        if dst_u >= 0:
+            dst = dst_u % n
+            if dst_u == u or dst == i:
+                release(key, t)
+            else:
+                start_tx = max(t, link_free.get((i, dst), 0.0))
+                ser = serialise_s[i][dst]
+                link_free[(i, dst)] = start_tx + ser
+                arrive = start_tx + ser + latency_s[i][dst]
+                xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
+                                            start_s=start_tx, end_s=arrive))
+                push_arrival(arrive, key)
+        try_start(e, t)
+    unfinished = [e for e in execs if ptr[e] < len(orders[e[0]][e[1]])]
+    if unfinished:
+        i, r = unfinished[0]
+        raise ScheduleDeadlockError(
+            f"op order deadlocks: stage {i} replica {r} waits at {orders[i][r][ptr[(i, r)]]}"
+        )
+    makespan = max((o.end_s for o in ops_out), default=0.0)
+    step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
+    ops_out.sort(key=lambda o: (o.stage, o.replica, o.start_s))
+    return Timeline(
+        n_stages=n, replicas=tuple(len(orders[i]) for i in range(n)), ops=tuple(ops_out),
+        transfers=tuple(xfers), makespan_s=makespan, step_s=step,
+    )
+
+
+def plan_stage_timing(
+    plan: Plan, topo: Topology, job: JobSpec
+) -> tuple[list[StageTiming], list[list[float]], list[list[float]], int]:
+    """The simulator's inputs for ``plan`` from the cost model: stage timings, link matrices, chunks."""
+    m = plan.micro_batches
+    b = max(1, job.global_batch // m)
+    bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
+    stages = [
+        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar)
+        for t, st, ar in zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True)
+    ]
+    n = len(plan.stages)
+    nbytes = activation_bytes(job.model, b, job.seq_len)
+    ser = [[0.0] * n for _ in range(n)]
+    lat = [[0.0] * n for _ in range(n)]
+    for a in range(n):
+        for c in range(n):
+            if a == c:
+                continue
+            ca, cb = plan.stages[a].cluster, plan.stages[c].cluster
+            if ca == cb:
+                gbps = topo.cluster(ca).inter_node_gbps
+                lms = 0.0
+            else:
+                gbps = topo.bandwidth_gbps(ca, cb)
+                lms = topo.latency_ms(ca, cb)
+            ser[a][c] = math.inf if gbps <= 0 else (0.0 if math.isinf(gbps) else nbytes * 8.0 / (gbps * 1e9))
+            lat[a][c] = lms / 1e3
+    chunks = int(plan.extras.get("chunks", 2 if plan.schedule is Schedule.INTERLEAVED_1F1B else 1))
+    if plan.schedule is not Schedule.INTERLEAVED_1F1B:
+        chunks = 1
+    return stages, ser, lat, chunks
+
+
+def simulate_plan(plan: Plan, topo: Topology, job: JobSpec) -> Timeline:
+    """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures."""
+    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    n = len(stages)
+    orders = [
+        [
+            replica_ops(plan.schedule, n, plan.micro_batches, i, st.replicas, r, chunks=chunks)
+            for r in range(st.replicas)
+        ]
+        for i, st in enumerate(stages)
+    ]
+    return simulate(stages, orders, ser, lat, chunks=chunks)
