@@ -363,13 +363,16 @@ class _Sim:
             self.snapshot = self.topo.with_free(self._free())
         return self.snapshot
 
-    def _take(self, j: _Job, alloc: dict[str, int], now: float) -> None:
+    def _check_fits(self, j: _Job, alloc: dict[str, int]) -> None:
         free = self._free()
         for c, g in alloc.items():
             if c not in free:
                 raise SimulationError(f"job {j.spec.id}: plan uses unknown cluster {c!r}")
             if g > free[c]:
                 raise SimulationError(f"job {j.spec.id}: plan takes {g} GPUs on {c} with {free[c]} free")
+
+    def _take(self, j: _Job, alloc: dict[str, int], now: float) -> None:
+        self._check_fits(j, alloc)
         for c, g in alloc.items():
             self.used[c] += g
             self.max_used[c] = max(self.max_used[c], self.used[c])
@@ -598,6 +601,7 @@ class _Sim:
                 else:
                     status, reason, plan = result.status, result.reason, result.plan
                 if status is PlacementStatus.SUCCESS and plan is not None:
+                    self._check_fits(j, plan.gpus_by_cluster())
                     est_end = clock + j.pending_delay_s + (j.spec.steps - j.steps_done) * plan.step_time_s
                     if admits(res, plan.gpus, est_end, total_free):
                         self._start(j, plan, clock)

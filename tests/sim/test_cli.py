@@ -1,0 +1,81 @@
+"""``spiderflow trace`` and ``spiderflow simulate`` end to end through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spiderflow.cli.main import main
+from spiderflow.placement.base import REGISTRY, register_policy
+from spiderflow.presets import PRESETS, preset_source, resolve_topology
+
+from .helpers import GreedyPolicy
+
+if "greedy-test" not in REGISTRY:
+    register_policy("greedy-test", GreedyPolicy)
+
+
+def test_trace_generate_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t.json"
+    assert main(["trace", "generate", "--jobs", "25", "--seed", "3", "--topology", "aws-10-dtfm",
+                 "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert len(doc["jobs"]) == 25
+    capsys.readouterr()
+    assert main(["trace", "validate", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["jobs"] == 25 and sum(summary["models"].values()) == 25
+    assert summary["gpus_min"]["min"] >= 4 and summary["arrival_s"]["first"] == 0.0
+
+
+def test_trace_validate_rejects_bad_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"jobs": [{"id": "a", "model": "gpt3-1.3b", "global_batch": 8,
+                                         "gpus": {"min": 9, "max": 4}}]}))
+    assert main(["trace", "validate", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "jobs[0].gpus.min" in err and "9" in err
+
+
+def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    assert main(["trace", "generate", "--jobs", "15", "--seed", "1", "--topology", "aws-10-dtfm",
+                 "--out", str(trace)]) == 0
+    events = tmp_path / "ev.json"
+    events.write_text(json.dumps({"events": [{"t_s": 600, "kind": "cluster_loss", "cluster": "tokyo"}]}))
+    out = tmp_path / "sim.json"
+    plots = tmp_path / "plots"
+    assert main(["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "greedy-test",
+                 "--json", str(out), "--plots", str(plots), "--overhead", "fixed", "--events", str(events),
+                 "--no-progress"]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["policies"]["greedy-test"]
+    for key in ("mean_jct_s", "p95_jct_s", "makespan_s", "throughput_tokens_per_s", "sched_overhead_s",
+                "decisions", "gpu_utilization", "cost_usd", "completed", "overhead_per_decision_mean_s",
+                "overhead_per_decision_p95_s", "records"):
+        assert key in s
+    assert len(s["records"]) == 15 and s["completed"] >= 1 and doc["events"] == 1
+    for name in ("jct_cdf.png", "throughput_cost.png", "overhead_vs_clusters.png", "report.html"):
+        assert (plots / name).stat().st_size > 1000
+    assert "data:image/png;base64," in (plots / "report.html").read_text()
+
+
+def test_simulate_unknown_policy_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    main(["trace", "generate", "--jobs", "3", "--seed", "1", "--out", str(trace)])
+    assert main(["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "nope",
+                 "--json", str(tmp_path / "o.json")]) == 2
+    assert "policy" in capsys.readouterr().err
+
+
+def test_presets_load_and_cite_sources() -> None:
+    for name in PRESETS:
+        topo = resolve_topology(name)
+        assert len(topo.clusters) == 10 and len(topo.links) == 45
+        assert len(preset_source(name)) > 100
+    aws = resolve_topology("aws-10-dtfm")
+    assert aws.bandwidth_gbps("virginia", "ohio") == pytest.approx(1.12)
+    link = aws.direct[("oregon", "sydney")]
+    assert (link.latency_ms, link.bandwidth_gbps) == (139.0, 0.36)

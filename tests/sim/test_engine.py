@@ -1,0 +1,228 @@
+"""The discrete-event engine: a hand-checked scenario, conservation, determinism, topology events."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from spiderflow.catalog import model_preset
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology
+from spiderflow.errors import ValidationError
+from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus
+from spiderflow.sim.engine import (
+    EventKind,
+    OverheadMode,
+    SimConfig,
+    SimulationError,
+    TopologyEvent,
+    events_from_dict,
+    simulate,
+)
+from spiderflow.sim.metrics import summarize
+from spiderflow.sim.tracegen import generate_trace
+from spiderflow.topogen import generate_topology
+
+from .helpers import GreedyPolicy
+
+_DEFAULT_BUDGET = Budget()
+FIXED = SimConfig(overhead=OverheadMode.FIXED, fixed_overhead_s=0.5)
+
+
+class FixedStepPolicy:
+    """All of a job's max GPUs on the first cluster with enough free, at a fixed step time."""
+
+    name = "fixed-step"
+
+    def __init__(self, step_time_s: float = 2.0) -> None:
+        self.step = step_time_s
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+        for c in topo.clusters:
+            if c.free >= job.gpus.max:
+                plan = Plan(stages=(Stage(cluster=c.name, first_layer=0, last_layer=job.model.layers - 1,
+                                          tp=1, dp=job.gpus.max),), micro_batches=1, step_time_s=self.step,
+                            usd_per_step=0.0)
+                return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan)
+        return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, reason="no room")
+
+
+def one_cluster(n: int = 2, gpus: int = 8) -> Topology:
+    clusters = tuple(Cluster(name=f"c{i}", gpu="A100-80G", nodes=1, gpus_per_node=gpus,
+                             electricity_usd_per_kwh=0.1) for i in range(n))
+    links = tuple(Link(a=f"c{i}", b=f"c{i + 1}", bandwidth_gbps=1.0, latency_ms=10.0) for i in range(n - 1))
+    return Topology(clusters=clusters, links=links)
+
+
+def job(id: str, steps: int, *, gpus: int = 8, arrival: float = 0.0) -> JobSpec:
+    return JobSpec(id=id, model=model_preset("gpt3-1.3b"), global_batch=8, steps=steps,
+                   gpus=GpuRange(min=gpus, max=gpus), arrival_s=arrival)
+
+
+def test_two_jobs_by_hand() -> None:
+    """One 8-GPU cluster, two 8-GPU jobs at t=0, 2 s per step, 0.5 s per decision.
+
+    The shorter job A (10 steps) goes first: decided at 0 → starts 0.5, ends 0.5 + 20 = 20.5.
+    B (20 steps) cannot fit until then; it is decided at 20.5 → starts 21.0, ends 21 + 40 = 61.
+    """
+    topo = one_cluster(1)
+    jobs = [job("B", 20), job("A", 10)]
+    res = simulate(topo, jobs, FixedStepPolicy(2.0), FIXED)
+    rec = {r.id: r for r in res.records}
+    assert rec["A"].first_start_s == pytest.approx(0.5) and rec["A"].end_s == pytest.approx(20.5)
+    assert rec["B"].first_start_s == pytest.approx(21.0) and rec["B"].end_s == pytest.approx(61.0)
+    s = summarize(res)
+    assert s["completed"] == 2 and s["decisions"] == 2
+    assert s["mean_jct_s"] == pytest.approx((20.5 + 61.0) / 2)
+    assert s["makespan_s"] == pytest.approx(61.0)
+    tokens = 30 * jobs[0].tokens_per_step
+    assert s["throughput_tokens_per_s"] == pytest.approx(tokens / 61.0)
+    # GPUs held: A 8 × 20 s, B 8 × 40 s, pool of 8 over 61 s.
+    assert s["gpu_utilization"] == pytest.approx(8 * 60 / (8 * 61.0))
+    # Electricity: 8 A100 × 400 W × 60 s at $0.1/kWh.
+    assert s["cost_usd"] == pytest.approx(8 * 0.4 * 60 / 3600 * 0.1)
+    assert s["sim_overhead_s"] == pytest.approx(1.0)
+    assert s["violations"] == []
+
+
+def test_measured_overhead_delays_the_job() -> None:
+    """In measured mode the decision's real wall time is what moves the start."""
+
+    class SlowPolicy(FixedStepPolicy):
+        def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+            import time
+
+            time.sleep(0.05)
+            return super().place(topo, job, budget)
+
+    res = simulate(one_cluster(1), [job("A", 10)], SlowPolicy(), SimConfig(overhead=OverheadMode.MEASURED))
+    (r,) = res.records
+    assert r.first_start_s is not None and r.first_start_s >= 0.05
+    assert r.first_start_s == pytest.approx(res.decision_overheads_s[0] + res.queue_overhead_s, abs=1e-9)
+
+
+def test_conservation_and_completion_on_a_random_trace() -> None:
+    topo = generate_topology(8, 2, "geo")
+    jobs = generate_trace(120, 5, 1.5, topo)
+    events = [
+        TopologyEvent(t_s=jobs[30].arrival_s, kind=EventKind.LINK_CHANGE, a=topo.links[0].a, b=topo.links[0].b,
+                      bandwidth_gbps=0.05),
+        TopologyEvent(t_s=jobs[40].arrival_s, kind=EventKind.CLUSTER_LOSS, cluster=topo.names[0]),
+        TopologyEvent(t_s=jobs[80].arrival_s, kind=EventKind.CLUSTER_RESTORE, cluster=topo.names[0]),
+    ]
+    policy = GreedyPolicy()
+    res = simulate(topo, jobs, policy, FIXED, events=events)
+    assert res.violations == ()
+    cap = {c.name: c.free for c in topo.clusters}
+    assert all(res.max_gpus_in_use[c] <= cap[c] for c in cap)
+    assert len(res.records) == len(jobs)
+    assert {r.status for r in res.records} <= {"completed", "unresolvable", "unschedulable"}
+    for r in res.records:
+        if r.status == "completed":
+            assert r.end_s is not None and r.first_start_s is not None
+            assert r.arrival_s <= r.first_start_s < r.end_s
+        else:
+            assert r.reason
+    s = summarize(res)
+    assert s["completed"] >= 100
+    assert s["decisions"] == policy.calls == len(res.decision_overheads_s)
+    assert 0.0 < s["gpu_utilization"] <= 1.0
+
+
+def test_gpu_use_never_exceeds_capacity_at_any_event_time() -> None:
+    """Replay every record's hold interval and check the per-cluster sum at every start/end instant."""
+    topo = generate_topology(8, 9, "geo")
+    jobs = generate_trace(80, 9, 2.0, topo)
+    res = simulate(topo, jobs, GreedyPolicy(), FIXED)
+    done = [r for r in res.records if r.status == "completed" and r.restarts == 0]
+    assert len(done) > 50
+    instants = sorted({r.first_start_s for r in done} | {r.end_s for r in done})  # type: ignore[misc]
+    total = sum(c.free for c in topo.clusters)
+    for t in instants:
+        in_use = sum(r.gpus for r in done if r.first_start_s <= t < r.end_s)  # type: ignore[operator]
+        assert in_use <= total
+
+
+def test_determinism_with_fixed_overhead() -> None:
+    topo = generate_topology(8, 4, "geo")
+    jobs = generate_trace(60, 4, 1.5, topo)
+    events = [TopologyEvent(t_s=jobs[20].arrival_s, kind=EventKind.CLUSTER_LOSS, cluster=topo.names[1])]
+    runs = [simulate(topo, jobs, GreedyPolicy(), FIXED, events=events) for _ in range(2)]
+
+    def strip(res: object) -> list[dict[str, object]]:
+        out = []
+        for r in res.records:  # type: ignore[attr-defined]
+            d = r.to_dict()
+            d.pop("overhead_s")
+            out.append(d)
+        return out
+
+    assert strip(runs[0]) == strip(runs[1])
+    a, b = (summarize(r) for r in runs)
+    for key in ("mean_jct_s", "p95_jct_s", "makespan_s", "throughput_tokens_per_s", "cost_usd", "decisions",
+                "completed", "gpu_utilization", "sim_overhead_s"):
+        assert a[key] == b[key], key
+
+
+def test_cluster_loss_restarts_from_the_last_checkpoint() -> None:
+    """A 10,000-step job at 1 s/step on c0; c0 is lost at t = 4000.
+
+    Run started at 0.5 (one 0.5 s decision); checkpoints every 1800 s of run time → the last one at
+    0.5 + 3600, so 3600 steps are kept and 399.5 lost. Re-placed on c1 at 4000 + 0.5, it pays the
+    120 s restart delay and runs the remaining 6400 steps: ends at 4000.5 + 120 + 6400.
+    """
+    topo = one_cluster(2)
+    ev = [TopologyEvent(t_s=4000.0, kind=EventKind.CLUSTER_LOSS, cluster="c0")]
+    res = simulate(topo, [job("A", 10_000)], FixedStepPolicy(1.0), FIXED, events=ev)
+    (r,) = res.records
+    assert r.status == "completed" and r.restarts == 1
+    assert r.steps_lost == pytest.approx(399.5)
+    assert r.chain == ("c1",)
+    assert r.end_s == pytest.approx(4000.5 + 120.0 + 6400.0)
+    assert r.gpu_seconds == pytest.approx(8 * (4000 - 0.5) + 8 * (120 + 6400))
+
+
+def test_link_change_slows_or_replans_running_jobs() -> None:
+    topo = one_cluster(2, gpus=8)
+    two = [job("X", 500, gpus=16)]
+    base = simulate(topo, two, GreedyPolicy(), FIXED)
+    (r0,) = base.records
+    assert r0.chain and len(r0.chain) == 2
+    mild = [TopologyEvent(t_s=10.0, kind=EventKind.LINK_CHANGE, a="c0", b="c1", bandwidth_gbps=0.999)]
+    (r1,) = simulate(topo, two, GreedyPolicy(), FIXED, events=mild).records
+    assert r1.restarts == 0 and r1.end_s is not None and r0.end_s is not None and r1.end_s >= r0.end_s
+    harsh = [TopologyEvent(t_s=10.0, kind=EventKind.LINK_CHANGE, a="c0", b="c1", bandwidth_gbps=0.01)]
+    (r2,) = simulate(topo, two, GreedyPolicy(), FIXED, events=harsh).records
+    assert r2.restarts == 1 and r2.status == "completed"
+
+
+def test_job_that_can_never_fit_is_reported() -> None:
+    topo = one_cluster(1)
+    res = simulate(topo, [job("big", 10, gpus=8), replace(job("huge", 10), gpus=GpuRange(min=64, max=64))],
+                   FixedStepPolicy(), FIXED)
+    rec = {r.id: r for r in res.records}
+    assert rec["big"].status == "completed"
+    assert rec["huge"].status == "unschedulable" and rec["huge"].reason
+
+
+def test_policy_over_allocation_is_an_error() -> None:
+    class Cheat(FixedStepPolicy):
+        def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+            plan = Plan(stages=(Stage(cluster="c0", first_layer=0, last_layer=job.model.layers - 1, dp=99),),
+                        micro_batches=1, step_time_s=1.0)
+            return PlacementResult(status=PlacementStatus.SUCCESS, policy="cheat", plan=plan)
+
+    with pytest.raises(SimulationError, match="takes 99 GPUs"):
+        simulate(one_cluster(1), [job("A", 10)], Cheat(), FIXED)
+
+
+def test_events_file_parsing() -> None:
+    evs = events_from_dict({"events": [{"t_s": 5, "kind": "cluster_loss", "cluster": "c0"},
+                                       {"t_s": 1, "kind": "link_change", "a": "c0", "b": "c1", "bandwidth_gbps": 2}]})
+    assert [e.t_s for e in evs] == [1.0, 5.0] and evs[0].kind is EventKind.LINK_CHANGE
+    with pytest.raises(ValidationError, match=r"events\[0\]\.kind"):
+        events_from_dict({"events": [{"t_s": 1, "kind": "meteor"}]})
+    with pytest.raises(ValidationError, match=r"events\[0\]\.t_s"):
+        events_from_dict({"events": [{"t_s": -1, "kind": "cluster_loss", "cluster": "x"}]})
+    assert math.isfinite(evs[1].t_s)
