@@ -88,7 +88,9 @@ its lease; the leader is the owner of the key with the lowest ``create_revision`
 Errors
 ------
 Connection failures and deadlines (each request is bounded by the store's ``request_timeout``) →
-:class:`~spiderflow.errors.UnavailableError`; lost compare → :class:`CompareFailedError`; putting
+:class:`~spiderflow.errors.UnavailableError`. A write that raised it has an **unknown outcome**: the
+server may still apply it (e.g. a request buffered by a suspended etcd); re-read, or make the write
+idempotent with a compare, before retrying; lost compare → :class:`CompareFailedError`; putting
 with an unknown/expired lease → :class:`~spiderflow.errors.NotFoundError`; compacted history →
 :class:`CompactedError`. After :meth:`Store.close` every call raises
 :class:`~spiderflow.errors.UnavailableError`.

@@ -278,19 +278,40 @@ class EtcdProcess:
         self.stop()
         return self.start(timeout)
 
-    def suspend(self) -> None:
-        """SIGSTOP the child: it keeps its sockets but answers nothing."""
+    def suspend(self, timeout: float = 2.0) -> None:
+        """SIGSTOP the child and wait until every thread is stopped: it keeps its sockets (the kernel
+        still accepts and buffers) but answers nothing."""
         if self._proc is None or self._proc.poll() is not None:
             raise PreconditionError("etcd is not running")
         self._proc.send_signal(signal.SIGSTOP)
         self._suspended = True
+        self._wait_states(self._proc.pid, stopped=True, timeout=timeout)
 
-    def resume(self) -> None:
-        """SIGCONT a suspended child."""
+    def resume(self, timeout: float = 2.0) -> None:
+        """SIGCONT a suspended child and wait until it runs again."""
         if self._proc is None or self._proc.poll() is not None:
             raise PreconditionError("etcd is not running")
         self._proc.send_signal(signal.SIGCONT)
         self._suspended = False
+        self._wait_states(self._proc.pid, stopped=False, timeout=timeout)
+
+    @staticmethod
+    def _wait_states(pid: int, *, stopped: bool, timeout: float) -> None:
+        """Signals are delivered asynchronously: poll ``/proc/<pid>/task/*/stat`` (Linux) until all
+        threads are (not) in state T. Without /proc, return at once."""
+        tasks = Path(f"/proc/{pid}/task")
+        if not tasks.is_dir():
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for stat in tasks.glob("*/stat"):
+                with contextlib.suppress(OSError):
+                    states.append(stat.read_text().rsplit(")", 1)[1].split()[0] in ("T", "t"))
+            if states and all(states) == stopped and any(states) == stopped:
+                return
+            time.sleep(0.002)
+        raise UnavailableError(f"etcd pid {pid} did not {'stop' if stopped else 'continue'} in {timeout}s")
 
     def close(self) -> None:
         """Kill the child and remove a temporary data dir; idempotent."""
