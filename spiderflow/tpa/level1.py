@@ -12,10 +12,12 @@ Algorithm
        boundaries. A block no level-2 configuration fits scores its memory excess instead.
     3. Refine: take the bottleneck block (the one over memory by the most, else the one with the largest
        ``T/d``) and move one layer across either of its boundaries; keep the better move if the score
-       ``(excess, step)`` improves and repeat; stop when neither move improves.
+       ``(excess, step)`` improves and repeat. When neither neighbour improves, the layer may travel
+       further (all boundaries in between shift by one): to the 3 nearest blocks on each side or the 3
+       blocks with the most slack. Stop when no move improves.
 
-Complexity: each evaluation is ``O(C)`` cached level-2 lookups (a CP-SAT solve on a miss); the refinement
-moves at most ``O(L·C)`` layers, two evaluations per move.
+Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (a CP-SAT solve on a miss); at most
+``L·C`` moves, each 2 evaluations (≤ 11 when the neighbours do not improve).
 
 Cross-cluster data parallelism (:func:`dp_crossing`)
     A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
@@ -167,8 +169,30 @@ def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]
     return tuple(out)
 
 
-def evaluate_split(ctx: ChainContext, split: Sequence[int]) -> SplitEval:
-    """Step 2 of the module docstring."""
+_Memo = dict[tuple[int, int, int, int], tuple[BlockConfig | None, float]]
+
+
+def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int
+           ) -> tuple[BlockConfig | None, float, float]:
+    """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1`."""
+    key = (c, first, layers, downstream)
+    cap = ctx.clusters[c].gpu_memory_gib
+    if memo is not None and key in memo:
+        cfg, need = memo[key]
+        return cfg, need, cap
+    p = ctx.problem(c, first, layers, downstream)
+    cfg = solve_block_cached(p)
+    need = 0.0
+    if cfg is None:
+        worst = min_memory_config(p)
+        need = max(worst.memory_gib) if worst is not None else math.inf
+    if memo is not None:
+        memo[key] = (cfg, need)
+    return cfg, need, cap
+
+
+def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None) -> SplitEval:
+    """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context)."""
     n = len(split)
     firsts = [0] * n
     acc = 0
@@ -180,16 +204,10 @@ def evaluate_split(ctx: ChainContext, split: Sequence[int]) -> SplitEval:
     downstream = 0
     pps = [1] * n
     for c in range(n - 1, -1, -1):
-        p = ctx.problem(c, firsts[c], split[c], downstream)
-        cfg = solve_block_cached(p)
+        cfg, need, cap = _block(ctx, memo, c, firsts[c], split[c], min(downstream, ctx.m))
         configs[c] = cfg
         if cfg is None:
-            worst = min_memory_config(p)
-            need = max(worst.memory_gib) if worst is not None else math.inf
-            bad.append(
-                BlockInfeasibility(chain_index=c, stage_index=-1, need_gib=need,
-                                   capacity_gib=p.shape.memory_gib)
-            )
+            bad.append(BlockInfeasibility(chain_index=c, stage_index=-1, need_gib=need, capacity_gib=cap))
         else:
             pps[c] = cfg.pp
         downstream += pps[c]
@@ -241,27 +259,45 @@ def _bottleneck_block(ev: SplitEval) -> int:
     return arg
 
 
+def _far_targets(ev: SplitEval, b: int, k: int = 3) -> tuple[int, ...]:
+    """Where a layer of block ``b`` may travel when neither neighbour takes it: the ``k`` nearest blocks on
+    each side and the ``k`` feasible blocks with the most slack (smallest ``T/d``)."""
+    n = len(ev.split)
+    near = [c for c in range(b - k - 1, b + k + 2) if 0 <= c < n and abs(c - b) > 1]
+    slack = sorted(
+        (c for c, cfg in enumerate(ev.configs) if cfg is not None and c != b),
+        key=lambda c: (ev.configs[c].bottleneck_s, c),  # type: ignore[union-attr]
+    )[:k]
+    return tuple(dict.fromkeys(near + slack))
+
+
 def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None) -> SplitEval:
     """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible)."""
     n = len(ctx.clusters)
     L = ctx.model.layers
     if initial is None:
         initial = proportional_split(L, [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)])
-    ev = evaluate_split(ctx, initial)
+    memo: _Memo = {}
+    ev = evaluate_split(ctx, initial, memo=memo)
     budget = max_moves if max_moves is not None else L * n
     for _ in range(budget):
         b = _bottleneck_block(ev)
         if ev.split[b] <= 1:
             break
         best: SplitEval | None = None
-        for nb in (b - 1, b + 1):
-            if 0 <= nb < n:
-                split = list(ev.split)
-                split[b] -= 1
-                split[nb] += 1
-                cand = evaluate_split(ctx, split)
-                if best is None or cand.score < best.score:
-                    best = cand
+        # Neighbours first (a boundary moves by one layer); if neither helps, any block (every boundary in
+        # between shifts by one layer, so the layer travels to where it fits or costs least).
+        for targets in ((b - 1, b + 1), _far_targets(ev, b)):
+            for nb in targets:
+                if 0 <= nb < n and nb != b:
+                    split = list(ev.split)
+                    split[b] -= 1
+                    split[nb] += 1
+                    cand = evaluate_split(ctx, split, memo=memo)
+                    if best is None or cand.score < best.score:
+                        best = cand
+            if best is not None and best.score < ev.score:
+                break
         if best is None or not best.score < ev.score:
             break
         ev = best
@@ -301,12 +337,21 @@ def hierarchical_allreduce_time(
 
 
 def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCrossing]:
-    """Apply the cross-cluster DP rule of the module docstring to every adjacent pair of the chain."""
+    """Apply the cross-cluster DP rule of the module docstring to every adjacent pair of the chain.
+
+    The saving is the closed-form step of the split minus the step with blocks ``c`` and ``c+1`` merged
+    into one block replicated on both clusters (the boundary between them disappears; the merged block
+    admits a micro-batch every ``T_merged / (2·d)``; its gradients sync hierarchically across the link).
+    """
     out: list[DpCrossing] = []
     if not ev.feasible:
         return out
-    firsts = [sum(ev.split[:c]) for c in range(len(ev.split))]
-    for c in range(len(ctx.clusters) - 1):
+    configs = [cfg for cfg in ev.configs if cfg is not None]
+    current = step_estimate(ctx, configs)
+    n = len(ev.split)
+    firsts = [sum(ev.split[:c]) for c in range(n)]
+    downstream = [sum(cfg.pp for cfg in configs[c + 1:]) for c in range(n)]
+    for c in range(n - 1):
         u, v = ctx.clusters[c], ctx.clusters[c + 1]
         if u.name == v.name:
             continue
@@ -314,23 +359,30 @@ def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCros
             out.append(DpCrossing(index=c, allowed=False, reason="different GPU types or counts",
                                   hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
             continue
-        first, last = firsts[c], firsts[c] + ev.split[c] + ev.split[c + 1] - 1
-        merged = ev.split[c] + ev.split[c + 1]
-        fits = all(
-            solve_block_cached(ctx.problem(i, first, merged, 0)) is not None for i in (c, c + 1)
-        )
-        if not fits:
+        first = firsts[c]
+        merged_layers = ev.split[c] + ev.split[c + 1]
+        merged = solve_block_cached(ctx.problem(c, first, merged_layers, downstream[c + 1]))
+        if merged is None:
             out.append(DpCrossing(index=c, allowed=False, reason="the merged block does not fit in memory",
                                   hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
             continue
-        grad = 2.0 * stage_params(ctx.model, first, last)
+        grad = 2.0 * stage_params(ctx.model, first, first + merged_layers - 1) / merged.tp
         t_ar = hierarchical_allreduce_time(
             grad, (u, v), (ctx.gpus[c], ctx.gpus[c + 1]),
             topo.bandwidth_gbps(u.name, v.name), topo.latency_ms(u.name, v.name),
         )
-        p = ctx.boundaries_s[c]
-        saving = 2.0 * p + (ctx.m - 1) * max(0.0, p - max(
-            cfg.bottleneck_s for cfg in ev.configs if cfg is not None))
-        out.append(DpCrossing(index=c, allowed=t_ar < saving, reason="hierarchical all-reduce vs pipeline boundary",
+        others = [cfg for i, cfg in enumerate(configs) if i not in (c, c + 1)]
+        bounds = [p for i, p in enumerate(ctx.boundaries_s) if i != c]
+        bottleneck = max(
+            [cfg.bottleneck_s for cfg in others] + bounds + [max(merged.compute_s) / (2 * merged.dp)]
+            + [cfg.intra_boundary_s for cfg in others if cfg.pp > 1]
+        )
+        fill = sum(sum(cfg.compute_s) for cfg in others) + sum(merged.compute_s)
+        comm = sum(bounds) + sum((cfg.pp - 1) * cfg.intra_boundary_s for cfg in [*others, merged])
+        ar_others = max((max(cfg.allreduce_s) for cfg in others), default=0.0)
+        replicated = (ctx.m - 1) * bottleneck + fill + 2.0 * comm + max(ar_others, t_ar)
+        saving = current - replicated + t_ar  # what the pipeline side saves, before paying the sync
+        out.append(DpCrossing(index=c, allowed=replicated < current,
+                              reason="hierarchical all-reduce vs pipeline boundary",
                               hierarchical_allreduce_s=t_ar, pipeline_saving_s=saving))
     return out
