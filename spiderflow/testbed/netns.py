@@ -79,6 +79,8 @@ _DEFAULT_RATE = "10gbit"
 class TestbedError(SpiderFlowError):
     """A kernel/tool operation of the testbed failed; the message names the command."""
 
+    __test__ = False  # not a pytest test class despite the name
+
 
 def default_state_dir() -> Path:
     """``/run/spiderflow-testbed`` when writable, else ``<tmp>/spiderflow-testbed``."""
@@ -249,6 +251,8 @@ class Testbed:
     destination ports forwarded without the relay (no added latency); ``connect_retry_s`` bounds how long
     the relay retries a refused onward connect.
     """
+
+    __test__ = False  # not a pytest test class despite the name
 
     def __init__(
         self,

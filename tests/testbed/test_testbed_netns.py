@@ -1,0 +1,323 @@
+"""End-to-end testbed checks with real namespaces, kernel htb shaping and the relay (root only).
+
+Measurements are correctness checks of the shaping with tolerances (bandwidth ±15 %, RTT ±20 % or
+±3 ms); each is retried a few times before failing because the machine is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.errors import SpiderFlowError
+from spiderflow.testbed import Testbed, TestbedError, check_environment, cleanup
+
+pytestmark = pytest.mark.netns
+
+
+def _skip_reason() -> str | None:
+    try:
+        check_environment()
+    except SpiderFlowError as e:
+        return str(e)
+    probe = "sfprobe-check"
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+        return "'ip netns add' is not usable here"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+_REASON = _skip_reason()
+if _REASON:
+    pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
+
+PY = sys.executable
+PROBE_PORT = 5201
+A, B, C, D = "us-east", "eu-west", "ap-south", "sa-east"
+
+
+def _topology() -> Topology:
+    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in (A, B, C, D))
+    return Topology(
+        clusters=clusters,
+        links=(
+            Link(a=A, b=B, bandwidth_gbps=0.4, latency_ms=5),
+            Link(a=A, b=D, bandwidth_gbps=0.05, latency_ms=70),
+            Link(a=B, b=C, bandwidth_gbps=0.2, latency_ms=20, directed=True),
+            Link(a=C, b=B, bandwidth_gbps=0.1, latency_ms=30, directed=True),
+            Link(a=A, b=C, bandwidth_gbps=0.09, latency_ms=10),
+        ),
+    )
+
+
+def _gone(prefix: str) -> list[str]:
+    """Everything of testbed ``prefix`` still on the machine (empty when fully removed)."""
+    left = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+            if ns.startswith(f"{prefix}-")]
+    if subprocess.run(["ip", "link", "show", f"{prefix}-host"], capture_output=True).returncode == 0:
+        left.append(f"link {prefix}-host")
+    for exe in ("iptables", "iptables-legacy"):
+        rules = subprocess.run([exe, "-t", "nat", "-S"], capture_output=True, text=True).stdout
+        if f"spiderflow-testbed:{prefix}" in rules:
+            left.append(f"{exe} rule")
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
+    if f"{prefix}-host" in routes:
+        left.append("host route")
+    return left
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("testbed-state")
+
+
+@pytest.fixture(scope="module")
+def testbed(state_dir: Path) -> Iterator[Testbed]:
+    cleanup("sftest", state_dir=state_dir)
+    tb = Testbed(_topology(), prefix="sftest", state_dir=state_dir)
+    try:
+        tb.up()
+        for name in tb.topology.names:
+            tb.exec(name, [PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(PROBE_PORT),
+                           "--lifetime", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        yield tb
+    finally:
+        tb.down()
+    assert _gone("sftest") == []
+
+
+def _bulk_mbps(tb: Testbed, a: str, b: str) -> float:
+    r = tb.run(a, [PY, "-m", "spiderflow.testbed.probe", "bulk", tb.address(b), str(PROBE_PORT),
+                   "--seconds", "1.2", "--warmup", "0.25"], timeout=30)
+    assert r.returncode == 0, r.stderr
+    return float(json.loads(r.stdout)["rate_mbps"])
+
+
+def _rtt_ms(tb: Testbed, a: str, b: str) -> float:
+    r = tb.run(a, [PY, "-m", "spiderflow.testbed.probe", "rtt", tb.address(b), str(PROBE_PORT),
+                   "--count", "7"], timeout=30)
+    assert r.returncode == 0, r.stderr
+    return float(statistics.median(json.loads(r.stdout)["rtt_ms"]))
+
+
+def _measure_until(fn: object, expected: float, ok: object, attempts: int = 3) -> list[float]:
+    """Measure up to ``attempts`` times; stop early once the median of the samples is acceptable."""
+    samples: list[float] = []
+    for _ in range(attempts):
+        samples.append(fn())  # type: ignore[operator]
+        if ok(statistics.median(samples), expected):  # type: ignore[operator]
+            break
+    return samples
+
+
+def _bw_ok(measured: float, expected: float) -> bool:
+    return abs(measured - expected) <= 0.15 * expected
+
+
+def _rtt_ok(measured: float, expected: float) -> bool:
+    return abs(measured - expected) <= max(0.2 * expected, 3.0)
+
+
+# (src, dst): configured figures come from the widest path: B→C 200/20 and C→B 100/30 use the directed
+# links; A→C (200/25 via B), C→A (100/35 via B) and B→D (50/75 via A) are relayed.
+PAIRS = [(A, B), (A, D), (B, C), (C, B), (B, D), (C, A), (A, C)]
+
+
+@pytest.mark.parametrize(("src", "dst"), PAIRS, ids=[f"{s}->{d}" for s, d in PAIRS])
+def test_pair_bandwidth_and_latency_match_configuration(testbed: Testbed, src: str, dst: str) -> None:
+    fwd, back = testbed.pair(src, dst), testbed.pair(dst, src)
+    want_rtt = fwd.latency_ms + back.latency_ms
+    want_mbps = fwd.bandwidth_gbps * 1000
+    rtts = _measure_until(lambda: _rtt_ms(testbed, src, dst), want_rtt, _rtt_ok)
+    bws = _measure_until(lambda: _bulk_mbps(testbed, src, dst), want_mbps, _bw_ok)
+    print(f"{src}->{dst}: rtt {rtts} ms (want {want_rtt}), bw {bws} Mbit/s (want {want_mbps})")
+    assert _rtt_ok(statistics.median(rtts), want_rtt), (rtts, want_rtt)
+    assert _bw_ok(statistics.median(bws), want_mbps), (bws, want_mbps)
+
+
+def test_configured_figures_cover_the_required_range(testbed: Testbed) -> None:
+    tested = [testbed.pair(s, d) for s, d in PAIRS]
+    assert min(p.bandwidth_gbps for p in tested) == 0.05 and max(p.bandwidth_gbps for p in tested) == 0.4
+    assert min(p.latency_ms for p in tested) == 5 and max(p.latency_ms for p in tested) >= 70
+    figures = {(s, d): (testbed.pair(s, d).bandwidth_gbps, testbed.pair(s, d).latency_ms) for s, d in PAIRS}
+    assert figures[(B, C)] == (0.2, 20) and figures[(C, B)] == (0.1, 30)  # an asymmetric pair
+    assert figures[(B, D)] == (0.05, 75) and (B, D) not in testbed.topology.direct  # relayed through A
+    assert figures[(C, A)] == (0.1, 35) and figures[(A, C)] == (0.2, 25)  # widest path beats the direct link
+
+
+def test_set_link_changes_are_measurable(testbed: Testbed) -> None:
+    before_rtt = _rtt_ms(testbed, A, B)
+    changed = testbed.set_link(A, B, bandwidth_gbps=0.1, latency_ms=30)
+    try:
+        assert (A, B) in changed and (B, A) in changed and (B, D) in changed
+        rtts = _measure_until(lambda: _rtt_ms(testbed, A, B), 60.0, _rtt_ok)
+        bws = _measure_until(lambda: _bulk_mbps(testbed, A, B), 100.0, _bw_ok)
+        print(f"after set_link: rtt {rtts} (was {before_rtt}), bw {bws}")
+        assert _rtt_ok(statistics.median(rtts), 60.0), rtts
+        assert _bw_ok(statistics.median(bws), 100.0), bws
+    finally:
+        testbed.set_link(A, B, bandwidth_gbps=0.4, latency_ms=5)
+    assert _rtt_ok(_rtt_ms(testbed, A, B), 10.0)
+
+
+def test_host_loopback_services_are_reachable_from_namespaces(testbed: Testbed) -> None:
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    got: list[bytes] = []
+
+    def answer() -> None:
+        srv.settimeout(20)
+        conn, _ = srv.accept()
+        with conn:
+            data = conn.recv(100)
+            got.append(data)
+            conn.sendall(data.upper())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    code = ("import socket,sys; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10);"
+            "s.sendall(b'ping'); print(s.recv(100).decode())")
+    r = testbed.run(D, [PY, "-c", code, testbed.host_address, str(port)], timeout=30)
+    t.join(timeout=20)
+    srv.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "PING" and got == [b"ping"]
+
+
+def test_status_reports_clusters_pairs_and_relay(testbed: Testbed) -> None:
+    st = testbed.status()
+    assert st["relay"]["ok"] is True and st["relay"]["accepted"] > 0
+    assert {c["name"] for c in st["clusters"]} == {A, B, C, D}
+    assert all(c["present"] and c["pids"] for c in st["clusters"])  # the probe servers
+    assert len(st["pairs"]) == 12
+    assert Testbed.attach("sftest", state_dir=testbed.state_dir).address(C) == testbed.address(C)
+
+
+GLOO = textwrap.dedent(
+    """
+    import datetime, json, sys
+    import torch, torch.distributed as dist
+    rank, addr, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    t = torch.full((1024,), float(rank + 1))
+    dist.all_reduce(t)
+    dist.barrier()
+    print(json.dumps({"sum": float(t[0]), "all": bool((t == 3.0).all())}))
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_gloo_all_reduce_across_namespaces_through_the_relay(testbed: Testbed, tmp_path: Path) -> None:
+    script = tmp_path / "gloo_ar.py"
+    script.write_text(GLOO)
+    store = testbed.address(A)
+    # rank 1 starts first: its connect to the not-yet-listening store is retried onward by the relay
+    r1 = testbed.exec(C, [PY, str(script), "1", store, "29511"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    r0 = testbed.exec(A, [PY, str(script), "0", store, "29511"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = []
+    for p in (r0, r1):
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr.decode()[-2000:]
+        out.append(json.loads(stdout.decode().strip().splitlines()[-1]))
+    assert out == [{"sum": 3.0, "all": True}] * 2
+    assert testbed.status()["relay"]["accepted"] >= 2
+
+
+def test_down_removes_everything_including_supervised_processes(state_dir: Path) -> None:
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.1, latency_ms=5),),
+    )
+    cleanup("sfdown", state_dir=state_dir)
+    tb = Testbed(topo, prefix="sfdown", state_dir=state_dir)
+    tb.up({"x": ["sleep", "300"], "y": ["sleep", "300"]})
+    pids = [p for s in tb.status()["clusters"] for p in s["pids"]]
+    assert len(pids) == 2 and tb.state_file.exists()
+    assert _gone("sfdown")  # namespaces, host link, rule and route exist while up
+    tb.down()
+    assert _gone("sfdown") == []
+    assert not tb.state_file.exists()
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    tb.down()  # idempotent
+
+
+def test_failed_up_leaves_nothing(state_dir: Path) -> None:
+    topo = _topology()
+    cleanup("sffail", state_dir=state_dir)
+    tb = Testbed(topo, prefix="sffail", state_dir=state_dir, python="/bin/false")  # the relay cannot start
+    with pytest.raises(TestbedError, match="relay exited"):
+        tb.up()
+    assert _gone("sffail") == []
+    assert not tb.state_file.exists()
+
+
+def test_up_refuses_an_existing_prefix_and_cleanup_removes_a_crashed_run(state_dir: Path) -> None:
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.1, latency_ms=5),),
+    )
+    cleanup("sfcrash", state_dir=state_dir)
+    tb = Testbed(topo, prefix="sfcrash", state_dir=state_dir)
+    tb.up()
+    try:
+        with pytest.raises(SpiderFlowError, match="already exists"):
+            Testbed(topo, prefix="sfcrash", state_dir=state_dir).up()
+        tb.state_file.unlink()  # as if the state were lost with the process that made it
+        removed = cleanup("sfcrash", state_dir=state_dir)
+        assert any(r.startswith("netns sfcrash-") for r in removed)
+        assert _gone("sfcrash") == []
+    finally:
+        tb.down()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_cli_foreground_up_tears_down_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    topo_file = tmp_path / "topo.json"
+    topo_file.write_text(json.dumps({
+        "clusters": [{"name": n, "gpu": "cpu", "nodes": 1, "gpus_per_node": 1} for n in ("x", "y")],
+        "links": [{"a": "x", "b": "y", "bandwidth_gbps": 0.1, "latency_ms": 5}],
+    }))
+    cleanup("sfcli", state_dir=tmp_path)
+    proc = subprocess.Popen(
+        [PY, "-m", "spiderflow.cli.main", "testbed", "up", "--topology", str(topo_file), "--prefix", "sfcli",
+         "--state-dir", str(tmp_path), "--command", "sleep 300"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (tmp_path / "sfcli.json").exists():
+            time.sleep(0.1)
+        while time.monotonic() < deadline:
+            state = json.loads((tmp_path / "sfcli.json").read_text())
+            if state["status"] == "up" and len(state["supervised"]) == 2:
+                break
+            time.sleep(0.1)
+        assert _gone("sfcli"), "the testbed did not come up"
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out.decode()
+        assert b"testbed sfcli removed" in out
+        assert _gone("sfcli") == []
+        assert not (tmp_path / "sfcli.json").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cleanup("sfcli", state_dir=tmp_path)
