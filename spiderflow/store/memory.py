@@ -476,4 +476,7 @@ class MemoryStore(Store):
             lease._stop()
         for w in list(self._watchers):
             await w.aclose()
+        for rec in self._leases.values():
+            if rec.timer is not None:
+                rec.timer.cancel()
         self._closed = True
