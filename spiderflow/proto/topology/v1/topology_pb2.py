@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from spiderflow.proto.types.v1 import types_pb2 as spiderflow_dot_proto_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+spiderflow/proto/topology/v1/topology.proto\x12\x16spiderflow.topology.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%spiderflow/proto/types/v1/types.proto\"\x9f\x01\n\x14ReportProfileRequest\x12-\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_address\x18\x03 \x01(\t\x12/\n\x0bmeasured_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\")\n\x15ReportProfileResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\xc4\x01\n\x0fLinkMeasurement\x12\x0e\n\x06target\x18\x01 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x02 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x03 \x01(\x01R\nlatency_ms\x12\x13\n\x0bprobe_bytes\x18\x04 \x01(\x03\x12\x13\n\x0brtt_samples\x18\x05 \x01(\x05\x12/\n\x0bmeasured_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\x12ReportLinksRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12=\n\x0cmeasurements\x18\x03 \x03(\x0b\x32\'.spiderflow.topology.v1.LinkMeasurement\"K\n\x13ReportLinksResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x05\x12\x10\n\x08rejected\x18\x03 \x03(\t\"\x14\n\x12GetTopologyRequest\"F\n\x13GetTopologyResponse\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\"E\n\x14WatchTopologyRequest\x12\x15\n\rfrom_revision\x18\x01 \x01(\x03\x12\x16\n\x0e\x66ull_snapshots\x18\x02 \x01(\x08\"\xa6\x02\n\x0eTopologyChange\x12\x39\n\x04kind\x18\x01 \x01(\x0e\x32+.spiderflow.topology.v1.TopologyChange.Kind\x12-\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\'\n\x04link\x18\x03 \x01(\x0b\x32\x19.spiderflow.types.v1.Link\"\x80\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15KIND_CLUSTER_UPSERTED\x10\x01\x12\x18\n\x14KIND_CLUSTER_REMOVED\x10\x02\x12\x16\n\x12KIND_LINK_UPSERTED\x10\x03\x12\x15\n\x11KIND_LINK_REMOVED\x10\x04\"\xa3\x01\n\x15WatchTopologyResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x37\n\x07\x63hanges\x18\x02 \x03(\x0b\x32&.spiderflow.topology.v1.TopologyChange\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12/\n\x08snapshot\x18\x04 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology2\xb8\x03\n\x08Topology\x12l\n\rReportProfile\x12,.spiderflow.topology.v1.ReportProfileRequest\x1a-.spiderflow.topology.v1.ReportProfileResponse\x12\x66\n\x0bReportLinks\x12*.spiderflow.topology.v1.ReportLinksRequest\x1a+.spiderflow.topology.v1.ReportLinksResponse\x12\x66\n\x0bGetTopology\x12*.spiderflow.topology.v1.GetTopologyRequest\x1a+.spiderflow.topology.v1.GetTopologyResponse\x12n\n\rWatchTopology\x12,.spiderflow.topology.v1.WatchTopologyRequest\x1a-.spiderflow.topology.v1.WatchTopologyResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+spiderflow/proto/topology/v1/topology.proto\x12\x16spiderflow.topology.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%spiderflow/proto/types/v1/types.proto\"\x9f\x01\n\x14ReportProfileRequest\x12-\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_address\x18\x03 \x01(\t\x12/\n\x0bmeasured_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\")\n\x15ReportProfileResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\"\xc4\x01\n\x0fLinkMeasurement\x12\x0e\n\x06target\x18\x01 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x02 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x03 \x01(\x01R\nlatency_ms\x12\x13\n\x0bprobe_bytes\x18\x04 \x01(\x03\x12\x13\n\x0brtt_samples\x18\x05 \x01(\x05\x12/\n\x0bmeasured_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"v\n\x12ReportLinksRequest\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12=\n\x0cmeasurements\x18\x03 \x03(\x0b\x32\'.spiderflow.topology.v1.LinkMeasurement\"K\n\x13ReportLinksResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x05\x12\x10\n\x08rejected\x18\x03 \x03(\t\"\x14\n\x12GetTopologyRequest\"\xbe\x01\n\x13GetTopologyResponse\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\x12\x37\n\x0blink_status\x18\x02 \x03(\x0b\x32\".spiderflow.topology.v1.LinkStatus\x12=\n\x0e\x63luster_status\x18\x03 \x03(\x0b\x32%.spiderflow.topology.v1.ClusterStatus\"}\n\nLinkStatus\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12.\n\nupdated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07samples\x18\x04 \x01(\x05\x12\x18\n\x10pending_outliers\x18\x05 \x01(\x05\"v\n\rClusterStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x15\n\ragent_address\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x14WatchTopologyRequest\x12\x15\n\rfrom_revision\x18\x01 \x01(\x03\x12\x16\n\x0e\x66ull_snapshots\x18\x02 \x01(\x08\"\xa6\x02\n\x0eTopologyChange\x12\x39\n\x04kind\x18\x01 \x01(\x0e\x32+.spiderflow.topology.v1.TopologyChange.Kind\x12-\n\x07\x63luster\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\'\n\x04link\x18\x03 \x01(\x0b\x32\x19.spiderflow.types.v1.Link\"\x80\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15KIND_CLUSTER_UPSERTED\x10\x01\x12\x18\n\x14KIND_CLUSTER_REMOVED\x10\x02\x12\x16\n\x12KIND_LINK_UPSERTED\x10\x03\x12\x15\n\x11KIND_LINK_REMOVED\x10\x04\"\xa3\x01\n\x15WatchTopologyResponse\x12\x10\n\x08revision\x18\x01 \x01(\x03\x12\x37\n\x07\x63hanges\x18\x02 \x03(\x0b\x32&.spiderflow.topology.v1.TopologyChange\x12\x0e\n\x06resync\x18\x03 \x01(\x08\x12/\n\x08snapshot\x18\x04 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology2\xb8\x03\n\x08Topology\x12l\n\rReportProfile\x12,.spiderflow.topology.v1.ReportProfileRequest\x1a-.spiderflow.topology.v1.ReportProfileResponse\x12\x66\n\x0bReportLinks\x12*.spiderflow.topology.v1.ReportLinksRequest\x1a+.spiderflow.topology.v1.ReportLinksResponse\x12\x66\n\x0bGetTopology\x12*.spiderflow.topology.v1.GetTopologyRequest\x1a+.spiderflow.topology.v1.GetTopologyResponse\x12n\n\rWatchTopology\x12,.spiderflow.topology.v1.WatchTopologyRequest\x1a-.spiderflow.topology.v1.WatchTopologyResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,16 +45,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTLINKSRESPONSE']._serialized_end=742
   _globals['_GETTOPOLOGYREQUEST']._serialized_start=744
   _globals['_GETTOPOLOGYREQUEST']._serialized_end=764
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=766
-  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=836
-  _globals['_WATCHTOPOLOGYREQUEST']._serialized_start=838
-  _globals['_WATCHTOPOLOGYREQUEST']._serialized_end=907
-  _globals['_TOPOLOGYCHANGE']._serialized_start=910
-  _globals['_TOPOLOGYCHANGE']._serialized_end=1204
-  _globals['_TOPOLOGYCHANGE_KIND']._serialized_start=1076
-  _globals['_TOPOLOGYCHANGE_KIND']._serialized_end=1204
-  _globals['_WATCHTOPOLOGYRESPONSE']._serialized_start=1207
-  _globals['_WATCHTOPOLOGYRESPONSE']._serialized_end=1370
-  _globals['_TOPOLOGY']._serialized_start=1373
-  _globals['_TOPOLOGY']._serialized_end=1813
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_start=767
+  _globals['_GETTOPOLOGYRESPONSE']._serialized_end=957
+  _globals['_LINKSTATUS']._serialized_start=959
+  _globals['_LINKSTATUS']._serialized_end=1084
+  _globals['_CLUSTERSTATUS']._serialized_start=1086
+  _globals['_CLUSTERSTATUS']._serialized_end=1204
+  _globals['_WATCHTOPOLOGYREQUEST']._serialized_start=1206
+  _globals['_WATCHTOPOLOGYREQUEST']._serialized_end=1275
+  _globals['_TOPOLOGYCHANGE']._serialized_start=1278
+  _globals['_TOPOLOGYCHANGE']._serialized_end=1572
+  _globals['_TOPOLOGYCHANGE_KIND']._serialized_start=1444
+  _globals['_TOPOLOGYCHANGE_KIND']._serialized_end=1572
+  _globals['_WATCHTOPOLOGYRESPONSE']._serialized_start=1575
+  _globals['_WATCHTOPOLOGYRESPONSE']._serialized_end=1738
+  _globals['_TOPOLOGY']._serialized_start=1741
+  _globals['_TOPOLOGY']._serialized_end=2181
 # @@protoc_insertion_point(module_scope)

@@ -70,10 +70,40 @@ class GetTopologyRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetTopologyResponse(_message.Message):
-    __slots__ = ("topology",)
+    __slots__ = ("topology", "link_status", "cluster_status")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    LINK_STATUS_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_STATUS_FIELD_NUMBER: _ClassVar[int]
     topology: _types_pb2.Topology
-    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ...) -> None: ...
+    link_status: _containers.RepeatedCompositeFieldContainer[LinkStatus]
+    cluster_status: _containers.RepeatedCompositeFieldContainer[ClusterStatus]
+    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ..., link_status: _Optional[_Iterable[_Union[LinkStatus, _Mapping]]] = ..., cluster_status: _Optional[_Iterable[_Union[ClusterStatus, _Mapping]]] = ...) -> None: ...
+
+class LinkStatus(_message.Message):
+    __slots__ = ("a", "b", "updated_at", "samples", "pending_outliers")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_OUTLIERS_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    updated_at: _timestamp_pb2.Timestamp
+    samples: int
+    pending_outliers: int
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., samples: _Optional[int] = ..., pending_outliers: _Optional[int] = ...) -> None: ...
+
+class ClusterStatus(_message.Message):
+    __slots__ = ("name", "agent_id", "agent_address", "updated_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AGENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    agent_id: str
+    agent_address: str
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., agent_id: _Optional[str] = ..., agent_address: _Optional[str] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class WatchTopologyRequest(_message.Message):
     __slots__ = ("from_revision", "full_snapshots")
