@@ -1,0 +1,278 @@
+"""The scheduling cycle (leader only): decide on one snapshot, then bind with compare-and-swap.
+
+One cycle, as named extension points (STYLE.md §2–3):
+
+1. **snapshot** – one topology snapshot (with its etcd revision) from the :class:`TopologySource`, every
+   job record and every allocation key, each with the revision it was read at.
+2. **reconcile** – jobs holding GPUs on a cluster that left the graph go RESCHEDULING (GPUs released, the
+   reason names the cluster); a RESCHEDULING job is queued again like a pending one.
+3. **sort** – queued jobs (PENDING, RESCHEDULING) ordered by :func:`spiderflow.queueing.order`:
+   priorities, BACE-Pipe-style dynamic prioritisation (remaining work, network share × link utilisation),
+   aging so nothing starves.
+4. **filter** – clusters with no free GPU left are dropped from the snapshot the policy sees; a job whose
+   minimum exceeds all free GPUs is not even tried (its reason says so).
+5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)``; then the final plan
+   of the chosen chain from the Planner service when one is configured.
+6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
+   start (the *head*), later jobs start only if they do not delay the head's reserved start.
+7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
+8. **bind** – one etcd transaction (:meth:`JobRepository.bind`) comparing the job record and every
+   allocation key it changes on the revisions read in step 1. If it loses, the reservation is undone and
+   the cycle ends early (a new one starts from a fresh snapshot), so no GPU is ever given to two jobs.
+
+A job that cannot be placed stays PENDING with a reason that says why (the policy's reason naming the
+binding constraint, or the backfilling rule). Decisions are logged as one structlog event each with the
+job id, the chain, the topology revision and the decision's wall time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import structlog
+
+from services.scheduler.repo import JobRepository, StoredJob
+from services.scheduler.topology_source import TopologySource
+from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError
+from spiderflow.jobs import JobState
+from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
+from spiderflow.queueing import QueuePolicy, Reservation, RunningJob, admits, after_admit, order, queued_job, reserve
+from spiderflow.store.base import CompareFailedError
+
+__all__ = ["CycleReport", "Decision", "DecisionKind", "PlanFinalizer", "SchedulingCycle"]
+
+log = structlog.get_logger(__name__)
+
+QUEUED = (JobState.PENDING, JobState.RESCHEDULING)
+HOLDING = (JobState.PLACED, JobState.RUNNING)
+
+PlanFinalizer = Callable[[Topology, JobSpec, Plan], Awaitable[Plan]]
+"""Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
+
+
+class DecisionKind(StrEnum):
+    PLACED = "placed"
+    UNSCHEDULABLE = "unschedulable"
+    UNRESOLVABLE = "unresolvable"
+    DEFERRED = "deferred"
+    CONFLICT = "conflict"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Decision:
+    job_id: str
+    kind: DecisionKind
+    reason: str = ""
+    chain: tuple[str, ...] = ()
+    seconds: float = 0.0
+    gpus: int = 0
+    est_end_s: float = 0.0
+
+
+@dataclass(slots=True, kw_only=True)
+class CycleReport:
+    topology_revision: int = 0
+    decisions: list[Decision] = field(default_factory=list)
+    rescheduled: list[str] = field(default_factory=list)
+    conflict: bool = False
+    seconds: float = 0.0
+
+    @property
+    def placed(self) -> list[str]:
+        return [d.job_id for d in self.decisions if d.kind is DecisionKind.PLACED]
+
+
+class SchedulingCycle:
+    """Runs cycles for the leader. ``clock`` is wall time; ``budget`` the policies' search limits."""
+
+    def __init__(
+        self,
+        repo: JobRepository,
+        topology: TopologySource,
+        *,
+        default_policy: str = "spinsearch",
+        finalize: PlanFinalizer | None = None,
+        queue_policy: QueuePolicy | None = None,
+        budget: Budget | None = None,
+        clock: Callable[[], float] = time.time,
+        on_placed: Callable[[StoredJob], None] | None = None,
+    ) -> None:
+        self.repo = repo
+        self.topology = topology
+        self.default_policy = default_policy
+        self.finalize = finalize
+        self.queue_policy = queue_policy or QueuePolicy()
+        self.budget = budget or Budget(time_limit_s=30.0)
+        self.clock = clock
+        self.on_placed = on_placed
+
+    async def run(self) -> CycleReport:
+        t_start = time.perf_counter()
+        report = CycleReport()
+        # 1. snapshot
+        topo = await self.topology.snapshot()
+        report.topology_revision = topo.revision
+        stored, _ = await self.repo.list()
+        allocs, alloc_revs, _ = await self.repo.allocations()
+        now = self.clock()
+
+        # 2. reconcile
+        alive = set(topo.names)
+        for sj in stored:
+            r = sj.record
+            if r.state in HOLDING and any(c not in alive for c in r.allocation):
+                lost = sorted(c for c in r.allocation if c not in alive)
+                try:
+                    await self.repo.transition(sj, r.to(JobState.RESCHEDULING, f"cluster {','.join(lost)} left the "
+                                                        "topology; re-placing", now=now))
+                    report.rescheduled.append(r.id)
+                    log.info("scheduler.rescheduling", job=r.id, lost=lost, topology_revision=topo.revision)
+                except CompareFailedError:
+                    report.conflict = True
+        if report.rescheduled or report.conflict:
+            stored, _ = await self.repo.list()
+            allocs, alloc_revs, _ = await self.repo.allocations()
+
+        used: dict[str, int] = {c: sum(a.values()) for c, a in allocs.items()}
+        free = {c.name: max(0, c.free - used.get(c.name, 0)) for c in topo.clusters}
+        by_id = {sj.record.id: sj for sj in stored}
+        queue = [sj for sj in stored if sj.record.state in QUEUED]
+        if not queue:
+            report.seconds = time.perf_counter() - t_start
+            return report
+
+        # 3. sort
+        ordered = order(
+            [queued_job(sj.record.spec, sj.record.created_at) for sj in queue], now, self.queue_policy
+        )
+        running = [
+            RunningJob(id=sj.record.id, gpus=sum(sj.record.allocation.values()), est_end_s=self._est_end(sj, now))
+            for sj in stored if sj.record.state in HOLDING
+        ]
+        res: Reservation | None = None
+        head_seen = False
+        behind_head = 0
+        for qj in ordered:
+            sj = by_id[qj.id]
+            total_free = sum(free.values())
+            if head_seen and (not self.queue_policy.backfill or behind_head >= self.queue_policy.backfill_depth):
+                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED,
+                                    reason=f"queued behind {res.job_id if res else 'the head job'}")
+                await self._note(sj, decision)
+                report.decisions.append(decision)
+                continue
+            if head_seen:
+                behind_head += 1
+            # 4. filter
+            if total_free < sj.record.spec.gpus.min:
+                decision = Decision(job_id=qj.id, kind=DecisionKind.UNSCHEDULABLE,
+                                    reason=f"needs at least {sj.record.spec.gpus.min} GPUs, {total_free} free")
+            else:
+                decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs)
+            report.decisions.append(decision)
+            if decision.kind is DecisionKind.CONFLICT:
+                report.conflict = True
+                break
+            if decision.kind is DecisionKind.PLACED:
+                res = after_admit(res, decision.gpus, decision.est_end_s)
+                continue
+            await self._note(sj, decision)
+            if not head_seen:
+                head_seen = True
+                res = reserve(qj.id, sj.record.spec.gpus.min, total_free, running, now)
+        report.seconds = time.perf_counter() - t_start
+        log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
+                 seconds=round(report.seconds, 4), conflict=report.conflict)
+        return report
+
+    def _est_end(self, sj: StoredJob, now: float) -> float:
+        r = sj.record
+        if r.plan is None:
+            return now
+        left = max(0, r.spec.steps - r.progress.step)
+        return now + left * r.plan.step_time_s
+
+    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology) -> PlacementResult:
+        policy = get_policy(policy_name)
+        return await asyncio.to_thread(policy.place, snap, spec, self.budget)
+
+    async def _place_one(
+        self, sj: StoredJob, topo: Topology, free: dict[str, int], now: float, res: Reservation | None,
+        allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int],
+    ) -> Decision:
+        r = sj.record
+        policy_name = r.policy or self.default_policy
+        snap = topo.with_free(free)
+        t0 = time.perf_counter()
+        try:
+            result = await self._decide(r.spec, policy_name, snap)
+            if not result.ok:
+                kind = DecisionKind.UNRESOLVABLE if result.status is PlacementStatus.UNRESOLVABLE else \
+                    DecisionKind.UNSCHEDULABLE
+                return Decision(job_id=r.id, kind=kind, reason=result.reason or "no feasible placement",
+                                seconds=time.perf_counter() - t0)
+            assert result.plan is not None
+            plan = result.plan
+            if self.finalize is not None:
+                plan = await self.finalize(snap, r.spec, plan)
+        except UnschedulableError as e:
+            return Decision(job_id=r.id, kind=DecisionKind.UNSCHEDULABLE, reason=str(e),
+                            seconds=time.perf_counter() - t0)
+        except UnavailableError as e:
+            return Decision(job_id=r.id, kind=DecisionKind.ERROR, reason=f"planner unavailable: {e}",
+                            seconds=time.perf_counter() - t0)
+        except SpiderFlowError as e:
+            return Decision(job_id=r.id, kind=DecisionKind.ERROR, reason=str(e), seconds=time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        allocation = plan.gpus_by_cluster()
+        # 6. admit (EASY backfilling)
+        total_free = sum(free.values())
+        est_end = now + r.spec.steps * plan.step_time_s
+        if any(free.get(c, 0) < g for c, g in allocation.items()) or not admits(res, plan.gpus, est_end, total_free):
+            return Decision(job_id=r.id, kind=DecisionKind.DEFERRED, reason="starting it now would delay the "
+                            f"reserved start of job {res.job_id if res else '?'}", seconds=seconds)
+        # 7. reserve (assume)
+        for c, g in allocation.items():
+            free[c] -= g
+        # 8. bind
+        chain = ",".join(plan.chain)
+        placed = r.to(
+            JobState.PLACED, f"placed on {chain} by {result.policy}", now=self.clock(), plan=plan,
+            allocation=allocation, attempt=r.attempt + 1, policy=policy_name, topology_revision=topo.revision,
+        )
+        try:
+            bound = await self.repo.bind(sj, placed, alloc_revs, allocs)
+        except CompareFailedError:
+            for c, g in allocation.items():
+                free[c] += g  # unreserve
+            log.info("scheduler.bind_conflict", job=r.id, chain=list(plan.chain))
+            return Decision(job_id=r.id, kind=DecisionKind.CONFLICT, reason="state changed; retrying",
+                            seconds=seconds)
+        for c, g in allocation.items():
+            allocs.setdefault(c, {})[r.id] = g
+            alloc_revs[c] = bound.mod_revision
+        log.info("scheduler.placed", job=r.id, chain=list(plan.chain), gpus=plan.gpus, policy=result.policy,
+                 step_time_s=round(plan.step_time_s, 6), decision_s=round(seconds, 4), attempt=placed.attempt,
+                 topology_revision=topo.revision)
+        if self.on_placed is not None:
+            self.on_placed(bound)
+        return Decision(job_id=r.id, kind=DecisionKind.PLACED, reason=placed.reason, chain=plan.chain,
+                        seconds=seconds, gpus=plan.gpus, est_end_s=est_end)
+
+    async def _note(self, sj: StoredJob, decision: Decision) -> None:
+        """Record why a queued job was not placed (only when the reason changed: no write storms)."""
+        r = sj.record
+        if decision.kind is DecisionKind.UNRESOLVABLE:
+            reason = f"cannot fit this topology: {decision.reason}"
+        else:
+            reason = decision.reason
+        if reason and reason != r.reason:
+            with contextlib.suppress(CompareFailedError):
+                await self.repo.update(sj, r.with_reason(reason, now=self.clock()))

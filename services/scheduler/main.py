@@ -1,0 +1,270 @@
+"""``spiderflow serve scheduler``: the job API on every replica, scheduling cycles on the elected leader.
+
+Replicas campaign through etcd's Election API (:data:`spiderflow.store.keys.SCHEDULER`) with a lease of
+``--lease-ttl`` seconds. The leader runs a cycle when woken (a submission, a cancellation, a finished
+job, a topology change) and at least every ``--cycle-interval`` seconds. When the leader dies its lease
+ends and another replica becomes leader within the TTL; because every decision is bound with a
+compare-and-swap on what was read, a deposed leader that still runs a cycle cannot double-book GPUs.
+
+``--executor sim`` (simulator-backed mode): with no agents, the leader itself runs each placed job for
+its predicted duration × ``--sim-time-scale`` (clamped to ``[--sim-min-s, --sim-max-s]``) and then marks
+it SUCCEEDED. This is how the scheduler is load-tested without GPUs; with agents, use ``--executor
+agents`` (the default) and jobs advance through ``ReportProgress``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+
+from services.scheduler.cycle import PlanFinalizer, SchedulingCycle
+from services.scheduler.repo import JobRepository, StoredJob
+from services.scheduler.service import SchedulerService
+from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
+from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
+from spiderflow.jobs import JobState, Progress
+from spiderflow.placement import Budget
+from spiderflow.rpc.server import serve
+from spiderflow.runtime import parse_hostport, write_ready_file
+from spiderflow.store import keys
+from spiderflow.store.base import CompareFailedError, Store
+
+__all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
+
+log = structlog.get_logger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--etcd", required=True, help="etcd endpoint host:port")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--topology-service", help="topology service address (live topology)")
+    src.add_argument("--topology", help="a topology file (static topology, no agents needed)")
+    p.add_argument("--planner", help="planner service address for final plans (default: plan in-process)")
+    p.add_argument("--policy", default="spinsearch", help="default placement policy")
+    p.add_argument("--executor", choices=["agents", "sim"], default="agents")
+    p.add_argument("--sim-time-scale", type=float, default=1e-4, help="wall seconds per predicted second")
+    p.add_argument("--sim-min-s", type=float, default=0.05)
+    p.add_argument("--sim-max-s", type=float, default=5.0)
+    p.add_argument("--cycle-interval", type=float, default=5.0, help="max seconds between cycles")
+    p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
+    p.add_argument("--max-queued", type=int, default=10_000)
+    p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
+
+
+class SimExecutor:
+    """Runs placed jobs in simulated time (leader only). Idempotent: re-arming a job twice is harmless."""
+
+    def __init__(self, repo: JobRepository, *, scale: float, min_s: float, max_s: float,
+                 on_done: asyncio.Event | None = None) -> None:
+        self.repo = repo
+        self.scale = scale
+        self.min_s = min_s
+        self.max_s = max_s
+        self.on_done = on_done
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+
+    def arm(self, stored: StoredJob) -> None:
+        key = (stored.record.id, stored.record.attempt)
+        if key in self._tasks and not self._tasks[key].done():
+            return
+        self._tasks[key] = asyncio.create_task(self._run(stored.record.id, stored.record.attempt))
+
+    async def adopt(self) -> None:
+        """Arm every job that holds a placement (after becoming leader)."""
+        stored, _ = await self.repo.list()
+        for sj in stored:
+            if sj.record.state in (JobState.PLACED, JobState.RUNNING):
+                self.arm(sj)
+
+    def stop(self) -> None:
+        for t in self._tasks.values():
+            t.cancel()
+        self._tasks.clear()
+
+    async def _advance(self, job_id: str, attempt: int, state: JobState) -> bool:
+        for _ in range(20):
+            try:
+                sj = await self.repo.get(job_id)
+            except NotFoundError:
+                return False
+            r = sj.record
+            if r.attempt != attempt or r.terminal or r.state is state:
+                return r.state is state
+            steps = r.spec.steps
+            if state is JobState.RUNNING:
+                new = r.to(state, "simulated execution started", now=self.repo.clock())
+            else:
+                step_time = r.plan.step_time_s if r.plan else 0.0
+                new = replace(r.to(state, f"trained {steps} steps (simulated)", now=self.repo.clock()),
+                              progress=Progress(step=steps, steps=steps, step_time_s=step_time,
+                                                tokens_per_s=r.spec.tokens_per_step / step_time if step_time else None))
+            try:
+                await self.repo.transition(sj, new)
+                return True
+            except CompareFailedError:
+                continue
+        return False
+
+    async def _run(self, job_id: str, attempt: int) -> None:
+        try:
+            sj = await self.repo.get(job_id)
+            r = sj.record
+            predicted = r.spec.steps * (r.plan.step_time_s if r.plan else 0.0)
+            duration = min(self.max_s, max(self.min_s, predicted * self.scale))
+            if r.state is JobState.PLACED:
+                await self._advance(job_id, attempt, JobState.RUNNING)
+            await asyncio.sleep(duration)
+            if await self._advance(job_id, attempt, JobState.SUCCEEDED) and self.on_done is not None:
+                self.on_done.set()
+        except (UnavailableError, asyncio.CancelledError):
+            return
+        except SpiderFlowError:
+            log.exception("scheduler.sim_executor_error", job=job_id)
+
+
+class SchedulerReplica:
+    """One scheduler process: campaigns, and while leader runs cycles until leadership is lost."""
+
+    def __init__(self, store: Store, repo: JobRepository, topology: TopologySource, *, address: str,
+                 default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
+                 wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget) -> None:
+        self.store = store
+        self.repo = repo
+        self.topology = topology
+        self.address = address
+        self.executor = executor
+        self.wake = wake
+        self.cycle_interval = cycle_interval
+        self.lease_ttl = lease_ttl
+        self.is_leader = False
+        self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
+                                     budget=budget, on_placed=executor.arm if executor else None)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                lease = await self.store.grant(self.lease_ttl)
+                campaign = asyncio.create_task(
+                    self.store.campaign(keys.election_name(keys.SCHEDULER), self.address.encode(), lease))
+                stopper = asyncio.create_task(stop.wait())
+                done, _ = await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if stopper in done:
+                    campaign.cancel()
+                    with contextlib.suppress(BaseException):
+                        await campaign
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                    return
+                stopper.cancel()
+                leadership = campaign.result()
+            except (UnavailableError, ConflictError) as e:
+                log.info("scheduler.campaign_retry", error=str(e))
+                await asyncio.sleep(0.5)
+                continue
+            log.info("scheduler.leader", address=self.address, lease=lease.id)
+            self.is_leader = True
+            try:
+                await self._lead(leadership.lost, stop)
+            finally:
+                self.is_leader = False
+                if self.executor:
+                    self.executor.stop()
+                if stop.is_set():
+                    with contextlib.suppress(SpiderFlowError):
+                        await leadership.resign()
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                log.info("scheduler.leadership_ended", address=self.address, stopping=stop.is_set())
+
+    async def _lead(self, lost: asyncio.Event, stop: asyncio.Event) -> None:
+        watcher = asyncio.create_task(self._watch_topology())
+        try:
+            if self.executor:
+                await self.executor.adopt()
+            self.wake.set()
+            while not lost.is_set() and not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wait_any(self.wake, lost, stop), timeout=self.cycle_interval)
+                if lost.is_set() or stop.is_set():
+                    return
+                self.wake.clear()
+                try:
+                    report = await self.cycle.run()
+                    if report.conflict or report.rescheduled:
+                        self.wake.set()
+                except UnavailableError as e:
+                    log.warning("scheduler.cycle_unavailable", error=str(e))
+                    await asyncio.sleep(0.5)
+        finally:
+            watcher.cancel()
+
+    @staticmethod
+    async def _wait_any(*events: asyncio.Event) -> None:
+        tasks = [asyncio.create_task(e.wait()) for e in events]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _watch_topology(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            async for _ in self.topology.changes():
+                self.wake.set()
+
+
+def planner_finalizer(address: str) -> PlanFinalizer:
+    """The final plan of the policy's chain from the Planner service at ``address``."""
+    from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
+    from spiderflow.rpc import convert
+    from spiderflow.rpc.errors import domain_errors
+    from spiderflow.rpc.server import open_channel
+
+    stub = planner_pb2_grpc.PlannerStub(open_channel(address))
+
+    async def finalize(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
+        req = planner_pb2.PlanRequest(topology=convert.topology_to_proto(topo), job=convert.job_to_proto(job))
+        req.chain.clusters.extend(plan.chain)
+        with domain_errors():
+            resp = await stub.Plan(req, timeout=30.0)
+        final = convert.plan_from_proto(resp.plan)
+        # The planner may use a chain cluster's GPUs up to the job maximum; never beyond the policy's choice.
+        return final if all(final.gpus_by_cluster().get(c, 0) <= g for c, g in plan.gpus_by_cluster().items()) \
+            else plan
+
+    return finalize
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    from spiderflow.store.etcd import EtcdStore
+
+    host, port = parse_hostport(args.listen, field="--listen")
+    parse_hostport(args.etcd, field="--etcd")
+    store = EtcdStore(args.etcd)
+    repo = JobRepository(store)
+    wake = asyncio.Event()
+    topology: TopologySource = (StaticTopologySource.from_file(args.topology) if args.topology
+                                else TopologyServiceSource(args.topology_service))
+    executor = (SimExecutor(repo, scale=args.sim_time_scale, min_s=args.sim_min_s, max_s=args.sim_max_s,
+                            on_done=wake) if args.executor == "sim" else None)
+    server = await serve([SchedulerService(repo, max_queued=args.max_queued, wake=wake)], host=host, port=port)
+    replica = SchedulerReplica(
+        store, repo, topology, address=server.address, default_policy=args.policy,
+        finalize=planner_finalizer(args.planner) if args.planner else None, executor=executor, wake=wake,
+        cycle_interval=args.cycle_interval, lease_ttl=args.lease_ttl, budget=Budget(time_limit_s=args.time_limit),
+    )
+    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
+    log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor)
+    task = asyncio.create_task(replica.run(stop))
+    await stop.wait()
+    await server.stop(grace_s=2)
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await asyncio.wait_for(task, timeout=5)
+    await topology.close()
+    await store.close()

@@ -1,0 +1,211 @@
+"""Jobs, allocations and assignments in etcd: every write of the scheduler goes through here.
+
+Invariants (each write is one :meth:`~spiderflow.store.base.Store.commit`, so they hold at every
+etcd revision, whichever replica wrote and whenever a process died):
+
+1. A job record exists iff its request key exists (submission writes both, or neither).
+2. A job holds GPUs (``allocations/<cluster>`` lists it) iff its record is PLACED or RUNNING, and then
+   the record's ``allocation`` equals what the allocation keys list for it.
+3. For every cluster, the GPUs listed in ``allocations/<cluster>`` never exceed what the topology offered
+   when the bind was decided: binds compare every allocation key they change on the ``mod_revision``
+   they read, so two concurrent binds can never both spend the same free GPU.
+4. Every state change is a compare-and-swap on the job record's ``mod_revision`` (a lost race raises
+   :class:`~spiderflow.store.base.CompareFailedError` and writes nothing).
+
+Allocation values are JSON ``{"<job>": gpus}``; assignment values are the cluster's stages of the plan
+(``{"job", "attempt", "stages": [...], "plan": {...}, "spec": {...}}``) for its agent to execute.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from spiderflow.domain import JobSpec, Plan
+from spiderflow.errors import AlreadyExistsError, NotFoundError, ValidationError
+from spiderflow.formats import job_to_dict
+from spiderflow.jobs import TERMINAL, JobRecord, JobState, plan_to_dict
+from spiderflow.store import keys
+from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store, WatchEvent
+
+__all__ = ["REQUESTS", "JobRepository", "StoredJob", "request_key"]
+
+REQUESTS = keys.ROOT + "requests/"
+
+
+def request_key(request_id: str) -> str:
+    """Idempotency record of a submission (value: the job id)."""
+    if not request_id or len(request_id) > 128 or "/" in request_id:
+        raise ValidationError("request_id", "must be 1–128 characters without '/'", request_id)
+    return REQUESTS + request_id
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredJob:
+    """A job record with the etcd revision it was read at (the CAS token for its next write)."""
+
+    record: JobRecord
+    mod_revision: int
+
+
+def _decode_alloc(kv: KeyValue | None) -> dict[str, int]:
+    if kv is None:
+        return {}
+    doc = json.loads(kv.value)
+    return {str(k): int(v) for k, v in doc.items()}
+
+
+def _encode(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+class JobRepository:
+    """Typed access to the scheduler's keys over a :class:`Store`. ``clock`` gives wall time (seconds)."""
+
+    def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> StoredJob:
+        kv = await self.store.get(keys.job_key(job_id))
+        if kv is None:
+            raise NotFoundError(f"job {job_id!r} not found")
+        return StoredJob(record=JobRecord.from_json(kv.value), mod_revision=kv.mod_revision)
+
+    async def list(self) -> tuple[list[StoredJob], int]:
+        """Every job (sorted by id) and the revision of the read."""
+        items, rev = await self.store.get_prefix(keys.JOBS)
+        return [StoredJob(record=JobRecord.from_json(kv.value), mod_revision=kv.mod_revision) for kv in items], rev
+
+    async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+        """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""
+        items, rev = await self.store.get_prefix(keys.ALLOCATIONS)
+        allocs: dict[str, dict[str, int]] = {}
+        revs: dict[str, int] = {}
+        for kv in items:
+            name = keys.name_of(kv.key, keys.ALLOCATIONS)
+            allocs[name] = _decode_alloc(kv)
+            revs[name] = kv.mod_revision
+        return allocs, revs, rev
+
+    def watch(self, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
+        return self.store.watch_prefix(keys.JOBS, start_revision=start_revision)
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    async def submit(self, spec: JobSpec, request_id: str, *, policy: str = "") -> tuple[StoredJob, bool]:
+        """Create the job, or return the one this ``request_id`` created before (``created`` False).
+
+        A job id already taken by a *different* request raises :class:`AlreadyExistsError`.
+        """
+        rkey = request_key(request_id)
+        jkey = keys.job_key(spec.id)
+        record = replace(JobRecord.new(spec, request_id=request_id, now=self.clock()), policy=policy)
+        for _ in range(3):
+            try:
+                rev = await self.store.commit(
+                    [Compare(key=rkey, mod_revision=0), Compare(key=jkey, mod_revision=0)],
+                    [Put(key=rkey, value=spec.id.encode()), Put(key=jkey, value=record.to_json())],
+                    [],
+                )
+                return StoredJob(record=record, mod_revision=rev), True
+            except CompareFailedError:
+                existing = await self.store.get(rkey)
+                if existing is not None:
+                    job_id = existing.value.decode()
+                    stored = await self.get(job_id)
+                    if job_id != spec.id or stored.record.spec != spec:
+                        raise AlreadyExistsError(
+                            f"request_id {request_id!r} was already used for job {job_id!r} with a different spec"
+                        ) from None
+                    return stored, False
+                if await self.store.get(jkey) is not None:
+                    raise AlreadyExistsError(f"job id {spec.id!r} is already taken by another request") from None
+        raise AlreadyExistsError(f"job id {spec.id!r} could not be created (concurrent submissions)")
+
+    async def update(self, stored: StoredJob, new: JobRecord) -> StoredJob:
+        """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""
+        rev = await self.store.compare_and_swap(keys.job_key(new.id), new.to_json(), stored.mod_revision)
+        return StoredJob(record=new, mod_revision=rev)
+
+    async def bind(
+        self,
+        stored: StoredJob,
+        placed: JobRecord,
+        allocation_revisions: Mapping[str, int],
+        current_allocations: Mapping[str, Mapping[str, int]],
+    ) -> StoredJob:
+        """Bind a placement atomically: job record (→ PLACED), the allocation keys of its clusters, and one
+        assignment per cluster for its agent. Every key changed is compared on the revision read."""
+        assert placed.plan is not None
+        compares = [Compare(key=keys.job_key(placed.id), mod_revision=stored.mod_revision)]
+        puts = [Put(key=keys.job_key(placed.id), value=placed.to_json())]
+        for cluster, gpus in placed.allocation.items():
+            akey = keys.allocation_key(cluster)
+            compares.append(Compare(key=akey, mod_revision=allocation_revisions.get(cluster, 0)))
+            updated = {**current_allocations.get(cluster, {}), placed.id: gpus}
+            puts.append(Put(key=akey, value=_encode(updated)))
+            puts.append(Put(key=keys.assignment_key(cluster, placed.id),
+                            value=_encode(self._assignment(placed, placed.plan, cluster))))
+        rev = await self.store.commit(compares, puts, [])
+        return StoredJob(record=placed, mod_revision=rev)
+
+    async def release(self, stored: StoredJob, new: JobRecord) -> StoredJob:
+        """Write ``new`` (a state that holds no GPUs) and return the GPUs ``stored`` held, atomically.
+
+        Reads the allocation keys of the job's clusters and compares them, retrying on a concurrent
+        change of an allocation key (never of the job record itself: that conflict is the caller's)."""
+        held = stored.record.allocation
+        for _ in range(20):
+            compares = [Compare(key=keys.job_key(new.id), mod_revision=stored.mod_revision)]
+            puts = [Put(key=keys.job_key(new.id), value=new.to_json())]
+            deletes: list[str] = []
+            for cluster in held:
+                akey = keys.allocation_key(cluster)
+                kv = await self.store.get(akey)
+                alloc = _decode_alloc(kv)
+                compares.append(Compare(key=akey, mod_revision=kv.mod_revision if kv else 0))
+                alloc.pop(new.id, None)
+                if alloc:
+                    puts.append(Put(key=akey, value=_encode(alloc)))
+                elif kv is not None:
+                    deletes.append(akey)
+                deletes.append(keys.assignment_key(cluster, new.id))
+            try:
+                rev = await self.store.commit(compares, puts, deletes)
+                return StoredJob(record=new, mod_revision=rev)
+            except CompareFailedError as e:
+                if keys.job_key(new.id) in e.current:
+                    raise
+        raise CompareFailedError({keys.ALLOCATIONS: 0})
+
+    async def transition(self, stored: StoredJob, new: JobRecord) -> StoredJob:
+        """Apply a state change, releasing GPUs when ``new`` no longer holds them."""
+        if stored.record.allocation and not new.allocation:
+            return await self.release(stored, new)
+        return await self.update(stored, new)
+
+    @staticmethod
+    def _assignment(record: JobRecord, plan: Plan, cluster: str) -> dict[str, Any]:
+        return {
+            "job": record.id,
+            "attempt": record.attempt,
+            "stages": [i for i, s in enumerate(plan.stages) if s.cluster == cluster],
+            "plan": plan_to_dict(plan),
+            "spec": job_to_dict(record.spec),
+        }
+
+
+def holding(records: Iterable[JobRecord]) -> dict[str, int]:
+    """GPUs held per cluster by ``records`` (PLACED/RUNNING)."""
+    out: dict[str, int] = {}
+    for r in records:
+        if r.state in (JobState.PLACED, JobState.RUNNING) and r.state not in TERMINAL:
+            for c, g in r.allocation.items():
+                out[c] = out.get(c, 0) + g
+    return out

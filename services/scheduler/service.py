@@ -1,0 +1,255 @@
+"""The Scheduler gRPC service (``spiderflow.scheduler.v1.Scheduler``): the job API.
+
+Any replica answers every RPC (all state is in etcd; writes are compare-and-swap transactions through
+:class:`~services.scheduler.repo.JobRepository`); only the elected leader runs scheduling cycles
+(:mod:`services.scheduler.cycle`). The servicer converts, validates, and delegates:
+
+- SubmitJob: the job spec is the trace file's job object; ``request_id`` makes it idempotent (a retry
+  returns the same job, ``created=false``); a job id taken by another request → ALREADY_EXISTS; a full
+  queue → RESOURCE_EXHAUSTED. Validation happens before anything is written (INVALID_ARGUMENT naming the
+  field), so etcd never holds a part of a malformed job.
+- GetJob / ListJobs (state and tenant filters, pages in submission order) / WatchJob (the record, then
+  every state change and, on request, progress, until a terminal state) / CancelJob (releases GPUs;
+  FAILED_PRECONDITION for a finished job).
+- ReportProgress: agents report steps and worker outcomes; stale attempts are ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc.aio
+import structlog
+from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
+
+from services.scheduler.repo import JobRepository, StoredJob
+from spiderflow.errors import NotFoundError, PreconditionError, ResourceExhaustedError, ValidationError
+from spiderflow.jobs import JobRecord, JobState, Progress, Transition
+from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.rpc import convert
+from spiderflow.rpc.errors import map_domain_errors
+from spiderflow.store import keys
+from spiderflow.store.base import CompareFailedError, EventType
+
+__all__ = ["SchedulerService", "job_to_proto"]
+
+log = structlog.get_logger(__name__)
+
+MAX_PAGE = 1000
+DEFAULT_PAGE = 100
+
+
+def _ts(t: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(t * 1e9))
+    return ts
+
+
+def _state(s: JobState | None) -> types_pb2.JobState:
+    return types_pb2.JOB_STATE_UNSPECIFIED if s is None else convert.job_state_to_proto(s.value)
+
+
+def transition_to_proto(t: Transition) -> scheduler_pb2.StateTransition:
+    return scheduler_pb2.StateTransition(from_state=_state(t.from_state), to_state=_state(t.to_state),
+                                         reason=t.reason, time=_ts(t.at))
+
+
+def progress_to_proto(r: JobRecord) -> types_pb2.ProgressEvent:
+    p = r.progress
+    return types_pb2.ProgressEvent(
+        job_id=r.id, attempt=r.attempt, step=p.step, steps_total=p.steps or r.spec.steps, loss=p.loss or 0.0,
+        tokens_per_s=p.tokens_per_s or 0.0, step_time_s=p.step_time_s or 0.0, time=_ts(r.updated_at),
+    )
+
+
+def job_to_proto(sj: StoredJob) -> scheduler_pb2.Job:
+    r = sj.record
+    msg = scheduler_pb2.Job(
+        spec=convert.job_to_proto(r.spec), state=_state(r.state), reason=r.reason, attempt=r.attempt,
+        history=[transition_to_proto(t) for t in r.history], request_id=r.request_id, policy=r.policy,
+        submitted_at=_ts(r.created_at), updated_at=_ts(r.updated_at), revision=sj.mod_revision,
+    )
+    if r.plan is not None:
+        msg.plan.CopyFrom(convert.plan_to_proto(r.plan))
+    if r.progress.step:
+        msg.progress.CopyFrom(progress_to_proto(r))
+    return msg
+
+
+@map_domain_errors
+class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
+    """``max_queued`` bounds PENDING+RESCHEDULING jobs; ``wake`` is called after writes that give the
+    leader work (a submission, a cancellation, a finished job)."""
+
+    def __init__(self, repo: JobRepository, *, max_queued: int = 10_000, wake: asyncio.Event | None = None,
+                 known_policies: frozenset[str] | None = None) -> None:
+        self.repo = repo
+        self.max_queued = max_queued
+        self.wake = wake
+        self.known_policies = known_policies
+        self._queued_cache: tuple[float, int] = (0.0, 0)
+
+    def _poke(self) -> None:
+        if self.wake is not None:
+            self.wake.set()
+
+    async def _queued(self) -> int:
+        at, n = self._queued_cache
+        if time.monotonic() - at < 1.0:
+            return n
+        stored, _ = await self.repo.list()
+        n = sum(1 for s in stored if s.record.state in (JobState.PENDING, JobState.RESCHEDULING))
+        self._queued_cache = (time.monotonic(), n)
+        return n
+
+    async def SubmitJob(
+        self, request: scheduler_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SubmitJobResponse:
+        if not request.request_id:
+            raise ValidationError("request_id", "is required (a client-chosen id that makes retries safe)")
+        if not request.HasField("job"):
+            raise ValidationError("job", "is required")
+        spec = convert.job_from_proto(request.job)
+        if request.policy:
+            from spiderflow.placement import get_policy
+
+            get_policy(request.policy)  # ValidationError(policy) for an unknown name
+        if await self._queued() >= self.max_queued:
+            raise ResourceExhaustedError(f"the queue holds {self.max_queued} jobs; retry later")
+        stored, created = await self.repo.submit(spec, request.request_id, policy=request.policy)
+        if created:
+            log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
+            self._poke()
+        return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)
+
+    async def GetJob(
+        self, request: scheduler_pb2.GetJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetJobResponse:
+        _require_id(request.job_id)
+        return scheduler_pb2.GetJobResponse(job=job_to_proto(await self.repo.get(request.job_id)))
+
+    async def ListJobs(
+        self, request: scheduler_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ListJobsResponse:
+        if request.page_size < 0:
+            raise ValidationError("page_size", "must be ≥ 0", request.page_size)
+        size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
+        try:
+            offset = int(request.page_token or "0")
+            if offset < 0:
+                raise ValueError
+        except ValueError:
+            raise ValidationError("page_token", "is not a token this server issued", request.page_token) from None
+        states = {JobState(convert.job_state_from_proto(s, field="states").upper()) for s in request.states}
+        stored, _ = await self.repo.list()
+        rows = [s for s in stored
+                if (not states or s.record.state in states) and (not request.tenant or s.record.spec.tenant ==
+                                                                  request.tenant)]
+        rows.sort(key=lambda s: (s.record.created_at, s.record.id))
+        page = rows[offset: offset + size]
+        nxt = str(offset + size) if offset + size < len(rows) else ""
+        return scheduler_pb2.ListJobsResponse(jobs=[job_to_proto(s) for s in page], next_page_token=nxt)
+
+    async def WatchJob(
+        self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
+        _require_id(request.job_id)
+        if request.from_revision < 0:
+            raise ValidationError("from_revision", "must be ≥ 0", request.from_revision)
+        current = await self.repo.get(request.job_id)
+        yield scheduler_pb2.WatchJobResponse(revision=current.mod_revision, job=job_to_proto(current))
+        if current.record.terminal:
+            return
+        last = current.record
+        start = max(request.from_revision, current.mod_revision) + 1
+        watch = self.repo.store.watch_prefix(keys.job_key(request.job_id), start_revision=start)
+        try:
+            async for ev in watch:
+                if ev.key != keys.job_key(request.job_id):
+                    continue
+                if ev.type is EventType.DELETE:
+                    return
+                rec = JobRecord.from_json(ev.value)
+                for t in rec.history[len(last.history):]:
+                    yield scheduler_pb2.WatchJobResponse(revision=ev.mod_revision,
+                                                         state_change=transition_to_proto(t))
+                if request.include_progress and rec.progress != last.progress and rec.progress.step:
+                    yield scheduler_pb2.WatchJobResponse(revision=ev.mod_revision, progress=progress_to_proto(rec))
+                last = rec
+                if rec.terminal:
+                    return
+        finally:
+            await watch.aclose()
+
+    async def CancelJob(
+        self, request: scheduler_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.CancelJobResponse:
+        _require_id(request.job_id)
+        for _ in range(10):
+            stored = await self.repo.get(request.job_id)
+            if stored.record.terminal:
+                raise PreconditionError(f"job {request.job_id} already ended ({stored.record.state})")
+            reason = request.reason or "cancelled by the user"
+            try:
+                done = await self.repo.transition(stored, stored.record.to(JobState.CANCELLED, reason,
+                                                                           now=self.repo.clock()))
+            except CompareFailedError:
+                continue
+            log.info("scheduler.cancelled", job=request.job_id, reason=reason)
+            self._poke()
+            return scheduler_pb2.CancelJobResponse(job=job_to_proto(done))
+        raise PreconditionError(f"job {request.job_id} is changing too fast to cancel; retry")
+
+    async def ReportProgress(
+        self, request: scheduler_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.ReportProgressResponse:
+        _require_id(request.job_id)
+        for _ in range(10):
+            stored = await self.repo.get(request.job_id)
+            r = stored.record
+            if r.terminal or request.attempt != r.attempt:
+                return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
+            if request.cluster and request.cluster not in r.allocation:
+                raise NotFoundError(f"cluster {request.cluster!r} runs no stage of job {r.id}")
+            new = r
+            if request.progress:
+                ev = max(request.progress, key=lambda e: e.step)
+                if ev.step > r.progress.step:
+                    new = _with_progress(new, ev, now=self.repo.clock())
+            if new.state is JobState.PLACED and (request.progress or request.outcomes):
+                new = new.to(JobState.RUNNING, "workers started", now=self.repo.clock())
+            failed = [o for o in request.outcomes if not o.succeeded]
+            if failed:
+                new = new.to(JobState.FAILED, f"stage {failed[0].stage} failed: {failed[0].error}".strip(),
+                             now=self.repo.clock())
+            elif request.outcomes and r.plan is not None and any(
+                    o.stage == len(r.plan.stages) - 1 for o in request.outcomes):
+                new = new.to(JobState.SUCCEEDED, f"trained {r.spec.steps} steps", now=self.repo.clock())
+            if new == r:
+                return scheduler_pb2.ReportProgressResponse(accepted=True, stop=False)
+            try:
+                await self.repo.transition(stored, new)
+            except CompareFailedError:
+                continue
+            if new.terminal:
+                self._poke()
+            return scheduler_pb2.ReportProgressResponse(accepted=True, stop=new.terminal)
+        raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
+
+
+def _require_id(job_id: str) -> None:
+    if not job_id:
+        raise ValidationError("job_id", "is required")
+
+
+def _with_progress(r: JobRecord, ev: types_pb2.ProgressEvent, *, now: float) -> JobRecord:
+    from dataclasses import replace
+
+    return replace(r, updated_at=now, progress=Progress(
+        step=int(ev.step), steps=int(ev.steps_total or r.spec.steps), loss=ev.loss, step_time_s=ev.step_time_s,
+        tokens_per_s=ev.tokens_per_s, checkpoint_step=r.progress.checkpoint_step,
+    ))
+
