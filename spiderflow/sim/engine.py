@@ -298,6 +298,9 @@ class _Sim:
         self.cycle_pending = False
         self.version = 0
         self.snapshot: Topology | None = None
+        self.free_cache: dict[str, int] | None = None
+        self.total_free_cache = 0
+        self.qcache: dict[str, tuple[tuple[float, int, float | None], QueuedJob]] = {}
         self.decision_times: list[float] = []
         self.sim_overhead = 0.0
         self.queue_overhead = 0.0
@@ -356,7 +359,18 @@ class _Sim:
 
     # -- GPU accounting -------------------------------------------------------------------------------
     def _free(self) -> dict[str, int]:
-        return {c: (0 if c in self.lost else self.capacity[c] - self.used[c]) for c in self.capacity}
+        if self.free_cache is None:
+            self.free_cache = {c: (0 if c in self.lost else self.capacity[c] - self.used[c]) for c in self.capacity}
+            self.total_free_cache = sum(self.free_cache.values())
+        return self.free_cache
+
+    def _total_free(self) -> int:
+        self._free()
+        return self.total_free_cache
+
+    def _changed(self) -> None:
+        self.snapshot = None
+        self.free_cache = None
 
     def _snapshot(self) -> Topology:
         if self.snapshot is None:
@@ -379,7 +393,7 @@ class _Sim:
             if self.used[c] > self.capacity[c]:
                 self.violations.append(f"t={now}: {c} over-allocated ({self.used[c]} > {self.capacity[c]})")
         j.alloc = dict(alloc)
-        self.snapshot = None
+        self._changed()
 
     def _release(self, j: _Job, now: float) -> None:
         for c, g in j.alloc.items():
@@ -391,7 +405,7 @@ class _Sim:
         j.record.cost_usd += j.usd_per_s * (now - j.held_since)
         j.alloc = {}
         self.version += 1
-        self.snapshot = None
+        self._changed()
 
     # -- job progress ---------------------------------------------------------------------------------
     def _steps_at(self, j: _Job, t: float) -> float:
@@ -491,7 +505,7 @@ class _Sim:
             self.lost.discard(ev.cluster)
             self.pending_restores -= 1
         self.version += 1
-        self.snapshot = None
+        self._changed()
         for jid in list(self.running):
             j = self.jobs[jid]
             assert j.plan is not None
@@ -571,7 +585,12 @@ class _Sim:
         for jid in self.queue:
             j = self.jobs[jid]
             left = max(1, j.spec.steps - math.floor(j.steps_done))
-            qjobs.append(queued_job(j.spec, j.enqueued_s, steps_left=left, network_share=j.network_share))
+            key = (j.enqueued_s, left, j.network_share)
+            hit = self.qcache.get(jid)
+            if hit is None or hit[0] != key:
+                hit = (key, queued_job(j.spec, j.enqueued_s, steps_left=left, network_share=j.network_share))
+                self.qcache[jid] = hit
+            qjobs.append(hit[1])
         ordered = order(qjobs, clock, self.cfg.queue, self._network_utilization())
         q_elapsed = time.perf_counter() - t0
         self.queue_overhead += q_elapsed
@@ -583,8 +602,7 @@ class _Sim:
         tries_behind_head = 0
         for qj in ordered:
             j = self.jobs[qj.id]
-            free = self._free()
-            total_free = sum(free.values())
+            total_free = self._total_free()
             if head_seen and (not self.cfg.queue.backfill or tries_behind_head >= self.cfg.queue.backfill_depth):
                 break
             # Cheap filters first: they are not decisions and cost no scheduler time.
@@ -629,7 +647,7 @@ class _Sim:
         # running and no event can change the pool, whatever is left can never start.
         if self.queue and not self.running and not any(k in (_Ev.COMPLETE, _Ev.TOPOLOGY, _Ev.ARRIVAL)
                                                         for _, k, _, _ in self.heap):
-            total_free = sum(self._free().values())
+            total_free = self._total_free()
             if any(self._worth_trying(self.jobs[jid], total_free) for jid in self.queue):
                 self._request_cycle(clock)
                 return

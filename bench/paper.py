@@ -1,0 +1,247 @@
+"""Reproduce the paper's comparison in the simulator: SpinSearch against every baseline in one run.
+
+For each cluster count (default 8, 16, 32, 64; topologies from ``spiderflow.topogen``, kind ``geo``, fixed
+seed) one trace is generated against that topology's capacity, and every policy simulates the same trace
+on the same topology with the same queue policy. Budgets are stated in the output: policies that take a
+time limit (``ilp``, ``genetic``) get the same ``--time-limit`` per decision; SpinSearch, firstfit and bace
+take none. Decisions' wall time is measured (``--overhead measured``) and delays the jobs, as in the
+service.
+
+Figures, each a ratio against the best *baseline* of the same run (a baseline is any policy other than
+``spinsearch``):
+
+- ``jct_ratio`` = best baseline mean JCT / SpinSearch mean JCT (> 1: SpinSearch is better), computed over
+  the jobs every policy completed (so a policy that gives up on hard jobs gets no credit for it);
+- ``throughput_ratio`` = SpinSearch throughput / best baseline throughput;
+- ``overhead_ratio_<p>`` = mean per-decision overhead of ``p`` / SpinSearch's, for ``p`` in ilp, genetic;
+- cost run (``--cost``): SpinSearch with ``--objective cost`` and ``balanced`` against ``bace``: electricity
+  $ and mean JCT ratios.
+
+A separate scale run (``--scale-clusters 256 --scale-jobs 2000``) times the whole simulation of
+SpinSearch alone (wall clock of the run, the 10-minute target).
+
+Usage::
+
+    .venv/bin/python bench/paper.py --quick                 # 8 and 16 clusters, 30 jobs, 1 s limit
+    .venv/bin/python bench/paper.py --sizes 8,16,32,64 --jobs 200 --time-limit 5 --scale
+    .venv/bin/python bench/paper.py --scale-only
+
+Writes ``--out`` (JSON, default ``bench/paper-results.json``), a Markdown table (``.md`` next to it)
+and, with ``--plots DIR``, the figures of :mod:`spiderflow.sim.plots` including overhead vs clusters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from spiderflow.placement import REGISTRY, load_builtin_policies
+from spiderflow.placement.base import Objective
+from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.sim.metrics import summarize
+from spiderflow.sim.tracegen import generate_trace
+from spiderflow.topogen import generate_topology
+
+ALL_POLICIES = ("spinsearch", "ilp", "genetic", "firstfit", "bace")
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
+             objective: Objective = Objective.JCT) -> dict[str, Any]:
+    topo = generate_topology(clusters, seed, "geo")
+    trace = generate_trace(jobs, seed, load, topo)
+    cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=OverheadMode.MEASURED)
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "pool_gpus": topo.total_free_gpus,
+                           "links": len(topo.links), "policies": {}}
+    records: dict[str, dict[str, Any]] = {}
+    for p in policies:
+        t0 = time.perf_counter()
+        res = simulate(topo, trace, p, cfg)
+        wall = time.perf_counter() - t0
+        s = summarize(res)
+        s["wall_s"] = wall
+        out["policies"][p] = s
+        records[p] = {r.id: r for r in res.records}
+        print(f"  {clusters:>4} clusters {p:>10}: {s['completed']}/{jobs} done, mean JCT "
+              f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['throughput_tokens_per_s']:.4g} tok/s, "
+              f"{s['decisions']} decisions, {s['overhead_per_decision_mean_s'] or 0:.4f} s/decision, "
+              f"wall {wall:.1f} s", flush=True)
+    common = set.intersection(*({k for k, r in recs.items() if r.status == "completed"} for recs in records.values()))
+    out["common_completed"] = len(common)
+    for p in policies:
+        jcts = [records[p][k].jct_s for k in common]
+        out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
+    out["ratios"] = ratios(out["policies"])
+    return out
+
+
+def ratios(pol: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The figures of the module docstring (``None`` where a policy is missing or a value undefined)."""
+    if "spinsearch" not in pol:
+        return {}
+    ss = pol["spinsearch"]
+    base = {k: v for k, v in pol.items() if k != "spinsearch"}
+    r: dict[str, Any] = {}
+    jcts = {k: v["mean_jct_common_s"] for k, v in base.items() if v.get("mean_jct_common_s")}
+    if jcts and ss.get("mean_jct_common_s"):
+        best = min(jcts, key=lambda k: jcts[k])
+        r["jct_best_baseline"] = best
+        r["jct_ratio"] = jcts[best] / ss["mean_jct_common_s"]
+    thr = {k: v["throughput_tokens_per_s"] for k, v in base.items() if v.get("throughput_tokens_per_s")}
+    if thr and ss.get("throughput_tokens_per_s"):
+        best = max(thr, key=lambda k: thr[k])
+        r["throughput_best_baseline"] = best
+        r["throughput_ratio"] = ss["throughput_tokens_per_s"] / thr[best]
+    for p in ("ilp", "genetic", "firstfit", "bace"):
+        if p in base and base[p].get("overhead_per_decision_mean_s") and ss.get("overhead_per_decision_mean_s"):
+            r[f"overhead_ratio_{p}"] = base[p]["overhead_per_decision_mean_s"] / ss["overhead_per_decision_mean_s"]
+            r[f"total_overhead_ratio_{p}"] = (base[p]["sched_overhead_s"] / ss["sched_overhead_s"]
+                                              if ss["sched_overhead_s"] else None)
+    return r
+
+
+def cost_run(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float) -> dict[str, Any]:
+    topo = generate_topology(clusters, seed, "geo")
+    trace = generate_trace(jobs, seed, load, topo)
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "runs": {}}
+    runs = [("bace", Objective.JCT), ("spinsearch", Objective.JCT), ("spinsearch", Objective.COST),
+            ("spinsearch", Objective.BALANCED)]
+    for p, obj in runs:
+        if p not in REGISTRY:
+            continue
+        cfg = SimConfig(objective=obj, seed=seed, time_limit_s=time_limit)
+        s = summarize(simulate(topo, trace, p, cfg))
+        key = f"{p}/{obj.value}"
+        out["runs"][key] = {k: s[k] for k in ("completed", "mean_jct_s", "cost_usd", "throughput_tokens_per_s")}
+        print(f"  cost run {key:>22}: ${s['cost_usd']:.4g}, mean JCT {(s['mean_jct_s'] or 0) / 3600:.2f} h, "
+              f"{s['completed']} done", flush=True)
+    b = out["runs"].get("bace/jct")
+    if b:
+        for key, v in out["runs"].items():
+            if key.startswith("spinsearch") and b["cost_usd"] and b["mean_jct_s"] and v["mean_jct_s"]:
+                v["cost_vs_bace"] = v["cost_usd"] / b["cost_usd"] - 1.0
+                v["jct_vs_bace"] = v["mean_jct_s"] / b["mean_jct_s"] - 1.0
+    return out
+
+
+def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str = "spinsearch") -> dict[str, Any]:
+    t0 = time.perf_counter()
+    topo = generate_topology(clusters, seed, "geo")
+    trace = generate_trace(jobs, seed, load, topo)
+    t1 = time.perf_counter()
+    res = simulate(topo, trace, policy, SimConfig(seed=seed))
+    wall = time.perf_counter() - t0
+    s = summarize(res)
+    print(f"  scale {clusters} clusters x {jobs} jobs ({policy}): {wall:.1f} s wall (setup {t1 - t0:.1f} s), "
+          f"{s['decisions']} decisions, {s['completed']} done", flush=True)
+    return {"clusters": clusters, "jobs": jobs, "policy": policy, "wall_s": wall, "setup_s": t1 - t0,
+            "summary": {k: v for k, v in s.items() if k != "violations"}}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ", f"Budgets: {doc['budgets']}", ""]
+    lines.append("| clusters | policy | done | mean JCT h (common) | p95 JCT h | tokens/s | decisions | "
+                 "s/decision | total overhead s | util | $ |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    for size in doc["sizes"]:
+        for p, s in size["policies"].items():
+            lines.append(
+                f"| {size['clusters']} | {p} | {s['completed']}/{size['jobs']} | "
+                f"{(s['mean_jct_common_s'] or 0) / 3600:.2f} | {(s['p95_jct_s'] or 0) / 3600:.2f} | "
+                f"{s['throughput_tokens_per_s']:.4g} | {s['decisions']} | "
+                f"{s['overhead_per_decision_mean_s'] or 0:.4g} | {s['sched_overhead_s']:.4g} | "
+                f"{s['gpu_utilization']:.2f} | {s['cost_usd']:.4g} |")
+    lines += ["", "| clusters | JCT ratio (vs best baseline) | throughput ratio | overhead ilp/ss | "
+              "overhead genetic/ss |", "|---|---|---|---|---|"]
+
+    def f(x: Any) -> str:
+        return "–" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
+
+    for size in doc["sizes"]:
+        r = size["ratios"]
+        lines.append(f"| {size['clusters']} | {f(r.get('jct_ratio'))} ({r.get('jct_best_baseline', '–')}) | "
+                     f"{f(r.get('throughput_ratio'))} ({r.get('throughput_best_baseline', '–')}) | "
+                     f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} |")
+    if doc.get("cost"):
+        lines += ["", "| cost run | done | mean JCT h | $ | $ vs bace | JCT vs bace |", "|---|---|---|---|---|---|"]
+        for key, v in doc["cost"]["runs"].items():
+            lines.append(f"| {key} | {v['completed']} | {(v['mean_jct_s'] or 0) / 3600:.2f} | {v['cost_usd']:.4g} | "
+                         f"{f(v.get('cost_vs_bace'))} | {f(v.get('jct_vs_bace'))} |")
+    if doc.get("scale"):
+        s = doc["scale"]
+        lines += ["", f"Scale run: {s['clusters']} clusters × {s['jobs']} jobs with {s['policy']}: "
+                      f"{s['wall_s']:.1f} s wall, {s['summary']['decisions']} decisions, "
+                      f"{s['summary']['completed']} completed."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="8,16,32,64")
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--time-limit", type=float, default=5.0, help="per-decision limit for ilp and genetic (s)")
+    ap.add_argument("--policies", default=",".join(ALL_POLICIES))
+    ap.add_argument("--quick", action="store_true", help="sizes 8,16; 30 jobs; 1 s limit; small cost run")
+    ap.add_argument("--cost", action="store_true", help="also run the cost-objective comparison against bace")
+    ap.add_argument("--scale", action="store_true", help="also run the 256-cluster scale run")
+    ap.add_argument("--scale-only", action="store_true")
+    ap.add_argument("--scale-clusters", type=int, default=256)
+    ap.add_argument("--scale-jobs", type=int, default=2000)
+    ap.add_argument("--out", type=Path, default=Path("bench/paper-results.json"))
+    ap.add_argument("--plots", type=Path)
+    args = ap.parse_args(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    load_builtin_policies()
+    if args.quick:
+        args.sizes, args.jobs, args.time_limit, args.cost = "8,16", 30, 1.0, True
+    wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
+    policies = [p for p in wanted if p in REGISTRY]
+    missing = [p for p in wanted if p not in REGISTRY]
+    if missing:
+        print(f"not registered (skipped): {', '.join(missing)}", flush=True)
+    doc: dict[str, Any] = {
+        "command": " ".join(["bench/paper.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": f"{platform.machine()}, {platform.python_version()}, 2 shared cores",
+        "budgets": {"ilp": f"{args.time_limit} s per decision", "genetic": f"{args.time_limit} s per decision",
+                    "spinsearch": "none (runs to completion)", "firstfit": "none", "bace": "none"},
+        "seed": args.seed, "load": args.load, "policies": policies, "missing": missing, "sizes": [],
+    }
+    if not args.scale_only:
+        for n in [int(x) for x in args.sizes.split(",") if x]:
+            doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
+                                         time_limit=args.time_limit))
+        if args.cost:
+            n = int(args.sizes.split(",")[0])
+            doc["cost"] = cost_run(n, args.jobs, seed=args.seed, load=args.load, time_limit=args.time_limit)
+    if (args.scale or args.scale_only) and "spinsearch" in REGISTRY:
+        doc["scale"] = scale_run(args.scale_clusters, args.scale_jobs, seed=args.seed, load=args.load)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    md = markdown(doc)
+    args.out.with_suffix(".md").write_text(md, encoding="utf-8")
+    print(md)
+    if args.plots is not None and doc["sizes"]:
+        from spiderflow.sim.plots import plot_overhead_vs_clusters, plot_throughput_cost
+
+        args.plots.mkdir(parents=True, exist_ok=True)
+        rows = [{"clusters": s["clusters"], "policy": p, **v} for s in doc["sizes"] for p, v in s["policies"].items()]
+        plot_overhead_vs_clusters(rows, args.plots / "overhead_vs_clusters.png")
+        plot_throughput_cost(doc["sizes"][-1]["policies"], args.plots / "throughput_cost.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
