@@ -151,3 +151,32 @@ async def test_stopped_or_missing_etcd_is_unavailable(etcd: EtcdProcess) -> None
 def test_endpoint_is_validated() -> None:
     with pytest.raises(ValidationError):
         EtcdStore("localhost")
+
+
+async def test_leadership_and_observation_survive_restart(etcd: EtcdProcess) -> None:
+    store = EtcdStore(etcd.endpoint, request_timeout=1.0, stream_retry_s=15.0)
+    try:
+        lease_a = await store.grant(3)
+        lease_b = await store.grant(3)
+        a = await store.campaign("/el/svc", b"a", lease_a)
+        observed = store.observe("/el/svc")
+        assert (await asyncio.wait_for(observed.__anext__(), 5)).value == b"a"
+        b_task = asyncio.create_task(store.campaign("/el/svc", b"b", lease_b))
+        await asyncio.sleep(0.3)
+        etcd.restart()
+        await asyncio.sleep(1.0)
+        assert a.is_leader and not b_task.done()  # leases kept alive across the restart
+        leader = await eventually(lambda: store.leader("/el/svc"))
+        assert leader is not None and leader.key == a.key
+        await eventually(lambda: a.proclaim(b"a2"))
+        assert (await asyncio.wait_for(observed.__anext__(), 10)).value == b"a2"
+        await lease_a.revoke()
+        b = await asyncio.wait_for(b_task, 10)
+        assert b.is_leader
+        await asyncio.wait_for(a.wait_lost(), 5)
+        assert (await asyncio.wait_for(observed.__anext__(), 10)).value == b"b"
+        await observed.aclose()
+        await b.resign()
+        await lease_b.revoke()
+    finally:
+        await store.close()
