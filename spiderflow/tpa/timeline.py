@@ -1,7 +1,7 @@
 r"""Pipeline schedules and an exact event-level simulator of one training step.
 
-Op orders (per stage, per data-parallel replica): a list of ``(kind, micro_batch, chunk)`` with kind
-``"F"`` or ``"B"``. Generators (``S`` stages, ``m`` micro-batches of the replica, stage ``i``):
+Op orders (one per stage, shared by its data-parallel replicas): a list of ``(kind, micro_batch, chunk)``
+with kind ``"F"`` or ``"B"``. Generators (``S`` stages, ``m`` micro-batches, stage ``i``):
 
 * GPipe: ``F_0 … F_{m−1}, B_0 … B_{m−1}``; every micro-batch in flight.
 * 1F1B: ``w = min(m, S−i−1)`` warm-up forwards, then ``F, B`` pairs, then the remaining backwards;
@@ -14,11 +14,14 @@ Op orders (per stage, per data-parallel replica): a list of ``(kind, micro_batch
   A stage keeps injecting forwards while the gradients of earlier micro-batches are still crossing the
   slow links, so a round trip of ``2·Σ l`` is hidden behind ``S−i`` extra forwards instead of stalling.
 
-Simulator (:func:`simulate`): discrete events in time order. Each (stage, replica) is a sequential
-executor running its static op order; an op starts when the executor is free and its input has arrived:
+Simulator (:func:`simulate`): discrete events in time order. A stage dispatches its static op order
+in order to a pool of ``d`` data-parallel replicas (sequential executors): a forward of a new
+micro-batch goes to the free replica holding the fewest micro-batches (below its in-flight cap), which
+then owns that micro-batch (its other chunks and its backwards run there). An op is dispatched when its
+input has arrived and its replica is free:
 ``F(j, u)`` needs ``F(j, u−1)``'s activation, ``B(j, u)`` needs ``B(j, u+1)``'s gradient (the last
-virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage. Micro-batch
-``j`` runs on replica ``j mod d`` of a stage with ``d`` replicas. A transfer between different stages
+virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage (warm-ups of
+stages with replicas: :func:`stage_warmups`). A transfer between different stages
 takes the directed link ``(src, dst)`` for ``bytes / bandwidth`` seconds (FIFO: one transfer at a time per
 direction; the two directions are independent — full duplex) and arrives ``latency`` later.
 Compute per op: forward ``T/3``, backward ``2T/3`` (``T`` the cost model's fwd+bwd stage time), divided
@@ -47,11 +50,12 @@ __all__ = [
     "Timeline",
     "TransferRecord",
     "default_warmup",
+    "in_flight_cap",
     "plan_stage_timing",
-    "replica_ops",
     "simulate",
     "simulate_plan",
     "stage_ops",
+    "stage_warmups",
 ]
 
 Op = tuple[str, int, int]
@@ -109,15 +113,35 @@ def stage_ops(
     return ops
 
 
-def replica_ops(
-    schedule: Schedule, n_stages: int, m: int, stage: int, dp: int, replica: int, *, chunks: int = 1
-) -> list[Op]:
-    """The op order of one replica: the schedule over the replica's ``⌈(m − r)/d⌉`` micro-batches
-    ``r, r+d, …``, with micro-batch numbers mapped back to the global ones."""
-    local = len(range(replica, m, dp))
-    if local == 0:
-        return []
-    return [(k, j * dp + replica, c) for k, j, c in stage_ops(schedule, n_stages, local, stage, chunks=chunks)]
+def stage_warmups(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[int]:
+    """Warm-up forwards of each stage's *stage-wide* op order when stage ``i`` has ``replicas[i]``
+    data-parallel replicas.
+
+    Each replica of stage ``i`` may hold ``k_i`` micro-batches (:func:`in_flight_cap`), so the stage-wide
+    order may hold ``d_i·k_i``: ``w_i = min(d_i·k_i − 1, w_{i−1} − 1)`` (≥ 0). Strictly decreasing
+    warm-ups keep the orders deadlock-free and stop forwards and backwards convoying through stages
+    with equal warm-ups.
+    Interleaved and GPipe orders keep their own warm-ups.
+    """
+    n = len(replicas)
+    if schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
+        return [default_warmup(schedule, n, m, i, chunks=chunks) for i in range(n)]
+    out: list[int] = []
+    previous = m * n
+    for i, d in enumerate(replicas):
+        w = max(0, min(d * in_flight_cap(schedule, m, d, i, n) - 1, previous - 1))
+        out.append(w)
+        previous = w
+    return out
+
+
+def in_flight_cap(schedule: Schedule, m: int, dp: int, stage: int, n_stages: int) -> int:
+    """Micro-batches one replica may hold: the cost model's count (``min(⌈m/d⌉, φ·(S−i))``)."""
+    per_replica = math.ceil(m / dp)
+    if schedule is Schedule.GPIPE:
+        return per_replica
+    factor = 2 if schedule is Schedule.LATENCY_AWARE else 1
+    return min(per_replica, factor * (n_stages - stage))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +173,7 @@ class StageTiming:
     compute_s: float
     replicas: int = 1
     allreduce_s: float = 0.0
+    max_in_flight: int | None = None  # micro-batches one replica may hold (None: unbounded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -175,7 +200,7 @@ class Timeline:
 
 def simulate(
     stages: Sequence[StageTiming],
-    orders: Sequence[Sequence[Sequence[Op]]],
+    orders: Sequence[Sequence[Op]],
     serialise_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
     *,
@@ -183,21 +208,22 @@ def simulate(
 ) -> Timeline:
     """Run the event simulation of the module docstring.
 
-    ``orders[i][r]`` is replica ``r`` of stage ``i``'s op order; ``serialise_s[a][b]`` and ``latency_s[a][b]``
-    the seconds one activation (or gradient) occupies link ``a → b`` and its one-way latency.
+    ``orders[i]`` is stage ``i``'s op order; ``serialise_s[a][b]`` and ``latency_s[a][b]`` the seconds one
+    activation (or gradient) occupies link ``a → b`` and its one-way latency.
     """
     n = len(stages)
     v = chunks
     last_virtual = n * v - 1
-    execs: list[tuple[int, int]] = [(i, r) for i in range(n) for r in range(len(orders[i]))]
-    ptr = {e: 0 for e in execs}
-    busy = dict.fromkeys(execs, False)
+    ptr = [0] * n
+    free: list[list[bool]] = [[True] * st.replicas for st in stages]
+    owner: list[dict[int, int]] = [{} for _ in range(n)]
+    live: list[list[int]] = [[0] * st.replicas for st in stages]
     avail: dict[tuple[str, int, int], float] = {}
-    waiting: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+    waiting: dict[tuple[str, int, int], list[int]] = {}
     link_free: dict[tuple[int, int], float] = {}
     heap: list[tuple[float, int, int]] = []  # (time, 0 arrival | 1 op end, sequence number)
     arrivals: dict[int, tuple[str, int, int]] = {}
-    ends: dict[int, tuple[tuple[int, int], Op, float]] = {}
+    ends: dict[int, tuple[int, int, Op, float]] = {}
     seq = 0
     ops_out: list[OpRecord] = []
     xfers: list[TransferRecord] = []
@@ -209,9 +235,9 @@ def simulate(
         heapq.heappush(heap, (t, 0, seq))
         seq += 1
 
-    def push_end(t: float, e: tuple[int, int], op: Op, start: float) -> None:
+    def push_end(t: float, i: int, r: int, op: Op, start: float) -> None:
         nonlocal seq
-        ends[seq] = (e, op, start)
+        ends[seq] = (i, r, op, start)
         heapq.heappush(heap, (t, 1, seq))
         seq += 1
 
@@ -222,36 +248,49 @@ def simulate(
             return None if u == 0 else ("F", j, u - 1)
         return ("F", j, u) if u == last_virtual else ("B", j, u + 1)
 
-    def try_start(e: tuple[int, int], now: float) -> None:
-        if busy[e] or ptr[e] >= len(orders[e[0]][e[1]]):
-            return
-        op = orders[e[0]][e[1]][ptr[e]]
-        dep = need(op, e[0])
-        if dep is not None and dep not in avail:
-            waiting.setdefault(dep, []).append(e)
-            return
-        kind, _, _ = op
-        dur = stages[e[0]].compute_s * (1.0 / 3.0 if kind == "F" else 2.0 / 3.0) / v
-        busy[e] = True
-        push_end(now + dur, e, op, now)
+    def try_start(i: int, now: float) -> None:
+        """Dispatch stage ``i``'s ops in order while inputs and replicas allow."""
+        order = orders[i]
+        while ptr[i] < len(order):
+            op = order[ptr[i]]
+            dep = need(op, i)
+            if dep is not None and dep not in avail:
+                waiting.setdefault(dep, []).append(i)
+                return
+            kind, j, _ = op
+            r = owner[i].get(j)
+            if r is None:
+                cap = stages[i].max_in_flight
+                ready = [q for q, ok in enumerate(free[i]) if ok and (cap is None or live[i][q] < cap)]
+                if not ready:
+                    return  # every replica busy or full: retried when one finishes
+                r = min(ready, key=lambda q: (live[i][q], q))
+                owner[i][j] = r
+                live[i][r] += 1
+            elif not free[i][r]:
+                return  # the replica holding this micro-batch is busy
+            dur = stages[i].compute_s * (1.0 / 3.0 if kind == "F" else 2.0 / 3.0) / v
+            free[i][r] = False
+            ptr[i] += 1
+            push_end(now + dur, i, r, op, now)
 
     def release(key: tuple[str, int, int], t: float) -> None:
         avail[key] = t
-        for e in waiting.pop(key, []):
-            try_start(e, t)
+        for i in waiting.pop(key, []):
+            try_start(i, t)
 
-    for e in execs:
-        try_start(e, 0.0)
+    for i in range(n):
+        try_start(i, 0.0)
     while heap:
         t, kind_ev, sq = heapq.heappop(heap)
         if kind_ev == 0:
             release(arrivals.pop(sq), t)
             continue
-        e, op, start = ends.pop(sq)
-        i, r = e
+        i, r, op, start = ends.pop(sq)
         okind, j, c = op
-        busy[e] = False
-        ptr[e] += 1
+        free[i][r] = True
+        if okind == "B" and c == 0:
+            live[i][r] -= 1
         ops_out.append(OpRecord(stage=i, replica=r, kind=okind, micro_batch=j, chunk=c, start_s=start, end_s=t))
         stage_end[i] = max(stage_end[i], t)
         u = c * n + i
@@ -270,18 +309,16 @@ def simulate(
                 xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
                                             start_s=start_tx, end_s=arrive))
                 push_arrival(arrive, key)
-        try_start(e, t)
-    unfinished = [e for e in execs if ptr[e] < len(orders[e[0]][e[1]])]
-    if unfinished:
-        i, r = unfinished[0]
-        raise ScheduleDeadlockError(
-            f"op order deadlocks: stage {i} replica {r} waits at {orders[i][r][ptr[(i, r)]]}"
-        )
+        try_start(i, t)
+    stuck = [i for i in range(n) if ptr[i] < len(orders[i])]
+    if stuck:
+        i = stuck[0]
+        raise ScheduleDeadlockError(f"op order deadlocks: stage {i} waits at {orders[i][ptr[i]]}")
     makespan = max((o.end_s for o in ops_out), default=0.0)
     step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
     ops_out.sort(key=lambda o: (o.stage, o.replica, o.start_s))
     return Timeline(
-        n_stages=n, replicas=tuple(len(orders[i]) for i in range(n)), ops=tuple(ops_out),
+        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=tuple(ops_out),
         transfers=tuple(xfers), makespan_s=makespan, step_s=step,
     )
 
@@ -293,11 +330,12 @@ def plan_stage_timing(
     m = plan.micro_batches
     b = max(1, job.global_batch // m)
     bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
-    stages = [
-        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar)
-        for t, st, ar in zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True)
-    ]
     n = len(plan.stages)
+    stages = [
+        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar,
+                    max_in_flight=in_flight_cap(plan.schedule, m, st.dp, i, n))
+        for i, (t, st, ar) in enumerate(zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True))
+    ]
     nbytes = activation_bytes(job.model, b, job.seq_len)
     ser = [[0.0] * n for _ in range(n)]
     lat = [[0.0] * n for _ in range(n)]
@@ -324,11 +362,7 @@ def simulate_plan(plan: Plan, topo: Topology, job: JobSpec) -> Timeline:
     """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures."""
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
     n = len(stages)
-    orders = [
-        [
-            replica_ops(plan.schedule, n, plan.micro_batches, i, st.replicas, r, chunks=chunks)
-            for r in range(st.replicas)
-        ]
-        for i, st in enumerate(stages)
-    ]
+    m = plan.micro_batches
+    warm = stage_warmups(plan.schedule, m, [st.replicas for st in stages], chunks=chunks)
+    orders = [stage_ops(plan.schedule, n, m, i, chunks=chunks, warmup=warm[i]) for i in range(n)]
     return simulate(stages, orders, ser, lat, chunks=chunks)
