@@ -43,7 +43,8 @@ Constraints (numbered as in the code):
 Objective:  ``min (m − 1)·Z + Σ_c T_c + 2·Σ_uv P_uv a_uv + Y``
 (= ``T_pipe + T_dp`` of :mod:`spiderflow.costmodel` for the chain, up to tick rounding).
 
-The solver is seeded with a complete hint from a greedy construction (clusters by free compute, chain by
+The solver is seeded with a hint on every decision variable (``u``, ``x``, ``n``, arcs, ``first``,
+``last``, ``r``) from a greedy construction (clusters by free compute, chain by
 nearest widest link, layers proportional to compute, the smallest tp that fits memory), as a competent
 CP-SAT user would; when CP-SAT finds no solution in its time limit the greedy plan is returned and
 ``stats["from_hint"] = 1``. ``optimal=True`` only when CP-SAT reports OPTIMAL for this model.
@@ -307,19 +308,20 @@ class IlpPolicy:
             return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=hint,
                                    planning_seconds=time.perf_counter() - t0, optimal=False, stats=stats)
         if status == cp_model.INFEASIBLE:
-            return self._infeasible(topo, job, t0, stats)
+            return self._infeasible(topo, job, t0, stats, limit)
         return self._fail(PlacementStatus.UNSCHEDULABLE if status == cp_model.UNKNOWN else PlacementStatus.ERROR,
                           f"CP-SAT ended with {solver.status_name(status)} and no plan within {limit:g} s",
                           "time_limit", t0, stats)
 
-    def _infeasible(self, topo: Topology, job: JobSpec, t0: float, stats: dict[str, float]) -> PlacementResult:
+    def _infeasible(self, topo: Topology, job: JobSpec, t0: float, stats: dict[str, float],
+                    limit: float) -> PlacementResult:
         """Name the binding constraint: memory even with every GPU free (unresolvable), else free GPUs."""
         everything = topo.with_free({c.name: c.total_gpus for c in topo.clusters})
         biggest = max(c.gpu_memory_gib for c in topo.clusters)
         if everything.total_free_gpus != topo.total_free_gpus:
             relaxed = _Model(everything, job, None)
             solver = cp_model.CpSolver()
-            solver.parameters.max_time_in_seconds = 10.0
+            solver.parameters.max_time_in_seconds = max(1.0, limit - (time.perf_counter() - t0))
             solver.parameters.num_workers = self.workers
             st = solver.solve(relaxed.model)
             if st in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -327,6 +329,11 @@ class IlpPolicy:
                     PlacementStatus.UNSCHEDULABLE,
                     f"no chain of free GPUs (≤ {job.gpus.max}) holds {job.model.name} in GPU memory; it would fit "
                     "if more GPUs were free", "memory", t0, stats)
+            if st != cp_model.INFEASIBLE:  # undecided within the limit: do not claim it can never fit
+                return self._fail(
+                    PlacementStatus.UNSCHEDULABLE,
+                    f"no chain of free GPUs (≤ {job.gpus.max}) holds {job.model.name} in GPU memory",
+                    "memory", t0, stats)
         return self._fail(
             PlacementStatus.UNRESOLVABLE,
             f"{job.model.name} does not fit GPU memory (largest {biggest:g} GiB per GPU) on at most "
@@ -487,7 +494,7 @@ class _Model:
         )
 
     def _hint(self, plan: Plan) -> None:
-        """Give CP-SAT the greedy plan as a complete hint (used clusters, options, layers, arcs)."""
+        """Hint the greedy plan on the decision variables (used clusters, options, layers, arcs, ranks)."""
         model = self.model
         idx = self.topo.index
         used = {idx[st.cluster]: (pos, st) for pos, st in enumerate(plan.stages)}
