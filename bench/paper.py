@@ -12,7 +12,9 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
 
 - ``jct_ratio`` = best baseline mean JCT / SpinSearch mean JCT (> 1: SpinSearch is better), computed over
   the jobs every policy completed (so a policy that gives up on hard jobs gets no credit for it);
-- ``throughput_ratio`` = SpinSearch throughput / best baseline throughput;
+- ``throughput_ratio`` = SpinSearch system throughput (tokens of completed jobs / makespan) / the best
+  baseline's; ``plan_throughput_ratio`` = SpinSearch's mean per-job training throughput (tokens/s of the
+  job's plan) / the best baseline's, over the jobs every policy completed;
 - ``overhead_ratio_<p>`` = mean per-decision overhead of ``p`` / SpinSearch's, for ``p`` in ilp, genetic;
 - cost run (``--cost``): SpinSearch with ``--objective cost`` and ``balanced`` against ``bace``: electricity
   $ and mean JCT ratios.
@@ -82,6 +84,7 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
     for p in policies:
         jcts = [records[p][k].jct_s for k in common]
         out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
+        out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
     out["ratios"] = ratios(out["policies"])
     return out
 
@@ -103,6 +106,11 @@ def ratios(pol: dict[str, dict[str, Any]]) -> dict[str, Any]:
         best = max(thr, key=lambda k: thr[k])
         r["throughput_best_baseline"] = best
         r["throughput_ratio"] = ss["throughput_tokens_per_s"] / thr[best]
+    ptr = {k: v["mean_plan_tokens_per_s_common"] for k, v in base.items() if v.get("mean_plan_tokens_per_s_common")}
+    if ptr and ss.get("mean_plan_tokens_per_s_common"):
+        best = max(ptr, key=lambda k: ptr[k])
+        r["plan_throughput_best_baseline"] = best
+        r["plan_throughput_ratio"] = ss["mean_plan_tokens_per_s_common"] / ptr[best]
     for p in ("ilp", "genetic", "firstfit", "bace"):
         if p in base and base[p].get("overhead_per_decision_mean_s") and ss.get("overhead_per_decision_mean_s"):
             r[f"overhead_ratio_{p}"] = base[p]["overhead_per_decision_mean_s"] / ss["overhead_per_decision_mean_s"]
@@ -162,16 +170,19 @@ def markdown(doc: dict[str, Any]) -> str:
                 f"{s['throughput_tokens_per_s']:.4g} | {s['decisions']} | "
                 f"{s['overhead_per_decision_mean_s'] or 0:.4g} | {s['sched_overhead_s']:.4g} | "
                 f"{s['gpu_utilization']:.2f} | {s['cost_usd']:.4g} |")
-    lines += ["", "| clusters | JCT ratio (vs best baseline) | throughput ratio | overhead ilp/ss | "
-              "overhead genetic/ss |", "|---|---|---|---|---|"]
+    lines += ["", "| clusters | common jobs | JCT ratio (vs best baseline) | throughput ratio | "
+              "plan throughput ratio | "
+              "overhead ilp/ss | overhead genetic/ss |", "|---|---|---|---|---|---|---|"]
 
     def f(x: Any) -> str:
         return "–" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
 
     for size in doc["sizes"]:
         r = size["ratios"]
-        lines.append(f"| {size['clusters']} | {f(r.get('jct_ratio'))} ({r.get('jct_best_baseline', '–')}) | "
+        lines.append(f"| {size['clusters']} | {size['common_completed']} | "
+                     f"{f(r.get('jct_ratio'))} ({r.get('jct_best_baseline', '–')}) | "
                      f"{f(r.get('throughput_ratio'))} ({r.get('throughput_best_baseline', '–')}) | "
+                     f"{f(r.get('plan_throughput_ratio'))} ({r.get('plan_throughput_best_baseline', '–')}) | "
                      f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} |")
     if doc.get("cost"):
         lines += ["", "| cost run | done | mean JCT h | $ | $ vs bace | JCT vs bace |", "|---|---|---|---|---|---|"]

@@ -176,6 +176,7 @@ class JobRecord:
     gpus: int = 0
     chain: tuple[str, ...] = ()
     step_time_s: float = 0.0
+    plan_tokens_per_s: float = 0.0
     restarts: int = 0
     decisions: int = 0
     overhead_s: float = 0.0
@@ -192,7 +193,8 @@ class JobRecord:
         return {
             "id": self.id, "status": self.status, "reason": self.reason, "arrival_s": self.arrival_s,
             "first_start_s": self.first_start_s, "end_s": self.end_s, "jct_s": self.jct_s, "gpus": self.gpus,
-            "chain": list(self.chain), "step_time_s": self.step_time_s, "restarts": self.restarts,
+            "chain": list(self.chain), "step_time_s": self.step_time_s,
+            "plan_tokens_per_s": self.plan_tokens_per_s, "restarts": self.restarts,
             "decisions": self.decisions, "overhead_s": self.overhead_s, "steps_lost": self.steps_lost,
             "cost_usd": self.cost_usd, "tokens": self.tokens,
         }
@@ -444,6 +446,7 @@ class _Sim:
         rec.gpus = plan.gpus
         rec.chain = plan.chain
         rec.step_time_s = plan.step_time_s
+        rec.plan_tokens_per_s = j.spec.tokens_per_step / plan.step_time_s
         self.queue.pop(j.spec.id, None)
         self.running[j.spec.id] = None
         self._schedule_completion(j)
@@ -526,6 +529,7 @@ class _Sim:
             j.seg_start = max(now, j.run_start)
             j.plan = new
             j.record.step_time_s = new.step_time_s
+            j.record.plan_tokens_per_s = j.spec.tokens_per_step / new.step_time_s
             self._schedule_completion(j)
 
     # -- scheduling cycle -----------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Definitions (``C`` = completed jobs):
 - ``mean_jct_s``, ``p95_jct_s``: mean and 95th percentile (linear interpolation) of completion − arrival
   over ``C``; ``mean_queue_s``: first start − arrival.
 - ``makespan_s``: last completion − first arrival.
-- ``throughput_tokens_per_s``: Σ tokens of ``C`` / makespan.
+- ``throughput_tokens_per_s``: Σ tokens of ``C`` / makespan (system throughput);
+  ``mean_plan_tokens_per_s``: mean over ``C`` of each job's training throughput on its (last) plan.
 - ``sched_overhead_s``: total measured wall time of all placement decisions; ``decisions``: their number;
   ``overhead_per_decision_mean_s`` / ``_p95_s`` over decisions.
 - ``gpu_utilization``: GPU-seconds held by jobs / (pool GPUs × makespan).
@@ -52,6 +53,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "mean_queue_s": float(np.mean(queue)) if queue else None,
         "makespan_s": makespan,
         "throughput_tokens_per_s": tokens / makespan if makespan > 0 else 0.0,
+        "mean_plan_tokens_per_s": float(np.mean([r.plan_tokens_per_s for r in done])) if done else None,
         "sched_overhead_s": float(sum(dec)),
         "sim_overhead_s": result.sim_overhead_s,
         "queue_overhead_s": result.queue_overhead_s,
