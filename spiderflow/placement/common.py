@@ -1,0 +1,726 @@
+r"""Shared machinery of the placement policies: per-topology arrays, the vectorised chain scorer, GPU
+allocation, the level-1 fallback planner and unsatisfiability diagnosis.
+
+Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Two evaluators live here:
+
+**Chain scorer** (:func:`score_chains`, used inside searches). Scores ``N`` candidate chains at once
+(numpy over an ``N × K`` array of cluster indices, ``-1`` padded) in O(N·K) time. For chain position
+``i`` with cluster ``c``, ``g_i`` GPUs, achieved per-GPU rate ``F_c`` and ``R_i = g_i·F_c``:
+
+- layers are split continuously in proportion to ``R_i`` and water-filled against each position's
+  memory capacity ``cap_i`` (layers the cluster can hold with tensor-parallel groups of
+  ``min(8, GPUs/node)`` GPUs, one pipeline sub-stage per group; ``k − i`` micro-batches in flight);
+- ``tp_i`` = the largest power of two ≤ min(8, GPUs/node) dividing ``g_i``; ``d_i = g_i / tp_i``;
+- ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A)) (+ head on the last position)``;
+- ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i AR_{d_i}(2·params_i/tp_i)``.
+
+**Level-1 fallback planner** (:func:`fallback_plan_chain`, the exact planner used until
+:func:`spiderflow.tpa.plan_chain` exists). For an ordered allocation ``[(cluster, gpus), ...]``:
+
+1. split layers in proportion to ``g_c·F_c`` (each cluster ≥ 1 layer);
+2. per cluster block choose ``(pp, tp, dp)`` — ``pp`` pipeline sub-stages inside the cluster (only when
+   memory needs them), ``tp`` a power of two ≤ GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's
+   own ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
+3. move one boundary by one layer at a time while ``(memory excess, step time)`` improves
+   lexicographically; re-derive the global sub-stage count and repeat until it is stable.
+
+The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
+raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``.
+
+:func:`plan_chain` dispatches to the TPA planner when ``spiderflow.tpa.plan_chain`` is importable and
+to the fallback otherwise, so every policy's final plan goes through the same planner.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import structlog
+
+from spiderflow.costmodel import GIB, RESERVED_GIB, activation_bytes, evaluate, fits_memory, layer_fwd_flops
+from spiderflow.domain import JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.errors import UnschedulableError, ValidationError
+from spiderflow.placement.base import Objective, PlacementResult, PlacementStatus
+
+__all__ = [
+    "ChainScores",
+    "Finalised",
+    "JobConsts",
+    "Planner",
+    "TopoArrays",
+    "allocate_greedy",
+    "check_plan",
+    "diagnose",
+    "fallback_plan_chain",
+    "finalise",
+    "job_consts",
+    "objective_value",
+    "plan_chain",
+    "plan_objective",
+    "plan_with_split",
+    "score_chains",
+    "topo_arrays",
+    "tpa_available",
+    "transfer_matrix",
+    "unschedulable",
+]
+
+FArr = npt.NDArray[np.float64]
+IArr = npt.NDArray[np.int64]
+BArr = npt.NDArray[np.bool_]
+
+_MAX_TP = 8
+_log = structlog.get_logger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-topology and per-job constants
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopoArrays:
+    """Per-cluster figures of one topology as arrays indexed like ``topo.clusters``.
+
+    ``flops`` achieved FLOP/s per GPU; ``free`` free GPUs; ``mem`` bytes per GPU; ``gpn`` GPUs per node;
+    ``intra``/``inter`` Gbit/s; ``watts`` board power; ``price`` $/kWh; ``bw`` widest-path Gbit/s and
+    ``lat`` latency in seconds (``n × n``); ``tp_cap`` largest power-of-two TP degree per cluster.
+    """
+
+    names: tuple[str, ...]
+    flops: FArr
+    free: IArr
+    mem: FArr
+    gpn: IArr
+    intra: FArr
+    inter: FArr
+    watts: FArr
+    price: FArr
+    bw: FArr
+    lat: FArr
+    tp_cap: IArr
+
+
+_TOPO_CACHE: dict[int, tuple[weakref.ref[Topology], TopoArrays]] = {}
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def topo_arrays(topo: Topology) -> TopoArrays:
+    """The arrays of ``topo``, computed once per topology object (cached while it is alive)."""
+    key = id(topo)
+    hit = _TOPO_CACHE.get(key)
+    if hit is not None and hit[0]() is topo:
+        return hit[1]
+    cl = topo.clusters
+    arrays = TopoArrays(
+        names=topo.names,
+        flops=np.array([c.effective_tflops * 1e12 for c in cl]),
+        free=np.array([c.free for c in cl], dtype=np.int64),
+        mem=np.array([c.gpu_memory_gib * GIB for c in cl]),
+        gpn=np.array([c.gpus_per_node for c in cl], dtype=np.int64),
+        intra=np.array([c.intra_node_gbps for c in cl]),
+        inter=np.array([c.inter_node_gbps for c in cl]),
+        watts=np.array([c.power_w for c in cl]),
+        price=np.array([c.electricity_usd_per_kwh for c in cl]),
+        bw=np.asarray(topo.bandwidth_matrix, dtype=np.float64),
+        lat=np.asarray(topo.latency_matrix, dtype=np.float64) / 1e3,
+        tp_cap=np.array([_pow2_floor(min(_MAX_TP, c.gpus_per_node)) for c in cl], dtype=np.int64),
+    )
+    def _drop(_r: weakref.ref[Topology], k: int = key) -> None:
+        _TOPO_CACHE.pop(k, None)
+
+    _TOPO_CACHE[key] = (weakref.ref(topo, _drop), arrays)
+    return arrays
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobConsts:
+    """Per-job constants of the cost model (symbols of :mod:`spiderflow.costmodel`)."""
+
+    layers: int
+    m: int
+    b: int
+    s: int
+    h: int
+    heads: int
+    vocab: int
+    f: float  # forward FLOPs per layer per micro-batch
+    head_f: float  # forward FLOPs of the head per micro-batch
+    act: float  # A: bytes crossing a stage boundary
+    p_layer: float  # parameters per layer
+    p_embed: float  # embedding (and head) parameters
+    gpus_min: int
+    gpus_max: int
+    tokens: int
+
+    def act_layer(self, tp: float | FArr) -> Any:
+        """Activation bytes one in-flight micro-batch pins per layer on one GPU at TP degree ``tp``."""
+        return self.s * self.b * self.h * (10.0 + 24.0 / tp + 5.0 * self.heads * self.s / (self.h * tp))
+
+    def act_head(self, tp: float | FArr) -> Any:
+        return 4.0 * self.b * self.s * self.vocab / tp
+
+
+def job_consts(job: JobSpec) -> JobConsts:
+    """Constants of ``job``; the micro-batch count is ``global_batch / micro_batch``."""
+    model = job.model
+    m = job.micro_batches_total
+    b = max(1, job.global_batch // m)
+    return JobConsts(
+        layers=model.layers, m=m, b=b, s=job.seq_len, h=model.hidden, heads=model.heads, vocab=model.vocab,
+        f=layer_fwd_flops(model, b, job.seq_len), head_f=2.0 * b * job.seq_len * model.hidden * model.vocab,
+        act=activation_bytes(model, b, job.seq_len), p_layer=float(model.params_per_layer),
+        p_embed=float(model.embedding_params), gpus_min=job.gpus.min, gpus_max=job.gpus.max,
+        tokens=job.tokens_per_step,
+    )
+
+
+def transfer_matrix(ta: TopoArrays, jc: JobConsts) -> FArr:
+    """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = jc.act * 8.0 / (ta.bw * 1e9) + ta.lat
+    p = np.where(ta.bw > 0, p, np.inf)
+    np.fill_diagonal(p, 0.0)
+    return np.asarray(p, dtype=np.float64)
+
+
+def objective_value(step_s: Any, usd: Any, objective: Objective) -> Any:
+    """The score to minimise: step time, dollars per step, or ``step · √usd`` (balanced)."""
+    if objective is Objective.COST:
+        return usd
+    if objective is Objective.BALANCED:
+        return step_s * np.sqrt(usd)
+    return step_s
+
+
+def plan_objective(plan: Plan, objective: Objective) -> float:
+    """:func:`objective_value` of an evaluated plan."""
+    return float(objective_value(plan.step_time_s, plan.usd_per_step, objective))
+
+
+# --------------------------------------------------------------------------------------------------
+# Vectorised chain scorer
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChainScores:
+    """Scores of ``N`` candidate chains. ``feasible`` = memory capacity suffices, every position gets a
+    layer, the GPUs used lie in the job's range and every hop is reachable."""
+
+    step: FArr
+    usd: FArr
+    gpus: IArr
+    feasible: BArr
+    capacity_ratio: FArr  # Σ cap / L (≥ 1 when the chain can hold the model)
+
+    def score(self, objective: Objective) -> FArr:
+        out = np.asarray(objective_value(self.step, self.usd, objective), dtype=np.float64)
+        return np.where(self.feasible, out, np.inf)
+
+
+def _largest_pow2_divisor(g: IArr, cap: IArr) -> IArr:
+    tp = np.ones_like(g)
+    t = 2
+    while t <= _MAX_TP:
+        ok = (g % t == 0) & (t <= cap)
+        tp = np.where(ok, t, tp)
+        t *= 2
+    return tp
+
+
+def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr) -> ChainScores:
+    """Closed-form scores of chains (see the module docstring). ``chains``/``gpus``: ``N × K``, ``-1``/0 pad.
+
+    Positions are left-aligned (valid positions first). O(N·K) numpy work.
+    """
+    valid = chains >= 0
+    idx = np.where(valid, chains, 0)
+    g = np.where(valid, gpus, 0).astype(np.int64)
+    k = valid.sum(axis=1)
+    pos = np.arange(chains.shape[1])[None, :]
+    last = valid & (pos == (k - 1)[:, None])
+    first = valid & (pos == 0)
+    fl = ta.flops[idx]
+    gpn = ta.gpn[idx]
+    tp_cap = ta.tp_cap[idx]
+    mem = ta.mem[idx]
+    r = np.where(valid, g * fl, 0.0)
+    g1 = np.maximum(g, 1)
+
+    # Memory capacity in layers (TP groups of tp_m GPUs, one sub-stage per group).
+    tp_m = np.minimum(tp_cap, np.array([_pow2_floor(int(x)) for x in g1.ravel()]).reshape(g1.shape))
+    groups = g1 // tp_m
+    inflight = np.minimum(jc.m, np.maximum(1, k[:, None] - pos))
+    per_layer = 16.0 * jc.p_layer / tp_m + inflight * jc.act_layer(tp_m)
+    extra = (first | last) * 16.0 * jc.p_embed / tp_m + last * inflight * jc.act_head(tp_m)
+    avail = mem - RESERVED_GIB * GIB - extra
+    per_group = np.floor(np.maximum(avail, 0.0) / per_layer)
+    cap = np.where(valid, groups * per_group, 0.0)
+    cap_total = cap.sum(axis=1)
+
+    # Water-filling: ℓ_i = min(cap_i, λ·R_i) with Σ ℓ_i = L.
+    L = float(jc.layers)
+    sat = np.zeros_like(valid)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lam = L / r.sum(axis=1)
+        for _ in range(6):
+            over = valid & ~sat & (lam[:, None] * r > cap)
+            if not over.any():
+                break
+            sat |= over
+            rest = L - np.where(sat, cap, 0.0).sum(axis=1)
+            lam = rest / np.where(sat, 0.0, r).sum(axis=1)
+        lam = np.where(np.isfinite(lam), lam, np.inf)
+        ell = np.where(valid, np.minimum(cap, np.nan_to_num(lam[:, None] * r, nan=0.0)), 0.0)
+
+    tp = _largest_pow2_divisor(g1, tp_cap)
+    d = g1 // tp
+    intra = ta.intra[idx]
+    inter = ta.inter[idx]
+    ar_tp = np.where(tp > 1, 2.0 * (tp - 1) / tp * jc.act * 8.0 / (intra * 1e9), 0.0)
+    per_layer_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
+    t_stage = np.where(valid, ell * per_layer_t + last * 3.0 * jc.head_f / (tp * fl), 0.0)
+    bott = (t_stage / d).max(axis=1)
+    params = ell * jc.p_layer + (first + last) * jc.p_embed
+    b_dp = np.where(tp * d <= gpn, intra, inter)
+    y = np.where(valid & (d > 1), 2.0 * (d - 1) / d * (2.0 * params / tp) * 8.0 / (b_dp * 1e9), 0.0)
+
+    if chains.shape[1] > 1:
+        hop_valid = valid[:, 1:]
+        hops = np.where(hop_valid, p[idx[:, :-1], idx[:, 1:]], 0.0)
+        pmax = hops.max(axis=1)
+        psum = hops.sum(axis=1)
+    else:
+        pmax = np.zeros(chains.shape[0])
+        psum = np.zeros(chains.shape[0])
+    step = (jc.m - 1) * np.maximum(bott, pmax) + t_stage.sum(axis=1) + 2.0 * psum + y.max(axis=1)
+    used = np.where(valid, tp * d, 0)
+    watts_price = np.where(valid, used * ta.watts[idx] * ta.price[idx], 0.0).sum(axis=1)
+    usd = step * watts_price / 3.6e6
+    gpus_used = used.sum(axis=1)
+    feasible = (
+        (cap_total >= L)
+        & ~(valid & (ell < 1.0 - 1e-9)).any(axis=1)
+        & (gpus_used >= jc.gpus_min)
+        & (gpus_used <= jc.gpus_max)
+        & np.isfinite(step)
+        & (k >= 1)
+        & (k <= jc.layers)
+    )
+    return ChainScores(
+        step=np.where(np.isfinite(step), step, np.inf), usd=usd, gpus=gpus_used.astype(np.int64),
+        feasible=feasible, capacity_ratio=cap_total / L,
+    )
+
+
+def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
+    """GPUs per chain position: the fastest clusters of each chain take all their free GPUs first,
+    until ``gpus_max`` is reached (vectorised; ``N × K`` in, ``N × K`` out)."""
+    valid = chains >= 0
+    idx = np.where(valid, chains, 0)
+    free = np.where(valid, ta.free[idx], 0)
+    order = np.argsort(np.where(valid, -ta.flops[idx], np.inf), axis=1, kind="stable")
+    fs = np.take_along_axis(free, order, axis=1)
+    before = np.cumsum(fs, axis=1) - fs
+    alloc_sorted = np.clip(gpus_max - before, 0, fs)
+    out = np.zeros_like(free)
+    np.put_along_axis(out, order, alloc_sorted, axis=1)
+    return out.astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------------
+# Level-1 fallback planner (exact cost model formulas, pure Python for small chains)
+# --------------------------------------------------------------------------------------------------
+
+
+def _ar(nbytes: float, d: int, gbps: float) -> float:
+    if d <= 1:
+        return 0.0
+    return 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """The chosen configuration of one cluster's layer block."""
+
+    excess: float  # bytes over memory on the worst GPU (≤ 0 when it fits)
+    local: float  # the block's own objective
+    pp: int
+    tp: int
+    dp: int
+    sizes: tuple[int, ...]
+    t: tuple[float, ...]  # per sub-stage T
+    y: float  # max gradient all-reduce
+    p_int: float  # internal boundary time
+
+
+class _ChainEval:
+    """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
+
+    def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool):
+        self.jc = job_consts(job)
+        self.clusters = [topo.cluster(c) for c, _ in alloc]
+        self.gpus = [g for _, g in alloc]
+        self.exact = exact_gpus
+        self.hops = []
+        for (a, _), (b, _) in itertools.pairwise(alloc):
+            bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
+            self.hops.append(math.inf if bw <= 0 else self.jc.act * 8.0 / (bw * 1e9) + lat)
+        self._cache: dict[tuple[int, int, int, int, int], _Block] = {}
+
+    def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
+        key = (i, first, last, offset, total_stages_other)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        jc, c, g = self.jc, self.clusters[i], self.gpus[i]
+        fl = c.effective_tflops * 1e12
+        mem = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
+        nl = last - first + 1
+        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
+        best: _Block | None = None
+        tp = 1
+        while tp <= min(_MAX_TP, c.gpus_per_node, g):
+            ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
+            per_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
+            for pp in (1, 2, 3, 4, 6, 8, 12, 16):
+                if pp > nl or tp * pp > g:
+                    break
+                dp = g // (tp * pp)
+                if self.exact and dp * tp * pp != g:
+                    continue
+                base, rem = divmod(nl, pp)
+                sizes = tuple([base] * (pp - rem) + [base + 1] * rem)
+                s_total = total_stages_other + pp
+                bdp = c.intra_node_gbps if tp * dp <= c.gpus_per_node else c.inter_node_gbps
+                ts: list[float] = []
+                ymax = 0.0
+                excess = -math.inf
+                a = first
+                per_replica = math.ceil(jc.m / dp)
+                for j, sz in enumerate(sizes):
+                    b_ = a + sz - 1
+                    is_last = b_ == jc.layers - 1
+                    t = sz * per_t + (3.0 * jc.head_f / (tp * fl) if is_last else 0.0)
+                    ts.append(t)
+                    params = sz * jc.p_layer + (jc.p_embed if a == 0 else 0.0) + (jc.p_embed if is_last else 0.0)
+                    ymax = max(ymax, _ar(2.0 * params / tp, dp, bdp))
+                    inflight = min(per_replica, s_total - (offset + j))
+                    act = sz * jc.act_layer(tp) + (jc.act_head(tp) if is_last else 0.0)
+                    excess = max(excess, 16.0 * params / tp + inflight * act - mem)
+                    a = b_ + 1
+                local = (jc.m - 1) * max(max(ts) / dp, p_int if pp > 1 else 0.0) + sum(ts) + 2 * (pp - 1) * p_int
+                local += ymax
+                cand = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tuple(ts), ymax, p_int)
+                if best is None or (cand.excess, cand.local) < (best.excess, best.local):
+                    best = cand
+                if excess <= 0:
+                    break  # more sub-stages only add boundaries once memory fits
+            tp *= 2
+        if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
+            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), (math.inf,), 0.0, p_int)
+        self._cache[key] = best
+        return best
+
+    def evaluate_split(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float, list[_Block]]:
+        """``(memory excess, step time, blocks)`` of a layer split given assumed sub-stage counts."""
+        blocks: list[_Block] = []
+        total = sum(pps)
+        offset = 0
+        first = 0
+        for i, sz in enumerate(sizes):
+            blk = self.block(i, first, first + sz - 1, offset, total - pps[i])
+            blocks.append(blk)
+            offset += pps[i]
+            first += sz
+        m = self.jc.m
+        bott = max(max(t / b.dp for t in b.t) for b in blocks)
+        bounds = [b.p_int for b in blocks for _ in range(b.pp - 1)] + self.hops
+        step = (m - 1) * max(bott, max(bounds, default=0.0)) + sum(sum(b.t) for b in blocks)
+        step += 2.0 * sum(bounds) + max(b.y for b in blocks)
+        return sum(b.excess for b in blocks), step, blocks
+
+
+def _proportional_split(weights: Sequence[float], layers: int) -> list[int]:
+    k = len(weights)
+    tot = sum(weights)
+    raw = [layers * w / tot for w in weights] if tot > 0 else [layers / k] * k
+    sizes = [max(1, math.floor(x)) for x in raw]
+    while sum(sizes) > layers:
+        j = max((i for i in range(k) if sizes[i] > 1), key=lambda i: sizes[i] - raw[i])
+        sizes[j] -= 1
+    while sum(sizes) < layers:
+        j = max(range(k), key=lambda i: raw[i] - sizes[i])
+        sizes[j] += 1
+    return sizes
+
+
+def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block]]:
+    k = len(sizes)
+    pps = [1] * k
+    blocks: list[_Block] = []
+    for _ in range(4):
+        cur = ev.evaluate_split(sizes, pps)
+        if local_search:
+            improved = True
+            while improved:
+                improved = False
+                best = cur
+                best_sizes = sizes
+                for j in range(k - 1):
+                    for delta in (-1, 1):
+                        new = list(sizes)
+                        new[j] += delta
+                        new[j + 1] -= delta
+                        if new[j] < 1 or new[j + 1] < 1:
+                            continue
+                        res = ev.evaluate_split(new, pps)
+                        if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
+                            best, best_sizes = res, new
+                if best is not cur:
+                    cur, sizes, improved = best, best_sizes, True
+        blocks = cur[2]
+        new_pps = [b.pp for b in blocks]
+        if new_pps == pps:
+            break
+        pps = new_pps
+    return sizes, blocks
+
+
+def _blocks_to_plan(ev: _ChainEval, alloc: Sequence[tuple[str, int]], sizes: Sequence[int],
+                    blocks: Sequence[_Block]) -> Plan:
+    stages: list[Stage] = []
+    first = 0
+    for (name, _), blk in zip(alloc, blocks, strict=True):
+        for sz in blk.sizes:
+            stages.append(Stage(cluster=name, first_layer=first, last_layer=first + sz - 1, tp=blk.tp, dp=blk.dp))
+            first += sz
+    return Plan(stages=tuple(stages), micro_batches=ev.jc.m, schedule=Schedule.ONE_F_ONE_B)
+
+
+def _validate_allocation(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]]) -> None:
+    if not allocation:
+        raise ValidationError("allocation", "a chain needs at least one cluster", [])
+    seen: set[str] = set()
+    for i, (name, g) in enumerate(allocation):
+        c = topo.cluster(name)
+        if name in seen:
+            raise ValidationError(f"allocation[{i}]", "a cluster appears twice in the chain", name)
+        seen.add(name)
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise ValidationError(f"allocation[{i}].gpus", "must be a positive integer", g)
+        if g > c.free:
+            raise UnschedulableError(
+                f"cluster {name} has {c.free} free GPUs, {g} requested", constraint="free_gpus"
+            )
+    if len(allocation) > job.model.layers:
+        raise UnschedulableError(
+            f"a chain of {len(allocation)} clusters needs ≥ {len(allocation)} layers; the model has "
+            f"{job.model.layers}", constraint="layers",
+        )
+
+
+def _finish(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
+    plan = evaluate(plan, topo, job)
+    ok, worst, excess = fits_memory(plan, topo)
+    if not ok:
+        st = plan.stages[worst]
+        raise UnschedulableError(
+            f"stage {worst} on {st.cluster} needs {plan.memory_gib_per_gpu[worst]:.1f} GiB per GPU, "
+            f"{excess:.1f} GiB more than its GPUs have", constraint="memory",
+        )
+    return plan
+
+
+def fallback_plan_chain(
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT
+) -> Plan:
+    """The level-1 planner of the module docstring for an ordered ``allocation`` of ``(cluster, gpus)``.
+
+    Returns an evaluated plan using at most ``gpus`` GPUs per cluster (exactly ``gpus`` when that is needed
+    to keep the job's GPU minimum). Raises :class:`UnschedulableError` (``constraint`` = ``memory``,
+    ``layers`` or ``free_gpus``) when no split fits. ``objective`` is accepted for interface parity; the
+    split minimises step time (for fixed GPUs, dollars per step are proportional to it).
+    """
+    del objective
+    _validate_allocation(topo, job, allocation)
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False)
+    weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
+    sizes, blocks = _optimise_split(ev, _proportional_split(weights, job.model.layers), local_search=True)
+    if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
+        ev = _ChainEval(topo, job, allocation, exact_gpus=True)
+        sizes, blocks = _optimise_split(ev, sizes, local_search=True)
+    return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
+
+
+def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],
+                    sizes: Sequence[int]) -> Plan:
+    """An evaluated plan with a *given* layer split (per-cluster degrees chosen as in the fallback)."""
+    _validate_allocation(topo, job, allocation)
+    if len(sizes) != len(allocation) or sum(sizes) != job.model.layers or min(sizes) < 1:
+        raise ValidationError("sizes", f"must be {len(allocation)} positive counts summing to "
+                              f"{job.model.layers}", list(sizes))
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False)
+    sizes, blocks = _optimise_split(ev, list(sizes), local_search=False)
+    return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
+
+
+Planner = Literal["auto", "tpa", "fallback"]
+
+
+def tpa_available() -> bool:
+    """Whether the TPA planner's ``plan_chain`` can be imported."""
+    try:
+        from spiderflow.tpa import plan_chain as _pc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plan_chain(
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT
+) -> Plan:
+    """Plan an ordered allocation with the TPA planner when available, else :func:`fallback_plan_chain`."""
+    try:
+        from spiderflow.tpa import plan_chain as tpa_plan_chain
+    except ImportError:
+        return fallback_plan_chain(topo, job, allocation, objective=objective)
+    plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective)
+    return plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Finalised:
+    """The outcome of :func:`finalise`: the plan, which planner made it, and the time spent planning."""
+
+    plan: Plan | None
+    planner: str
+    plan_seconds: float
+    error: UnschedulableError | None
+
+
+def finalise(
+    topo: Topology,
+    job: JobSpec,
+    allocations: Sequence[Sequence[tuple[str, int]]],
+    *,
+    objective: Objective = Objective.JCT,
+    planner: Planner = "auto",
+) -> Finalised:
+    """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
+    ``objective``, then (``planner`` ``auto``/``tpa``, TPA importable) re-plan that chain with
+    :func:`spiderflow.tpa.plan_chain` and keep whichever of the two plans of the chain scores better.
+
+    A TPA failure other than :class:`UnschedulableError` is logged and the level-1 plan kept (the chain
+    is still planned by the shared cost model).
+    """
+    t0 = time.perf_counter()
+    best: Plan | None = None
+    best_alloc: Sequence[tuple[str, int]] = ()
+    best_val = math.inf
+    err: UnschedulableError | None = None
+    for alloc in allocations:
+        try:
+            plan = fallback_plan_chain(topo, job, alloc, objective=objective)
+        except UnschedulableError as e:
+            err = e
+            continue
+        if check_plan(plan, topo, job):
+            continue
+        val = plan_objective(plan, objective)
+        if val < best_val:
+            best, best_val, best_alloc = plan, val, alloc
+    used = "fallback"
+    if planner != "fallback" and (best is not None or planner == "tpa") and tpa_available():
+        target = best_alloc if best is not None else (allocations[0] if allocations else ())
+        if target:
+            try:
+                tplan = plan_chain(topo, job, target, objective=objective)
+                if not check_plan(tplan, topo, job) and (
+                    best is None or plan_objective(tplan, objective) <= best_val
+                ):
+                    best, used = tplan, "tpa"
+            except UnschedulableError as e:
+                err = err or e
+            except Exception as e:  # the TPA planner failed; keep the level-1 plan of the same chain
+                _log.warning("placement.tpa_failed", job=job.id, error=repr(e), chain=[c for c, _ in target])
+    return Finalised(plan=best, planner=used, plan_seconds=time.perf_counter() - t0, error=err)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checks and diagnosis
+# --------------------------------------------------------------------------------------------------
+
+
+def check_plan(plan: Plan, topo: Topology, job: JobSpec) -> list[str]:
+    """Violations of the hard constraints by an evaluated plan (empty when it is valid):
+    contiguous layers covering the model, free GPUs per cluster, memory per GPU, the job's GPU range."""
+    out: list[str] = []
+    if plan.layers != job.model.layers:
+        out.append(f"plan covers {plan.layers} layers, the model has {job.model.layers}")
+    for name, g in plan.gpus_by_cluster().items():
+        if g > topo.cluster(name).free:
+            out.append(f"{name}: {g} GPUs used, {topo.cluster(name).free} free")
+    for st, mem in zip(plan.stages, plan.memory_gib_per_gpu, strict=True):
+        if mem > topo.cluster(st.cluster).gpu_memory_gib + 1e-9:
+            out.append(f"{st.cluster}: {mem:.2f} GiB per GPU > {topo.cluster(st.cluster).gpu_memory_gib}")
+    if not job.gpus.min <= plan.gpus <= job.gpus.max:
+        out.append(f"plan uses {plan.gpus} GPUs, job accepts {job.gpus.min}..{job.gpus.max}")
+    return out
+
+
+def diagnose(topo: Topology, job: JobSpec, policy: str) -> PlacementResult | None:
+    """A failed :class:`PlacementResult` when the job can obviously never fit (``UNRESOLVABLE``) or not
+    now (``UNSCHEDULABLE``), naming the binding constraint; ``None`` when no obvious obstacle exists.
+
+    Checks: GPUs (``gpus.min`` against all GPUs, then free GPUs) and memory (model states, 16 bytes per
+    parameter, against the memory of the ``gpus.max`` largest-memory GPUs, all then free).
+    """
+    need = job.gpus.min
+    total = sum(c.total_gpus for c in topo.clusters)
+    free = topo.total_free_gpus
+    if total < need:
+        return PlacementResult(
+            status=PlacementStatus.UNRESOLVABLE, policy=policy, constraint="gpus.min",
+            reason=f"the job needs at least {need} GPUs; the topology has {total} in total",
+        )
+    if free < need:
+        return PlacementResult(
+            status=PlacementStatus.UNSCHEDULABLE, policy=policy, constraint="free_gpus",
+            reason=f"the job needs at least {need} GPUs; {free} are free",
+        )
+    states = 16.0 * job.model.total_params
+    for which, counts in (("all", [c.total_gpus for c in topo.clusters]), ("free", [c.free for c in topo.clusters])):
+        mems = sorted(
+            (c.gpu_memory_gib - RESERVED_GIB for c, n in zip(topo.clusters, counts, strict=True) for _ in range(n)),
+            reverse=True,
+        )[: job.gpus.max]
+        have = sum(mems) * GIB
+        if have < states:
+            status = PlacementStatus.UNRESOLVABLE if which == "all" else PlacementStatus.UNSCHEDULABLE
+            return PlacementResult(
+                status=status, policy=policy, constraint="memory",
+                reason=f"model states need {states / GIB:.0f} GiB; the {len(mems)} largest {which} GPUs the "
+                f"job may use hold {have / GIB:.0f} GiB",
+            )
+    return None
+
+
+def unschedulable(policy: str, err: UnschedulableError, seconds: float) -> PlacementResult:
+    """A failed result carrying ``err``'s reason and constraint."""
+    return PlacementResult(
+        status=PlacementStatus.UNSCHEDULABLE, policy=policy, reason=str(err), constraint=err.constraint,
+        planning_seconds=seconds,
+    )

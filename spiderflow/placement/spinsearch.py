@@ -1,0 +1,497 @@
+r"""SpinSearch: cross-cluster placement as a pruned beam search over chains of clusters.
+
+Problem. Given a topology snapshot (free GPUs ``n_c``, per-GPU achieved rate ``F_c``, memory ``M_c``,
+widest-path transfer time ``P_uv`` of one activation between every pair) and a job (``L`` layers,
+``m`` micro-batches, GPU range ``[G_min, G_max]``), choose an ordered chain ``c_1 … c_k`` of distinct
+clusters and GPUs ``g_i`` per cluster.
+
+Objective: minimise ``J = step`` (``Budget.objective = jct``, i.e. maximise throughput), ``usd`` per step
+(``cost``) or ``step·√usd`` (``balanced``), where ``step`` and ``usd`` come from the closed-form scorer
+:func:`~spiderflow.placement.common.score_chains` during the search and from the exact cost model
+(:func:`spiderflow.costmodel.evaluate`, via :func:`~spiderflow.placement.common.plan_chain`) for the
+final plan.
+
+Constraints:
+  (1) ``1 ≤ g_i ≤ n_{c_i}`` (free GPUs);
+  (2) ``G_min ≤ Σ_i g_i ≤ G_max`` (GPU range); GPUs beyond ``G_min`` are kept only when they improve the
+      objective by more than :data:`TRIM_TOLERANCE` (relative);
+  (3) memory: every stage fits its GPUs (capacity water-filling in the scorer, exact check at the end);
+  (4) ``k ≤ L`` (each cluster gets ≥ 1 contiguous layer block);
+  (5) consecutive clusters are reachable (``P_{c_i c_{i+1}} < ∞``).
+
+Pruning rules (links of the complete widest-path graph that a chain may use as a hop):
+  (a) *activation-stream rule* (BACE-Pipe's bandwidth-aware pathfinder): a hop ``u → v`` is kept only if
+      ``P_uv ≤ θ = max(κ·τ_lb, 2·θ_conn)`` where ``τ_lb = 3·(L·f + f_head) / Σ_top R`` is the compute
+      bottleneck with the job's ``G_max`` fastest GPUs (no hop slower than a few pipeline beats) and
+      ``θ_conn`` the smallest threshold at which some connected group of clusters has ``G_min`` free GPUs
+      and enough memory for the model states (Kruskal over each cluster's nearest hops);
+  (b) *incumbent bound* (``jct`` only, sound): ``step ≥ (m + 1)·P`` for any hop on the chain, so hops with
+      ``(m + 1)·P_uv ≥ step*`` of the best single-cluster plan cannot help;
+  (c) clusters without free GPUs are never used; if rule (a) leaves no feasible chain the search is
+      repeated with (a) disabled.
+
+Search:
+  1. score every single-cluster chain (incumbent);
+  2. seeds: the ``S`` clusters with most free effective compute ``min(n_c, G_max)·F_c``;
+  3. beam: each partial chain is extended at its head or tail by one of the ``N`` nearest kept hops of
+     that end (one hop at a time); all extensions are scored at once, feasible ones enter a pool, and the
+     ``B`` best by estimated objective (capacity and GPU shortfalls as multiplicative penalties) survive;
+     stop at depth ``min(L, #usable)``, or when two levels in a row improve nothing and a feasible chain
+     is known (or the whole beam is feasible);
+  4. refine the pool's best chains by hill climbing over reverse / swap-adjacent / remove / insert /
+     replace moves, then trim GPUs (constraint 2);
+  5. plan the ``T`` best distinct chains exactly and return the best valid plan.
+
+Complexity: building ``P`` and the hop order is O(n² log n) once per topology (cached while the topology
+object lives); the search scores O(D·B·N) chains of length ≤ D with O(D) numpy work each, D ≤ min(L, n),
+so O(D²·B·N) arithmetic, independent of n beyond the cached preprocessing; refinement adds O(R·I·D·N).
+The final planning is O(T·L·D) cost-model evaluations. Polynomial; no ILP.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import structlog
+
+from spiderflow.domain import JobSpec, Topology
+from spiderflow.errors import UnschedulableError
+from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, register_policy
+from spiderflow.placement.common import (
+    FArr,
+    IArr,
+    JobConsts,
+    Planner,
+    TopoArrays,
+    allocate_greedy,
+    diagnose,
+    finalise,
+    job_consts,
+    score_chains,
+    topo_arrays,
+    transfer_matrix,
+    unschedulable,
+)
+
+__all__ = ["TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains"]
+
+log = structlog.get_logger(__name__)
+
+TRIM_TOLERANCE = 1e-3
+
+Chain = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChainCandidate:
+    """A scored chain: cluster indices, GPUs per position, estimated objective and step."""
+
+    chain: Chain
+    gpus: tuple[int, ...]
+    score: float
+    step: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Hops:
+    p: FArr
+    order: IArr  # per cluster: other clusters by ascending P
+
+
+_HOP_CACHE: dict[tuple[int, float], tuple[weakref.ref[Topology], _Hops]] = {}
+
+
+def _hops(topo: Topology, ta: TopoArrays, jc: JobConsts) -> _Hops:
+    key = (id(topo), jc.act)
+    hit = _HOP_CACHE.get(key)
+    if hit is not None and hit[0]() is topo:
+        return hit[1]
+    p = transfer_matrix(ta, jc)
+    pm = p.copy()
+    np.fill_diagonal(pm, np.inf)
+    order = np.argsort(pm, axis=1, kind="stable").astype(np.int64)
+    hops = _Hops(p=p, order=order)
+    if len(_HOP_CACHE) > 64:
+        _HOP_CACHE.clear()
+    def _drop(_r: weakref.ref[Topology], k: tuple[int, float] = key) -> None:
+        _HOP_CACHE.pop(k, None)
+
+    _HOP_CACHE[key] = (weakref.ref(topo, _drop), hops)
+    return hops
+
+
+class _Scorer:
+    """Scores lists of chains with the greedy GPU allocation (or given GPUs)."""
+
+    def __init__(self, ta: TopoArrays, jc: JobConsts, p: FArr, objective: Objective) -> None:
+        self.ta, self.jc, self.p, self.objective = ta, jc, p, objective
+        self.scored = 0
+
+    def _arrays(self, chains: list[Chain]) -> IArr:
+        width = max(len(c) for c in chains)
+        arr = np.full((len(chains), width), -1, dtype=np.int64)
+        for i, c in enumerate(chains):
+            arr[i, : len(c)] = c
+        return arr
+
+    def score(
+        self, chains: list[Chain], gpus: list[tuple[int, ...]] | None = None
+    ) -> tuple[FArr, FArr, FArr, IArr]:
+        """``(score, beam_key, step, gpus array)``; ``score`` is ``inf`` for infeasible chains."""
+        arr = self._arrays(chains)
+        if gpus is None:
+            g = allocate_greedy(self.ta, arr, self.jc.gpus_max)
+        else:
+            g = np.zeros_like(arr)
+            for i, gg in enumerate(gpus):
+                g[i, : len(gg)] = gg
+        sc = score_chains(self.ta, self.jc, self.p, arr, g)
+        self.scored += len(chains)
+        raw = np.asarray(sc.score(self.objective), dtype=np.float64)
+        est = np.where(
+            sc.feasible,
+            raw,
+            np.asarray(_objective(sc.step, sc.usd, self.objective), dtype=np.float64)
+            * np.maximum(1.0, 1.0 / np.maximum(sc.capacity_ratio, 1e-9))
+            * np.maximum(1.0, self.jc.gpus_min / np.maximum(sc.gpus, 1)),
+        )
+        est = np.where(np.isfinite(est), est, np.inf)
+        return raw, est, sc.step, g
+
+
+def _objective(step: FArr, usd: FArr, objective: Objective) -> FArr:
+    if objective is Objective.COST:
+        return usd
+    if objective is Objective.BALANCED:
+        return np.asarray(step * np.sqrt(usd), dtype=np.float64)
+    return step
+
+
+def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr, nn: int) -> float:
+    """Smallest hop time at which a connected group has ``G_min`` free GPUs and the model's state memory
+    (Kruskal over each usable cluster's ``nn`` nearest hops)."""
+    states = 16.0 * (jc.layers * jc.p_layer + 2 * jc.p_embed)
+    parent = {int(u): int(u) for u in usable}
+    gp = {int(u): int(min(ta.free[u], jc.gpus_max)) for u in usable}
+    mem = {int(u): float(ta.free[u] * ta.mem[u]) for u in usable}
+    if any(gp[u] >= jc.gpus_min and mem[u] >= states for u in parent):
+        return 0.0
+    usable_set = set(parent)
+    edges: list[tuple[float, int, int]] = []
+    for u in parent:
+        cnt = 0
+        for v in hops.order[u]:
+            v = int(v)
+            if v in usable_set:
+                pv = float(hops.p[u, v])
+                if math.isfinite(pv):
+                    edges.append((pv, u, v))
+                cnt += 1
+                if cnt >= nn:
+                    break
+    edges.sort()
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for pv, u, v in edges:
+        ru, rv = find(u), find(v)
+        if ru == rv:
+            continue
+        parent[ru] = rv
+        gp[rv] += gp[ru]
+        mem[rv] += mem[ru]
+        if gp[rv] >= jc.gpus_min and mem[rv] >= states:
+            return pv
+    return math.inf
+
+
+def search_chains(
+    topo: Topology,
+    job: JobSpec,
+    *,
+    objective: Objective = Objective.JCT,
+    beam_width: int = 8,
+    neighbours: int = 10,
+    seeds: int = 12,
+    stall_factor: float = 4.0,
+    refine_top: int = 4,
+    keep: int = 4,
+    deadline: float | None = None,
+) -> tuple[list[ChainCandidate], dict[str, float]]:
+    """The search of the module docstring (steps 1–4). Returns up to ``keep`` distinct feasible
+    candidates, best first (cluster indices into ``topo.clusters``), and search statistics."""
+    ta = topo_arrays(topo)
+    jc = job_consts(job)
+    hops = _hops(topo, ta, jc)
+    scorer = _Scorer(ta, jc, hops.p, objective)
+    usable = np.flatnonzero(ta.free > 0).astype(np.int64)
+    stats: dict[str, float] = {"clusters": float(len(ta.names)), "usable": float(len(usable))}
+    if len(usable) == 0:
+        return [], stats
+
+    pool: dict[tuple[Chain, tuple[int, ...]], tuple[float, float]] = {}
+
+    def add_pool(chains: list[Chain], raw: FArr, step: FArr, g: IArr) -> None:
+        for i in np.flatnonzero(np.isfinite(raw)):
+            c = chains[int(i)]
+            key = (c, tuple(int(x) for x in g[int(i), : len(c)]))
+            pool[key] = (float(raw[int(i)]), float(step[int(i)]))
+
+    # 1. singles (the incumbent).
+    singles: list[Chain] = [(int(u),) for u in usable]
+    raw, _, step, g = scorer.score(singles)
+    add_pool(singles, raw, step, g)
+    incumbent_step = float(np.min(np.where(np.isfinite(raw), step, np.inf)))
+
+    # Pruning thresholds.
+    r_sorted = np.sort(np.repeat(ta.flops[usable], np.minimum(ta.free[usable], jc.gpus_max)))[::-1]
+    r_top = float(r_sorted[: jc.gpus_max].sum())
+    tau_lb = 3.0 * (jc.layers * jc.f + jc.head_f) / r_top
+    theta_conn = _connect_threshold(ta, jc, hops, usable, max(neighbours, 8))
+    theta_stall = max(stall_factor * tau_lb, 2.0 * theta_conn)
+    theta_bound = incumbent_step / (jc.m + 1) if objective is Objective.JCT else math.inf
+    stats.update(tau_lb=tau_lb, theta_conn=theta_conn, theta_stall=theta_stall)
+
+    usable_mask = np.zeros(len(ta.names), dtype=bool)
+    usable_mask[usable] = True
+    rank = np.minimum(ta.free, jc.gpus_max) * ta.flops
+    seed_list = [int(u) for u in usable[np.argsort(-rank[usable], kind="stable")][:seeds]]
+    max_depth = min(len(usable), jc.layers)
+
+    def beam_search(theta: float) -> None:
+        nbr_cache: dict[int, list[int]] = {}
+
+        def nbrs(u: int) -> list[int]:
+            hit = nbr_cache.get(u)
+            if hit is None:
+                hit = []
+                for v in hops.order[u]:
+                    v = int(v)
+                    if hops.p[u, v] > theta:
+                        break
+                    if usable_mask[v]:
+                        hit.append(v)
+                        if len(hit) >= neighbours:
+                            break
+                nbr_cache[u] = hit
+            return hit
+
+        beam: list[Chain] = [(s,) for s in seed_list]
+        best = min((v[0] for v in pool.values()), default=math.inf)
+        stale = 0
+        depth = 1
+        while beam and depth < max_depth:
+            if deadline is not None and time.perf_counter() > deadline:
+                stats["deadline_hit"] = 1.0
+                break
+            seen: set[Chain] = set()
+            cands: list[Chain] = []
+            for c in beam:
+                members = set(c)
+                for v in nbrs(c[-1]):
+                    if v not in members:
+                        n = (*c, v)
+                        if n not in seen:
+                            seen.add(n)
+                            cands.append(n)
+                for v in nbrs(c[0]):
+                    if v not in members:
+                        n = (v, *c)
+                        if n not in seen:
+                            seen.add(n)
+                            cands.append(n)
+            if not cands:
+                break
+            raw, est, step, g = scorer.score(cands)
+            add_pool(cands, raw, step, g)
+            order = np.argsort(est, kind="stable")[:beam_width]
+            beam = [cands[int(i)] for i in order if np.isfinite(est[int(i)])]
+            level_best = float(np.min(raw))
+            all_feasible = bool(np.all(np.isfinite(raw[order])))
+            if level_best < best * (1 - 1e-9):
+                best, stale = level_best, 0
+            else:
+                stale += 1
+            if stale >= 2 and (all_feasible or math.isfinite(best)):
+                break
+            depth += 1
+        stats["depth"] = float(depth)
+
+    theta = min(theta_stall, theta_bound)
+    beam_search(theta)
+    if not pool or not math.isfinite(min(v[0] for v in pool.values())):
+        stats["relaxed"] = 1.0
+        beam_search(theta_bound)
+
+    # 4. refinement: hill climbing on the best chains, then GPU trimming.
+    ranked = sorted(pool.items(), key=lambda kv: kv[1][0])
+    starts: list[Chain] = []
+    for (c, _), _v in ranked:
+        if c not in starts:
+            starts.append(c)
+        if len(starts) >= refine_top:
+            break
+    refined: dict[Chain, tuple[float, float, tuple[int, ...]]] = {}
+    near = {u: [int(v) for v in hops.order[u][: 3 * neighbours] if usable_mask[int(v)]][:neighbours]
+            for c in starts for u in c}
+    for c0 in starts:
+        cur = c0
+        raw, _, step, g = scorer.score([cur])
+        cur_score = float(raw[0])
+        for _ in range(6):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            moves = _moves(cur, near, hops, usable_mask, neighbours)
+            if not moves:
+                break
+            raw_m, _, step_m, g_m = scorer.score(moves)
+            add_pool(moves, raw_m, step_m, g_m)
+            j = int(np.argmin(raw_m))
+            if raw_m[j] < cur_score * (1 - 1e-9):
+                cur, cur_score = moves[j], float(raw_m[j])
+                for u in cur:
+                    if u not in near:
+                        near[u] = [int(v) for v in hops.order[u][: 3 * neighbours] if usable_mask[int(v)]]
+                        near[u] = near[u][:neighbours]
+            else:
+                break
+        if math.isfinite(cur_score):
+            gg = _trim(scorer, cur, objective)
+            raw_t, _, step_t, _ = scorer.score([cur], [gg])
+            refined[cur] = (float(raw_t[0]), float(step_t[0]), gg)
+
+    out: list[ChainCandidate] = [
+        ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1]) for c, v in refined.items()
+    ]
+    for (c, gg), (sc, st) in ranked:
+        if len(out) >= keep + len(refined):
+            break
+        if c not in refined:
+            out.append(ChainCandidate(chain=c, gpus=gg, score=sc, step=st))
+    out.sort(key=lambda x: x.score)
+    uniq: list[ChainCandidate] = []
+    seen_chains: set[Chain] = set()
+    for cand in out:
+        if cand.chain not in seen_chains and math.isfinite(cand.score):
+            seen_chains.add(cand.chain)
+            uniq.append(cand)
+    stats["scored"] = float(scorer.scored)
+    return uniq[:keep], stats
+
+
+def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray, nn: int) -> list[Chain]:
+    k = len(c)
+    out: set[Chain] = set()
+    if k > 1:
+        out.add(c[::-1])
+        for i in range(k - 1):
+            out.add((*c[:i], c[i + 1], c[i], *c[i + 2 :]))
+        for i in range(k):
+            out.add(c[:i] + c[i + 1 :])
+    members = set(c)
+    pool: list[int] = []
+    for u in c:
+        for v in near.get(u, []):
+            if v not in members and v not in pool:
+                pool.append(v)
+    for v in pool[: 2 * nn]:
+        for i in range(k + 1):
+            out.add((*c[:i], v, *c[i:]))
+        for i in range(k):
+            out.add((*c[:i], v, *c[i + 1 :]))
+    out.discard(c)
+    return sorted(out)
+
+
+def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...]:
+    """Greedily lower GPU counts while the objective stays within ``TRIM_TOLERANCE`` (jct) or improves."""
+    _, _, _, g = scorer.score([chain])
+    cur = tuple(int(x) for x in g[0, : len(chain)])
+    raw, _, _, _ = scorer.score([chain], [cur])
+    cur_score = base = float(raw[0])
+    ta = scorer.ta
+    for _ in range(4 * len(chain)):
+        cands: list[tuple[int, ...]] = []
+        for i, u in enumerate(chain):
+            gi = cur[i]
+            opts = {gi // 2, gi - int(ta.gpn[u]), gi - int(ta.tp_cap[u]), gi - 1,
+                    (gi // int(ta.tp_cap[u])) * int(ta.tp_cap[u])}
+            for o in sorted(opts):
+                if 1 <= o < gi:
+                    cands.append((*cur[:i], o, *cur[i + 1 :]))
+        if not cands:
+            break
+        raw_c, _, _, _ = scorer.score([chain] * len(cands), cands)
+        # jct: stay within the tolerance of the *untrimmed* score (no drift); other objectives: improve.
+        limit = base * (1 + TRIM_TOLERANCE) if objective is Objective.JCT else cur_score
+        ok = [i for i in range(len(cands)) if raw_c[i] <= limit]
+        if not ok:
+            break
+        # Prefer the largest reduction in GPUs, then the best score.
+        j = min(ok, key=lambda i: (sum(cands[i]), raw_c[i]))
+        cur, cur_score = cands[j], float(raw_c[j])
+    return cur
+
+
+class SpinSearch:
+    """The SpinSearch policy: :func:`search_chains`, then the best of the finalists planned exactly by
+    :func:`~spiderflow.placement.common.plan_chain` (TPA when available)."""
+
+    name = "spinsearch"
+
+    def __init__(
+        self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 3,
+        planner: Planner = "auto",
+    ) -> None:
+        self.planner: Planner = planner
+        self.beam_width = beam_width
+        self.neighbours = neighbours
+        self.seeds = seeds
+        self.finalists = finalists
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        budget = budget or Budget()
+        t0 = time.perf_counter()
+        bad = diagnose(topo, job, self.name)
+        if bad is not None:
+            return _with_time(bad, time.perf_counter() - t0)
+        deadline = None if budget.time_limit_s is None else t0 + budget.time_limit_s
+        cands, stats = search_chains(
+            topo, job, objective=budget.objective, beam_width=self.beam_width, neighbours=self.neighbours,
+            seeds=self.seeds, keep=max(self.finalists, 1) + 3, deadline=deadline,
+        )
+        search_s = time.perf_counter() - t0
+        names = topo.names
+        allocs = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[: self.finalists]]
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner)
+        elapsed = time.perf_counter() - t0
+        stats.update(search_seconds=search_s, plan_seconds=fin.plan_seconds, finalists=float(len(allocs)))
+        if fin.plan is None:
+            err = fin.error or UnschedulableError(
+                "no chain of clusters satisfies the job's GPU range, memory and reachability",
+                constraint="memory" if cands else "reachability",
+            )
+            return unschedulable(self.name, err, elapsed)
+        log.debug("spinsearch.placed", job=job.id, chain=list(fin.plan.chain), step_s=fin.plan.step_time_s,
+                  planner=fin.planner, revision=topo.revision, seconds=elapsed)
+        return PlacementResult(
+            status=PlacementStatus.SUCCESS, policy=self.name, plan=fin.plan, planning_seconds=elapsed,
+            optimal=None, stats={**stats, "tpa": 1.0 if fin.planner == "tpa" else 0.0},
+        )
+
+
+def _with_time(res: PlacementResult, seconds: float) -> PlacementResult:
+    from dataclasses import replace
+
+    return replace(res, planning_seconds=seconds)
+
+
+register_policy("spinsearch", SpinSearch)
