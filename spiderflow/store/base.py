@@ -35,7 +35,11 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
   and that revision is returned; otherwise nothing is written and :class:`CompareFailedError` names
   the failed keys and their current ``mod_revision``. A key may appear at most once among puts and
   deletes (:class:`~spiderflow.errors.ValidationError` otherwise). With no puts and no deletes the
-  current revision is returned (a consistent multi-key check).
+  current revision is returned (a consistent multi-key check). Size limits are the server's: etcd
+  refuses more than ``--max-txn-ops`` compares, or puts + deletes (128 by default, 1024 in
+  :class:`~spiderflow.store.process.EtcdProcess` and :class:`~spiderflow.store.memory.MemoryStore`),
+  and requests over ``--max-request-bytes`` (1.5 MiB); both raise
+  :class:`~spiderflow.errors.ValidationError`.
 - ``compact(revision)``: discard history before ``revision``; later watches from an earlier revision
   raise :class:`CompactedError`.
 
@@ -286,8 +290,14 @@ def _check_key(fieldname: str, key: object) -> None:
         raise ValidationError(fieldname, "must be a non-empty string", key)
 
 
-def validate_commit(compares: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str]) -> None:
-    """Reject a transaction that names a key twice among its writes (etcd refuses it too)."""
+def validate_commit(
+    compares: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str], *, max_ops: int | None = None
+) -> None:
+    """Reject a transaction that names a key twice among its writes (etcd refuses it too), or, with
+    ``max_ops``, has more than that many compares or writes."""
+    if max_ops is not None and (len(compares) > max_ops or len(puts) + len(deletes) > max_ops):
+        raise ValidationError("commit", f"too many operations (limit {max_ops} per list)",
+                              max(len(compares), len(puts) + len(deletes)))
     seen: set[str] = set()
     for key in [p.key for p in puts] + list(deletes):
         _check_key("commit.key", key)

@@ -19,7 +19,7 @@ import asyncio
 import collections
 import contextlib
 import weakref
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -283,15 +283,13 @@ class _EtcdWatch(Watch):
                 _log.info("store.watch_reconnect", key=self._key.decode(errors="replace"), next=self._next,
                           error=exc.code().name)
                 continue
-            if resp is grpc.aio.EOF:
+            if resp is grpc.aio.EOF or (resp.canceled and not resp.compact_revision):
                 self._drop_call()
+                await self._backoff.wait(UnavailableError("etcd watch: stream ended or canceled"))
                 continue
             if resp.compact_revision:
                 self._drop_call()
                 raise CompactedError(int(resp.compact_revision), self._next)
-            if resp.canceled:
-                self._drop_call()
-                continue
             self._take(resp)
 
     async def aclose(self) -> None:
@@ -431,9 +429,23 @@ class EtcdStore(Store):
         self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
         self._leases: weakref.WeakSet[_EtcdLease] = weakref.WeakSet()
         self._leaderships: set[_EtcdLeadership] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
+
+    def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a best-effort request without awaiting it (errors are logged)."""
+
+        async def run() -> None:
+            try:
+                await coro
+            except Exception as exc:
+                _log.info("store.background_failed", error=str(exc))
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _metadata(self) -> Any:
         return self._client.metadata
@@ -602,7 +614,11 @@ class EtcdStore(Store):
             break
         key = bytes(resp.leader.key).decode()
         rev = int(resp.leader.rev)
-        kv = await self.get(key)
+        try:
+            kv = await self.get(key)
+        except BaseException:  # won but cannot hand it over: withdraw, so no one leads unseen
+            self._background(self._unary("Resign", epb.ResignRequest(leader=resp.leader), stub="election"))
+            raise
         if kv is None or kv.create_revision != rev:
             raise ConflictError(f"leader key {key} vanished while campaigning for {name} (lease lost)")
         leadership = _EtcdLeadership(name=name, key=key, revision=rev, lease=lease, value=kv.value, store=self)

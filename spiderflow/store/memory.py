@@ -217,10 +217,11 @@ class _MemoryLeadership(Leadership):
 
 class MemoryStore(Store):
     """The contract of :mod:`spiderflow.store.base`, in memory. ``request_timeout`` only bounds
-    keep-alive waits (requests complete at once)."""
+    keep-alive waits (requests complete at once); ``max_txn_ops`` mirrors etcd's ``--max-txn-ops``."""
 
-    def __init__(self, *, request_timeout: float = 5.0) -> None:
+    def __init__(self, *, request_timeout: float = 5.0, max_txn_ops: int = 1024) -> None:
         self.request_timeout = request_timeout
+        self.max_txn_ops = max_txn_ops
         self._data: dict[str, KeyValue] = {}
         self._rev = 1
         self._compact_rev = 0
@@ -368,7 +369,7 @@ class MemoryStore(Store):
     async def commit(
         self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()
     ) -> int:
-        validate_commit(compares, puts, deletes)
+        validate_commit(compares, puts, deletes, max_ops=self.max_txn_ops)
         self._check()
         failed: dict[str, int] = {}
         for c in compares:

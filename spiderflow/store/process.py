@@ -19,7 +19,8 @@ Contract:
   long-lived thread (the main thread), never from a short-lived worker.
 
 Defaults ``heartbeat_ms=10, election_ms=100`` make a fresh member ready in ~0.1 s; with them etcd's
-minimum lease TTL is 1 s (``ceil(1.5 × election timeout)``).
+minimum lease TTL is 1 s (``ceil(1.5 × election timeout)``). Transactions may carry up to
+:data:`MAX_TXN_OPS` operations per list (``--max-txn-ops``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ import structlog
 
 from spiderflow.errors import PreconditionError, UnavailableError
 
-__all__ = ["EtcdProcess", "find_etcd", "free_port"]
+__all__ = ["MAX_TXN_OPS", "EtcdProcess", "find_etcd", "free_port"]
+
+#: ``--max-txn-ops`` of the etcd we start (etcd's default is 128): a job bound on a long chain writes
+#: allocations + assignments + job + plan in one transaction.
+MAX_TXN_OPS = 1024
 
 _log = structlog.get_logger(__name__)
 
@@ -177,6 +182,7 @@ class EtcdProcess:
             "--initial-cluster-state", "new",
             "--heartbeat-interval", str(self._heartbeat_ms),
             "--election-timeout", str(self._election_ms),
+            "--max-txn-ops", str(MAX_TXN_OPS),
             "--logger", "zap",
             "--log-outputs", "stderr",
             *self._extra_args,

@@ -144,6 +144,17 @@ async def test_commit_is_atomic_over_several_keys(store: Store) -> None:
         await store.commit([], [Put(key="/x", value=b"1")], ["/x"])
 
 
+async def test_commit_size_limit(store: Store) -> None:
+    # 1024 writes in one transaction work (a long chain's allocations + assignments); more are refused.
+    many = [Put(key=f"/alloc/{i:04d}", value=b"1") for i in range(1024)]
+    rev = await store.commit([absent("/jobs/big")], many)
+    items, _ = await store.get_prefix("/alloc/")
+    assert len(items) == 1024 and {kv.mod_revision for kv in items} == {rev}
+    with pytest.raises(ValidationError):
+        await store.commit([], [*many, Put(key="/alloc/extra", value=b"1")])
+    assert await store.get("/alloc/extra") is None
+
+
 async def test_concurrent_binders_exactly_one_wins(store: Store) -> None:
     await store.put("/alloc/a", b"0")
     await store.put("/alloc/b", b"0")
