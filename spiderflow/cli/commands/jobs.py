@@ -1,0 +1,225 @@
+"""Job commands: ``submit``, ``jobs``, ``status``, ``watch``, ``cancel`` (through the scheduler service).
+
+The scheduler address comes from ``--address``, else ``SPIDERFLOW_SCHEDULER``, else the config file (see
+:func:`spiderflow.sdk.resolve_address`). ``watch`` exits 0 when the job succeeds and 1 when it fails or is
+cancelled, so scripts can chain on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from typing import Any
+
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
+from spiderflow.jobs import JobState
+from spiderflow.sdk import Client, Job
+
+__all__ = ["parse_gpus", "register"]
+
+_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan", "PLACED": "blue",
+          "PENDING": "white", "RESCHEDULING": "magenta"}
+
+
+def parse_gpus(value: str) -> dict[str, int]:
+    """``N`` or ``MIN:MAX`` → ``{"min", "max"}``."""
+    try:
+        if ":" in value:
+            lo, hi = value.split(":", 1)
+            return {"min": int(lo), "max": int(hi)}
+        n = int(value)
+        return {"min": n, "max": n}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gpus must be N or MIN:MAX (got {value!r})") from None
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(args.address)
+
+
+def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    if args.model is None:
+        raise CliError("give a job FILE or --model (see spiderflow submit --help)", EXIT_USAGE)
+    job: dict[str, Any] = {
+        "id": args.id or f"{args.model.replace('.', '-')}-{uuid.uuid4().hex[:8]}", "model": args.model,
+        "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+        "steps": args.steps, "gpus": args.gpus or {"min": 1, "max": 8}, "priority": args.priority,
+        "tenant": args.tenant,
+    }
+    return job
+
+
+def _plan_summary(job: Job) -> str:
+    if job.plan is None:
+        return "-"
+    return " → ".join(f"{s.cluster}[{s.first_layer}-{s.last_layer}]×{s.gpus}" for s in job.plan.stages)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    if args.file and args.model:
+        raise CliError("give either a job FILE or --model, not both", EXIT_USAGE)
+    job_input: Any = args.file if args.file else _job_from_args(args)
+    with _client(args) as sf:
+        job = sf.submit(job_input, request_id=args.request_id, policy=args.policy)
+        if args.json and not args.watch:
+            print_json(job.to_dict())
+            return 0
+        if not args.json:
+            console.print(f"submitted [bold]{job.id}[/bold] ({job.state})")
+        if args.watch:
+            return _follow(sf, job.id, json_out=args.json)
+    return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    with _client(args) as sf:
+        jobs = sf.list(states=args.state or None, tenant=args.tenant)
+    if args.json:
+        print_json([j.to_dict() for j in jobs])
+        return 0
+    table = Table(title=f"{len(jobs)} job(s)")
+    for col in ("ID", "TENANT", "MODEL", "STATE", "GPUS", "STEP", "PLAN", "REASON"):
+        table.add_column(col, overflow="fold")
+    for j in jobs:
+        step = f"{int(j.progress.get('step', 0))}/{j.spec.steps}"
+        table.add_row(j.id, j.spec.tenant, j.spec.model.name, f"[{_STYLE.get(j.state, '')}]{j.state}[/]",
+                      str(j.plan.gpus) if j.plan else "-", step, _plan_summary(j), j.reason)
+    console.print(table)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as sf:
+        job = sf.get(args.job_id)
+    if args.json:
+        print_json(job.to_dict())
+        return 0
+    table = Table(title=f"job {job.id}", show_header=False)
+    table.add_row("state", f"[{_STYLE.get(job.state, '')}]{job.state}[/] — {job.reason}")
+    table.add_row("model", f"{job.spec.model.name} ({job.spec.model.layers} layers)")
+    table.add_row("tenant / policy", f"{job.spec.tenant} / {job.policy or 'default'}")
+    table.add_row("attempt", str(job.attempt))
+    if job.plan is not None:
+        table.add_row("plan", _plan_summary(job))
+        table.add_row("schedule / micro-batches", f"{job.plan.schedule} / {job.plan.micro_batches}")
+        table.add_row("predicted step", f"{job.plan.step_time_s:.4g} s ({job.plan.throughput_tokens_per_s:,.0f} tok/s)")
+    if job.progress:
+        p = job.progress
+        table.add_row("progress", f"step {int(p['step'])}/{int(p['steps'])}, loss {p['loss']:.4f}, "
+                                  f"{p['step_time_s']:.4g} s/step, {p['tokens_per_s']:,.0f} tok/s")
+    for t in job.history:
+        table.add_row(time.strftime("%H:%M:%S", time.localtime(t.time)), f"{t.from_state or '∅'} → {t.to_state}: "
+                                                                          f"{t.reason}")
+    console.print(table)
+    return 0
+
+
+def _follow(sf: Client, job_id: str, *, json_out: bool) -> int:
+    """Follow a job to its end; exit 0 on SUCCEEDED, 1 otherwise."""
+    final = ""
+    if json_out:
+        for ev in sf.watch(job_id):
+            doc: dict[str, Any] = {"kind": ev.kind, "revision": ev.revision}
+            if ev.job:
+                doc["job"] = ev.job.to_dict()
+                final = ev.job.state
+            if ev.transition:
+                doc["transition"] = {"from": ev.transition.from_state, "to": ev.transition.to_state,
+                                     "reason": ev.transition.reason}
+                final = ev.transition.to_state
+            if ev.progress:
+                doc["progress"] = ev.progress
+            print_json(doc)
+        return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=console)
+    task = progress.add_task(job_id, total=None, info="")
+    with Live(progress, console=console, refresh_per_second=8, transient=False):
+        for ev in sf.watch(job_id):
+            if ev.job is not None:
+                final = ev.job.state
+                progress.update(task, total=ev.job.spec.steps, info=f"{ev.job.state}: {ev.job.reason}")
+            if ev.transition is not None:
+                final = ev.transition.to_state
+                progress.update(task, info=f"{final}: {ev.transition.reason}")
+                console.print(f"{ev.transition.from_state} → [{_STYLE.get(final, '')}]{final}[/]: "
+                              f"{ev.transition.reason}")
+            if ev.progress:
+                p = ev.progress
+                progress.update(task, completed=int(p["step"]), total=int(p["steps"]) or None,
+                                info=f"loss {p['loss']:.4f} · {p['tokens_per_s']:,.0f} tok/s · "
+                                     f"{p['step_time_s']:.3g} s/step")
+    return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
+
+
+def _watch(args: argparse.Namespace) -> int:
+    with _client(args) as sf:
+        return _follow(sf, args.job_id, json_out=args.json)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    with _client(args) as sf:
+        job = sf.cancel(args.job_id, args.reason or "")
+    if args.json:
+        print_json(job.to_dict())
+    else:
+        console.print(f"{job.id}: {job.state} ({job.reason})")
+    return 0
+
+
+def _address(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", help="scheduler host:port (default: $SPIDERFLOW_SCHEDULER, config file, "
+                                     "127.0.0.1:50051)")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("submit", help="submit a training job (a job file, or --model ...)")
+    p.add_argument("file", nargs="?", help="job file (JSON/YAML: a trace job object)")
+    p.add_argument("--id", help="job id (default: generated)")
+    p.add_argument("--model", help="model preset (gpt-tiny, gpt3-1.3b, llama3-8b, ...)")
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--gpus", type=parse_gpus, help="N or MIN:MAX (default 1:8)")
+    p.add_argument("--priority", type=int, default=0)
+    p.add_argument("--tenant", default="default")
+    p.add_argument("--policy", help="placement policy (default: the scheduler's, spinsearch)")
+    p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing")
+    p.add_argument("--watch", action="store_true", help="follow the job until it ends")
+    _address(p)
+    add_json_flag(p)
+    p.set_defaults(func=_submit)
+
+    p = sub.add_parser("jobs", help="list jobs")
+    p.add_argument("--state", action="append", choices=[s.value for s in JobState],
+                   help="only jobs in this state (repeatable)")
+    p.add_argument("--tenant")
+    _address(p)
+    add_json_flag(p)
+    p.set_defaults(func=_jobs)
+
+    p = sub.add_parser("status", help="show one job: state, plan, progress, history")
+    p.add_argument("job_id")
+    _address(p)
+    add_json_flag(p)
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser("watch", help="follow a job live (steps, loss, tokens/s) until it ends")
+    p.add_argument("job_id")
+    _address(p)
+    add_json_flag(p)
+    p.set_defaults(func=_watch)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job_id")
+    p.add_argument("--reason")
+    _address(p)
+    add_json_flag(p)
+    p.set_defaults(func=_cancel)

@@ -1,0 +1,350 @@
+"""The Python SDK: :class:`Client` (blocking) and :class:`AsyncClient` (asyncio), mirroring the CLI.
+
+Submit a job, follow it, read the topology::
+
+    from spiderflow.sdk import Client
+
+    with Client() as sf:                                   # address: see resolve_address()
+        job = sf.submit({"id": "demo-1", "model": "gpt-tiny", "global_batch": 8,
+                         "gpus": {"min": 1, "max": 3}, "steps": 20})
+        for event in sf.watch(job.id):                     # state changes and progress
+            print(event)
+        print(sf.get(job.id).state)                        # "SUCCEEDED"
+
+The asynchronous client has the same methods as coroutines (``watch`` is an async iterator)::
+
+    async with AsyncClient("127.0.0.1:50051") as sf:
+        job = await sf.submit("examples/job.json")
+        async for event in sf.watch(job.id):
+            ...
+
+Errors are the domain errors of :mod:`spiderflow.errors` (``ValidationError`` with the offending field,
+``NotFoundError``, ``PreconditionError``, ``UnavailableError``, ...), never raw gRPC errors.
+
+Endpoint resolution (:func:`resolve_address`): an explicit argument, else the environment variable
+(``SPIDERFLOW_SCHEDULER``, ``SPIDERFLOW_TOPOLOGY``, ``SPIDERFLOW_PLANNER``), else the config file
+(``$SPIDERFLOW_CONFIG`` or ``~/.config/spiderflow/config.yaml``, keys ``scheduler``, ``topology``,
+``planner``; ``spiderflow up --keep`` writes it), else ``127.0.0.1:50051`` / ``:50052`` / ``:50053``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import grpc
+import grpc.aio
+import yaml
+
+from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.errors import ValidationError
+from spiderflow.formats import job_from_dict, job_to_dict, load_document
+from spiderflow.jobs import JobState
+from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
+from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.rpc import convert
+from spiderflow.rpc.errors import domain_errors
+from spiderflow.rpc.server import channel_options, open_channel
+
+__all__ = [
+    "DEFAULT_ADDRESSES",
+    "AsyncClient",
+    "Client",
+    "Job",
+    "JobEvent",
+    "Transition",
+    "config_path",
+    "resolve_address",
+]
+
+Service = Literal["scheduler", "topology", "planner"]
+DEFAULT_ADDRESSES: dict[str, str] = {
+    "scheduler": "127.0.0.1:50051", "topology": "127.0.0.1:50052", "planner": "127.0.0.1:50053",
+}
+_ENV = {"scheduler": "SPIDERFLOW_SCHEDULER", "topology": "SPIDERFLOW_TOPOLOGY", "planner": "SPIDERFLOW_PLANNER"}
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("SPIDERFLOW_CONFIG", Path.home() / ".config" / "spiderflow" / "config.yaml"))
+
+
+def resolve_address(service: Service, explicit: str | None = None) -> str:
+    """The endpoint of ``service`` (see the module docstring for the order)."""
+    if explicit:
+        return explicit
+    env = os.environ.get(_ENV[service])
+    if env:
+        return env
+    path = config_path()
+    if path.exists():
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValidationError(str(path), f"not valid YAML: {e}") from None
+        if isinstance(doc, dict) and isinstance(doc.get(service), str):
+            return str(doc[service])
+    return DEFAULT_ADDRESSES[service]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    from_state: str
+    to_state: str
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """A job as the scheduler reports it. ``state`` is a :class:`~spiderflow.jobs.JobState` value."""
+
+    id: str
+    state: str
+    reason: str
+    spec: JobSpec
+    plan: Plan | None
+    attempt: int
+    policy: str
+    progress: dict[str, float] = field(default_factory=dict)
+    history: tuple[Transition, ...] = ()
+    revision: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+    def to_dict(self) -> dict[str, Any]:
+        from spiderflow.jobs import plan_to_dict
+
+        return {
+            "id": self.id, "state": self.state, "reason": self.reason, "attempt": self.attempt,
+            "policy": self.policy, "spec": job_to_dict(self.spec),
+            "plan": plan_to_dict(self.plan) if self.plan else None, "progress": self.progress,
+            "history": [{"from": t.from_state, "to": t.to_state, "reason": t.reason, "time": t.time}
+                        for t in self.history],
+            "revision": self.revision,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobEvent:
+    """One WatchJob event: ``kind`` is ``job`` (the record), ``state`` (a transition) or ``progress``."""
+
+    kind: Literal["job", "state", "progress"]
+    revision: int
+    job: Job | None = None
+    transition: Transition | None = None
+    progress: dict[str, float] | None = None
+
+
+def _state_name(value: int) -> str:
+    return "" if value == types_pb2.JOB_STATE_UNSPECIFIED else convert.job_state_from_proto(value).upper()
+
+
+def _progress(p: types_pb2.ProgressEvent) -> dict[str, float]:
+    return {"step": p.step, "steps": p.steps_total, "loss": p.loss, "tokens_per_s": p.tokens_per_s,
+            "step_time_s": p.step_time_s, "attempt": p.attempt}
+
+
+def _transition(t: scheduler_pb2.StateTransition) -> Transition:
+    return Transition(from_state=_state_name(t.from_state), to_state=_state_name(t.to_state), reason=t.reason,
+                      time=t.time.ToNanoseconds() / 1e9)
+
+
+def job_from_proto(msg: scheduler_pb2.Job) -> Job:
+    return Job(
+        id=msg.spec.id, state=_state_name(msg.state), reason=msg.reason, spec=convert.job_from_proto(msg.spec),
+        plan=convert.plan_from_proto(msg.plan) if msg.HasField("plan") else None, attempt=msg.attempt,
+        policy=msg.policy, progress=_progress(msg.progress) if msg.HasField("progress") else {},
+        history=tuple(_transition(t) for t in msg.history), revision=msg.revision,
+    )
+
+
+def _event(msg: scheduler_pb2.WatchJobResponse) -> JobEvent:
+    kind = msg.WhichOneof("event")
+    if kind == "job":
+        return JobEvent(kind="job", revision=msg.revision, job=job_from_proto(msg.job))
+    if kind == "state_change":
+        return JobEvent(kind="state", revision=msg.revision, transition=_transition(msg.state_change))
+    return JobEvent(kind="progress", revision=msg.revision, progress=_progress(msg.progress))
+
+
+def _spec(job: JobSpec | Mapping[str, Any] | str | Path) -> JobSpec:
+    if isinstance(job, JobSpec):
+        return job
+    if isinstance(job, str | Path):
+        doc = load_document(job)
+        if isinstance(doc, dict) and "jobs" in doc:
+            jobs = doc["jobs"]
+            if not isinstance(jobs, list) or len(jobs) != 1:
+                raise ValidationError("jobs", "a job file must hold one job (use a trace for several)", len(jobs))
+            doc = jobs[0]
+        return job_from_dict(doc)
+    return job_from_dict(dict(job))
+
+
+def _submit_request(job: JobSpec | Mapping[str, Any] | str | Path, request_id: str | None,
+                    policy: str | None) -> scheduler_pb2.SubmitJobRequest:
+    spec = _spec(job)
+    return scheduler_pb2.SubmitJobRequest(request_id=request_id or f"{spec.id}-{uuid.uuid4().hex[:12]}",
+                                          job=convert.job_to_proto(spec), policy=policy or "")
+
+
+def _list_request(states: Sequence[str] | None, tenant: str | None, page_size: int,
+                  token: str) -> scheduler_pb2.ListJobsRequest:
+    return scheduler_pb2.ListJobsRequest(
+        states=[convert.job_state_to_proto(s.lower()) for s in states or ()], tenant=tenant or "",
+        page_size=page_size, page_token=token,
+    )
+
+
+class Client:
+    """Blocking client. ``timeout_s`` bounds every unary call (watch streams are unbounded)."""
+
+    def __init__(self, scheduler: str | None = None, *, topology: str | None = None, timeout_s: float = 30.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.scheduler_address = resolve_address("scheduler", scheduler)
+        self._topology_address = topology
+        self.timeout_s = timeout_s
+        self._credentials = credentials
+        self._channel = self._open(self.scheduler_address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    def _open(self, address: str) -> grpc.Channel:
+        if self._credentials is not None:
+            return grpc.secure_channel(address, self._credentials, options=channel_options())
+        return grpc.insecure_channel(address, options=channel_options())
+
+    def submit(self, job: JobSpec | Mapping[str, Any] | str | Path, *, request_id: str | None = None,
+               policy: str | None = None) -> Job:
+        """Submit a job (a JobSpec, a trace-format dict, or a JSON/YAML file). Retrying with the same
+        ``request_id`` returns the same job."""
+        req = _submit_request(job, request_id, policy)
+        with domain_errors():
+            return job_from_proto(self._stub.SubmitJob(req, timeout=self.timeout_s).job)
+
+    def get(self, job_id: str) -> Job:
+        with domain_errors():
+            return job_from_proto(self._stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id),
+                                                    timeout=self.timeout_s).job)
+
+    def list(self, *, states: Sequence[str] | None = None, tenant: str | None = None) -> list[Job]:
+        """Every job matching the filters (all pages), in submission order."""
+        out: list[Job] = []
+        token = ""
+        with domain_errors():
+            while True:
+                resp = self._stub.ListJobs(_list_request(states, tenant, 1000, token), timeout=self.timeout_s)
+                out.extend(job_from_proto(j) for j in resp.jobs)
+                token = resp.next_page_token
+                if not token:
+                    return out
+
+    def watch(self, job_id: str, *, include_progress: bool = True, from_revision: int = 0) -> Iterator[JobEvent]:
+        """The job's record, then its state changes (and progress) until it ends."""
+        req = scheduler_pb2.WatchJobRequest(job_id=job_id, include_progress=include_progress,
+                                            from_revision=from_revision)
+        with domain_errors():
+            for msg in self._stub.WatchJob(req):
+                yield _event(msg)
+
+    def cancel(self, job_id: str, reason: str = "") -> Job:
+        with domain_errors():
+            return job_from_proto(self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                                                       timeout=self.timeout_s).job)
+
+    def topology(self) -> Topology:
+        """The live topology snapshot from the topology service."""
+        channel = self._open(resolve_address("topology", self._topology_address))
+        try:
+            with domain_errors():
+                resp = topology_pb2_grpc.TopologyStub(channel).GetTopology(topology_pb2.GetTopologyRequest(),
+                                                                          timeout=self.timeout_s)
+            return convert.topology_from_proto(resp.topology)
+        finally:
+            channel.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client with the methods of :class:`Client` as coroutines."""
+
+    def __init__(self, scheduler: str | None = None, *, topology: str | None = None, timeout_s: float = 30.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.scheduler_address = resolve_address("scheduler", scheduler)
+        self._topology_address = topology
+        self.timeout_s = timeout_s
+        self._credentials = credentials
+        self._channel = open_channel(self.scheduler_address, credentials=credentials)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+
+    async def submit(self, job: JobSpec | Mapping[str, Any] | str | Path, *, request_id: str | None = None,
+                     policy: str | None = None) -> Job:
+        req = _submit_request(job, request_id, policy)
+        with domain_errors():
+            return job_from_proto((await self._stub.SubmitJob(req, timeout=self.timeout_s)).job)
+
+    async def get(self, job_id: str) -> Job:
+        with domain_errors():
+            resp = await self._stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
+        return job_from_proto(resp.job)
+
+    async def list(self, *, states: Sequence[str] | None = None, tenant: str | None = None) -> list[Job]:
+        out: list[Job] = []
+        token = ""
+        with domain_errors():
+            while True:
+                resp = await self._stub.ListJobs(_list_request(states, tenant, 1000, token), timeout=self.timeout_s)
+                out.extend(job_from_proto(j) for j in resp.jobs)
+                token = resp.next_page_token
+                if not token:
+                    return out
+
+    async def watch(self, job_id: str, *, include_progress: bool = True,
+                    from_revision: int = 0) -> AsyncIterator[JobEvent]:
+        req = scheduler_pb2.WatchJobRequest(job_id=job_id, include_progress=include_progress,
+                                            from_revision=from_revision)
+        with domain_errors():
+            async for msg in self._stub.WatchJob(req):
+                yield _event(msg)
+
+    async def cancel(self, job_id: str, reason: str = "") -> Job:
+        with domain_errors():
+            resp = await self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
+                                              timeout=self.timeout_s)
+        return job_from_proto(resp.job)
+
+    async def topology(self) -> Topology:
+        channel = open_channel(resolve_address("topology", self._topology_address), credentials=self._credentials)
+        try:
+            with domain_errors():
+                resp = await topology_pb2_grpc.TopologyStub(channel).GetTopology(topology_pb2.GetTopologyRequest(),
+                                                                                timeout=self.timeout_s)
+            return convert.topology_from_proto(resp.topology)
+        finally:
+            await channel.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
