@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["bulk", "main", "rtt", "serve"]
+__all__ = ["bulk", "main", "rtt", "serve", "wait_listening"]
 
 _CHUNK = 64 * 1024
 
@@ -96,6 +96,20 @@ def _connect(host: str, port: int, timeout: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def wait_listening(host: str, port: int, *, timeout: float = 30.0) -> None:
+    """Return once a TCP connect to ``host:port`` succeeds (the connection is closed at once), else raise
+    ``TimeoutError``. From the host, cluster addresses are reached directly (not through the relay)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout} s") from None
+            time.sleep(0.05)
 
 
 def bulk(host: str, port: int, *, seconds: float = 1.5, warmup_s: float = 0.3) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import pytest
 from spiderflow.domain import Cluster, Link, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.testbed import Testbed, TestbedError, check_environment, cleanup
+from spiderflow.testbed.probe import wait_listening
 
 pytestmark = pytest.mark.netns
 
@@ -93,6 +94,8 @@ def testbed(state_dir: Path) -> Iterator[Testbed]:
         for name in tb.topology.names:
             tb.exec(name, [PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(PROBE_PORT),
                            "--lifetime", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for name in tb.topology.names:
+            wait_listening(tb.address(name), PROBE_PORT, timeout=30)
         yield tb
     finally:
         tb.down()

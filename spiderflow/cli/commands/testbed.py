@@ -41,9 +41,13 @@ def _state_dir(args: argparse.Namespace) -> Path | None:
 def _commands(args: argparse.Namespace, tb: Any) -> list[tuple[str, list[str]]]:
     templates: list[str] = list(args.command or [])
     if args.agents:
+        addr = str(args.agents)
+        for local in ("127.0.0.1:", "localhost:"):
+            if addr.startswith(local):  # the host's loopback, as seen from inside the namespaces
+                addr = "{host}:" + addr[len(local):]
         templates.append(
             shlex.join([sys.executable, "-m", "spiderflow.cli.main", "agent"])
-            + " --cluster {cluster} --topology-service " + shlex.quote(args.agents)
+            + " --cluster {cluster} --topology-service " + shlex.quote(addr)
         )
     out: list[tuple[str, list[str]]] = []
     for name in tb.topology.names:
@@ -87,6 +91,7 @@ def _up(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         relay_port=args.relay_port,
         passthrough_ports=args.passthrough_port or (),
+        connect_retry_s=args.connect_retry,
         state_dir=_state_dir(args),
     )
 
@@ -201,6 +206,37 @@ def _set_link(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measure(args: argparse.Namespace) -> int:
+    from spiderflow.testbed import Testbed
+    from spiderflow.testbed.measure import measure_pairs
+
+    _require_environment()
+    tb = Testbed.attach(args.prefix, state_dir=_state_dir(args))
+    pairs = None
+    if args.pair:
+        pairs = []
+        for spec in args.pair:
+            src, sep, dst = spec.partition(":")
+            if not sep:
+                raise CliError(f"--pair: expected SRC:DST (got {spec!r})", EXIT_USAGE)
+            tb.pair(src, dst)
+            pairs.append((src, dst))
+    rows = measure_pairs(tb, pairs, seconds=args.seconds)
+    if args.json:
+        print_json([{"src": m.src, "dst": m.dst, "want_mbps": m.want_mbps, "got_mbps": m.got_mbps,
+                     "want_rtt_ms": m.want_rtt_ms, "got_rtt_ms": m.got_rtt_ms, "relay_cpu_s": m.relay_cpu_s}
+                    for m in rows])
+        return 0
+    t = Table(title=f"testbed {tb.prefix}: configured vs measured")
+    for col in ("src", "dst", "Mbit/s want", "got", "err", "RTT ms want", "got", "err", "relay CPU s"):
+        t.add_column(col, justify="left" if col in ("src", "dst") else "right")
+    for m in rows:
+        t.add_row(m.src, m.dst, f"{m.want_mbps:g}", f"{m.got_mbps:.1f}", f"{m.bandwidth_error:+.1%}",
+                  f"{m.want_rtt_ms:g}", f"{m.got_rtt_ms:.1f}", f"{m.rtt_error:+.1%}", f"{m.relay_cpu_s:.2f}")
+    console.print(t)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("testbed", help="emulated multi-region testbed on this machine (needs root)")
     tsub = p.add_subparsers(dest="testbed_command", metavar="SUBCOMMAND", required=True)
@@ -214,6 +250,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(up)
     up.add_argument("--detach", action="store_true", help="return once up instead of waiting for Ctrl-C")
     up.add_argument("--relay-port", type=int, default=15001, help="relay port inside the router namespace")
+    up.add_argument("--connect-retry", type=float, default=10.0, metavar="SECONDS",
+                    help="how long the relay retries a refused onward connect (default 10)")
     up.add_argument("--passthrough-port", type=int, action="append",
                     help="TCP destination port forwarded without added latency (repeatable)")
     up.add_argument("--command", action="append", metavar="TEMPLATE",
@@ -221,7 +259,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "{netns} {prefix} are substituted")
     up.add_argument("--agents", metavar="ADDR",
                     help="start 'spiderflow agent --cluster NAME --topology-service ADDR' in every cluster "
-                         "({host} is the host's address seen from the namespaces)")
+                         "(127.0.0.1:PORT / localhost:PORT / {host}:PORT mean the host's loopback PORT)")
     add_json_flag(up)
     up.set_defaults(func=_up)
 
@@ -241,6 +279,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(ex)
     ex.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command and its arguments")
     ex.set_defaults(func=_exec)
+
+    me = tsub.add_parser("measure", help="measure bandwidth and RTT of directed pairs on a running testbed")
+    common(me)
+    me.add_argument("--pair", action="append", metavar="SRC:DST", help="only these pairs (repeatable)")
+    me.add_argument("--seconds", type=float, default=1.2, help="bulk transfer length per pair")
+    add_json_flag(me)
+    me.set_defaults(func=_measure)
 
     sl = tsub.add_parser("set-link", help="change a link's shaping on a running testbed")
     sl.add_argument("a")
