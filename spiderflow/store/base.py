@@ -1,7 +1,7 @@
 """The Store: SpiderFlow's one door to etcd. This docstring is the contract.
 
 Every service keeps its state in a :class:`Store` and nowhere else. Two implementations pass the same
-contract tests (``tests/store/test_contract.py``): :class:`~spiderflow.store.etcd.EtcdStore` over a real
+contract tests (``tests/store/test_store_contract.py``): :class:`~spiderflow.store.etcd.EtcdStore` over a real
 etcd, and :class:`~spiderflow.store.memory.MemoryStore` for unit tests. Key names come from
 :mod:`spiderflow.store.keys`.
 
@@ -91,13 +91,15 @@ its lease; the leader is the owner of the key with the lowest ``create_revision`
 
 Errors
 ------
-Connection failures and deadlines (each request is bounded by the store's ``request_timeout``) →
-:class:`~spiderflow.errors.UnavailableError`. A write that raised it has an **unknown outcome**: the
-server may still apply it (e.g. a request buffered by a suspended etcd); re-read, or make the write
-idempotent with a compare, before retrying; lost compare → :class:`CompareFailedError`; putting
-with an unknown/expired lease → :class:`~spiderflow.errors.NotFoundError`; compacted history →
-:class:`CompactedError`. After :meth:`Store.close` every call raises
-:class:`~spiderflow.errors.UnavailableError`.
+- Connection failures and deadlines (each request is bounded by the store's ``request_timeout``) →
+  :class:`~spiderflow.errors.UnavailableError`. A write that raised it has an **unknown outcome**:
+  the server may still apply it (e.g. a request buffered by a suspended etcd); re-read, or guard the
+  write with a compare, before retrying.
+- Lost compare → :class:`CompareFailedError`; ``put_if_absent`` on a present key →
+  :class:`~spiderflow.errors.AlreadyExistsError`.
+- Putting with an unknown or expired lease → :class:`~spiderflow.errors.NotFoundError`.
+- Compacted history → :class:`CompactedError`.
+- After :meth:`Store.close` every call raises :class:`~spiderflow.errors.UnavailableError`.
 """
 
 from __future__ import annotations
@@ -113,7 +115,14 @@ from typing import Self
 
 import structlog
 
-from spiderflow.errors import ConflictError, NotFoundError, PreconditionError, UnavailableError, ValidationError
+from spiderflow.errors import (
+    AlreadyExistsError,
+    ConflictError,
+    NotFoundError,
+    PreconditionError,
+    UnavailableError,
+    ValidationError,
+)
 
 __all__ = [
     "CompactedError",
@@ -600,8 +609,6 @@ class Store(abc.ABC):
 
     async def put_if_absent(self, key: str, value: bytes, *, lease: LeaseLike = None) -> int:
         """Create ``key``; :class:`~spiderflow.errors.AlreadyExistsError` if present."""
-        from spiderflow.errors import AlreadyExistsError
-
         try:
             return await self.commit([absent(key)], [Put(key=key, value=value, lease=lease)])
         except CompareFailedError as exc:
