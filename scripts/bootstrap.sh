@@ -10,11 +10,14 @@ need_apt=()
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server etcd-client)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
+# Validates deploy/compose files in the tests (no Docker engine needed).
+command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_apt[*]}" >&2
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
   else
     echo "bootstrap: please install: ${need_apt[*]} (apt-get needs root)" >&2
     exit 1
