@@ -301,6 +301,8 @@ class _Sim:
         self.version = 0
         self.snapshot: Topology | None = None
         self.free_cache: dict[str, int] | None = None
+        self.snap_base: Topology | None = None
+        self.net_cache: float | None = None
         self.total_free_cache = 0
         self.qcache: dict[str, tuple[tuple[float, int, float | None], QueuedJob]] = {}
         self.decision_times: list[float] = []
@@ -373,10 +375,19 @@ class _Sim:
     def _changed(self) -> None:
         self.snapshot = None
         self.free_cache = None
+        self.net_cache = None
 
     def _snapshot(self) -> Topology:
+        """The topology the next decision sees; only clusters whose free GPUs changed are rebuilt."""
         if self.snapshot is None:
-            self.snapshot = self.topo.with_free(self._free())
+            free = self._free()
+            base = self.snap_base
+            if base is None:
+                self.snapshot = self.topo.with_free(free)
+            else:
+                diff = {c: f for c, f in free.items() if base.clusters[base.index[c]].free != f}
+                self.snapshot = base.with_free(diff) if diff else base
+            self.snap_base = self.snapshot
         return self.snapshot
 
     def _check_fits(self, j: _Job, alloc: dict[str, int]) -> None:
@@ -500,6 +511,8 @@ class _Sim:
                     raise ValidationError("events.bandwidth_gbps", "a new link needs a bandwidth", None)
                 links.append(Link(a=ev.a, b=ev.b, bandwidth_gbps=ev.bandwidth_gbps, latency_ms=ev.latency_ms or 0.0))
             self.topo = Topology(clusters=self.topo.clusters, links=tuple(links), revision=self.topo.revision + 1)
+            self.topo.bandwidth_matrix  # noqa: B018 - recompute paths once, outside the timed decisions
+            self.snap_base = None
         elif ev.kind is EventKind.CLUSTER_LOSS:
             self.topo.cluster(ev.cluster)
             self.lost.add(ev.cluster)
@@ -534,15 +547,17 @@ class _Sim:
 
     # -- scheduling cycle -----------------------------------------------------------------------------
     def _network_utilization(self) -> float:
+        """Cross-cluster Gbit/s of running plans / total link capacity, clipped to [0, 1]."""
+        if self.net_cache is not None:
+            return self.net_cache
         cap = sum(link.bandwidth_gbps * (1 if link.directed else 2) for link in self.topo.links)
-        if cap <= 0:
-            return 0.0
         load = 0.0
         for jid in self.running:
             j = self.jobs[jid]
             assert j.plan is not None
             load += _link_gbps(j.plan, j.spec, j.plan.step_time_s)
-        return min(1.0, load / cap)
+        self.net_cache = min(1.0, load / cap) if cap > 0 else 0.0
+        return self.net_cache
 
     def _remaining_spec(self, j: _Job) -> JobSpec:
         left = max(1, j.spec.steps - math.floor(j.steps_done))
