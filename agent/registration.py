@@ -1,0 +1,71 @@
+"""The registration record an agent keeps in etcd: ``clusters/<cluster>`` under the agent's lease.
+
+This record is the contract between an agent and everyone who reads it (the topology service, peers
+discovering whom to probe, the scheduler looking for the agent that runs a cluster's stages). A cluster
+*exists* exactly while its registration key exists; the key is attached to the agent's lease, so it goes
+away by itself within the lease TTL after the agent dies.
+
+Value: a JSON object ::
+
+    {"cluster": "virginia", "agent_id": "virginia-1f3a...", "principal": "virginia-1f3a...",
+     "address": "10.77.0.2:41007", "version": "0.1.0", "pid": 1234, "host": "node-1",
+     "started_at": 1763790000.0}
+
+``principal`` is the identity the topology service authorises reports against. Today it equals
+``agent_id`` (the instance id the agent sends with every report); with mTLS it becomes the name in the
+agent's client certificate, and the service compares it with the certificate's name instead — the
+record and the authorisation rule stay the same.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+from spiderflow.errors import ValidationError
+
+__all__ = ["Registration"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registration:
+    """One agent's registration of its cluster (see the module docstring)."""
+
+    cluster: str
+    agent_id: str
+    principal: str
+    address: str
+    version: str = ""
+    pid: int = 0
+    host: str = ""
+    started_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cluster", "agent_id", "principal", "address"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValidationError(f"registration.{name}", "must be a non-empty string", value)
+        if not isinstance(self.started_at, int | float) or not math.isfinite(self.started_at):
+            raise ValidationError("registration.started_at", "must be a finite number", self.started_at)
+
+    def encode(self) -> bytes:
+        """The JSON value stored in etcd."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Registration:
+        """Parse a stored value; :class:`ValidationError` (field ``registration``) when malformed."""
+        try:
+            doc = json.loads(value.decode())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ValidationError("registration", f"not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise ValidationError("registration", "must be a JSON object", type(doc).__name__)
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        try:
+            return cls(**known)
+        except TypeError as e:
+            raise ValidationError("registration", str(e)) from None

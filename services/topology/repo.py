@@ -1,0 +1,240 @@
+"""The topology service's reads and writes in the Store (etcd in production, MemoryStore in unit tests).
+
+- :meth:`TopologyRepo.read` — a consistent view of registrations, profiles and links at one revision.
+  The Store reads one prefix at a time, so the three prefixes are read, then the first two are read
+  again: if they did not change (same keys, same ``mod_revision``), all three held their values at the
+  last read's revision. Retried a few times while writes race it (:class:`UnavailableError` after that).
+- :meth:`TopologyRepo.report_profile` / :meth:`TopologyRepo.report_links` — authorise the caller, fold
+  the report into the stored smoothing state and write it in one transaction guarded by the
+  registration's and the records' ``mod_revision`` (so an agent that lost its registration meanwhile
+  cannot write, and two replicas never lose each other's samples); retried on conflict.
+- :meth:`TopologyRepo.collect_stale_links` — delete link records older than ``link_max_age_s``.
+
+Authorisation: the caller's principal must equal the ``principal`` of the cluster's registration
+(:mod:`agent.registration`); see :mod:`services.topology.identity`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from agent.registration import Registration
+from services.topology.graph import (
+    GraphConfig,
+    LinkRecord,
+    Measurement,
+    ProfileRecord,
+    Snapshot,
+    apply_measurement,
+    apply_profile,
+    assemble,
+    validate_measurements,
+)
+from services.topology.identity import Caller, authorize
+from spiderflow.domain import Cluster
+from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.store import keys
+from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store
+
+__all__ = ["LinksOutcome", "RawState", "TopologyRepo", "record_of"]
+
+log = structlog.get_logger(__name__)
+
+_PREFIXES = (keys.CLUSTERS, keys.PROFILES, keys.LINKS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RawState:
+    """Decoded records at ``revision`` (malformed records are skipped and logged)."""
+
+    registrations: dict[str, Registration]
+    profiles: dict[str, ProfileRecord]
+    links: dict[tuple[str, str], LinkRecord]
+    revision: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinksOutcome:
+    revision: int
+    accepted: int
+    rejected: tuple[str, ...]
+
+
+def record_of(key: str, value: bytes | None, state: RawState) -> None:
+    """Apply one stored key's new value (None = deleted) to ``state`` (in place); other keys are ignored."""
+    try:
+        if key.startswith(keys.CLUSTERS):
+            name = keys.name_of(key, keys.CLUSTERS)
+            if value is None:
+                state.registrations.pop(name, None)
+            else:
+                state.registrations[name] = Registration.decode(value)
+        elif key.startswith(keys.PROFILES):
+            name = keys.name_of(key, keys.PROFILES)
+            if value is None:
+                state.profiles.pop(name, None)
+            else:
+                rec = ProfileRecord.decode(value)
+                if rec.cluster.name == name:
+                    state.profiles[name] = rec
+        elif key.startswith(keys.LINKS):
+            parts = keys.split(key, keys.LINKS)
+            if len(parts) != 2:
+                return
+            pair = (parts[0], parts[1])
+            if value is None:
+                state.links.pop(pair, None)
+            else:
+                link = LinkRecord.decode(value)
+                if (link.src, link.dst) == pair:
+                    state.links[pair] = link
+    except ValidationError as e:
+        log.warning("topology.bad_record", key=key, error=str(e))
+
+
+def _same(a: list[KeyValue], b: list[KeyValue]) -> bool:
+    return [(kv.key, kv.mod_revision) for kv in a] == [(kv.key, kv.mod_revision) for kv in b]
+
+
+class TopologyRepo:
+    """Reads and writes of the topology service (see the module docstring). ``clock`` gives the
+    service's wall time in seconds (injectable for tests); ``attempts`` bounds retries."""
+
+    def __init__(self, store: Store, config: GraphConfig, *, clock: Callable[[], float] = time.time,
+                 attempts: int = 8) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.attempts = attempts
+
+    # -- reads --------------------------------------------------------------------------------------
+
+    async def read(self) -> RawState:
+        """A consistent :class:`RawState` (see the module docstring)."""
+        for _ in range(self.attempts):
+            first = [await self.store.get_prefix(p) for p in _PREFIXES]
+            again = [await self.store.get_prefix(p) for p in _PREFIXES[:-1]]
+            if all(_same(first[i][0], again[i][0]) for i in range(len(again))):
+                state = RawState(registrations={}, profiles={}, links={}, revision=first[-1][1])
+                for items, _rev in first:
+                    for kv in items:
+                        record_of(kv.key, kv.value, state)
+                return state
+        raise UnavailableError("topology: could not read a consistent view (records change too fast)")
+
+    async def snapshot(self) -> Snapshot:
+        """The current snapshot (assembled at the service's current time)."""
+        state = await self.read()
+        return self.assemble(state)
+
+    def assemble(self, state: RawState) -> Snapshot:
+        return assemble(state.registrations, state.profiles, state.links, revision=state.revision,
+                        now=self.clock(), config=self.config)
+
+    async def _registration(self, cluster: str, caller: Caller, *, field: str) -> KeyValue:
+        kv = await self.store.get(keys.cluster_key(cluster))
+        if kv is None:
+            raise ValidationError(field, "unknown cluster: no agent has registered it (or its lease expired)",
+                                  cluster)
+        try:
+            reg = Registration.decode(kv.value)
+        except ValidationError as e:
+            raise ValidationError(field, f"the cluster's registration is malformed: {e.reason}", cluster) from None
+        authorize(reg, caller)
+        return kv
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    async def report_profile(self, cluster: Cluster, caller: Caller, *, agent_address: str,
+                             measured_at: float) -> int:
+        """Store a reported profile; returns the revision of the write."""
+        key = keys.profile_key(cluster.name)
+        for _ in range(self.attempts):
+            reg = await self._registration(cluster.name, caller, field="cluster.name")
+            prev_kv = await self.store.get(key)
+            prev = None
+            if prev_kv is not None:
+                try:
+                    prev = ProfileRecord.decode(prev_kv.value)
+                except ValidationError:
+                    prev = None
+            record, accepted = apply_profile(prev, cluster, agent_id=caller.agent_id, agent_address=agent_address,
+                                             measured_at=measured_at, now=self.clock(), config=self.config)
+            try:
+                rev = await self.store.commit(
+                    [Compare(key=reg.key, mod_revision=reg.mod_revision),
+                     Compare(key=key, mod_revision=prev_kv.mod_revision if prev_kv else 0)],
+                    [Put(key=key, value=record.encode())],
+                )
+            except CompareFailedError:
+                continue
+            log.info("topology.profile_reported", cluster=cluster.name, agent_id=caller.agent_id, revision=rev,
+                     gpu=cluster.gpu, gpus=cluster.total_gpus, free_gpus=cluster.free,
+                     tflops=record.cluster.tflops, tflops_accepted=accepted)
+            return rev
+        raise UnavailableError(f"topology: profile of {cluster.name} kept conflicting; retry")
+
+    async def report_links(self, source: str, caller: Caller, raw: Sequence[Measurement]) -> LinksOutcome:
+        """Validate and store a link report from ``source``; every target must be registered."""
+        if not source:
+            raise ValidationError("cluster", "is required")
+        measurements = validate_measurements(source, raw)
+        for _ in range(self.attempts):
+            reg = await self._registration(source, caller, field="cluster")
+            compares = [Compare(key=reg.key, mod_revision=reg.mod_revision)]
+            puts: list[Put] = []
+            rejected: list[str] = []
+            now = self.clock()
+            for i, m in enumerate(measurements):
+                target_kv = await self.store.get(keys.cluster_key(m.target))
+                if target_kv is None:
+                    raise ValidationError(f"measurements[{i}].target",
+                                          "unknown cluster: no agent has registered it", m.target)
+                compares.append(Compare(key=target_kv.key, mod_revision=target_kv.mod_revision))
+                key = keys.link_key(source, m.target)
+                prev_kv = await self.store.get(key)
+                prev = None
+                if prev_kv is not None:
+                    try:
+                        prev = LinkRecord.decode(prev_kv.value)
+                    except ValidationError:
+                        prev = None
+                compares.append(Compare(key=key, mod_revision=prev_kv.mod_revision if prev_kv else 0))
+                record, accepted = apply_measurement(prev, source, m, now=now, config=self.config)
+                if not accepted:
+                    rejected.append(m.target)
+                if record is not None:
+                    puts.append(Put(key=key, value=record.encode()))
+            try:
+                rev = await self.store.commit(compares, puts) if puts else await self.store.revision()
+            except CompareFailedError as e:
+                log.info("topology.links_conflict", cluster=source, keys=list(e.keys))
+                continue
+            log.info("topology.links_reported", cluster=source, agent_id=caller.agent_id, revision=rev,
+                     measured=len(measurements), rejected=rejected)
+            return LinksOutcome(revision=rev, accepted=len(measurements) - len(rejected), rejected=tuple(rejected))
+        raise UnavailableError(f"topology: links of {source} kept conflicting; retry")
+
+    async def collect_stale_links(self) -> int:
+        """Delete link records not updated for ``link_max_age_s`` (guarded by their ``mod_revision``, so a
+        fresh write wins). Returns how many were deleted."""
+        items, _ = await self.store.get_prefix(keys.LINKS)
+        now = self.clock()
+        deleted = 0
+        for kv in items:
+            try:
+                rec = LinkRecord.decode(kv.value)
+            except ValidationError:
+                continue
+            if now - rec.updated_at >= self.config.link_max_age_s:
+                try:
+                    await self.store.delete_if(kv.key, kv.mod_revision)
+                except CompareFailedError:
+                    continue
+                deleted += 1
+                log.info("topology.link_aged_out", src=rec.src, dst=rec.dst, age_s=round(now - rec.updated_at, 1))
+        return deleted

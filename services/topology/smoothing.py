@@ -1,0 +1,114 @@
+"""Smoothing of noisy measurements: an EWMA with outlier rejection and level-shift detection.
+
+Pure (no I/O). One :class:`Series` holds the smoothed state of one measured quantity (a link's bandwidth
+or latency, a cluster's matmul TFLOPS); :func:`observe` folds one new sample ``x`` into it.
+
+Rules, with ``s`` the smoothed value and :class:`SmoothingConfig` ``c``:
+
+1. The first sample (or the first after the series went stale) sets ``s = x``.
+2. ``x`` is an **outlier** when it is far from ``s``:
+
+   - ratio test (bandwidth, TFLOPS): ``max(x / s, s / x) > c.outlier_ratio``;
+   - absolute test (latency, which may be ~0 on loopback): ``|x − s| > max((c.outlier_ratio − 1)·s,
+     c.outlier_floor)``.
+
+   An outlier does not move ``s``; it is remembered as *pending* (``pending`` samples, their mean
+   ``pending_mean``).
+3. **Level shift**: when ``c.shift_after`` consecutive outliers agree with each other (each within the
+   same test of the previous pending mean), the quantity really changed (a link was re-shaped): ``s`` is
+   reset to the mean of those outliers. With ``shift_after = 2`` a changed link shows its new figure
+   after two probe periods.
+4. Otherwise ``s ← s + α·(x − s)`` with ``α = c.alpha``, and pending outliers are forgotten.
+
+A sample that is not a finite number ≥ 0 must be rejected by validation before it gets here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+__all__ = ["Outcome", "Series", "SmoothingConfig", "Test", "observe"]
+
+
+class Test(StrEnum):
+    """How "far" is judged: by ratio (positive quantities) or by absolute difference with a floor."""
+
+    RATIO = "ratio"
+    ABSOLUTE = "absolute"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SmoothingConfig:
+    """``alpha`` ∈ (0, 1]: EWMA weight of a new sample; ``outlier_ratio`` > 1: see the module docstring;
+    ``outlier_floor`` ≥ 0: the absolute test's minimum tolerance (same unit as the samples);
+    ``shift_after`` ≥ 1: consecutive agreeing outliers that are taken as a level shift."""
+
+    alpha: float = 0.5
+    outlier_ratio: float = 2.0
+    outlier_floor: float = 0.0
+    shift_after: int = 2
+
+    def __post_init__(self) -> None:
+        from spiderflow.errors import ValidationError
+
+        if not 0 < self.alpha <= 1:
+            raise ValidationError("smoothing.alpha", "must be in (0, 1]", self.alpha)
+        if not self.outlier_ratio > 1:
+            raise ValidationError("smoothing.outlier_ratio", "must be > 1", self.outlier_ratio)
+        if not self.outlier_floor >= 0:
+            raise ValidationError("smoothing.outlier_floor", "must be ≥ 0", self.outlier_floor)
+        if self.shift_after < 1:
+            raise ValidationError("smoothing.shift_after", "must be ≥ 1", self.shift_after)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Series:
+    """Smoothed state: ``value`` (``s``), ``samples`` folded in since the (re)start, and the pending
+    outliers (``pending`` consecutive ones with mean ``pending_mean``)."""
+
+    value: float
+    samples: int = 1
+    pending: int = 0
+    pending_mean: float = 0.0
+
+
+class Outcome(StrEnum):
+    """What :func:`observe` did with a sample."""
+
+    STARTED = "started"
+    SMOOTHED = "smoothed"
+    REJECTED = "rejected"
+    SHIFTED = "shifted"
+
+    @property
+    def accepted(self) -> bool:
+        return self is not Outcome.REJECTED
+
+
+def _far(x: float, s: float, config: SmoothingConfig, test: Test) -> bool:
+    if test is Test.RATIO:
+        if x <= 0 or s <= 0:
+            return x != s
+        return max(x / s, s / x) > config.outlier_ratio
+    return abs(x - s) > max((config.outlier_ratio - 1) * s, config.outlier_floor)
+
+
+def observe(series: Series | None, x: float, config: SmoothingConfig, test: Test) -> tuple[Series, Outcome]:
+    """Fold sample ``x`` into ``series`` (None = no history) by the rules of the module docstring."""
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"sample must be a finite number ≥ 0, got {x!r}")
+    if series is None:
+        return Series(value=x), Outcome.STARTED
+    if _far(x, series.value, config, test):
+        if series.pending and not _far(x, series.pending_mean, config, test):
+            n = series.pending + 1
+            mean = series.pending_mean + (x - series.pending_mean) / n
+        else:
+            n, mean = 1, x
+        if n >= config.shift_after:
+            return Series(value=mean, samples=series.samples + 1), Outcome.SHIFTED
+        return replace(series, pending=n, pending_mean=mean), Outcome.REJECTED
+    value = series.value + config.alpha * (x - series.value)
+    return Series(value=value, samples=series.samples + 1), Outcome.SMOOTHED
