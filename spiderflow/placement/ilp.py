@@ -137,16 +137,47 @@ def _micro_batches(job: JobSpec) -> int:
     return job.micro_batches_total
 
 
+def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: bool, last: bool) -> int:
+    """Most layers a stage on ``c`` with degrees ``(t, d)`` holds in memory at ``rank`` (1 = last stage)."""
+    mdl, b, s = job.model, job.micro_batch, job.seq_len
+    k = min(math.ceil(_micro_batches(job) / d), rank)
+    free = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
+    free -= BYTES_PER_PARAM * mdl.embedding_params * (int(first) + int(last)) / t
+    free -= k * 4.0 * b * s * mdl.vocab / t if last else 0.0
+    per_layer = BYTES_PER_PARAM * mdl.params_per_layer / t + k * s * b * mdl.hidden * (
+        10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))
+    return max(0, int(free // per_layer))
+
+
+def _capped_split(layers: int, weights: Sequence[float], caps: Sequence[int]) -> list[int] | None:
+    """Integer split of ``layers`` ∝ ``weights`` with ``1 ≤ part_i ≤ caps_i`` (water-filling), or ``None``."""
+    k = len(weights)
+    if sum(caps) < layers or min(caps) < 1 or layers < k:
+        return None
+    parts = [1] * k
+    left = layers - k
+    while left > 0:
+        # give the next layer to the stage furthest below its proportional share, among those with room
+        total = sum(weights)
+        room = [i for i in range(k) if parts[i] < caps[i]]
+        i = max(room, key=lambda j: (weights[j] / total * layers - parts[j], -j))
+        parts[i] += 1
+        left -= 1
+    return parts
+
+
 def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
     """The warm start: a feasible plan (memory, free GPUs, GPU range) or ``None`` if none was built.
 
     For every chain length ``K``: the ``K`` clusters with the most free compute
     (``min(n_c, gpus.max)·F_c``) that are reachable from the first; chain order by repeatedly appending
     the remaining cluster with the widest link from the chain's end; GPUs handed out in that compute order
-    up to ``gpus.max``; layers split proportionally to each stage's compute; per stage the smallest tp
-    whose memory fits. The best evaluated plan wins. O(C² · K) evaluations of O(K) each.
+    up to ``gpus.max``; layers split proportionally to each stage's compute but capped by what its memory
+    holds at the largest tp (water-filling); then per stage the smallest tp that still holds its layers.
+    The best evaluated plan wins. O(K_max · (C·K + L·K)) time.
     """
     m = _micro_batches(job)
+    L = job.model.layers
     bw = topo.bandwidth_matrix
     usable = [c for c in topo.clusters if c.free > 0 and tp_options(c, job)]
     usable.sort(key=lambda c: (-min(c.free, job.gpus.max) * c.effective_tflops, c.name))
@@ -155,7 +186,7 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
     first = usable[0]
     reach = [c for c in usable if bw[topo.index[first.name], topo.index[c.name]] > 0]
     best: Plan | None = None
-    kmax = min(len(reach), job.model.layers, job.gpus.max)
+    kmax = min(len(reach), L, job.gpus.max)
     for k in range(1, kmax + 1):
         chosen = reach[:k]
         budget = job.gpus.max
@@ -174,32 +205,27 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
             rest.remove(nxt)
         if any(bw[topo.index[a.name], topo.index[b.name]] <= 0 for a, b in itertools.pairwise(order)):
             continue
-        split = _split_layers(job.model.layers, [gpus[c.name] * c.effective_tflops for c in order])
-        tps = [tp_options(c, job)[0] for c in order]
-        for _ in range(8):
-            stages: list[Stage] = []
-            first_layer = 0
-            for c, n, t in zip(order, split, tps, strict=True):
-                stages.append(
-                    Stage(cluster=c.name, first_layer=first_layer, last_layer=first_layer + n - 1,
-                          tp=t, dp=max(1, gpus[c.name] // t))
-                )
-                first_layer += n
-            plan = evaluate(Plan(stages=tuple(stages), micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
-            ok, _, _ = fits_memory(plan, topo)
-            if ok:
-                if plan.gpus >= job.gpus.min and (best is None or plan.step_time_s < best.step_time_s):
-                    best = plan
-                break
-            bumped = False
-            for i, (c, mem) in enumerate(zip(order, plan.memory_gib_per_gpu, strict=True)):
-                if mem > c.gpu_memory_gib:
-                    larger = [t for t in tp_options(c, job) if t > tps[i]]
-                    if larger:
-                        tps[i] = larger[0]
-                        bumped = True
-            if not bumped:
-                break
+
+        def cap(i: int, t: int, order: list[Cluster] = order, gpus: dict[str, int] = gpus, k: int = k) -> int:
+            c = order[i]
+            return _layer_capacity(c, job, t, max(1, gpus[c.name] // t), k - i, i == 0, i == k - 1)
+
+        tmax = [tp_options(c, job)[-1] for c in order]
+        split = _capped_split(L, [gpus[c.name] * c.effective_tflops for c in order],
+                              [cap(i, tmax[i]) for i in range(k)])
+        if split is None:
+            continue
+        tps = [next((t for t in tp_options(c, job) if cap(i, t) >= split[i]), tmax[i]) for i, c in enumerate(order)]
+        stages: list[Stage] = []
+        first_layer = 0
+        for c, n, t in zip(order, split, tps, strict=True):
+            stages.append(Stage(cluster=c.name, first_layer=first_layer, last_layer=first_layer + n - 1,
+                                tp=t, dp=max(1, gpus[c.name] // t)))
+            first_layer += n
+        plan = evaluate(Plan(stages=tuple(stages), micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
+        if (fits_memory(plan, topo)[0] and job.gpus.min <= plan.gpus <= job.gpus.max
+                and (best is None or plan.step_time_s < best.step_time_s)):
+            best = plan
     return best
 
 
