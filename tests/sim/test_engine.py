@@ -226,3 +226,27 @@ def test_events_file_parsing() -> None:
     with pytest.raises(ValidationError, match=r"events\[0\]\.t_s"):
         events_from_dict({"events": [{"t_s": -1, "kind": "cluster_loss", "cluster": "x"}]})
     assert math.isfinite(evs[1].t_s)
+
+
+def test_backfilling_in_the_engine_respects_the_head_reservation() -> None:
+    """R (4 GPUs) runs until 100.5; urgent H needs all 8 GPUs and becomes the head with a reservation at
+    100.5. Short S (4 GPUs, ends at 21.5) is backfilled; long C (4 GPUs, 2000 s) would delay H and must wait."""
+    topo = one_cluster(1)
+    jobs = [
+        job("R", 50, gpus=4, arrival=0.0),
+        replace(job("H", 10, gpus=8, arrival=1.0), priority=1000),
+        job("S", 10, gpus=4, arrival=1.0),
+        job("C", 1000, gpus=4, arrival=1.0),
+    ]
+    res = simulate(topo, jobs, FixedStepPolicy(2.0), FIXED)
+    rec = {r.id: r for r in res.records}
+    assert rec["R"].end_s == pytest.approx(100.5)
+    assert rec["S"].first_start_s is not None and rec["S"].end_s is not None and rec["S"].end_s <= 100.5
+    assert rec["H"].first_start_s == pytest.approx(101.0)
+    assert rec["C"].first_start_s is not None and rec["H"].end_s is not None
+    assert rec["C"].first_start_s >= rec["H"].end_s
+    assert all(r.status == "completed" for r in res.records)
+    no_backfill = simulate(topo, jobs, FixedStepPolicy(2.0),
+                           replace(FIXED, queue=replace(FIXED.queue, backfill=False)))
+    rec2 = {r.id: r for r in no_backfill.records}
+    assert rec2["S"].first_start_s is not None and rec2["S"].first_start_s > 100.5  # waits behind the head
