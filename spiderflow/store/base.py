@@ -20,6 +20,8 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
 - ``get_prefix(prefix)`` → ``(items sorted by key, revision of the read)``. The revision is the
   point in history the list reflects: ``watch_prefix(prefix, start_revision=rev + 1)`` continues it
   with no gap and no duplicate (list-then-watch).
+- ``get_prefixes(prefixes)`` → ``({prefix: items sorted by key}, revision)``: several prefixes read
+  atomically at one revision (one consistent snapshot, e.g. clusters + profiles + links).
 - ``revision()`` → the current revision.
 - ``put(key, value, lease=None)`` → revision of the write.
 - ``put_if_absent(key, value, lease=None)`` → revision; raises
@@ -598,6 +600,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys starting with ``prefix`` sorted by key, and the revision of the read."""
+
+    @abc.abstractmethod
+    async def get_prefixes(self, prefixes: Sequence[str]) -> tuple[dict[str, list[KeyValue]], int]:
+        """Several prefixes read atomically at one revision: ``({prefix: items by key}, revision)``."""
 
     @abc.abstractmethod
     async def revision(self) -> int:

@@ -505,11 +505,21 @@ class EtcdStore(Store):
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
-        start = prefix.encode() or b"\0"
-        req = rpc.RangeRequest(key=start, range_end=prefix_range_end(prefix.encode()),
-                               sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
-        resp = await self._unary("Range", req)
+        resp = await self._unary("Range", self._prefix_range(prefix))
         return [_kv(m) for m in resp.kvs], int(resp.header.revision)
+
+    @staticmethod
+    def _prefix_range(prefix: str) -> Any:
+        raw = prefix.encode()
+        return rpc.RangeRequest(key=raw or b"\0", range_end=prefix_range_end(raw),
+                                sort_order=rpc.RangeRequest.ASCEND, sort_target=rpc.RangeRequest.KEY)
+
+    async def get_prefixes(self, prefixes: Sequence[str]) -> tuple[dict[str, list[KeyValue]], int]:
+        unique = list(dict.fromkeys(prefixes))
+        ops = [rpc.RequestOp(request_range=self._prefix_range(p)) for p in unique]
+        resp = await self._unary("Txn", rpc.TxnRequest(success=ops))
+        out = {p: [_kv(m) for m in r.response_range.kvs] for p, r in zip(unique, resp.responses, strict=True)}
+        return out, int(resp.header.revision)
 
     async def revision(self) -> int:
         resp = await self._unary("Range", rpc.RangeRequest(key=b"\0", limit=1, count_only=True))

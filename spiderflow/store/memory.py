@@ -346,6 +346,12 @@ class MemoryStore(Store):
         items = sorted((kv for k, kv in self._data.items() if k.startswith(prefix)), key=lambda kv: kv.key)
         return items, self._rev
 
+    async def get_prefixes(self, prefixes: Sequence[str]) -> tuple[dict[str, list[KeyValue]], int]:
+        self._check()
+        out = {p: sorted((kv for k, kv in self._data.items() if k.startswith(p)), key=lambda kv: kv.key)
+               for p in prefixes}
+        return out, self._rev
+
     async def revision(self) -> int:
         self._check()
         return self._rev

@@ -71,6 +71,10 @@ async def test_put_get_revisions(store: Store) -> None:
     items, rev = await store.get_prefix("/t/")
     assert [kv.key for kv in items] == ["/t/a", "/t/b", "/t/c"]
     assert rev == await store.revision()
+    both, rev2 = await store.get_prefixes(["/t/", "/u/", "/none/"])
+    assert rev2 == rev
+    assert [kv.key for kv in both["/t/"]] == ["/t/a", "/t/b", "/t/c"]
+    assert [kv.value for kv in both["/u/"]] == [b"5"] and both["/none/"] == []
     assert await store.delete("/t/b") is True
     assert await store.delete("/t/b") is False
     assert await store.delete_prefix("/t/") == 2
