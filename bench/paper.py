@@ -45,6 +45,7 @@ from typing import Any
 
 import structlog
 
+from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
 from spiderflow.placement.base import Objective
 from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
@@ -69,7 +70,12 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
     records: dict[str, dict[str, Any]] = {}
     for p in policies:
         t0 = time.perf_counter()
-        res = simulate(topo, trace, p, cfg)
+        try:
+            res = simulate(topo, trace, p, cfg)
+        except SpiderFlowError as e:  # a policy bug must not hide the other policies' figures
+            out.setdefault("errors", {})[p] = f"{type(e).__name__}: {e}"
+            print(f"  {clusters:>4} clusters {p:>10}: ERROR {e}", flush=True)
+            continue
         wall = time.perf_counter() - t0
         s = summarize(res)
         s["wall_s"] = wall
@@ -79,9 +85,10 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
               f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['throughput_tokens_per_s']:.4g} tok/s, "
               f"{s['decisions']} decisions, {s['overhead_per_decision_mean_s'] or 0:.4f} s/decision, "
               f"wall {wall:.1f} s", flush=True)
-    common = set.intersection(*({k for k, r in recs.items() if r.status == "completed"} for recs in records.values()))
+    done_sets = [{k for k, r in recs.items() if r.status == "completed"} for recs in records.values()]
+    common = set.intersection(*done_sets) if done_sets else set()
     out["common_completed"] = len(common)
-    for p in policies:
+    for p in records:
         jcts = [records[p][k].jct_s for k in common]
         out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
         out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
