@@ -11,7 +11,8 @@ Algorithm
        ``(m−1)·max(max_s T_s/d_s, max P) + Σ T_s + 2 Σ P + max_s AR_s`` over all sub-stages and
        boundaries. A block no level-2 configuration fits scores its memory excess instead.
     3. Refine: take the bottleneck block (the one over memory by the most, else the one with the largest
-       ``T/d``) and move one layer across either of its boundaries; keep the better move if the score
+       ``T/d``) and move one layer across either of its boundaries (into it instead when it has too few
+       layers for any tensor/pipeline/data degrees of its GPUs); keep the better move if the score
        ``(excess, step)`` improves and repeat. When neither neighbour improves, the layer may travel
        further (all boundaries in between shift by one): to the 3 nearest blocks on each side or the 3
        blocks with the most slack. Stop when no move improves.
@@ -169,6 +170,7 @@ def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]
     return tuple(out)
 
 
+_NO_DEGREES_GIB = 1e6
 _Memo = dict[tuple[int, int, int, int], tuple[BlockConfig | None, float]]
 
 
@@ -221,7 +223,8 @@ def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | Non
         for b in sorted(bad, key=lambda b: b.chain_index)
     ]
     if bad:
-        excess = sum(max(b.excess_gib, 1e-9) for b in bad)
+        # A block with no admissible degrees at all counts as far over memory (finite, so moves compare).
+        excess = sum(_NO_DEGREES_GIB if math.isinf(b.excess_gib) else max(b.excess_gib, 1e-9) for b in bad)
         return SplitEval(split=tuple(split), configs=tuple(configs), step_s=math.inf, excess_gib=excess,
                          infeasible=tuple(bad))
     step = step_estimate(ctx, [c for c in configs if c is not None])
@@ -282,20 +285,27 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
     budget = max_moves if max_moves is not None else L * n
     for _ in range(budget):
         b = _bottleneck_block(ev)
-        if ev.split[b] <= 1:
+        # A block no degrees fit at all (too few layers for its GPUs) takes a layer; any other
+        # bottleneck gives one away.
+        inward = any(x.chain_index == b and math.isinf(x.need_gib) for x in ev.infeasible)
+        if not inward and ev.split[b] <= 1:
             break
         best: SplitEval | None = None
-        # Neighbours first (a boundary moves by one layer); if neither helps, any block (every boundary in
-        # between shifts by one layer, so the layer travels to where it fits or costs least).
+        # Neighbours first (a boundary moves by one layer); if neither helps, further away (every boundary
+        # in between shifts by one layer, so the layer travels to where it fits or costs least).
         for targets in ((b - 1, b + 1), _far_targets(ev, b)):
             for nb in targets:
-                if 0 <= nb < n and nb != b:
-                    split = list(ev.split)
-                    split[b] -= 1
-                    split[nb] += 1
-                    cand = evaluate_split(ctx, split, memo=memo)
-                    if best is None or cand.score < best.score:
-                        best = cand
+                if not (0 <= nb < n) or nb == b:
+                    continue
+                src, dst = (nb, b) if inward else (b, nb)
+                if ev.split[src] <= 1:
+                    continue
+                split = list(ev.split)
+                split[src] -= 1
+                split[dst] += 1
+                cand = evaluate_split(ctx, split, memo=memo)
+                if best is None or cand.score < best.score:
+                    best = cand
             if best is not None and best.score < ev.score:
                 break
         if best is None or not best.score < ev.score:

@@ -297,8 +297,9 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
             model.add(row[j] >= row[j + 1])
         tau = t_int(c.tau)
         p_in = c.p_in if k.pp > 1 else 0.0
-        z_k = model.new_int_var(0, t_int(c.tau * lb + c.eta_head + p_in) + 1, f"z{i}")
-        a_k = model.new_int_var(0, t_int(c.alpha * lb + max(c.beta)) + 1, f"a{i}")
+        # Upper bounds from the rounded integer coefficients, so rounding can never cut a solution off.
+        z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(p_in), f"z{i}")
+        a_k = model.new_int_var(0, t_int(c.alpha) * lb + max(t_int(b) for b in c.beta), f"a{i}")
         for j, ell in enumerate(row):
             mu = math.ceil(c.mu[j] / mem_unit)
             nu = math.ceil(c.nu[j] / mem_unit)

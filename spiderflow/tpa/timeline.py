@@ -1,7 +1,8 @@
 r"""Pipeline schedules and an exact event-level simulator of one training step.
 
-Op orders (one per stage, shared by its data-parallel replicas): a list of ``(kind, micro_batch, chunk)``
-with kind ``"F"`` or ``"B"``. Generators (``S`` stages, ``m`` micro-batches, stage ``i``):
+Op orders (one per stage, shared by its data-parallel replicas) come from
+:func:`spiderflow.schedules.stage_ops`: a list of ``(kind, micro_batch, chunk)`` with kind ``"F"`` or ``"B"``
+(``S`` stages, ``m`` micro-batches, stage ``i``):
 
 * GPipe: ``F_0 … F_{m−1}, B_0 … B_{m−1}``; every micro-batch in flight.
 * 1F1B: ``w = min(m, S−i−1)`` warm-up forwards, then ``F, B`` pairs, then the remaining backwards;
@@ -29,7 +30,8 @@ by ``v`` for interleaved chunks. The step ends when every stage has finished its
 gradient all-reduce: ``step = max_s (end_s + AR_s)``.
 
 Complexity: ``O(N log N)`` for ``N = 2·m·v·S`` ops. Raises :class:`ScheduleDeadlockError` when an op order
-cannot complete (a malformed order).
+cannot complete (a malformed order); ``stage_ops`` raises ``ValidationError`` on bad arguments (both are
+``ValueError``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
+from spiderflow.schedules import Op, ScheduleDeadlockError, default_warmup, stage_ops
 
 __all__ = [
     "Op",
@@ -58,67 +61,13 @@ __all__ = [
     "stage_warmups",
 ]
 
-Op = tuple[str, int, int]
-
-
-class ScheduleDeadlockError(ValueError):
-    """An op order that cannot complete (every executor waits on an input that never comes)."""
-
-
-def default_warmup(schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1) -> int:
-    """Warm-up forwards of ``stage`` under ``schedule`` (module docstring)."""
-    s, i = n_stages, stage
-    if schedule is Schedule.GPIPE:
-        return m
-    if schedule is Schedule.LATENCY_AWARE:
-        return min(m, 2 * (s - i) - 1)
-    if schedule is Schedule.INTERLEAVED_1F1B and chunks > 1:
-        return min(m * chunks, 2 * (s - i - 1) + (chunks - 1) * s)
-    return min(m, s - i - 1)
-
-
-def stage_ops(
-    schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1, warmup: int | None = None
-) -> list[Op]:
-    """The op order of ``stage`` for ``m`` micro-batches (module docstring); ``warmup`` overrides the
-    schedule's warm-up depth (clamped to ``[0, m·chunks]``)."""
-    if not 0 <= stage < n_stages:
-        raise ValueError(f"stage {stage} is outside 0..{n_stages - 1}")
-    if m < 1:
-        raise ValueError("m must be ≥ 1")
-    v = chunks if schedule is Schedule.INTERLEAVED_1F1B else 1
-    if v > 1 and m % n_stages:
-        raise ValueError(f"interleaved 1F1B needs m ({m}) divisible by the stage count ({n_stages})")
-    total = m * v
-    w = default_warmup(schedule, n_stages, m, stage, chunks=v) if warmup is None else warmup
-    w = max(0, min(total, w))
-
-    def fwd(k: int) -> Op:
-        if v == 1:
-            return ("F", k, 0)
-        group, pos = divmod(k, n_stages * v)
-        return ("F", group * n_stages + pos % n_stages, (pos // n_stages) % v)
-
-    def bwd(k: int) -> Op:
-        if v == 1:
-            return ("B", k, 0)
-        group, pos = divmod(k, n_stages * v)
-        return ("B", group * n_stages + pos % n_stages, v - 1 - (pos // n_stages) % v)
-
-    ops: list[Op] = [fwd(k) for k in range(w)]
-    for k in range(total - w):
-        ops.append(fwd(w + k))
-        ops.append(bwd(k))
-    ops.extend(bwd(k) for k in range(total - w, total))
-    return ops
-
-
 def stage_warmups(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[int]:
     """Warm-up forwards of each stage's *stage-wide* op order when stage ``i`` has ``replicas[i]``
     data-parallel replicas.
 
     Each replica of stage ``i`` may hold ``k_i`` micro-batches (:func:`in_flight_cap`), so the stage-wide
-    order may hold ``d_i·k_i``: ``w_i = min(d_i·k_i − 1, w_{i−1} − 1)`` (≥ 0). Strictly decreasing
+    order may hold ``d_i·k_i``: ``w_i = min(d_i·k_i − 1, w_{i−1} − 1)`` (≥ 0; a stage with ``w ≥ m−1`` runs
+    all forwards first and does not constrain the next). Strictly decreasing
     warm-ups keep the orders deadlock-free and stop forwards and backwards convoying through stages
     with equal warm-ups.
     Interleaved and GPipe orders keep their own warm-ups.
@@ -127,18 +76,22 @@ def stage_warmups(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks
     if schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
         return [default_warmup(schedule, n, m, i, chunks=chunks) for i in range(n)]
     out: list[int] = []
-    previous = m * n
+    previous = m + 1
     for i, d in enumerate(replicas):
         w = max(0, min(d * in_flight_cap(schedule, m, d, i, n) - 1, previous - 1))
         out.append(w)
-        previous = w
+        # A stage whose warm-up covers all m forwards (w ≥ m−1) runs every forward first: the next stage
+        # may do the same.
+        previous = m + 1 if w >= m - 1 else w
     return out
 
 
 def in_flight_cap(schedule: Schedule, m: int, dp: int, stage: int, n_stages: int) -> int:
-    """Micro-batches one replica may hold: the cost model's count (``min(⌈m/d⌉, φ·(S−i))``)."""
+    """Micro-batches one replica may hold: the cost model's count (``min(⌈m/d⌉, φ·(S−i))``) for the
+    1F1B family, ``⌈m/d⌉`` for GPipe and interleaved 1F1B (whose order alone sets its depth)."""
     per_replica = math.ceil(m / dp)
-    if schedule is Schedule.GPIPE:
+    if schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
+        # GPipe holds everything; interleaved orders bound their own depth (Megatron's warm-up).
         return per_replica
     factor = 2 if schedule is Schedule.LATENCY_AWARE else 1
     return min(per_replica, factor * (n_stages - stage))
@@ -364,5 +317,8 @@ def simulate_plan(plan: Plan, topo: Topology, job: JobSpec) -> Timeline:
     n = len(stages)
     m = plan.micro_batches
     warm = stage_warmups(plan.schedule, m, [st.replicas for st in stages], chunks=chunks)
-    orders = [stage_ops(plan.schedule, n, m, i, chunks=chunks, warmup=warm[i]) for i in range(n)]
+    own = plan.schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)  # these keep their own warm-ups
+    orders = [
+        stage_ops(plan.schedule, n, m, i, chunks=chunks, warmup=None if own else warm[i]) for i in range(n)
+    ]
     return simulate(stages, orders, ser, lat, chunks=chunks)
