@@ -4,12 +4,13 @@ with a prefixed *_UNSPECIFIED = 0, and documentation on every service, RPC, mess
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc_tools
 import pytest
 from google.protobuf import descriptor_pb2
-from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
@@ -21,9 +22,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, descriptor_pb2.
     out = tmp_path_factory.mktemp("desc") / "set.pb"
     protos = [str(PROTOS / "spiderflow" / "proto" / s / "v1" / f"{s}.proto") for s in OURS]
     include = Path(grpc_tools.__file__).parent / "_proto"
-    rc = protoc.main(["protoc", f"-I{PROTOS}", f"-I{include}", "--include_source_info",
-                      f"--descriptor_set_out={out}", *protos])
-    assert rc == 0
+    # protoc runs in its own process: its bundled C++ runtime must not meet others loaded here (ortools).
+    r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTOS}", f"-I{include}",
+                        "--include_source_info", f"--descriptor_set_out={out}", *protos],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
     fds = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     return {f.name: f for f in fds.file}
 
