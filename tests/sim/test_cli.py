@@ -47,9 +47,13 @@ def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFi
     events.write_text(json.dumps({"events": [{"t_s": 600, "kind": "cluster_loss", "cluster": "tokyo"}]}))
     out = tmp_path / "sim.json"
     plots = tmp_path / "plots"
+    scaling = tmp_path / "paper.json"
+    scaling.write_text(json.dumps({"sizes": [
+        {"clusters": n, "policies": {"a": {"overhead_per_decision_mean_s": 0.01 * n},
+                                     "b": {"overhead_per_decision_mean_s": 0.5 * n}}} for n in (8, 16, 32)]}))
     assert main(["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "greedy-test",
                  "--json", str(out), "--plots", str(plots), "--overhead", "fixed", "--events", str(events),
-                 "--no-progress"]) == 0
+                 "--scaling", str(scaling), "--no-progress"]) == 0
     doc = json.loads(out.read_text())
     s = doc["policies"]["greedy-test"]
     for key in ("mean_jct_s", "p95_jct_s", "makespan_s", "throughput_tokens_per_s", "sched_overhead_s",

@@ -73,7 +73,12 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
 
-        write_plots(doc, args.plots)
+        rows = None
+        if args.scaling is not None:
+            bench = json.loads(args.scaling.read_text(encoding="utf-8"))
+            rows = [{"clusters": size["clusters"], "policy": p, **v}
+                    for size in bench.get("sizes", []) for p, v in size["policies"].items()]
+        write_plots(doc, args.plots, rows)
     table = Table(title=f"{doc['jobs']} jobs on {doc['clusters']} clusters ({doc['pool_gpus']} GPUs)")
     for col in ("policy", "done", "mean JCT h", "p95 JCT h", "tokens/s", "overhead s", "decisions", "util", "$"):
         table.add_column(col, justify="right")
@@ -98,6 +103,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="comma-separated policy names (default: %(default)s)")
     p.add_argument("--json", type=Path, required=True, help="write the results document here")
     p.add_argument("--plots", type=Path, help="write PNG figures and report.html into this directory")
+    p.add_argument("--scaling", type=Path,
+                   help="bench/paper.py results JSON: plot overhead vs cluster count from its multi-size run")
     p.add_argument("--objective", choices=["jct", "cost", "balanced"], default="jct")
     p.add_argument("--seed", type=int, default=0, help="seed passed to the policies' budgets")
     p.add_argument("--time-limit", type=float, help="per-decision time limit for policies that support one (s)")
