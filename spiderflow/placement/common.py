@@ -10,7 +10,9 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
 - layers are split continuously in proportion to ``R_i`` and water-filled against each position's
   memory capacity ``cap_i`` (layers the cluster can hold with tensor-parallel groups of
   ``min(8, GPUs/node)`` GPUs, one pipeline sub-stage per group; ``k − i`` micro-batches in flight);
-- ``tp_i`` = the largest power of two ≤ min(8, GPUs/node) dividing ``g_i``; ``d_i = g_i / tp_i``;
+- every position runs at least one layer (``ℓ_i ← max(ℓ_i, 1)``);
+- ``tp_i`` = the power of two ≤ min(8, GPUs/node) dividing ``g_i`` that minimises the position's own
+  ``(m−1)·T_i/d_i + T_i + Y_i``; ``d_i = g_i / tp_i``;
 - ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A)) (+ head on the last position)``;
 - ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i AR_{d_i}(2·params_i/tp_i)``.
 
@@ -230,14 +232,9 @@ class ChainScores:
         return np.where(self.feasible, out, np.inf)
 
 
-def _largest_pow2_divisor(g: IArr, cap: IArr) -> IArr:
-    tp = np.ones_like(g)
-    t = 2
-    while t <= _MAX_TP:
-        ok = (g % t == 0) & (t <= cap)
-        tp = np.where(ok, t, tp)
-        t *= 2
-    return tp
+def _pow2_floor_arr(g: IArr) -> IArr:
+    _, e = np.frexp(g.astype(np.float64))
+    return np.left_shift(1, e.astype(np.int64) - 1)
 
 
 def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr) -> ChainScores:
@@ -260,7 +257,7 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     g1 = np.maximum(g, 1)
 
     # Memory capacity in layers (TP groups of tp_m GPUs, one sub-stage per group).
-    tp_m = np.minimum(tp_cap, np.array([_pow2_floor(int(x)) for x in g1.ravel()]).reshape(g1.shape))
+    tp_m = np.minimum(tp_cap, _pow2_floor_arr(g1))
     groups = g1 // tp_m
     inflight = np.minimum(jc.m, np.maximum(1, k[:, None] - pos))
     per_layer = 16.0 * jc.p_layer / tp_m + inflight * jc.act_layer(tp_m)
@@ -285,17 +282,33 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
         lam = np.where(np.isfinite(lam), lam, np.inf)
         ell = np.where(valid, np.minimum(cap, np.nan_to_num(lam[:, None] * r, nan=0.0)), 0.0)
 
-    tp = _largest_pow2_divisor(g1, tp_cap)
-    d = g1 // tp
+    ell = np.where(valid, np.maximum(ell, 1.0), 0.0)  # every position runs at least one layer
     intra = ta.intra[idx]
     inter = ta.inter[idx]
-    ar_tp = np.where(tp > 1, 2.0 * (tp - 1) / tp * jc.act * 8.0 / (intra * 1e9), 0.0)
-    per_layer_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
-    t_stage = np.where(valid, ell * per_layer_t + last * 3.0 * jc.head_f / (tp * fl), 0.0)
-    bott = (t_stage / d).max(axis=1)
     params = ell * jc.p_layer + (first + last) * jc.p_embed
-    b_dp = np.where(tp * d <= gpn, intra, inter)
-    y = np.where(valid & (d > 1), 2.0 * (d - 1) / d * (2.0 * params / tp) * 8.0 / (b_dp * 1e9), 0.0)
+    # Per position the TP degree t | g (power of two ≤ tp_cap) minimising (m−1)·T/d + T + Y.
+    best_local = np.full(g1.shape, np.inf)
+    tp = np.ones_like(g1)
+    d = g1.copy()
+    t_stage = np.zeros(g1.shape)
+    y = np.zeros(g1.shape)
+    for t in (1, 2, 4, 8):
+        ok = (t <= tp_cap) & (g1 % t == 0)
+        if not ok.any():
+            continue
+        d_t = np.maximum(g1 // t, 1)
+        ar_tp = 2.0 * (t - 1) / t * jc.act * 8.0 / (intra * 1e9) if t > 1 else 0.0
+        ts = np.where(valid, ell * (3.0 * jc.f / (t * fl) + 4.0 * ar_tp) + last * 3.0 * jc.head_f / (t * fl), 0.0)
+        b_dp = np.where(t * d_t <= gpn, intra, inter)
+        ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / t) * 8.0 / (b_dp * 1e9), 0.0)
+        local = (jc.m - 1) * ts / d_t + ts + ys
+        better = ok & (local < best_local)
+        best_local = np.where(better, local, best_local)
+        tp = np.where(better, t, tp)
+        d = np.where(better, d_t, d)
+        t_stage = np.where(better, ts, t_stage)
+        y = np.where(better, ys, y)
+    bott = (t_stage / d).max(axis=1)
 
     if chains.shape[1] > 1:
         hop_valid = valid[:, 1:]
@@ -312,7 +325,6 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     gpus_used = used.sum(axis=1)
     feasible = (
         (cap_total >= L)
-        & ~(valid & (ell < 1.0 - 1e-9)).any(axis=1)
         & (gpus_used >= jc.gpus_min)
         & (gpus_used <= jc.gpus_max)
         & np.isfinite(step)
@@ -480,7 +492,7 @@ def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> 
                 best = cur
                 best_sizes = sizes
                 for j in range(k - 1):
-                    for delta in (-1, 1):
+                    for delta in (-4, -1, 1, 4):
                         new = list(sizes)
                         new[j] += delta
                         new[j + 1] -= delta
@@ -702,18 +714,21 @@ def diagnose(topo: Topology, job: JobSpec, policy: str) -> PlacementResult | Non
             reason=f"the job needs at least {need} GPUs; {free} are free",
         )
     states = 16.0 * job.model.total_params
+    mem_per_gpu = [c.gpu_memory_gib - RESERVED_GIB for c in topo.clusters]
     for which, counts in (("all", [c.total_gpus for c in topo.clusters]), ("free", [c.free for c in topo.clusters])):
-        mems = sorted(
-            (c.gpu_memory_gib - RESERVED_GIB for c, n in zip(topo.clusters, counts, strict=True) for _ in range(n)),
-            reverse=True,
-        )[: job.gpus.max]
-        have = sum(mems) * GIB
+        left, have = job.gpus.max, 0.0
+        for mem, n in sorted(zip(mem_per_gpu, counts, strict=True), reverse=True):
+            take = min(n, left)
+            have += take * mem * GIB
+            left -= take
+            if left <= 0:
+                break
         if have < states:
             status = PlacementStatus.UNRESOLVABLE if which == "all" else PlacementStatus.UNSCHEDULABLE
             return PlacementResult(
                 status=status, policy=policy, constraint="memory",
-                reason=f"model states need {states / GIB:.0f} GiB; the {len(mems)} largest {which} GPUs the "
-                f"job may use hold {have / GIB:.0f} GiB",
+                reason=f"model states need {states / GIB:.0f} GiB; the {job.gpus.max - left} largest {which} "
+                f"GPUs the job may use hold {have / GIB:.0f} GiB",
             )
     return None
 

@@ -222,7 +222,8 @@ def search_chains(
     neighbours: int = 10,
     seeds: int = 12,
     stall_factor: float = 4.0,
-    refine_top: int = 4,
+    refine_top: int = 3,
+    trim_top: int = 2,
     keep: int = 4,
     deadline: float | None = None,
 ) -> tuple[list[ChainCandidate], dict[str, float]]:
@@ -364,9 +365,13 @@ def search_chains(
             else:
                 break
         if math.isfinite(cur_score):
-            gg = _trim(scorer, cur, objective)
-            raw_t, _, step_t, _ = scorer.score([cur], [gg])
-            refined[cur] = (float(raw_t[0]), float(step_t[0]), gg)
+            raw_t, _, step_t, g_t = scorer.score([cur])
+            refined[cur] = (float(raw_t[0]), float(step_t[0]), tuple(int(x) for x in g_t[0, : len(cur)]))
+    # GPU trimming of the best refined chains only (constraint 2).
+    for c in sorted(refined, key=lambda c: refined[c][0])[:trim_top]:
+        gg = _trim(scorer, c, objective)
+        raw_t, _, step_t, _ = scorer.score([c], [gg])
+        refined[c] = (float(raw_t[0]), float(step_t[0]), gg)
 
     out: list[ChainCandidate] = [
         ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1]) for c, v in refined.items()
@@ -418,7 +423,7 @@ def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...
     raw, _, _, _ = scorer.score([chain], [cur])
     cur_score = base = float(raw[0])
     ta = scorer.ta
-    for _ in range(4 * len(chain)):
+    for _ in range(2 * len(chain)):
         cands: list[tuple[int, ...]] = []
         for i, u in enumerate(chain):
             gi = cur[i]
@@ -448,7 +453,7 @@ class SpinSearch:
     name = "spinsearch"
 
     def __init__(
-        self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 3,
+        self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
         planner: Planner = "auto",
     ) -> None:
         self.planner: Planner = planner
