@@ -311,7 +311,7 @@ class _Connection:
                     line.close()
             if side.transport is not None:
                 if abort:
-                    side.transport.abort()
+                    _reset(side.transport)
                 else:
                     side.transport.close()
         self.relay.connections.discard(self)
@@ -360,9 +360,10 @@ class _Relay:
             except (OSError, TimeoutError) as e:
                 sock.close()
                 last = e
-                if loop.time() + delay > deadline:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
                     break
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, 0.5)
                 continue
             if conn.closed:
@@ -449,6 +450,15 @@ class _ClientSide(_Side):
 
 
 _TASKS: set[asyncio.Task[None]] = set()
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Close with a TCP reset (``SO_LINGER`` 0), so the peer sees ECONNRESET as it would without us."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def _same(side: _Side) -> _Side:

@@ -324,3 +324,66 @@ def test_cli_foreground_up_tears_down_on_signal(tmp_path: Path, sig: signal.Sign
             proc.kill()
             proc.wait()
         cleanup("sfcli", state_dir=tmp_path)
+
+
+INTEGRITY = textwrap.dedent(
+    """
+    import hashlib, json, os, socket, sys, threading
+    data = os.urandom(int(sys.argv[3]))
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
+    s.sendall(b'{"mode": "echo"}\\n')
+    def send():
+        for i in range(0, len(data), 50000):
+            s.sendall(data[i:i + 50000])
+        s.shutdown(socket.SHUT_WR)
+    t = threading.Thread(target=send)
+    t.start()
+    got = bytearray()
+    while chunk := s.recv(1 << 16):
+        got += chunk
+    t.join()
+    print(json.dumps({"sent": hashlib.sha256(data).hexdigest(), "got": hashlib.sha256(got).hexdigest(),
+                      "n": len(got)}))
+    """
+)
+
+
+def test_relayed_bytes_arrive_intact_and_in_order_both_ways(testbed: Testbed) -> None:
+    r = testbed.run(A, [PY, "-c", INTEGRITY, testbed.address(B), str(PROBE_PORT), str(6_000_000)], timeout=60)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["n"] == 6_000_000 and res["sent"] == res["got"]
+
+
+REFUSED = textwrap.dedent(
+    """
+    import json, socket, sys, time
+    t0 = time.monotonic()
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+    connected = time.monotonic() - t0
+    try:
+        end = s.recv(10)
+        outcome = "eof" if end == b"" else "data"
+    except ConnectionResetError:
+        outcome = "reset"
+    print(json.dumps({"connected_s": connected, "closed_s": time.monotonic() - t0, "outcome": outcome}))
+    """
+)
+
+
+def test_onward_connect_is_retried_for_the_window_then_reset(state_dir: Path) -> None:
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.1, latency_ms=5),),
+    )
+    cleanup("sfretry", state_dir=state_dir)
+    with Testbed(topo, prefix="sfretry", state_dir=state_dir, connect_retry_s=1.0) as tb:
+        r = tb.run("x", [PY, "-c", REFUSED, tb.address("y"), "29999"], timeout=30)
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        # the relay accepts at once, retries the closed port for ~1 s, then resets the client
+        assert res["connected_s"] < 0.5
+        assert 0.8 <= res["closed_s"] <= 5.0
+        assert res["outcome"] == "reset"
+        assert tb.status()["relay"]["refused"] == 1
+    assert _gone("sfretry") == []
