@@ -158,7 +158,8 @@ _log = structlog.get_logger(__name__)
 
 
 class CompactedError(PreconditionError):
-    """The requested revision is older than the store's compaction point ``compact_revision``."""
+    """The requested revision is older than the store's compaction point ``compact_revision`` (0 when
+    the server did not say which)."""
 
     def __init__(self, compact_revision: int, requested: int | None = None) -> None:
         self.compact_revision = compact_revision

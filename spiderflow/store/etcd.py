@@ -65,7 +65,7 @@ __all__ = ["EtcdStore", "map_rpc_error"]
 
 _log = structlog.get_logger(__name__)
 
-_UNAVAILABLE_CODES = frozenset(
+_UNAVAILABLE_CODES = frozenset(  # documentation of the transient codes; map_rpc_error's fallback
     {
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -95,8 +95,7 @@ def map_rpc_error(exc: grpc.aio.AioRpcError, *, what: str = "etcd") -> SpiderFlo
         return PreconditionError(f"{what}: {details}")
     if code is grpc.StatusCode.ALREADY_EXISTS:
         return ConflictError(f"{what}: {details}")
-    if code in _UNAVAILABLE_CODES:
-        return UnavailableError(f"{what}: {code.name.lower()}: {details}")
+    # _UNAVAILABLE_CODES and anything unexpected: treated as transient (retrying may succeed).
     return UnavailableError(f"{what}: {code.name.lower()}: {details}")
 
 

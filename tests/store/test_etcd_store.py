@@ -6,11 +6,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import grpc
+import grpc.aio
 import pytest
 
-from spiderflow.errors import UnavailableError, ValidationError
-from spiderflow.store import EtcdStore, WatchEvent
+from spiderflow.errors import NotFoundError, UnavailableError, ValidationError
+from spiderflow.store import CompactedError, EtcdStore, NotLeaderError, WatchEvent
 from spiderflow.store.base import Watch
+from spiderflow.store.etcd import map_rpc_error
 from spiderflow.store.process import EtcdProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -146,6 +149,23 @@ async def test_stopped_or_missing_etcd_is_unavailable(etcd: EtcdProcess) -> None
         await nobody.close()
     with pytest.raises(UnavailableError):
         await store.get("/k")  # closed
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "expected"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "connection refused", UnavailableError),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", UnavailableError),
+        (grpc.StatusCode.NOT_FOUND, "etcdserver: requested lease not found", NotFoundError),
+        (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", CompactedError),
+        (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: too many operations in txn request", ValidationError),
+        (grpc.StatusCode.UNKNOWN, "election: not leader", NotLeaderError),
+        (grpc.StatusCode.UNKNOWN, "election: no leader", NotFoundError),
+    ],
+)
+def test_rpc_errors_map_to_domain_errors(code: grpc.StatusCode, details: str, expected: type) -> None:
+    exc = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+    assert type(map_rpc_error(exc)) is expected
 
 
 def test_endpoint_is_validated() -> None:
