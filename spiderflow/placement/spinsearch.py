@@ -417,30 +417,45 @@ def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray
 
 
 def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...]:
-    """Greedily lower GPU counts while the objective stays within ``TRIM_TOLERANCE`` (jct) or improves."""
+    """Tune the GPUs of a chain: moves that lower the estimated objective (shifting 1, 2, 4 or a node's
+    worth of GPUs between positions, or removing some) are taken first; then, for ``jct``, removals that
+    stay within ``TRIM_TOLERANCE`` of the untrimmed score (no drift), largest removal first."""
     _, _, _, g = scorer.score([chain])
     cur = tuple(int(x) for x in g[0, : len(chain)])
     raw, _, _, _ = scorer.score([chain], [cur])
     cur_score = base = float(raw[0])
     ta = scorer.ta
-    for _ in range(2 * len(chain)):
+    k = len(chain)
+    for _ in range(3 * k):
         cands: list[tuple[int, ...]] = []
         for i, u in enumerate(chain):
             gi = cur[i]
-            opts = {gi // 2, gi - int(ta.gpn[u]), gi - int(ta.tp_cap[u]), gi - 1,
-                    (gi // int(ta.tp_cap[u])) * int(ta.tp_cap[u])}
+            step_i = int(ta.tp_cap[u])
+            opts = {gi // 2, gi - int(ta.gpn[u]), gi - step_i, gi - 1, (gi // step_i) * step_i}
             for o in sorted(opts):
                 if 1 <= o < gi:
                     cands.append((*cur[:i], o, *cur[i + 1 :]))
+            for j, v in enumerate(chain):
+                if j == i:
+                    continue
+                for delta in {1, 2, 4, step_i}:
+                    if gi - delta >= 1 and cur[j] + delta <= int(ta.free[v]):
+                        new = list(cur)
+                        new[i] -= delta
+                        new[j] += delta
+                        cands.append(tuple(new))
         if not cands:
             break
         raw_c, _, _, _ = scorer.score([chain] * len(cands), cands)
-        # jct: stay within the tolerance of the *untrimmed* score (no drift); other objectives: improve.
-        limit = base * (1 + TRIM_TOLERANCE) if objective is Objective.JCT else cur_score
-        ok = [i for i in range(len(cands)) if raw_c[i] <= limit]
+        j = int(np.argmin(raw_c))
+        if raw_c[j] < cur_score * (1 - 1e-9):
+            cur, cur_score = cands[j], float(raw_c[j])
+            continue
+        if objective is not Objective.JCT:
+            break
+        ok = [i for i in range(len(cands)) if raw_c[i] <= base * (1 + TRIM_TOLERANCE) and sum(cands[i]) < sum(cur)]
         if not ok:
             break
-        # Prefer the largest reduction in GPUs, then the best score.
         j = min(ok, key=lambda i: (sum(cands[i]), raw_c[i]))
         cur, cur_score = cands[j], float(raw_c[j])
     return cur
