@@ -1,4 +1,11 @@
-"""``spiderflow topology``: validate, generate and show cluster topologies."""
+"""``spiderflow topology``: validate, generate and show cluster topologies.
+
+``show`` reads the live graph from the topology service: ``--topology-service HOST:PORT``, else the
+``SPIDERFLOW_TOPOLOGY`` environment variable, else ``127.0.0.1:50051``. It prints a table of clusters
+(GPU type, GPUs free/total, measured TFLOPS, agent) and links (bandwidth, latency, age); ``--json``
+prints the snapshot in the topology file format plus ``"revision"`` (``spiderflow topology validate``
+accepts it).
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,9 @@ from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, 
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology, topology_to_dict
 
-__all__ = ["register", "summarize"]
+__all__ = ["DEFAULT_TOPOLOGY_SERVICE", "register", "summarize"]
+
+DEFAULT_TOPOLOGY_SERVICE = "127.0.0.1:50051"
 
 
 def summarize(topo: Topology) -> dict[str, Any]:
@@ -79,6 +88,69 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _fetch(address: str, timeout: float) -> Any:
+    from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
+    from spiderflow.rpc.errors import domain_errors
+    from spiderflow.rpc.server import open_channel
+
+    channel = open_channel(address)
+    try:
+        with domain_errors():
+            return await topology_pb2_grpc.TopologyStub(channel).GetTopology(
+                topology_pb2.GetTopologyRequest(), timeout=timeout)
+    finally:
+        await channel.close()
+
+
+def _age(now: float, ts: Any) -> str:
+    seconds = max(0.0, now - ts.ToNanoseconds() / 1e9)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _show(args: argparse.Namespace) -> int:
+    import asyncio
+    import os
+    import time
+
+    from spiderflow.rpc import convert
+    from spiderflow.runtime import parse_hostport
+
+    address = args.topology_service or os.environ.get("SPIDERFLOW_TOPOLOGY") or DEFAULT_TOPOLOGY_SERVICE
+    parse_hostport(address, field="--topology-service")
+    resp = asyncio.run(_fetch(address, args.timeout))
+    # An empty graph (no agent yet) is a valid snapshot, though not a valid topology file.
+    topo = convert.topology_from_proto(resp.topology) if resp.topology.clusters else Topology(
+        clusters=(), revision=resp.topology.revision)
+    if args.json:
+        doc = topology_to_dict(topo)
+        doc["revision"] = topo.revision
+        print_json(doc)
+        return 0
+    now = time.time()
+    agents = {s.name: s for s in resp.cluster_status}
+    ct = Table(title=f"clusters (topology revision {topo.revision}, {address})")
+    for col in ("cluster", "GPU", "GPUs free/total", "TFLOPS/GPU", "memory GiB", "$/kWh", "agent"):
+        ct.add_column(col, justify="right" if col not in ("cluster", "GPU", "agent") else "left")
+    for c in topo.clusters:
+        st = agents.get(c.name)
+        tflops = f"{c.tflops:.3g}" if c.tflops is not None else f"{c.gpu_type.peak_tflops:g} (peak)"
+        ct.add_row(c.name, c.gpu, f"{c.free}/{c.total_gpus}", tflops, f"{c.gpu_memory_gib:.3g}",
+                   f"{c.electricity_usd_per_kwh:g}", st.agent_address if st else "")
+    console.print(ct)
+    ages = {(s.a, s.b): s for s in resp.link_status}
+    lt = Table(title="links (measured, smoothed)")
+    for col in ("from", "to", "bandwidth", "latency ms", "age", "samples"):
+        lt.add_column(col, justify="left" if col in ("from", "to") else "right")
+    for link in topo.links:
+        ls = ages.get((link.a, link.b))
+        bw = link.bandwidth_gbps
+        shown = f"{bw:.3g} Gbit/s" if bw >= 1 else f"{bw * 1000:.3g} Mbit/s"
+        lt.add_row(link.a, link.b + ("" if link.directed else " (both ways)"), shown, f"{link.latency_ms:.3g}",
+                   _age(now, ls.updated_at) if ls else "", str(ls.samples) if ls else "")
+    console.print(lt)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("topology", help="validate, generate or show cluster topologies")
     tsub = p.add_subparsers(dest="topology_command", metavar="ACTION", required=True)
@@ -94,3 +166,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.add_argument("--kind", choices=["geo", "hub", "mesh"], default="geo")
     g.add_argument("--out", type=Path, help="output file (.json or .yaml); stdout when omitted")
     g.set_defaults(func=_generate)
+
+    s = tsub.add_parser("show", help="show the live graph from the topology service")
+    s.add_argument("--topology-service", metavar="ADDR",
+                   help=f"host:port (default $SPIDERFLOW_TOPOLOGY or {DEFAULT_TOPOLOGY_SERVICE})")
+    s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the service")
+    add_json_flag(s)
+    s.set_defaults(func=_show)

@@ -1,0 +1,426 @@
+"""The agent process: one per cluster.
+
+Life cycle (:meth:`Agent.run`):
+
+1. Serve the Agent gRPC service (:mod:`agent.service`) on ``listen``; work out the address peers dial
+   (:mod:`agent.config`, "Advertised address").
+2. Profile the cluster once (:mod:`agent.profiler`; a declared cluster skips device discovery).
+3. **Register**: grant a lease of ``lease_ttl_s`` with keep-alive and create ``clusters/<cluster>``
+   (:class:`agent.registration.Registration`) under it. If the key is taken (a previous instance whose
+   lease has not expired yet), retry every second until it is free. If the lease is lost (etcd
+   unreachable for a TTL), register again with a new lease. On shutdown the lease is revoked, so the
+   cluster leaves the graph at once; if the process dies, it leaves within the TTL.
+4. **Report the profile** to the topology service after each registration and every
+   ``profile_interval_s``.
+5. **Probe** every ``probe.period_s`` (with a per-agent jitter of up to 10 %): peers are the other
+   registrations in etcd; each is probed in turn (:mod:`agent.probe`), then all measurements go to the
+   topology service in one ReportLinks. A target the service does not know (its lease just expired) is
+   dropped and the report retried once.
+
+Busy (training): :meth:`Agent.set_busy` (the executor calls it when stages start and stop). While busy
+no bulk probe is sent or served (an in-flight one is cut short); with ``busy_mode = "latency"`` echo
+probes go on (latency-only refreshes keep the links fresh), with ``"pause"`` probing stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import structlog
+from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
+
+from agent.config import AgentConfig
+from agent.probe import ProbeResult, probe_peer
+from agent.profiler import DeviceProfile, host_memory_gib, measure_matmul_tflops, profile_devices
+from agent.registration import Registration
+from agent.service import AgentService
+from spiderflow.domain import Cluster
+from spiderflow.errors import AlreadyExistsError, SpiderFlowError, ValidationError
+from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
+from spiderflow.rpc import convert
+from spiderflow.rpc.errors import domain_errors
+from spiderflow.rpc.server import RpcServer, open_channel, serve
+from spiderflow.runtime import parse_hostport
+from spiderflow.store import keys
+from spiderflow.store.base import Lease, Store
+
+__all__ = ["VERSION", "Agent", "build_cluster"]
+
+log = structlog.get_logger(__name__)
+
+VERSION = "0.1.0"
+_WILDCARDS = {"0.0.0.0", "::", ""}
+
+
+def _ts(seconds: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluster:
+    """The :class:`Cluster` this agent reports: declared GPUs (``config.gpus``) or the measured ones,
+    plus the configured price, region, free GPUs and intra/inter-node bandwidths."""
+    extra: dict[str, Any] = {}
+    for f in ("electricity_usd_per_kwh", "intra_node_gbps", "inter_node_gbps", "free_gpus"):
+        if getattr(config, f) is not None:
+            extra[f] = getattr(config, f)
+    decl = config.gpus
+    if decl is not None:
+        tflops = decl.tflops if decl.tflops is not None else (measured.tflops if measured else None)
+        memory = decl.memory_gib if decl.memory_gib is not None else (measured.memory_gib if measured else None)
+        return Cluster(name=config.cluster, gpu=decl.gpu, nodes=decl.nodes, gpus_per_node=decl.gpus_per_node,
+                       tflops=tflops, memory_gib=memory, region=config.region, **extra)
+    if measured is None:
+        raise ValidationError("gpus", "neither declared nor measured")
+    return Cluster(name=config.cluster, gpu=measured.gpu, nodes=1, gpus_per_node=measured.count,
+                   tflops=measured.tflops, memory_gib=measured.memory_gib, region=config.region, **extra)
+
+
+def _measure(config: AgentConfig) -> DeviceProfile | None:
+    """Profile as the config asks: nothing for a declared non-cpu type with its figures, the CPU for a
+    declared ``cpu``, the local devices otherwise."""
+    decl = config.gpus
+    if decl is None:
+        return profile_devices(seconds=config.profile_seconds)
+    if decl.gpu == "cpu" and decl.tflops is None:
+        tflops = measure_matmul_tflops(device="cpu", seconds=config.profile_seconds)
+        return DeviceProfile(gpu="cpu", count=1, memory_gib=host_memory_gib(), tflops=tflops, device_name="cpu")
+    return None
+
+
+def _local_address_towards(host: str, port: int) -> str:
+    """The local IP the kernel would use to reach ``host`` (a UDP connect sends nothing)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return str(s.getsockname()[0])
+
+
+@dataclass
+class _Peer:
+    registration: Registration
+    channel: grpc.aio.Channel
+    stub: agent_pb2_grpc.AgentStub
+
+
+class Agent:
+    """One cluster's agent (see the module docstring). ``store_factory(endpoint)`` builds the Store
+    (EtcdStore by default); ``measure`` profiles the devices (replaceable in tests)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        store_factory: Callable[[str], Store] | None = None,
+        measure: Callable[[AgentConfig], DeviceProfile | None] = _measure,
+    ) -> None:
+        self.config = config
+        self.agent_id = config.agent_id or f"{config.cluster}-{uuid.uuid4().hex[:12]}"
+        self._store_factory = store_factory
+        self._measure = measure
+        self._busy = False
+        self._busy_changed = asyncio.Event()
+        self._registered = asyncio.Event()
+        self._lease: Lease | None = None
+        self._server: RpcServer | None = None
+        self._store: Store | None = None
+        self._cluster: Cluster | None = None
+        self._address = ""
+        self._peers: dict[str, _Peer] = {}
+        self._probes: dict[str, ProbeResult] = {}
+        self._started_at = time.time()
+        self._rng = random.Random(self.agent_id)
+        self._topology_channel: grpc.aio.Channel | None = None
+        self._topology: topology_pb2_grpc.TopologyStub | None = None
+        self._profile_now = asyncio.Event()
+        self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
+
+    # -- the executor's hook --------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        """True while the cluster trains (bulk probes paused)."""
+        return self._busy
+
+    def set_busy(self, busy: bool) -> None:
+        """Mark the cluster as training (True) or idle (False); see the module docstring."""
+        if busy != self._busy:
+            self._busy = busy
+            self._busy_changed.set()
+            self.log.info("agent.busy" if busy else "agent.idle")
+
+    # -- AgentState for the servicer ------------------------------------------------------------------
+
+    @property
+    def serve_cap_bytes(self) -> int:
+        return self.config.probe.serve_cap_bytes
+
+    @property
+    def address(self) -> str:
+        """The address peers dial (host:port); empty before :meth:`start`."""
+        return self._address
+
+    @property
+    def cluster(self) -> Cluster | None:
+        return self._cluster
+
+    @property
+    def registered(self) -> asyncio.Event:
+        return self._registered
+
+    def status(self) -> agent_pb2.GetStatusResponse:
+        msg = agent_pb2.GetStatusResponse(agent_id=self.agent_id, address=self._address, training=self._busy,
+                                          started_at=_ts(self._started_at))
+        if self._cluster is not None:
+            msg.cluster.CopyFrom(convert.cluster_to_proto(self._cluster))
+        for peer, p in sorted(self._probes.items()):
+            msg.probes.add(peer=peer, bandwidth_gbps=p.bandwidth_gbps or 0.0, latency_ms=p.latency_ms,
+                           measured_at=_ts(p.measured_at))
+        return msg
+
+    # -- life cycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Serve, profile, connect; returns once the Agent service is up (registration follows in
+        :meth:`run`)."""
+        host, port = parse_hostport(self.config.listen, field="listen")
+        self._server = await serve([AgentService(self)], host=host, port=port)
+        if self.config.advertise:
+            self._address = self.config.advertise
+        elif host in _WILDCARDS:
+            th, tp = parse_hostport(self.config.topology_service, field="topology_service")
+            self._address = f"{_local_address_towards(th, tp)}:{self._server.port}"
+        else:
+            self._address = self._server.address
+        measured = await asyncio.to_thread(self._measure, self.config)
+        self._cluster = build_cluster(self.config, measured)
+        if self._store_factory is None:
+            from spiderflow.store.etcd import EtcdStore
+
+            self._store = EtcdStore(self.config.etcd)
+        else:
+            self._store = self._store_factory(self.config.etcd)
+        self._topology_channel = open_channel(self.config.topology_service)
+        self._topology = topology_pb2_grpc.TopologyStub(self._topology_channel)
+        self.log.info("agent.started", address=self._address, gpu=self._cluster.gpu, gpus=self._cluster.total_gpus,
+                      tflops=self._cluster.tflops, topology_service=self.config.topology_service,
+                      etcd=self.config.etcd)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Register, report and probe until ``stop`` is set; then deregister and shut down."""
+        if self._server is None:
+            await self.start()
+        tasks = [
+            asyncio.create_task(self._register_loop(stop), name="agent-register"),
+            asyncio.create_task(self._profile_loop(stop), name="agent-profile"),
+            asyncio.create_task(self._probe_loop(stop), name="agent-probe"),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+            await self.close()
+
+    async def close(self) -> None:
+        """Revoke the registration lease, close channels, stop serving (idempotent)."""
+        lease, self._lease = self._lease, None
+        self._registered.clear()
+        if lease is not None:
+            with contextlib.suppress(SpiderFlowError):
+                await lease.revoke()
+        for p in self._peers.values():
+            await p.channel.close()
+        self._peers.clear()
+        if self._topology_channel is not None:
+            await self._topology_channel.close()
+            self._topology_channel = None
+        if self._store is not None:
+            await self._store.close()
+            self._store = None
+        if self._server is not None:
+            await self._server.stop(grace_s=1)
+            self._server = None
+        self.log.info("agent.stopped")
+
+    # -- registration -----------------------------------------------------------------------------------
+
+    async def _register_loop(self, stop: asyncio.Event) -> None:
+        assert self._store is not None
+        reg = Registration(cluster=self.config.cluster, agent_id=self.agent_id, principal=self.agent_id,
+                           address=self._address, version=VERSION, pid=os.getpid(), host=socket.gethostname(),
+                           started_at=self._started_at)
+        key = keys.cluster_key(self.config.cluster)
+        while not stop.is_set():
+            lease: Lease | None = None
+            try:
+                lease = await self._store.grant(self.config.lease_ttl_s)
+                await self._store.put_if_absent(key, reg.encode(), lease=lease)
+            except AlreadyExistsError:
+                self.log.info("agent.registration_taken", key=key)
+                if lease is not None:
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                await asyncio.sleep(1.0)
+                continue
+            except SpiderFlowError as e:
+                self.log.warning("agent.register_failed", error=str(e))
+                if lease is not None:
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                await asyncio.sleep(1.0)
+                continue
+            self._lease = lease
+            self._registered.set()
+            self._profile_now.set()
+            self.log.info("agent.registered", lease=lease.id, ttl=lease.ttl, address=self._address)
+            await lease.lost.wait()
+            self._registered.clear()
+            self._lease = None
+            self.log.warning("agent.registration_lost", reason=lease.lost_reason)
+
+    # -- profile ------------------------------------------------------------------------------------------
+
+    async def _profile_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._registered.wait()
+            try:
+                await self.report_profile()
+            except SpiderFlowError as e:
+                self.log.warning("agent.profile_report_failed", error=str(e))
+                await asyncio.sleep(1.0)
+                continue
+            self._profile_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._profile_now.wait(), self.config.profile_interval_s)
+
+    async def report_profile(self) -> int:
+        """Send the profile now; returns the revision of the write."""
+        assert self._topology is not None and self._cluster is not None
+        req = topology_pb2.ReportProfileRequest(cluster=convert.cluster_to_proto(self._cluster),
+                                                agent_id=self.agent_id, agent_address=self._address,
+                                                measured_at=_ts(time.time()))
+        with domain_errors():
+            resp = await self._topology.ReportProfile(req, timeout=self.config.probe.timeout_s)
+        self.log.info("agent.profile_reported", revision=resp.revision)
+        return int(resp.revision)
+
+    # -- probing --------------------------------------------------------------------------------------------
+
+    async def discover(self) -> list[Registration]:
+        """The other registered agents (from etcd), and channels to them kept up to date."""
+        assert self._store is not None
+        items, _ = await self._store.get_prefix(keys.CLUSTERS)
+        regs: dict[str, Registration] = {}
+        for kv in items:
+            try:
+                r = Registration.decode(kv.value)
+            except ValidationError as e:
+                self.log.warning("agent.bad_registration", key=kv.key, error=str(e))
+                continue
+            if r.cluster != self.config.cluster:
+                regs[r.cluster] = r
+        for name in list(self._peers):
+            p = self._peers[name]
+            if name not in regs or regs[name].address != p.registration.address:
+                await p.channel.close()
+                del self._peers[name]
+        for name, r in regs.items():
+            if name not in self._peers:
+                ch = open_channel(r.address)
+                self._peers[name] = _Peer(registration=r, channel=ch, stub=agent_pb2_grpc.AgentStub(ch))
+        for name in list(self._probes):
+            if name not in regs:
+                del self._probes[name]
+        return sorted(regs.values(), key=lambda r: r.cluster)
+
+    async def probe_round(self) -> list[ProbeResult]:
+        """Probe every peer once (in a shuffled order) and report the results; returns them."""
+        cfg = self.config.probe
+        peers = await self.discover()
+        self._rng.shuffle(peers)
+        results: list[ProbeResult] = []
+        for reg in peers:
+            if self._busy and cfg.busy_mode == "pause":
+                break
+            peer = self._peers.get(reg.cluster)
+            if peer is None:
+                continue
+            try:
+                r = await probe_peer(peer.stub, source=self.config.cluster, peer=reg.cluster, config=cfg,
+                                     busy=lambda: self._busy)
+            except (grpc.aio.AioRpcError, ValueError) as e:
+                detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
+                self.log.info("agent.probe_failed", peer=reg.cluster, address=reg.address, error=detail)
+                continue
+            self._probes[reg.cluster] = r
+            results.append(r)
+            self.log.debug("agent.probed", peer=reg.cluster, latency_ms=round(r.latency_ms, 3),
+                           bandwidth_gbps=r.bandwidth_gbps, probe_bytes=r.probe_bytes)
+        if results:
+            await self.report_links(results)
+        return results
+
+    async def report_links(self, results: list[ProbeResult]) -> None:
+        """Send measurements; a target the service does not know is dropped and the rest re-sent once."""
+        assert self._topology is not None
+        pending = list(results)
+        for _attempt in range(2):
+            req = topology_pb2.ReportLinksRequest(cluster=self.config.cluster, agent_id=self.agent_id)
+            for r in pending:
+                req.measurements.add(target=r.peer, bandwidth_gbps=r.bandwidth_gbps or 0.0, latency_ms=r.latency_ms,
+                                     probe_bytes=r.probe_bytes if r.bandwidth_gbps else 0,
+                                     rtt_samples=r.rtt_samples, measured_at=_ts(r.measured_at))
+            try:
+                with domain_errors():
+                    resp = await self._topology.ReportLinks(req, timeout=self.config.probe.timeout_s)
+            except ValidationError as e:
+                bad = _target_index(e.field)
+                if bad is None or bad >= len(pending):
+                    raise
+                self.log.info("agent.peer_gone", peer=pending[bad].peer, error=str(e))
+                pending = [r for i, r in enumerate(pending) if i != bad]
+                if not pending:
+                    return
+                continue
+            self.log.info("agent.links_reported", revision=resp.revision, accepted=resp.accepted,
+                          rejected=list(resp.rejected), peers=len(pending))
+            return
+
+    async def _probe_loop(self, stop: asyncio.Event) -> None:
+        period = self.config.probe.period_s
+        while not stop.is_set():
+            await self._registered.wait()
+            t0 = time.monotonic()
+            if not (self._busy and self.config.probe.busy_mode == "pause"):
+                try:
+                    await self.probe_round()
+                except SpiderFlowError as e:
+                    self.log.warning("agent.probe_round_failed", error=str(e))
+            delay = max(0.0, period - (time.monotonic() - t0)) + self._rng.uniform(0, 0.1 * period)
+            await asyncio.sleep(delay)
+
+
+def _target_index(field: str) -> int | None:
+    prefix = "measurements["
+    if field.startswith(prefix) and field.endswith("].target"):
+        inner = field[len(prefix):-len("].target")]
+        return int(inner) if inner.isdigit() else None
+    return None
+

@@ -1,0 +1,205 @@
+"""Agent configuration: a YAML/JSON file (``--config``) and command-line flags (flags win).
+
+File format (every key optional except where the command line provides it)::
+
+    cluster: virginia
+    topology_service: 127.0.0.1:50051
+    etcd: 127.0.0.1:2379
+    listen: 10.77.0.2:0            # where the Agent service listens (port 0 = any free port)
+    advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
+    agent_id: virginia-a1          # default: <cluster>-<random hex>, new at every start
+    lease_ttl_s: 8                 # registration lease; the cluster vanishes ≤ TTL after the agent dies
+    profile_interval_s: 30         # re-send the profile this often
+    profile_seconds: 0.5           # duration of the timed matmul
+    gpus:                          # declare an emulated cluster instead of profiling local devices
+      gpu: A100-80G
+      nodes: 2
+      gpus_per_node: 8
+      tflops: 250                  # optional: else measured for ``cpu``, catalog peak for others
+      memory_gib: 80               # optional
+    free_gpus: 12                  # GPUs offered to SpiderFlow (default: all)
+    electricity_usd_per_kwh: 0.08
+    region: us-east-1
+    probe:
+      period_s: 10
+      echo_count: 5
+      echo_bytes: 64
+      bulk_bytes: 4194304
+      bulk_max_s: 2.0
+      chunk_bytes: 262144
+      timeout_s: 5.0
+      serve_cap_bytes: 67108864
+      busy_mode: latency           # or "pause"
+
+Probe traffic per period: each agent probes each of its ``N − 1`` peers once (one at a time), so with
+``N`` agents a period moves at most ``N·(N−1)·(bulk_bytes + 2·echo_count·echo_bytes)`` bytes plus gRPC
+framing — with the defaults and ``N = 4``: 12 × ≈4 MiB ≈ 48 MiB per 10 s (≈ 3.4 Mbit/s on average per
+directed pair). Each bulk probe also stops after ``bulk_max_s`` seconds, so a slow link carries at most
+``bandwidth × bulk_max_s`` per period. While the cluster trains (``busy``), no bulk probe is sent or
+served: ``busy_mode: latency`` keeps the tiny echo probes (links stay fresh, bandwidth keeps its
+smoothed value); ``pause`` stops probing altogether.
+
+Advertised address: ``advertise`` if set; else the listen host with the bound port, unless the listen
+host is a wildcard (``0.0.0.0``/``::``), in which case the local address the kernel would use to reach
+the topology service (no packet is sent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from spiderflow.catalog import gpu_type
+from spiderflow.errors import ValidationError
+from spiderflow.formats import load_document
+from spiderflow.runtime import parse_hostport
+
+__all__ = ["AgentConfig", "GpuDeclaration", "ProbeConfig", "load_config"]
+
+BusyMode = Literal["latency", "pause"]
+
+
+def _pos(name: str, value: float, *, zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not zero):
+        raise ValidationError(name, "must be " + ("≥ 0" if zero else "> 0"), value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeConfig:
+    """Probe sizes and timing (see the module docstring for the traffic they imply)."""
+
+    period_s: float = 10.0
+    echo_count: int = 5
+    echo_bytes: int = 64
+    bulk_bytes: int = 4 * 1024 * 1024
+    bulk_max_s: float = 2.0
+    chunk_bytes: int = 256 * 1024
+    timeout_s: float = 5.0
+    serve_cap_bytes: int = 64 * 1024 * 1024
+    busy_mode: BusyMode = "latency"
+
+    def __post_init__(self) -> None:
+        for f in ("period_s", "bulk_max_s", "timeout_s"):
+            _pos(f"probe.{f}", getattr(self, f))
+        for f in ("echo_count", "bulk_bytes", "chunk_bytes", "serve_cap_bytes"):
+            _pos(f"probe.{f}", getattr(self, f))
+        _pos("probe.echo_bytes", self.echo_bytes, zero=True)
+        if self.echo_bytes > 64 * 1024:
+            raise ValidationError("probe.echo_bytes", "must be ≤ 65536 (a latency probe, not a bandwidth one)",
+                                  self.echo_bytes)
+        if self.chunk_bytes > self.bulk_bytes:
+            raise ValidationError("probe.chunk_bytes", "must be ≤ probe.bulk_bytes", self.chunk_bytes)
+        if self.busy_mode not in ("latency", "pause"):
+            raise ValidationError("probe.busy_mode", "must be 'latency' or 'pause'", self.busy_mode)
+
+    def traffic_per_period(self, agents: int) -> int:
+        """Upper bound of probe bytes per period with ``agents`` agents (payload, without framing)."""
+        return agents * (agents - 1) * (self.bulk_bytes + 2 * self.echo_count * self.echo_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuDeclaration:
+    """An emulated cluster's GPUs: a catalog type and counts, optionally its throughput and memory."""
+
+    gpu: str
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tflops: float | None = None
+    memory_gib: float | None = None
+
+    def __post_init__(self) -> None:
+        gpu_type(self.gpu, field="gpus.gpu")
+        for f in ("nodes", "gpus_per_node"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValidationError(f"gpus.{f}", "must be an integer ≥ 1", v)
+        if self.tflops is not None:
+            _pos("gpus.tflops", self.tflops)
+        if self.memory_gib is not None:
+            _pos("gpus.memory_gib", self.memory_gib)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentConfig:
+    """Everything an agent needs (see the module docstring)."""
+
+    cluster: str
+    topology_service: str
+    etcd: str
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    agent_id: str | None = None
+    lease_ttl_s: int = 8
+    profile_interval_s: float = 30.0
+    profile_seconds: float = 0.5
+    gpus: GpuDeclaration | None = None
+    free_gpus: int | None = None
+    electricity_usd_per_kwh: float | None = None
+    region: str = ""
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+
+    def __post_init__(self) -> None:
+        if not self.cluster or "/" in self.cluster or len(self.cluster) > 63:
+            raise ValidationError("cluster", "must be a name of 1..63 characters without '/'", self.cluster)
+        parse_hostport(self.topology_service, field="topology_service")
+        parse_hostport(self.etcd, field="etcd")
+        parse_hostport(self.listen, field="listen")
+        if self.advertise is not None:
+            parse_hostport(self.advertise, field="advertise")
+        if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, int) or self.lease_ttl_s < 1:
+            raise ValidationError("lease_ttl_s", "must be an integer ≥ 1", self.lease_ttl_s)
+        _pos("profile_interval_s", self.profile_interval_s)
+        _pos("profile_seconds", self.profile_seconds)
+        if self.free_gpus is not None:
+            _pos("free_gpus", self.free_gpus, zero=True)
+        if self.electricity_usd_per_kwh is not None:
+            _pos("electricity_usd_per_kwh", self.electricity_usd_per_kwh, zero=True)
+        for f in ("intra_node_gbps", "inter_node_gbps"):
+            if getattr(self, f) is not None:
+                _pos(f, getattr(self, f))
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ValidationError(where, "must be a mapping", raw)
+    known = {f.name for f in fields(cls)}
+    for k in raw:
+        if k not in known:
+            raise ValidationError(f"{where}.{k}", "unknown key")
+    return cls(**raw)
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConfig:
+    """The configuration from ``path`` (may be None) with ``overrides`` (flags; None values ignored).
+    ``overrides["probe"]`` / ``overrides["gpus"]`` are dicts merged into those sections."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        doc = load_document(path)
+        if doc is not None and not isinstance(doc, dict):
+            raise ValidationError("config", "must be a mapping", type(doc).__name__)
+        raw = dict(doc or {})
+    probe = dict(raw.pop("probe", None) or {})
+    probe.update({k: v for k, v in (overrides.pop("probe", None) or {}).items() if v is not None})
+    gpus = raw.pop("gpus", None)
+    gover = {k: v for k, v in (overrides.pop("gpus", None) or {}).items() if v is not None}
+    if gover:
+        gpus = {**(gpus or {}), **gover}
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    for required in ("cluster", "topology_service", "etcd"):
+        if not raw.get(required):
+            raise ValidationError(required, "is required (flag or config file)")
+    known = {f.name for f in fields(AgentConfig)}
+    for k in raw:
+        if k not in known:
+            raise ValidationError(f"config.{k}", "unknown key")
+    cfg = AgentConfig(**raw)
+    return replace(
+        cfg,
+        probe=_section(ProbeConfig, probe, "probe"),
+        gpus=_section(GpuDeclaration, gpus, "gpus") if gpus else None,
+    )

@@ -1,0 +1,100 @@
+"""The Agent gRPC service (``spiderflow.agent.v1.Agent``): the probe RPCs peers call, and GetStatus.
+
+- ``ProbeEcho`` returns the payload (≤ 64 KiB, else INVALID_ARGUMENT naming ``payload``).
+- ``ProbeUpload`` counts the bytes it receives and the seconds between the first and the last chunk's
+  arrival. More than the agent's cap (``probe.serve_cap_bytes``) → INVALID_ARGUMENT (``data``).
+- ``ProbeDownload`` streams ``total_bytes`` (``0 < total_bytes ≤ cap``) in ``chunk_bytes`` messages
+  (0 = 256 KiB, at most 4 MiB).
+- While the cluster trains (:meth:`agent.agent.Agent.set_busy`), both bulk probes are refused (or cut
+  short) with UNAVAILABLE; echoes are still answered.
+- ``GetStatus``: the reported profile, the agent's identity and address, ``training``, the latest probe
+  of each peer.
+
+Stage control (StartStages, StopStages, WatchWorkers) is not served by this class (UNIMPLEMENTED).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc.aio
+
+from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.rpc.errors import map_domain_errors
+
+__all__ = ["MAX_CHUNK_BYTES", "MAX_ECHO_BYTES", "AgentService", "AgentState"]
+
+MAX_ECHO_BYTES = 64 * 1024
+DEFAULT_CHUNK_BYTES = 256 * 1024
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class AgentState(Protocol):
+    """What the servicer needs from the agent."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    @property
+    def serve_cap_bytes(self) -> int: ...
+
+    def status(self) -> agent_pb2.GetStatusResponse: ...
+
+
+@map_domain_errors
+class AgentService(agent_pb2_grpc.AgentServicer):
+    """Thin adapter over an :class:`AgentState`."""
+
+    def __init__(self, state: AgentState) -> None:
+        self.state = state
+
+    async def ProbeEcho(
+        self, request: agent_pb2.ProbeEchoRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.ProbeEchoResponse:
+        if len(request.payload) > MAX_ECHO_BYTES:
+            raise ValidationError("payload", f"must be ≤ {MAX_ECHO_BYTES} bytes", len(request.payload))
+        return agent_pb2.ProbeEchoResponse(payload=request.payload, sequence=request.sequence)
+
+    async def ProbeUpload(
+        self, request_iterator: AsyncIterator[agent_pb2.ProbeUploadRequest], context: grpc.aio.ServicerContext
+    ) -> agent_pb2.ProbeUploadResponse:
+        cap = self.state.serve_cap_bytes
+        received = 0
+        first = last = 0.0
+        async for chunk in request_iterator:
+            now = time.perf_counter()
+            if self.state.busy:
+                raise UnavailableError("busy training: bulk probes are paused; retry after the next period")
+            if received == 0:
+                first = now
+            last = now
+            received += len(chunk.data)
+            if received > cap:
+                raise ValidationError("data", f"a bulk probe may send at most {cap} bytes", received)
+        return agent_pb2.ProbeUploadResponse(bytes_received=received, seconds=last - first)
+
+    async def ProbeDownload(
+        self, request: agent_pb2.ProbeDownloadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.ProbeDownloadResponse]:
+        cap = self.state.serve_cap_bytes
+        if not 0 < request.total_bytes <= cap:
+            raise ValidationError("total_bytes", f"must be in 1..{cap}", request.total_bytes)
+        if request.chunk_bytes < 0 or request.chunk_bytes > MAX_CHUNK_BYTES:
+            raise ValidationError("chunk_bytes", f"must be in 0..{MAX_CHUNK_BYTES}", request.chunk_bytes)
+        size = request.chunk_bytes or DEFAULT_CHUNK_BYTES
+        chunk = b"\x00" * size
+        sent = 0
+        while sent < request.total_bytes:
+            if self.state.busy:
+                raise UnavailableError("busy training: bulk probes are paused; retry after the next period")
+            n = min(size, request.total_bytes - sent)
+            yield agent_pb2.ProbeDownloadResponse(data=chunk[:n])
+            sent += n
+
+    async def GetStatus(
+        self, request: agent_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> agent_pb2.GetStatusResponse:
+        return self.state.status()

@@ -1,0 +1,102 @@
+"""``spiderflow agent``: run a cluster's agent in the foreground (stops on SIGINT/SIGTERM, deregistering).
+
+::
+
+    spiderflow agent --cluster virginia --topology-service HOST:PORT --etcd HOST:PORT \\
+        [--config FILE] [--listen HOST:PORT] [--advertise HOST:PORT] [--ready-file FILE] \\
+        [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
+        [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
+
+``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``. Flags
+override the ``--config`` file (format in :mod:`agent.config`). ``--ready-file`` receives
+``{"address", "pid", "agent_id"}`` as JSON once the Agent service serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from spiderflow.runtime import configure_logging, run_until_signalled, write_ready_file
+
+__all__ = ["register"]
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from agent.config import load_config
+
+    overrides: dict[str, Any] = {
+        "cluster": args.cluster, "topology_service": args.topology_service, "etcd": args.etcd,
+        "listen": args.listen, "advertise": args.advertise, "agent_id": args.agent_id,
+        "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
+        "profile_seconds": args.profile_seconds, "free_gpus": args.free_gpus,
+        "electricity_usd_per_kwh": args.electricity, "region": args.region,
+        "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
+        "gpus": {"gpu": args.gpu, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "tflops": args.tflops,
+                 "memory_gib": args.memory_gib},
+        "probe": {"period_s": args.probe_period, "bulk_bytes": args.probe_bytes, "bulk_max_s": args.probe_max_s,
+                  "echo_count": args.probe_echoes, "chunk_bytes": args.probe_chunk_bytes,
+                  "timeout_s": args.probe_timeout, "busy_mode": args.busy_mode},
+    }
+    if args.gpu is None and any(v is not None for v in overrides["gpus"].values()):
+        from spiderflow.errors import ValidationError
+
+        raise ValidationError("--gpu", "is required with --nodes/--gpus-per-node/--tflops/--memory-gib")
+    return load_config(args.config, overrides)
+
+
+def _run(args: argparse.Namespace) -> int:
+    configure_logging(json_logs=True if args.log_format == "json" else None if args.log_format == "auto" else False)
+    config = _config(args)  # validation errors surface before anything starts
+
+    async def main(stop: asyncio.Event) -> None:
+        from agent.agent import Agent
+
+        agent = Agent(config)
+        await agent.start()
+        write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
+                         agent_id=agent.agent_id)
+        await agent.run(stop)
+
+    return run_until_signalled(main)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("agent", help="run a cluster's agent (registers, profiles, probes peers, reports)")
+    p.add_argument("--cluster", help="this cluster's name")
+    p.add_argument("--topology-service", default=os.environ.get("SPIDERFLOW_TOPOLOGY"), metavar="ADDR",
+                   help="topology service host:port (default $SPIDERFLOW_TOPOLOGY)")
+    p.add_argument("--etcd", default=os.environ.get("SPIDERFLOW_ETCD"), metavar="ADDR",
+                   help="etcd host:port (default $SPIDERFLOW_ETCD)")
+    p.add_argument("--config", type=Path, help="YAML/JSON agent configuration (flags override it)")
+    p.add_argument("--listen", help="host:port of the Agent service (default 127.0.0.1:0; port 0 = any free)")
+    p.add_argument("--advertise", help="host:port peers dial (default: the listen address)")
+    p.add_argument("--agent-id", help="instance id (default: <cluster>-<random>)")
+    p.add_argument("--ready-file", help="write {address, pid, agent_id} as JSON here once serving")
+    p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    p.add_argument("--lease-ttl", type=int, help="registration lease TTL, seconds (default 8)")
+    p.add_argument("--profile-interval", type=float, help="re-send the profile every S seconds (default 30)")
+    p.add_argument("--profile-seconds", type=float, help="duration of the timed matmul (default 0.5)")
+    g = p.add_argument_group("declared GPUs (emulated clusters)")
+    g.add_argument("--gpu", help="catalog GPU type (e.g. A100-80G, or cpu); default: profile local devices")
+    g.add_argument("--nodes", type=int)
+    g.add_argument("--gpus-per-node", type=int)
+    g.add_argument("--tflops", type=float, help="per-GPU TFLOPS (default: measured for cpu, catalog peak else)")
+    g.add_argument("--memory-gib", type=float)
+    p.add_argument("--free-gpus", type=int, help="GPUs offered to SpiderFlow (default all)")
+    p.add_argument("--electricity", type=float, metavar="USD_PER_KWH")
+    p.add_argument("--region", help="free-form region label")
+    p.add_argument("--intra-node-gbps", type=float)
+    p.add_argument("--inter-node-gbps", type=float)
+    pr = p.add_argument_group("probing")
+    pr.add_argument("--probe-period", type=float, metavar="S", help="seconds between probe rounds (default 10)")
+    pr.add_argument("--probe-bytes", type=int, metavar="B", help="bulk bytes per peer per round (default 4 MiB)")
+    pr.add_argument("--probe-max-s", type=float, metavar="S", help="bulk probe duration cap (default 2)")
+    pr.add_argument("--probe-echoes", type=int, metavar="N", help="echo round trips per peer (default 5)")
+    pr.add_argument("--probe-chunk-bytes", type=int, metavar="B", help="bulk message size (default 256 KiB)")
+    pr.add_argument("--probe-timeout", type=float, metavar="S", help="deadline per probe call (default 5)")
+    pr.add_argument("--busy-mode", choices=["latency", "pause"], help="probing while training (default latency)")
+    p.set_defaults(func=_run)
