@@ -74,6 +74,7 @@ log = structlog.get_logger("spiderflow.testbed")
 DEFAULT_RELAY_PORT = 15001
 _RULE_COMMENT = "spiderflow-testbed:{prefix}"
 _DEFAULT_RATE = "10gbit"
+_DEFAULT_BURST = 1_250_000  # 1 ms at 10 Gbit/s
 
 
 class TestbedError(SpiderFlowError):
@@ -665,7 +666,7 @@ class Testbed:
             dev = d.router_iface
             lines.append(f"qdisc add dev {dev} root handle 1: htb default {DEFAULT_CLASS_MINOR:x} r2q 100")
             lines.append(f"class add dev {dev} parent 1: classid 1:{DEFAULT_CLASS_MINOR:x} htb rate {_DEFAULT_RATE}"
-                         f" quantum 60000")
+                         f" burst {_DEFAULT_BURST} cburst {_DEFAULT_BURST} quantum 60000")
             for s in layout.clusters:
                 if s.index == d.index:
                     continue
