@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Any
 
 from agent.registration import Registration
-from services.topology.smoothing import Outcome, Series, SmoothingConfig, Test, observe
+from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
 from spiderflow.domain import Cluster, Link, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.formats import topology_from_dict, topology_to_dict
@@ -249,8 +249,8 @@ def apply_measurement(
             return None, False
         bw, bw_out = prev.bandwidth, Outcome.SMOOTHED
     else:
-        bw, bw_out = observe(prev.bandwidth if prev else None, m.bandwidth_gbps, config.bandwidth, Test.RATIO)
-    lat, lat_out = observe(prev.latency if prev else None, m.latency_ms, config.latency, Test.ABSOLUTE)
+        bw, bw_out = observe(prev.bandwidth if prev else None, m.bandwidth_gbps, config.bandwidth, Closeness.RATIO)
+    lat, lat_out = observe(prev.latency if prev else None, m.latency_ms, config.latency, Closeness.ABSOLUTE)
     record = LinkRecord(src=source, dst=m.target, bandwidth=bw, latency=lat, measured_at=m.measured_at,
                         updated_at=now, probe_bytes=m.probe_bytes, rtt_samples=m.rtt_samples)
     return record, bw_out.accepted and lat_out.accepted
@@ -268,7 +268,7 @@ def apply_profile(
     if cluster.tflops is not None:
         same = prev is not None and prev.cluster.gpu == cluster.gpu and prev.tflops is not None
         series, outcome = observe(prev.tflops if same and prev else None, cluster.tflops, config.tflops,
-                                  Test.RATIO)
+                                  Closeness.RATIO)
         accepted = outcome.accepted
         cluster = replace(cluster, tflops=series.value)
     record = ProfileRecord(cluster=cluster, tflops=series, agent_id=agent_id, agent_address=agent_address,

@@ -29,10 +29,10 @@ import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-__all__ = ["Outcome", "Series", "SmoothingConfig", "Test", "observe"]
+__all__ = ["Closeness", "Outcome", "Series", "SmoothingConfig", "observe"]
 
 
-class Test(StrEnum):
+class Closeness(StrEnum):
     """How "far" is judged: by ratio (positive quantities) or by absolute difference with a floor."""
 
     RATIO = "ratio"
@@ -87,15 +87,15 @@ class Outcome(StrEnum):
         return self is not Outcome.REJECTED
 
 
-def _far(x: float, s: float, config: SmoothingConfig, test: Test) -> bool:
-    if test is Test.RATIO:
+def _far(x: float, s: float, config: SmoothingConfig, test: Closeness) -> bool:
+    if test is Closeness.RATIO:
         if x <= 0 or s <= 0:
             return x != s
         return max(x / s, s / x) > config.outlier_ratio
     return abs(x - s) > max((config.outlier_ratio - 1) * s, config.outlier_floor)
 
 
-def observe(series: Series | None, x: float, config: SmoothingConfig, test: Test) -> tuple[Series, Outcome]:
+def observe(series: Series | None, x: float, config: SmoothingConfig, test: Closeness) -> tuple[Series, Outcome]:
     """Fold sample ``x`` into ``series`` (None = no history) by the rules of the module docstring."""
     if not math.isfinite(x) or x < 0:
         raise ValueError(f"sample must be a finite number ≥ 0, got {x!r}")

@@ -1,0 +1,65 @@
+"""Agent configuration: file + flags, validation naming the field, the documented probe traffic bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.agent import build_cluster
+from agent.config import ProbeConfig, load_config
+from agent.profiler import DeviceProfile, catalog_name
+from spiderflow.errors import ValidationError
+
+BASE = {"cluster": "a", "topology_service": "127.0.0.1:1", "etcd": "127.0.0.1:2"}
+
+
+def test_file_and_flags(tmp_path: Path) -> None:
+    f = tmp_path / "agent.yaml"
+    f.write_text("cluster: a\ntopology_service: 127.0.0.1:1\netcd: 127.0.0.1:2\n"
+                 "gpus: {gpu: A100-80G, nodes: 2, gpus_per_node: 8}\nprobe: {period_s: 3, bulk_bytes: 1048576}\n"
+                 "electricity_usd_per_kwh: 0.2\n")
+    cfg = load_config(f, {"listen": "127.0.0.2:0", "probe": {"period_s": 5.0, "echo_count": None},
+                          "gpus": {"nodes": 4}, "free_gpus": 30})
+    assert cfg.listen == "127.0.0.2:0" and cfg.probe.period_s == 5.0 and cfg.probe.bulk_bytes == 1 << 20
+    assert cfg.probe.echo_count == 5
+    assert cfg.gpus is not None and cfg.gpus.nodes == 4 and cfg.gpus.gpus_per_node == 8
+    c = build_cluster(cfg, None)
+    assert (c.gpu, c.total_gpus, c.free, c.tflops, c.electricity_usd_per_kwh) == ("A100-80G", 32, 30, None, 0.2)
+
+
+def test_errors_name_the_field(tmp_path: Path) -> None:
+    cases = [
+        ({**BASE, "cluster": ""}, "cluster"),
+        ({**BASE, "etcd": "nohostport"}, "etcd"),
+        ({**BASE, "gpus": {"gpu": "B9000"}}, "gpus.gpu"),
+        ({**BASE, "probe": {"bulk_bytes": -1}}, "probe.bulk_bytes"),
+        ({**BASE, "probe": {"echo_bytes": 1 << 20}}, "probe.echo_bytes"),
+        ({**BASE, "probe": {"colour": 1}}, "probe.colour"),
+        ({"cluster": "a", "etcd": "127.0.0.1:2"}, "topology_service"),
+    ]
+    for overrides, field in cases:
+        with pytest.raises(ValidationError) as info:
+            load_config(None, dict(overrides))
+        assert info.value.field == field, overrides
+
+
+def test_measured_profile_becomes_the_cluster() -> None:
+    cfg = load_config(None, dict(BASE))
+    c = build_cluster(cfg, DeviceProfile(gpu="cpu", count=1, memory_gib=7.5, tflops=0.02, device_name="cpu"))
+    assert (c.gpu, c.total_gpus, c.tflops, c.memory_gib) == ("cpu", 1, 0.02, 7.5)
+
+
+def test_probe_traffic_bound() -> None:
+    p = ProbeConfig(bulk_bytes=4 << 20, echo_count=5, echo_bytes=64)
+    assert p.traffic_per_period(4) == 12 * ((4 << 20) + 640)
+    assert p.traffic_per_period(1) == 0
+
+
+def test_catalog_names() -> None:
+    assert catalog_name("NVIDIA A100-SXM4-80GB", 79.2) == "A100-80G"
+    assert catalog_name("NVIDIA A100-PCIE-40GB", 39.4) == "A100-40G"
+    assert catalog_name("NVIDIA H100 80GB HBM3", 79.0) == "H100-80G"
+    assert catalog_name("Tesla V100-SXM2-16GB", 15.8) == "V100-16G"
+    with pytest.raises(ValidationError):
+        catalog_name("Mystery Accelerator", 10)

@@ -1,0 +1,157 @@
+"""Pure graph logic: smoothing, report validation, snapshot assembly, ageing and diffs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.registration import Registration
+from services.topology.graph import (
+    ChangeKind,
+    GraphConfig,
+    LinkRecord,
+    Measurement,
+    ProfileRecord,
+    apply_measurement,
+    apply_profile,
+    assemble,
+    diff,
+    validate_measurements,
+)
+from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
+from spiderflow.domain import Cluster
+from spiderflow.errors import ValidationError
+
+CFG = SmoothingConfig(alpha=0.5, outlier_ratio=2.0, shift_after=2)
+
+
+def test_ewma_and_outlier_rejection() -> None:
+    s, out = observe(None, 100.0, CFG, Closeness.RATIO)
+    assert out is Outcome.STARTED and s.value == 100.0
+    s, out = observe(s, 120.0, CFG, Closeness.RATIO)
+    assert out is Outcome.SMOOTHED and s.value == pytest.approx(110.0)
+    s2, out = observe(s, 1000.0, CFG, Closeness.RATIO)
+    assert out is Outcome.REJECTED and s2.value == pytest.approx(110.0) and s2.pending == 1
+    s3, out = observe(s2, 105.0, CFG, Closeness.RATIO)  # back to normal: the spike is forgotten
+    assert out is Outcome.SMOOTHED and s3.pending == 0
+
+
+def test_level_shift_after_agreeing_outliers() -> None:
+    s = Series(value=400.0, samples=5)
+    s, out = observe(s, 50.0, CFG, Closeness.RATIO)
+    assert out is Outcome.REJECTED
+    s, out = observe(s, 54.0, CFG, Closeness.RATIO)
+    assert out is Outcome.SHIFTED and s.value == pytest.approx(52.0) and s.pending == 0
+    # Disagreeing outliers do not make a shift: each restarts the pending run.
+    s = Series(value=100.0)
+    s, _ = observe(s, 10.0, CFG, Closeness.RATIO)
+    s, out = observe(s, 1000.0, CFG, Closeness.RATIO)
+    assert out is Outcome.REJECTED and s.pending == 1 and s.value == 100.0
+
+
+def test_absolute_test_has_a_floor_for_small_latencies() -> None:
+    cfg = SmoothingConfig(alpha=0.5, outlier_ratio=2.0, outlier_floor=5.0)
+    s = Series(value=0.1)
+    _, out = observe(s, 2.0, cfg, Closeness.ABSOLUTE)  # loopback jitter: 20x, but below the floor
+    assert out is Outcome.SMOOTHED
+    _, out = observe(Series(value=20.0), 80.0, cfg, Closeness.ABSOLUTE)
+    assert out is Outcome.REJECTED
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=0.01, max_value=1e4), min_size=1, max_size=30))
+def test_smoothed_value_stays_within_the_samples(xs: list[float]) -> None:
+    s: Series | None = None
+    for x in xs:
+        s, _ = observe(s, x, CFG, Closeness.RATIO)
+    assert s is not None
+    assert min(xs) * (1 - 1e-9) <= s.value <= max(xs) * (1 + 1e-9)
+
+
+def test_validate_measurements_names_the_field() -> None:
+    ok = validate_measurements("a", [Measurement(target="b", bandwidth_gbps=1.0, latency_ms=0.0, probe_bytes=10)])
+    assert ok[0].bandwidth_gbps == 1.0
+    refresh = validate_measurements("a", [Measurement(target="b", bandwidth_gbps=0.0, latency_ms=3.0)])
+    assert refresh[0].bandwidth_gbps is None
+    bw0, lat0 = "measurements[0].bandwidth_gbps", "measurements[0].latency_ms"
+    bad = [
+        ([Measurement(target="b", bandwidth_gbps=-1.0, latency_ms=1.0, probe_bytes=1)], bw0),
+        ([Measurement(target="b", bandwidth_gbps=math.inf, latency_ms=1.0, probe_bytes=1)], bw0),
+        ([Measurement(target="b", bandwidth_gbps=0.0, latency_ms=1.0, probe_bytes=1)], bw0),
+        ([Measurement(target="b", bandwidth_gbps=1.0, latency_ms=math.nan, probe_bytes=1)], lat0),
+        ([Measurement(target="", bandwidth_gbps=1.0, latency_ms=1.0)], "measurements[0].target"),
+        ([Measurement(target="b", bandwidth_gbps=1.0, latency_ms=1.0),
+          Measurement(target="b", bandwidth_gbps=1.0, latency_ms=1.0)], "measurements[1].target"),
+        ([Measurement(target="b", bandwidth_gbps=1.0, latency_ms=1.0, probe_bytes=-1)], "measurements[0].probe_bytes"),
+    ]
+    for ms, field in bad:
+        with pytest.raises(ValidationError) as info:
+            validate_measurements("a", ms)
+        assert info.value.field == field
+
+
+def _reg(name: str) -> Registration:
+    return Registration(cluster=name, agent_id=f"{name}-1", principal=f"{name}-1", address="127.0.0.1:1")
+
+
+def _profile(name: str, now: float = 0.0) -> ProfileRecord:
+    rec, _ = apply_profile(None, Cluster(name=name, gpu="cpu", nodes=1, gpus_per_node=1, tflops=0.1),
+                           agent_id=f"{name}-1", agent_address="127.0.0.1:1", measured_at=now, now=now,
+                           config=GraphConfig())
+    return rec
+
+
+def _link(src: str, dst: str, now: float, bw: float = 1.0) -> LinkRecord:
+    rec, ok = apply_measurement(None, src, Measurement(target=dst, bandwidth_gbps=bw, latency_ms=2.0, probe_bytes=1),
+                                now=now, config=GraphConfig())
+    assert rec is not None and ok
+    return rec
+
+
+def test_records_round_trip() -> None:
+    p = _profile("a", 5.0)
+    assert ProfileRecord.decode(p.encode()) == p
+    link = _link("a", "b", 7.0)
+    assert LinkRecord.decode(link.encode()) == link
+    r = _reg("a")
+    assert Registration.decode(r.encode()) == r
+    with pytest.raises(ValidationError):
+        LinkRecord.decode(b"{}")
+
+
+def test_assemble_needs_registration_and_profile_and_ages_links() -> None:
+    cfg = GraphConfig(link_max_age_s=10.0)
+    regs = {n: _reg(n) for n in ("a", "b", "c")}
+    profiles = {n: _profile(n) for n in ("a", "b", "d")}  # c unprofiled, d unregistered
+    links = {("a", "b"): _link("a", "b", 0.0), ("b", "a"): _link("b", "a", 8.0), ("a", "d"): _link("a", "d", 8.0)}
+    snap = assemble(regs, profiles, links, revision=42, now=12.0, config=cfg)
+    assert snap.topology.names == ("a", "b") and snap.revision == 42
+    assert [(x.a, x.b) for x in snap.topology.links] == [("b", "a")]  # a->b aged out, d is gone
+    assert all(x.directed for x in snap.topology.links)
+    assert [s.name for s in snap.clusters] == ["a", "b"] and snap.links[0].updated_at == 8.0
+
+
+def test_stale_link_restarts_its_smoothing() -> None:
+    cfg = GraphConfig(link_max_age_s=10.0)
+    old = _link("a", "b", 0.0, bw=1.0)
+    rec, ok = apply_measurement(old, "a", Measurement(target="b", bandwidth_gbps=50.0, latency_ms=2.0, probe_bytes=1),
+                                now=20.0, config=cfg)
+    assert ok and rec is not None and rec.bandwidth.value == 50.0 and rec.bandwidth.samples == 1
+
+
+def test_diff() -> None:
+    cfg = GraphConfig()
+    regs = {n: _reg(n) for n in ("a", "b")}
+    profiles = {n: _profile(n) for n in ("a", "b")}
+    one = assemble(regs, profiles, {("a", "b"): _link("a", "b", 0.0)}, revision=1, now=0.0, config=cfg).topology
+    assert [c.kind for c in diff(None, one)] == [ChangeKind.CLUSTER_UPSERTED, ChangeKind.CLUSTER_UPSERTED,
+                                                 ChangeKind.LINK_UPSERTED]
+    assert diff(one, one) == []
+    del regs["b"]
+    two = assemble(regs, profiles, {("a", "b"): _link("a", "b", 0.0)}, revision=2, now=0.0, config=cfg).topology
+    changes = diff(one, two)
+    assert [(c.kind, c.name, c.a, c.b) for c in changes] == [
+        (ChangeKind.LINK_REMOVED, "", "a", "b"), (ChangeKind.CLUSTER_REMOVED, "b", "", "")]
