@@ -222,13 +222,18 @@ def search_chains(
     neighbours: int = 10,
     seeds: int = 12,
     stall_factor: float = 4.0,
-    refine_top: int = 3,
-    trim_top: int = 2,
+    refine_top: int | None = None,
+    trim_top: int | None = None,
     keep: int = 4,
     deadline: float | None = None,
 ) -> tuple[list[ChainCandidate], dict[str, float]]:
     """The search of the module docstring (steps 1–4). Returns up to ``keep`` distinct feasible
     candidates, best first (cluster indices into ``topo.clusters``), and search statistics."""
+    # Dollar-aware objectives re-rank chains once GPUs are trimmed, so they refine and trim more of them.
+    if refine_top is None:
+        refine_top = 3 if objective is Objective.JCT else 6
+    if trim_top is None:
+        trim_top = 2 if objective is Objective.JCT else 6
     ta = topo_arrays(topo)
     jc = job_consts(job)
     hops = _hops(topo, ta, jc)
@@ -333,7 +338,7 @@ def search_chains(
         beam_search(theta_bound)
 
     # 4. refinement: hill climbing on the best chains, then GPU trimming.
-    ranked = sorted(pool.items(), key=lambda kv: kv[1][0])
+    ranked = sorted(pool.items(), key=lambda kv: kv[1][0])  # before refinement
     starts: list[Chain] = []
     for (c, _), _v in ranked:
         if c not in starts:
@@ -367,27 +372,24 @@ def search_chains(
         if math.isfinite(cur_score):
             raw_t, _, step_t, g_t = scorer.score([cur])
             refined[cur] = (float(raw_t[0]), float(step_t[0]), tuple(int(x) for x in g_t[0, : len(cur)]))
-    # GPU trimming of the best refined chains only (constraint 2).
-    for c in sorted(refined, key=lambda c: refined[c][0])[:trim_top]:
+    # Candidates: refined chains and the best other pool chains (best GPU vector per chain).
+    cand_map: dict[Chain, tuple[float, float, tuple[int, ...]]] = dict(refined)
+    for (c, gg), (sc_, st_) in sorted(pool.items(), key=lambda kv: kv[1][0]):
+        if len(cand_map) >= keep + trim_top + len(refined):
+            break
+        if c not in cand_map and math.isfinite(sc_):
+            cand_map[c] = (sc_, st_, gg)
+    # GPU tuning of the best candidates (constraint 2).
+    for c in sorted(cand_map, key=lambda c: cand_map[c][0])[:trim_top]:
         gg = _trim(scorer, c, objective)
         raw_t, _, step_t, _ = scorer.score([c], [gg])
-        refined[c] = (float(raw_t[0]), float(step_t[0]), gg)
-
-    out: list[ChainCandidate] = [
-        ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1]) for c, v in refined.items()
+        if float(raw_t[0]) <= cand_map[c][0] * (1 + TRIM_TOLERANCE):
+            cand_map[c] = (float(raw_t[0]), float(step_t[0]), gg)
+    uniq = [
+        ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1])
+        for c, v in sorted(cand_map.items(), key=lambda kv: kv[1][0])
+        if math.isfinite(v[0])
     ]
-    for (c, gg), (sc, st) in ranked:
-        if len(out) >= keep + len(refined):
-            break
-        if c not in refined:
-            out.append(ChainCandidate(chain=c, gpus=gg, score=sc, step=st))
-    out.sort(key=lambda x: x.score)
-    uniq: list[ChainCandidate] = []
-    seen_chains: set[Chain] = set()
-    for cand in out:
-        if cand.chain not in seen_chains and math.isfinite(cand.score):
-            seen_chains.add(cand.chain)
-            uniq.append(cand)
     stats["scored"] = float(scorer.scored)
     return uniq[:keep], stats
 
