@@ -1,0 +1,93 @@
+"""Agents as objects in this process against a real etcd and a real Topology server: registration,
+discovery, probe rounds, the busy hook (no bulk probes while training, links stay fresh) and clean
+deregistration."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agent.agent import Agent
+from agent.config import load_config
+from services.topology.graph import GraphConfig
+from services.topology.repo import TopologyRepo
+from services.topology.service import TopologyService
+from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.rpc.server import open_channel, serve
+from spiderflow.store import keys
+from spiderflow.store.etcd import EtcdStore
+from spiderflow.store.process import EtcdProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def topology(etcd: EtcdProcess) -> AsyncIterator[tuple[str, TopologyRepo]]:
+    store = EtcdStore(etcd.endpoint)
+    repo = TopologyRepo(store, GraphConfig(link_max_age_s=30.0))
+    server = await serve([TopologyService(store, repo)], host="127.0.0.1", port=0)
+    try:
+        yield server.address, repo
+    finally:
+        await server.stop(grace_s=0)
+        await store.close()
+
+
+def _agent(name: str, topo: str, etcd: EtcdProcess) -> Agent:
+    cfg = load_config(None, {
+        "cluster": name, "topology_service": topo, "etcd": etcd.endpoint, "lease_ttl_s": 2,
+        "gpus": {"gpu": "A100-80G", "nodes": 1, "gpus_per_node": 8},
+        "probe": {"period_s": 60.0, "bulk_bytes": 256 * 1024, "chunk_bytes": 64 * 1024, "echo_count": 3},
+    })
+    return Agent(cfg)
+
+
+async def test_probe_rounds_and_busy_hook(topology: tuple[str, TopologyRepo], etcd: EtcdProcess) -> None:
+    address, repo = topology
+    a, b = _agent("a", address, etcd), _agent("b", address, etcd)
+    stop = asyncio.Event()
+    runs = []
+    for ag in (a, b):
+        await ag.start()
+        runs.append(asyncio.create_task(ag.run(stop)))
+    try:
+        for ag in (a, b):
+            await asyncio.wait_for(ag.registered.wait(), 10)
+        for _ in range(100):  # both profiles reported
+            snap = await repo.snapshot()
+            if len(snap.topology.clusters) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert snap.topology.names == ("a", "b")
+        results = await a.probe_round()
+        assert [r.peer for r in results] == ["b"] and results[0].bandwidth_gbps and results[0].probe_bytes > 0
+        await b.probe_round()
+        topo = (await repo.snapshot()).topology
+        assert set(topo.direct) == {("a", "b"), ("b", "a")}
+        bw = topo.direct[("a", "b")].bandwidth_gbps
+        # Training on a: a sends no bulk probe, and refuses b's; both links stay fresh (latency only).
+        a.set_busy(True)
+        ra = await a.probe_round()
+        rb = await b.probe_round()
+        assert ra[0].bandwidth_gbps is None and ra[0].probe_bytes == 0
+        assert rb[0].bandwidth_gbps is None and rb[0].probe_bytes == 0
+        after = await repo.snapshot()
+        assert after.topology.direct[("a", "b")].bandwidth_gbps == pytest.approx(bw)
+        channel = open_channel(a.address)
+        status = await agent_pb2_grpc.AgentStub(channel).GetStatus(agent_pb2.GetStatusRequest())
+        await channel.close()
+        assert status.training and status.agent_id == a.agent_id and [p.peer for p in status.probes] == ["b"]
+        assert status.cluster.gpu == "A100-80G"
+        a.set_busy(False)
+        assert (await a.probe_round())[0].probe_bytes > 0
+    finally:
+        stop.set()
+        for t in runs:
+            with contextlib.suppress(BaseException):
+                await t
+    # Stopping revokes the leases: the registrations are gone at once.
+    assert await repo.store.get(keys.cluster_key("a")) is None
+    assert await repo.store.get(keys.cluster_key("b")) is None
