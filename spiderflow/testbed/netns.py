@@ -286,6 +286,7 @@ class Testbed:
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self._is_up = False
 
     # ----------------------------------------------------------------- paths and names
@@ -524,6 +525,8 @@ class Testbed:
                         sup.proc = sup._start()
                         sup.restarts += 1
                         sup.next_start = 0.0
+                        with contextlib.suppress(OSError):
+                            self._write_state("up")
 
     # ----------------------------------------------------------------- shaping changes
     def set_link(
@@ -596,6 +599,10 @@ class Testbed:
 
     # ----------------------------------------------------------------- internals
     def _write_state(self, status: str) -> None:
+        with self._state_lock:
+            self._write_state_locked(status)
+
+    def _write_state_locked(self, status: str) -> None:
         layout = self.layout
         state = {
             "prefix": self.prefix,

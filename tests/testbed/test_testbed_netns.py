@@ -46,6 +46,9 @@ if _REASON:
     pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
 
 PY = sys.executable
+# The probes are measuring instruments: run them at a raised priority so that the load of a shared
+# machine disturbs the RTT readings less (the relay raises its own priority the same way).
+NICE = ["nice", "-n", "-5"]
 PROBE_PORT = 5201
 A, B, C, D = "us-east", "eu-west", "ap-south", "sa-east"
 
@@ -92,7 +95,7 @@ def testbed(state_dir: Path) -> Iterator[Testbed]:
     try:
         tb.up()
         for name in tb.topology.names:
-            tb.exec(name, [PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(PROBE_PORT),
+            tb.exec(name, [*NICE, PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(PROBE_PORT),
                            "--lifetime", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for name in tb.topology.names:
             wait_listening(tb.address(name), PROBE_PORT, timeout=30)
@@ -103,15 +106,15 @@ def testbed(state_dir: Path) -> Iterator[Testbed]:
 
 
 def _bulk_mbps(tb: Testbed, a: str, b: str) -> float:
-    r = tb.run(a, [PY, "-m", "spiderflow.testbed.probe", "bulk", tb.address(b), str(PROBE_PORT),
+    r = tb.run(a, [*NICE, PY, "-m", "spiderflow.testbed.probe", "bulk", tb.address(b), str(PROBE_PORT),
                    "--seconds", "1.2", "--warmup", "0.25"], timeout=30)
     assert r.returncode == 0, r.stderr
     return float(json.loads(r.stdout)["rate_mbps"])
 
 
 def _rtt_ms(tb: Testbed, a: str, b: str) -> float:
-    r = tb.run(a, [PY, "-m", "spiderflow.testbed.probe", "rtt", tb.address(b), str(PROBE_PORT),
-                   "--count", "7"], timeout=30)
+    r = tb.run(a, [*NICE, PY, "-m", "spiderflow.testbed.probe", "rtt", tb.address(b), str(PROBE_PORT),
+                   "--count", "9"], timeout=30)
     assert r.returncode == 0, r.stderr
     return float(statistics.median(json.loads(r.stdout)["rtt_ms"]))
 
@@ -173,7 +176,8 @@ def test_set_link_changes_are_measurable(testbed: Testbed) -> None:
         assert _bw_ok(statistics.median(bws), 100.0), bws
     finally:
         testbed.set_link(A, B, bandwidth_gbps=0.4, latency_ms=5)
-    assert _rtt_ok(_rtt_ms(testbed, A, B), 10.0)
+    restored = _measure_until(lambda: _rtt_ms(testbed, A, B), 10.0, _rtt_ok)
+    assert _rtt_ok(statistics.median(restored), 10.0), restored
 
 
 def test_host_loopback_services_are_reachable_from_namespaces(testbed: Testbed) -> None:
@@ -387,3 +391,16 @@ def test_onward_connect_is_retried_for_the_window_then_reset(state_dir: Path) ->
         assert res["outcome"] == "reset"
         assert tb.status()["relay"]["refused"] == 1
     assert _gone("sfretry") == []
+
+
+def test_supervised_commands_are_restarted_when_they_exit(testbed: Testbed, tmp_path: Path) -> None:
+    marker = tmp_path / "runs.txt"
+    first = testbed.supervise(D, ["sh", "-c", f'echo "$SPIDERFLOW_TESTBED_CLUSTER" >> {marker}; sleep 0.2'])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and (not marker.exists() or len(marker.read_text().split()) < 2):
+        time.sleep(0.2)
+    runs = marker.read_text().split()
+    assert len(runs) >= 2 and set(runs) == {D}
+    assert first.poll() is not None
+    state = json.loads(testbed.state_file.read_text())
+    assert any(s["cluster"] == D and s["pid"] != first.pid for s in state["supervised"])

@@ -80,6 +80,12 @@ def _pairs_table(status: dict[str, Any]) -> Table:
     return t
 
 
+def _ignore_signals() -> None:
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def _up(args: argparse.Namespace) -> int:
     from spiderflow.formats import load_topology
     from spiderflow.testbed import Testbed
@@ -120,8 +126,10 @@ def _up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     except BaseException:
+        _ignore_signals()
         tb.down()
         raise
+    _ignore_signals()  # a second Ctrl-C must not interrupt the teardown
     tb.down()
     console.print(f"testbed {tb.prefix} removed")
     return 0
