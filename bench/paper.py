@@ -48,6 +48,7 @@ import structlog
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
 from spiderflow.placement.base import Objective
+from spiderflow.queueing import QueuePolicy
 from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
 from spiderflow.sim.metrics import summarize
 from spiderflow.sim.tracegen import generate_trace
@@ -150,6 +151,22 @@ def cost_run(clusters: int, jobs: int, *, seed: int, load: float, time_limit: fl
     return out
 
 
+def queue_ablation(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float,
+                   policy: str = "spinsearch") -> dict[str, Any]:
+    """The same policy under the full queue policy and under FIFO-by-priority without backfilling."""
+    topo = generate_topology(clusters, seed, "geo")
+    trace = generate_trace(jobs, seed, load, topo)
+    fifo = QueuePolicy(work_weight=0.0, network_weight=0.0, aging_per_hour=1e-9, backfill=False)
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "policy": policy, "runs": {}}
+    for name, q in (("bace-style queue + backfill", QueuePolicy()), ("fifo by priority", fifo)):
+        s = summarize(simulate(topo, trace, policy, SimConfig(seed=seed, time_limit_s=time_limit, queue=q)))
+        out["runs"][name] = {k: s[k] for k in ("completed", "mean_jct_s", "p95_jct_s", "mean_queue_s",
+                                               "throughput_tokens_per_s", "gpu_utilization")}
+        print(f"  queue ablation {name:>28}: mean JCT {(s['mean_jct_s'] or 0) / 3600:.2f} h, "
+              f"p95 {(s['p95_jct_s'] or 0) / 3600:.2f} h, {s['completed']} done", flush=True)
+    return out
+
+
 def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str = "spinsearch") -> dict[str, Any]:
     c0 = time.process_time()
     t0 = time.perf_counter()
@@ -198,6 +215,14 @@ def markdown(doc: dict[str, Any]) -> str:
         for key, v in doc["cost"]["runs"].items():
             lines.append(f"| {key} | {v['completed']} | {(v['mean_jct_s'] or 0) / 3600:.2f} | {v['cost_usd']:.4g} | "
                          f"{f(v.get('cost_vs_bace'))} | {f(v.get('jct_vs_bace'))} |")
+    if doc.get("queue_ablation"):
+        qa = doc["queue_ablation"]
+        lines += ["", f"Queue ablation ({qa['policy']}, {qa['clusters']} clusters, {qa['jobs']} jobs):", "",
+                  "| queue | done | mean JCT h | p95 JCT h | mean queueing h | util |", "|---|---|---|---|---|---|"]
+        for key, v in qa["runs"].items():
+            lines.append(f"| {key} | {v['completed']} | {(v['mean_jct_s'] or 0) / 3600:.2f} | "
+                         f"{(v['p95_jct_s'] or 0) / 3600:.2f} | {(v['mean_queue_s'] or 0) / 3600:.2f} | "
+                         f"{v['gpu_utilization']:.2f} |")
     if doc.get("scale"):
         s = doc["scale"]
         lines += ["", f"Scale run: {s['clusters']} clusters × {s['jobs']} jobs with {s['policy']}: "
@@ -217,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--quick", action="store_true", help="sizes 8,16; 30 jobs; 1 s limit; small cost run")
     ap.add_argument("--cost", action="store_true", help="also run the cost-objective comparison against bace")
+    ap.add_argument("--queue-ablation", action="store_true",
+                    help="also run SpinSearch under a FIFO-by-priority queue without backfilling")
     ap.add_argument("--scale", action="store_true", help="also run the 256-cluster scale run")
     ap.add_argument("--scale-only", action="store_true")
     ap.add_argument("--scale-clusters", type=int, default=256)
@@ -227,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     load_builtin_policies()
     if args.quick:
-        args.sizes, args.jobs, args.time_limit, args.cost = "8,16", 30, 1.0, True
+        args.sizes, args.jobs, args.time_limit, args.cost, args.queue_ablation = "8,16", 30, 1.0, True, True
     wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
     policies = [p for p in wanted if p in REGISTRY]
     missing = [p for p in wanted if p not in REGISTRY]
@@ -247,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.cost:
             n = int(args.sizes.split(",")[0])
             doc["cost"] = cost_run(n, args.jobs, seed=args.seed, load=args.load, time_limit=args.time_limit)
+        if args.queue_ablation and "spinsearch" in REGISTRY:
+            n = int(args.sizes.split(",")[0])
+            doc["queue_ablation"] = queue_ablation(n, args.jobs, seed=args.seed, load=args.load,
+                                                   time_limit=args.time_limit)
     if (args.scale or args.scale_only) and "spinsearch" in REGISTRY:
         doc["scale"] = scale_run(args.scale_clusters, args.scale_jobs, seed=args.seed, load=args.load)
     args.out.parent.mkdir(parents=True, exist_ok=True)
