@@ -54,7 +54,7 @@ from spiderflow.rpc.errors import domain_errors
 from spiderflow.rpc.server import RpcServer, open_channel, serve
 from spiderflow.runtime import parse_hostport
 from spiderflow.store import keys
-from spiderflow.store.base import Lease, Store
+from spiderflow.store.base import EventType, Lease, Store
 
 __all__ = ["VERSION", "Agent", "build_cluster"]
 
@@ -271,7 +271,7 @@ class Agent:
             lease: Lease | None = None
             try:
                 lease = await self._store.grant(self.config.lease_ttl_s)
-                await self._store.put_if_absent(key, reg.encode(), lease=lease)
+                revision = await self._store.put_if_absent(key, reg.encode(), lease=lease)
             except AlreadyExistsError:
                 self.log.info("agent.registration_taken", key=key)
                 if lease is not None:
@@ -290,10 +290,43 @@ class Agent:
             self._registered.set()
             self._profile_now.set()
             self.log.info("agent.registered", lease=lease.id, ttl=lease.ttl, address=self._address)
-            await lease.lost.wait()
+            reason = await self._until_lost(lease, key, revision)
             self._registered.clear()
             self._lease = None
-            self.log.warning("agent.registration_lost", reason=lease.lost_reason)
+            self.log.warning("agent.registration_lost", reason=reason)
+            with contextlib.suppress(SpiderFlowError):
+                await lease.revoke()
+
+    async def _until_lost(self, lease: Lease, key: str, revision: int) -> str:
+        """Wait until the lease is lost or the registration key is deleted or overwritten by someone
+        else; returns why."""
+        assert self._store is not None
+        store = self._store
+
+        async def key_gone() -> str:
+            try:
+                async with store.watch_prefix(key, start_revision=revision + 1) as watch:
+                    async for event in watch:
+                        if event.key == key and (event.type is EventType.DELETE or event.lease != lease.id):
+                            what = "deleted" if event.type is EventType.DELETE else "overwritten"
+                            return f"registration key {what} by someone else"
+            except SpiderFlowError as e:
+                self.log.info("agent.registration_watch_failed", error=str(e))
+            await asyncio.Event().wait()  # no watch: rely on the lease alone
+            return ""
+
+        lost = asyncio.create_task(lease.lost.wait())
+        gone = asyncio.create_task(key_gone())
+        try:
+            done, _ = await asyncio.wait({lost, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (lost, gone):
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+        if gone in done and not lost.done():
+            return gone.result()
+        return lease.lost_reason or "lease lost"
 
     # -- profile ------------------------------------------------------------------------------------------
 

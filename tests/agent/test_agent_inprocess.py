@@ -91,3 +91,29 @@ async def test_probe_rounds_and_busy_hook(topology: tuple[str, TopologyRepo], et
     # Stopping revokes the leases: the registrations are gone at once.
     assert await repo.store.get(keys.cluster_key("a")) is None
     assert await repo.store.get(keys.cluster_key("b")) is None
+
+
+async def test_agent_registers_again_when_its_registration_disappears(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    address, repo = topology
+    a = _agent("a", address, etcd)
+    stop = asyncio.Event()
+    await a.start()
+    run = asyncio.create_task(a.run(stop))
+    try:
+        await asyncio.wait_for(a.registered.wait(), 10)
+        first = await repo.store.get(keys.cluster_key("a"))
+        assert first is not None and first.lease
+        await repo.store.delete(keys.cluster_key("a"))  # e.g. an operator's mistake, or a restored etcd
+        for _ in range(100):
+            again = await repo.store.get(keys.cluster_key("a"))
+            if again is not None:
+                break
+            await asyncio.sleep(0.05)
+        assert again is not None and again.lease and again.lease != first.lease
+        assert again.value == first.value
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
