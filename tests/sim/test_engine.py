@@ -250,3 +250,23 @@ def test_backfilling_in_the_engine_respects_the_head_reservation() -> None:
                            replace(FIXED, queue=replace(FIXED.queue, backfill=False)))
     rec2 = {r.id: r for r in no_backfill.records}
     assert rec2["S"].first_start_s is not None and rec2["S"].first_start_s > 100.5  # waits behind the head
+
+
+def test_real_registered_policy_is_deterministic_in_fixed_mode() -> None:
+    """The engine drives a real baseline from the registry (firstfit) on the bundled DT-FM preset."""
+    from spiderflow.placement import REGISTRY, load_builtin_policies
+    from spiderflow.presets import resolve_topology
+
+    load_builtin_policies()
+    if "firstfit" not in REGISTRY:
+        pytest.skip("firstfit is not registered")
+    topo = resolve_topology("aws-10-dtfm")
+    jobs = generate_trace(8, 2, 1.0, topo)
+    cfg = SimConfig(overhead=OverheadMode.FIXED)
+    a, b = (simulate(topo, jobs, "firstfit", cfg) for _ in range(2))
+    assert a.violations == () and all(r.status == "completed" for r in a.records)
+    for x, y in zip(a.records, b.records, strict=True):
+        dx, dy = x.to_dict(), y.to_dict()
+        dx.pop("overhead_s")
+        dy.pop("overhead_s")
+        assert dx == dy
