@@ -130,6 +130,8 @@ class _Scorer:
     def __init__(self, ta: TopoArrays, jc: JobConsts, p: FArr, objective: Objective) -> None:
         self.ta, self.jc, self.p, self.objective = ta, jc, p, objective
         self.scored = 0
+        self.max_capacity = 0.0  # best Σcap/L seen on reachable chains
+        self.max_gpus = 0
 
     def _arrays(self, chains: list[Chain]) -> IArr:
         width = max(len(c) for c in chains)
@@ -151,6 +153,10 @@ class _Scorer:
                 g[i, : len(gg)] = gg
         sc = score_chains(self.ta, self.jc, self.p, arr, g)
         self.scored += len(chains)
+        finite = np.isfinite(sc.step)
+        if finite.any():
+            self.max_capacity = max(self.max_capacity, float(sc.capacity_ratio[finite].max()))
+            self.max_gpus = max(self.max_gpus, int(sc.gpus[finite].max()))
         raw = np.asarray(sc.score(self.objective), dtype=np.float64)
         est = np.where(
             sc.feasible,
@@ -391,6 +397,8 @@ def search_chains(
         if math.isfinite(v[0])
     ]
     stats["scored"] = float(scorer.scored)
+    stats["max_capacity_ratio"] = scorer.max_capacity
+    stats["max_gpus"] = float(scorer.max_gpus)
     return uniq[:keep], stats
 
 
@@ -497,10 +505,7 @@ class SpinSearch:
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=fin.plan_seconds, finalists=float(len(allocs)))
         if fin.plan is None:
-            err = fin.error or UnschedulableError(
-                "no chain of clusters satisfies the job's GPU range, memory and reachability",
-                constraint="memory" if cands else "reachability",
-            )
+            err = fin.error or _search_failure(stats, job)
             return unschedulable(self.name, err, elapsed)
         log.debug("spinsearch.placed", job=job.id, chain=list(fin.plan.chain), step_s=fin.plan.step_time_s,
                   planner=fin.planner, revision=topo.revision, seconds=elapsed)
@@ -508,6 +513,20 @@ class SpinSearch:
             status=PlacementStatus.SUCCESS, policy=self.name, plan=fin.plan, planning_seconds=elapsed,
             optimal=None, stats={**stats, "tpa": 1.0 if fin.planner == "tpa" else 0.0},
         )
+
+
+def _search_failure(stats: dict[str, float], job: JobSpec) -> UnschedulableError:
+    """Name the binding constraint when no chain was feasible."""
+    if stats.get("max_capacity_ratio", 0.0) < 1.0:
+        return UnschedulableError(
+            f"no reachable chain of clusters has the memory for {job.model.layers} layers with its activations "
+            f"(best chain holds {stats.get('max_capacity_ratio', 0.0):.0%} of them)", constraint="memory")
+    if stats.get("max_gpus", 0.0) < job.gpus.min:
+        return UnschedulableError(
+            f"no reachable chain of clusters holds {job.gpus.min} free GPUs (best: {stats.get('max_gpus', 0):.0f})",
+            constraint="reachability")
+    return UnschedulableError("no chain of clusters satisfies the job's GPU range and memory together",
+                              constraint="memory")
 
 
 def _with_time(res: PlacementResult, seconds: float) -> PlacementResult:
