@@ -1,0 +1,180 @@
+"""``spiderflow up``: a whole mesh on this machine, a sample job run to completion, then teardown.
+
+::
+
+    spiderflow up                      # 3 CPU clusters on loopback, gpt-tiny pipelined over all three
+    spiderflow up --clusters 4 --steps 60
+    spiderflow up --topology FILE      # clusters (and, with --testbed, link shaping) from a file
+    spiderflow up --testbed            # agents in network namespaces with kernel-shaped links (root)
+    spiderflow up --keep --no-job      # keep the mesh running; prints addresses, writes the config file
+
+Starts an embedded etcd (a child process; temp data dir unless ``--data-dir``), the topology, planner and
+scheduler services and one agent per cluster, each as its own process on real ports; submits the sample
+job; follows it with a live progress bar; prints the plan and the predicted vs measured step time; and
+stops everything on exit or Ctrl-C, leaving no process or namespace behind. Exit code 0 when the job
+succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
+from spiderflow.domain import Topology
+from spiderflow.formats import load_topology
+from spiderflow.jobs import JobState
+from spiderflow.mesh import LocalMesh, sample_topology
+from spiderflow.sdk import Client, Job, config_path
+
+__all__ = ["register", "sample_job"]
+
+
+def sample_job(topo: Topology, *, steps: int, clusters: int | None = None) -> dict[str, Any]:
+    """The sample job: ``gpt-tiny`` needing one GPU on each of ``clusters`` clusters (a cross-cluster pipeline)."""
+    n = clusters or min(3, len(topo.clusters))
+    return {
+        "id": f"sample-{uuid.uuid4().hex[:6]}", "model": "gpt-tiny", "global_batch": 8, "micro_batch": 1,
+        "seq_len": 64, "steps": steps, "gpus": {"min": n, "max": n}, "tenant": "default",
+    }
+
+
+def _plan_table(job: Job) -> Table:
+    table = Table(title=f"plan of {job.id} ({job.plan.schedule if job.plan else '-'}, "
+                        f"{job.plan.micro_batches if job.plan else 0} micro-batches)")
+    for col in ("stage", "cluster", "layers", "GPUs", "tp", "dp", "memory GiB/GPU"):
+        table.add_column(col)
+    if job.plan:
+        for i, s in enumerate(job.plan.stages):
+            mem = job.plan.memory_gib_per_gpu[i] if i < len(job.plan.memory_gib_per_gpu) else 0.0
+            table.add_row(str(i), s.cluster, f"{s.first_layer}–{s.last_layer}", str(s.gpus), str(s.tp), str(s.dp),
+                          f"{mem:.2f}")
+    return table
+
+
+def _follow(sf: Client, job_id: str, timeout_s: float) -> tuple[Job, list[float], list[float]]:
+    """Watch the job to its end with a progress bar; returns the final job, step times and losses."""
+    step_times: list[float] = []
+    losses: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=console, transient=False)
+    with progress:
+        task = progress.add_task(job_id, total=None, info="waiting for a placement")
+        last_step = 0
+        for ev in sf.watch(job_id):
+            if time.monotonic() > deadline:
+                raise CliError(f"job {job_id} did not finish within {timeout_s:.0f} s", EXIT_FAILED)
+            if ev.job is not None:
+                progress.update(task, total=ev.job.spec.steps, info=f"{ev.job.state}: {ev.job.reason}")
+            if ev.transition is not None:
+                progress.update(task, info=f"{ev.transition.to_state}: {ev.transition.reason}")
+                progress.console.print(f"  {ev.transition.from_state} → {ev.transition.to_state}: "
+                                       f"{ev.transition.reason}")
+            if ev.progress:
+                p = ev.progress
+                step = int(p["step"])
+                if step > last_step:
+                    step_times.append(float(p["step_time_s"]))
+                    losses.append(float(p["loss"]))
+                    last_step = step
+                progress.update(task, completed=step, info=f"loss {p['loss']:.4f} · {p['tokens_per_s']:,.0f} tok/s")
+    return sf.get(job_id), step_times, losses
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM behaves like Ctrl-C: the mesh is torn down on the way out."""
+    raise KeyboardInterrupt
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.topology and args.clusters:
+        raise CliError("give --clusters or --topology, not both", EXIT_USAGE)
+    if args.testbed and os.geteuid() != 0:
+        raise CliError("--testbed needs root (network namespaces and traffic shaping)", EXIT_USAGE)
+    topo = load_topology(args.topology) if args.topology else sample_topology(args.clusters or 3)
+    if args.steps < 1:
+        raise CliError("--steps: must be ≥ 1", EXIT_USAGE)
+    workdir = Path(args.data_dir) if args.data_dir else None
+    signal.signal(signal.SIGTERM, _interrupt)
+    console.print(f"starting a SpiderFlow mesh: etcd, topology, planner, scheduler, {len(topo.clusters)} agent(s)"
+                  + (" in the testbed" if args.testbed else ""))
+    mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None)
+    code = 0
+    try:
+        mesh.start(timeout=args.timeout)
+        addresses = mesh.addresses()
+        table = Table(title="mesh", show_header=False)
+        for k, v in addresses.items():
+            table.add_row(k, v)
+        console.print(table)
+        if not args.no_job:
+            code = _sample(mesh, topo, args)
+        if args.keep:
+            path = config_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(yaml.safe_dump({k: v for k, v in addresses.items() if k != "etcd"}))
+            console.print(f"mesh is up; endpoints written to {path}. Try: spiderflow jobs · spiderflow "
+                          "topology show · Ctrl-C stops everything")
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping the mesh")
+        code = 130
+    finally:
+        mesh.stop()
+        console.print("mesh stopped: no process left running")
+    return code
+
+
+def _sample(mesh: LocalMesh, topo: Topology, args: argparse.Namespace) -> int:
+    job = sample_job(topo, steps=args.steps)
+    with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+        submitted = sf.submit(job, request_id=job["id"])
+        console.print(f"submitted [bold]{submitted.id}[/bold]: gpt-tiny, {args.steps} steps, "
+                      f"{job['gpus']['min']} GPUs across clusters")
+        final, step_times, losses = _follow(sf, submitted.id, args.timeout)
+    console.print(_plan_table(final))
+    predicted = final.plan.step_time_s if final.plan else 0.0
+    measured = statistics.mean(step_times[1:]) if len(step_times) > 1 else (step_times[0] if step_times else 0.0)
+    summary = {
+        "job": final.id, "state": final.state, "reason": final.reason, "steps": final.spec.steps,
+        "predicted_step_time_s": predicted, "measured_step_time_s": measured,
+        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+        "chain": list(final.plan.chain) if final.plan else [],
+    }
+    if args.json:
+        print_json(summary)
+    else:
+        ratio = f" (measured/predicted = {measured / predicted:.2f})" if predicted > 0 and measured > 0 else ""
+        console.print(f"[bold]{final.state}[/bold]: {final.reason}")
+        console.print(f"step time: predicted {predicted:.4f} s, measured {measured:.4f} s (mean after the "
+                      f"first step){ratio}")
+        if losses:
+            console.print(f"loss: {losses[0]:.4f} → {losses[-1]:.4f}")
+    return 0 if final.state == JobState.SUCCEEDED else EXIT_FAILED
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("up", help="run a local mesh and a sample job to completion (the quickstart)")
+    p.add_argument("--clusters", type=int, help="number of local CPU clusters (default 3)")
+    p.add_argument("--topology", help="topology file for the clusters")
+    p.add_argument("--testbed", action="store_true", help="agents in network namespaces with shaped links (root)")
+    p.add_argument("--keep", action="store_true", help="keep the mesh running until Ctrl-C")
+    p.add_argument("--no-job", action="store_true", help="do not submit the sample job")
+    p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
+    p.add_argument("--data-dir", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for startup and for the job")
+    p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+    p.set_defaults(func=_run)

@@ -1,0 +1,215 @@
+"""A complete SpiderFlow mesh on one machine: embedded etcd, the three services and one agent per cluster.
+
+This is what ``spiderflow up`` runs and what the end-to-end tests start: every component is a separate
+process on real ports, started exactly as an operator would (``spiderflow serve ...``,
+``spiderflow agent ...``). Agents run on loopback, or — with ``testbed=True`` (root) — inside the emulated
+multi-region testbed's network namespaces with kernel-shaped links.
+
+Contract: :meth:`LocalMesh.start` either returns with everything serving and every cluster registered, or
+raises after stopping whatever it had started; :meth:`LocalMesh.stop` (also on ``with`` exit) stops every
+process and removes every namespace, and is idempotent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import structlog
+
+from spiderflow.domain import Cluster, Topology
+from spiderflow.errors import UnavailableError
+from spiderflow.procs import ManagedProcess, spiderflow_argv
+from spiderflow.store.process import EtcdProcess
+
+__all__ = ["SAMPLE_CLUSTERS", "LocalMesh", "sample_topology"]
+
+log = structlog.get_logger(__name__)
+
+SAMPLE_CLUSTERS = ("virginia", "frankfurt", "tokyo", "oregon", "sao-paulo", "sydney", "mumbai", "london")
+
+
+def sample_topology(n: int = 3) -> Topology:
+    """``n`` single-"GPU" CPU clusters (one worker process each), fully linked: the local demo topology.
+
+    On loopback the links are as fast as the machine; with the testbed they get the shaped figures below.
+    """
+    from spiderflow.domain import Link
+
+    if not 1 <= n <= len(SAMPLE_CLUSTERS):
+        from spiderflow.errors import ValidationError
+
+        raise ValidationError("--clusters", f"must be between 1 and {len(SAMPLE_CLUSTERS)}", n)
+    names = SAMPLE_CLUSTERS[:n]
+    clusters = tuple(
+        Cluster(name=name, gpu="cpu", nodes=1, gpus_per_node=1, electricity_usd_per_kwh=0.05 + 0.03 * i)
+        for i, name in enumerate(names)
+    )
+    links = tuple(
+        Link(a=names[i], b=names[j], bandwidth_gbps=0.4 if (i + j) % 2 else 0.2, latency_ms=5.0 + 10.0 * (j - i))
+        for i in range(n) for j in range(i + 1, n)
+    )
+    return Topology(clusters=clusters, links=links)
+
+
+class LocalMesh:
+    """Start/stop a mesh for ``topology`` with its logs under ``workdir`` (a temp dir when None)."""
+
+    def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
+                 scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
+                 keep_workdir: bool = False) -> None:
+        self.topology = topology
+        self._own_dir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.testbed_enabled = testbed
+        self.scheduler_args = list(scheduler_args)
+        self.agent_args = list(agent_args)
+        self.lease_ttl = lease_ttl
+        self.keep_workdir = keep_workdir
+        self.etcd: EtcdProcess | None = None
+        self.services: dict[str, ManagedProcess] = {}
+        self.agents: dict[str, ManagedProcess] = {}
+        self.testbed: Any = None
+        self._stopped = False
+
+    # -- addresses ------------------------------------------------------------------------------------
+
+    @property
+    def etcd_endpoint(self) -> str:
+        assert self.etcd is not None
+        return self.etcd.endpoint
+
+    def address(self, service: str) -> str:
+        return self.services[service].address
+
+    def addresses(self) -> dict[str, str]:
+        return {"etcd": self.etcd_endpoint, **{name: p.address for name, p in self.services.items()}}
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> Self:
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _service(self, name: str, *args: str) -> ManagedProcess:
+        argv = spiderflow_argv("serve", name, "--listen", "127.0.0.1:0", "--log-format", "json", *args)
+        proc = ManagedProcess(name, argv, log_dir=self.workdir / "logs").start(timeout=60)
+        self.services[name] = proc
+        log.info("mesh.service_started", service=name, address=proc.address, pid=proc.pid)
+        return proc
+
+    def _start(self, timeout: float) -> None:
+        data = self.workdir / "etcd"
+        self.etcd = EtcdProcess(data_dir=data)
+        self.etcd.start()
+        topo = self._service("topology", "--etcd", self.etcd_endpoint)
+        planner = self._service("planner")
+        self._service("scheduler", "--etcd", self.etcd_endpoint, "--topology-service", topo.address,
+                      "--planner", planner.address, *self.scheduler_args)
+        host = "127.0.0.1"
+        prefix: list[str] = []
+        if self.testbed_enabled:
+            from spiderflow.testbed import Testbed
+
+            self.testbed = Testbed(self.topology)
+            self.testbed.up()
+            host = self.testbed.host_address
+        for c in self.topology.clusters:
+            self.agents[c.name] = self._agent(c, host, prefix)
+        self.wait_for_clusters(len(self.topology.clusters), timeout=timeout)
+
+    def _agent_argv(self, c: Cluster, host: str) -> list[str]:
+        listen = f"{self.testbed.address(c.name)}:0" if self.testbed is not None else "127.0.0.1:0"
+        def remote(addr: str) -> str:
+            return addr.replace("127.0.0.1", host) if self.testbed is not None else addr
+
+        argv = spiderflow_argv(
+            "agent", "--cluster", c.name, "--etcd", remote(self.etcd_endpoint),
+            "--topology-service", remote(self.address("topology")), "--scheduler", remote(self.address("scheduler")),
+            "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
+            "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
+            "--work-dir", str(self.workdir / "agents" / c.name), "--log-format", "json", *self.agent_args,
+        )
+        if c.free_gpus is not None and c.free_gpus != c.total_gpus:
+            argv += ["--free-gpus", str(c.free_gpus)]
+        return argv
+
+    def _agent(self, c: Cluster, host: str, prefix: list[str]) -> ManagedProcess:
+        argv = self._agent_argv(c, host)
+        if self.testbed is not None:
+            env = {k: v for k, v in self.testbed.environment(c.name).items() if k.startswith(("SPIDERFLOW_TESTBED",
+                                                                                                "GLOO_", "TP_"))}
+            proc = ManagedProcess(f"agent-{c.name}", argv, log_dir=self.workdir / "logs", env=env,
+                                  prefix=["ip", "netns", "exec", self.testbed.netns(c.name)])
+        else:
+            proc = ManagedProcess(f"agent-{c.name}", argv, log_dir=self.workdir / "logs")
+        proc.start(timeout=90)
+        log.info("mesh.agent_started", cluster=c.name, address=proc.address, pid=proc.pid)
+        return proc
+
+    def restart_agent(self, cluster: str) -> ManagedProcess:
+        old = self.agents[cluster]
+        old.stop()
+        host = self.testbed.host_address if self.testbed is not None else "127.0.0.1"
+        self.agents[cluster] = self._agent(self.topology.cluster(cluster), host, [])
+        return self.agents[cluster]
+
+    def wait_for_clusters(self, n: int, timeout: float = 60.0) -> Topology:
+        """Block until the topology service lists ``n`` clusters (their agents registered and profiled)."""
+        from spiderflow.sdk import Client
+
+        deadline = time.monotonic() + timeout
+        last = 0
+        while time.monotonic() < deadline:
+            try:
+                with Client(self.address("scheduler"), topology=self.address("topology"), timeout_s=5) as sf:
+                    topo = sf.topology()
+                last = len(topo.clusters)
+                if last >= n:
+                    return topo
+            except UnavailableError:
+                pass
+            for name, proc in self.agents.items():
+                if not proc.alive():
+                    raise UnavailableError(f"agent {name} exited: {proc.tail()}")
+            time.sleep(0.25)
+        raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for name, proc in list(self.agents.items()):
+            with contextlib.suppress(Exception):
+                proc.stop(grace_s=10)
+            log.info("mesh.agent_stopped", cluster=name)
+        for name in ("scheduler", "planner", "topology"):
+            if name in self.services:
+                with contextlib.suppress(Exception):
+                    self.services[name].stop(grace_s=10)
+        if self.testbed is not None:
+            with contextlib.suppress(Exception):
+                self.testbed.down()
+        if self.etcd is not None:
+            with contextlib.suppress(Exception):
+                self.etcd.close()
+        if self._own_dir and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
