@@ -41,7 +41,7 @@ import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from agent.config import AgentConfig
-from agent.probe import ProbeResult, probe_peer
+from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, host_memory_gib, measure_matmul_tflops, profile_devices
 from agent.registration import Registration
 from agent.service import AgentService
@@ -146,6 +146,7 @@ class Agent:
         self._topology_channel: grpc.aio.Channel | None = None
         self._topology: topology_pb2_grpc.TopologyStub | None = None
         self._profile_now = asyncio.Event()
+        self._ingress = Ingress()
         self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
 
     # -- the executor's hook --------------------------------------------------------------------------
@@ -167,6 +168,11 @@ class Agent:
     @property
     def serve_cap_bytes(self) -> int:
         return self.config.probe.serve_cap_bytes
+
+    @property
+    def ingress(self) -> Ingress:
+        """Bulk probes being received (echo probes avoid overlapping them)."""
+        return self._ingress
 
     @property
     def address(self) -> str:
@@ -397,7 +403,7 @@ class Agent:
                 continue
             try:
                 r = await probe_peer(peer.stub, source=self.config.cluster, peer=reg.cluster, config=cfg,
-                                     busy=lambda: self._busy)
+                                     busy=lambda: self._busy, ingress=self._ingress)
             except (grpc.aio.AioRpcError, ValueError) as e:
                 detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                 self.log.info("agent.probe_failed", peer=reg.cluster, address=reg.address, error=detail)

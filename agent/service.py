@@ -21,6 +21,7 @@ from typing import Protocol
 
 import grpc.aio
 
+from agent.probe import Ingress
 from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
@@ -40,6 +41,9 @@ class AgentState(Protocol):
 
     @property
     def serve_cap_bytes(self) -> int: ...
+
+    @property
+    def ingress(self) -> Ingress: ...
 
     def status(self) -> agent_pb2.GetStatusResponse: ...
 
@@ -64,16 +68,17 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         cap = self.state.serve_cap_bytes
         received = 0
         first = last = 0.0
-        async for chunk in request_iterator:
-            now = time.perf_counter()
-            if self.state.busy:
-                raise UnavailableError("busy training: bulk probes are paused; retry after the next period")
-            if received == 0:
-                first = now
-            last = now
-            received += len(chunk.data)
-            if received > cap:
-                raise ValidationError("data", f"a bulk probe may send at most {cap} bytes", received)
+        with self.state.ingress.receiving():
+            async for chunk in request_iterator:
+                now = time.perf_counter()
+                if self.state.busy:
+                    raise UnavailableError("busy training: bulk probes are paused; retry after the next period")
+                if received == 0:
+                    first = now
+                last = now
+                received += len(chunk.data)
+                if received > cap:
+                    raise ValidationError("data", f"a bulk probe may send at most {cap} bytes", received)
         return agent_pb2.ProbeUploadResponse(bytes_received=received, seconds=last - first)
 
     async def ProbeDownload(

@@ -3,15 +3,17 @@ echo, bulk upload/download with caps, UNAVAILABLE while busy, latency-only resul
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import grpc.aio
 import pytest
 
 from agent.config import ProbeConfig
-from agent.probe import measure_latency, probe_peer
+from agent.probe import Ingress, measure_latency, probe_peer
 from agent.service import AgentService
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.server import open_channel, serve
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 class FakeState:
     busy: bool = False
     serve_cap_bytes: int = 1 << 20
+    ingress: Ingress = field(default_factory=Ingress)
 
     def status(self) -> agent_pb2.GetStatusResponse:
         return agent_pb2.GetStatusResponse(agent_id="x-1", training=self.busy)
@@ -92,3 +95,25 @@ async def test_busy_prober_sends_no_bulk(peer: tuple[FakeState, agent_pb2_grpc.A
     _, stub = peer
     r = await probe_peer(stub, source="a", peer="b", config=CFG, busy=lambda: True)
     assert r.bandwidth_gbps is None and r.probe_bytes == 0
+
+
+async def test_echoes_wait_for_incoming_bulk_probes_to_end(peer: tuple[FakeState, agent_pb2_grpc.AgentStub]) -> None:
+    _, stub = peer
+    ingress = Ingress()
+
+    async def hold() -> None:
+        with ingress.receiving():
+            await asyncio.sleep(0.3)
+
+    task = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    assert ingress.active == 1
+    t0 = time.monotonic()
+    _, samples = await measure_latency(stub, CFG, ingress)
+    assert time.monotonic() - t0 >= 0.25 and samples == 3 and ingress.active == 0
+    await task
+    # Nothing clean within the bound: all echoes are used.
+    short = ProbeConfig(echo_count=3, bulk_max_s=0.05, timeout_s=0.5, bulk_bytes=1024, chunk_bytes=1024)
+    with ingress.receiving():
+        _, samples = await measure_latency(stub, short, ingress)
+    assert samples == 3

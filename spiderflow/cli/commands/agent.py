@@ -7,7 +7,8 @@
         [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
         [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
 
-``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``. Flags
+``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``, and
+``--listen`` to ``$SPIDERFLOW_TESTBED_ADDRESS:0`` inside a testbed namespace (else 127.0.0.1:0). Flags
 override the ``--config`` file (format in :mod:`agent.config`). ``--ready-file`` receives
 ``{"address", "pid", "agent_id"}`` as JSON once the Agent service serves.
 """
@@ -72,7 +73,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--etcd", default=os.environ.get("SPIDERFLOW_ETCD"), metavar="ADDR",
                    help="etcd host:port (default $SPIDERFLOW_ETCD)")
     p.add_argument("--config", type=Path, help="YAML/JSON agent configuration (flags override it)")
-    p.add_argument("--listen", help="host:port of the Agent service (default 127.0.0.1:0; port 0 = any free)")
+    testbed = os.environ.get("SPIDERFLOW_TESTBED_ADDRESS")
+    p.add_argument("--listen", default=f"{testbed}:0" if testbed else None,
+                   help="host:port of the Agent service (default $SPIDERFLOW_TESTBED_ADDRESS:0 in a testbed "
+                        "namespace, else 127.0.0.1:0; port 0 = any free)")
     p.add_argument("--advertise", help="host:port peers dial (default: the listen address)")
     p.add_argument("--agent-id", help="instance id (default: <cluster>-<random>)")
     p.add_argument("--ready-file", help="write {address, pid, agent_id} as JSON here once serving")
