@@ -15,10 +15,12 @@ Algorithm
        layers for any tensor/pipeline/data degrees of its GPUs); keep the better move if the score
        ``(excess, step)`` improves and repeat. When neither neighbour improves, the layer may travel
        further (all boundaries in between shift by one): to the 3 nearest blocks on each side or the 3
-       blocks with the most slack. Stop when no move improves.
+       blocks with the most slack. If that fails too (chains of ≤ 16 clusters), the 3 blocks with the
+       longest per-micro-batch time (the fill term) each try giving a layer to any block.
+       Stop when no move improves.
 
 Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (a CP-SAT solve on a miss); at most
-``L·C`` moves, each 2 evaluations (≤ 11 when the neighbours do not improve).
+``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third).
 
 Cross-cluster data parallelism (:func:`dp_crossing`)
     A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
@@ -171,6 +173,7 @@ def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]
 
 
 _NO_DEGREES_GIB = 1e6
+_FULL_NEIGHBOURHOOD = 16  # chains up to this length get the third move phase
 _Memo = dict[tuple[int, int, int, int], tuple[BlockConfig | None, float]]
 
 
@@ -284,21 +287,10 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
     ev = evaluate_split(ctx, initial, memo=memo)
     budget = max_moves if max_moves is not None else L * n
     for _ in range(budget):
-        b = _bottleneck_block(ev)
-        # A block no degrees fit at all (too few layers for its GPUs) takes a layer; any other
-        # bottleneck gives one away.
-        inward = any(x.chain_index == b and math.isinf(x.need_gib) for x in ev.infeasible)
-        if not inward and ev.split[b] <= 1:
-            break
         best: SplitEval | None = None
-        # Neighbours first (a boundary moves by one layer); if neither helps, further away (every boundary
-        # in between shifts by one layer, so the layer travels to where it fits or costs least).
-        for targets in ((b - 1, b + 1), _far_targets(ev, b)):
-            for nb in targets:
-                if not (0 <= nb < n) or nb == b:
-                    continue
-                src, dst = (nb, b) if inward else (b, nb)
-                if ev.split[src] <= 1:
+        for moves in _move_phases(ev):
+            for src, dst in moves:
+                if ev.split[src] <= 1 or src == dst:
                     continue
                 split = list(ev.split)
                 split[src] -= 1
@@ -306,12 +298,43 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
                 cand = evaluate_split(ctx, split, memo=memo)
                 if best is None or cand.score < best.score:
                     best = cand
-            if best is not None and best.score < ev.score:
+            if best is not None and _improves(best, ev):
                 break
-        if best is None or not best.score < ev.score:
+        if best is None or not _improves(best, ev):
             break
         ev = best
     return ev
+
+
+def _improves(new: SplitEval, old: SplitEval) -> bool:
+    """Strictly better score, by more than rounding noise on the step time."""
+    if new.excess_gib != old.excess_gib:
+        return new.excess_gib < old.excess_gib
+    return new.step_s < old.step_s * (1.0 - 1e-9)
+
+
+def _move_phases(ev: SplitEval) -> list[list[tuple[int, int]]]:
+    """Candidate single-layer moves ``(from block, to block)``, in the order step 3 tries them."""
+    n = len(ev.split)
+    b = _bottleneck_block(ev)
+    # A block no degrees fit at all (too few layers for its GPUs) takes a layer; any other bottleneck
+    # gives one away.
+    inward = any(x.chain_index == b and math.isinf(x.need_gib) for x in ev.infeasible)
+
+    def pair(other: int) -> tuple[int, int]:
+        return (other, b) if inward else (b, other)
+
+    phases = [
+        [pair(c) for c in (b - 1, b + 1) if 0 <= c < n],
+        [pair(c) for c in _far_targets(ev, b)],
+    ]
+    if ev.feasible and n <= _FULL_NEIGHBOURHOOD:
+        # The fill term Σ T_s also counts: the blocks with the longest per-micro-batch time give a layer
+        # to any block.
+        configs = [cfg for cfg in ev.configs if cfg is not None]
+        heavy = sorted(range(n), key=lambda c: (-sum(configs[c].compute_s), c))[:3]
+        phases.append([(src, dst) for src in heavy for dst in range(n) if dst != src])
+    return phases
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,8 +4,10 @@ r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~sp
 ``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.tpa.level1`) with level 2
 (per-cluster degrees, :mod:`spiderflow.tpa.level2`) for the 1F1B memory profile, then, for the best
 splits, tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
-latency-aware schedule) and scores each with the exact event-level timeline
-(:mod:`spiderflow.tpa.timeline`). The plan with the best objective wins.
+latency-aware schedule), ranks them with a window-aware closed form
+(:func:`~spiderflow.tpa.timeline.window_estimate`) and scores them in that order with the exact
+event-level timeline (:mod:`spiderflow.tpa.timeline`) within an op budget (the top-ranked one always).
+The plan with the best simulated objective wins.
 
 Contract
     * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses
@@ -37,7 +39,7 @@ from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
 from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1
-from spiderflow.tpa.timeline import simulate_plan
+from spiderflow.tpa.timeline import simulate_plan, window_estimate
 
 __all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
 
@@ -45,6 +47,7 @@ log = structlog.get_logger(__name__)
 
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)
 INTERLEAVE_CHUNKS = 2
+SIMULATION_OP_BUDGET = 100_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
 
 
 def micro_batch_candidates(global_batch: int, n_blocks: int, *, limit: int = 6) -> list[int]:
@@ -146,8 +149,8 @@ def plan_chain(
 ) -> Plan:
     """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
 
-    Complexity: ``|m candidates| × level 1`` plus ``finalists × 4`` timeline simulations of
-    ``O(m·S·log(m·S))`` each; level-2 solves are cached across calls.
+    Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
+    most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
     """
     t0 = time.perf_counter()
     clusters, gpus = _validate(topo, allocation)
@@ -173,12 +176,16 @@ def plan_chain(
         assert least_bad is not None
         raise _memory_error(*least_bad)
     results.sort(key=lambda r: r[1].step_s)
-    best: tuple[float, Plan, float] | None = None
+    # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
+    # timeline then scores them in that order within an op budget (at least one is always simulated).
+    ranked: list[tuple[float, Plan]] = []
     for ctx, ev in results[:finalists]:
         n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
         for sched in _SCHEDULES:
             if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B:
                 continue
+            if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
+                continue  # Megatron's interleaved order needs m to be a multiple of the stage count
             chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
             sctx = replace(ctx, schedule=sched)
             sev = ev if sched is Schedule.ONE_F_ONE_B else evaluate_split(sctx, ev.split)
@@ -188,17 +195,19 @@ def plan_chain(
             if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
                 continue
             plan = evaluate(plan, topo, job)
-            try:
-                sim_step = simulate_plan(plan, topo, job).step_s
-            except ValueError:
-                # An order this replica layout cannot run (interleaving needs m mod S = 0): skip it, but
-                # never lose the 1F1B plan, which the closed form scores if its order cannot be simulated.
-                if sched is not Schedule.ONE_F_ONE_B:
-                    continue
-                sim_step = plan.step_time_s
-            score = objective_score(plan, objective, sim_step)
-            if best is None or score < best[0]:
-                best = (score, plan, sim_step)
+            ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))
+    ranked.sort(key=lambda r: r[0])
+    best: tuple[float, Plan, float] | None = None
+    spent = 0
+    for _, plan in ranked:
+        ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
+        if best is not None and spent + ops > SIMULATION_OP_BUDGET:
+            continue
+        spent += ops
+        sim_step = simulate_plan(plan, topo, job, record=False).step_s
+        score = objective_score(plan, objective, sim_step)
+        if best is None or score < best[0]:
+            best = (score, plan, sim_step)
     assert best is not None  # the 1F1B plan of a feasible split always scores
     _, plan, sim_step = best
     ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)

@@ -59,6 +59,7 @@ __all__ = [
     "simulate_plan",
     "stage_ops",
     "stage_warmups",
+    "window_estimate",
 ]
 
 def stage_warmups(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[int]:
@@ -158,120 +159,128 @@ def simulate(
     latency_s: Sequence[Sequence[float]],
     *,
     chunks: int = 1,
+    record: bool = True,
 ) -> Timeline:
     """Run the event simulation of the module docstring.
 
     ``orders[i]`` is stage ``i``'s op order; ``serialise_s[a][b]`` and ``latency_s[a][b]`` the seconds one
-    activation (or gradient) occupies link ``a → b`` and its one-way latency.
+    activation (or gradient) occupies link ``a → b`` and its one-way latency. ``record=False`` skips the
+    per-op and per-transfer records (``ops``/``transfers`` empty) when only the times are needed.
     """
     n = len(stages)
     v = chunks
     last_virtual = n * v - 1
     ptr = [0] * n
+    lengths = [len(o) for o in orders]
+    dur_f = [st.compute_s / 3.0 / v for st in stages]
+    dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
+    caps = [st.max_in_flight for st in stages]
     free: list[list[bool]] = [[True] * st.replicas for st in stages]
     owner: list[dict[int, int]] = [{} for _ in range(n)]
     live: list[list[int]] = [[0] * st.replicas for st in stages]
-    avail: dict[tuple[str, int, int], float] = {}
+    avail: set[tuple[str, int, int]] = set()
     waiting: dict[tuple[str, int, int], list[int]] = {}
+    parked: list[tuple[str, int, int] | None] = [None] * n  # the input each stage waits for
     link_free: dict[tuple[int, int], float] = {}
-    heap: list[tuple[float, int, int]] = []  # (time, 0 arrival | 1 op end, sequence number)
-    arrivals: dict[int, tuple[str, int, int]] = {}
-    ends: dict[int, tuple[int, int, Op, float]] = {}
+    # (time, 0 arrival | 1 op end, sequence number, payload): the unique sequence number settles ties, so
+    # payloads are never compared.
+    heap: list[tuple[float, int, int, tuple[int, int, str, int, int, float]]] = []
     seq = 0
-    ops_out: list[OpRecord] = []
+    raw_ops: list[tuple[int, int, str, int, int, float, float]] = []
     xfers: list[TransferRecord] = []
     stage_end = [0.0] * n
-
-    def push_arrival(t: float, key: tuple[str, int, int]) -> None:
-        nonlocal seq
-        arrivals[seq] = key
-        heapq.heappush(heap, (t, 0, seq))
-        seq += 1
-
-    def push_end(t: float, i: int, r: int, op: Op, start: float) -> None:
-        nonlocal seq
-        ends[seq] = (i, r, op, start)
-        heapq.heappush(heap, (t, 1, seq))
-        seq += 1
-
-    def need(op: Op, stage: int) -> tuple[str, int, int] | None:
-        kind, j, c = op
-        u = c * n + stage
-        if kind == "F":
-            return None if u == 0 else ("F", j, u - 1)
-        return ("F", j, u) if u == last_virtual else ("B", j, u + 1)
+    makespan = 0.0
 
     def try_start(i: int, now: float) -> None:
         """Dispatch stage ``i``'s ops in order while inputs and replicas allow."""
+        nonlocal seq
         order = orders[i]
-        while ptr[i] < len(order):
-            op = order[ptr[i]]
-            dep = need(op, i)
+        while ptr[i] < lengths[i]:
+            kind, j, c = order[ptr[i]]
+            u = c * n + i
+            if kind == "F":
+                dep = None if u == 0 else ("F", j, u - 1)
+            else:
+                dep = ("F", j, u) if u == last_virtual else ("B", j, u + 1)
             if dep is not None and dep not in avail:
-                waiting.setdefault(dep, []).append(i)
+                if parked[i] != dep:  # register once: the arrival wakes the stage
+                    parked[i] = dep
+                    waiting.setdefault(dep, []).append(i)
                 return
-            kind, j, _ = op
+            fr = free[i]
             r = owner[i].get(j)
             if r is None:
-                cap = stages[i].max_in_flight
-                ready = [q for q, ok in enumerate(free[i]) if ok and (cap is None or live[i][q] < cap)]
-                if not ready:
+                cap = caps[i]
+                lv = live[i]
+                r = -1
+                for q in range(len(fr)):
+                    if fr[q] and (cap is None or lv[q] < cap) and (r < 0 or lv[q] < lv[r]):
+                        r = q
+                if r < 0:
                     return  # every replica busy or full: retried when one finishes
-                r = min(ready, key=lambda q: (live[i][q], q))
                 owner[i][j] = r
-                live[i][r] += 1
-            elif not free[i][r]:
+                lv[r] += 1
+            elif not fr[r]:
                 return  # the replica holding this micro-batch is busy
-            dur = stages[i].compute_s * (1.0 / 3.0 if kind == "F" else 2.0 / 3.0) / v
-            free[i][r] = False
+            fr[r] = False
             ptr[i] += 1
-            push_end(now + dur, i, r, op, now)
+            end = now + (dur_f[i] if kind == "F" else dur_b[i])
+            heapq.heappush(heap, (end, 1, seq, (i, r, kind, j, c, now)))
+            seq += 1
 
     def release(key: tuple[str, int, int], t: float) -> None:
-        avail[key] = t
-        for i in waiting.pop(key, []):
+        avail.add(key)
+        for i in waiting.pop(key, ()):
+            parked[i] = None
             try_start(i, t)
 
     for i in range(n):
         try_start(i, 0.0)
     while heap:
-        t, kind_ev, sq = heapq.heappop(heap)
+        t, kind_ev, _, payload = heapq.heappop(heap)
+        i, r, okind, j, c, start = payload
         if kind_ev == 0:
-            release(arrivals.pop(sq), t)
+            release((okind, j, r), t)  # arrival of (kind, micro-batch, virtual stage) at stage i
             continue
-        i, r, op, start = ends.pop(sq)
-        okind, j, c = op
         free[i][r] = True
         if okind == "B" and c == 0:
             live[i][r] -= 1
-        ops_out.append(OpRecord(stage=i, replica=r, kind=okind, micro_batch=j, chunk=c, start_s=start, end_s=t))
-        stage_end[i] = max(stage_end[i], t)
+        if record:
+            raw_ops.append((i, r, okind, j, c, start, t))
+        if t > stage_end[i]:
+            stage_end[i] = t
+        if t > makespan:
+            makespan = t
         u = c * n + i
-        key = (okind, j, u)
         # A forward feeds the next virtual stage (the last one feeds its own backward); a backward the previous.
         dst_u = (u + 1 if u < last_virtual else u) if okind == "F" else u - 1
         if dst_u >= 0:
             dst = dst_u % n
             if dst_u == u or dst == i:
-                release(key, t)
+                release((okind, j, u), t)
             else:
                 start_tx = max(t, link_free.get((i, dst), 0.0))
                 ser = serialise_s[i][dst]
                 link_free[(i, dst)] = start_tx + ser
                 arrive = start_tx + ser + latency_s[i][dst]
-                xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
-                                            start_s=start_tx, end_s=arrive))
-                push_arrival(arrive, key)
+                if record:
+                    xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
+                                                start_s=start_tx, end_s=arrive))
+                heapq.heappush(heap, (arrive, 0, seq, (dst, u, okind, j, c, 0.0)))
+                seq += 1
         try_start(i, t)
-    stuck = [i for i in range(n) if ptr[i] < len(orders[i])]
+    stuck = [i for i in range(n) if ptr[i] < lengths[i]]
     if stuck:
         i = stuck[0]
         raise ScheduleDeadlockError(f"op order deadlocks: stage {i} waits at {orders[i][ptr[i]]}")
-    makespan = max((o.end_s for o in ops_out), default=0.0)
     step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
-    ops_out.sort(key=lambda o: (o.stage, o.replica, o.start_s))
+    raw_ops.sort(key=lambda o: (o[0], o[1], o[5]))
+    ops = tuple(
+        OpRecord(stage=i, replica=r, kind=k, micro_batch=j, chunk=c, start_s=s0, end_s=e0)
+        for i, r, k, j, c, s0, e0 in raw_ops
+    )
     return Timeline(
-        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=tuple(ops_out),
+        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=ops,
         transfers=tuple(xfers), makespan_s=makespan, step_s=step,
     )
 
@@ -279,7 +288,8 @@ def simulate(
 def plan_stage_timing(
     plan: Plan, topo: Topology, job: JobSpec
 ) -> tuple[list[StageTiming], list[list[float]], list[list[float]], int]:
-    """The simulator's inputs for ``plan`` from the cost model: stage timings, link matrices, chunks."""
+    """The simulator's inputs for ``plan`` from the cost model: stage timings, link matrices (filled for
+    the pairs a pipeline uses: neighbours and the interleaving wrap), chunks."""
     m = plan.micro_batches
     b = max(1, job.global_batch // m)
     bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
@@ -292,10 +302,11 @@ def plan_stage_timing(
     nbytes = activation_bytes(job.model, b, job.seq_len)
     ser = [[0.0] * n for _ in range(n)]
     lat = [[0.0] * n for _ in range(n)]
-    for a in range(n):
-        for c in range(n):
-            if a == c:
-                continue
+    pairs = {(a, a + 1) for a in range(n - 1)} | {(a + 1, a) for a in range(n - 1)}
+    if n > 1:
+        pairs |= {(n - 1, 0), (0, n - 1)}  # interleaving wraps from the last stage to the first
+    for a, c in sorted(pairs):
+        if a != c:
             ca, cb = plan.stages[a].cluster, plan.stages[c].cluster
             if ca == cb:
                 gbps = topo.cluster(ca).inter_node_gbps
@@ -311,7 +322,33 @@ def plan_stage_timing(
     return stages, ser, lat, chunks
 
 
-def simulate_plan(plan: Plan, topo: Topology, job: JobSpec) -> Timeline:
+def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
+    r"""A closed-form step estimate that, unlike the cost model's, sees the in-flight window (cheap ranking
+    of schedules before the exact simulation).
+
+    ``period = max(max_i T_i/d_i, max_ℓ ser_ℓ, max_i R_i/(w_i+1))`` with the round trip
+    ``R_i = Σ_{j≥i} T_j + 2·Σ_{ℓ≥i} (ser_ℓ + lat_ℓ)`` and ``w_i`` the stage's warm-up (the 1F1B family; GPipe
+    and interleaved orders have no window term); ``step ≈ (m−1)·period + Σ T/v + 2·v·Σ (ser + lat) + max AR``.
+    """
+    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    n = len(stages)
+    m = plan.micro_batches
+    links = [(ser[i][i + 1], lat[i][i + 1]) for i in range(n - 1)]
+    period = max(max(st.compute_s / st.replicas for st in stages), max((x for x, _ in links), default=0.0))
+    if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+        warm = stage_warmups(plan.schedule, m, [st.replicas for st in stages])
+        tail_t = 0.0
+        tail_l = 0.0
+        for i in range(n - 1, -1, -1):
+            tail_t += stages[i].compute_s
+            if i < n - 1:
+                tail_l += 2.0 * (links[i][0] + links[i][1])
+            period = max(period, (tail_t + tail_l) / (warm[i] + 1))
+    fill = sum(st.compute_s for st in stages) / chunks + 2.0 * chunks * sum(x + y for x, y in links)
+    return (m - 1) * period + fill + max(st.allreduce_s for st in stages)
+
+
+def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
     """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures."""
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
     n = len(stages)
@@ -321,4 +358,4 @@ def simulate_plan(plan: Plan, topo: Topology, job: JobSpec) -> Timeline:
     orders = [
         stage_ops(plan.schedule, n, m, i, chunks=chunks, warmup=None if own else warm[i]) for i in range(n)
     ]
-    return simulate(stages, orders, ser, lat, chunks=chunks)
+    return simulate(stages, orders, ser, lat, chunks=chunks, record=record)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
+import re
 
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import JobSpec, Topology
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spiderflow.catalog import ModelSpec, model_preset
+from spiderflow.costmodel import evaluate, fits_memory
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.tpa import plan_chain
+from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
+from spiderflow.tpa.level1 import ChainContext, level1
+from spiderflow.tpa.planner import plan_from_split
+
+from .bruteforce import brute_force_chain
 
 
 def test_plan_uses_the_allocation_in_chain_order(three_region_topo: Topology, job_6b7: JobSpec) -> None:
@@ -20,8 +30,8 @@ def test_plan_uses_the_allocation_in_chain_order(three_region_topo: Topology, jo
     # Predictions are the shared cost model's, and the plan fits memory.
     again = evaluate(plan, three_region_topo, job_6b7)
     assert again.step_time_s == pytest.approx(plan.step_time_s)
-    for st, mem in zip(plan.stages, plan.memory_gib_per_gpu, strict=True):
-        assert mem <= three_region_topo.cluster(st.cluster).gpu_memory_gib
+    for stage, mem in zip(plan.stages, plan.memory_gib_per_gpu, strict=True):
+        assert mem <= three_region_topo.cluster(stage.cluster).gpu_memory_gib
     assert plan.extras["timeline_step_s"] > 0
 
 
@@ -34,3 +44,119 @@ def test_more_gpus_than_free_is_unschedulable(three_region_topo: Topology, job_6
     with pytest.raises(UnschedulableError) as ei:
         plan_chain(three_region_topo, job_6b7, [("tokyo", 9)])
     assert ei.value.constraint == "free_gpus"
+
+
+# --- differential tests against exhaustive enumeration -------------------------------------------------
+
+def _tiny(seed: int) -> tuple[Topology, JobSpec, list[tuple[str, int]]]:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 4))
+    model = ModelSpec(name="t", layers=int(rng.integers(n, 9)), hidden=int(rng.choice([512, 1024, 2048])), heads=8,
+                      vocab=8192)
+    types = ["A100-80G", "V100-16G", "T4", "H100-80G", "A10G"]
+    clusters = tuple(
+        Cluster(name=f"c{i}", gpu=str(rng.choice(types)), nodes=int(rng.integers(1, 3)),
+                gpus_per_node=int(rng.choice([2, 4])), memory_gib=float(rng.choice([1.5, 3.0, 8.0, 80.0])))
+        for i in range(n)
+    )
+    links = tuple(
+        Link(a=f"c{i}", b=f"c{i + 1}", bandwidth_gbps=float(rng.uniform(1, 100)),
+             latency_ms=float(rng.uniform(0, 60)))
+        for i in range(n - 1)
+    )
+    topo = Topology(clusters=clusters, links=links)
+    alloc = [(c.name, int(rng.integers(1, c.total_gpus + 1))) for c in clusters]
+    m = int(rng.choice([2, 4, 8]))
+    job = JobSpec(id="t", model=model, global_batch=m * int(rng.choice([1, 2])), seq_len=1024,
+                  gpus=GpuRange(min=1, max=64))
+    return topo, job, alloc
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_level1_within_3_percent_of_exhaustive_split_and_degrees(seed: int) -> None:
+    topo, job, alloc = _tiny(seed)
+    clusters = [topo.cluster(n) for n, _ in alloc]
+    for m in micro_batch_candidates(job.global_batch, len(alloc)):
+        ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
+                                 seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
+        ref = brute_force_chain(ctx)
+        ev = level1(ctx)
+        assert ev.feasible == (ref is not None)
+        if ref is not None:
+            assert ev.step_s <= 1.03 * ref.step_s
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_plan_chain_no_worse_than_the_exhaustive_1f1b_plan(seed: int) -> None:
+    topo, job, alloc = _tiny(seed)
+    clusters = [topo.cluster(n) for n, _ in alloc]
+    refs = []
+    for m in micro_batch_candidates(job.global_batch, len(alloc)):
+        ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
+                                 seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
+        ref = brute_force_chain(ctx)
+        if ref is not None:
+            plan = evaluate(plan_from_split(ctx, ref), topo, job)
+            refs.append(simulate_plan(plan, topo, job).step_s)
+    if not refs:
+        with pytest.raises(UnschedulableError):
+            plan_chain(topo, job, alloc)
+        return
+    plan = plan_chain(topo, job, alloc)
+    assert plan.extras["timeline_step_s"] <= 1.03 * min(refs)
+
+
+# --- memory feasibility and error messages -------------------------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_returned_plans_fit_memory_or_the_error_names_the_binding_constraint(seed: int) -> None:
+    topo, job, alloc = _tiny(seed)
+    try:
+        plan = plan_chain(topo, job, alloc)
+    except UnschedulableError as e:
+        assert e.constraint in {"memory", "degrees", "layers"}
+        if e.constraint == "memory":
+            assert re.search(r"stage \d+ on cluster c\d needs [\d.]+ GiB per GPU, [\d.]+ GiB over", str(e))
+        return
+    ok, worst, excess = fits_memory(plan, topo)
+    assert ok, (worst, excess)
+    assert plan.gpus_by_cluster() == {n: g for n, g in alloc}
+    assert job.global_batch % plan.micro_batches == 0
+
+
+def test_memory_error_names_stage_cluster_and_gib() -> None:
+    clusters = (
+        Cluster(name="virginia", gpu="A100-80G", nodes=1, gpus_per_node=8),
+        Cluster(name="ohio", gpu="A100-80G", nodes=1, gpus_per_node=2),
+    )
+    topo = Topology(clusters=clusters, links=(Link(a="virginia", b="ohio", bandwidth_gbps=100, latency_ms=10),))
+    job = JobSpec(id="big", model=model_preset("llama3-70b"), global_batch=8, gpus=GpuRange(min=1, max=16))
+    with pytest.raises(UnschedulableError) as ei:
+        plan_chain(topo, job, [("virginia", 8), ("ohio", 2)])
+    assert ei.value.constraint == "memory"
+    msg = str(ei.value)
+    m = re.fullmatch(
+        r"stage (\d+) on cluster (\w+) needs ([\d.]+) GiB per GPU, ([\d.]+) GiB over the 80 GiB of A100-80G", msg
+    )
+    assert m is not None, msg
+    need, over = float(m.group(3)), float(m.group(4))
+    assert need == pytest.approx(80 + over, abs=0.11)
+    assert over > 0
+
+
+def test_fewer_layers_than_clusters_is_unschedulable(three_region_topo: Topology) -> None:
+    job = JobSpec(id="tiny", model=ModelSpec(name="two", layers=2, hidden=256, heads=4, vocab=256), global_batch=8,
+                  gpus=GpuRange(min=1, max=64))
+    with pytest.raises(UnschedulableError) as ei:
+        plan_chain(three_region_topo, job, [("ohio", 1), ("tokyo", 1), ("paris", 1)])
+    assert ei.value.constraint == "layers"
+    assert "2 layers" in str(ei.value)
+
+
+def test_micro_batch_candidates_divide_the_batch() -> None:
+    for batch, n in [(1, 1), (64, 3), (512, 64), (96, 5), (7, 2)]:
+        ms = micro_batch_candidates(batch, n)
+        assert ms and all(batch % m == 0 for m in ms)
+        assert max(ms) == batch
+        assert len(ms) <= 6
