@@ -366,6 +366,7 @@ class Testbed:
             self._start_relay()
             self._is_up = True
             self._write_state("up")
+            self._ensure_monitor()
             for cluster, argv in (commands or {}).items():
                 self.supervise(cluster, argv, restart=restart)
         except BaseException:
@@ -503,14 +504,27 @@ class Testbed:
         sup = _Supervised(cluster, list(argv), start, restart)
         with self._lock:
             self._supervised.append(sup)
-        if self._monitor is None:
-            self._monitor = threading.Thread(target=self._watch, name=f"testbed-{self.prefix}", daemon=True)
-            self._monitor.start()
+        self._ensure_monitor()
         self._write_state("up")
         return sup.proc
 
+    def _ensure_monitor(self) -> None:
+        if self._monitor is None:
+            self._monitor = threading.Thread(target=self._watch, name=f"testbed-{self.prefix}", daemon=True)
+            self._monitor.start()
+
     def _watch(self) -> None:
+        """Every 0.5 s: restart the relay if it died, and supervised commands that exited (with backoff)."""
         while not self._stop.wait(0.5):
+            relay = self._relay
+            if relay is not None and relay.poll() is not None and self._is_up and not self._stop.is_set():
+                log.warning("testbed_relay_exited", prefix=self.prefix, code=relay.returncode)
+                try:
+                    self._start_relay(status="up")
+                    log.info("testbed_relay_restarted", prefix=self.prefix,
+                             pid=self._relay.pid if self._relay is not None else 0)
+                except (TestbedError, OSError) as e:
+                    log.error("testbed_relay_restart_failed", prefix=self.prefix, error=str(e))
             with self._lock:
                 for sup in self._supervised:
                     code = sup.proc.poll()
@@ -556,6 +570,7 @@ class Testbed:
             lines.append(self._class_cmd("replace", d.router_iface, s.index, p.bandwidth_gbps))
         if lines:
             _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+        self._write_relay_config()  # what a restarted relay starts from
         self._control({"op": "set", "pairs": self._pair_rows()})
         self._write_state("up")
         log.info("testbed_link_set", prefix=self.prefix, a=a, b=b, bandwidth_gbps=bandwidth_gbps,
@@ -703,7 +718,7 @@ class Testbed:
             for p in self.pairs().values()
         ]
 
-    def _start_relay(self) -> None:
+    def _write_relay_config(self) -> Path:
         layout = self.layout
         config = {
             "port": self.relay_port,
@@ -713,7 +728,15 @@ class Testbed:
             "pairs": self._pair_rows(),
         }
         cfg = self.state_dir / f"{self.prefix}.relay.json"
-        cfg.write_text(json.dumps(config))
+        tmp = cfg.with_suffix(".tmp")
+        tmp.write_text(json.dumps(config))
+        tmp.replace(cfg)
+        return cfg
+
+    def _start_relay(self, *, status: str = "starting") -> None:
+        """Start the relay in the router namespace and wait until its control socket answers."""
+        layout = self.layout
+        cfg = self._write_relay_config()
         logfile = self.state_dir / f"{self.prefix}.relay.log"
         with open(logfile, "ab") as out:
             self._relay = subprocess.Popen(
@@ -724,7 +747,7 @@ class Testbed:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self._write_state("starting")
+        self._write_state(status)
         deadline = time.monotonic() + 15.0
         while True:
             if self._relay.poll() is not None:

@@ -404,3 +404,28 @@ def test_supervised_commands_are_restarted_when_they_exit(testbed: Testbed, tmp_
     assert first.poll() is not None
     state = json.loads(testbed.state_file.read_text())
     assert any(s["cluster"] == D and s["pid"] != first.pid for s in state["supervised"])
+
+
+def test_a_dead_relay_is_restarted_with_the_current_figures(state_dir: Path) -> None:
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.1, latency_ms=5),),
+    )
+    cleanup("sfrelay", state_dir=state_dir)
+    with Testbed(topo, prefix="sfrelay", state_dir=state_dir) as tb:
+        tb.set_link("x", "y", latency_ms=25)
+        tb.exec("y", [*NICE, PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(PROBE_PORT),
+                      "--lifetime", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_listening(tb.address("y"), PROBE_PORT, timeout=30)
+        old = json.loads(tb.state_file.read_text())["relay_pid"]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            new = json.loads(tb.state_file.read_text())["relay_pid"]
+            if new != old and tb.status()["relay"]["ok"]:
+                break
+            time.sleep(0.2)
+        assert new != old
+        rtts = _measure_until(lambda: _rtt_ms(tb, "x", "y"), 50.0, _rtt_ok)
+        assert _rtt_ok(statistics.median(rtts), 50.0), rtts
+    assert _gone("sfrelay") == []
