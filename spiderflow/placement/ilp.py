@@ -1,61 +1,79 @@
 r"""``ilp``: one global CP-SAT model for cross-cluster placement (the "ILP-based" baseline).
 
 The model chooses jointly which clusters run the job, their order in the pipeline chain, the layer
-split over the chain and each chosen cluster's tensor/data-parallel degrees, and minimises the closed-form
-step time of :mod:`spiderflow.costmodel` (1F1B, ``m = global_batch / micro_batch`` micro-batches, one
-stage per chosen cluster). The plan it returns is re-evaluated with :func:`spiderflow.costmodel.evaluate`
-so it is scored exactly like every other policy.
+split over the chain and each chosen cluster's degrees — tensor-parallel ``t``, data-parallel ``d`` and
+pipeline depth ``p`` inside the cluster — and minimises the closed-form step time of
+:mod:`spiderflow.costmodel` (1F1B, ``m = global_batch / micro_batch`` micro-batches). A chosen cluster
+``c`` runs one contiguous *block* of ``n_c`` layers as ``p`` consecutive stages of ``t·d`` GPUs each, its
+layers split evenly (the first ``n_c mod p`` stages take ``⌈n_c/p⌉`` layers, the others ``⌊n_c/p⌋``).
+The plan it returns is re-evaluated with :func:`spiderflow.costmodel.evaluate` so it is scored exactly
+like every other policy.
 
 Symbols (``C`` clusters, ``L`` layers, ``O_c`` the degree options of cluster ``c``)
 -----------------------------------------------------------------------------
 Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, greedy step / 10⁷)``):
 
-- ``O_c = {(t, d)}``: ``t`` ∈ :func:`tp_options`, ``d ≥ 1``, ``t·d ≤ min(n_c, gpus.max)`` (``n_c`` free GPUs);
+- ``O_c = {(t, d, p)}`` (:func:`degree_options`): ``t`` ∈ :func:`tp_options`, ``1 ≤ p ≤``
+  :data:`MAX_PP_PER_CLUSTER`, ``t·d·p ≤ min(n_c, gpus.max)`` (``n_c`` free GPUs);
 - ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks;
 - ``P_uv`` = ``A / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
+  ``I_c = A / B_inter(c)`` between two stages inside ``c``;
 - ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · 2 B/param /(t·B_dp));
-- memory coefficients in bytes, rounded up: ``16·12h²/t`` per layer, ``16·V·h/t`` per embedding/head,
-  ``a_t`` activation bytes per layer and micro-batch, ``g_t = 4·b·s·V/t`` logits, cap ``M_c − R``.
+- memory coefficients in bytes, rounded up: ``μ_t = 16·12h²/t`` per layer, ``ε_t = 16·V·h/t`` per
+  embedding/head, ``a_t`` activation bytes per layer and micro-batch, ``g_t = 4·b·s·V/t`` logits; the cap
+  ``M_c − R``.
 
 Variables:
 
-- ``u_c ∈ {0,1}`` cluster used; ``x_co ∈ {0,1}`` option chosen; ``n_c ∈ [0, L]`` layers of ``c``;
+- ``u_c ∈ {0,1}`` cluster used; ``x_co ∈ {0,1}`` option chosen (``p_c = Σ_o p_o x_co``); ``n_c ∈ [0, L]``
+  layers of ``c``; ``hi_c = ⌈n_c/p_c⌉``, ``lo_c = ⌊n_c/p_c⌋``;
 - arc literals of one circuit over ``{depot} ∪ clusters``: ``first_c`` (depot → c), ``last_c``
   (c → depot), ``a_uv`` (u → v), self-loop ``¬u_c``;
-- ``r_c ∈ [0, K]`` stages from ``c`` to the end of the chain (``last`` has 1); ``q_c = Σ_o ⌈m/d_o⌉·x_co``;
-  ``k_c = min(r_c, q_c)`` 1F1B in-flight micro-batches; ``kn_c = k_c · n_c``;
-- ``T_c`` stage time, ``Z`` pipeline bottleneck, ``Y`` slowest gradient all-reduce (all in ticks).
+- ``r_c`` stages from ``c``'s first stage to the end of the pipeline, ``e_c = r_c − p_c + u_c`` the same for
+  ``c``'s last stage; ``q_c = Σ_o ⌈m/d_o⌉·x_co``; 1F1B in-flight micro-batches ``k_c = min(q_c, r_c)``
+  (first stage of the block) and ``k'_c = min(q_c, e_c)`` (last stage); ``kh_c = k_c·hi_c``,
+  ``kl_c = k'_c·lo_c``;
+- ``T_c`` Σ of the block's stage times, ``Z`` pipeline bottleneck, ``Y`` slowest gradient all-reduce (ticks).
 
 Constraints (numbered as in the code):
 
-1. ``Σ_o x_co = u_c``                                    (a used cluster picks exactly one (t, d));
-2. ``u_c ≤ n_c ≤ L·u_c``; ``Σ_c n_c = L``                   (every layer placed, ≥ 1 per used cluster);
-3. ``gpus.min ≤ Σ_{c,o} t_o d_o x_co ≤ gpus.max``          (GPU range; ``t·d ≤ n_c`` by construction of ``O_c``);
+1. ``Σ_o x_co = u_c``                                      (a used cluster picks exactly one (t, d, p));
+2. ``p_c ≤ n_c ≤ L·u_c``, ``u_c ≤ n_c``; ``Σ_c n_c = L``;   ``x_co ⇒ p·lo_c ≤ n_c ≤ p·lo_c + p − 1`` and
+   ``p·hi_c − p + 1 ≤ n_c ≤ p·hi_c``                         (every layer placed; even split in the block);
+3. ``gpus.min ≤ Σ_{c,o} t_o d_o p_o x_co ≤ gpus.max``        (GPU range; ``t·d·p ≤ n_c`` by construction);
 4. AddCircuit over the arcs: the used clusters form one path depot → … → depot (the chain);
-5. ``last_c ⇒ r_c = 1``; ``a_uv ⇒ r_u = r_v + 1``; ``¬u_c ⇒ r_c = 0``;
-6. ``k_c = min(r_c, q_c)``; ``kn_c = k_c·n_c``;
-7. ``x_co ⇒ T_c ≥ α_ct n_c + β_ct last_c``  and  ``d_o·Z ≥ α_ct n_c + β_ct last_c``  (compute; ``Z ≥ T/d``);
-8. ``Z ≥ P_uv · a_uv``                                     (boundary transfers in the bottleneck);
-9. ``x_co ⇒ Y ≥ γ_co (12h²·n_c + V·h·(first_c + last_c))``  (gradient all-reduce);
-10. ``x_co ⇒ 16(12h² n_c + Vh(first_c + last_c))/t + a_t·kn_c + g_t·last_c ≤ M_c − R``  (memory per GPU);
+5. ``last_c ⇒ r_c = p_c``; ``a_uv ⇒ r_u = r_v + p_u``; ``¬u_c ⇒ r_c = 0``;
+6. ``k_c = min(q_c, r_c)``, ``k'_c = min(q_c, e_c)``; ``kh_c = k_c·hi_c``, ``kl_c = k'_c·lo_c``;
+7. ``x_co ⇒ T_c ≥ α_ct n_c + β_ct last_c``, ``d·Z ≥ α_ct hi_c``, ``d·Z ≥ α_ct lo_c + β_ct last_c``
+   (block compute; slowest stage per replica; the head rides on the block's last, ``⌊·⌋``-sized, stage);
+8. ``Z ≥ P_uv · a_uv``; ``x_co ∧ p_o > 1 ⇒ Z ≥ I_c``          (boundary transfers in the bottleneck);
+9. ``x_co ⇒ Y ≥ γ_co (12h²·hi_c + Vh·first_c)`` and ``Y ≥ γ_co (12h²·lo_c + Vh·last_c)``
+   (for ``p = 1`` one stage: ``Y ≥ γ_co (12h²·n_c + Vh·(first_c + last_c))``);
+10. memory per GPU, first and last stage of the block (the middle ones are dominated by the first):
+    ``x_co ⇒ μ_t hi_c + ε_t first_c + a_t kh_c ≤ M_c − R`` and
+    ``μ_t lo_c + ε_t last_c + a_t kl_c + g_t last_c ≤ M_c − R``
+    (for ``p = 1``: ``μ_t n_c + ε_t (first_c + last_c) + a_t kh_c + g_t last_c ≤ M_c − R``);
 11. symmetry: among clusters identical in every attribute and link, ``u_c ≥ u_{c'}`` for ``c < c'``.
 
-Objective:  ``min (m − 1)·Z + Σ_c T_c + 2·Σ_uv P_uv a_uv + Y``
-(= ``T_pipe + T_dp`` of :mod:`spiderflow.costmodel` for the chain, up to tick rounding).
+Objective:  ``min (m − 1)·Z + Σ_c T_c + 2·Σ_uv P_uv a_uv + 2·Σ_c I_c·Σ_o (p_o − 1) x_co + Y``
+(= ``T_pipe + T_dp`` of :mod:`spiderflow.costmodel` for the decoded plan, up to tick rounding).
 
 The solver is seeded with a hint on every decision variable (``u``, ``x``, ``n``, arcs, ``first``,
-``last``, ``r``) from a greedy construction (clusters by free compute, chain by
-nearest widest link, layers proportional to compute, the smallest tp that fits memory), as a competent
-CP-SAT user would; when CP-SAT finds no solution in its time limit the greedy plan is returned and
-``stats["from_hint"] = 1``. ``optimal=True`` only when CP-SAT reports OPTIMAL for this model.
+``last``, ``r``) from a greedy construction (clusters by free compute, chain by nearest widest link,
+layers proportional to compute but water-filled against memory, one pipeline depth for all blocks tried
+from {1, 2, 4, 8}, the smallest tp that holds the block), as a competent CP-SAT user would; the hint is
+first completed to every variable by one solve with the hinted variables fixed. When CP-SAT ends without
+a solution, or with one worse than the warm start, the greedy plan (a solution of the same model) is
+returned and ``stats["from_hint"] = 1``.
+``optimal=True`` only when CP-SAT reports OPTIMAL for this model.
 
-Size: ``O(C² + Σ_c |O_c|)`` Booleans (``|O_c| ≈ 2·min(n_c, gpus.max)``), ``O(C² + Σ_c |O_c|)`` constraints;
-solving is NP-hard (it contains a Hamiltonian-path problem), hence the time limit.
+Size: ``O(C² + Σ_c |O_c|)`` Booleans (``|O_c| ≈ 2·H_8·min(n_c, gpus.max)``), as many constraints; solving
+is NP-hard (it contains a Hamiltonian-path problem), hence the time limit.
 
 ``PlacementResult.stats`` keys: ``cp_status`` (CpSolverStatus value: 4 OPTIMAL, 2 FEASIBLE, 3 INFEASIBLE,
 0 UNKNOWN, 1 MODEL_INVALID), ``objective_s`` and ``bound_s`` (model objective and best bound in seconds),
-``wall_s`` (solver wall time), ``build_s`` (model construction), ``hint_step_s`` (greedy plan's step time,
-``inf`` if none), ``from_hint``, ``booleans``, ``conflicts``, ``branches``, ``workers``.
+``wall_s`` (solver wall time), ``build_s`` (greedy + model construction), ``hint_step_s`` (greedy plan's
+step time, ``inf`` if none), ``from_hint``, ``booleans``, ``conflicts``, ``branches``, ``workers``.
 """
 
 from __future__ import annotations
@@ -87,7 +105,10 @@ from spiderflow.placement.common import diagnose
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
     "DEFAULT_WORKERS",
+    "MAX_PP_PER_CLUSTER",
+    "PRESOLVE_MAX_BOOLEANS",
     "IlpPolicy",
+    "block_stages",
     "degree_options",
     "greedy_plan",
     "tp_options",
@@ -95,6 +116,10 @@ __all__ = [
 
 DEFAULT_TIME_LIMIT_S = 60.0
 DEFAULT_WORKERS = 2
+MAX_PP_PER_CLUSTER = 8
+#: Above this many Booleans CP-SAT's presolve alone outlasts typical time limits (measured: > 20 s at 32
+#: clusters) while the search without it finds and improves solutions; presolve is switched off there.
+PRESOLVE_MAX_BOOLEANS = 1000
 
 _log = structlog.get_logger(__name__)
 
@@ -112,25 +137,27 @@ def tp_options(cluster: Cluster, job: JobSpec) -> tuple[int, ...]:
     return tuple(out)
 
 
-def degree_options(cluster: Cluster, job: JobSpec) -> tuple[tuple[int, int], ...]:
-    """Every ``(tp, dp)`` the ILP may give ``cluster``: ``tp ∈ tp_options``, ``tp·dp ≤ min(free, gpus.max)``."""
+def degree_options(cluster: Cluster, job: JobSpec) -> tuple[tuple[int, int, int], ...]:
+    """Every ``(tp, dp, pp)`` the ILP may give ``cluster``: ``tp ∈ tp_options``, ``1 ≤ pp ≤
+    min(MAX_PP_PER_CLUSTER, L)``, ``tp·dp·pp ≤ min(free, gpus.max)``."""
     cap = min(cluster.free, job.gpus.max)
-    return tuple((t, d) for t in tp_options(cluster, job) for d in range(1, cap // t + 1))
+    return tuple(
+        (t, d, p)
+        for t in tp_options(cluster, job)
+        for p in range(1, min(MAX_PP_PER_CLUSTER, job.model.layers) + 1)
+        for d in range(1, cap // (t * p) + 1)
+    )
 
 
-def _split_layers(layers: int, weights: Sequence[float]) -> list[int]:
-    """Largest-remainder split of ``layers`` proportional to ``weights``, each part ≥ 1."""
-    k = len(weights)
-    total = sum(weights)
-    raw = [layers * w / total for w in weights]
-    parts = [max(1, math.floor(x)) for x in raw]
-    while sum(parts) > layers:
-        i = max((j for j in range(k) if parts[j] > 1), key=lambda j: parts[j] - raw[j])
-        parts[i] -= 1
-    while sum(parts) < layers:
-        i = max(range(k), key=lambda j: raw[j] - parts[j])
-        parts[i] += 1
-    return parts
+def block_stages(cluster: str, first_layer: int, layers: int, tp: int, dp: int, pp: int) -> list[Stage]:
+    """The ``pp`` stages of one cluster block: even split, the first ``layers mod pp`` one layer larger."""
+    q, r = divmod(layers, pp)
+    out: list[Stage] = []
+    for j in range(pp):
+        size = q + (1 if j < r else 0)
+        out.append(Stage(cluster=cluster, first_layer=first_layer, last_layer=first_layer + size - 1, tp=tp, dp=dp))
+        first_layer += size
+    return out
 
 
 def _micro_batches(job: JobSpec) -> int:
@@ -138,7 +165,7 @@ def _micro_batches(job: JobSpec) -> int:
 
 
 def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: bool, last: bool) -> int:
-    """Most layers a stage on ``c`` with degrees ``(t, d)`` holds in memory at ``rank`` (1 = last stage)."""
+    """Most layers one stage on ``c`` with degrees ``(t, d)`` holds in memory at ``rank`` (1 = last stage)."""
     mdl, b, s = job.model, job.micro_batch, job.seq_len
     k = min(math.ceil(_micro_batches(job) / d), rank)
     free = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
@@ -149,32 +176,39 @@ def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: 
     return max(0, int(free // per_layer))
 
 
-def _capped_split(layers: int, weights: Sequence[float], caps: Sequence[int]) -> list[int] | None:
-    """Integer split of ``layers`` ∝ ``weights`` with ``1 ≤ part_i ≤ caps_i`` (water-filling), or ``None``."""
+def _block_capacity(c: Cluster, job: JobSpec, t: int, d: int, p: int, rank: int, first: bool, last: bool) -> int:
+    """Layers a ``p``-stage block holds when its first stage sits at ``rank`` (conservative: ``p`` × the
+    smaller of its first and last stage's capacity)."""
+    if p == 1:
+        return _layer_capacity(c, job, t, d, rank, first, last)
+    a = _layer_capacity(c, job, t, d, rank, first, False)
+    z = _layer_capacity(c, job, t, d, rank - p + 1, False, last)
+    return p * min(a, z)
+
+
+def _capped_split(layers: int, weights: Sequence[float], caps: Sequence[int], mins: Sequence[int]) -> list[int] | None:
+    """Integer split of ``layers`` ∝ ``weights`` with ``mins_i ≤ part_i ≤ caps_i`` (water-filling), or ``None``."""
     k = len(weights)
-    if sum(caps) < layers or min(caps) < 1 or layers < k:
+    if sum(caps) < layers or sum(mins) > layers or any(lo > hi for lo, hi in zip(mins, caps, strict=True)):
         return None
-    parts = [1] * k
-    left = layers - k
-    while left > 0:
-        # give the next layer to the stage furthest below its proportional share, among those with room
-        total = sum(weights)
+    parts = list(mins)
+    total = sum(weights)
+    for _ in range(layers - sum(mins)):
         room = [i for i in range(k) if parts[i] < caps[i]]
         i = max(room, key=lambda j: (weights[j] / total * layers - parts[j], -j))
         parts[i] += 1
-        left -= 1
     return parts
 
 
 def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
     """The warm start: a feasible plan (memory, free GPUs, GPU range) or ``None`` if none was built.
 
-    For every chain length ``K``: the ``K`` clusters with the most free compute
-    (``min(n_c, gpus.max)·F_c``) that are reachable from the first; chain order by repeatedly appending
-    the remaining cluster with the widest link from the chain's end; GPUs handed out in that compute order
-    up to ``gpus.max``; layers split proportionally to each stage's compute but capped by what its memory
-    holds at the largest tp (water-filling); then per stage the smallest tp that still holds its layers.
-    The best evaluated plan wins. O(K_max · (C·K + L·K)) time.
+    For every chain length ``K`` and every block depth ``p ∈ {1, 2, 4, 8}``: the ``K`` clusters with the
+    most free compute (``min(n_c, gpus.max)·F_c``) reachable from the first; chain order by repeatedly
+    appending the remaining cluster with the widest link from the chain's end; GPUs handed out in compute
+    order up to ``gpus.max``; layers split proportionally to compute, water-filled against what each block
+    holds at its largest tp; then per block the smallest tp that still holds its layers. The best plan
+    wins. O(K_max · 4 · (C·K + L·K)) time.
     """
     m = _micro_batches(job)
     L = job.model.layers
@@ -183,11 +217,10 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
     usable.sort(key=lambda c: (-min(c.free, job.gpus.max) * c.effective_tflops, c.name))
     if not usable:
         return None
-    first = usable[0]
-    reach = [c for c in usable if bw[topo.index[first.name], topo.index[c.name]] > 0]
+    head = usable[0]
+    reach = [c for c in usable if bw[topo.index[head.name], topo.index[c.name]] > 0]
     best: Plan | None = None
-    kmax = min(len(reach), L, job.gpus.max)
-    for k in range(1, kmax + 1):
+    for k in range(1, min(len(reach), L, job.gpus.max) + 1):
         chosen = reach[:k]
         budget = job.gpus.max
         gpus: dict[str, int] = {}
@@ -205,27 +238,33 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
             rest.remove(nxt)
         if any(bw[topo.index[a.name], topo.index[b.name]] <= 0 for a, b in itertools.pairwise(order)):
             continue
+        for p_all in (1, 2, 4, 8):
+            ps = [min(p_all, gpus[c.name]) for c in order]
+            ranks = [sum(ps[i:]) for i in range(k)]
 
-        def cap(i: int, t: int, order: list[Cluster] = order, gpus: dict[str, int] = gpus, k: int = k) -> int:
-            c = order[i]
-            return _layer_capacity(c, job, t, max(1, gpus[c.name] // t), k - i, i == 0, i == k - 1)
+            def cap(i: int, t: int, order: list[Cluster] = order, ps: list[int] = ps,
+                    ranks: list[int] = ranks, gpus: dict[str, int] = gpus, k: int = k) -> int:
+                c = order[i]
+                d = gpus[c.name] // (t * ps[i])
+                if d < 1:
+                    return 0
+                return _block_capacity(c, job, t, d, ps[i], ranks[i], i == 0, i == k - 1)
 
-        tmax = [tp_options(c, job)[-1] for c in order]
-        split = _capped_split(L, [gpus[c.name] * c.effective_tflops for c in order],
-                              [cap(i, tmax[i]) for i in range(k)])
-        if split is None:
-            continue
-        tps = [next((t for t in tp_options(c, job) if cap(i, t) >= split[i]), tmax[i]) for i, c in enumerate(order)]
-        stages: list[Stage] = []
-        first_layer = 0
-        for c, n, t in zip(order, split, tps, strict=True):
-            stages.append(Stage(cluster=c.name, first_layer=first_layer, last_layer=first_layer + n - 1,
-                                tp=t, dp=max(1, gpus[c.name] // t)))
-            first_layer += n
-        plan = evaluate(Plan(stages=tuple(stages), micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
-        if (fits_memory(plan, topo)[0] and job.gpus.min <= plan.gpus <= job.gpus.max
-                and (best is None or plan.step_time_s < best.step_time_s)):
-            best = plan
+            tmax = [max(t for t in tp_options(c, job) if t * ps[i] <= gpus[c.name]) for i, c in enumerate(order)]
+            split = _capped_split(L, [gpus[c.name] * c.effective_tflops for c in order],
+                                  [cap(i, tmax[i]) for i in range(k)], ps)
+            if split is None:
+                continue
+            stages: list[Stage] = []
+            first_layer = 0
+            for i, c in enumerate(order):
+                t = next((t for t in tp_options(c, job) if t <= tmax[i] and cap(i, t) >= split[i]), tmax[i])
+                stages += block_stages(c.name, first_layer, split[i], t, gpus[c.name] // (t * ps[i]), ps[i])
+                first_layer += split[i]
+            plan = evaluate(Plan(stages=tuple(stages), micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
+            if (fits_memory(plan, topo)[0] and job.gpus.min <= plan.gpus <= job.gpus.max
+                    and (best is None or plan.step_time_s < best.step_time_s)):
+                best = plan
     return best
 
 
@@ -310,6 +349,10 @@ class IlpPolicy:
         solver.parameters.max_time_in_seconds = max(0.05, limit - build_s)
         solver.parameters.num_workers = self.workers
         solver.parameters.random_seed = budget.seed
+        if built.booleans > PRESOLVE_MAX_BOOLEANS:
+            solver.parameters.cp_model_presolve = False
+        if hint is not None:
+            built.complete_hint(max(0.05, min(5.0, (limit - build_s) / 4)))
         status = solver.solve(built.model)
         stats: dict[str, float] = {
             "cp_status": float(int(status)),
@@ -326,6 +369,10 @@ class IlpPolicy:
             stats["objective_s"] = solver.objective_value * built.tick
             stats["bound_s"] = solver.best_objective_bound * built.tick
             plan = evaluate(built.decode(solver), topo, job)
+            if status == cp_model.FEASIBLE and hint is not None and hint.step_time_s < plan.step_time_s:
+                # The warm start is a solution of the model too; CP-SAT's workers may lose it.
+                plan = hint
+                stats["from_hint"] = 1.0
             return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan,
                                    planning_seconds=time.perf_counter() - t0,
                                    optimal=status == cp_model.OPTIMAL, stats=stats)
@@ -385,122 +432,143 @@ class _Model:
         def ticks(seconds: float) -> int:
             return round(seconds / tick)
 
-        cand = [i for i, c in enumerate(topo.clusters) if c.free > 0 and degree_options(c, job)]
+        cand = [i for i, c in enumerate(topo.clusters) if c.free > 0 and tp_options(c, job)]
         self.cand = cand
-        K = max(1, min(len(cand), L, job.gpus.max))
+        R = max(1, min(L, job.gpus.max))  # most stages a pipeline can have
         A = activation_bytes(mdl, b, s)
         f = layer_fwd_flops(mdl, b, s)
         head = 2.0 * b * s * mdl.hidden * mdl.vocab
         p_layer = float(mdl.params_per_layer)
         emb = float(mdl.embedding_params)
         bwm, latm = topo.bandwidth_matrix, topo.latency_matrix
-
-        u: dict[int, cp_model.IntVar] = {}
-        n: dict[int, cp_model.IntVar] = {}
-        first: dict[int, cp_model.IntVar] = {}
-        last: dict[int, cp_model.IntVar] = {}
-        r: dict[int, cp_model.IntVar] = {}
-        T: dict[int, cp_model.IntVar] = {}
-        self.x: dict[int, list[tuple[int, int, cp_model.IntVar]]] = {}
-        arcs: list[tuple[int, int, cp_model.IntVar]] = []
-        self.arc: dict[tuple[int, int], cp_model.IntVar] = {}
-
-        # Upper bounds on tick quantities (for variable domains).
-        t_hi = 1
-        for i in cand:
-            c = topo.clusters[i]
-            t_hi = max(t_hi, ticks(L * 3.0 * f / c.effective_tflops / 1e12 + 3.0 * head / c.effective_tflops / 1e12
-                                   + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)) + 1)
         ptick: dict[tuple[int, int], int] = {
             (i, j): ticks(transfer_time(A, float(bwm[i, j]), float(latm[i, j])))
             for i in cand for j in cand if i != j and bwm[i, j] > 0
         }
-        p_hi = max(ptick.values(), default=0)
-        gpu_terms: list[cp_model.LinearExpr] = []
-        z = model.new_int_var(0, max(t_hi, p_hi, 1), "Z")
-        y = model.new_int_var(0, 1 << 50, "Y")
-        self.z, self.y = z, y
-        sum_t: list[cp_model.IntVar] = []
+        itick = {i: ticks(transfer_time(A, topo.clusters[i].inter_node_gbps, 0.0)) for i in cand}
+        t_hi = 1
         for i in cand:
             c = topo.clusters[i]
-            u[i] = model.new_bool_var(f"u{i}")
-            n[i] = model.new_int_var(0, L, f"n{i}")
-            first[i] = model.new_bool_var(f"first{i}")
-            last[i] = model.new_bool_var(f"last{i}")
-            r[i] = model.new_int_var(0, K, f"r{i}")
-            T[i] = model.new_int_var(0, t_hi, f"T{i}")
-            sum_t.append(T[i])
-            opts = degree_options(c, job)
-            xs = [(t, d, model.new_bool_var(f"x{i}_{t}_{d}")) for t, d in opts]
+            t_hi = max(t_hi, ticks(3.0 * (L * f + head) / (c.effective_tflops * 1e12)
+                                   + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)) + 1)
+        z_hi = max(t_hi, max(ptick.values(), default=0), max(itick.values(), default=0), 1)
+        z = model.new_int_var(0, z_hi, "Z")
+        y = model.new_int_var(0, 1 << 50, "Y")
+
+        self.u: dict[int, cp_model.IntVar] = {}
+        self.n: dict[int, cp_model.IntVar] = {}
+        self.first: dict[int, cp_model.IntVar] = {}
+        self.last: dict[int, cp_model.IntVar] = {}
+        self.r: dict[int, cp_model.IntVar] = {}
+        self.x: dict[int, list[tuple[int, int, int, cp_model.IntVar]]] = {}
+        self.arc: dict[tuple[int, int], cp_model.IntVar] = {}
+        gpu_terms: list[cp_model.LinearExpr] = []
+        obj_terms: list[cp_model.LinearExpr] = []
+        for i in cand:
+            c = topo.clusters[i]
+            u = self.u[i] = model.new_bool_var(f"u{i}")
+            n = self.n[i] = model.new_int_var(0, L, f"n{i}")
+            first = self.first[i] = model.new_bool_var(f"first{i}")
+            last = self.last[i] = model.new_bool_var(f"last{i}")
+            r = self.r[i] = model.new_int_var(0, R, f"r{i}")
+            hi = model.new_int_var(0, L, f"hi{i}")
+            lo = model.new_int_var(0, L, f"lo{i}")
+            tblk = model.new_int_var(0, t_hi, f"T{i}")
+            obj_terms.append(tblk)
+            xs = [(t, d, p, model.new_bool_var(f"x{i}_{t}_{d}_{p}")) for t, d, p in degree_options(c, job)]
             self.x[i] = xs
+            pc = sum(p * v for _, _, p, v in xs)
             # (1) one option per used cluster
-            model.add(sum(v for _, _, v in xs) == u[i])
-            # (2) layers only on used clusters, at least one each
-            model.add(n[i] >= u[i])
-            model.add(n[i] <= L * u[i])
-            # (3) GPU range (collected below)
-            gpu_terms.extend(t * d * v for t, d, v in xs)
-            # (6) in-flight micro-batches k = min(r, q), kn = k·n
+            model.add(sum(v for *_, v in xs) == u)
+            # (2) layers: at least one per stage of the block, none on unused clusters
+            model.add(n >= u)
+            model.add(n >= pc)
+            model.add(n <= L * u)
+            model.add(hi <= L * u)
+            model.add(lo <= L * u)
+            # (3) GPU range (collected)
+            gpu_terms.extend(t * d * p * v for t, d, p, v in xs)
+            # (6) in-flight micro-batches of the block's first and last stage
             q = model.new_int_var(0, m, f"q{i}")
-            model.add(q == sum(math.ceil(m / d) * v for _, d, v in xs))
-            k = model.new_int_var(0, min(K, m), f"k{i}")
-            model.add_min_equality(k, [r[i], q])
-            kn = model.new_int_var(0, min(K, m) * L, f"kn{i}")
-            model.add_multiplication_equality(kn, [k, n[i]])
+            model.add(q == sum(math.ceil(m / d) * v for _, d, _, v in xs))
+            e = model.new_int_var(0, R, f"e{i}")
+            model.add(e == r - pc + u)
+            kf = model.new_int_var(0, min(R, m), f"k{i}")
+            kl = model.new_int_var(0, min(R, m), f"kl{i}")
+            model.add_min_equality(kf, [q, r])
+            model.add_min_equality(kl, [q, e])
+            kh = model.new_int_var(0, min(R, m) * L, f"kh{i}")
+            klo = model.new_int_var(0, min(R, m) * L, f"klo{i}")
+            model.add_multiplication_equality(kh, [kf, hi])
+            model.add_multiplication_equality(klo, [kl, lo])
             coefs = {t: self._coefs(c, t, job, b, f, head, A, ticks) for t in tp_options(c, job)}
             cap = math.floor(c.gpu_memory_gib * GIB) - math.ceil(RESERVED_GIB * GIB)
-            for t, d, v in xs:
+            for t, d, p, v in xs:
                 co = coefs[t]
-                # (7) stage time and its share of the bottleneck
-                model.add(T[i] >= co.alpha * n[i] + co.beta * last[i]).only_enforce_if(v)
-                model.add(d * z >= co.alpha * n[i] + co.beta * last[i]).only_enforce_if(v)
-                # (9) gradient all-reduce of this stage (ticks per parameter × parameters)
+                # (2) even split inside the block
+                model.add(p * lo <= n).only_enforce_if(v)
+                model.add(n <= p * lo + p - 1).only_enforce_if(v)
+                model.add(p * hi >= n).only_enforce_if(v)
+                model.add(p * hi <= n + p - 1).only_enforce_if(v)
+                # (7) block compute and its slowest stage per replica
+                model.add(tblk >= co.alpha * n + co.beta * last).only_enforce_if(v)
+                model.add(d * z >= co.alpha * hi).only_enforce_if(v)
+                model.add(d * z >= co.alpha * lo + co.beta * last).only_enforce_if(v)
+                # (8) boundaries inside the block
+                if p > 1:
+                    model.add(z >= itick[i]).only_enforce_if(v)
+                    obj_terms.append(2 * itick[i] * (p - 1) * v)
+                # (9) gradient all-reduce (ticks per parameter × parameters of the stage)
                 bdp = c.intra_node_gbps if t * d <= c.gpus_per_node else c.inter_node_gbps
                 per_param = allreduce_time(2.0 / t, d, bdp) / tick
-                if per_param > 0:
-                    model.add(y >= math.ceil(per_param * p_layer) * n[i]
-                              + math.ceil(per_param * emb) * (first[i] + last[i])).only_enforce_if(v)
-                # (10) memory per GPU
-                model.add(co.mem_layer * n[i] + co.mem_embed * (first[i] + last[i]) + co.act_layer * kn
-                          + co.logits * last[i] <= cap).only_enforce_if(v)
-            self._uses = u
+                gl, ge = math.ceil(per_param * p_layer), math.ceil(per_param * emb)
+                if per_param > 0 and p == 1:
+                    model.add(y >= gl * n + ge * (first + last)).only_enforce_if(v)
+                elif per_param > 0:
+                    model.add(y >= gl * hi + ge * first).only_enforce_if(v)
+                    model.add(y >= gl * lo + ge * last).only_enforce_if(v)
+                # (10) memory per GPU of the block's first and last stage
+                if p == 1:
+                    model.add(co.mem_layer * n + co.mem_embed * (first + last) + co.act_layer * kh
+                              + co.logits * last <= cap).only_enforce_if(v)
+                else:
+                    model.add(co.mem_layer * hi + co.mem_embed * first + co.act_layer * kh <= cap).only_enforce_if(v)
+                    model.add(co.mem_layer * lo + co.mem_embed * last + co.act_layer * klo
+                              + co.logits * last <= cap).only_enforce_if(v)
         # (2) all layers placed
-        model.add(sum(n.values()) == L)
+        model.add(sum(self.n.values()) == L)
         # (3) GPU range
         model.add(sum(gpu_terms) >= job.gpus.min)
         model.add(sum(gpu_terms) <= job.gpus.max)
         # (4) one path through the used clusters: node 0 is the depot, cluster i is node pos+1
-        node = {i: p + 1 for p, i in enumerate(cand)}
+        node = {i: k + 1 for k, i in enumerate(cand)}
         circuit: list[tuple[int, int, cp_model.LiteralT]] = []
-        ptimes: list[tuple[int, cp_model.IntVar]] = []
         for i in cand:
-            circuit.append((0, node[i], first[i]))
-            circuit.append((node[i], 0, last[i]))
-            circuit.append((node[i], node[i], ~u[i]))
+            u, r = self.u[i], self.r[i]
+            pc = sum(p * v for _, _, p, v in self.x[i])
+            circuit.append((0, node[i], self.first[i]))
+            circuit.append((node[i], 0, self.last[i]))
+            circuit.append((node[i], node[i], ~u))
             # (5) ranks
-            model.add(r[i] == 1).only_enforce_if(last[i])
-            model.add(r[i] == 0).only_enforce_if(~u[i])
+            model.add(r == pc).only_enforce_if(self.last[i])
+            model.add(r == 0).only_enforce_if(~u)
             for j in cand:
-                if i == j or bwm[i, j] <= 0:
+                if (i, j) not in ptick:
                     continue
-                a = model.new_bool_var(f"a{i}_{j}")
-                self.arc[(i, j)] = a
+                a = self.arc[(i, j)] = model.new_bool_var(f"a{i}_{j}")
                 circuit.append((node[i], node[j], a))
-                model.add(r[i] == r[j] + 1).only_enforce_if(a)
-                pt = ptick[(i, j)]
-                ptimes.append((pt, a))
-                # (8) boundary in the bottleneck
-                if pt > 0:
-                    model.add(z >= pt).only_enforce_if(a)
-                arcs.append((i, j, a))
+                model.add(r == self.r[j] + pc).only_enforce_if(a)
+                # (8) boundary in the bottleneck and on the critical path
+                if ptick[(i, j)] > 0:
+                    model.add(z >= ptick[(i, j)]).only_enforce_if(a)
+                    obj_terms.append(2 * ptick[(i, j)] * a)
         model.add_circuit(circuit)
         # (11) symmetry breaking between interchangeable clusters
         for i, j in _identical_pairs(topo, cand):
-            model.add(u[i] >= u[j])
-        self.n, self.first, self.last, self.r, self.T = n, first, last, r, T
-        self.booleans = sum(len(v) for v in self.x.values()) + len(arcs) + 3 * len(cand)
-        # Objective: (m − 1)·Z + Σ T + 2·Σ P·a + Y
-        model.minimize((m - 1) * z + sum(sum_t) + 2 * sum(pt * a for pt, a in ptimes) + y)
+            model.add(self.u[i] >= self.u[j])
+        self.booleans = sum(len(v) for v in self.x.values()) + len(self.arc) + 3 * len(cand)
+        # Objective: (m − 1)·Z + Σ T + 2·Σ P·a + 2·Σ I·(p − 1) + Y
+        model.minimize((m - 1) * z + sum(obj_terms) + y)
         if hint is not None:
             self._hint(hint)
 
@@ -521,41 +589,60 @@ class _Model:
 
     def _hint(self, plan: Plan) -> None:
         """Hint the greedy plan on the decision variables (used clusters, options, layers, arcs, ranks)."""
-        model = self.model
         idx = self.topo.index
-        used = {idx[st.cluster]: (pos, st) for pos, st in enumerate(plan.stages)}
-        S = len(plan.stages)
+        blocks: list[tuple[int, int, int, int, int]] = []  # (cluster, layers, tp, dp, pp)
+        for st in plan.stages:
+            ci = idx[st.cluster]
+            if blocks and blocks[-1][0] == ci:
+                c0, nl, t, d, p = blocks[-1]
+                blocks[-1] = (c0, nl + st.layers, t, d, p + 1)
+            else:
+                blocks.append((ci, st.layers, st.tp, st.dp, 1))
+        if len({blk[0] for blk in blocks}) != len(blocks):
+            return  # a cluster visited twice is outside this model's space
+        model = self.model
+        pos = {blk[0]: k for k, blk in enumerate(blocks)}
+        rank = [sum(blk[4] for blk in blocks[k:]) for k in range(len(blocks))]
         for i in self.cand:
-            hit = used.get(i)
-            model.add_hint(self._uses[i], hit is not None)
-            model.add_hint(self.n[i], hit[1].layers if hit else 0)
-            model.add_hint(self.first[i], hit is not None and hit[0] == 0)
-            model.add_hint(self.last[i], hit is not None and hit[0] == S - 1)
-            model.add_hint(self.r[i], S - hit[0] if hit else 0)
-            for t, d, v in self.x[i]:
-                model.add_hint(v, hit is not None and hit[1].tp == t and hit[1].dp == d)
-        chain = [idx[st.cluster] for st in plan.stages]
-        on = set(itertools.pairwise(chain))
+            k = pos.get(i)
+            blk = blocks[k] if k is not None else None
+            model.add_hint(self.u[i], blk is not None)
+            model.add_hint(self.n[i], blk[1] if blk else 0)
+            model.add_hint(self.first[i], k == 0)
+            model.add_hint(self.last[i], k == len(blocks) - 1)
+            model.add_hint(self.r[i], rank[k] if k is not None else 0)
+            for t, d, p, v in self.x[i]:
+                model.add_hint(v, blk is not None and (blk[2], blk[3], blk[4]) == (t, d, p))
+        on = {(a[0], b[0]) for a, b in itertools.pairwise(blocks)}
         for key, a in self.arc.items():
             model.add_hint(a, key in on)
 
+    def complete_hint(self, time_limit_s: float) -> None:
+        """Extend the hint to every variable: solve with the hinted variables fixed, then hint the whole
+        solution (CP-SAT then starts from a complete feasible assignment). No-op if that fails."""
+        solver = cp_model.CpSolver()
+        solver.parameters.fix_variables_to_their_hinted_value = True
+        solver.parameters.max_time_in_seconds = time_limit_s
+        solver.parameters.num_workers = 1
+        if solver.solve(self.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return
+        values = list(solver.response_proto.solution)
+        self.model.clear_hints()  # type: ignore[no-untyped-call]
+        for index, value in enumerate(values):
+            self.model.add_hint(self.model.get_int_var_from_proto_index(index), value)
+
     def decode(self, solver: cp_model.CpSolver) -> Plan:
-        """The chain and degrees of the solver's solution as an (unevaluated) plan."""
-        nxt: dict[int, int] = {}
-        for (i, j), a in self.arc.items():
-            if solver.boolean_value(a):
-                nxt[i] = j
-        start = next(i for i in self.cand if solver.boolean_value(self.first[i]))
-        chain = [start]
+        """The chain, blocks and degrees of the solver's solution as an (unevaluated) plan."""
+        nxt = {i: j for (i, j), a in self.arc.items() if solver.boolean_value(a)}
+        chain = [next(i for i in self.cand if solver.boolean_value(self.first[i]))]
         while chain[-1] in nxt:
             chain.append(nxt[chain[-1]])
         stages: list[Stage] = []
         layer = 0
         for i in chain:
-            t, d = next((t, d) for t, d, v in self.x[i] if solver.boolean_value(v))
+            t, d, p = next((t, d, p) for t, d, p, v in self.x[i] if solver.boolean_value(v))
             nl = solver.value(self.n[i])
-            stages.append(Stage(cluster=self.topo.clusters[i].name, first_layer=layer,
-                                last_layer=layer + nl - 1, tp=t, dp=d))
+            stages += block_stages(self.topo.clusters[i].name, layer, nl, t, d, p)
             layer += nl
         return Plan(stages=tuple(stages), micro_batches=_micro_batches(self.job), schedule=Schedule.ONE_F_ONE_B)
 

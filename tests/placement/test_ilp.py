@@ -47,8 +47,30 @@ def _tps(c: Cluster, job: JobSpec) -> list[int]:
     return [t for t in (1, 2, 4, 8) if t <= min(c.gpus_per_node, c.free, job.gpus.max) and job.model.heads % t == 0]
 
 
+def _block(cluster: str, start: int, layers: int, t: int, d: int, p: int) -> list[Stage]:
+    """``p`` stages over ``layers`` layers, sizes as even as possible, larger ones first."""
+    sizes = [layers // p + (1 if j < layers % p else 0) for j in range(p)]
+    out = []
+    for size in sizes:
+        out.append(Stage(cluster=cluster, first_layer=start, last_layer=start + size - 1, tp=t, dp=d))
+        start += size
+    return out
+
+
+def _degree_sequences(opts: list[list[tuple[int, int, int]]], budget: int) -> list[list[tuple[int, int, int]]]:
+    """Every choice of one (t, d, p) per chain position whose GPUs add up to at most ``budget``."""
+    if not opts:
+        return [[]]
+    out = []
+    for t, d, p in opts[0]:
+        if t * d * p <= budget - (len(opts) - 1):
+            out.extend([(t, d, p), *rest] for rest in _degree_sequences(opts[1:], budget - t * d * p))
+    return out
+
+
 def _brute_force(topo: Topology, job: JobSpec) -> Plan | None:
-    """Every chain (ordered subset), layer split and per-cluster (tp, dp); the best feasible plan."""
+    """Every chain (ordered subset of clusters), layer split over the chain and per-cluster
+    (tp, dp, pp ≤ 8) with the cluster's layers evenly split over its pp stages; the best feasible plan."""
     L = job.model.layers
     m = job.global_batch // job.micro_batch
     best: Plan | None = None
@@ -61,18 +83,20 @@ def _brute_force(topo: Topology, job: JobSpec) -> Plan | None:
             for name in chain:
                 c = topo.cluster(name)
                 cap = min(c.free, job.gpus.max)
-                opts.append([(t, d) for t in _tps(c, job) for d in range(1, cap // t + 1)])
+                opts.append([(t, d, p) for t in _tps(c, job) for p in range(1, min(8, L) + 1)
+                             for d in range(1, cap // (t * p) + 1)])
+            seqs = [q for q in _degree_sequences(opts, job.gpus.max)
+                    if sum(t * d * p for t, d, p in q) >= job.gpus.min]
             for cuts in itertools.combinations(range(1, L), k - 1):
                 bounds = (0, *cuts, L)
-                for degs in itertools.product(*opts):
-                    g = sum(t * d for t, d in degs)
-                    if not job.gpus.min <= g <= job.gpus.max:
+                for degs in seqs:
+                    if any(bounds[i + 1] - bounds[i] < p for i, (_, _, p) in enumerate(degs)):
                         continue
-                    stages = tuple(
-                        Stage(cluster=name, first_layer=bounds[i], last_layer=bounds[i + 1] - 1, tp=t, dp=d)
-                        for i, (name, (t, d)) in enumerate(zip(chain, degs, strict=True))
-                    )
-                    plan = evaluate(Plan(stages=stages, micro_batches=m, schedule=Schedule.ONE_F_ONE_B), topo, job)
+                    stages: list[Stage] = []
+                    for i, (name, (t, d, p)) in enumerate(zip(chain, degs, strict=True)):
+                        stages += _block(name, bounds[i], bounds[i + 1] - bounds[i], t, d, p)
+                    plan = evaluate(Plan(stages=tuple(stages), micro_batches=m, schedule=Schedule.ONE_F_ONE_B),
+                                    topo, job)
                     if fits_memory(plan, topo)[0] and (best is None or plan.step_time_s < best.step_time_s):
                         best = plan
     return best
