@@ -354,6 +354,7 @@ class Testbed:
                 f"testbed {self.prefix!r} already exists ({len(existing)} namespaces); "
                 f"run 'spiderflow testbed down --prefix {self.prefix}'"
             )
+        self._stop.clear()
         octet = self._octet if self._octet is not None else _choose_octet(self.prefix, self.state_dir)
         self._layout = plan_layout(self.topology, prefix=self.prefix, octet=octet)
         t0 = time.monotonic()
@@ -387,6 +388,7 @@ class Testbed:
         self._stop.set()
         if self._monitor is not None:
             self._monitor.join(timeout=5)
+            self._monitor = None
         procs = [s.proc for s in self._supervised] + self._children
         if self._relay is not None:
             procs.append(self._relay)

@@ -263,6 +263,12 @@ def test_down_removes_everything_including_supervised_processes(state_dir: Path)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     tb.down()  # idempotent
+    tb.up()  # and the same object can be brought up again
+    try:
+        assert tb.status()["relay"]["ok"] is True
+    finally:
+        tb.down()
+    assert _gone("sfdown") == []
 
 
 def test_failed_up_leaves_nothing(state_dir: Path) -> None:
