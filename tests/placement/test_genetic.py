@@ -262,3 +262,16 @@ def test_groups_spanning_clusters_are_mapped_to_one_cluster_each() -> None:
     local = np.array([[2, 3], [0, 1]])
     _, moved = GeneticPolicy._to_plan(topo, job, inst, owner, slots, local, 1)
     assert moved == 0
+
+
+def test_tensor_parallel_devices_only_when_one_gpu_cannot_hold_a_stage() -> None:
+    """tp = 1 as in the paper when it fits; two-GPU tensor-parallel devices when it does not."""
+    job = JobSpec(id="tp", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
+    roomy = Topology(clusters=(Cluster(name="a", gpu="A100-40G", nodes=1, gpus_per_node=2),))
+    res = GeneticPolicy().place(roomy, job, Budget(seed=0))
+    assert res.ok and res.plan is not None and res.stats["tp"] == 1
+    tight = Topology(clusters=(Cluster(name="a", gpu="A100-40G", nodes=1, gpus_per_node=2, memory_gib=1.3),))
+    res = GeneticPolicy().place(tight, job, Budget(seed=0))
+    assert res.ok and res.plan is not None and res.stats["tp"] == 2
+    _assert_valid(res.plan, tight, job)
+    assert all(st.tp == 2 for st in res.plan.stages)
