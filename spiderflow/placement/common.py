@@ -20,9 +20,10 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
 :func:`spiderflow.tpa.plan_chain` exists). For an ordered allocation ``[(cluster, gpus), ...]``:
 
 1. split layers in proportion to ``g_c·F_c`` (each cluster ≥ 1 layer);
-2. per cluster block choose ``(pp, tp, dp)`` — ``pp`` pipeline sub-stages inside the cluster (only when
-   memory needs them), ``tp`` a power of two ≤ GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's
-   own ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
+2. per cluster block choose ``(pp, tp, dp)`` — ``pp ∈ {1..8, 10, 12, 16}`` pipeline sub-stages inside the
+   cluster (for memory, or to keep replicas' gradient all-reduce inside a node), ``tp`` a power of two ≤
+   GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's own
+   ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
 3. move one boundary by one layer at a time while ``(memory excess, step time)`` improves
    lexicographically; re-derive the global sub-stage count and repeat until it is stable.
 
@@ -80,6 +81,7 @@ IArr = npt.NDArray[np.int64]
 BArr = npt.NDArray[np.bool_]
 
 _MAX_TP = 8
+_PP_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 _log = structlog.get_logger(__name__)
 
 
@@ -373,7 +375,8 @@ class _Block:
     tp: int
     dp: int
     sizes: tuple[int, ...]
-    t: tuple[float, ...]  # per sub-stage T
+    tmax: float  # slowest sub-stage T
+    tsum: float  # Σ sub-stage T
     y: float  # max gradient all-reduce
     p_int: float  # internal boundary time
 
@@ -407,42 +410,49 @@ class _ChainEval:
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
             ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
             per_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
-            for pp in (1, 2, 3, 4, 6, 8, 12, 16):
+            act_l = jc.act_layer(tp)
+            head_t = 3.0 * jc.head_f / (tp * fl) if last == jc.layers - 1 else 0.0
+            for pp in _PP_CHOICES:
                 if pp > nl or tp * pp > g:
                     break
                 dp = g // (tp * pp)
                 if self.exact and dp * tp * pp != g:
                     continue
                 base, rem = divmod(nl, pp)
-                sizes = tuple([base] * (pp - rem) + [base + 1] * rem)
                 s_total = total_stages_other + pp
                 bdp = c.intra_node_gbps if tp * dp <= c.gpus_per_node else c.inter_node_gbps
-                ts: list[float] = []
-                ymax = 0.0
-                excess = -math.inf
-                a = first
                 per_replica = math.ceil(jc.m / dp)
-                for j, sz in enumerate(sizes):
-                    b_ = a + sz - 1
-                    is_last = b_ == jc.layers - 1
-                    t = sz * per_t + (3.0 * jc.head_f / (tp * fl) if is_last else 0.0)
-                    ts.append(t)
-                    params = sz * jc.p_layer + (jc.p_embed if a == 0 else 0.0) + (jc.p_embed if is_last else 0.0)
-                    ymax = max(ymax, _ar(2.0 * params / tp, dp, bdp))
-                    inflight = min(per_replica, s_total - (offset + j))
-                    act = sz * jc.act_layer(tp) + (jc.act_head(tp) if is_last else 0.0)
-                    excess = max(excess, 16.0 * params / tp + inflight * act - mem)
-                    a = b_ + 1
-                local = (jc.m - 1) * max(max(ts) / dp, p_int if pp > 1 else 0.0) + sum(ts) + 2 * (pp - 1) * p_int
-                local += ymax
-                cand = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tuple(ts), ymax, p_int)
-                if best is None or (cand.excess, cand.local) < (best.excess, best.local):
-                    best = cand
-                if excess <= 0:
-                    break  # more sub-stages only add boundaries once memory fits
+                # Sub-stages: pp − rem of ``base`` layers and rem of ``base + 1``, small ones first or big ones
+                # first (a head on the last sub-stage favours big-first). Only the first of each size group,
+                # the first (embedding) and the last (head) sub-stage can be the worst for memory and Y.
+                tsum = nl * per_t + head_t
+                for big_first in (False, True) if rem else (False,):
+                    sizes = (
+                        tuple([base + 1] * rem + [base] * (pp - rem)) if big_first
+                        else tuple([base] * (pp - rem) + [base + 1] * rem)
+                    )
+                    tmax = max(sizes[-1] * per_t + head_t, (base + 1 if rem else base) * per_t)
+                    ymax = 0.0
+                    excess = -math.inf
+                    for j in {0, rem if big_first else pp - rem, pp - 1}:
+                        if j >= pp:
+                            continue
+                        sz = sizes[j]
+                        is_first = j == 0 and first == 0
+                        is_last = j == pp - 1 and last == jc.layers - 1
+                        params = sz * jc.p_layer + (jc.p_embed if is_first else 0.0) + (
+                            jc.p_embed if is_last else 0.0)
+                        ymax = max(ymax, _ar(2.0 * params / tp, dp, bdp))
+                        inflight = min(per_replica, s_total - (offset + j))
+                        act = sz * act_l + (jc.act_head(tp) if is_last else 0.0)
+                        excess = max(excess, 16.0 * params / tp + inflight * act - mem)
+                    local = (jc.m - 1) * max(tmax / dp, p_int if pp > 1 else 0.0) + tsum
+                    local += 2 * (pp - 1) * p_int + ymax
+                    if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
+                        best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)
             tp *= 2
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
-            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), (math.inf,), 0.0, p_int)
+            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0, p_int)
         self._cache[key] = best
         return best
 
@@ -458,9 +468,9 @@ class _ChainEval:
             offset += pps[i]
             first += sz
         m = self.jc.m
-        bott = max(max(t / b.dp for t in b.t) for b in blocks)
+        bott = max(b.tmax / b.dp for b in blocks)
         bounds = [b.p_int for b in blocks for _ in range(b.pp - 1)] + self.hops
-        step = (m - 1) * max(bott, max(bounds, default=0.0)) + sum(sum(b.t) for b in blocks)
+        step = (m - 1) * max(bott, max(bounds, default=0.0)) + sum(b.tsum for b in blocks)
         step += 2.0 * sum(bounds) + max(b.y for b in blocks)
         return sum(b.excess for b in blocks), step, blocks
 
@@ -630,13 +640,16 @@ def finalise(
     *,
     objective: Objective = Objective.JCT,
     planner: Planner = "auto",
+    tolerance: float = 0.0,
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
     ``objective``, then (``planner`` ``auto``/``tpa``, TPA importable) re-plan that chain with
     :func:`spiderflow.tpa.plan_chain` and keep whichever of the two plans of the chain scores better.
 
-    A TPA failure other than :class:`UnschedulableError` is logged and the level-1 plan kept (the chain
-    is still planned by the shared cost model).
+    A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
+    callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
+    :class:`UnschedulableError` is logged and the level-1 plan kept (the chain is still planned by the
+    shared cost model).
     """
     t0 = time.perf_counter()
     best: Plan | None = None
@@ -652,7 +665,7 @@ def finalise(
         if check_plan(plan, topo, job):
             continue
         val = plan_objective(plan, objective)
-        if val < best_val:
+        if val < best_val * (1 - tolerance) or best is None:
             best, best_val, best_alloc = plan, val, alloc
     used = "fallback"
     if planner != "fallback" and (best is not None or planner == "tpa") and tpa_available():

@@ -94,6 +94,7 @@ class ChainCandidate:
     gpus: tuple[int, ...]
     score: float
     step: float
+    untrimmed: tuple[int, ...] = ()  # the GPUs before tuning (the greedy allocation), when different
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,13 +387,15 @@ def search_chains(
         if c not in cand_map and math.isfinite(sc_):
             cand_map[c] = (sc_, st_, gg)
     # GPU tuning of the best candidates (constraint 2).
+    before: dict[Chain, tuple[int, ...]] = {}
     for c in sorted(cand_map, key=lambda c: cand_map[c][0])[:trim_top]:
         gg = _trim(scorer, c, objective)
         raw_t, _, step_t, _ = scorer.score([c], [gg])
-        if float(raw_t[0]) <= cand_map[c][0] * (1 + TRIM_TOLERANCE):
+        if float(raw_t[0]) <= cand_map[c][0] * (1 + TRIM_TOLERANCE) and gg != cand_map[c][2]:
+            before[c] = cand_map[c][2]
             cand_map[c] = (float(raw_t[0]), float(step_t[0]), gg)
     uniq = [
-        ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1])
+        ChainCandidate(chain=c, gpus=v[2], score=v[0], step=v[1], untrimmed=before.get(c, ()))
         for c, v in sorted(cand_map.items(), key=lambda kv: kv[1][0])
         if math.isfinite(v[0])
     ]
@@ -501,7 +504,12 @@ class SpinSearch:
         search_s = time.perf_counter() - t0
         names = topo.names
         allocs = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[: self.finalists]]
-        fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner)
+        # The untuned GPU vectors too: the exact planner may put GPUs the scorer would drop to use
+        # (pipelining inside a cluster); they win only by more than TRIM_TOLERANCE.
+        allocs += [[(names[u], g) for u, g in zip(c.chain, c.untrimmed, strict=True)]
+                   for c in cands[: self.finalists] if c.untrimmed]
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner,
+                       tolerance=TRIM_TOLERANCE)
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=fin.plan_seconds, finalists=float(len(allocs)))
         if fin.plan is None:

@@ -4,6 +4,7 @@ failures are typed and name the binding constraint."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -132,3 +133,32 @@ def test_fallback_matches_the_cost_model_and_uses_pipeline_inside_a_cluster_for_
     plan = fallback_plan_chain(topo, job, [(big.name, big.free)])
     assert check_plan(plan, topo, job) == []
     assert evaluate(plan, topo, job).step_time_s == plan.step_time_s
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from(["gpt3-1.3b", "gpt3-13b", "llama3-70b"]), st.integers(1, 4))
+def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int) -> None:
+    """The planner's own step-time arithmetic equals spiderflow.costmodel.evaluate on the plan it returns."""
+    from spiderflow.errors import UnschedulableError
+    from spiderflow.placement.common import _ChainEval
+
+    topo = generate_topology(8, seed)
+    rng = np.random.default_rng(seed)
+    chosen = [topo.clusters[int(i)] for i in rng.permutation(8)[:k]]
+    alloc = [(c.name, c.free) for c in chosen]
+    job = JobSpec(id="m", model=model_preset(model), global_batch=128, gpus=GpuRange(min=1, max=10_000))
+    try:
+        plan = fallback_plan_chain(topo, job, alloc)
+    except UnschedulableError as e:
+        assert e.constraint in ("memory", "layers")
+        return
+    ev = _ChainEval(topo, job, alloc, exact_gpus=False)
+    sizes: list[int] = []
+    pps: list[int] = []
+    for name, _ in alloc:
+        mine = [s for s in plan.stages if s.cluster == name]
+        sizes.append(sum(s.layers for s in mine))
+        pps.append(len(mine))
+    excess, step, _ = ev.evaluate_split(sizes, pps)
+    assert excess == 0
+    assert step == pytest.approx(plan.step_time_s, rel=1e-9)
