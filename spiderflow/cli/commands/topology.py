@@ -117,7 +117,12 @@ def _show(args: argparse.Namespace) -> int:
 
     address = args.topology_service or os.environ.get("SPIDERFLOW_TOPOLOGY") or DEFAULT_TOPOLOGY_SERVICE
     parse_hostport(address, field="--topology-service")
-    resp = asyncio.run(_fetch(address, args.timeout))
+    from spiderflow.errors import UnavailableError
+
+    try:
+        resp = asyncio.run(_fetch(address, args.timeout))
+    except UnavailableError as e:
+        raise UnavailableError(f"topology service {address}: {e}") from None
     # An empty graph (no agent yet) is a valid snapshot, though not a valid topology file.
     topo = convert.topology_from_proto(resp.topology) if resp.topology.clusters else Topology(
         clusters=(), revision=resp.topology.revision)
