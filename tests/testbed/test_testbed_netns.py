@@ -435,3 +435,33 @@ def test_a_dead_relay_is_restarted_with_the_current_figures(state_dir: Path) -> 
         rtts = _measure_until(lambda: _rtt_ms(tb, "x", "y"), 50.0, _rtt_ok)
         assert _rtt_ok(statistics.median(rtts), 50.0), rtts
     assert _gone("sfrelay") == []
+
+
+def test_passthrough_ports_skip_the_relay_but_stay_bandwidth_shaped(state_dir: Path) -> None:
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.1, latency_ms=20),),
+    )
+    direct = PROBE_PORT + 1
+    cleanup("sfpass", state_dir=state_dir)
+    with Testbed(topo, prefix="sfpass", state_dir=state_dir, passthrough_ports=[direct]) as tb:
+        for port in (PROBE_PORT, direct):
+            tb.exec("y", [*NICE, PY, "-m", "spiderflow.testbed.probe", "serve", "--port", str(port),
+                          "--lifetime", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            wait_listening(tb.address("y"), port, timeout=30)
+
+        def rtt(port: int) -> float:
+            r = tb.run("x", [*NICE, PY, "-m", "spiderflow.testbed.probe", "rtt", tb.address("y"), str(port),
+                             "--count", "9"], timeout=30)
+            assert r.returncode == 0, r.stderr
+            return float(statistics.median(json.loads(r.stdout)["rtt_ms"]))
+
+        relayed = _measure_until(lambda: rtt(PROBE_PORT), 40.0, _rtt_ok)
+        assert _rtt_ok(statistics.median(relayed), 40.0), relayed
+        assert min(rtt(direct) for _ in range(3)) < 5.0  # no added latency on the passthrough port
+        r = tb.run("x", [*NICE, PY, "-m", "spiderflow.testbed.probe", "bulk", tb.address("y"), str(direct),
+                         "--seconds", "1.2", "--warmup", "0.25"], timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert _bw_ok(float(json.loads(r.stdout)["rate_mbps"]), 100.0), r.stdout  # shaped by the u32 match
+        assert tb.status()["relay"]["accepted"] >= 1
+    assert _gone("sfpass") == []
