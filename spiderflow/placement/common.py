@@ -20,7 +20,7 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
 :func:`spiderflow.tpa.plan_chain` exists). For an ordered allocation ``[(cluster, gpus), ...]``:
 
 1. split layers in proportion to ``g_c·F_c`` (each cluster ≥ 1 layer);
-2. per cluster block choose ``(pp, tp, dp)`` — ``pp ∈ {1..8, 10, 12, 16}`` pipeline sub-stages inside the
+2. per cluster block choose ``(pp, tp, dp)`` — ``pp ∈ {1..6, 8, 12, 16}`` pipeline sub-stages inside the
    cluster (for memory, or to keep replicas' gradient all-reduce inside a node), ``tp`` a power of two ≤
    GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's own
    ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
@@ -49,7 +49,7 @@ import numpy.typing as npt
 import structlog
 
 from spiderflow.costmodel import GIB, RESERVED_GIB, activation_bytes, evaluate, fits_memory, layer_fwd_flops
-from spiderflow.domain import JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective, PlacementResult, PlacementStatus
 
@@ -81,7 +81,7 @@ IArr = npt.NDArray[np.int64]
 BArr = npt.NDArray[np.bool_]
 
 _MAX_TP = 8
-_PP_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
+_PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 _log = structlog.get_logger(__name__)
 
 
@@ -384,7 +384,8 @@ class _Block:
 class _ChainEval:
     """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
 
-    def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool):
+    def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
+                 cache: dict[tuple[Any, ...], _Block] | None = None):
         self.jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
@@ -393,10 +394,11 @@ class _ChainEval:
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
             self.hops.append(math.inf if bw <= 0 else self.jc.act * 8.0 / (bw * 1e9) + lat)
-        self._cache: dict[tuple[int, int, int, int, int], _Block] = {}
+        # Shared between chains of the same job: a block depends only on these figures.
+        self._cache: dict[tuple[Any, ...], _Block] = {} if cache is None else cache
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
-        key = (i, first, last, offset, total_stages_other)
+        key = (self.clusters[i].name, self.gpus[i], self.exact, first, last, offset, total_stages_other)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -404,8 +406,22 @@ class _ChainEval:
         fl = c.effective_tflops * 1e12
         mem = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
         nl = last - first + 1
-        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
         best: _Block | None = None
+        # Pass 1: configurations using all g GPUs (and pp = 1); pass 2, only if nothing fits memory: all.
+        for exhaustive in (False, True):
+            if exhaustive and best is not None and best.excess <= 0:
+                break
+            best = self._configs(best, exhaustive, g, c, fl, mem, nl, first, last, offset, total_stages_other)
+        if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
+            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
+                          jc.act * 8.0 / (c.inter_node_gbps * 1e9))
+        self._cache[key] = best
+        return best
+
+    def _configs(self, best: _Block | None, exhaustive: bool, g: int, c: Cluster, fl: float, mem: float, nl: int,
+                 first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
+        jc = self.jc
+        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
         tp = 1
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
             ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
@@ -416,17 +432,18 @@ class _ChainEval:
                 if pp > nl or tp * pp > g:
                     break
                 dp = g // (tp * pp)
-                if self.exact and dp * tp * pp != g:
+                if (self.exact or not exhaustive) and dp * tp * pp != g and (self.exact or pp > 1):
                     continue
                 base, rem = divmod(nl, pp)
                 s_total = total_stages_other + pp
                 bdp = c.intra_node_gbps if tp * dp <= c.gpus_per_node else c.inter_node_gbps
                 per_replica = math.ceil(jc.m / dp)
-                # Sub-stages: pp − rem of ``base`` layers and rem of ``base + 1``, small ones first or big ones
-                # first (a head on the last sub-stage favours big-first). Only the first of each size group,
-                # the first (embedding) and the last (head) sub-stage can be the worst for memory and Y.
+                # Sub-stages: pp − rem of ``base`` layers and rem of ``base + 1``, small ones first (less memory:
+                # early sub-stages hold more micro-batches) or, when the block ends with the head, big ones
+                # first. Only the first of each size group, the first (embedding) and the last (head)
+                # sub-stage can be the worst for memory and Y.
                 tsum = nl * per_t + head_t
-                for big_first in (False, True) if rem else (False,):
+                for big_first in (False, True) if rem and head_t > 0 else (False,):
                     sizes = (
                         tuple([base + 1] * rem + [base] * (pp - rem)) if big_first
                         else tuple([base] * (pp - rem) + [base + 1] * rem)
@@ -451,9 +468,6 @@ class _ChainEval:
                     if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
                         best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)
             tp *= 2
-        if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
-            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0, p_int)
-        self._cache[key] = best
         return best
 
     def evaluate_split(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float, list[_Block]]:
@@ -567,7 +581,8 @@ def _finish(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
 
 
 def fallback_plan_chain(
-    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
+    _cache: dict[tuple[Any, ...], _Block] | None = None,
 ) -> Plan:
     """The level-1 planner of the module docstring for an ordered ``allocation`` of ``(cluster, gpus)``.
 
@@ -578,11 +593,11 @@ def fallback_plan_chain(
     """
     del objective
     _validate_allocation(topo, job, allocation)
-    ev = _ChainEval(topo, job, allocation, exact_gpus=False)
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     sizes, blocks = _optimise_split(ev, _proportional_split(weights, job.model.layers), local_search=True)
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
-        ev = _ChainEval(topo, job, allocation, exact_gpus=True)
+        ev = _ChainEval(topo, job, allocation, exact_gpus=True, cache=_cache)
         sizes, blocks = _optimise_split(ev, sizes, local_search=True)
     return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
 
@@ -656,9 +671,10 @@ def finalise(
     best_alloc: Sequence[tuple[str, int]] = ()
     best_val = math.inf
     err: UnschedulableError | None = None
+    cache: dict[tuple[Any, ...], _Block] = {}
     for alloc in allocations:
         try:
-            plan = fallback_plan_chain(topo, job, alloc, objective=objective)
+            plan = fallback_plan_chain(topo, job, alloc, objective=objective, _cache=cache)
         except UnschedulableError as e:
             err = e
             continue
