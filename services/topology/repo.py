@@ -185,18 +185,21 @@ class TopologyRepo:
         measurements = validate_measurements(source, raw)
         for _ in range(self.attempts):
             reg = await self._registration(source, caller, field="cluster")
+            # Two range reads per report, whatever the number of peers.
+            registered = {kv.key: kv for kv in (await self.store.get_prefix(keys.CLUSTERS))[0]}
+            stored = {kv.key: kv for kv in (await self.store.get_prefix(keys.links_from_prefix(source)))[0]}
             compares = [Compare(key=reg.key, mod_revision=reg.mod_revision)]
             puts: list[Put] = []
             rejected: list[str] = []
             now = self.clock()
             for i, m in enumerate(measurements):
-                target_kv = await self.store.get(keys.cluster_key(m.target))
+                target_kv = registered.get(keys.cluster_key(m.target))
                 if target_kv is None:
                     raise ValidationError(f"measurements[{i}].target",
                                           "unknown cluster: no agent has registered it", m.target)
                 compares.append(Compare(key=target_kv.key, mod_revision=target_kv.mod_revision))
                 key = keys.link_key(source, m.target)
-                prev_kv = await self.store.get(key)
+                prev_kv = stored.get(key)
                 prev = None
                 if prev_kv is not None:
                     try:

@@ -180,8 +180,9 @@ async def test_killed_agent_leaves_within_ttl_and_comes_back(procs: Procs, servi
             for ch in msg.changes:
                 if ch.kind == topology_pb2.TopologyChange.KIND_CLUSTER_REMOVED and ch.cluster.name == "b":
                     removed_after = time.monotonic() - killed
-        # etcd expires the lease ≤ TTL after the last keep-alive (+ its 0.5 s expiry check).
-        assert removed_after <= TTL + 0.6, removed_after
+        # etcd expires the lease ≤ TTL after the last keep-alive (+ its 0.5 s expiry check); measured
+        # 1.8-1.9 s with TTL 2. The slack covers delivery on a loaded machine.
+        assert removed_after <= TTL + 1.0, removed_after
         topo = await _snapshot(service)
         assert topo.names == ("a",) and topo.links == ()
         procs.start("agent-b", _agent_args("b", service, etcd))
