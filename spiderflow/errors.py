@@ -13,7 +13,8 @@ class                      meaning                     gRPC code
 ``ConflictError``          lost a compare-and-swap     ABORTED
 ``PreconditionError``      valid, but cannot be done   FAILED_PRECONDITION
 ``UnschedulableError``     no placement satisfies job  FAILED_PRECONDITION
-``PermissionError_``       caller may not do this      PERMISSION_DENIED
+``UnauthenticatedError``  caller proved no identity    UNAUTHENTICATED
+``PermissionDeniedError``  caller may not do this      PERMISSION_DENIED
 ``ResourceExhaustedError`` rate limit or queue bound   RESOURCE_EXHAUSTED
 ``UnavailableError``       a dependency is down        UNAVAILABLE
 =========================  ==========================  ==================
@@ -29,6 +30,7 @@ __all__ = [
     "PreconditionError",
     "ResourceExhaustedError",
     "SpiderFlowError",
+    "UnauthenticatedError",
     "UnavailableError",
     "UnschedulableError",
     "ValidationError",
@@ -78,8 +80,17 @@ class PermissionDeniedError(SpiderFlowError):
     """The caller's identity does not allow the operation."""
 
 
+class UnauthenticatedError(SpiderFlowError):
+    """The call carries no valid identity (no client certificate, a missing or unknown bearer token)."""
+
+
 class ResourceExhaustedError(SpiderFlowError):
-    """A rate limit or a bounded queue refused the request."""
+    """A rate limit or a bounded queue refused the request. ``retry_after_s``, when known, is how long the
+    caller should wait before retrying (it travels to clients in the error metadata)."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        self.retry_after_s = retry_after_s
+        super().__init__(message)
 
 
 class UnavailableError(SpiderFlowError):

@@ -25,6 +25,11 @@ Endpoint resolution (:func:`resolve_address`): an explicit argument, else the en
 (``SPIDERFLOW_SCHEDULER``, ``SPIDERFLOW_TOPOLOGY``, ``SPIDERFLOW_PLANNER``), else the config file
 (``$SPIDERFLOW_CONFIG`` or ``~/.config/spiderflow/config.yaml``, keys ``scheduler``, ``topology``,
 ``planner``; ``spiderflow up --keep`` writes it), else ``127.0.0.1:50051`` / ``:50052`` / ``:50053``.
+
+Security: ``tls_dir`` (else ``$SPIDERFLOW_TLS_DIR``) is a certificate bundle (``ca.crt``, ``tls.crt``,
+``tls.key``; ``spiderflow certs init`` writes one per tenant): the channel is mTLS and the caller is the
+certificate's principal. ``token`` (else ``$SPIDERFLOW_TOKEN``) is sent as ``authorization: Bearer``
+metadata on every call. Neither: plaintext, unauthenticated (a loopback development server).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import domain_errors
 from spiderflow.rpc.server import channel_options, open_channel
+from spiderflow.security.auth import bearer_metadata
+from spiderflow.security.tls import channel_credentials, client_tls_dir, client_token
 
 __all__ = [
     "DEFAULT_ADDRESSES",
@@ -196,6 +203,14 @@ def _submit_request(job: JobSpec | Mapping[str, Any] | str | Path, request_id: s
                                           job=convert.job_to_proto(spec), policy=policy or "")
 
 
+def _security(credentials: grpc.ChannelCredentials | None, tls_dir: str | Path | None,
+              token: str | None) -> tuple[grpc.ChannelCredentials | None, tuple[tuple[str, str], ...]]:
+    if credentials is None:
+        bundle = client_tls_dir(tls_dir)
+        credentials = channel_credentials(bundle) if bundle is not None else None
+    return credentials, bearer_metadata(client_token(token))
+
+
 def _list_request(states: Sequence[str] | None, tenant: str | None, page_size: int,
                   token: str) -> scheduler_pb2.ListJobsRequest:
     return scheduler_pb2.ListJobsRequest(
@@ -208,11 +223,13 @@ class Client:
     """Blocking client. ``timeout_s`` bounds every unary call (watch streams are unbounded)."""
 
     def __init__(self, scheduler: str | None = None, *, topology: str | None = None, timeout_s: float = 30.0,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, tls_dir: str | Path | None = None,
+                 token: str | None = None) -> None:
         self.scheduler_address = resolve_address("scheduler", scheduler)
         self._topology_address = topology
         self.timeout_s = timeout_s
-        self._credentials = credentials
+        self._credentials, self._md = _security(credentials, tls_dir, token)
+        self._call: dict[str, Any] = {"timeout": timeout_s, "metadata": self._md}
         self._channel = self._open(self.scheduler_address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
@@ -227,12 +244,12 @@ class Client:
         ``request_id`` returns the same job."""
         req = _submit_request(job, request_id, policy)
         with domain_errors():
-            return job_from_proto(self._stub.SubmitJob(req, timeout=self.timeout_s).job)
+            return job_from_proto(self._stub.SubmitJob(req, **self._call).job)
 
     def get(self, job_id: str) -> Job:
         with domain_errors():
             return job_from_proto(self._stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id),
-                                                    timeout=self.timeout_s).job)
+                                                    **self._call).job)
 
     def list(self, *, states: Sequence[str] | None = None, tenant: str | None = None) -> list[Job]:
         """Every job matching the filters (all pages), in submission order."""
@@ -240,7 +257,7 @@ class Client:
         token = ""
         with domain_errors():
             while True:
-                resp = self._stub.ListJobs(_list_request(states, tenant, 1000, token), timeout=self.timeout_s)
+                resp = self._stub.ListJobs(_list_request(states, tenant, 1000, token), **self._call)
                 out.extend(job_from_proto(j) for j in resp.jobs)
                 token = resp.next_page_token
                 if not token:
@@ -251,13 +268,13 @@ class Client:
         req = scheduler_pb2.WatchJobRequest(job_id=job_id, include_progress=include_progress,
                                             from_revision=from_revision)
         with domain_errors():
-            for msg in self._stub.WatchJob(req):
+            for msg in self._stub.WatchJob(req, metadata=self._md):
                 yield _event(msg)
 
     def cancel(self, job_id: str, reason: str = "") -> Job:
         with domain_errors():
             return job_from_proto(self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
-                                                       timeout=self.timeout_s).job)
+                                                       **self._call).job)
 
     def topology(self) -> Topology:
         """The live topology snapshot from the topology service."""
@@ -265,7 +282,7 @@ class Client:
         try:
             with domain_errors():
                 resp = topology_pb2_grpc.TopologyStub(channel).GetTopology(topology_pb2.GetTopologyRequest(),
-                                                                          timeout=self.timeout_s)
+                                                                          **self._call)
             return convert.topology_from_proto(resp.topology)
         finally:
             channel.close()
@@ -285,23 +302,25 @@ class AsyncClient:
     """asyncio client with the methods of :class:`Client` as coroutines."""
 
     def __init__(self, scheduler: str | None = None, *, topology: str | None = None, timeout_s: float = 30.0,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, tls_dir: str | Path | None = None,
+                 token: str | None = None) -> None:
         self.scheduler_address = resolve_address("scheduler", scheduler)
         self._topology_address = topology
         self.timeout_s = timeout_s
-        self._credentials = credentials
-        self._channel = open_channel(self.scheduler_address, credentials=credentials)
+        self._credentials, self._md = _security(credentials, tls_dir, token)
+        self._call: dict[str, Any] = {"timeout": timeout_s, "metadata": self._md}
+        self._channel = open_channel(self.scheduler_address, credentials=self._credentials)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
 
     async def submit(self, job: JobSpec | Mapping[str, Any] | str | Path, *, request_id: str | None = None,
                      policy: str | None = None) -> Job:
         req = _submit_request(job, request_id, policy)
         with domain_errors():
-            return job_from_proto((await self._stub.SubmitJob(req, timeout=self.timeout_s)).job)
+            return job_from_proto((await self._stub.SubmitJob(req, **self._call)).job)
 
     async def get(self, job_id: str) -> Job:
         with domain_errors():
-            resp = await self._stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), timeout=self.timeout_s)
+            resp = await self._stub.GetJob(scheduler_pb2.GetJobRequest(job_id=job_id), **self._call)
         return job_from_proto(resp.job)
 
     async def list(self, *, states: Sequence[str] | None = None, tenant: str | None = None) -> list[Job]:
@@ -309,7 +328,7 @@ class AsyncClient:
         token = ""
         with domain_errors():
             while True:
-                resp = await self._stub.ListJobs(_list_request(states, tenant, 1000, token), timeout=self.timeout_s)
+                resp = await self._stub.ListJobs(_list_request(states, tenant, 1000, token), **self._call)
                 out.extend(job_from_proto(j) for j in resp.jobs)
                 token = resp.next_page_token
                 if not token:
@@ -320,13 +339,13 @@ class AsyncClient:
         req = scheduler_pb2.WatchJobRequest(job_id=job_id, include_progress=include_progress,
                                             from_revision=from_revision)
         with domain_errors():
-            async for msg in self._stub.WatchJob(req):
+            async for msg in self._stub.WatchJob(req, metadata=self._md):
                 yield _event(msg)
 
     async def cancel(self, job_id: str, reason: str = "") -> Job:
         with domain_errors():
             resp = await self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
-                                              timeout=self.timeout_s)
+                                              **self._call)
         return job_from_proto(resp.job)
 
     async def topology(self) -> Topology:
@@ -334,7 +353,7 @@ class AsyncClient:
         try:
             with domain_errors():
                 resp = await topology_pb2_grpc.TopologyStub(channel).GetTopology(topology_pb2.GetTopologyRequest(),
-                                                                                timeout=self.timeout_s)
+                                                                                **self._call)
             return convert.topology_from_proto(resp.topology)
         finally:
             await channel.close()

@@ -11,6 +11,7 @@ import structlog
 from services.planner.service import DEFAULT_POLICY, PlannerService
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
+from spiderflow.security.tls import add_server_arguments, server_security
 
 __all__ = ["add_arguments", "run"]
 
@@ -19,12 +20,15 @@ log = structlog.get_logger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-policy", default=DEFAULT_POLICY, help="policy when a request names none")
+    add_server_arguments(p)
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
-    server = await serve([PlannerService(default_policy=args.default_policy)], host=host, port=port)
+    security = server_security(args, host=host)
+    server = await serve([PlannerService(default_policy=args.default_policy)], host=host, port=port,
+                         credentials=security.credentials, interceptors=security.interceptors)
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
-    log.info("planner.serving", address=server.address)
+    log.info("planner.serving", address=server.address, security=security.mode)
     await stop.wait()
     await server.stop(grace_s=5)

@@ -8,7 +8,9 @@ responsive, and converts back. Errors keep their meaning (:mod:`spiderflow.rpc.e
 - malformed topology/job/plan → INVALID_ARGUMENT naming the field (``job.gpus.min``);
 - a chain cluster that is not in the topology, or an unknown policy → NOT_FOUND / INVALID_ARGUMENT;
 - no feasible plan → FAILED_PRECONDITION whose message names the binding constraint (e.g. which stage
-  exceeds memory by how many GiB); the constraint travels in the error metadata too.
+  exceeds memory by how many GiB); the constraint travels in the error metadata too;
+- with authentication on, a tenant may plan only its own tenant's jobs and agents may not call the
+  planner (PERMISSION_DENIED; :func:`spiderflow.security.authz.authorize_plan`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
+from spiderflow.security.authz import authorize_plan
+from spiderflow.security.identity import current_principal
 
 __all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_on_chain"]
 
@@ -94,6 +98,7 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
     async def Plan(
         self, request: planner_pb2.PlanRequest, context: grpc.aio.ServicerContext
     ) -> planner_pb2.PlanResponse:
+        authorize_plan(current_principal(), request.job.tenant)
         if not request.HasField("topology"):
             raise ValidationError("topology", "is required")
         if not request.HasField("job"):
@@ -124,6 +129,7 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
     async def Estimate(
         self, request: planner_pb2.EstimateRequest, context: grpc.aio.ServicerContext
     ) -> planner_pb2.EstimateResponse:
+        authorize_plan(current_principal(), request.job.tenant)
         for name in ("topology", "job", "plan"):
             if not request.HasField(name):
                 raise ValidationError(name, "is required")

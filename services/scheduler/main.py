@@ -20,6 +20,7 @@ import contextlib
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import structlog
 
 from services.scheduler.cycle import PlanFinalizer, SchedulingCycle
@@ -32,6 +33,8 @@ from spiderflow.jobs import JobState, Progress
 from spiderflow.placement import Budget
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
+from spiderflow.security.ratelimit import RateLimiter
+from spiderflow.security.tls import add_server_arguments, server_security
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError, Store
 
@@ -55,6 +58,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
     p.add_argument("--max-queued", type=int, default=10_000)
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
+    p.add_argument("--submit-rate", type=float, default=200.0,
+                   help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
+    p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
+    p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
+    add_server_arguments(p)
 
 
 class SimExecutor:
@@ -219,20 +227,22 @@ class SchedulerReplica:
                 self.wake.set()
 
 
-def planner_finalizer(address: str) -> PlanFinalizer:
-    """The final plan of the policy's chain from the Planner service at ``address``."""
+def planner_finalizer(address: str, *, credentials: grpc.ChannelCredentials | None = None,
+                      timeout_s: float = 30.0) -> PlanFinalizer:
+    """The final plan of the policy's chain from the Planner service at ``address`` (TLS with
+    ``credentials``; every call has a deadline of ``timeout_s``)."""
     from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
     from spiderflow.rpc import convert
     from spiderflow.rpc.errors import domain_errors
     from spiderflow.rpc.server import open_channel
 
-    stub = planner_pb2_grpc.PlannerStub(open_channel(address))
+    stub = planner_pb2_grpc.PlannerStub(open_channel(address, credentials=credentials))
 
     async def finalize(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
         req = planner_pb2.PlanRequest(topology=convert.topology_to_proto(topo), job=convert.job_to_proto(job))
         req.chain.clusters.extend(plan.chain)
         with domain_errors():
-            resp = await stub.Plan(req, timeout=30.0)
+            resp = await stub.Plan(req, timeout=timeout_s)
         final = convert.plan_from_proto(resp.plan)
         # The planner may use a chain cluster's GPUs up to the job maximum; never beyond the policy's choice.
         return final if all(final.gpus_by_cluster().get(c, 0) <= g for c, g in plan.gpus_by_cluster().items()) \
@@ -246,21 +256,29 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
+    security = server_security(args, host=host)
     store = EtcdStore(args.etcd)
     repo = JobRepository(store)
     wake = asyncio.Event()
     topology: TopologySource = (StaticTopologySource.from_file(args.topology) if args.topology
-                                else TopologyServiceSource(args.topology_service))
+                                else TopologyServiceSource(args.topology_service,
+                                                           credentials=security.client_credentials))
     executor = (SimExecutor(repo, scale=args.sim_time_scale, min_s=args.sim_min_s, max_s=args.sim_max_s,
                             on_done=wake) if args.executor == "sim" else None)
-    server = await serve([SchedulerService(repo, max_queued=args.max_queued, wake=wake)], host=host, port=port)
+    limiter = RateLimiter(rate=args.submit_rate, burst=max(1.0, args.submit_burst))
+    service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
+                               max_watches=args.max_watches)
+    server = await serve([service], host=host, port=port, credentials=security.credentials,
+                         interceptors=security.interceptors)
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,
-        finalize=planner_finalizer(args.planner) if args.planner else None, executor=executor, wake=wake,
+        finalize=(planner_finalizer(args.planner, credentials=security.client_credentials) if args.planner
+                  else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, lease_ttl=args.lease_ttl, budget=Budget(time_limit_s=args.time_limit),
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
-    log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor)
+    log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor,
+             security=security.mode)
     task = asyncio.create_task(replica.run(stop))
     await stop.wait()
     await server.stop(grace_s=2)

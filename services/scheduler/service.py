@@ -12,6 +12,13 @@ Any replica answers every RPC (all state is in etcd; writes are compare-and-swap
   every state change and, on request, progress, until a terminal state) / CancelJob (releases GPUs;
   FAILED_PRECONDITION for a finished job).
 - ReportProgress: agents report steps and worker outcomes; stale attempts are ignored.
+
+Security (:mod:`spiderflow.security`): when the server authenticates, every RPC runs with the caller's
+principal and obeys :mod:`spiderflow.security.authz` (tenants see and cancel only their own jobs; another
+tenant's job is NOT_FOUND; only the agent of a cluster running a stage reports progress). SubmitJob is
+rate-limited per caller (token bucket: RESOURCE_EXHAUSTED with ``retry_after_s`` in the error metadata),
+and at most ``max_watches`` WatchJob streams are open at once (RESOURCE_EXHAUSTED beyond), so many idle
+or never-reading watchers cannot exhaust etcd watches or memory.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import grpc.aio
 import structlog
@@ -31,6 +39,10 @@ from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
+from spiderflow.security import authz
+from spiderflow.security.auth import client_key
+from spiderflow.security.identity import current_principal
+from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError, EventType
 
@@ -85,12 +97,22 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     leader work (a submission, a cancellation, a finished job)."""
 
     def __init__(self, repo: JobRepository, *, max_queued: int = 10_000, wake: asyncio.Event | None = None,
-                 known_policies: frozenset[str] | None = None) -> None:
+                 known_policies: frozenset[str] | None = None, limiter: RateLimiter | None = None,
+                 max_watches: int = 1000) -> None:
         self.repo = repo
         self.max_queued = max_queued
         self.wake = wake
         self.known_policies = known_policies
+        self.limiter = limiter
+        self.max_watches = max_watches
+        self.watches = 0
         self._queued_cache: tuple[float, int] = (0.0, 0)
+
+    async def _get_visible(self, job_id: str, *, write: bool = False) -> StoredJob:
+        stored = await self.repo.get(job_id)
+        authz.require_visible(current_principal(), job_id, stored.record.spec.tenant, _clusters(stored.record),
+                              write=write)
+        return stored
 
     def _poke(self) -> None:
         if self.wake is not None:
@@ -112,7 +134,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             raise ValidationError("request_id", "is required (a client-chosen id that makes retries safe)")
         if not request.HasField("job"):
             raise ValidationError("job", "is required")
+        tenant = authz.submit_tenant(current_principal(), request.job.tenant)
+        if self.limiter is not None:
+            wait = self.limiter.take(client_key(context))
+            if wait > 0:
+                raise ResourceExhaustedError(f"submission rate limit reached; retry in {wait:.2f} s",
+                                             retry_after_s=wait)
         spec = convert.job_from_proto(request.job)
+        if tenant and tenant != spec.tenant:
+            spec = replace(spec, tenant=tenant)
         if request.policy:
             from spiderflow.placement import get_policy
 
@@ -129,7 +159,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetJobResponse:
         _require_id(request.job_id)
-        return scheduler_pb2.GetJobResponse(job=job_to_proto(await self.repo.get(request.job_id)))
+        return scheduler_pb2.GetJobResponse(job=job_to_proto(await self._get_visible(request.job_id)))
 
     async def ListJobs(
         self, request: scheduler_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
@@ -144,10 +174,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         except ValueError:
             raise ValidationError("page_token", "is not a token this server issued", request.page_token) from None
         states = {JobState(convert.job_state_from_proto(s, field="states").upper()) for s in request.states}
+        tenant = authz.authorize_list(current_principal(), request.tenant)
         stored, _ = await self.repo.list()
         rows = [s for s in stored
-                if (not states or s.record.state in states) and (not request.tenant or s.record.spec.tenant ==
-                                                                  request.tenant)]
+                if (not states or s.record.state in states) and (not tenant or s.record.spec.tenant == tenant)]
         rows.sort(key=lambda s: (s.record.created_at, s.record.id))
         page = rows[offset: offset + size]
         nxt = str(offset + size) if offset + size < len(rows) else ""
@@ -159,7 +189,18 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         _require_id(request.job_id)
         if request.from_revision < 0:
             raise ValidationError("from_revision", "must be ≥ 0", request.from_revision)
-        current = await self.repo.get(request.job_id)
+        current = await self._get_visible(request.job_id)
+        if self.watches >= self.max_watches:
+            raise ResourceExhaustedError(f"{self.max_watches} job watches are open; retry later", retry_after_s=1.0)
+        self.watches += 1
+        try:
+            async for msg in self._watch(request, current):
+                yield msg
+        finally:
+            self.watches -= 1
+
+    async def _watch(self, request: scheduler_pb2.WatchJobRequest,
+                     current: StoredJob) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
         yield scheduler_pb2.WatchJobResponse(revision=current.mod_revision, job=job_to_proto(current))
         if current.record.terminal:
             return
@@ -189,7 +230,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.CancelJobResponse:
         _require_id(request.job_id)
         for _ in range(10):
-            stored = await self.repo.get(request.job_id)
+            stored = await self._get_visible(request.job_id, write=True)
             if stored.record.terminal:
                 raise PreconditionError(f"job {request.job_id} already ended ({stored.record.state})")
             reason = request.reason or "cancelled by the user"
@@ -207,9 +248,12 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ReportProgressResponse:
         _require_id(request.job_id)
+        principal = current_principal()
         for _ in range(10):
             stored = await self.repo.get(request.job_id)
             r = stored.record
+            if principal is not None:
+                authz.authorize_report(principal, request.cluster, r.id, _clusters(r))
             if r.terminal or request.attempt != r.attempt:
                 return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
             if request.cluster and request.cluster not in r.allocation:
@@ -240,14 +284,17 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
 
 
+def _clusters(r: JobRecord) -> set[str]:
+    """Clusters that run (or ran) a stage of the job: its allocation and its plan's stages."""
+    return set(r.allocation) | ({st.cluster for st in r.plan.stages} if r.plan is not None else set())
+
+
 def _require_id(job_id: str) -> None:
     if not job_id:
         raise ValidationError("job_id", "is required")
 
 
 def _with_progress(r: JobRecord, ev: types_pb2.ProgressEvent, *, now: float) -> JobRecord:
-    from dataclasses import replace
-
     return replace(r, updated_at=now, progress=Progress(
         step=int(ev.step), steps=int(ev.steps_total or r.spec.steps), loss=ev.loss, step_time_s=ev.step_time_s,
         tokens_per_s=ev.tokens_per_s, checkpoint_step=r.progress.checkpoint_step,

@@ -26,6 +26,7 @@ from spiderflow.errors import (
     NotFoundError,
     PermissionDeniedError,
     SpiderFlowError,
+    UnauthenticatedError,
     UnavailableError,
     ValidationError,
 )
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotFoundError as e:
         _fail(e)
         return EXIT_NOT_FOUND
-    except PermissionDeniedError as e:
+    except (PermissionDeniedError, UnauthenticatedError) as e:
         _fail(e)
         return EXIT_PERMISSION
     except UnavailableError as e:

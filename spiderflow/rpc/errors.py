@@ -53,6 +53,7 @@ STATUS_CODES: tuple[tuple[type[E.SpiderFlowError], grpc.StatusCode], ...] = (
     (E.ConflictError, grpc.StatusCode.ABORTED),
     (E.UnschedulableError, grpc.StatusCode.FAILED_PRECONDITION),
     (E.PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (E.UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (E.PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
     (E.ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (E.UnavailableError, grpc.StatusCode.UNAVAILABLE),
@@ -66,6 +67,7 @@ _BY_CODE: dict[grpc.StatusCode, type[E.SpiderFlowError]] = {
     grpc.StatusCode.ALREADY_EXISTS: E.AlreadyExistsError,
     grpc.StatusCode.ABORTED: E.ConflictError,
     grpc.StatusCode.FAILED_PRECONDITION: E.PreconditionError,
+    grpc.StatusCode.UNAUTHENTICATED: E.UnauthenticatedError,
     grpc.StatusCode.PERMISSION_DENIED: E.PermissionDeniedError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: E.ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: E.UnavailableError,
@@ -76,7 +78,7 @@ _CLASSES: dict[str, type[E.SpiderFlowError]] = {cls.__name__: cls for cls, _ in 
 
 class RemoteError(E.SpiderFlowError):
     """A call failed with a status that has no domain meaning (INTERNAL, UNKNOWN, UNIMPLEMENTED,
-    CANCELLED, UNAUTHENTICATED, ...). ``code`` is the status code, ``details`` the server's message."""
+    CANCELLED, ...). ``code`` is the status code, ``details`` the server's message."""
 
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         self.code = code
@@ -124,6 +126,8 @@ def error_metadata(error: E.SpiderFlowError) -> tuple[tuple[str, bytes], ...]:
                    value=_jsonable(error.value))
     if isinstance(error, E.UnschedulableError):
         doc["constraint"] = error.constraint
+    if isinstance(error, E.ResourceExhaustedError) and error.retry_after_s is not None:
+        doc["retry_after_s"] = round(float(error.retry_after_s), 3)
     return ((ERROR_METADATA_KEY, json.dumps(doc, ensure_ascii=False).encode()),)
 
 
@@ -231,6 +235,9 @@ def from_rpc_error(err: grpc.RpcError) -> E.SpiderFlowError:
         return cls("request", details)
     if issubclass(cls, E.UnschedulableError):
         return cls(details, constraint=str(doc.get("constraint", "")) if doc else "")
+    if issubclass(cls, E.ResourceExhaustedError):
+        retry = doc.get("retry_after_s") if doc else None
+        return cls(details, retry_after_s=float(retry) if isinstance(retry, int | float) else None)
     return cls(details)
 
 

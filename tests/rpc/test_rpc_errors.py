@@ -148,7 +148,8 @@ async def test_not_implemented(channel: grpc.aio.Channel) -> None:
         ("FAILED_PRECONDITION", E.PreconditionError),
         ("UNAVAILABLE", E.UnavailableError),
         ("DEADLINE_EXCEEDED", E.UnavailableError),
-        ("UNAUTHENTICATED", RemoteError),
+        ("UNAUTHENTICATED", E.UnauthenticatedError),
+        ("DATA_LOSS", RemoteError),
     ],
 )
 async def test_servicer_abort_passes_through_and_maps_by_code(

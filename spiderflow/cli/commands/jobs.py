@@ -2,7 +2,8 @@
 
 The scheduler address comes from ``--address``, else ``SPIDERFLOW_SCHEDULER``, else the config file (see
 :func:`spiderflow.sdk.resolve_address`). ``watch`` exits 0 when the job succeeds and 1 when it fails or is
-cancelled, so scripts can chain on it.
+cancelled, so scripts can chain on it. ``--tls-dir``/``SPIDERFLOW_TLS_DIR`` (a bundle from ``spiderflow certs
+init``) switches to mTLS; ``--token``/``SPIDERFLOW_TOKEN`` sends a bearer token.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def parse_gpus(value: str) -> dict[str, int]:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(args.address)
+    return Client(args.address, tls_dir=args.tls_dir, token=args.token)
 
 
 def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,6 +177,9 @@ def _cancel(args: argparse.Namespace) -> int:
 def _address(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", help="scheduler host:port (default: $SPIDERFLOW_SCHEDULER, config file, "
                                      "127.0.0.1:50051)")
+    p.add_argument("--tls-dir", help="client certificate bundle for mTLS (default: $SPIDERFLOW_TLS_DIR; "
+                                     "none: plaintext)")
+    p.add_argument("--token", help="bearer token (default: $SPIDERFLOW_TOKEN)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,0 +1,133 @@
+"""gRPC credentials from a certificate bundle, and the security flags every service takes.
+
+A bundle directory holds ``ca.crt``, ``tls.crt`` and ``tls.key`` (see :mod:`spiderflow.security.certs`).
+
+Servers (``spiderflow serve scheduler|planner ...``):
+
+* ``--tls-dir DIR``: mTLS. The server presents DIR's certificate and *requires* a client certificate
+  signed by DIR's CA; the caller's identity is that certificate's subject (OU = role, CN = name).
+* ``--insecure``: plaintext, explicitly. With ``--tokens`` callers still authenticate with bearer tokens;
+  without it nobody is authenticated (development only).
+* neither: plaintext is allowed **only when listening on loopback** (``127.0.0.0/8``, ``::1``,
+  ``localhost``), which is how tests and ``spiderflow up`` run on one machine; any other address is refused
+  at start with a one-line error naming both flags.
+* ``--tokens FILE``: bearer tokens (:class:`~spiderflow.security.auth.TokenTable`), with TLS or without.
+
+Clients (SDK, CLI): ``tls_dir`` argument, else ``$SPIDERFLOW_TLS_DIR``, else plaintext; a bearer token
+from the ``token`` argument, else ``$SPIDERFLOW_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from spiderflow.errors import ValidationError
+from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable
+from spiderflow.security.certs import CA_CERT, CERT, KEY
+
+__all__ = [
+    "ENV_TLS_DIR",
+    "ENV_TOKEN",
+    "ServerSecurity",
+    "add_server_arguments",
+    "channel_credentials",
+    "client_tls_dir",
+    "client_token",
+    "is_loopback",
+    "server_credentials",
+    "server_security",
+]
+
+ENV_TLS_DIR = "SPIDERFLOW_TLS_DIR"
+ENV_TOKEN = "SPIDERFLOW_TOKEN"
+
+
+def _read(directory: Path, name: str) -> bytes:
+    path = directory / name
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValidationError("--tls-dir", f"cannot read {path}: {e.strerror or e}", str(directory)) from None
+
+
+def server_credentials(tls_dir: Path) -> grpc.ServerCredentials:
+    """mTLS server credentials: DIR's certificate, client certificates required and verified against
+    DIR's CA."""
+    return grpc.ssl_server_credentials([(_read(tls_dir, KEY), _read(tls_dir, CERT))],
+                                       root_certificates=_read(tls_dir, CA_CERT), require_client_auth=True)
+
+
+def channel_credentials(tls_dir: Path) -> grpc.ChannelCredentials:
+    """Client credentials: verify the server against DIR's CA and present DIR's certificate."""
+    return grpc.ssl_channel_credentials(root_certificates=_read(tls_dir, CA_CERT),
+                                        private_key=_read(tls_dir, KEY), certificate_chain=_read(tls_dir, CERT))
+
+
+def client_tls_dir(explicit: str | Path | None = None) -> Path | None:
+    """The client's bundle: ``explicit``, else ``$SPIDERFLOW_TLS_DIR``, else None (plaintext)."""
+    value = explicit or os.environ.get(ENV_TLS_DIR) or None
+    return Path(value) if value else None
+
+
+def client_token(explicit: str | None = None) -> str | None:
+    """The client's bearer token: ``explicit``, else ``$SPIDERFLOW_TOKEN``, else None."""
+    return explicit or os.environ.get(ENV_TOKEN) or None
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def add_server_arguments(p: argparse.ArgumentParser) -> None:
+    """``--tls-dir`` / ``--insecure`` (exclusive) and ``--tokens`` (see the module docstring)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--tls-dir", help="certificate bundle (ca.crt, tls.crt, tls.key): serve mTLS")
+    g.add_argument("--insecure", action="store_true",
+                   help="serve plaintext (development; implied when listening on loopback)")
+    p.add_argument("--tokens", help="bearer tokens file (token -> role:name); callers must authenticate")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSecurity:
+    """What a service passes to :func:`spiderflow.rpc.server.serve` and uses for its own outgoing calls."""
+
+    credentials: grpc.ServerCredentials | None = None
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
+    client_credentials: grpc.ChannelCredentials | None = None
+    authenticating: bool = False
+    mode: str = "insecure"
+
+
+def server_security(args: argparse.Namespace, *, host: str) -> ServerSecurity:
+    """The security of a service from its flags; raises ``ValidationError`` (one line naming both flags)
+    when neither ``--tls-dir`` nor ``--insecure`` is given and ``host`` is not loopback."""
+    tls_dir = getattr(args, "tls_dir", None)
+    insecure = bool(getattr(args, "insecure", False))
+    tokens_path = getattr(args, "tokens", None)
+    if not tls_dir and not insecure and not is_loopback(host):
+        raise ValidationError("--listen", f"{host} is not loopback: pass --tls-dir DIR (mTLS) or --insecure "
+                                          "(plaintext) explicitly", host)
+    tokens = TokenTable.load(Path(tokens_path)) if tokens_path else None
+    if tls_dir:
+        d = Path(tls_dir)
+        auth = Authenticator(tokens=tokens, certificates=True)
+        return ServerSecurity(credentials=server_credentials(d), interceptors=(AuthInterceptor(auth),),
+                              client_credentials=channel_credentials(d), authenticating=True, mode="mtls")
+    if tokens is not None:
+        return ServerSecurity(interceptors=(AuthInterceptor(Authenticator(tokens=tokens)),), authenticating=True,
+                              mode="tokens")
+    return ServerSecurity(mode="insecure")
