@@ -499,7 +499,7 @@ class SpinSearch:
         deadline = None if budget.time_limit_s is None else t0 + budget.time_limit_s
         cands, stats = search_chains(
             topo, job, objective=budget.objective, beam_width=self.beam_width, neighbours=self.neighbours,
-            seeds=self.seeds, keep=max(self.finalists, 1) + 3, deadline=deadline,
+            seeds=self.seeds, keep=max(self.finalists, 1) + 6, deadline=deadline,
         )
         search_s = time.perf_counter() - t0
         names = topo.names
@@ -510,6 +510,11 @@ class SpinSearch:
                    for c in cands[: self.finalists] if c.untrimmed]
         fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner,
                        tolerance=TRIM_TOLERANCE)
+        if fin.plan is None and len(cands) > self.finalists:
+            # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
+            rest = [[(names[u], g) for u, g in zip(c.chain, c.untrimmed or c.gpus, strict=True)]
+                    for c in cands[self.finalists :]]
+            fin = finalise(topo, job, rest, objective=budget.objective, planner=self.planner)
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=fin.plan_seconds, finalists=float(len(allocs)))
         if fin.plan is None:
