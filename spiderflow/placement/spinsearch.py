@@ -39,13 +39,19 @@ Search:
      stop at depth ``min(L, #usable)``, or when two levels in a row improve nothing and a feasible chain
      is known (or the whole beam is feasible);
   4. refine the pool's best chains by hill climbing over reverse / swap-adjacent / remove / insert /
-     replace moves, then trim GPUs (constraint 2);
-  5. plan the ``T`` best distinct chains exactly and return the best valid plan.
+     replace moves (``R = 3`` starts for ``jct``, 6 otherwise); then tune the GPUs of the best candidates
+     (shift 1, 2, 4 or a node's worth between positions while the estimate improves; for ``jct`` drop
+     GPUs worth less than :data:`TRIM_TOLERANCE` of the estimate — constraint 2);
+  5. plan the ``T`` best distinct chains (tuned and untuned GPU vectors; the untuned wins only by more
+     than :data:`TRIM_TOLERANCE`) with the level-1 planner on the exact cost model, keep the best valid
+     plan, and re-plan that chain with TPA when it is importable (:func:`~spiderflow.placement.common.
+     finalise`); if no finalist fits memory exactly, the remaining candidates are tried.
 
 Complexity: building ``P`` and the hop order is O(n² log n) once per topology (cached while the topology
-object lives); the search scores O(D·B·N) chains of length ≤ D with O(D) numpy work each, D ≤ min(L, n),
-so O(D²·B·N) arithmetic, independent of n beyond the cached preprocessing; refinement adds O(R·I·D·N).
-The final planning is O(T·L·D) cost-model evaluations. Polynomial; no ILP.
+object lives); seeding and pruning are O(n·N log n); the search scores O(D·B·N) chains of length ≤ D with
+O(D) numpy work each, D ≤ min(L, n), so O(D²·B·N) arithmetic, independent of n beyond the cached
+preprocessing; refinement adds O(R·I·D²·N) for I ≤ 6 rounds. The level-1 planning is O(T·L·D·C) block
+evaluations (C ≤ 36 configurations each, O(1) per configuration). Polynomial; no ILP in the loop.
 """
 
 from __future__ import annotations
