@@ -47,6 +47,7 @@ __all__ = [
     "Measurement",
     "ProfileRecord",
     "Snapshot",
+    "apply_changes",
     "apply_measurement",
     "apply_profile",
     "assemble",
@@ -382,3 +383,24 @@ def diff(old: Topology | None, new: Topology) -> list[Change]:
     out += [Change(kind=ChangeKind.LINK_UPSERTED, a=a, b=b, link=x) for (a, b), x in sorted(new_l.items())
             if old_l.get((a, b)) != x]
     return out
+
+
+def apply_changes(topology: Topology, changes: Sequence[Change], *, revision: int | None = None) -> Topology:
+    """A client's view after ``changes`` (as :func:`diff` or a WatchTopology message gives them):
+    ``apply_changes(old, diff(old, new)) == new`` up to ordering, which this function normalises (clusters
+    by name, links by ``(a, b)``). Removing a cluster also drops the links touching it."""
+    clusters = {c.name: c for c in topology.clusters}
+    links = {(x.a, x.b): x for x in topology.links}
+    for ch in changes:
+        if ch.kind is ChangeKind.CLUSTER_UPSERTED and ch.cluster is not None:
+            clusters[ch.cluster.name] = ch.cluster
+        elif ch.kind is ChangeKind.CLUSTER_REMOVED:
+            clusters.pop(ch.name, None)
+            links = {p: x for p, x in links.items() if ch.name not in p}
+        elif ch.kind is ChangeKind.LINK_UPSERTED and ch.link is not None:
+            links[(ch.link.a, ch.link.b)] = ch.link
+        elif ch.kind is ChangeKind.LINK_REMOVED:
+            links.pop((ch.a, ch.b), None)
+    return Topology(clusters=tuple(c for _, c in sorted(clusters.items())),
+                    links=tuple(x for _, x in sorted(links.items())),
+                    revision=topology.revision if revision is None else revision)

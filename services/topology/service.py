@@ -49,7 +49,7 @@ from spiderflow.runtime import parse_hostport
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, EventType, Store, Watch, WatchEvent
 
-__all__ = ["TopologyService", "change_to_proto", "snapshot_to_proto", "timestamp"]
+__all__ = ["TopologyService", "change_from_proto", "change_to_proto", "snapshot_to_proto", "timestamp"]
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +97,26 @@ def change_to_proto(change: Change) -> topology_pb2.TopologyChange:
     elif change.kind is ChangeKind.LINK_REMOVED:
         msg.link.a, msg.link.b = change.a, change.b
     return msg
+
+
+_KINDS_BACK = {int(v): k for k, v in _KINDS.items()}
+
+
+def change_from_proto(msg: topology_pb2.TopologyChange) -> Change:
+    """The domain :class:`Change` of a streamed change (for clients that keep a view with
+    :func:`services.topology.graph.apply_changes`)."""
+    kind = _KINDS_BACK.get(int(msg.kind))
+    if kind is None:
+        raise ValidationError("changes.kind", "unknown change kind", int(msg.kind))
+    if kind is ChangeKind.CLUSTER_UPSERTED:
+        cluster = convert.cluster_from_proto(msg.cluster, field="changes.cluster")
+        return Change(kind=kind, name=cluster.name, cluster=cluster)
+    if kind is ChangeKind.CLUSTER_REMOVED:
+        return Change(kind=kind, name=msg.cluster.name)
+    if kind is ChangeKind.LINK_UPSERTED:
+        link = convert.link_from_proto(msg.link, field="changes.link")
+        return Change(kind=kind, a=link.a, b=link.b, link=link)
+    return Change(kind=kind, a=msg.link.a, b=msg.link.b)
 
 
 def _seconds(ts: timestamp_pb2.Timestamp, default: float) -> float:

@@ -15,6 +15,7 @@ from services.topology.graph import (
     LinkRecord,
     Measurement,
     ProfileRecord,
+    apply_changes,
     apply_measurement,
     apply_profile,
     assemble,
@@ -155,3 +156,29 @@ def test_diff() -> None:
     changes = diff(one, two)
     assert [(c.kind, c.name, c.a, c.b) for c in changes] == [
         (ChangeKind.LINK_REMOVED, "", "a", "b"), (ChangeKind.CLUSTER_REMOVED, "b", "", "")]
+
+
+_NAMES = ("a", "b", "c", "d", "e")
+
+
+@st.composite
+def _topologies(draw: st.DrawFn) -> object:
+    from spiderflow.domain import Link, Topology
+
+    names = sorted(draw(st.sets(st.sampled_from(_NAMES), max_size=5)))
+    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=draw(st.integers(1, 3))) for n in names)
+    pairs = [(a, b) for a in names for b in names if a != b]
+    chosen = sorted(draw(st.sets(st.sampled_from(pairs), max_size=len(pairs)))) if pairs else []
+    links = tuple(Link(a=a, b=b, bandwidth_gbps=draw(st.sampled_from([0.1, 1.0, 10.0])), latency_ms=1.0,
+                       directed=True) for a, b in chosen)
+    return Topology(clusters=clusters, links=links)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_topologies(), _topologies())
+def test_applying_the_diff_gives_the_new_topology(old: object, new: object) -> None:
+    from spiderflow.domain import Topology
+
+    assert isinstance(old, Topology) and isinstance(new, Topology)
+    got = apply_changes(old, diff(old, new))
+    assert got.clusters == new.clusters and got.links == new.links

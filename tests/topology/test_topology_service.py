@@ -14,9 +14,9 @@ import grpc.aio
 import pytest
 
 from agent.registration import Registration
-from services.topology.graph import GraphConfig
+from services.topology.graph import GraphConfig, apply_changes
 from services.topology.repo import TopologyRepo
-from services.topology.service import TopologyService
+from services.topology.service import TopologyService, change_from_proto
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
@@ -292,3 +292,45 @@ async def test_watch_reports_link_ageing(env: Env) -> None:
         (topology_pb2.TopologyChange.KIND_LINK_REMOVED, "a", "b")]
     assert len(msg.snapshot.links) == 0
     call.cancel()
+
+
+async def test_a_view_kept_from_the_stream_matches_snapshots(env: Env) -> None:
+    for c in ("a", "b", "c"):
+        await env.register(c)
+    await env.profile("a")
+    call = env.stub.WatchTopology(topology_pb2.WatchTopologyRequest(from_revision=0))
+    stream = call.__aiter__()
+    first = await _next(stream)
+    view = convert.topology_from_proto(first.snapshot)
+    await env.profile("b")
+    await env.profile("c", gpu="H100-80G")
+    await env.links("a", ("b", 1.0, 2.0), ("c", 5.0, 1.0))
+    await env.links("c", ("a", 4.0, 1.0))
+    await env.profile("b", free_gpus=1)
+    await env.leases["c"].revoke()
+    await env.links("b", ("a", 2.0, 2.0))
+    final = await env.store.revision()
+    while view.revision < final:
+        msg = await _next(stream)
+        view = apply_changes(view, [change_from_proto(c) for c in msg.changes], revision=msg.revision)
+    call.cancel()
+    snap = convert.topology_from_proto((await env.topology()).topology)
+    assert view.clusters == snap.clusters and view.links == snap.links
+    assert view.names == ("a", "b") and set(view.direct) == {("a", "b"), ("b", "a")}
+
+
+async def test_any_replica_answers(env: Env, etcd: EtcdProcess) -> None:
+    """Two service instances over one etcd: a report through one is visible through the other."""
+    store = EtcdStore(etcd.endpoint)
+    other = await serve([TopologyService(store, TopologyRepo(store, GraphConfig(), clock=env.clock))],
+                        host="127.0.0.1", port=0)
+    channel = open_channel(other.address)
+    try:
+        await env.register("a")
+        rev = await env.profile("a")
+        resp = await topology_pb2_grpc.TopologyStub(channel).GetTopology(topology_pb2.GetTopologyRequest())
+        assert [c.name for c in resp.topology.clusters] == ["a"] and resp.topology.revision >= rev
+    finally:
+        await channel.close()
+        await other.stop(grace_s=0)
+        await store.close()
