@@ -146,8 +146,14 @@ def plan_chain(
     *,
     objective: Objective = Objective.JCT,
     finalists: int = 2,
+    micro_batches: Sequence[int] | None = None,
+    schedules: Sequence[Schedule] | None = None,
 ) -> Plan:
     """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
+
+    ``micro_batches`` pins the micro-batch counts tried (each must divide the global batch; default
+    :func:`micro_batch_candidates`); ``schedules`` the schedules tried (default all four). 1F1B always
+    serves as level 1's memory profile.
 
     Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
     most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
@@ -160,9 +166,16 @@ def plan_chain(
             f"{model.name} has {model.layers} layers, fewer than the {len(clusters)} clusters of the chain",
             constraint="layers",
         )
+    ms = list(micro_batches) if micro_batches is not None else micro_batch_candidates(job.global_batch, len(clusters))
+    for i, m in enumerate(ms):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1 or job.global_batch % m:
+            raise ValidationError(f"micro_batches[{i}]", f"must divide the global batch {job.global_batch}", m)
+    allowed = tuple(schedules) if schedules is not None else _SCHEDULES
+    if not allowed:
+        raise ValidationError("schedules", "needs at least one schedule", [])
     results: list[tuple[ChainContext, SplitEval]] = []
     least_bad: tuple[ChainContext, SplitEval] | None = None
-    for m in micro_batch_candidates(job.global_batch, len(clusters)):
+    for m in ms:
         ctx = ChainContext.build(
             topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
             schedule=Schedule.ONE_F_ONE_B,
@@ -181,8 +194,8 @@ def plan_chain(
     ranked: list[tuple[float, Plan]] = []
     for ctx, ev in results[:finalists]:
         n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
-        for sched in _SCHEDULES:
-            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B:
+        for sched in allowed:
+            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
                 continue
             if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
                 continue  # Megatron's interleaved order needs m to be a multiple of the stage count
@@ -208,7 +221,11 @@ def plan_chain(
         score = objective_score(plan, objective, sim_step)
         if best is None or score < best[0]:
             best = (score, plan, sim_step)
-    assert best is not None  # the 1F1B plan of a feasible split always scores
+    if best is None:  # only when the pinned schedules exclude every memory-feasible one
+        raise UnschedulableError(
+            f"no schedule among {', '.join(s.value for s in allowed)} fits memory on this chain",
+            constraint="memory",
+        )
     _, plan, sim_step = best
     ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)
     crossings = dp_crossing(ctx, ev, topo)

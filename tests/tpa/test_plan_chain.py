@@ -160,3 +160,21 @@ def test_micro_batch_candidates_divide_the_batch() -> None:
         assert ms and all(batch % m == 0 for m in ms)
         assert max(ms) == batch
         assert len(ms) <= 6
+
+
+def test_pinned_micro_batches_and_schedules_are_honoured(three_region_topo: Topology, job_6b7: JobSpec) -> None:
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    plan = plan_chain(three_region_topo, job_6b7, alloc, micro_batches=[32], schedules=[Schedule.ONE_F_ONE_B])
+    assert plan.micro_batches == 32
+    assert plan.schedule is Schedule.ONE_F_ONE_B
+    with pytest.raises(ValidationError, match=r"micro_batches\[0\]"):
+        plan_chain(three_region_topo, job_6b7, alloc, micro_batches=[3])
+
+
+def test_planning_is_deterministic(three_region_topo: Topology, job_6b7: JobSpec) -> None:
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    a = plan_chain(three_region_topo, job_6b7, alloc)
+    b = plan_chain(three_region_topo, job_6b7, alloc)
+    assert (a.stages, a.micro_batches, a.schedule, a.step_time_s) == (b.stages, b.micro_batches, b.schedule,
+                                                                      b.step_time_s)
+    assert a.extras["timeline_step_s"] == b.extras["timeline_step_s"]
