@@ -141,7 +141,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 raise ResourceExhaustedError(f"submission rate limit reached; retry in {wait:.2f} s",
                                              retry_after_s=wait)
         spec = convert.job_from_proto(request.job)
-        if tenant and tenant != spec.tenant:
+        if tenant not in authz.UNSET_TENANTS and tenant != spec.tenant:
             spec = replace(spec, tenant=tenant)
         if request.policy:
             from spiderflow.placement import get_policy

@@ -3,8 +3,9 @@
 ``None`` as the principal means the server does not authenticate (development mode): everything is
 allowed. Otherwise (roles: :class:`~spiderflow.security.identity.Role`):
 
-- **Submit**: tenants submit for themselves: an empty tenant in the job becomes the caller's, another
-  tenant's name is PERMISSION_DENIED. Admins and services submit for any tenant; agents may not submit.
+- **Submit**: tenants submit for themselves: an unset tenant in the job (empty, or the placeholder
+  ``default`` that job files and the SDK fill in) becomes the caller's; another tenant's name is
+  PERMISSION_DENIED. Admins and services submit for any tenant; agents may not submit.
 - **See / watch / cancel a job**: tenants only their own jobs; a job of another tenant is reported as
   NOT_FOUND, exactly like a job that does not exist, so tenants cannot probe each other's job ids.
   Agents may see (not cancel) the jobs whose plan has a stage on their cluster. Admins and services: all.
@@ -23,7 +24,11 @@ from collections.abc import Iterable
 from spiderflow.errors import NotFoundError, PermissionDeniedError
 from spiderflow.security.identity import Principal, Role
 
+UNSET_TENANTS = frozenset({"", "default"})
+"""Tenant values that mean "not given" (``default`` is :class:`~spiderflow.domain.JobSpec`'s default)."""
+
 __all__ = [
+    "UNSET_TENANTS",
     "authorize_list",
     "authorize_plan",
     "authorize_report",
@@ -40,7 +45,7 @@ def submit_tenant(principal: Principal | None, requested: str) -> str:
         return requested
     if principal.role is not Role.TENANT:
         raise PermissionDeniedError(f"{principal} may not submit jobs")
-    if requested and requested != principal.name:
+    if requested not in UNSET_TENANTS and requested != principal.name:
         raise PermissionDeniedError(f"{principal} may not submit jobs for tenant {requested!r}")
     return principal.name
 
@@ -91,10 +96,11 @@ def authorize_report(principal: Principal | None, claimed_cluster: str, job_id: 
 
 
 def authorize_plan(principal: Principal | None, job_tenant: str) -> None:
-    """Raise PermissionDeniedError unless the caller may plan a job of ``job_tenant`` ("" = unset)."""
+    """Raise PermissionDeniedError unless the caller may plan a job of ``job_tenant`` (see
+    :data:`UNSET_TENANTS`)."""
     if principal is None or principal.privileged:
         return
     if principal.role is not Role.TENANT:
         raise PermissionDeniedError(f"{principal} may not call the planner")
-    if job_tenant and job_tenant != principal.name:
+    if job_tenant not in UNSET_TENANTS and job_tenant != principal.name:
         raise PermissionDeniedError(f"{principal} may not plan jobs of tenant {job_tenant!r}")

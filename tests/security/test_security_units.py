@@ -79,6 +79,7 @@ def test_certificate_identity(certs: Path) -> None:
 def test_submit_and_list_rules() -> None:
     assert authz.submit_tenant(None, "") == "" and authz.submit_tenant(ADMIN, "bob") == "bob"
     assert authz.submit_tenant(ALICE, "") == "alice" and authz.submit_tenant(ALICE, "alice") == "alice"
+    assert authz.submit_tenant(ALICE, "default") == "alice"
     for who, tenant in [(ALICE, "bob"), (OHIO, "")]:
         with pytest.raises(PermissionDeniedError):
             authz.submit_tenant(who, tenant)
