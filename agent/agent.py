@@ -285,8 +285,8 @@ class Agent:
                         await lease.revoke()
                 await asyncio.sleep(1.0)
                 continue
-            except SpiderFlowError as e:
-                self.log.warning("agent.register_failed", error=str(e))
+            except Exception as e:  # keep registering whatever went wrong
+                self.log.warning("agent.register_failed", error=str(e), error_class=type(e).__name__)
                 if lease is not None:
                     with contextlib.suppress(SpiderFlowError):
                         await lease.revoke()
@@ -341,8 +341,8 @@ class Agent:
             await self._registered.wait()
             try:
                 await self.report_profile()
-            except SpiderFlowError as e:
-                self.log.warning("agent.profile_report_failed", error=str(e))
+            except Exception as e:  # keep reporting whatever went wrong
+                self.log.warning("agent.profile_report_failed", error=str(e), error_class=type(e).__name__)
                 await asyncio.sleep(1.0)
                 continue
             self._profile_now.clear()
@@ -450,8 +450,8 @@ class Agent:
             if not (self._busy and self.config.probe.busy_mode == "pause"):
                 try:
                     await self.probe_round()
-                except SpiderFlowError as e:
-                    self.log.warning("agent.probe_round_failed", error=str(e))
+                except Exception as e:  # keep probing whatever went wrong
+                    self.log.warning("agent.probe_round_failed", error=str(e), error_class=type(e).__name__)
             delay = max(0.0, period - (time.monotonic() - t0)) + self._rng.uniform(0, 0.1 * period)
             await asyncio.sleep(delay)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -40,7 +41,7 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from services.topology.graph import Change, ChangeKind, Measurement, Snapshot, diff
 from services.topology.identity import IdentityResolver, caller_from_request
-from services.topology.repo import TopologyRepo, record_of
+from services.topology.repo import RawState, TopologyRepo, record_of
 from spiderflow.errors import ValidationError
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
@@ -260,6 +261,8 @@ class TopologyService(topology_pb2_grpc.TopologyServicer):
                         resync = False
                 if batch and not touched:
                     continue  # only other keys changed
+                if not batch and self.repo.clock() < _next_expiry(state, self.repo.config.link_max_age_s):
+                    continue  # nothing can have aged out yet
                 new_view = self.repo.assemble(replace(state, revision=revision))
                 changes = diff(view.topology, new_view.topology)
                 view = new_view
@@ -272,6 +275,11 @@ class TopologyService(topology_pb2_grpc.TopologyServicer):
         finally:
             await _stop(reader)
             log.info("topology.watch_ended", revision=view.revision)
+
+
+def _next_expiry(state: RawState, max_age_s: float) -> float:
+    """When the oldest stored link of ``state`` leaves snapshots (inf without links)."""
+    return min((rec.updated_at for rec in state.links.values()), default=math.inf) + max_age_s
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
