@@ -1,9 +1,7 @@
 """The topology service's reads and writes in the Store (etcd in production, MemoryStore in unit tests).
 
-- :meth:`TopologyRepo.read` — a consistent view of registrations, profiles and links at one revision.
-  The Store reads one prefix at a time, so the three prefixes are read, then the first two are read
-  again: if they did not change (same keys, same ``mod_revision``), all three held their values at the
-  last read's revision. Retried a few times while writes race it (:class:`UnavailableError` after that).
+- :meth:`TopologyRepo.read` — a consistent view of registrations, profiles and links at one revision
+  (:meth:`~spiderflow.store.base.Store.get_prefixes`: one etcd transaction of three ranges).
 - :meth:`TopologyRepo.report_profile` / :meth:`TopologyRepo.report_links` — authorise the caller, fold
   the report into the stored smoothing state and write it in one transaction guarded by the
   registration's and the records' ``mod_revision`` (so an agent that lost its registration meanwhile
@@ -96,10 +94,6 @@ def record_of(key: str, value: bytes | None, state: RawState) -> None:
         log.warning("topology.bad_record", key=key, error=str(e))
 
 
-def _same(a: list[KeyValue], b: list[KeyValue]) -> bool:
-    return [(kv.key, kv.mod_revision) for kv in a] == [(kv.key, kv.mod_revision) for kv in b]
-
-
 class TopologyRepo:
     """Reads and writes of the topology service (see the module docstring). ``clock`` gives the
     service's wall time in seconds (injectable for tests); ``attempts`` bounds retries."""
@@ -114,17 +108,13 @@ class TopologyRepo:
     # -- reads --------------------------------------------------------------------------------------
 
     async def read(self) -> RawState:
-        """A consistent :class:`RawState` (see the module docstring)."""
-        for _ in range(self.attempts):
-            first = [await self.store.get_prefix(p) for p in _PREFIXES]
-            again = [await self.store.get_prefix(p) for p in _PREFIXES[:-1]]
-            if all(_same(first[i][0], again[i][0]) for i in range(len(again))):
-                state = RawState(registrations={}, profiles={}, links={}, revision=first[-1][1])
-                for items, _rev in first:
-                    for kv in items:
-                        record_of(kv.key, kv.value, state)
-                return state
-        raise UnavailableError("topology: could not read a consistent view (records change too fast)")
+        """A consistent :class:`RawState`: the three prefixes read atomically at one revision."""
+        items, revision = await self.store.get_prefixes(_PREFIXES)
+        state = RawState(registrations={}, profiles={}, links={}, revision=revision)
+        for prefix in _PREFIXES:
+            for kv in items.get(prefix, []):
+                record_of(kv.key, kv.value, state)
+        return state
 
     async def snapshot(self) -> Snapshot:
         """The current snapshot (assembled at the service's current time)."""
