@@ -167,20 +167,47 @@ def queue_ablation(clusters: int, jobs: int, *, seed: int, load: float, time_lim
     return out
 
 
-def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str = "spinsearch") -> dict[str, Any]:
+class _OutOfTime(Exception):
+    pass
+
+
+def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str = "spinsearch",
+              budget_s: float = 600.0) -> dict[str, Any]:
+    """Simulate ``jobs`` jobs on ``clusters`` clusters with ``policy``; stop after ``budget_s`` of wall time
+    and report how far it got (jobs finished or given up, simulated time reached) if it did not finish."""
     c0 = time.process_time()
     t0 = time.perf_counter()
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
     t1 = time.perf_counter()
-    res = simulate(topo, trace, policy, SimConfig(seed=seed))
+    seen = {"done": 0}
+
+    def progress(done: int, total: int) -> None:
+        seen["done"] = done
+        if done % 100 == 0:
+            print(f"    {done}/{total} jobs after {time.perf_counter() - t0:.0f} s wall, "
+                  f"{time.process_time() - c0:.0f} s CPU", flush=True)
+        if time.perf_counter() - t0 > budget_s:
+            raise _OutOfTime
+
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "policy": policy, "budget_s": budget_s,
+                           "setup_s": t1 - t0}
+    try:
+        res = simulate(topo, trace, policy, SimConfig(seed=seed), progress=progress)
+    except _OutOfTime:
+        out.update(finished=False, jobs_done=seen["done"], wall_s=time.perf_counter() - t0,
+                   cpu_s=time.process_time() - c0)
+        print(f"  scale {clusters} clusters x {jobs} jobs ({policy}): NOT finished within {budget_s:.0f} s wall: "
+              f"{seen['done']} jobs done, {out['cpu_s']:.0f} s CPU of this process", flush=True)
+        return out
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     s = summarize(res)
     print(f"  scale {clusters} clusters x {jobs} jobs ({policy}): {wall:.1f} s wall, {cpu:.1f} s CPU of this "
           f"process (setup {t1 - t0:.1f} s), {s['decisions']} decisions, {s['completed']} done", flush=True)
-    return {"clusters": clusters, "jobs": jobs, "policy": policy, "wall_s": wall, "cpu_s": cpu, "setup_s": t1 - t0,
-            "summary": {k: v for k, v in s.items() if k != "violations"}}
+    out.update(finished=True, jobs_done=jobs, wall_s=wall, cpu_s=cpu,
+               summary={k: v for k, v in s.items() if k != "violations"})
+    return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -225,10 +252,15 @@ def markdown(doc: dict[str, Any]) -> str:
                          f"{v['gpu_utilization']:.2f} |")
     if doc.get("scale"):
         s = doc["scale"]
-        lines += ["", f"Scale run: {s['clusters']} clusters × {s['jobs']} jobs with {s['policy']}: "
-                      f"{s['wall_s']:.1f} s wall ({s.get('cpu_s', 0):.1f} s CPU of the process; the 2 cores are "
-                      f"shared), {s['summary']['decisions']} decisions, "
-                      f"{s['summary']['completed']} completed."]
+        if s["finished"]:
+            lines += ["", f"Scale run: {s['clusters']} clusters × {s['jobs']} jobs with {s['policy']}: "
+                          f"{s['wall_s']:.1f} s wall ({s['cpu_s']:.1f} s CPU of the process; the 2 cores are "
+                          f"shared), {s['summary']['decisions']} decisions, {s['summary']['completed']} completed, "
+                          f"{s['summary']['overhead_per_decision_mean_s']:.3g} s per decision."]
+        else:
+            lines += ["", f"Scale run: {s['clusters']} clusters × {s['jobs']} jobs with {s['policy']}: NOT finished "
+                          f"within {s['budget_s']:.0f} s wall; {s['jobs_done']} jobs done by then "
+                          f"({s['cpu_s']:.1f} s CPU of the process; the 2 cores are shared)."]
     return "\n".join(lines) + "\n"
 
 
@@ -248,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale-only", action="store_true")
     ap.add_argument("--scale-clusters", type=int, default=256)
     ap.add_argument("--scale-jobs", type=int, default=2000)
+    ap.add_argument("--scale-budget", type=float, default=600.0, help="wall-time budget of the scale run (s)")
     ap.add_argument("--out", type=Path, default=Path("bench/paper-results.json"))
     ap.add_argument("--plots", type=Path)
     args = ap.parse_args(argv)
@@ -279,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
             doc["queue_ablation"] = queue_ablation(n, args.jobs, seed=args.seed, load=args.load,
                                                    time_limit=args.time_limit)
     if (args.scale or args.scale_only) and "spinsearch" in REGISTRY:
-        doc["scale"] = scale_run(args.scale_clusters, args.scale_jobs, seed=args.seed, load=args.load)
+        doc["scale"] = scale_run(args.scale_clusters, args.scale_jobs, seed=args.seed, load=args.load,
+                                 budget_s=args.scale_budget)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
     md = markdown(doc)
