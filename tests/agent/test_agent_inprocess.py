@@ -117,3 +117,44 @@ async def test_agent_registers_again_when_its_registration_disappears(
         stop.set()
         with contextlib.suppress(BaseException):
             await run
+
+
+async def test_agent_registers_again_after_losing_its_lease() -> None:
+    """A store outage longer than the TTL loses the lease (the key expires); once the store is back the
+    agent registers again with a new lease and re-sends its profile (MemoryStore fault injection)."""
+    from spiderflow.store.memory import MemoryStore
+
+    store = MemoryStore(request_timeout=0.5)
+    repo = TopologyRepo(store, GraphConfig())
+    server = await serve([TopologyService(store, repo)], host="127.0.0.1", port=0)
+    cfg = load_config(None, {"cluster": "a", "topology_service": server.address, "etcd": "127.0.0.1:1",
+                             "lease_ttl_s": 1, "gpus": {"gpu": "A100-80G", "nodes": 1, "gpus_per_node": 8},
+                             "probe": {"period_s": 60.0}})
+    agent = Agent(cfg, store_factory=lambda _endpoint: store)
+    stop = asyncio.Event()
+    await agent.start()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        first = await store.get(keys.cluster_key("a"))
+        assert first is not None
+        store.set_available(False)
+        for _ in range(100):
+            if not agent.registered.is_set():
+                break
+            await asyncio.sleep(0.05)
+        assert not agent.registered.is_set()
+        store.set_available(True)
+        await asyncio.wait_for(agent.registered.wait(), 10)
+        again = await store.get(keys.cluster_key("a"))
+        assert again is not None and again.lease != first.lease
+        for _ in range(100):
+            if (await repo.snapshot()).topology.names == ("a",):
+                break
+            await asyncio.sleep(0.05)
+        assert (await repo.snapshot()).topology.names == ("a",)
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+        await server.stop(grace_s=0)
