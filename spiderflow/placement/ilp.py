@@ -72,7 +72,7 @@ is NP-hard (it contains a Hamiltonian-path problem), hence the time limit.
 
 ``PlacementResult.stats`` keys: ``cp_status`` (CpSolverStatus value: 4 OPTIMAL, 2 FEASIBLE, 3 INFEASIBLE,
 0 UNKNOWN, 1 MODEL_INVALID), ``objective_s`` and ``bound_s`` (model objective and best bound in seconds),
-``wall_s`` (solver wall time), ``build_s`` (greedy + model construction), ``hint_step_s`` (greedy plan's
+``wall_s`` (solver wall time), ``build_s`` (greedy, model, hint completion), ``hint_step_s`` (greedy plan's
 step time, ``inf`` if none), ``from_hint``, ``booleans``, ``conflicts``, ``branches``, ``workers``.
 """
 
@@ -353,6 +353,8 @@ class IlpPolicy:
             solver.parameters.cp_model_presolve = False
         if hint is not None:
             built.complete_hint(max(0.05, min(5.0, (limit - build_s) / 4)))
+            build_s = time.perf_counter() - t0
+            solver.parameters.max_time_in_seconds = max(0.05, limit - build_s)
         status = solver.solve(built.model)
         stats: dict[str, float] = {
             "cp_status": float(int(status)),
