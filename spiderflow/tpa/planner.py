@@ -217,7 +217,13 @@ def plan_chain(
         if best is not None and spent + ops > SIMULATION_OP_BUDGET:
             continue
         spent += ops
-        sim_step = simulate_plan(plan, topo, job, record=False).step_s
+        try:
+            sim_step = simulate_plan(plan, topo, job, record=False).step_s
+        except ValueError:
+            # The order cannot run with this replica layout (schedules.replica_ops deadlocks, e.g. interleaving
+            # with data parallelism): not a candidate.
+            log.debug("tpa.schedule_skipped", job=job.id, schedule=str(plan.schedule), m=plan.micro_batches)
+            continue
         score = objective_score(plan, objective, sim_step)
         if best is None or score < best[0]:
             best = (score, plan, sim_step)

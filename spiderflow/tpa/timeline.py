@@ -1,8 +1,7 @@
 r"""Pipeline schedules and an exact event-level simulator of one training step.
 
-Op orders (one per stage, shared by its data-parallel replicas) come from
-:func:`spiderflow.schedules.stage_ops`: a list of ``(kind, micro_batch, chunk)`` with kind ``"F"`` or ``"B"``
-(``S`` stages, ``m`` micro-batches, stage ``i``):
+Op orders come from :mod:`spiderflow.schedules` (the module execution runs): a list of
+``(kind, micro_batch, chunk)`` with kind ``"F"`` or ``"B"`` (``S`` stages, ``m`` micro-batches, stage ``i``):
 
 * GPipe: ``F_0 … F_{m−1}, B_0 … B_{m−1}``; every micro-batch in flight.
 * 1F1B: ``w = min(m, S−i−1)`` warm-up forwards, then ``F, B`` pairs, then the remaining backwards;
@@ -15,14 +14,15 @@ Op orders (one per stage, shared by its data-parallel replicas) come from
   A stage keeps injecting forwards while the gradients of earlier micro-batches are still crossing the
   slow links, so a round trip of ``2·Σ l`` is hidden behind ``S−i`` extra forwards instead of stalling.
 
-Simulator (:func:`simulate`): discrete events in time order. A stage dispatches its static op order
-in order to a pool of ``d`` data-parallel replicas (sequential executors): a forward of a new
-micro-batch goes to the free replica holding the fewest micro-batches (below its in-flight cap), which
-then owns that micro-batch (its other chunks and its backwards run there). An op is dispatched when its
-input has arrived and its replica is free:
+Data parallelism (:func:`plan_orders`, exactly what execution runs): replica ``r`` of a stage with ``d``
+replicas runs micro-batches ``j ≡ r (mod d)``, in the sub-sequence of the stage-wide order whose warm-up
+is ``D·w`` (``D`` the largest dp of the pipeline; see :func:`spiderflow.schedules.replica_ops`).
+
+Simulator (:func:`simulate`): discrete events in time order. Each (stage, replica) is a sequential
+executor running its static op order; an op starts when its executor is free and its input has arrived:
 ``F(j, u)`` needs ``F(j, u−1)``'s activation, ``B(j, u)`` needs ``B(j, u+1)``'s gradient (the last
-virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage (warm-ups of
-stages with replicas: :func:`stage_warmups`). A transfer between different stages
+virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage. A transfer
+between different stages
 takes the directed link ``(src, dst)`` for ``bytes / bandwidth`` seconds (FIFO: one transfer at a time per
 direction; the two directions are independent — full duplex) and arrives ``latency`` later.
 Compute per op: forward ``T/3``, backward ``2T/3`` (``T`` the cost model's fwd+bwd stage time), divided
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
-from spiderflow.schedules import Op, ScheduleDeadlockError, default_warmup, stage_ops
+from spiderflow.schedules import Op, ScheduleDeadlockError, default_warmup, replica_ops, stage_ops
 
 __all__ = [
     "Op",
@@ -53,49 +53,34 @@ __all__ = [
     "Timeline",
     "TransferRecord",
     "default_warmup",
-    "in_flight_cap",
+    "plan_orders",
     "plan_stage_timing",
     "simulate",
     "simulate_plan",
     "stage_ops",
-    "stage_warmups",
+    "stage_warmup",
     "window_estimate",
 ]
 
-def stage_warmups(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[int]:
-    """Warm-up forwards of each stage's *stage-wide* op order when stage ``i`` has ``replicas[i]``
-    data-parallel replicas.
-
-    Each replica of stage ``i`` may hold ``k_i`` micro-batches (:func:`in_flight_cap`), so the stage-wide
-    order may hold ``d_i·k_i``: ``w_i = min(d_i·k_i − 1, w_{i−1} − 1)`` (≥ 0; a stage with ``w ≥ m−1`` runs
-    all forwards first and does not constrain the next). Strictly decreasing
-    warm-ups keep the orders deadlock-free and stop forwards and backwards convoying through stages
-    with equal warm-ups.
-    Interleaved and GPipe orders keep their own warm-ups.
+def plan_orders(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[list[list[Op]]]:
+    """``orders[i][r]``: the op order replica ``r`` of stage ``i`` runs — exactly what execution runs
+    (:func:`spiderflow.schedules.replica_ops`: the stage-wide order with the global warm-up
+    ``min(m·v, D·w_i)``, ``D`` the largest dp of the pipeline, restricted to micro-batches ``j ≡ r mod d_i``).
     """
     n = len(replicas)
-    if schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
-        return [default_warmup(schedule, n, m, i, chunks=chunks) for i in range(n)]
-    out: list[int] = []
-    previous = m + 1
-    for i, d in enumerate(replicas):
-        w = max(0, min(d * in_flight_cap(schedule, m, d, i, n) - 1, previous - 1))
-        out.append(w)
-        # A stage whose warm-up covers all m forwards (w ≥ m−1) runs every forward first: the next stage
-        # may do the same.
-        previous = m + 1 if w >= m - 1 else w
-    return out
+    top = max(replicas)
+    return [
+        [replica_ops(schedule, n, m, i, dp=d, replica=r, max_dp=top, chunks=chunks) for r in range(d)]
+        for i, d in enumerate(replicas)
+    ]
 
 
-def in_flight_cap(schedule: Schedule, m: int, dp: int, stage: int, n_stages: int) -> int:
-    """Micro-batches one replica may hold: the cost model's count (``min(⌈m/d⌉, φ·(S−i))``) for the
-    1F1B family, ``⌈m/d⌉`` for GPipe and interleaved 1F1B (whose order alone sets its depth)."""
-    per_replica = math.ceil(m / dp)
-    if schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
-        # GPipe holds everything; interleaved orders bound their own depth (Megatron's warm-up).
-        return per_replica
-    factor = 2 if schedule is Schedule.LATENCY_AWARE else 1
-    return min(per_replica, factor * (n_stages - stage))
+def stage_warmup(schedule: Schedule, m: int, replicas: Sequence[int], stage: int, *, chunks: int = 1) -> int:
+    """The global (stage-wide) warm-up :func:`plan_orders` uses for ``stage``."""
+    n = len(replicas)
+    if schedule is Schedule.GPIPE:
+        return m * chunks
+    return min(m * chunks, max(replicas) * default_warmup(schedule, n, m, stage, chunks=chunks))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -127,7 +112,6 @@ class StageTiming:
     compute_s: float
     replicas: int = 1
     allreduce_s: float = 0.0
-    max_in_flight: int | None = None  # micro-batches one replica may hold (None: unbounded)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,7 +138,7 @@ class Timeline:
 
 def simulate(
     stages: Sequence[StageTiming],
-    orders: Sequence[Sequence[Op]],
+    orders: Sequence[Sequence[Sequence[Op]]],
     serialise_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
     *,
@@ -163,90 +147,71 @@ def simulate(
 ) -> Timeline:
     """Run the event simulation of the module docstring.
 
-    ``orders[i]`` is stage ``i``'s op order; ``serialise_s[a][b]`` and ``latency_s[a][b]`` the seconds one
-    activation (or gradient) occupies link ``a → b`` and its one-way latency. ``record=False`` skips the
-    per-op and per-transfer records (``ops``/``transfers`` empty) when only the times are needed.
+    ``orders[i][r]`` is replica ``r`` of stage ``i``'s op order (``len(orders[i]) == stages[i].replicas``);
+    ``serialise_s[a][b]`` and ``latency_s[a][b]`` the seconds one activation (or gradient) occupies link
+    ``a → b`` and its one-way latency. ``record=False`` skips the per-op and per-transfer records
+    (``ops``/``transfers`` empty) when only the times are needed.
     """
     n = len(stages)
     v = chunks
     last_virtual = n * v - 1
-    ptr = [0] * n
-    lengths = [len(o) for o in orders]
+    execs = [(i, r) for i in range(n) for r in range(len(orders[i]))]
+    flat = [orders[i][r] for i, r in execs]
+    stage_of = [i for i, _ in execs]
+    ptr = [0] * len(execs)
+    busy = [False] * len(execs)
     dur_f = [st.compute_s / 3.0 / v for st in stages]
     dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
-    caps = [st.max_in_flight for st in stages]
-    free: list[list[bool]] = [[True] * st.replicas for st in stages]
-    owner: list[dict[int, int]] = [{} for _ in range(n)]
-    live: list[list[int]] = [[0] * st.replicas for st in stages]
     avail: set[tuple[str, int, int]] = set()
     waiting: dict[tuple[str, int, int], list[int]] = {}
-    parked: list[tuple[str, int, int] | None] = [None] * n  # the input each stage waits for
     link_free: dict[tuple[int, int], float] = {}
     # (time, 0 arrival | 1 op end, sequence number, payload): the unique sequence number settles ties, so
     # payloads are never compared.
-    heap: list[tuple[float, int, int, tuple[int, int, str, int, int, float]]] = []
+    heap: list[tuple[float, int, int, tuple[int, str, int, int, float]]] = []
     seq = 0
     raw_ops: list[tuple[int, int, str, int, int, float, float]] = []
     xfers: list[TransferRecord] = []
     stage_end = [0.0] * n
     makespan = 0.0
 
-    def try_start(i: int, now: float) -> None:
-        """Dispatch stage ``i``'s ops in order while inputs and replicas allow."""
+    def try_start(e: int, now: float) -> None:
         nonlocal seq
-        order = orders[i]
-        while ptr[i] < lengths[i]:
-            kind, j, c = order[ptr[i]]
-            u = c * n + i
-            if kind == "F":
-                dep = None if u == 0 else ("F", j, u - 1)
-            else:
-                dep = ("F", j, u) if u == last_virtual else ("B", j, u + 1)
-            if dep is not None and dep not in avail:
-                if parked[i] != dep:  # register once: the arrival wakes the stage
-                    parked[i] = dep
-                    waiting.setdefault(dep, []).append(i)
-                return
-            fr = free[i]
-            r = owner[i].get(j)
-            if r is None:
-                cap = caps[i]
-                lv = live[i]
-                r = -1
-                for q in range(len(fr)):
-                    if fr[q] and (cap is None or lv[q] < cap) and (r < 0 or lv[q] < lv[r]):
-                        r = q
-                if r < 0:
-                    return  # every replica busy or full: retried when one finishes
-                owner[i][j] = r
-                lv[r] += 1
-            elif not fr[r]:
-                return  # the replica holding this micro-batch is busy
-            fr[r] = False
-            ptr[i] += 1
-            end = now + (dur_f[i] if kind == "F" else dur_b[i])
-            heapq.heappush(heap, (end, 1, seq, (i, r, kind, j, c, now)))
-            seq += 1
+        if busy[e] or ptr[e] >= len(flat[e]):
+            return
+        kind, j, c = flat[e][ptr[e]]
+        i = stage_of[e]
+        u = c * n + i
+        if kind == "F":
+            dep = None if u == 0 else ("F", j, u - 1)
+        else:
+            dep = ("F", j, u) if u == last_virtual else ("B", j, u + 1)
+        if dep is not None and dep not in avail:
+            waiting.setdefault(dep, []).append(e)
+            return
+        busy[e] = True
+        ptr[e] += 1
+        end = now + (dur_f[i] if kind == "F" else dur_b[i])
+        heapq.heappush(heap, (end, 1, seq, (e, kind, j, c, now)))
+        seq += 1
 
     def release(key: tuple[str, int, int], t: float) -> None:
         avail.add(key)
-        for i in waiting.pop(key, ()):
-            parked[i] = None
-            try_start(i, t)
+        for e in waiting.pop(key, ()):
+            try_start(e, t)
 
-    for i in range(n):
-        try_start(i, 0.0)
+    for e in range(len(execs)):
+        try_start(e, 0.0)
     while heap:
         t, kind_ev, _, payload = heapq.heappop(heap)
-        i, r, okind, j, c, start = payload
+        e, okind, j, u_or_c, start = payload
         if kind_ev == 0:
-            release((okind, j, r), t)  # arrival of (kind, micro-batch, virtual stage) at stage i
+            release((okind, j, u_or_c), t)  # arrival of (kind, micro-batch, virtual stage)
             continue
-        free[i][r] = True
-        if okind == "B" and c == 0:
-            live[i][r] -= 1
+        c = u_or_c
+        i = stage_of[e]
+        busy[e] = False
         if record:
-            raw_ops.append((i, r, okind, j, c, start, t))
+            raw_ops.append((i, execs[e][1], okind, j, c, start, t))
         if t > stage_end[i]:
             stage_end[i] = t
         if t > makespan:
@@ -266,13 +231,15 @@ def simulate(
                 if record:
                     xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
                                                 start_s=start_tx, end_s=arrive))
-                heapq.heappush(heap, (arrive, 0, seq, (dst, u, okind, j, c, 0.0)))
+                heapq.heappush(heap, (arrive, 0, seq, (-1, okind, j, u, 0.0)))
                 seq += 1
-        try_start(i, t)
-    stuck = [i for i in range(n) if ptr[i] < lengths[i]]
+        try_start(e, t)
+    stuck = [e for e in range(len(execs)) if ptr[e] < len(flat[e])]
     if stuck:
-        i = stuck[0]
-        raise ScheduleDeadlockError(f"op order deadlocks: stage {i} waits at {orders[i][ptr[i]]}")
+        i, r = execs[stuck[0]]
+        raise ScheduleDeadlockError(
+            f"op order deadlocks: stage {i} replica {r} waits at {flat[stuck[0]][ptr[stuck[0]]]}"
+        )
     step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
     raw_ops.sort(key=lambda o: (o[0], o[1], o[5]))
     ops = tuple(
@@ -295,9 +262,8 @@ def plan_stage_timing(
     bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
     n = len(plan.stages)
     stages = [
-        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar,
-                    max_in_flight=in_flight_cap(plan.schedule, m, st.dp, i, n))
-        for i, (t, st, ar) in enumerate(zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True))
+        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar)
+        for t, st, ar in zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True)
     ]
     nbytes = activation_bytes(job.model, b, job.seq_len)
     ser = [[0.0] * n for _ in range(n)]
@@ -336,7 +302,8 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
     links = [(ser[i][i + 1], lat[i][i + 1]) for i in range(n - 1)]
     period = max(max(st.compute_s / st.replicas for st in stages), max((x for x, _ in links), default=0.0))
     if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
-        warm = stage_warmups(plan.schedule, m, [st.replicas for st in stages])
+        reps = [st.replicas for st in stages]
+        warm = [stage_warmup(plan.schedule, m, reps, i) for i in range(n)]
         tail_t = 0.0
         tail_l = 0.0
         for i in range(n - 1, -1, -1):
@@ -351,11 +318,7 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
 def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
     """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures."""
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
-    n = len(stages)
+    len(stages)
     m = plan.micro_batches
-    warm = stage_warmups(plan.schedule, m, [st.replicas for st in stages], chunks=chunks)
-    own = plan.schedule in (Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)  # these keep their own warm-ups
-    orders = [
-        stage_ops(plan.schedule, n, m, i, chunks=chunks, warmup=None if own else warm[i]) for i in range(n)
-    ]
+    orders = plan_orders(plan.schedule, m, [st.replicas for st in stages], chunks=chunks)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=record)
