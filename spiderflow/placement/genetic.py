@@ -170,22 +170,34 @@ def _perfect(adj: Sequence[int], k: int) -> bool:
     return all(augment(u, [0]) for u in range(k))
 
 
+@lru_cache(maxsize=8)
+def _permutations(k: int) -> IArr:
+    return np.array(list(itertools.permutations(range(k))), dtype=np.int64)
+
+
+def _adjacency(ok: npt.NDArray[np.bool_]) -> list[int]:
+    weights = np.left_shift(np.int64(1), np.arange(ok.shape[1], dtype=np.int64))
+    return [int(x) for x in (ok * weights).sum(axis=1)]
+
+
 def bottleneck_matching(cost: FArr) -> float:
-    """``min_π max_i cost[i, π(i)]`` over perfect matchings of a square matrix: binary search over the
-    sorted entries with a perfect-matching test (starting at the largest row/column minimum, which is a
-    lower bound). O(k² log k + k³ log k)."""
+    """``min_π max_i cost[i, π(i)]`` over perfect matchings of a square matrix. ``k ≤ 4``: every
+    permutation at once; otherwise test the lower bound (largest row/column minimum) and, if it fails,
+    binary-search the sorted entries with a perfect-matching test. O(k³ log k)."""
     k = cost.shape[0]
     if k == 1:
         return float(cost[0, 0])
+    if k <= 4:
+        perms = _permutations(k)
+        return float(cost[np.arange(k), perms].max(axis=1).min())
     lower = max(float(cost.min(axis=1).max()), float(cost.min(axis=0).max()))
-    values = np.unique(cost[cost >= lower])
+    if _perfect(_adjacency(cost <= lower), k):
+        return lower
+    values = np.unique(cost[cost > lower])
     lo, hi = 0, len(values) - 1
-    weights = [1 << j for j in range(k)]
     while lo < hi:
         mid = (lo + hi) // 2
-        ok = cost <= values[mid]
-        adj = [int(np.dot(row, weights)) for row in ok]
-        if _perfect(adj, k):
+        if _perfect(_adjacency(cost <= values[mid]), k):
             hi = mid
         else:
             lo = mid + 1
@@ -329,25 +341,23 @@ def _gains(inst: GaInstance, assign: IArr, locked: npt.NDArray[np.bool_]) -> tup
     g_ij = np.full((k, k), -np.inf)
     g_i = np.full(k, -np.inf)
     trace: list[tuple[int, int]] = [(-1, -1)] * k
-    for p in range(k):
-        members = np.flatnonzero((assign == p) & ~locked)
-        if members.size == 0:
-            continue
-        vals = own[members]
-        j = int(np.argmin(vals))
-        if not vals[j] < np.inf:
-            continue
-        v = int(members[j])
-        target = -1
-        for q in range(k):
-            if q == p:
-                continue
-            tg = gain[v, q] - gain[v, p]
-            g_ij[p, q] = tg
-            if tg > g_i[p]:
-                g_i[p] = tg
-                target = q
-        trace[p] = (v, target)
+    # per group, the unlocked member with the least cost to its own group (first in device order)
+    vals = np.where(locked, np.inf, own)
+    order = np.lexsort((np.arange(len(assign)), vals, assign))
+    starts = np.flatnonzero(np.r_[True, assign[order][1:] != assign[order][:-1]])
+    chosen = order[starts]
+    chosen = chosen[np.isfinite(vals[chosen])]
+    if chosen.size == 0:
+        return g_ij, g_i, trace
+    groups = assign[chosen]
+    tg = gain[chosen] - gain[chosen, groups][:, None]
+    tg[np.arange(len(chosen)), groups] = -np.inf
+    g_ij[groups] = tg
+    if k > 1:
+        best = tg.argmax(axis=1)
+        g_i[groups] = tg[np.arange(len(chosen)), best]
+        for v, p, q in zip(chosen.tolist(), groups.tolist(), best.tolist(), strict=True):
+            trace[p] = (v, q)
     return g_ij, g_i, trace
 
 
