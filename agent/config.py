@@ -3,8 +3,13 @@
 File format (every key optional except where the command line provides it)::
 
     cluster: virginia
-    topology_service: 127.0.0.1:50051
+    topology_service: 127.0.0.1:50052
     etcd: 127.0.0.1:2379
+    scheduler: 127.0.0.1:50051     # optional: where stage execution reports (not used for probing)
+    work_dir: /var/lib/spiderflow  # worker specs and logs (default: a directory under the system temp dir)
+    checkpoint_dir: /mnt/shared/ckpt  # checkpoint root every agent mounts at the same path (default:
+                                   # <work_dir>/checkpoints, enough when all agents share one machine)
+    checkpoint_every: 10           # steps between checkpoints of the jobs whose rank 0 runs here (0: none)
     listen: 10.77.0.2:0            # where the Agent service listens (port 0 = any free port)
     advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
     agent_id: virginia-a1          # default: <cluster>-<random hex>, new at every start
@@ -129,6 +134,10 @@ class AgentConfig:
     cluster: str
     topology_service: str
     etcd: str
+    scheduler: str | None = None
+    work_dir: str | None = None
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
     listen: str = "127.0.0.1:0"
     advertise: str | None = None
     agent_id: str | None = None
@@ -149,6 +158,12 @@ class AgentConfig:
         parse_hostport(self.topology_service, field="topology_service")
         parse_hostport(self.etcd, field="etcd")
         parse_hostport(self.listen, field="listen")
+        if self.scheduler is not None:
+            parse_hostport(self.scheduler, field="scheduler")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise ValidationError("checkpoint_every", "must be an integer ≥ 0 (0: no checkpoints)",
+                                  self.checkpoint_every)
         if self.advertise is not None:
             parse_hostport(self.advertise, field="advertise")
         if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, int) or self.lease_ttl_s < 1:

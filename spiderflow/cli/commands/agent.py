@@ -7,7 +7,9 @@
         [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
         [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
 
-``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``, and
+``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``,
+``--scheduler`` (where stage execution reports; without it the agent runs no stages) to
+``$SPIDERFLOW_SCHEDULER``, and
 ``--listen`` to ``$SPIDERFLOW_TESTBED_ADDRESS:0`` inside a testbed namespace (else 127.0.0.1:0). Flags
 override the ``--config`` file (format in :mod:`agent.config`). ``--ready-file`` receives
 ``{"address", "pid", "agent_id"}`` as JSON once the Agent service serves.
@@ -31,6 +33,8 @@ def _config(args: argparse.Namespace) -> Any:
 
     overrides: dict[str, Any] = {
         "cluster": args.cluster, "topology_service": args.topology_service, "etcd": args.etcd,
+        "scheduler": args.scheduler, "work_dir": args.work_dir, "checkpoint_dir": args.checkpoint_dir,
+        "checkpoint_every": args.checkpoint_every,
         "listen": args.listen, "advertise": args.advertise, "agent_id": args.agent_id,
         "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
         "profile_seconds": args.profile_seconds, "free_gpus": args.free_gpus,
@@ -60,7 +64,13 @@ def _run(args: argparse.Namespace) -> int:
         await agent.start()
         write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
                          agent_id=agent.agent_id)
-        await agent.run(stop)
+        if config.scheduler is None:
+            await agent.run(stop)
+            return
+        from agent.executor import executor_for
+
+        executor = executor_for(config, agent.address, on_busy=agent.set_busy)
+        await asyncio.gather(agent.run(stop), executor.run(stop))
 
     return run_until_signalled(main)
 
@@ -72,6 +82,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="topology service host:port (default $SPIDERFLOW_TOPOLOGY)")
     p.add_argument("--etcd", default=os.environ.get("SPIDERFLOW_ETCD"), metavar="ADDR",
                    help="etcd host:port (default $SPIDERFLOW_ETCD)")
+    p.add_argument("--scheduler", default=os.environ.get("SPIDERFLOW_SCHEDULER"), metavar="ADDR",
+                   help="scheduler host:port for stage execution (default $SPIDERFLOW_SCHEDULER; not used "
+                        "for probing)")
+    p.add_argument("--work-dir", help="worker specs and logs of the stages this agent runs (default: a "
+                                      "directory under the system temp dir)")
+    p.add_argument("--checkpoint-dir", help="checkpoint root, the same path on every agent (default: "
+                                            "<work-dir>/checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K", help="steps between checkpoints (default 10; 0: none)")
     p.add_argument("--config", type=Path, help="YAML/JSON agent configuration (flags override it)")
     testbed = os.environ.get("SPIDERFLOW_TESTBED_ADDRESS")
     p.add_argument("--listen", default=f"{testbed}:0" if testbed else None,

@@ -1,7 +1,7 @@
 """``spiderflow topology``: validate, generate and show cluster topologies.
 
 ``show`` reads the live graph from the topology service: ``--topology-service HOST:PORT``, else the
-``SPIDERFLOW_TOPOLOGY`` environment variable, else ``127.0.0.1:50051``. It prints a table of clusters
+``SPIDERFLOW_TOPOLOGY`` environment variable, else ``127.0.0.1:50052``. It prints a table of clusters
 (GPU type, GPUs free/total, measured TFLOPS, agent) and links (bandwidth, latency, age); ``--json``
 prints the snapshot in the topology file format plus ``"revision"`` (``spiderflow topology validate``
 accepts it).
@@ -24,7 +24,7 @@ from spiderflow.formats import load_topology, topology_to_dict
 
 __all__ = ["DEFAULT_TOPOLOGY_SERVICE", "register", "summarize"]
 
-DEFAULT_TOPOLOGY_SERVICE = "127.0.0.1:50051"
+DEFAULT_TOPOLOGY_SERVICE = "127.0.0.1:50052"
 
 
 def summarize(topo: Topology) -> dict[str, Any]:

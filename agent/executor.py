@@ -1,0 +1,721 @@
+"""The assignment executor: runs the stages the scheduler assigns to this agent's cluster.
+
+Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
+
+- **Assignments.** A bind writes ``assignments/<cluster>/<job>`` = ``{"job", "attempt", "stages", "plan",
+  "spec"}`` (:mod:`services.scheduler.repo`). The executor lists its prefix, then watches it from the
+  revision of the list (no gap, no duplicate). A new ``(job, attempt)`` starts a run; a deleted key (the
+  job ended, was cancelled, or is being re-placed) or a PUT of a newer attempt stops the old run's workers
+  without reporting anything.
+- **Ranks.** :func:`spiderflow.exec.spec.rank_layout` numbers the plan's ranks; this agent starts
+  :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
+  rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
+  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``.
+- **Rendezvous.** The agent hosting rank 0 picks a free TCP port on its own address (outside the
+  ephemeral range, so no outgoing connection takes it in between), chooses the checkpoint to resume from
+  (``checkpoints/<job>``, read once for the whole attempt) and publishes ``rendezvous/<job>/<attempt>`` =
+  ``{"host", "port", "checkpoint_dir", "checkpoint_every", "resume"}``; its rank-0 worker hosts the
+  ``torch.distributed`` TCPStore there (keys prefixed ``<job>/attempt-<n>/``). Every other agent waits for
+  that key (list-then-watch), so all ranks agree on the store, the checkpoint cadence and the resume point.
+- **Progress.** Step events of the last stage's replica 0 (the one that knows the global batch's loss)
+  go to the scheduler's ``ReportProgress`` with the assignment's attempt, coalesced at most every
+  ``report_interval_s``: step, loss, step time, tokens/s. ``stop=true`` in the answer stops the run.
+- **Outcomes.** When this agent's workers have exited: one ``WorkerOutcome`` per stage it runs
+  (``succeeded`` when every rank of the stage exited 0; otherwise ``error`` = the worker's error event and
+  the last lines of its stderr). The final progress travels in the same request as the outcomes, so the
+  job's record ends with its last figures. A failure that looks like a lost peer (a closed or reset
+  connection, a timeout) is held back for ``failure_grace_s``: when a cluster dies, its agent's lease
+  expires and the scheduler re-places the job (deleting this assignment) — that is a re-placement, not a
+  failure of the job. Only if the assignment is still there after the grace is the failure reported.
+- **Checkpoints.** Every ``checkpoint_every`` steps each stage saves its shard under
+  ``<checkpoint_dir>/<job>/attempt-<n>/``; once all have saved (a barrier in the workers) rank 0 prints the
+  manifest and its agent writes it to ``checkpoints/<job>`` (compare-and-swap, only a newer step
+  replaces an older one). A later attempt — any clusters, any layer split — resumes from it by
+  re-slicing layers (:mod:`spiderflow.exec.checkpoint`). The shard paths in the manifest must be readable
+  by the next attempt's workers: on one machine a shared directory (``spiderflow up`` uses
+  ``<mesh>/checkpoints``); on real clusters a file system every agent mounts at the same path
+  (NFS, Lustre, a bucket through a FUSE mount). The rank-0 agent's ``checkpoint_dir`` is the one every rank
+  uses (it travels in the rendezvous).
+- **Busy.** ``on_busy(True)`` while any worker of this agent runs, ``on_busy(False)`` after the last
+  one exited (the agent pauses bulk probes meanwhile: :meth:`agent.agent.Agent.set_busy`).
+
+Workers die with their agent (``setpriv --pdeathsig KILL``): an agent killed by SIGKILL takes its ranks
+with it, as a lost cluster does. Inside the emulated testbed the rendezvous host is the agent's namespace
+address and gloo binds the interface named by ``GLOO_SOCKET_IFNAME`` (set by the testbed, inherited by the
+workers); on loopback ``GLOO_SOCKET_IFNAME=lo`` is set when the environment does not name one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from spiderflow.domain import JobSpec, Plan
+from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.exec.spec import (
+    CheckpointManifest,
+    RankInfo,
+    TrainSpec,
+    check_runnable,
+    manifest_from_dict,
+    manifest_to_dict,
+    rank_layout,
+    ranks_of_cluster,
+    spec_to_dict,
+)
+from spiderflow.formats import job_from_dict
+from spiderflow.jobs import plan_from_dict
+from spiderflow.proto.scheduler.v1 import scheduler_pb2
+from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.store import keys
+from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
+
+__all__ = [
+    "Assignment",
+    "Executor",
+    "ExecutorSettings",
+    "Reporter",
+    "RendezvousInfo",
+    "SchedulerReporter",
+    "executor_for",
+    "is_peer_error",
+]
+
+log = structlog.get_logger(__name__)
+
+_PEER_ERRORS = ("connection closed by peer", "connection reset", "broken pipe", "timed out", "timeout",
+                "connection refused", "socket closed", "read error", "eof", "distbackenderror")
+
+
+def is_peer_error(text: str) -> bool:
+    """Whether a worker's error reads like the loss of another rank rather than a fault of its own."""
+    low = text.lower()
+    return any(p in low for p in _PEER_ERRORS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    """One assignment value (see the module docstring)."""
+
+    job: str
+    attempt: int
+    stages: tuple[int, ...]
+    plan: Plan
+    spec: JobSpec
+
+    @classmethod
+    def decode(cls, value: bytes) -> Assignment:
+        """Parse a stored value; :class:`ValidationError` (field ``assignment…``) when malformed."""
+        try:
+            doc = json.loads(value)
+            plan = plan_from_dict(doc["plan"])
+            stages = tuple(int(s) for s in doc["stages"])
+            return cls(job=str(doc["job"]), attempt=int(doc["attempt"]), stages=stages, plan=plan,
+                       spec=job_from_dict(doc["spec"], where="assignment.spec"))
+        except ValidationError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValidationError("assignment", f"malformed: {e}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RendezvousInfo:
+    """What the agent of rank 0 publishes for one attempt (see the module docstring)."""
+
+    host: str
+    port: int
+    checkpoint_dir: str
+    checkpoint_every: int
+    resume: CheckpointManifest | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps({"host": self.host, "port": self.port, "checkpoint_dir": self.checkpoint_dir,
+                           "checkpoint_every": self.checkpoint_every,
+                           "resume": None if self.resume is None else manifest_to_dict(self.resume)}).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> RendezvousInfo:
+        try:
+            doc = json.loads(value)
+            resume = doc.get("resume")
+            return cls(host=str(doc["host"]), port=int(doc["port"]), checkpoint_dir=str(doc["checkpoint_dir"]),
+                       checkpoint_every=int(doc["checkpoint_every"]),
+                       resume=None if resume is None else manifest_from_dict(resume))
+        except ValidationError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValidationError("rendezvous", f"malformed: {e}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorSettings:
+    """``host``: the address this agent's ranks bind and the rank-0 store listens on (the agent's
+    advertised host). ``work_dir``: worker specs and logs. ``checkpoint_dir``: the shared checkpoint root.
+    ``checkpoint_every``: steps between checkpoints (0: none). ``failure_grace_s``: how long a peer-looking
+    failure waits for a re-placement before it is reported."""
+
+    cluster: str
+    host: str
+    work_dir: Path
+    checkpoint_dir: Path
+    checkpoint_every: int = 10
+    rendezvous_timeout_s: float = 120.0
+    failure_grace_s: float = 20.0
+    report_interval_s: float = 0.25
+    stop_grace_s: float = 3.0
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise ValidationError("checkpoint_every", "must be an integer ≥ 0", self.checkpoint_every)
+        for name in ("rendezvous_timeout_s", "failure_grace_s", "report_interval_s", "stop_grace_s"):
+            if not getattr(self, name) > 0:
+                raise ValidationError(name, "must be > 0", getattr(self, name))
+
+
+class Reporter(Protocol):
+    """Sends a ReportProgress request; returns ``(accepted, stop)``. Raises domain errors
+    (:class:`UnavailableError` when the scheduler cannot be reached)."""
+
+    async def report(self, request: scheduler_pb2.ReportProgressRequest) -> tuple[bool, bool]: ...
+
+    async def close(self) -> None: ...
+
+
+class SchedulerReporter:
+    """:class:`Reporter` over a gRPC channel to the Scheduler service."""
+
+    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+        from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
+        from spiderflow.rpc.server import open_channel
+
+        self._channel = open_channel(address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self._timeout = timeout_s
+
+    async def report(self, request: scheduler_pb2.ReportProgressRequest) -> tuple[bool, bool]:
+        from spiderflow.rpc.errors import domain_errors
+
+        with domain_errors():
+            resp = await self._stub.ReportProgress(request, timeout=self._timeout)
+        return bool(resp.accepted), bool(resp.stop)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def _pdeathsig_prefix() -> list[str]:
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform.startswith("linux") else []
+
+
+def _free_port(host: str, rng: random.Random) -> int:
+    """A port free on ``host`` now, chosen below the usual ephemeral range (32768–60999)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(200):
+        port = rng.randint(20000, 32000)
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise UnavailableError(f"no free port for a rendezvous store on {host}")
+
+
+def _tail(path: Path, lines: int = 12, limit: int = 1500) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    out = "\n".join(text[-lines:])
+    return out[-limit:]
+
+
+@dataclass
+class _Worker:
+    info: RankInfo
+    proc: asyncio.subprocess.Process
+    out_path: Path
+    err_path: Path
+    error: str = ""
+    done: bool = False
+
+
+@dataclass
+class _Run:
+    assignment: Assignment
+    task: asyncio.Task[None] | None = None
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    reason: str = ""
+
+    def cancel(self, reason: str) -> None:
+        if not self.cancelled.is_set():
+            self.reason = reason
+            self.cancelled.set()
+
+
+class _Cancelled(Exception):
+    """The run was stopped (assignment gone, newer attempt, scheduler said stop, agent shutting down)."""
+
+
+class Executor:
+    """Runs this cluster's assignments (see the module docstring)."""
+
+    def __init__(self, settings: ExecutorSettings, store: Store, reporter: Reporter, *,
+                 on_busy: Callable[[bool], None] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.reporter = reporter
+        self.on_busy = on_busy
+        self.runs: dict[str, _Run] = {}
+        self._finished: set[tuple[str, int]] = set()
+        self._busy = 0
+        self.owns_clients = False
+        self._rng = random.Random(f"{settings.cluster}-{os.getpid()}-{time.time_ns()}")
+        self.log = log.bind(cluster=settings.cluster)
+
+    # -- the assignment loop --------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """List-then-watch the assignments until ``stop``; then stop every run and wait for it."""
+        watcher = asyncio.create_task(self._watch_loop(), name="executor-watch")
+        try:
+            await stop.wait()
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
+            await self.shutdown()
+            if self.owns_clients:
+                with contextlib.suppress(Exception):
+                    await self.reporter.close()
+                with contextlib.suppress(Exception):
+                    await self.store.close()
+
+    async def shutdown(self) -> None:
+        runs = list(self.runs.values())
+        for r in runs:
+            r.cancel("agent stopping")
+        for r in runs:
+            if r.task is not None:
+                with contextlib.suppress(BaseException):
+                    await r.task
+        self.runs.clear()
+
+    async def _watch_loop(self) -> None:
+        prefix = keys.assignments_prefix(self.settings.cluster)
+        while True:
+            try:
+                items, rev = await self.store.get_prefix(prefix)
+                present = {kv.key: kv.value for kv in items}
+                for job, run in list(self.runs.items()):
+                    if keys.assignment_key(self.settings.cluster, job) not in present:
+                        run.cancel("assignment removed")
+                for key, value in present.items():
+                    self._on_put(key, value)
+                async with self.store.watch_prefix(prefix, start_revision=rev + 1) as watch:
+                    async for ev in watch:
+                        if ev.type is EventType.DELETE:
+                            job = ev.key[len(prefix):]
+                            run = self.runs.get(job)
+                            if run is not None:
+                                run.cancel("assignment removed")
+                        else:
+                            self._on_put(ev.key, ev.value)
+            except asyncio.CancelledError:
+                raise
+            except (CompactedError, SpiderFlowError) as e:
+                self.log.warning("executor.watch_failed", error=str(e))
+                await asyncio.sleep(1.0)
+
+    def _on_put(self, key: str, value: bytes) -> None:
+        try:
+            a = Assignment.decode(value)
+        except ValidationError as e:
+            self.log.warning("executor.bad_assignment", key=key, error=str(e))
+            return
+        if (a.job, a.attempt) in self._finished:
+            return
+        old = self.runs.get(a.job)
+        if old is not None:
+            if old.assignment.attempt >= a.attempt:
+                return
+            old.cancel(f"attempt {a.attempt} replaces it")
+        run = _Run(assignment=a)
+        self.runs[a.job] = run
+        run.task = asyncio.create_task(self._run_guarded(run, old), name=f"run-{a.job}-{a.attempt}")
+
+    async def _run_guarded(self, run: _Run, previous: _Run | None) -> None:
+        a = run.assignment
+        bound = self.log.bind(job=a.job, attempt=a.attempt)
+        if previous is not None and previous.task is not None:
+            with contextlib.suppress(BaseException):
+                await previous.task
+        try:
+            await self._execute(run, bound)
+        except _Cancelled:
+            bound.info("executor.run_stopped", reason=run.reason)
+        except Exception as e:  # a bug here must not kill the agent; the job is told
+            bound.exception("executor.run_crashed")
+            with contextlib.suppress(Exception):
+                await self._report_outcomes(run, {s: f"agent executor error: {type(e).__name__}: {e}"
+                                                  for s in a.stages}, bound)
+        finally:
+            self._finished.add((a.job, a.attempt))
+            if self.runs.get(a.job) is run:
+                del self.runs[a.job]
+
+    # -- one run ----------------------------------------------------------------------------------------
+
+    async def _execute(self, run: _Run, bound: Any) -> None:
+        a = run.assignment
+        s = self.settings
+        ranks = ranks_of_cluster(a.plan, s.cluster)
+        layout = rank_layout(a.plan)
+        if not ranks:
+            bound.info("executor.no_ranks")
+            return
+        hosts_zero = layout[0].cluster == s.cluster
+        bound.info("executor.assigned", stages=list(a.stages), ranks=[r.rank for r in ranks], world=len(layout),
+                   rank0=hosts_zero)
+        rdv_key = keys.rendezvous_key(a.job, a.attempt)
+        if hosts_zero:
+            info = await self._publish_rendezvous(a, rdv_key, bound)
+        else:
+            info = await self._await_rendezvous(run, rdv_key, bound)
+        try:
+            spec = TrainSpec(
+                job_id=a.job, model=a.spec.model, plan=a.plan, seq_len=a.spec.seq_len,
+                global_batch=a.spec.global_batch, steps=a.spec.steps, threads=1,
+                checkpoint_dir=info.checkpoint_dir if info.checkpoint_every else None,
+                checkpoint_every=info.checkpoint_every, resume_from=info.resume,
+            )
+            check_runnable(spec)
+        except SpiderFlowError as e:
+            await self._report_outcomes(run, {st: f"cannot run the plan: {e}" for st in a.stages}, bound)
+            return
+        run_dir = s.work_dir / a.job / f"attempt-{a.attempt}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        doc = spec_to_dict(spec)
+        doc["rendezvous"] = {"host": info.host, "port": info.port, "world_size": len(layout), "rank": 0,
+                             "serve": None, "timeout_s": s.rendezvous_timeout_s}
+        doc["namespace"] = f"{a.job}/attempt-{a.attempt}/"
+        spec_path = run_dir / "worker-spec.json"
+        spec_path.write_text(json.dumps(doc, indent=1))
+        try:
+            await self._supervise(run, spec, spec_path, run_dir, ranks, bound)
+        finally:
+            if hosts_zero:
+                with contextlib.suppress(SpiderFlowError):
+                    await self.store.delete(rdv_key)
+
+    async def _publish_rendezvous(self, a: Assignment, key: str, bound: Any) -> RendezvousInfo:
+        s = self.settings
+        resume: CheckpointManifest | None = None
+        kv = await self.store.get(keys.checkpoint_key(a.job))
+        if kv is not None:
+            try:
+                m = manifest_from_dict(json.loads(kv.value))
+                if m.job_id == a.job and m.model.layers == a.spec.model.layers and m.step < a.spec.steps \
+                        and all(Path(sh.path).is_file() for sh in m.shards):
+                    resume = m
+                else:
+                    bound.warning("executor.checkpoint_unusable", step=m.step)
+            except (ValidationError, ValueError) as e:
+                bound.warning("executor.checkpoint_unreadable", error=str(e))
+        info = RendezvousInfo(
+            host=s.host, port=_free_port(s.host, self._rng),
+            checkpoint_dir=str((s.checkpoint_dir / a.job / f"attempt-{a.attempt}").resolve()),
+            checkpoint_every=s.checkpoint_every, resume=resume,
+        )
+        await self.store.put(key, info.encode())
+        bound.info("executor.rendezvous_published", host=info.host, port=info.port,
+                   resume_step=resume.step if resume else None, checkpoint_every=info.checkpoint_every)
+        return info
+
+    async def _await_rendezvous(self, run: _Run, key: str, bound: Any) -> RendezvousInfo:
+        deadline = time.monotonic() + self.settings.rendezvous_timeout_s
+
+        async def wait() -> RendezvousInfo:
+            while True:
+                kv = await self.store.get(key)
+                if kv is not None:
+                    return RendezvousInfo.decode(kv.value)
+                rev = await self.store.revision()
+                kv = await self.store.get(key)
+                if kv is not None:
+                    return RendezvousInfo.decode(kv.value)
+                async with self.store.watch_prefix(key, start_revision=rev + 1) as watch:
+                    async for ev in watch:
+                        if ev.key == key and ev.type is EventType.PUT:
+                            return RendezvousInfo.decode(ev.value)
+
+        waiter = asyncio.create_task(wait())
+        cancelled = asyncio.create_task(run.cancelled.wait())
+        try:
+            done, _ = await asyncio.wait({waiter, cancelled}, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (waiter, cancelled):
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+        if waiter in done and not waiter.cancelled() and waiter.exception() is None:
+            info = waiter.result()
+            bound.info("executor.rendezvous_found", host=info.host, port=info.port,
+                       resume_step=info.resume.step if info.resume else None)
+            return info
+        if run.cancelled.is_set():
+            raise _Cancelled
+        raise UnavailableError(f"no rendezvous for attempt {run.assignment.attempt} of {run.assignment.job} "
+                               f"within {self.settings.rendezvous_timeout_s:.0f} s")
+
+    def _set_busy(self, delta: int) -> None:
+        before = self._busy > 0
+        self._busy += delta
+        after = self._busy > 0
+        if before != after and self.on_busy is not None:
+            self.on_busy(after)
+
+    async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo) -> _Worker:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        if "GLOO_SOCKET_IFNAME" not in env and self.settings.host.startswith("127."):
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        err_path = run_dir / f"rank-{info.rank}.log"
+        out_path = run_dir / f"rank-{info.rank}.out"
+        argv = [*_pdeathsig_prefix(), self.settings.python, "-m", "spiderflow.exec.worker", "--spec", str(spec_path),
+                "--rank", str(info.rank)]
+        with err_path.open("ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL, env=env,
+                cwd=str(run_dir), limit=16 * 1024 * 1024,
+            )
+        return _Worker(info=info, proc=proc, out_path=out_path, err_path=err_path)
+
+    async def _supervise(self, run: _Run, spec: TrainSpec, spec_path: Path, run_dir: Path,
+                         ranks: tuple[RankInfo, ...], bound: Any) -> None:
+        a = run.assignment
+        last_stage = len(a.plan.stages) - 1
+        pending: list[types_pb2.ProgressEvent] = []
+        new_progress = asyncio.Event()
+        workers: list[_Worker] = []
+        self._set_busy(+1)
+        try:
+            for info in ranks:
+                workers.append(await self._spawn(spec_path, run_dir, info))
+            bound.info("executor.workers_started", pids=[w.proc.pid for w in workers],
+                       ranks=[w.info.rank for w in workers], resume_step=spec.resume_from.step if spec.resume_from
+                       else None)
+
+            async def read(w: _Worker) -> None:
+                assert w.proc.stdout is not None
+                with w.out_path.open("a") as out:
+                    while True:
+                        line = await w.proc.stdout.readline()
+                        if not line:
+                            break
+                        text = line.decode(errors="replace")
+                        out.write(text)
+                        out.flush()
+                        try:
+                            ev = json.loads(text)
+                        except ValueError:
+                            continue
+                        if not isinstance(ev, dict):
+                            continue
+                        kind = ev.get("event")
+                        if kind == "step" and w.info.stage == last_stage and w.info.replica == 0:
+                            pending.append(types_pb2.ProgressEvent(
+                                job_id=a.job, attempt=a.attempt, step=int(ev["step"]), steps_total=spec.steps,
+                                loss=float(ev.get("loss") or 0.0), tokens_per_s=float(ev["tokens_per_s"]),
+                                step_time_s=float(ev["step_time_s"]),
+                            ))
+                            new_progress.set()
+                        elif kind == "checkpoint":
+                            await self._record_checkpoint(run, ev.get("manifest"), bound)
+                        elif kind == "error":
+                            w.error = f"{ev.get('type', 'Error')}: {ev.get('message', '')}"
+                        elif kind == "done":
+                            w.done = True
+                await w.proc.wait()
+
+            readers = [asyncio.create_task(read(w)) for w in workers]
+            all_read = asyncio.gather(*readers)
+            reporter = asyncio.create_task(self._progress_loop(run, pending, new_progress, bound))
+            cancelled = asyncio.create_task(run.cancelled.wait())
+            try:
+                await asyncio.wait({all_read, cancelled}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+            finally:
+                reporter.cancel()
+                cancelled.cancel()
+                with contextlib.suppress(BaseException):
+                    await reporter
+            if run.cancelled.is_set():
+                await self._stop_workers(workers)
+                all_read.cancel()
+                with contextlib.suppress(BaseException):
+                    await all_read
+                raise _Cancelled
+            await all_read
+        finally:
+            await self._stop_workers(workers)
+            self._set_busy(-1)
+
+        errors: dict[int, str] = {}
+        for w in workers:
+            code = w.proc.returncode
+            if code == 0 and w.done:
+                continue
+            err = w.error or f"worker exited with {code}"
+            tail = _tail(w.err_path)
+            text = f"rank {w.info.rank}: {err}" + (f"\n{tail}" if tail and tail not in err else "")
+            errors.setdefault(w.info.stage, text)
+        outcomes = {st: errors.get(st, "") for st in a.stages}
+        if errors:
+            bound.warning("executor.workers_failed", stages=sorted(errors),
+                          error=next(iter(errors.values())).splitlines()[0][:300])
+            if all(is_peer_error(e) for e in errors.values()):
+                if await self._wait_cancelled(run, self.settings.failure_grace_s):
+                    raise _Cancelled
+        else:
+            bound.info("executor.workers_succeeded", stages=list(a.stages))
+        await self._report_outcomes(run, outcomes, bound, progress=pending)
+
+    async def _wait_cancelled(self, run: _Run, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.cancelled.wait(), seconds)
+        return run.cancelled.is_set()
+
+    async def _stop_workers(self, workers: list[_Worker]) -> None:
+        alive = [w for w in workers if w.proc.returncode is None]
+        for w in alive:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.send_signal(signal.SIGTERM)
+        for w in alive:
+            try:
+                await asyncio.wait_for(w.proc.wait(), self.settings.stop_grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    w.proc.kill()
+                await w.proc.wait()
+
+    # -- reports ----------------------------------------------------------------------------------------
+
+    async def _progress_loop(self, run: _Run, pending: list[types_pb2.ProgressEvent], new: asyncio.Event,
+                             bound: Any) -> None:
+        a = run.assignment
+        while True:
+            await new.wait()
+            new.clear()
+            if not pending:
+                continue
+            batch = list(pending)
+            req = scheduler_pb2.ReportProgressRequest(cluster=self.settings.cluster, job_id=a.job,
+                                                      attempt=a.attempt, progress=batch)
+            try:
+                _, stop = await self.reporter.report(req)
+            except NotFoundError as e:
+                bound.info("executor.report_rejected", error=str(e))
+                run.cancel("the scheduler no longer assigns this cluster")
+                return
+            except SpiderFlowError as e:
+                bound.warning("executor.report_failed", error=str(e))
+                stop = False
+            else:
+                del pending[: len(batch)]
+            if stop:
+                run.cancel("the scheduler asked to stop")
+                return
+            await asyncio.sleep(self.settings.report_interval_s)
+
+    async def _report_outcomes(self, run: _Run, outcomes: dict[int, str], bound: Any,
+                               progress: list[types_pb2.ProgressEvent] | None = None) -> None:
+        a = run.assignment
+        req = scheduler_pb2.ReportProgressRequest(
+            cluster=self.settings.cluster, job_id=a.job, attempt=a.attempt, progress=list(progress or []),
+            outcomes=[scheduler_pb2.WorkerOutcome(stage=st, succeeded=not err, error=err)
+                      for st, err in sorted(outcomes.items())],
+        )
+        for attempt in range(8):
+            try:
+                accepted, stop = await self.reporter.report(req)
+            except NotFoundError as e:
+                bound.info("executor.outcome_rejected", error=str(e))
+                return
+            except SpiderFlowError as e:
+                bound.warning("executor.outcome_report_failed", error=str(e), retry=attempt)
+                await asyncio.sleep(min(4.0, 0.25 * 2 ** attempt))
+                continue
+            bound.info("executor.outcomes_reported", accepted=accepted, stop=stop,
+                       succeeded=[st for st, e in outcomes.items() if not e],
+                       failed=[st for st, e in outcomes.items() if e])
+            return
+        bound.error("executor.outcome_lost", outcomes={st: bool(not e) for st, e in outcomes.items()})
+
+    async def _record_checkpoint(self, run: _Run, raw: Any, bound: Any) -> None:
+        """Write a complete checkpoint's manifest to ``checkpoints/<job>`` unless a newer one is there."""
+        a = run.assignment
+        try:
+            m = manifest_from_dict(raw)
+        except ValidationError as e:
+            bound.warning("executor.bad_manifest", error=str(e))
+            return
+        if run.cancelled.is_set():
+            return
+        key = keys.checkpoint_key(a.job)
+        doc = {**manifest_to_dict(m), "attempt": a.attempt, "cluster": self.settings.cluster, "at": time.time()}
+        for _ in range(10):
+            try:
+                kv = await self.store.get(key)
+                if kv is not None:
+                    with contextlib.suppress(ValueError, KeyError, TypeError):
+                        if int(json.loads(kv.value)["step"]) >= m.step:
+                            return
+                await self.store.compare_and_swap(key, json.dumps(doc).encode(), kv.mod_revision if kv else 0)
+            except CompareFailedError:
+                continue
+            except SpiderFlowError as e:
+                bound.warning("executor.checkpoint_record_failed", step=m.step, error=str(e))
+                return
+            bound.info("executor.checkpoint_recorded", step=m.step, shards=len(m.shards))
+            return
+
+
+def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] | None = None) -> Executor:
+    """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
+    set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
+    owns the etcd client and the scheduler channel it creates here and closes them when :meth:`Executor.run`
+    returns."""
+    import tempfile
+
+    from spiderflow.runtime import parse_hostport
+    from spiderflow.store.etcd import EtcdStore
+
+    if not config.scheduler:
+        raise ValidationError("scheduler", "is required to execute assignments")
+    host, _ = parse_hostport(address, field="address")
+    work = Path(config.work_dir) if config.work_dir else Path(tempfile.gettempdir()) / f"spiderflow-agent-{config.cluster}"
+    settings = ExecutorSettings(
+        cluster=config.cluster, host=host, work_dir=work,
+        checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
+        checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
+    )
+    ex = Executor(settings, EtcdStore(config.etcd), SchedulerReporter(config.scheduler), on_busy=on_busy)
+    ex.owns_clients = True
+    return ex
