@@ -83,16 +83,15 @@ class TopologyServiceSource:
         delay = 0.2
         while True:
             try:
-                stream = self._stub.WatchTopology(topology_pb2.WatchTopologyRequest(from_revision=revision + 1
-                                                                                    if revision else 0))
+                # Resume from the last revision seen (the service's contract: events after it; a compacted
+                # revision answers with a full snapshot).
+                stream = self._stub.WatchTopology(topology_pb2.WatchTopologyRequest(from_revision=revision))
                 async for msg in stream:
                     delay = 0.2
                     revision = max(revision, msg.revision)
                     yield msg.revision
             except grpc.aio.AioRpcError as e:
                 log.info("scheduler.topology_watch_retry", code=e.code().name, address=self.address)
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                    revision = 0  # compacted: resync from now
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
