@@ -1,0 +1,341 @@
+"""The pipeline executor: one process per rank trains its stage replica on gloo.
+
+Per step (``m`` micro-batches of ``b = global_batch / m`` sequences; stage ``s`` of ``S``; this rank is
+replica ``r`` of ``dp_s``):
+
+1. the rank's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule (global
+   micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``);
+2. receives for every activation and gradient the order needs are posted up front (``irecv``, tag
+   ``2j`` for activations, ``2j + 1`` for gradients), so transfers over slow links overlap compute;
+3. ``F(j)``: the first stage embeds its own tokens (every rank builds the micro-batches it needs from the
+   indexed data source), others wait for the activation from the owner of ``j`` in stage ``s − 1``; the
+   output is sent (``isend``) to the owner of ``j`` in stage ``s + 1``; the last stage computes the loss;
+4. ``B(j)``: the last stage back-propagates ``loss_j / m``, others the received gradient; the gradient of
+   the stage input goes back to stage ``s − 1``;
+5. after the order completes and all sends are done, each stage sums its replicas' gradients (one flat
+   gloo all-reduce over the stage's data-parallel group), then Adam steps.
+
+Because the loss of micro-batch ``j`` is scaled by ``1/m`` and gradients are summed over micro-batches
+and replicas, the update equals that of one process running all ``m`` micro-batches of the global batch.
+
+Checkpoints (every ``K`` completed steps): replica 0 of every stage saves its shard
+(:mod:`spiderflow.exec.checkpoint`), all ranks pass a barrier, then rank 0 calls the manifest callback
+(the agent puts the manifest in etcd; :func:`run` defaults to writing ``manifest.json``). A resumed run
+loads the latest complete checkpoint under any split by re-slicing layers (model and Adam state).
+
+Limits: ``tp > 1`` and multi-chunk interleaving are rejected (:func:`spiderflow.exec.spec.check_runnable`);
+receive buffers for a whole step are allocated up front (``m`` activations and gradients per rank).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
+
+from spiderflow.exec import checkpoint as ckpt
+from spiderflow.exec.data import TokenSource, micro_batch, open_source
+from spiderflow.exec.model import StageModule, build_stage
+from spiderflow.exec.spec import (
+    CheckpointManifest,
+    RankInfo,
+    Rendezvous,
+    ShardInfo,
+    StepReport,
+    TrainSpec,
+    check_runnable,
+    rank_layout,
+)
+from spiderflow.schedules import replica_ops
+
+__all__ = [
+    "ManifestCallback",
+    "RunResult",
+    "StageRunner",
+    "StepCallback",
+    "init_distributed",
+    "run",
+]
+
+log = structlog.get_logger(__name__)
+
+StepCallback = Callable[[StepReport], None]
+ManifestCallback = Callable[[CheckpointManifest], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """What one rank did: steps ``first_step+1 … last_step`` (1-based completed-step numbers), the losses
+    of those steps (last-stage ranks only, else empty), its step times, and the manifests it published
+    (rank 0 only)."""
+
+    rank: int
+    stage: int
+    replica: int
+    first_step: int
+    last_step: int
+    losses: tuple[float, ...]
+    step_times_s: tuple[float, ...]
+    manifests: tuple[CheckpointManifest, ...]
+
+
+def init_distributed(rdv: Rendezvous, *, namespace: str = "") -> None:
+    """Join the gloo process group through the TCPStore of ``rdv`` (hosting it if ``rdv.serves``).
+
+    ``namespace`` prefixes every store key so one store can serve successive runs (e.g. one per attempt)."""
+    timeout = datetime.timedelta(seconds=rdv.timeout_s)
+    store: Store = TCPStore(
+        rdv.host, rdv.port, rdv.world_size, is_master=rdv.serves, timeout=timeout, wait_for_workers=False
+    )
+    if namespace:
+        store = PrefixStore(namespace, store)
+    dist.init_process_group("gloo", store=store, rank=rdv.rank, world_size=rdv.world_size, timeout=timeout)
+
+
+def _posted(work: dist.Work | None) -> dist.Work:
+    """The handle of a point-to-point operation (``None`` only for ranks outside the group)."""
+    assert work is not None
+    return work
+
+
+class StageRunner:
+    """One rank's stage replica: module, Adam, process groups and the per-step executor (see module doc).
+
+    Must be constructed on every rank of an initialised default process group (group creation is
+    collective)."""
+
+    def __init__(self, spec: TrainSpec, rank: int) -> None:
+        check_runnable(spec)
+        self.spec = spec
+        self.layout = rank_layout(spec.plan)
+        if dist.get_world_size() != len(self.layout):
+            raise ValueError(f"world size {dist.get_world_size()} != ranks the plan needs ({len(self.layout)})")
+        self.info: RankInfo = self.layout[rank]
+        plan = spec.plan
+        self.n_stages = len(plan.stages)
+        self.stage = plan.stages[self.info.stage]
+        self.first_rank = [0] * self.n_stages
+        for info in reversed(self.layout):
+            self.first_rank[info.stage] = info.rank
+        self.module: StageModule = build_stage(
+            spec.model, self.stage.first_layer, self.stage.last_layer, spec.seed, max_seq_len=spec.seq_len
+        )
+        self.params = list(self.module.parameters())
+        self.opt = torch.optim.Adam(self.params, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=False)
+        self.dp_group: dist.ProcessGroup | None = None
+        for s, st in enumerate(plan.stages):  # collective: every rank creates every group, in order
+            if st.dp > 1:
+                ranks = list(range(self.first_rank[s], self.first_rank[s] + st.dp))
+                group = dist.new_group(ranks)
+                if s == self.info.stage:
+                    self.dp_group = group
+        max_dp = max(st.dp for st in plan.stages)
+        warmup = None if spec.warmup is None else spec.warmup[self.info.stage]
+        self.ops = replica_ops(
+            plan.schedule, self.n_stages, plan.micro_batches, self.info.stage,
+            dp=self.stage.dp, replica=self.info.replica, max_dp=max_dp, warmup=warmup,
+        )
+        self.source: TokenSource = open_source(
+            spec.data.kind, vocab=spec.model.vocab, seq_len=spec.seq_len, seed=spec.data.seed,
+            path=spec.data.path, dtype=spec.data.dtype,
+        )
+        self.shape = (spec.micro_batch_size, spec.seq_len, spec.model.hidden)
+
+    @property
+    def is_first(self) -> bool:
+        return self.info.stage == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.info.stage == self.n_stages - 1
+
+    def owner(self, stage: int, j: int) -> int:
+        """Rank running micro-batch ``j`` of ``stage``."""
+        return self.first_rank[stage] + j % self.spec.plan.stages[stage].dp
+
+    def load(self, manifest: CheckpointManifest) -> None:
+        ckpt.load_stage(manifest, self.module, self.opt, self.spec.model)
+
+    def _batch(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = micro_batch(
+            self.source, step=step, global_batch=self.spec.global_batch,
+            micro_batch_size=self.spec.micro_batch_size, index=j,
+        )
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def train_step(self, step: int) -> float | None:
+        """Run step ``step`` (0-based); returns the global batch's mean loss on last-stage ranks."""
+        m = self.spec.plan.micro_batches
+        s = self.info.stage
+        recvs: dict[tuple[str, int], tuple[torch.Tensor, dist.Work]] = {}
+        for kind, j, _ in self.ops:
+            if kind == "F" and not self.is_first:
+                buf = torch.empty(self.shape)
+                recvs[("F", j)] = (buf, _posted(dist.irecv(buf, src=self.owner(s - 1, j), tag=2 * j)))
+            elif kind == "B" and not self.is_last:
+                buf = torch.empty(self.shape)
+                recvs[("B", j)] = (buf, _posted(dist.irecv(buf, src=self.owner(s + 1, j), tag=2 * j + 1)))
+        batches = {j: self._batch(step, j) for kind, j, _ in self.ops if kind == "F"} \
+            if (self.is_first or self.is_last) else {}
+        sends: list[tuple[torch.Tensor, dist.Work]] = []
+        stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        loss_sum = 0.0
+        for kind, j, _ in self.ops:
+            if kind == "F":
+                if self.is_first:
+                    x = batches[j][0]
+                else:
+                    buf, work = recvs.pop(("F", j))
+                    work.wait()
+                    x = buf.requires_grad_()
+                if self.is_last:
+                    out = self.module(x, batches[j][1])
+                    loss_sum += float(out.detach())
+                else:
+                    out = self.module(x)
+                    act = out.detach()
+                    sends.append((act, _posted(dist.isend(act, dst=self.owner(s + 1, j), tag=2 * j))))
+                stash[j] = (x, out)
+            else:
+                x, out = stash.pop(j)
+                if self.is_last:
+                    torch.autograd.backward(out / m)
+                else:
+                    buf, work = recvs.pop(("B", j))
+                    work.wait()
+                    torch.autograd.backward(out, buf)
+                if not self.is_first:
+                    grad = x.grad
+                    assert grad is not None
+                    sends.append((grad, _posted(dist.isend(grad, dst=self.owner(s - 1, j), tag=2 * j + 1))))
+        for _, work in sends:
+            work.wait()
+        self._sync_grads()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if not self.is_last:
+            return None
+        if self.dp_group is not None:
+            t = torch.tensor([loss_sum], dtype=torch.float64)
+            dist.all_reduce(t, group=self.dp_group)
+            loss_sum = float(t.item())
+        return loss_sum / m
+
+    def _sync_grads(self) -> None:
+        """Sum gradients over the stage's replicas (one flat all-reduce)."""
+        for p in self.params:
+            if p.grad is None:  # a replica that ran no micro-batch this step
+                p.grad = torch.zeros_like(p)
+        if self.dp_group is None:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
+        dist.all_reduce(flat, group=self.dp_group)
+        offset = 0
+        for p in self.params:
+            assert p.grad is not None
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+    def save(self, step: int) -> None:
+        """Save this stage's shard (replica 0 only; replicas are identical after the all-reduce)."""
+        assert self.spec.checkpoint_dir is not None
+        if self.info.replica == 0:
+            ckpt.save_shard(self.spec.checkpoint_dir, step, self.module, self.opt)
+
+    def manifest(self, step: int) -> CheckpointManifest:
+        assert self.spec.checkpoint_dir is not None
+        shards = tuple(
+            ShardInfo(
+                first_layer=st.first_layer, last_layer=st.last_layer,
+                path=str(ckpt.shard_path(self.spec.checkpoint_dir, step, st.first_layer, st.last_layer).resolve()),
+            )
+            for st in self.spec.plan.stages
+        )
+        return CheckpointManifest(job_id=self.spec.job_id, step=step, model=self.spec.model, shards=shards)
+
+
+def run(
+    spec: TrainSpec,
+    rdv: Rendezvous,
+    *,
+    on_step: StepCallback | None = None,
+    on_checkpoint: ManifestCallback | None = None,
+    namespace: str = "",
+) -> RunResult:
+    """Run this rank of ``spec`` to ``spec.steps`` and leave the process group.
+
+    Joins the group (:func:`init_distributed`), resumes if asked (``spec.resume_from``, else with
+    ``spec.resume`` the latest complete checkpoint under ``spec.checkpoint_dir``), trains, checkpoints every
+    ``spec.checkpoint_every`` steps and calls ``on_step`` after every step on every rank. ``on_checkpoint``
+    (rank 0 only) publishes a complete checkpoint; by default it writes ``manifest.json`` next to the
+    shards. Raises what the training raises (the agent reports it as the job's error); the process group
+    is destroyed in every case.
+    """
+    torch.set_num_threads(spec.threads)
+    check_runnable(spec)
+    if rdv.world_size != spec.world_size:
+        raise ValueError(f"rendezvous.world_size {rdv.world_size} != ranks the plan needs ({spec.world_size})")
+    publish = on_checkpoint
+    if publish is None and spec.checkpoint_dir is not None:
+        root = spec.checkpoint_dir
+
+        def publish(manifest: CheckpointManifest) -> None:
+            ckpt.write_manifest_file(manifest, root)
+
+    init_distributed(rdv, namespace=namespace)
+    try:
+        runner = StageRunner(spec, rdv.rank)
+        info = runner.info
+        bound = log.bind(job=spec.job_id, rank=info.rank, stage=info.stage, replica=info.replica)
+        manifest = spec.resume_from
+        if manifest is None and spec.resume and spec.checkpoint_dir is not None:
+            manifest = ckpt.latest_checkpoint(spec.checkpoint_dir)
+        start = 0
+        if manifest is not None:
+            runner.load(manifest)
+            start = manifest.step
+            bound.info("resumed", step=start, shards=len(manifest.shards))
+        losses: list[float] = []
+        times: list[float] = []
+        published: list[CheckpointManifest] = []
+        for step in range(start, spec.steps):
+            t0 = time.perf_counter()
+            loss = runner.train_step(step)
+            dt = time.perf_counter() - t0
+            times.append(dt)
+            if loss is not None:
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss} at step {step + 1}")
+                losses.append(loss)
+            report = StepReport(
+                job_id=spec.job_id, step=step + 1, rank=info.rank, stage=info.stage, replica=info.replica,
+                step_time_s=dt, tokens_per_s=spec.tokens_per_step / dt, loss=loss,
+            )
+            if on_step is not None:
+                on_step(report)
+            done = step + 1
+            if spec.checkpoint_every and done % spec.checkpoint_every == 0:
+                runner.save(done)
+                dist.barrier()
+                if info.rank == 0:
+                    m = runner.manifest(done)
+                    if publish is not None:
+                        publish(m)
+                    published.append(m)
+                    bound.info("checkpoint", step=done, dir=str(Path(spec.checkpoint_dir or ".")))
+        dist.barrier()
+        return RunResult(
+            rank=info.rank, stage=info.stage, replica=info.replica, first_step=start, last_step=spec.steps,
+            losses=tuple(losses), step_times_s=tuple(times), manifests=tuple(published),
+        )
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,374 @@
+"""What a training worker needs to run, as plain validated values (no torch: agents import this freely).
+
+- :class:`TrainSpec`: model, plan, batch, steps, optimizer, data, checkpointing (one per job, identical on
+  every rank);
+- :class:`Rendezvous`: the ``torch.distributed`` TCPStore address and this process's rank;
+- :class:`RankInfo` / :func:`rank_layout`: ranks are numbered stage by stage, replica by replica (stage 0's
+  ``dp_0`` replicas are ranks ``0 … dp_0 − 1``, stage 1's follow, …); micro-batch ``j`` of stage ``s`` runs
+  on replica ``j mod dp_s``;
+- :class:`StepReport`, :class:`CheckpointManifest`: what flows back to the agent through callbacks.
+
+``*_to_dict`` / ``*_from_dict`` convert to and from the JSON a worker reads (``python -m
+spiderflow.exec.worker --spec FILE.json``); parse errors are :class:`ValidationError` with a field path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spiderflow.catalog import ModelSpec
+from spiderflow.domain import Plan, Schedule, Stage
+from spiderflow.errors import PreconditionError, ValidationError
+from spiderflow.formats import model_from_value
+
+__all__ = [
+    "CheckpointManifest",
+    "DataSpec",
+    "RankInfo",
+    "Rendezvous",
+    "ShardInfo",
+    "StepReport",
+    "TrainSpec",
+    "check_runnable",
+    "manifest_from_dict",
+    "manifest_to_dict",
+    "model_to_dict",
+    "plan_from_dict",
+    "plan_to_dict",
+    "rank_layout",
+    "ranks_of_cluster",
+    "spec_from_dict",
+    "spec_to_dict",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """``kind`` ``"synthetic"`` (seeded Markov tokens) or ``"file"`` (``path`` to ``.npy``/``.bin``;
+    ``dtype`` of a ``.bin`` file ``uint16``/``uint32``); ``seed`` picks the chain or the window order."""
+
+    kind: str = "synthetic"
+    path: str | None = None
+    dtype: str = "uint16"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("synthetic", "file"):
+            raise ValidationError("data.kind", "must be 'synthetic' or 'file'", self.kind)
+        if self.kind == "file" and not self.path:
+            raise ValidationError("data.path", "is required for token files", self.path)
+        if self.dtype not in ("uint16", "uint32"):
+            raise ValidationError("data.dtype", "must be uint16 or uint32", self.dtype)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rendezvous:
+    """Where ranks meet: a ``torch.distributed`` TCPStore at ``host:port``. ``serve`` makes this process host
+    the store (default: rank 0 does); with ``serve=False`` on every rank someone else (an agent, a test)
+    hosts it. ``timeout_s`` bounds rendezvous and every collective/point-to-point wait."""
+
+    host: str
+    port: int
+    world_size: int
+    rank: int
+    serve: bool | None = None
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValidationError("rendezvous.host", "must be a non-empty string", self.host)
+        if not isinstance(self.port, int) or not 0 < self.port < 65536:
+            raise ValidationError("rendezvous.port", "must be in 1..65535", self.port)
+        if not isinstance(self.world_size, int) or self.world_size < 1:
+            raise ValidationError("rendezvous.world_size", "must be ≥ 1", self.world_size)
+        if not isinstance(self.rank, int) or not 0 <= self.rank < self.world_size:
+            raise ValidationError("rendezvous.rank", f"must be in [0, {self.world_size})", self.rank)
+        if self.timeout_s <= 0:
+            raise ValidationError("rendezvous.timeout_s", "must be > 0", self.timeout_s)
+
+    @property
+    def serves(self) -> bool:
+        return self.rank == 0 if self.serve is None else self.serve
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainSpec:
+    """One job's training run.
+
+    ``steps`` is the job's total step count: a run resumed at step ``k`` trains steps ``k … steps − 1``.
+    The micro-batch size is ``global_batch / plan.micro_batches`` (must divide). ``checkpoint_every = K``
+    saves after every ``K``-th completed step (0: never) under ``checkpoint_dir``; ``resume`` starts from
+    the latest complete checkpoint found there (or from ``resume_from`` if given) instead of from the
+    seed's initialisation. ``warmup`` optionally overrides the per-stage warm-up depth of the 1F1B family
+    (one entry per stage, non-increasing). ``threads`` is ``torch.set_num_threads`` in the worker.
+    """
+
+    job_id: str
+    model: ModelSpec
+    plan: Plan
+    seq_len: int
+    global_batch: int
+    steps: int
+    seed: int = 0
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    data: DataSpec = field(default_factory=DataSpec)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    resume_from: CheckpointManifest | None = None
+    warmup: tuple[int, ...] | None = None
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ValidationError("job_id", "must be a non-empty string", self.job_id)
+        for name in ("seq_len", "global_batch", "steps", "threads"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValidationError(name, "must be an integer ≥ 1", v)
+        if self.global_batch % self.plan.micro_batches:
+            raise ValidationError(
+                "global_batch", f"must be a multiple of plan.micro_batches ({self.plan.micro_batches})",
+                self.global_batch,
+            )
+        if self.plan.layers != self.model.layers:
+            raise ValidationError("plan.stages", f"cover {self.plan.layers} layers, the model has "
+                                  f"{self.model.layers}", self.plan.layers)
+        if not self.lr > 0:
+            raise ValidationError("lr", "must be > 0", self.lr)
+        if isinstance(self.checkpoint_every, bool) or self.checkpoint_every < 0:
+            raise ValidationError("checkpoint_every", "must be ≥ 0", self.checkpoint_every)
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValidationError("checkpoint_dir", "is required when checkpoint_every > 0", self.checkpoint_dir)
+        if self.warmup is not None:
+            if len(self.warmup) != len(self.plan.stages):
+                raise ValidationError("warmup", f"needs one entry per stage ({len(self.plan.stages)})", self.warmup)
+            pairs = zip(self.warmup, self.warmup[1:], strict=False)
+            if any(w < 0 for w in self.warmup) or any(a < b for a, b in pairs):
+                raise ValidationError("warmup", "must be ≥ 0 and non-increasing along the pipeline",
+                                      self.warmup)
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.global_batch // self.plan.micro_batches
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes the plan needs (``Σ_s dp_s``; tensor parallelism is not run, see
+        :func:`check_runnable`)."""
+        return sum(s.dp for s in self.plan.stages)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+def check_runnable(spec: TrainSpec) -> None:
+    """Raise :class:`PreconditionError` for plans this executor cannot run faithfully.
+
+    - ``tp > 1``: tensor parallelism is not implemented on the CPU/gloo executor (a plan needing it must
+      be re-planned with ``tp = 1``; running it as extra data parallelism would change the plan's figures);
+    - interleaved 1F1B with more than one chunk: a :class:`Plan` stage carries one contiguous layer range,
+      not the per-chunk layer assignment interleaving needs.
+    """
+    for i, st in enumerate(spec.plan.stages):
+        if st.tp != 1:
+            raise PreconditionError(
+                f"plan.stages[{i}].tp = {st.tp}: tensor parallelism is not supported by the gloo executor; "
+                "re-plan with tp = 1"
+            )
+    if spec.plan.schedule is Schedule.INTERLEAVED_1F1B and int(spec.plan.extras.get("chunks", 2)) > 1:
+        raise PreconditionError(
+            "interleaved 1F1B with several chunks per stage needs a per-chunk layer assignment that a plan "
+            "stage does not carry; use 1f1b or latency-aware"
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankInfo:
+    """Rank ``rank`` runs replica ``replica`` of stage ``stage`` (on ``cluster``)."""
+
+    rank: int
+    stage: int
+    replica: int
+    cluster: str
+
+
+def rank_layout(plan: Plan) -> tuple[RankInfo, ...]:
+    """All ranks of ``plan``, numbered stage by stage, replica by replica."""
+    out: list[RankInfo] = []
+    for s, st in enumerate(plan.stages):
+        for r in range(st.dp):
+            out.append(RankInfo(rank=len(out), stage=s, replica=r, cluster=st.cluster))
+    return tuple(out)
+
+
+def ranks_of_cluster(plan: Plan, cluster: str) -> tuple[RankInfo, ...]:
+    """The ranks an agent of ``cluster`` must start."""
+    return tuple(r for r in rank_layout(plan) if r.cluster == cluster)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepReport:
+    """One completed step as seen by one rank.
+
+    ``step`` counts completed steps (1-based). ``step_time_s`` is this rank's wall time for the step,
+    ``tokens_per_s = global_batch · seq_len / step_time_s``. ``loss`` (mean token cross-entropy of the
+    whole global batch) is known only on last-stage ranks, ``None`` elsewhere."""
+
+    job_id: str
+    step: int
+    rank: int
+    stage: int
+    replica: int
+    step_time_s: float
+    tokens_per_s: float
+    loss: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardInfo:
+    """One stage's checkpoint file covering layers ``[first_layer, last_layer]``."""
+
+    first_layer: int
+    last_layer: int
+    path: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointManifest:
+    """A complete checkpoint: every layer of the model is in exactly one shard, saved after ``step``
+    completed steps. Written (by the manifest callback) only after all stages saved."""
+
+    job_id: str
+    step: int
+    model: ModelSpec
+    shards: tuple[ShardInfo, ...]
+
+    def __post_init__(self) -> None:
+        covered = sorted((s.first_layer, s.last_layer) for s in self.shards)
+        expected = 0
+        for first, last in covered:
+            if first != expected:
+                raise ValidationError("manifest.shards", f"layer {expected} is not covered exactly once", first)
+            expected = last + 1
+        if expected != self.model.layers:
+            raise ValidationError("manifest.shards", f"cover {expected} of {self.model.layers} layers", expected)
+
+
+# ---------------------------------------------------------------------------------------------------- JSON
+
+
+def _get(raw: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in raw:
+        if default is ...:
+            raise ValidationError(f"{where}{key}", "is required")
+        return default
+    v = raw[key]
+    if not isinstance(v, kind) or (isinstance(v, bool) and kind is not bool):
+        raise ValidationError(f"{where}{key}", f"has the wrong type ({type(v).__name__})", v)
+    return v
+
+
+def model_to_dict(model: ModelSpec) -> dict[str, Any]:
+    return {"name": model.name, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
+            "vocab": model.vocab}
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "stages": [
+            {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "tp": s.tp,
+             "dp": s.dp}
+            for s in plan.stages
+        ],
+        "micro_batches": plan.micro_batches,
+        "schedule": plan.schedule.value,
+        "step_time_s": plan.step_time_s,
+        "extras": dict(plan.extras),
+    }
+
+
+def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
+    if not isinstance(raw, Mapping):
+        raise ValidationError(where.rstrip("."), "must be an object", raw)
+    stages = []
+    for i, s in enumerate(_get(raw, "stages", where, list)):
+        w = f"{where}stages[{i}]."
+        if not isinstance(s, Mapping):
+            raise ValidationError(w.rstrip("."), "must be an object", s)
+        stages.append(Stage(
+            cluster=_get(s, "cluster", w, str, "local"), first_layer=_get(s, "first_layer", w, int),
+            last_layer=_get(s, "last_layer", w, int), tp=_get(s, "tp", w, int, 1), dp=_get(s, "dp", w, int, 1),
+        ))
+    try:
+        schedule = Schedule(_get(raw, "schedule", where, str, Schedule.ONE_F_ONE_B.value))
+    except ValueError:
+        raise ValidationError(f"{where}schedule", f"must be one of {[s.value for s in Schedule]}",
+                              raw.get("schedule")) from None
+    extras = {str(k): float(v) for k, v in _get(raw, "extras", where, dict, {}).items()}
+    return Plan(stages=tuple(stages), micro_batches=_get(raw, "micro_batches", where, int), schedule=schedule,
+                step_time_s=float(_get(raw, "step_time_s", where, (int, float), 0.0)), extras=extras)
+
+
+def manifest_to_dict(m: CheckpointManifest) -> dict[str, Any]:
+    return {"job_id": m.job_id, "step": m.step, "model": model_to_dict(m.model),
+            "shards": [{"first_layer": s.first_layer, "last_layer": s.last_layer, "path": s.path}
+                       for s in m.shards]}
+
+
+def manifest_from_dict(raw: Any, *, where: str = "manifest.") -> CheckpointManifest:
+    if not isinstance(raw, Mapping):
+        raise ValidationError(where.rstrip("."), "must be an object", raw)
+    shards = tuple(
+        ShardInfo(first_layer=_get(s, "first_layer", f"{where}shards[{i}].", int),
+                  last_layer=_get(s, "last_layer", f"{where}shards[{i}].", int),
+                  path=_get(s, "path", f"{where}shards[{i}].", str))
+        for i, s in enumerate(_get(raw, "shards", where, list))
+    )
+    return CheckpointManifest(job_id=_get(raw, "job_id", where, str), step=_get(raw, "step", where, int),
+                              model=model_from_value(_get(raw, "model", where, (str, dict)), field=f"{where}model"),
+                              shards=shards)
+
+
+def spec_to_dict(spec: TrainSpec) -> dict[str, Any]:
+    return {
+        "job_id": spec.job_id, "model": model_to_dict(spec.model), "plan": plan_to_dict(spec.plan),
+        "seq_len": spec.seq_len, "global_batch": spec.global_batch, "steps": spec.steps, "seed": spec.seed,
+        "lr": spec.lr, "betas": list(spec.betas), "eps": spec.eps,
+        "data": {"kind": spec.data.kind, "path": spec.data.path, "dtype": spec.data.dtype, "seed": spec.data.seed},
+        "checkpoint_dir": spec.checkpoint_dir, "checkpoint_every": spec.checkpoint_every, "resume": spec.resume,
+        "resume_from": None if spec.resume_from is None else manifest_to_dict(spec.resume_from),
+        "warmup": None if spec.warmup is None else list(spec.warmup), "threads": spec.threads,
+    }
+
+
+def spec_from_dict(raw: Any) -> TrainSpec:
+    if not isinstance(raw, Mapping):
+        raise ValidationError("spec", "must be an object", raw)
+    d = _get(raw, "data", "", dict, {})
+    data = DataSpec(kind=_get(d, "kind", "data.", str, "synthetic"),
+                    path=_get(d, "path", "data.", (str, type(None)), None),
+                    dtype=_get(d, "dtype", "data.", str, "uint16"), seed=_get(d, "seed", "data.", int, 0))
+    betas = _get(raw, "betas", "", list, [0.9, 0.95])
+    if len(betas) != 2:
+        raise ValidationError("betas", "needs two numbers", betas)
+    warmup = _get(raw, "warmup", "", (list, type(None)), None)
+    resume_from = _get(raw, "resume_from", "", (dict, type(None)), None)
+    return TrainSpec(
+        job_id=_get(raw, "job_id", "", str, "job"),
+        model=model_from_value(_get(raw, "model", "", (str, dict)), field="model"),
+        plan=plan_from_dict(_get(raw, "plan", "", dict)),
+        seq_len=_get(raw, "seq_len", "", int), global_batch=_get(raw, "global_batch", "", int),
+        steps=_get(raw, "steps", "", int), seed=_get(raw, "seed", "", int, 0),
+        lr=float(_get(raw, "lr", "", (int, float), 1e-3)), betas=(float(betas[0]), float(betas[1])),
+        eps=float(_get(raw, "eps", "", (int, float), 1e-8)), data=data,
+        checkpoint_dir=_get(raw, "checkpoint_dir", "", (str, type(None)), None),
+        checkpoint_every=_get(raw, "checkpoint_every", "", int, 0), resume=_get(raw, "resume", "", bool, False),
+        resume_from=None if resume_from is None else manifest_from_dict(resume_from),
+        warmup=None if warmup is None else tuple(int(w) for w in warmup), threads=_get(raw, "threads", "", int, 1),
+    )

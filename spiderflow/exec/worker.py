@@ -1,0 +1,121 @@
+"""Worker process entry: ``python -m spiderflow.exec.worker --spec FILE.json [--rank N]``.
+
+``FILE.json`` is a :func:`spiderflow.exec.spec.spec_to_dict` object plus::
+
+    "rendezvous": {"host": "10.0.0.1", "port": 29500, "world_size": 4, "rank": 0,
+                   "serve": null, "timeout_s": 120},
+    "namespace": "job-7/attempt-2"          (optional TCPStore key prefix)
+
+``--rank`` overrides ``rendezvous.rank`` so one file serves every rank of a cluster. The worker prints one
+JSON object per line on stdout (the agent forwards them):
+
+- ``{"event": "step", "job_id", "step", "rank", "stage", "replica", "step_time_s", "tokens_per_s", "loss"}``
+- ``{"event": "checkpoint", "manifest": {...}}`` (rank 0, after every complete checkpoint; the default
+  ``manifest.json`` is written too)
+- ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s"}``
+- ``{"event": "error", "rank", "type", "message"}``
+
+Exit status: 0 done, 2 invalid spec (a :class:`~spiderflow.errors.SpiderFlowError`), 1 any other failure.
+Logs are structlog JSON events on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+from typing import Any
+
+import structlog
+
+from spiderflow.errors import SpiderFlowError, ValidationError
+from spiderflow.exec.spec import (
+    CheckpointManifest,
+    Rendezvous,
+    StepReport,
+    check_runnable,
+    manifest_to_dict,
+    spec_from_dict,
+)
+
+__all__ = ["main", "rendezvous_from_dict"]
+
+
+def rendezvous_from_dict(raw: Any, *, rank: int | None = None) -> Rendezvous:
+    """Parse the ``rendezvous`` object of a worker file (``rank`` overrides the file's)."""
+    if not isinstance(raw, dict):
+        raise ValidationError("rendezvous", "must be an object", raw)
+    fields = {k: raw[k] for k in ("host", "port", "world_size", "rank", "serve", "timeout_s") if k in raw}
+    if rank is not None:
+        fields["rank"] = rank
+    for key in ("host", "port", "world_size", "rank"):
+        if key not in fields:
+            raise ValidationError(f"rendezvous.{key}", "is required")
+    return Rendezvous(**fields)
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spiderflow.exec.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="worker spec JSON file")
+    parser.add_argument("--rank", type=int, default=None, help="override rendezvous.rank")
+    args = parser.parse_args(argv)
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+    )
+    rank = args.rank
+    try:
+        with open(args.spec) as f:
+            raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValidationError("spec", "must be an object", type(raw).__name__)
+        rdv = rendezvous_from_dict(raw.get("rendezvous"), rank=args.rank)
+        rank = rdv.rank
+        namespace = raw.get("namespace", "")
+        if not isinstance(namespace, str):
+            raise ValidationError("namespace", "must be a string", namespace)
+        spec = spec_from_dict(raw)
+        check_runnable(spec)
+        if rdv.world_size != spec.world_size:
+            raise ValidationError("rendezvous.world_size", f"the plan needs {spec.world_size} ranks", rdv.world_size)
+    except (OSError, json.JSONDecodeError, SpiderFlowError, TypeError) as e:
+        _emit({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)})
+        return 2
+
+    from spiderflow.exec.runtime import run  # torch is imported only once the spec is valid
+
+    def on_step(report: StepReport) -> None:
+        _emit({"event": "step", **asdict(report)})
+
+    def on_checkpoint(manifest: CheckpointManifest) -> None:
+        from spiderflow.exec.checkpoint import write_manifest_file
+
+        if spec.checkpoint_dir is not None:
+            write_manifest_file(manifest, spec.checkpoint_dir)
+        _emit({"event": "checkpoint", "manifest": manifest_to_dict(manifest)})
+
+    try:
+        result = run(spec, rdv, on_step=on_step, on_checkpoint=on_checkpoint, namespace=namespace)
+    except SpiderFlowError as e:
+        _emit({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)})
+        return 2
+    except Exception as e:
+        structlog.get_logger(__name__).exception("worker failed", rank=rank)
+        _emit({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)})
+        return 1
+    _emit({"event": "done", "rank": result.rank, "first_step": result.first_step, "last_step": result.last_step,
+           "losses": list(result.losses), "step_times_s": list(result.step_times_s)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
