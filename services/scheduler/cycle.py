@@ -4,8 +4,9 @@ One cycle, as named extension points (STYLE.md §2–3):
 
 1. **snapshot** – one topology snapshot (with its etcd revision) from the :class:`TopologySource`, every
    job record and every allocation key, each with the revision it was read at.
-2. **reconcile** – jobs holding GPUs on a cluster that left the graph go RESCHEDULING (GPUs released, the
-   reason names the cluster); a RESCHEDULING job is queued again like a pending one.
+2. **reconcile** – jobs holding GPUs on a cluster that left the graph, or whose plan's predicted step time
+   grew by more than ``replan_threshold`` on the current snapshot (a link or cluster degraded), go
+   RESCHEDULING (GPUs released, the reason says why); a RESCHEDULING job is queued again like a pending one.
 3. **sort** – queued jobs (PENDING, RESCHEDULING) ordered by :func:`spiderflow.queueing.order`:
    priorities, BACE-Pipe-style dynamic prioritisation (remaining work, network share × link utilisation),
    aging so nothing starves.
@@ -31,13 +32,14 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 import structlog
 
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
+from spiderflow import costmodel
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError
 from spiderflow.jobs import JobState
@@ -51,6 +53,9 @@ log = structlog.get_logger(__name__)
 
 QUEUED = (JobState.PENDING, JobState.RESCHEDULING)
 HOLDING = (JobState.PLACED, JobState.RUNNING)
+
+PLACED_STEP_KEY = "placed_step_time_s"
+"""Plan extra: the closed-form step time on the snapshot the plan was bound on."""
 
 PlanFinalizer = Callable[[Topology, JobSpec, Plan], Awaitable[Plan]]
 """Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
@@ -103,6 +108,7 @@ class SchedulingCycle:
         budget: Budget | None = None,
         clock: Callable[[], float] = time.time,
         on_placed: Callable[[StoredJob], None] | None = None,
+        replan_threshold: float = 0.5,
     ) -> None:
         self.repo = repo
         self.topology = topology
@@ -112,6 +118,7 @@ class SchedulingCycle:
         self.budget = budget or Budget(time_limit_s=30.0)
         self.clock = clock
         self.on_placed = on_placed
+        self.replan_threshold = replan_threshold
 
     async def run(self) -> CycleReport:
         t_start = time.perf_counter()
@@ -124,16 +131,13 @@ class SchedulingCycle:
         now = self.clock()
 
         # 2. reconcile
-        alive = set(topo.names)
         for sj in stored:
-            r = sj.record
-            if r.state in HOLDING and any(c not in alive for c in r.allocation):
-                lost = sorted(c for c in r.allocation if c not in alive)
+            why = self._material_change(sj, topo)
+            if why:
                 try:
-                    await self.repo.transition(sj, r.to(JobState.RESCHEDULING, f"cluster {','.join(lost)} left the "
-                                                        "topology; re-placing", now=now))
-                    report.rescheduled.append(r.id)
-                    log.info("scheduler.rescheduling", job=r.id, lost=lost, topology_revision=topo.revision)
+                    await self.repo.transition(sj, sj.record.to(JobState.RESCHEDULING, why, now=now))
+                    report.rescheduled.append(sj.record.id)
+                    log.info("scheduler.rescheduling", job=sj.record.id, reason=why, topology_revision=topo.revision)
                 except CompareFailedError:
                     report.conflict = True
         if report.rescheduled or report.conflict:
@@ -192,6 +196,30 @@ class SchedulingCycle:
                  seconds=round(report.seconds, 4), conflict=report.conflict)
         return report
 
+    def _material_change(self, sj: StoredJob, topo: Topology) -> str:
+        """Why a job holding GPUs must be re-placed on ``topo`` ("" when it need not): one of its clusters
+        left the graph, or its plan's predicted step time grew by more than ``replan_threshold`` (a link or a
+        cluster degraded) relative to the prediction on the topology it was placed on."""
+        r = sj.record
+        if r.state not in HOLDING:
+            return ""
+        lost = sorted(c for c in r.allocation if c not in topo.index)
+        if lost:
+            return f"cluster {','.join(lost)} left the topology; re-placing"
+        if r.plan is None or self.replan_threshold <= 0:
+            return ""
+        placed_at = r.plan.extras.get(PLACED_STEP_KEY)
+        if not placed_at:
+            return ""
+        try:
+            now_s = costmodel.evaluate(r.plan, topo, r.spec).step_time_s
+        except SpiderFlowError:
+            return ""
+        if now_s > placed_at * (1.0 + self.replan_threshold):
+            return (f"predicted step time grew from {placed_at:.3g} s to {now_s:.3g} s on the current topology "
+                    f"(links or clusters of {','.join(r.plan.chain)} degraded); re-placing")
+        return ""
+
     def _est_end(self, sj: StoredJob, now: float) -> float:
         r = sj.record
         if r.plan is None:
@@ -232,6 +260,9 @@ class SchedulingCycle:
             return Decision(job_id=r.id, kind=DecisionKind.ERROR, reason=str(e), seconds=time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         allocation = plan.gpus_by_cluster()
+        # Remember the closed-form prediction on this snapshot: later snapshots are compared against it.
+        plan = replace(plan, extras={**plan.extras,
+                                     PLACED_STEP_KEY: costmodel.evaluate(plan, snap, r.spec).step_time_s})
         # 6. admit (EASY backfilling)
         total_free = sum(free.values())
         est_end = now + r.spec.steps * plan.step_time_s

@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
     p.add_argument("--max-queued", type=int, default=10_000)
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
+    p.add_argument("--replan-threshold", type=float, default=0.5,
+                   help="re-place a running job when its predicted step time grows by this fraction (0 = never)")
     p.add_argument("--submit-rate", type=float, default=200.0,
                    help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
@@ -141,7 +143,8 @@ class SchedulerReplica:
 
     def __init__(self, store: Store, repo: JobRepository, topology: TopologySource, *, address: str,
                  default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
-                 wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget) -> None:
+                 wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
+                 replan_threshold: float = 0.5) -> None:
         self.store = store
         self.repo = repo
         self.topology = topology
@@ -152,7 +155,8 @@ class SchedulerReplica:
         self.lease_ttl = lease_ttl
         self.is_leader = False
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
-                                     budget=budget, on_placed=executor.arm if executor else None)
+                                     budget=budget, on_placed=executor.arm if executor else None,
+                                     replan_threshold=replan_threshold)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -275,6 +279,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         finalize=(planner_finalizer(args.planner, credentials=security.client_credentials) if args.planner
                   else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, lease_ttl=args.lease_ttl, budget=Budget(time_limit_s=args.time_limit),
+        replan_threshold=args.replan_threshold,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
     log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor,
