@@ -6,7 +6,8 @@ Three parts (all figures from the real code on this machine; nothing is a consta
    count TPA tries, level 1 + level 2 vs the exhaustive enumeration of every layer split × every
    per-cluster (tp, pp, dp) and sub-split (tests/tpa/bruteforce.py): ratio of closed-form step times.
 2. ``ilp``: ``spiderflow.topogen.generate_topology(n, seed=2000+n)`` for n in ``--sizes``; the joint
-   CP-SAT baseline (``get_policy("ilp")``, ``--limit`` seconds) picks clusters, chain, split and degrees;
+   CP-SAT baseline (``get_policy("ilp")``, ``--limit`` seconds) picks clusters, chain, split and degrees
+   for a job needing more GPUs than the largest cluster has free (so the chain spans ≥ 2 clusters);
    TPA then plans the *same* chain and GPUs pinned to the ILP's micro-batch count and 1F1B
    (``plan_chain(..., micro_batches=[m], schedules=[1F1B])``) and unpinned. Reported: closed-form step
    ratio TPA/ILP (< 1: TPA better), exact-timeline step ratio, planning seconds of each. Skipped (with a
@@ -46,7 +47,7 @@ from spiderflow.costmodel import evaluate  # noqa: E402
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology  # noqa: E402
 from spiderflow.errors import SpiderFlowError  # noqa: E402
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan  # noqa: E402
-from spiderflow.tpa.level1 import ChainContext, level1  # noqa: E402
+from spiderflow.tpa.level1 import ChainContext, level1, polish  # noqa: E402
 from spiderflow.tpa.level2 import cache_clear  # noqa: E402
 from tests.tpa.bruteforce import brute_force_chain  # noqa: E402
 
@@ -92,7 +93,7 @@ def part_brute(instances: int) -> dict[str, Any]:
             ref = brute_force_chain(ctx)
             t_bf.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            ev = level1(ctx)
+            ev = polish(ctx, level1(ctx))
             t_tpa.append(time.perf_counter() - t0)
             total += 1
             agree += ev.feasible == (ref is not None)
@@ -113,10 +114,12 @@ def part_brute(instances: int) -> dict[str, Any]:
     return out
 
 
-def _job_for(n: int) -> JobSpec:
+def _job_for(n: int, topo: Topology) -> JobSpec:
+    """A job that needs more GPUs than the largest cluster has free, so every plan spans ≥ 2 clusters."""
     preset = "gpt3-6.7b" if n <= 16 else "gpt3-13b"
+    biggest = max(c.free for c in topo.clusters)
     return JobSpec(id=f"bench-{n}", model=model_preset(preset), global_batch=256, micro_batch=4, seq_len=2048,
-                   gpus=GpuRange(min=16, max=64))
+                   gpus=GpuRange(min=biggest + 1, max=2 * biggest + 2))
 
 
 def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
@@ -132,7 +135,7 @@ def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
     for n in sizes:
         topo = generate_topology(n, seed=2000 + n)
         _ = topo.bandwidth_matrix  # widest paths once, outside every timing
-        job = _job_for(n)
+        job = _job_for(n, topo)
         res = ilp.place(topo, job, Budget(time_limit_s=limit, seed=0))
         row: dict[str, Any] = {"clusters": n, "model": job.model.name, "ilp_status": str(res.status),
                                "ilp_s": res.planning_seconds, "ilp_optimal": res.optimal}

@@ -18,6 +18,8 @@ Algorithm
        blocks with the most slack. If that fails too (chains of ≤ 16 clusters), the 3 blocks with the
        longest per-micro-batch time (the fill term) each try giving a layer to any block.
        Stop when no move improves.
+    4. Polish (:func:`polish`): re-solve each block with the bottleneck of the rest of the chain as a
+       floor, since below the pipeline's bottleneck a faster block gains nothing but its fill and sync do.
 
 Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (a CP-SAT solve on a miss); at most
 ``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third).
@@ -59,6 +61,7 @@ __all__ = [
     "dp_crossing",
     "evaluate_split",
     "level1",
+    "polish",
     "proportional_split",
 ]
 
@@ -104,7 +107,7 @@ class ChainContext:
             seq_len=seq_len, m=m, schedule=schedule, boundaries_s=tuple(bounds),
         )
 
-    def problem(self, c: int, first: int, layers: int, downstream: int) -> BlockProblem:
+    def problem(self, c: int, first: int, layers: int, downstream: int, *, floor_s: float = 0.0) -> BlockProblem:
         gpipe, factor = _profile(self.schedule)
         per_replica_max = self.m  # in-flight never exceeds m: clamp so equivalent problems share a key
         return BlockProblem(
@@ -119,6 +122,7 @@ class ChainContext:
             m=self.m,
             downstream=None if gpipe else min(downstream, per_replica_max),
             depth_factor=factor,
+            floor_s=floor_s,
         )
 
 
@@ -304,6 +308,37 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
             break
         ev = best
     return ev
+
+
+def polish(ctx: ChainContext, ev: SplitEval) -> SplitEval:
+    """Step 4: re-solve each block knowing the bottleneck ``Z_floor`` the rest of the chain imposes (level 2
+    then trades a slower-but-harmless bottleneck for less fill or gradient sync); keep a re-solve when the
+    step estimate improves and the block's pipeline depth does not grow (so no upstream block's in-flight
+    memory grows). ``O(C)`` level-2 solves.
+    """
+    if not ev.feasible or len(ev.split) < 2:
+        return ev
+    configs = [cfg for cfg in ev.configs if cfg is not None]
+    best = step_estimate(ctx, configs)
+    n = len(configs)
+    for c in range(n):
+        others = [cfg for j, cfg in enumerate(configs) if j != c]
+        floor = max(
+            [cfg.bottleneck_s for cfg in others]
+            + [cfg.intra_boundary_s for cfg in others if cfg.pp > 1]
+            + list(ctx.boundaries_s)
+        )
+        floor = float(f"{floor:.4g}")  # a coarse key: neighbouring splits share solves
+        downstream = sum(cfg.pp for cfg in configs[c + 1:])
+        p = ctx.problem(c, sum(ev.split[:c]), ev.split[c], min(downstream, ctx.m), floor_s=floor)
+        cfg = solve_block_cached(p)
+        if cfg is None or cfg.pp > configs[c].pp:
+            continue
+        trial = [*configs[:c], cfg, *configs[c + 1:]]
+        step = step_estimate(ctx, trial)
+        if step < best * (1.0 - 1e-9):
+            configs, best = trial, step
+    return SplitEval(split=ev.split, configs=tuple(configs), step_s=best, excess_gib=0.0, infeasible=())
 
 
 def _improves(new: SplitEval, old: SplitEval) -> bool:

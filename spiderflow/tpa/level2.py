@@ -35,7 +35,8 @@ Constraints (numbered as in the code)
     (2) ``x_k ≤ ℓ_{k,j} ≤ L_b·x_k``                      (a chosen candidate's sub-stages are non-empty)
     (3) ``Σ_j ℓ_{k,j} = L_b·x_k``                         (the block's layers are all placed)
     (4) ``μ_{k,j}·ℓ_{k,j} + ν_{k,j}·x_k ≤ C``              (GPU memory ``C``)
-    (5) ``d_k·z_k ≥ τ_k·ℓ_{k,j} + η_{k,j}·x_k``; if ``p_k > 1``: ``z_k ≥ P_in·x_k``  (bottleneck)
+    (5) ``d_k·z_k ≥ τ_k·ℓ_{k,j} + η_{k,j}·x_k``; if ``p_k > 1``: ``z_k ≥ P_in·x_k``; ``z_k ≥ Z_floor·x_k``
+        (bottleneck; ``Z_floor`` the bottleneck of the rest of the chain, 0 by default)
     (6) ``a_k ≥ α_k·ℓ_{k,j} + β_{k,j}·x_k``                (gradient sync)
     symmetry: ``ℓ_{k,1} ≥ … ≥ ℓ_{k,p_k−2}`` (middle sub-stages are interchangeable)
 
@@ -123,7 +124,8 @@ class BlockProblem:
     ``downstream``: pipeline stages after this block (``None``: every micro-batch of a replica is in
     flight, GPipe); else sub-stage ``j`` of ``p`` holds ``min(⌈m/d⌉, depth_factor·(downstream + p − j))``
     micro-batches (1F1B: factor 1; the latency-aware schedule: factor 2). ``memory_bound=False`` drops
-    constraint (4) (used to share one solve between profiles).
+    constraint (4) (used to share one solve between profiles). ``floor_s``: the pipeline bottleneck set by
+    the rest of the chain (``Z_floor``); below it a faster block gains nothing.
     """
 
     shape: ClusterShape
@@ -138,6 +140,7 @@ class BlockProblem:
     downstream: int | None
     depth_factor: int = 1
     memory_bound: bool = True
+    floor_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -243,7 +246,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...]) -> BlockCo
     mem = tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
     ar = tuple(c.alpha * n + c.beta[j] for j, n in enumerate(layers))
     p_in = c.p_in if k.pp > 1 else 0.0
-    obj = (p.m - 1) * max(max(compute) / k.dp, p_in) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
+    obj = (p.m - 1) * max(max(compute) / k.dp, p_in, p.floor_s) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
     return BlockConfig(
         tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
         intra_boundary_s=p_in, objective_s=obj,
@@ -298,7 +301,7 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
         tau = t_int(c.tau)
         p_in = c.p_in if k.pp > 1 else 0.0
         # Upper bounds from the rounded integer coefficients, so rounding can never cut a solution off.
-        z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(p_in), f"z{i}")
+        z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(p_in) + t_int(p.floor_s), f"z{i}")
         a_k = model.new_int_var(0, t_int(c.alpha) * lb + max(t_int(b) for b in c.beta), f"a{i}")
         for j, ell in enumerate(row):
             mu = math.ceil(c.mu[j] / mem_unit)
@@ -310,6 +313,8 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
             model.add(a_k >= t_int(c.alpha) * ell + t_int(c.beta[j]) * x)  # (6)
         if k.pp > 1:
             model.add(z_k >= t_int(p_in) * x)  # (5) a boundary can be the bottleneck too
+        if p.floor_s > 0:
+            model.add(z_k >= t_int(p.floor_s) * x)  # (5) the rest of the chain's bottleneck
         fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
         terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
     model.minimize(sum(terms))
@@ -349,6 +354,8 @@ def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
     # Memory binds. Feasible sets shrink as the in-flight depth grows, so the optimum solved for a
     # shallower depth is optimal here too whenever it still fits.
     family = replace(p, downstream=-1)
+    if len(_FAMILIES) >= _MAX_FAMILIES:  # bounded like the lru caches: a long-lived planner must not grow
+        _FAMILIES.clear()
     solved = _FAMILIES.setdefault(family, [])
     for d, prev in solved:
         if prev is None or p.downstream is None or d is None or d > p.downstream:
@@ -362,6 +369,7 @@ def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
 
 
 _FAMILIES: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
+_MAX_FAMILIES = 65536
 
 
 def cache_clear() -> None:

@@ -20,8 +20,11 @@ Contract
       ``micro_batch_size``, ``plan_seconds`` and ``dp_cross_gain_s`` (the best margin of the
       cross-cluster DP rule; ≤ 0 means pipelining is right everywhere).
     * Raises :class:`~spiderflow.errors.ValidationError` for a malformed allocation and
-      :class:`~spiderflow.errors.UnschedulableError` (``constraint`` = ``"memory"``, ``"layers"``,
-      ``"free_gpus"`` or ``"link"``) when no configuration fits, naming the binding stage, cluster and GiB.
+      :class:`~spiderflow.errors.UnschedulableError` (``constraint`` = ``"memory"``, ``"degrees"``,
+      ``"layers"``, ``"free_gpus"`` or ``"link"``) when no configuration fits, naming the binding stage,
+      cluster and GiB (e.g. ``stage 2 on cluster ohio needs 93.1 GiB per GPU, 13.1 GiB over the 80 GiB of
+      A100-80G``).
+    * Pure and deterministic: no I/O, no randomness; level-2 results are memoised process-wide.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from spiderflow.costmodel import evaluate
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
-from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1
+from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1, polish
 from spiderflow.tpa.timeline import simulate_plan, window_estimate
 
 __all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
@@ -188,6 +191,8 @@ def plan_chain(
     if not results:
         assert least_bad is not None
         raise _memory_error(*least_bad)
+    results.sort(key=lambda r: r[1].step_s)
+    results = [(ctx, polish(ctx, ev)) if i < finalists else (ctx, ev) for i, (ctx, ev) in enumerate(results)]
     results.sort(key=lambda r: r[1].step_s)
     # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
     # timeline then scores them in that order within an op budget (at least one is always simulated).

@@ -14,7 +14,7 @@ from spiderflow.costmodel import evaluate, fits_memory
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
-from spiderflow.tpa.level1 import ChainContext, level1
+from spiderflow.tpa.level1 import ChainContext, level1, polish
 from spiderflow.tpa.planner import plan_from_split
 
 from .bruteforce import brute_force_chain
@@ -80,7 +80,7 @@ def test_level1_within_3_percent_of_exhaustive_split_and_degrees(seed: int) -> N
         ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
                                  seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
         ref = brute_force_chain(ctx)
-        ev = level1(ctx)
+        ev = polish(ctx, level1(ctx))
         assert ev.feasible == (ref is not None)
         if ref is not None:
             assert ev.step_s <= 1.03 * ref.step_s
