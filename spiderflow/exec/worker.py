@@ -35,12 +35,31 @@ from spiderflow.exec.spec import (
     CheckpointManifest,
     Rendezvous,
     StepReport,
+    TrainSpec,
     check_runnable,
     manifest_to_dict,
     spec_from_dict,
+    spec_to_dict,
 )
 
-__all__ = ["main", "rendezvous_from_dict"]
+__all__ = ["main", "rendezvous_from_dict", "worker_argv", "worker_document"]
+
+
+def worker_document(spec: TrainSpec, rendezvous: Rendezvous, *, namespace: str = "") -> dict[str, Any]:
+    """The JSON object of a worker file for ``spec`` (``rendezvous.rank`` is a default; start each process
+    with :func:`worker_argv`, which passes its rank)."""
+    doc = spec_to_dict(spec)
+    doc["rendezvous"] = {"host": rendezvous.host, "port": rendezvous.port, "world_size": rendezvous.world_size,
+                         "rank": rendezvous.rank, "serve": rendezvous.serve, "timeout_s": rendezvous.timeout_s}
+    if namespace:
+        doc["namespace"] = namespace
+    return doc
+
+
+def worker_argv(spec_path: str, rank: int, *, python: str | None = None) -> list[str]:
+    """The command line that starts rank ``rank`` from a worker file (``python`` defaults to this
+    interpreter)."""
+    return [python or sys.executable, "-m", "spiderflow.exec.worker", "--spec", spec_path, "--rank", str(rank)]
 
 
 def rendezvous_from_dict(raw: Any, *, rank: int | None = None) -> Rendezvous:

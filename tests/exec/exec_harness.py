@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import queue as queue_mod
+import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from spiderflow.exec.data import SyntheticTokens, micro_batch
 from spiderflow.exec.model import build_full
 from spiderflow.exec.runtime import RunResult
 from spiderflow.exec.spec import Rendezvous, TrainSpec
+from spiderflow.exec.worker import worker_argv, worker_document
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,23 +57,32 @@ class Launcher:
         self.forked: list[Any] = []
         self.runs = 0
 
-    def run(self, spec: dict[str, Any], world_size: int, *, timeout: float = 180.0) -> list[list[dict[str, Any]]]:
-        """Run every rank of ``spec`` to completion; returns each rank's stdout events. Fails on a non-zero
-        exit. The TCPStore is hosted here (port 0), so there is no port race."""
+    def run(
+        self, spec: TrainSpec, world_size: int, *, timeout: float = 180.0, rank0_serves: bool = False
+    ) -> list[list[dict[str, Any]]]:
+        """Run every rank of ``spec`` as ``python -m spiderflow.exec.worker`` processes; returns each rank's
+        stdout events. Fails on a non-zero exit. By default the TCPStore is hosted here (port 0, no port
+        race); with ``rank0_serves`` rank 0 hosts it on a free port probed here (as agents run it)."""
         import torch.distributed as dist
 
-        store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+        store = None
+        if rank0_serves:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        else:
+            store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+            port = store.port
         self.runs += 1
         path = self.tmp / f"spec-{self.runs}.json"
-        body = dict(spec)
-        body["rendezvous"] = {"host": "127.0.0.1", "port": store.port, "world_size": world_size, "rank": 0,
-                              "serve": False, "timeout_s": 60}
-        path.write_text(json.dumps(body))
+        rdv = Rendezvous(host="127.0.0.1", port=port, world_size=world_size, rank=0,
+                         serve=None if rank0_serves else False, timeout_s=60)
+        path.write_text(json.dumps(worker_document(spec, rdv, namespace=f"run-{self.runs}")))
         env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "spiderflow.exec.worker", "--spec", str(path), "--rank", str(r)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                worker_argv(str(path), r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                cwd=ROOT,
             )
             for r in range(world_size)
         ]

@@ -13,7 +13,7 @@ from spiderflow.domain import Plan, Schedule, Stage
 from spiderflow.errors import PreconditionError
 from spiderflow.exec.checkpoint import latest_checkpoint
 from spiderflow.exec.runtime import RunResult
-from spiderflow.exec.spec import TrainSpec, check_runnable, spec_to_dict
+from spiderflow.exec.spec import TrainSpec, check_runnable
 
 MODEL = model_preset("gpt-tiny")
 SEQ, BATCH, M, STEPS, SEED, LR = 32, 8, 4, 10, 7, 3e-3
@@ -49,7 +49,7 @@ def test_worker_cli_two_stages_with_checkpoint_events(
     # The real entry point agents start: python -m spiderflow.exec.worker --spec FILE --rank N.
     spec = _spec([(0, 2, 1), (3, 5, 1)], Schedule.ONE_F_ONE_B, checkpoint_dir=str(tmp_path / "ck"),
                  checkpoint_every=5)
-    events = launcher.run(spec_to_dict(spec), 2)
+    events = launcher.run(spec, 2, rank0_serves=True)
     _assert_close(losses_of(events), reference)
     # Only the last stage knows the loss; every rank reports every step with a positive time.
     for rank, evs in enumerate(events):
@@ -97,7 +97,7 @@ def test_tensor_parallel_plan_is_rejected_by_the_worker(launcher: Launcher) -> N
     plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=5, tp=2),), micro_batches=M)
     spec = TrainSpec(job_id="t", model=MODEL, plan=plan, seq_len=SEQ, global_batch=BATCH, steps=1)
     with pytest.raises(AssertionError, match="exited 2"):
-        launcher.run(spec_to_dict(spec), 2)
+        launcher.run(spec, 2)
     with pytest.raises(PreconditionError, match="tensor parallelism"):
         check_runnable(spec)
 
