@@ -268,12 +268,44 @@ def min_memory_config(p: BlockProblem) -> BlockConfig | None:
     return best
 
 
+def _prune(p: BlockProblem, cands: list[Degrees]) -> tuple[list[Degrees], list[_Coeffs]]:
+    """Drop candidates that cannot be optimal, before the model is built (exact: keeps the optimum).
+
+    A candidate is infeasible when a one-layer sub-stage already exceeds memory (every sub-stage has
+    ``≥ 1`` layer; only when constraint (4) is on). Its objective is at least
+    ``(m−1)·max((τ·L_b + η)/(p·d), P_in, Z_floor) + F + (α·L_b + Σβ)/p`` (a maximum is at least the mean);
+    the balanced split of any candidate that fits is an upper bound on the optimum, and candidates whose
+    lower bound exceeds it go.
+    """
+    cap = p.shape.memory_gib * GIB
+    kept: list[tuple[Degrees, _Coeffs, float]] = []
+    upper = math.inf
+    for k in cands:
+        c = _coeffs(p, k)
+        if p.memory_bound and any(c.mu[j] + c.nu[j] > cap for j in range(k.pp)):
+            continue
+        p_in = c.p_in if k.pp > 1 else 0.0
+        eta = c.eta_head if p.has_head else 0.0
+        fill = c.tau * p.layers + eta + 2 * (k.pp - 1) * p_in
+        lower = (
+            (p.m - 1) * max((c.tau * p.layers + eta) / (k.pp * k.dp), p_in, p.floor_s)
+            + fill
+            + (c.alpha * p.layers + sum(c.beta)) / k.pp
+        )
+        kept.append((k, c, lower))
+        if k.pp <= p.layers:
+            balanced = config_cost(p, k, _balanced(p.layers, k.pp))
+            if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
+                upper = min(upper, balanced.objective_s)
+    survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
+    return [k for k, _ in survivors], [c for _, c in survivors]
+
+
 def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | None:
     """Solve the CP-SAT model of the module docstring; ``None`` when no candidate fits in memory."""
-    cands = block_candidates(p)
+    cands, coeffs = _prune(p, block_candidates(p))
     if not cands or p.layers < 1:
         return None
-    coeffs = [_coeffs(p, k) for k in cands]
     unit = max(c.tau for c in coeffs) / _SCALE_UNITS  # seconds per integer time unit
     cap_bytes = p.shape.memory_gib * GIB
     mem_unit = 1024.0  # KiB
