@@ -55,8 +55,10 @@ Adaptation to SpiderFlow (documented choices, not in the paper)
   groups, layers are split uniformly as in their system, ``tp = t``, ``dp = D_DP``, 1F1B with the job's
   micro-batches, and the plan is scored by :func:`spiderflow.costmodel.evaluate`.
 
-Complexity per evaluation: ``O(D_PP²·D_DP²·log D_DP + D_PP²·2^{D_PP})`` (exact TSP); per trial the local
-search adds ``O(D_PP·N·N²)`` vectorised work.
+Complexity per evaluation: ``O(D_PP²·D_DP³·log D_DP + D_PP²·2^{D_PP})`` (exact TSP); per trial the local
+search adds ``O(D_PP·N·N²)`` vectorised work (at most ``D_PP`` cycles of at most ``N`` moves). Measured: the
+published budget on the 64-device worldwide case of DT-FM (8 regions × 8, ``D_DP = D_PP = 8``) takes ~60 s
+here (2 shared cores), against 342 s for the published code.
 
 ``stats`` keys: ``ga_cost_s``, ``ga_dp_cost_s``, ``ga_pp_cost_s`` (of the best individual), ``trials``
 (completed), ``evaluations``, ``population``, ``d_dp``, ``d_pp``, ``tp``, ``repair_moved``, ``shapes``.
