@@ -23,8 +23,14 @@ Checkpoints (every ``K`` completed steps): replica 0 of every stage saves its sh
 (the agent puts the manifest in etcd; :func:`run` defaults to writing ``manifest.json``). A resumed run
 loads the latest complete checkpoint under any split by re-slicing layers (model and Adam state).
 
-Limits: ``tp > 1`` and multi-chunk interleaving are rejected (:func:`spiderflow.exec.spec.check_runnable`);
-receive buffers for a whole step are allocated up front (``m`` activations and gradients per rank).
+Interleaved 1F1B: a stage runs ``v`` model chunks (:func:`spiderflow.exec.spec.chunk_ranges`), one module
+and one Adam each; operation ``(kind, j, c)`` runs on chunk ``c``, virtual stage ``u = c·S + s``, whose
+activation comes from virtual stage ``u − 1`` (the last stage's chunk ``c − 1`` when ``s = 0``); tags are
+``2(j·S·v + u)`` (+1 for gradients) for the message arriving at ``u``; a hand-off between two chunks of
+the same rank (one stage) stays in memory.
+
+Limits: ``tp > 1`` is rejected (:func:`spiderflow.exec.spec.check_runnable`); receive buffers for a whole
+step are allocated up front (``m·v`` activations and gradients per rank).
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ from spiderflow.exec.spec import (
     StepReport,
     TrainSpec,
     check_runnable,
+    chunk_ranges,
+    plan_chunks,
     rank_layout,
 )
 from spiderflow.schedules import replica_ops
@@ -107,7 +115,8 @@ def _posted(work: dist.Work | None) -> dist.Work:
 
 
 class StageRunner:
-    """One rank's stage replica: module, Adam, process groups and the per-step executor (see module doc).
+    """One rank's stage replica: its chunk modules, one Adam per chunk, process groups and the per-step
+    executor (see the module docstring).
 
     Must be constructed on every rank of an initialised default process group (group creation is
     collective)."""
@@ -118,18 +127,26 @@ class StageRunner:
         self.layout = rank_layout(spec.plan)
         if dist.get_world_size() != len(self.layout):
             raise ValueError(f"world size {dist.get_world_size()} != ranks the plan needs ({len(self.layout)})")
+        self.rank = rank
         self.info: RankInfo = self.layout[rank]
         plan = spec.plan
         self.n_stages = len(plan.stages)
+        self.chunks = plan_chunks(plan)
+        self.n_virtual = self.n_stages * self.chunks
+        self.ranges = chunk_ranges(plan)
         self.stage = plan.stages[self.info.stage]
         self.first_rank = [0] * self.n_stages
         for info in reversed(self.layout):
             self.first_rank[info.stage] = info.rank
-        self.module: StageModule = build_stage(
-            spec.model, self.stage.first_layer, self.stage.last_layer, spec.seed, max_seq_len=spec.seq_len
-        )
-        self.params = list(self.module.parameters())
-        self.opt = torch.optim.Adam(self.params, lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=False)
+        self.modules: list[StageModule] = [
+            build_stage(spec.model, first, last, spec.seed, max_seq_len=spec.seq_len)
+            for first, last in self.ranges[self.info.stage]
+        ]
+        self.opts = [
+            torch.optim.Adam(mod.parameters(), lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=False)
+            for mod in self.modules
+        ]
+        self.params = [p for mod in self.modules for p in mod.parameters()]
         self.dp_group: dist.ProcessGroup | None = None
         for s, st in enumerate(plan.stages):  # collective: every rank creates every group, in order
             if st.dp > 1:
@@ -141,13 +158,20 @@ class StageRunner:
         warmup = None if spec.warmup is None else spec.warmup[self.info.stage]
         self.ops = replica_ops(
             plan.schedule, self.n_stages, plan.micro_batches, self.info.stage,
-            dp=self.stage.dp, replica=self.info.replica, max_dp=max_dp, warmup=warmup,
+            dp=self.stage.dp, replica=self.info.replica, max_dp=max_dp, chunks=self.chunks, warmup=warmup,
         )
         self.source: TokenSource = open_source(
             spec.data.kind, vocab=spec.model.vocab, seq_len=spec.seq_len, seed=spec.data.seed,
             path=spec.data.path, dtype=spec.data.dtype,
         )
         self.shape = (spec.micro_batch_size, spec.seq_len, spec.model.hidden)
+
+    @property
+    def module(self) -> StageModule:
+        """The stage's module when it runs a single chunk."""
+        if len(self.modules) != 1:
+            raise AttributeError("an interleaved stage runs several chunk modules; use .modules")
+        return self.modules[0]
 
     @property
     def is_first(self) -> bool:
@@ -161,8 +185,16 @@ class StageRunner:
         """Rank running micro-batch ``j`` of ``stage``."""
         return self.first_rank[stage] + j % self.spec.plan.stages[stage].dp
 
+    def _virtual_owner(self, u: int, j: int) -> int:
+        return self.owner(u % self.n_stages, j)
+
+    def _tag(self, j: int, u: int, backward: bool) -> int:
+        """Tag of the message that arrives at virtual stage ``u`` for micro-batch ``j``."""
+        return 2 * (j * self.n_virtual + u) + int(backward)
+
     def load(self, manifest: CheckpointManifest) -> None:
-        ckpt.load_stage(manifest, self.module, self.opt, self.spec.model)
+        for mod, opt in zip(self.modules, self.opts, strict=True):
+            ckpt.load_stage(manifest, mod, opt, self.spec.model)
 
     def _batch(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = micro_batch(
@@ -174,53 +206,69 @@ class StageRunner:
     def train_step(self, step: int) -> float | None:
         """Run step ``step`` (0-based); returns the global batch's mean loss on last-stage ranks."""
         m = self.spec.plan.micro_batches
-        s = self.info.stage
-        recvs: dict[tuple[str, int], tuple[torch.Tensor, dist.Work]] = {}
-        for kind, j, _ in self.ops:
-            if kind == "F" and not self.is_first:
+        s, last_u = self.info.stage, self.n_virtual - 1
+        recvs: dict[tuple[str, int, int], tuple[torch.Tensor, dist.Work]] = {}
+        local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-offs between chunks of this rank
+        for kind, j, c in self.ops:
+            u = c * self.n_stages + s
+            if kind == "F" and u > 0 and self._virtual_owner(u - 1, j) != self.rank:
                 buf = torch.empty(self.shape)
-                recvs[("F", j)] = (buf, _posted(dist.irecv(buf, src=self.owner(s - 1, j), tag=2 * j)))
-            elif kind == "B" and not self.is_last:
+                work = dist.irecv(buf, src=self._virtual_owner(u - 1, j), tag=self._tag(j, u, False))
+                recvs[("F", j, c)] = (buf, _posted(work))
+            elif kind == "B" and u < last_u and self._virtual_owner(u + 1, j) != self.rank:
                 buf = torch.empty(self.shape)
-                recvs[("B", j)] = (buf, _posted(dist.irecv(buf, src=self.owner(s + 1, j), tag=2 * j + 1)))
-        batches = {j: self._batch(step, j) for kind, j, _ in self.ops if kind == "F"} \
-            if (self.is_first or self.is_last) else {}
+                work = dist.irecv(buf, src=self._virtual_owner(u + 1, j), tag=self._tag(j, u, True))
+                recvs[("B", j, c)] = (buf, _posted(work))
+        need_data = any((c * self.n_stages + s) in (0, last_u) for _, _, c in self.ops)
+        batches = {j: self._batch(step, j) for kind, j, _ in self.ops if kind == "F"} if need_data else {}
         sends: list[tuple[torch.Tensor, dist.Work]] = []
-        stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         loss_sum = 0.0
-        for kind, j, _ in self.ops:
+
+        def receive(kind: str, j: int, c: int) -> torch.Tensor:
+            key = (kind, j, c)
+            if key in local:
+                return local.pop(key)
+            buf, work = recvs.pop(key)
+            work.wait()
+            return buf
+
+        def send(t: torch.Tensor, kind: str, j: int, u_dst: int) -> None:
+            dst = self._virtual_owner(u_dst, j)
+            if dst == self.rank:
+                local[(kind, j, u_dst // self.n_stages)] = t
+            else:
+                work = dist.isend(t, dst=dst, tag=self._tag(j, u_dst, kind == "B"))
+                sends.append((t, _posted(work)))
+
+        for kind, j, c in self.ops:
+            u = c * self.n_stages + s
+            mod = self.modules[c]
             if kind == "F":
-                if self.is_first:
-                    x = batches[j][0]
-                else:
-                    buf, work = recvs.pop(("F", j))
-                    work.wait()
-                    x = buf.requires_grad_()
-                if self.is_last:
-                    out = self.module(x, batches[j][1])
+                x = batches[j][0] if u == 0 else receive("F", j, c).requires_grad_()
+                if u == last_u:
+                    out = mod(x, batches[j][1])
                     loss_sum += float(out.detach())
                 else:
-                    out = self.module(x)
-                    act = out.detach()
-                    sends.append((act, _posted(dist.isend(act, dst=self.owner(s + 1, j), tag=2 * j))))
-                stash[j] = (x, out)
+                    out = mod(x)
+                    send(out.detach(), "F", j, u + 1)
+                stash[(j, c)] = (x, out)
             else:
-                x, out = stash.pop(j)
-                if self.is_last:
+                x, out = stash.pop((j, c))
+                if u == last_u:
                     torch.autograd.backward(out / m)
                 else:
-                    buf, work = recvs.pop(("B", j))
-                    work.wait()
-                    torch.autograd.backward(out, buf)
-                if not self.is_first:
+                    torch.autograd.backward(out, receive("B", j, c))
+                if u > 0:
                     grad = x.grad
                     assert grad is not None
-                    sends.append((grad, _posted(dist.isend(grad, dst=self.owner(s - 1, j), tag=2 * j + 1))))
+                    send(grad, "B", j, u - 1)
         for _, work in sends:
             work.wait()
         self._sync_grads()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         if not self.is_last:
             return None
         if self.dp_group is not None:
@@ -246,19 +294,21 @@ class StageRunner:
             offset += n
 
     def save(self, step: int) -> None:
-        """Save this stage's shard (replica 0 only; replicas are identical after the all-reduce)."""
+        """Save this stage's shards, one per chunk (replica 0 only; replicas are identical after the
+        all-reduce)."""
         assert self.spec.checkpoint_dir is not None
         if self.info.replica == 0:
-            ckpt.save_shard(self.spec.checkpoint_dir, step, self.module, self.opt)
+            for mod, opt in zip(self.modules, self.opts, strict=True):
+                ckpt.save_shard(self.spec.checkpoint_dir, step, mod, opt)
 
     def manifest(self, step: int) -> CheckpointManifest:
         assert self.spec.checkpoint_dir is not None
+        root = self.spec.checkpoint_dir
         shards = tuple(
-            ShardInfo(
-                first_layer=st.first_layer, last_layer=st.last_layer,
-                path=str(ckpt.shard_path(self.spec.checkpoint_dir, step, st.first_layer, st.last_layer).resolve()),
-            )
-            for st in self.spec.plan.stages
+            ShardInfo(first_layer=first, last_layer=last,
+                      path=str(ckpt.shard_path(root, step, first, last).resolve()))
+            for stage in self.ranges
+            for first, last in stage
         )
         return CheckpointManifest(job_id=self.spec.job_id, step=step, model=self.spec.model, shards=shards)
 

@@ -32,9 +32,11 @@ __all__ = [
     "StepReport",
     "TrainSpec",
     "check_runnable",
+    "chunk_ranges",
     "manifest_from_dict",
     "manifest_to_dict",
     "model_to_dict",
+    "plan_chunks",
     "plan_from_dict",
     "plan_to_dict",
     "rank_layout",
@@ -167,25 +169,68 @@ class TrainSpec:
         return self.global_batch * self.seq_len
 
 
+def plan_chunks(plan: Plan) -> int:
+    """Model chunks per stage: ``plan.extras["chunks"]`` for interleaved 1F1B (default 2, as the cost model
+    assumes), else 1."""
+    if plan.schedule is not Schedule.INTERLEAVED_1F1B:
+        return 1
+    return int(plan.extras.get("chunks", 2))
+
+
+def chunk_ranges(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """``[stage][chunk] → (first_layer, last_layer)``: the layers each stage runs, per model chunk.
+
+    Without interleaving, stage ``i`` runs its plan range as one chunk. With ``v`` chunks, stage ``i``
+    keeps its plan's layer *count* ``n_i`` but as ``v`` blocks of ``⌈n_i/v⌉`` or ``⌊n_i/v⌋`` layers (the
+    larger first), and the model's layers are dealt out in virtual-stage order ``u = c·S + i``: chunk 0 of
+    stages 0 … S−1, then chunk 1 of stages 0 … S−1, … — Megatron's interleaving, so the per-stage compute is
+    what the plan priced. Raises :class:`ValidationError` if a stage has fewer layers than chunks.
+    """
+    v = plan_chunks(plan)
+    if v < 1:
+        raise ValidationError("plan.extras.chunks", "must be ≥ 1", v)
+    if v == 1:
+        return tuple(((st.first_layer, st.last_layer),) for st in plan.stages)
+    sizes = []
+    for i, st in enumerate(plan.stages):
+        if st.layers < v:
+            raise ValidationError(f"plan.stages[{i}]", f"has {st.layers} layers, fewer than {v} chunks", st.layers)
+        base, extra = divmod(st.layers, v)
+        sizes.append([base + (1 if c < extra else 0) for c in range(v)])
+    out: list[list[tuple[int, int]]] = [[] for _ in plan.stages]
+    nxt = 0
+    for c in range(v):
+        for i in range(len(plan.stages)):
+            out[i].append((nxt, nxt + sizes[i][c] - 1))
+            nxt += sizes[i][c]
+    return tuple(tuple(r) for r in out)
+
+
 def check_runnable(spec: TrainSpec) -> None:
     """Raise :class:`PreconditionError` for plans this executor cannot run faithfully.
 
     - ``tp > 1``: tensor parallelism is not implemented on the CPU/gloo executor (a plan needing it must
       be re-planned with ``tp = 1``; running it as extra data parallelism would change the plan's figures);
-    - interleaved 1F1B with more than one chunk: a :class:`Plan` stage carries one contiguous layer range,
-      not the per-chunk layer assignment interleaving needs.
+    - interleaved 1F1B whose micro-batch count is not a multiple of the stage count, or with a stage holding
+      fewer layers than chunks (see :func:`chunk_ranges`).
     """
-    for i, st in enumerate(spec.plan.stages):
+    plan = spec.plan
+    for i, st in enumerate(plan.stages):
         if st.tp != 1:
             raise PreconditionError(
                 f"plan.stages[{i}].tp = {st.tp}: tensor parallelism is not supported by the gloo executor; "
                 "re-plan with tp = 1"
             )
-    if spec.plan.schedule is Schedule.INTERLEAVED_1F1B and int(spec.plan.extras.get("chunks", 2)) > 1:
-        raise PreconditionError(
-            "interleaved 1F1B with several chunks per stage needs a per-chunk layer assignment that a plan "
-            "stage does not carry; use 1f1b or latency-aware"
-        )
+    if plan_chunks(plan) > 1:
+        if plan.micro_batches % len(plan.stages):
+            raise PreconditionError(
+                f"interleaved 1F1B needs micro_batches ({plan.micro_batches}) to be a multiple of the stage "
+                f"count ({len(plan.stages)})"
+            )
+        try:
+            chunk_ranges(plan)
+        except ValidationError as e:
+            raise PreconditionError(str(e)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

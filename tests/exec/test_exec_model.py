@@ -13,7 +13,7 @@ from exec_harness import reference_losses
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.domain import Plan, Schedule, Stage
-from spiderflow.errors import ValidationError
+from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.exec.checkpoint import latest_checkpoint, load_stage, save_shard, write_manifest_file
 from spiderflow.exec.data import SyntheticTokens, TokenFile, micro_batch, open_source
 from spiderflow.exec.model import build_full, build_stage, merge_state_dicts, param_layer, slice_state_dict
@@ -21,6 +21,9 @@ from spiderflow.exec.spec import (
     CheckpointManifest,
     DataSpec,
     TrainSpec,
+    check_runnable,
+    chunk_ranges,
+    plan_chunks,
     rank_layout,
     ranks_of_cluster,
     spec_from_dict,
@@ -221,3 +224,26 @@ def test_worker_rejects_bad_specs_without_training(tmp_path: Path, capsys: pytes
     assert worker_main(["--spec", str(path), "--rank", "0"]) == 2
     event = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert event["event"] == "error" and "rendezvous" in event["message"]
+
+
+def test_chunk_ranges_deal_layers_in_virtual_stage_order() -> None:
+    model = ModelSpec(name="m", layers=10, hidden=32, heads=2, vocab=64)
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=4), Stage(cluster="b", first_layer=5,
+                                                                               last_layer=9)),
+                micro_batches=4, schedule=Schedule.INTERLEAVED_1F1B, extras={"chunks": 2.0})
+    # Stage 0 keeps 5 layers as blocks of 3 + 2, stage 1 likewise; virtual order (c0,s0),(c0,s1),(c1,s0),(c1,s1).
+    assert chunk_ranges(plan) == (((0, 2), (6, 7)), ((3, 5), (8, 9)))
+    assert plan_chunks(plan) == 2
+    flat = sorted(r for stage in chunk_ranges(plan) for r in stage)
+    assert flat[0][0] == 0 and flat[-1][1] == 9 and all(a[1] + 1 == b[0] for a, b in itertools.pairwise(flat))
+    one = Plan(stages=plan.stages, micro_batches=4, schedule=Schedule.ONE_F_ONE_B)
+    assert chunk_ranges(one) == (((0, 4),), ((5, 9),))
+    spec = TrainSpec(job_id="j", model=model, plan=Plan(stages=plan.stages, micro_batches=3,
+                     schedule=Schedule.INTERLEAVED_1F1B), seq_len=8, global_batch=3, steps=1)
+    with pytest.raises(PreconditionError, match="multiple of the stage count"):
+        check_runnable(spec)
+    thin = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=0), Stage(cluster="b", first_layer=1,
+                                                                               last_layer=9)),
+                micro_batches=4, schedule=Schedule.INTERLEAVED_1F1B)
+    with pytest.raises(PreconditionError, match="fewer than 2 chunks"):
+        check_runnable(TrainSpec(job_id="j", model=model, plan=thin, seq_len=8, global_batch=4, steps=1))

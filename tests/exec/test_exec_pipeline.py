@@ -149,3 +149,24 @@ def test_resume_from_explicit_manifest_on_single_rank(
         _spec([(0, 0, 1), (1, 5, 1)], Schedule.ONE_F_ONE_B, steps=6, resume_from=manifest)
     )
     _assert_close(_losses(second), reference[3:6])
+
+
+def test_interleaved_1f1b_matches_and_its_checkpoint_resumes_elsewhere(
+    launcher: Launcher, reference: list[float], tmp_path: Path
+) -> None:
+    # 2 stages × 2 chunks: stage 0 runs layers 0-1 and 4, stage 1 runs 2-3 and 5 (see chunk_ranges).
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=2), Stage(cluster="b", first_layer=3,
+                                                                               last_layer=5)),
+                micro_batches=M, schedule=Schedule.INTERLEAVED_1F1B, extras={"chunks": 2.0})
+    spec = TrainSpec(job_id="t", model=MODEL, plan=plan, seq_len=SEQ, global_batch=BATCH, steps=STEPS, seed=SEED,
+                     lr=LR, checkpoint_dir=str(tmp_path), checkpoint_every=5)
+    a = launcher.run_forked(spec)
+    _assert_close(_losses(a), reference)
+    manifest = a[0].manifests[0]
+    assert [(s.first_layer, s.last_layer) for s in manifest.shards] == [(0, 1), (4, 4), (2, 3), (5, 5)]
+    # Resume at step 5 on one rank running 3 interleaved chunks (chunk hand-offs stay in the process).
+    solo = Plan(stages=(Stage(cluster="c", first_layer=0, last_layer=5),), micro_batches=M,
+                schedule=Schedule.INTERLEAVED_1F1B, extras={"chunks": 3.0})
+    b = launcher.run_forked(TrainSpec(job_id="t", model=MODEL, plan=solo, seq_len=SEQ, global_batch=BATCH,
+                                      steps=STEPS, seed=SEED, lr=LR, resume_from=manifest))
+    _assert_close(_losses(b), reference[5:])
