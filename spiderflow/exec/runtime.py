@@ -5,8 +5,9 @@ replica ``r`` of ``dp_s``):
 
 1. the rank's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule (global
    micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``);
-2. receives for every activation and gradient the order needs are posted up front (``irecv``, tag
-   ``2j`` for activations, ``2j + 1`` for gradients), so transfers over slow links overlap compute;
+2. receives for every activation and gradient the order needs are posted up front (``irecv``; tag
+   ``2j`` for activations, ``2j + 1`` for gradients without interleaving, see below), so transfers over
+   slow links overlap compute; messages of successive steps on one (sender, tag) pair match in order;
 3. ``F(j)``: the first stage embeds its own tokens (every rank builds the micro-batches it needs from the
    indexed data source), others wait for the activation from the owner of ``j`` in stage ``s − 1``; the
    output is sent (``isend``) to the owner of ``j`` in stage ``s + 1``; the last stage computes the loss;
@@ -28,6 +29,9 @@ and one Adam each; operation ``(kind, j, c)`` runs on chunk ``c``, virtual stage
 activation comes from virtual stage ``u − 1`` (the last stage's chunk ``c − 1`` when ``s = 0``); tags are
 ``2(j·S·v + u)`` (+1 for gradients) for the message arriving at ``u``; a hand-off between two chunks of
 the same rank (one stage) stays in memory.
+
+Replicas of a stage all run on the stage's cluster, so the data-parallel all-reduce never crosses
+clusters (no hierarchical all-reduce is needed). Everything runs on gloo (CPU tensors).
 
 Limits: ``tp > 1`` is rejected (:func:`spiderflow.exec.spec.check_runnable`); receive buffers for a whole
 step are allocated up front (``m·v`` activations and gradients per rank).
