@@ -81,12 +81,11 @@ from spiderflow.costmodel import (
     GIB,
     activation_bytes,
     evaluate,
-    fits_memory,
     stage_memory_bytes,
 )
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
-from spiderflow.placement.common import diagnose
+from spiderflow.placement.common import check_plan, diagnose
 
 __all__ = [
     "EXACT_TSP_MAX",
@@ -626,10 +625,10 @@ class GeneticPolicy:
             "repair_moved": float(moved),
             "shapes": float(shapes),
         }
-        ok, worst, excess = fits_memory(plan, topo)
-        if not ok:  # cannot happen with the worst-case slot filter; kept as a guard
-            return PlacementResult(status=PlacementStatus.ERROR, policy=self.name, stats=stats, constraint="memory",
-                                   reason=f"stage {worst} exceeds GPU memory by {excess:.2f} GiB")
+        broken = check_plan(plan, topo, job)
+        if broken:  # cannot happen with the worst-case slot filter; never hand out an invalid plan
+            return PlacementResult(status=PlacementStatus.ERROR, policy=self.name, stats=stats, constraint="plan",
+                                   reason="; ".join(broken))
         return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan, optimal=None, stats=stats)
 
     # -- shape and pool ------------------------------------------------------------------------------

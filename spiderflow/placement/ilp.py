@@ -100,7 +100,7 @@ from spiderflow.costmodel import (
 )
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
-from spiderflow.placement.common import diagnose
+from spiderflow.placement.common import check_plan, diagnose
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -375,6 +375,9 @@ class IlpPolicy:
                 # The warm start is a solution of the model too; CP-SAT's workers may lose it.
                 plan = hint
                 stats["from_hint"] = 1.0
+            broken = check_plan(plan, topo, job)
+            if broken:  # cannot happen (coefficients round towards safety); never hand out an invalid plan
+                return self._fail(PlacementStatus.ERROR, "; ".join(broken), "model", t0, stats)
             return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan,
                                    planning_seconds=time.perf_counter() - t0,
                                    optimal=status == cp_model.OPTIMAL, stats=stats)
