@@ -19,21 +19,33 @@ tenant's job is NOT_FOUND; only the agent of a cluster running a stage reports p
 rate-limited per caller (token bucket: RESOURCE_EXHAUSTED with ``retry_after_s`` in the error metadata),
 and at most ``max_watches`` WatchJob streams are open at once (RESOURCE_EXHAUSTED beyond), so many idle
 or never-reading watchers cannot exhaust etcd watches or memory.
+
+Deadlines: a unary call with a deadline is answered before it (UNAVAILABLE, :data:`DEADLINE_MARGIN_S`
+early) when etcd does not answer in time, so a client sees the meaning of the failure instead of its own
+DEADLINE_EXCEEDED; every etcd call also has the store's own ``request_timeout``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from services.scheduler.repo import JobRepository, StoredJob
-from spiderflow.errors import NotFoundError, PreconditionError, ResourceExhaustedError, ValidationError
+from spiderflow.errors import (
+    NotFoundError,
+    PreconditionError,
+    ResourceExhaustedError,
+    UnavailableError,
+    ValidationError,
+)
 from spiderflow.jobs import JobRecord, JobState, Progress, Transition
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
@@ -52,6 +64,32 @@ log = structlog.get_logger(__name__)
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
+DEADLINE_MARGIN_S = 0.5
+"""How long before a call's deadline the service gives up and answers UNAVAILABLE."""
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def within_deadline(fn: F) -> F:
+    """Answer a unary call UNAVAILABLE :data:`DEADLINE_MARGIN_S` before its deadline when the work (etcd)
+    has not finished by then. Calls without a deadline are bounded by the store's timeouts only."""
+
+    @functools.wraps(fn)
+    async def call(self: object, request: object, context: grpc.aio.ServicerContext) -> Any:
+        remaining = context.time_remaining()
+        if remaining is None or remaining > 3600:
+            return await fn(self, request, context)
+        budget = max(0.05, remaining - DEADLINE_MARGIN_S)
+        try:
+            async with asyncio.timeout(budget) as scope:
+                return await fn(self, request, context)
+        except TimeoutError:
+            if scope.expired():
+                raise UnavailableError(f"the job store did not answer within the call's deadline "
+                                       f"({remaining:.1f} s); retry") from None
+            raise
+
+    return call  # type: ignore[return-value]
 
 
 def _ts(t: float) -> timestamp_pb2.Timestamp:
@@ -127,6 +165,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._queued_cache = (time.monotonic(), n)
         return n
 
+    @within_deadline
     async def SubmitJob(
         self, request: scheduler_pb2.SubmitJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.SubmitJobResponse:
@@ -155,12 +194,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self._poke()
         return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)
 
+    @within_deadline
     async def GetJob(
         self, request: scheduler_pb2.GetJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.GetJobResponse:
         _require_id(request.job_id)
         return scheduler_pb2.GetJobResponse(job=job_to_proto(await self._get_visible(request.job_id)))
 
+    @within_deadline
     async def ListJobs(
         self, request: scheduler_pb2.ListJobsRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ListJobsResponse:
@@ -225,6 +266,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         finally:
             await watch.aclose()
 
+    @within_deadline
     async def CancelJob(
         self, request: scheduler_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CancelJobResponse:
@@ -244,6 +286,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return scheduler_pb2.CancelJobResponse(job=job_to_proto(done))
         raise PreconditionError(f"job {request.job_id} is changing too fast to cancel; retry")
 
+    @within_deadline
     async def ReportProgress(
         self, request: scheduler_pb2.ReportProgressRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.ReportProgressResponse:
@@ -261,7 +304,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             new = r
             if request.progress:
                 ev = max(request.progress, key=lambda e: e.step)
-                if ev.step > r.progress.step:
+                # the first report of an attempt may go back: a re-placed job resumes from its checkpoint
+                if ev.step > r.progress.step or r.state is JobState.PLACED:
                     new = _with_progress(new, ev, now=self.repo.clock())
             if new.state is JobState.PLACED and (request.progress or request.outcomes):
                 new = new.to(JobState.RUNNING, "workers started", now=self.repo.clock())

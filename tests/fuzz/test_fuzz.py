@@ -1,0 +1,80 @@
+"""Fuzzing, CI subset: every RPC of the Scheduler, Planner and Topology services and the topology/trace
+loaders, a few dozen derandomized hypothesis cases each (``bench/fuzz.py --cases N`` is the long run).
+
+Oracle: :mod:`fuzz_harness` (never INTERNAL/UNKNOWN/UNAVAILABLE, the server keeps answering, a refused
+request leaves etcd untouched); loaders raise only ``ValidationError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fuzz_harness import FuzzTarget
+from hypothesis import HealthCheck, given, settings
+from strategies import RPCS, documents, requests
+
+from spiderflow.errors import ValidationError
+from spiderflow.formats import load_topology, load_trace, topology_from_dict, trace_from_dict
+from spiderflow.store.process import EtcdProcess
+
+CI = settings(max_examples=25, derandomize=True, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                     HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[FuzzTarget]:
+    etcd = EtcdProcess()
+    etcd.start()
+    t = FuzzTarget(etcd.endpoint)
+    try:
+        yield t.start()
+    finally:
+        t.close()
+        etcd.close()
+
+
+@pytest.mark.parametrize("rpc", sorted(RPCS))
+def test_rpc_fuzz(target: FuzzTarget, rpc: str) -> None:
+    @CI
+    @given(requests(rpc))
+    def case(request: Any) -> None:
+        target.check(rpc, request)
+
+    case()
+    assert sum(target.codes[rpc].values()) >= 1
+
+
+@pytest.mark.parametrize(("kind", "loader"), [("topology", topology_from_dict), ("trace", trace_from_dict)])
+def test_format_fuzz(kind: str, loader: Any) -> None:
+    @CI
+    @given(documents(kind))
+    def case(doc: Any) -> None:
+        with contextlib.suppress(ValidationError):
+            loader(doc)
+
+    case()
+
+
+@pytest.mark.parametrize(("kind", "load"), [("topology", load_topology), ("trace", load_trace)])
+def test_file_fuzz(kind: str, load: Any, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same documents through real files, as JSON and YAML, plus raw bytes."""
+    d: Path = tmp_path_factory.mktemp("fuzz-files")
+
+    @CI
+    @given(documents(kind))
+    def case(doc: Any) -> None:
+        for name, body in [("f.json", json.dumps(doc, allow_nan=True).encode()),
+                           ("f.yaml", yaml.safe_dump(doc, allow_unicode=True).encode()),
+                           ("f.yaml", b"\xff\xfe{[" + json.dumps(doc).encode()[:50])]:
+            (d / name).write_bytes(body)
+            with contextlib.suppress(ValidationError):
+                load(d / name)
+
+    case()
