@@ -88,8 +88,8 @@ __all__ = [
     "Assignment",
     "Executor",
     "ExecutorSettings",
-    "Reporter",
     "RendezvousInfo",
+    "Reporter",
     "SchedulerReporter",
     "executor_for",
     "is_peer_error",
@@ -333,9 +333,9 @@ class Executor:
                     async for ev in watch:
                         if ev.type is EventType.DELETE:
                             job = ev.key[len(prefix):]
-                            run = self.runs.get(job)
-                            if run is not None:
-                                run.cancel("assignment removed")
+                            current = self.runs.get(job)
+                            if current is not None:
+                                current.cancel("assignment removed")
                         else:
                             self._on_put(ev.key, ev.value)
             except asyncio.CancelledError:
@@ -556,11 +556,11 @@ class Executor:
                 await w.proc.wait()
 
             readers = [asyncio.create_task(read(w)) for w in workers]
-            all_read = asyncio.gather(*readers)
+            all_read: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*readers))
             reporter = asyncio.create_task(self._progress_loop(run, pending, new_progress, bound))
             cancelled = asyncio.create_task(run.cancelled.wait())
             try:
-                await asyncio.wait({all_read, cancelled}, return_when=asyncio.FIRST_COMPLETED)  # type: ignore[arg-type]
+                await asyncio.wait([all_read, cancelled], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 reporter.cancel()
                 cancelled.cancel()
@@ -590,9 +590,9 @@ class Executor:
         if errors:
             bound.warning("executor.workers_failed", stages=sorted(errors),
                           error=next(iter(errors.values())).splitlines()[0][:300])
-            if all(is_peer_error(e) for e in errors.values()):
-                if await self._wait_cancelled(run, self.settings.failure_grace_s):
-                    raise _Cancelled
+            if all(is_peer_error(e) for e in errors.values()) \
+                    and await self._wait_cancelled(run, self.settings.failure_grace_s):
+                raise _Cancelled
         else:
             bound.info("executor.workers_succeeded", stages=list(a.stages))
         await self._report_outcomes(run, outcomes, bound, progress=pending)
@@ -710,7 +710,8 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
     if not config.scheduler:
         raise ValidationError("scheduler", "is required to execute assignments")
     host, _ = parse_hostport(address, field="address")
-    work = Path(config.work_dir) if config.work_dir else Path(tempfile.gettempdir()) / f"spiderflow-agent-{config.cluster}"
+    work = Path(config.work_dir) if config.work_dir \
+        else Path(tempfile.gettempdir()) / f"spiderflow-agent-{config.cluster}"
     settings = ExecutorSettings(
         cluster=config.cluster, host=host, work_dir=work,
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",

@@ -139,7 +139,8 @@ class LocalMesh:
             "--topology-service", remote(self.address("topology")), "--scheduler", remote(self.address("scheduler")),
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
-            "--work-dir", str(self.workdir / "agents" / c.name), "--log-format", "json", *self.agent_args,
+            "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
+            "--log-format", "json", *self.agent_args,
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:
             argv += ["--free-gpus", str(c.free_gpus)]

@@ -41,7 +41,7 @@ from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
 from spiderflow import costmodel
 from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError
+from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
 from spiderflow.jobs import JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
 from spiderflow.queueing import QueuePolicy, Reservation, RunningJob, admits, after_admit, order, queued_job, reserve
@@ -124,7 +124,12 @@ class SchedulingCycle:
         t_start = time.perf_counter()
         report = CycleReport()
         # 1. snapshot
-        topo = await self.topology.snapshot()
+        try:
+            topo = await self.topology.snapshot()
+        except ValidationError as e:  # no cluster registered yet: nothing to place on, nothing to reconcile
+            log.info("scheduler.no_topology", reason=str(e))
+            report.seconds = time.perf_counter() - t_start
+            return report
         report.topology_revision = topo.revision
         stored, _ = await self.repo.list()
         allocs, alloc_revs, _ = await self.repo.allocations()

@@ -18,6 +18,7 @@ key                                                    value                    
 ``assignments/<cluster>/<job>``                        the cluster's stages of a job's plan         no
 ``reports/<job>/<cluster>``                            latest step-time report of a running stage   agent
 ``checkpoints/<job>``                                  last checkpoint (step, location)             no
+``rendezvous/<job>/<attempt>``                         where an attempt's workers meet (host:port)  no
 ``elections/<service>``                                leader election name (etcd Election API)     svc
 =====================================================  ===========================================  =====
 
@@ -41,6 +42,7 @@ __all__ = [
     "PLANS",
     "PROFILES",
     "QUEUE",
+    "RENDEZVOUS",
     "REPORTS",
     "ROOT",
     "SCHEDULER",
@@ -59,6 +61,7 @@ __all__ = [
     "plan_key",
     "profile_key",
     "queue_key",
+    "rendezvous_key",
     "report_key",
     "reports_prefix",
     "split",
@@ -77,6 +80,7 @@ ASSIGNMENTS = ROOT + "assignments/"
 REPORTS = ROOT + "reports/"
 CHECKPOINTS = ROOT + "checkpoints/"
 ELECTIONS = ROOT + "elections/"
+RENDEZVOUS = ROOT + "rendezvous/"
 
 #: Election names of the leader-elected services.
 SCHEDULER = "scheduler"
@@ -156,6 +160,13 @@ def reports_prefix(job: str) -> str:
 def checkpoint_key(job: str) -> str:
     """Last checkpoint of ``job``."""
     return CHECKPOINTS + _part("job", job)
+
+
+def rendezvous_key(job: str, attempt: int) -> str:
+    """Where the workers of ``job``'s execution attempt ``attempt`` meet (published by the agent of rank 0)."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise ValidationError("attempt", "must be an integer ≥ 0", attempt)
+    return f"{RENDEZVOUS}{_part('job', job)}/{attempt}"
 
 
 def election_name(service: str) -> str:
