@@ -108,19 +108,8 @@ class Launcher:
         imported already (so they start in milliseconds, without the hazards of forking this threaded
         process), each calling :func:`spiderflow.exec.runtime.run`; returns their results in rank order.
         Fails if a rank raises or exits abnormally."""
-        import multiprocessing as mp
-
-        import torch.distributed as dist
-
         world = spec.world_size
-        store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch._dynamo", "spiderflow.exec.runtime", "exec_harness"])
-        queue: Any = ctx.Queue()
-        procs = [ctx.Process(target=_forked_rank, args=(spec, store.port, world, r, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        self.forked.extend(procs)
+        store, procs, queue = self._start_forked(spec)
         results: dict[int, Any] = {}
         try:
             deadline = time.monotonic() + timeout
@@ -146,6 +135,53 @@ class Launcher:
                     p.join(timeout=10)
             del store
         return [results[r] for r in range(world)]
+
+    def _start_forked(self, spec: TrainSpec) -> tuple[Any, list[Any], Any]:
+        import multiprocessing as mp
+
+        import torch.distributed as dist
+
+        world = spec.world_size
+        store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "torch._dynamo", "spiderflow.exec.runtime", "exec_harness"])
+        queue: Any = ctx.Queue()
+        procs = [ctx.Process(target=_forked_rank, args=(spec, store.port, world, r, queue)) for r in range(world)]
+        for p in procs:
+            p.start()
+        self.forked.extend(procs)
+        return store, procs, queue
+
+    def run_forked_killing(
+        self, spec: TrainSpec, *, rank: int, after_s: float, timeout: float = 60.0
+    ) -> tuple[dict[int, Any], float]:
+        """Start every rank of ``spec``, SIGKILL ``rank`` after ``after_s`` seconds, and collect what the
+        others report (a :class:`RunResult` or a traceback string); also returns the seconds from the kill
+        until the last survivor reported. Survivors still silent after ``timeout`` fail the test."""
+        world = spec.world_size
+        store, procs, queue = self._start_forked(spec)
+        out: dict[int, Any] = {}
+        try:
+            time.sleep(after_s)
+            procs[rank].kill()
+            procs[rank].join(timeout=10)
+            killed_at = time.monotonic()
+            while len(out) < world - 1:
+                try:
+                    r, payload = queue.get(timeout=max(0.1, killed_at + timeout - time.monotonic()))
+                except queue_mod.Empty:
+                    raise AssertionError(f"survivors silent {timeout} s after the kill: {sorted(out)}") from None
+                out[r] = payload
+            elapsed = time.monotonic() - killed_at
+            for p in procs:
+                p.join(timeout=30)
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=10)
+            del store
+        return out, elapsed
 
     def close(self) -> None:
         for p in self.forked:

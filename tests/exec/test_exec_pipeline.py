@@ -170,3 +170,14 @@ def test_interleaved_1f1b_matches_and_its_checkpoint_resumes_elsewhere(
     b = launcher.run_forked(TrainSpec(job_id="t", model=MODEL, plan=solo, seq_len=SEQ, global_batch=BATCH,
                                       steps=STEPS, seed=SEED, lr=LR, resume_from=manifest))
     _assert_close(_losses(b), reference[5:])
+
+
+def test_a_killed_rank_fails_its_peers_promptly(launcher: Launcher) -> None:
+    # A lost cluster: its rank dies mid-training. The survivors must raise (the agent reports the error
+    # or re-places the job), not hang until a long timeout.
+    spec = _spec([(0, 1, 1), (2, 3, 1), (4, 5, 1)], Schedule.ONE_F_ONE_B, steps=100_000)
+    out, elapsed = launcher.run_forked_killing(spec, rank=1, after_s=3.0, timeout=45.0)
+    assert sorted(out) == [0, 2]
+    for payload in out.values():
+        assert isinstance(payload, str) and "Error" in payload, payload
+    assert elapsed < 10.0  # gloo sees the closed connection at once (measured: milliseconds)
