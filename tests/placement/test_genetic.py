@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate, fits_memory
@@ -275,3 +277,27 @@ def test_tensor_parallel_devices_only_when_one_gpu_cannot_hold_a_stage() -> None
     assert res.ok and res.plan is not None and res.stats["tp"] == 2
     _assert_valid(res.plan, tight, job)
     assert all(st.tp == 2 for st in res.plan.stages)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), lo=st.integers(1, 6), width=st.integers(0, 8))
+def test_property_every_genetic_plan_respects_free_gpus_memory_and_range(seed: int, lo: int, width: int) -> None:
+    rng = np.random.default_rng(seed)
+    cs = tuple(
+        Cluster(name=f"c{i}", gpu=str(rng.choice(["H100-80G", "A100-40G", "V100-32G"])), nodes=int(rng.integers(1, 3)),
+                gpus_per_node=int(rng.choice([2, 4])), memory_gib=float(rng.choice([1.3, 2.0, 8.0])))
+        for i in range(3)
+    )
+    cs = tuple(Cluster(name=c.name, gpu=c.gpu, nodes=c.nodes, gpus_per_node=c.gpus_per_node, memory_gib=c.memory_gib,
+                       free_gpus=int(rng.integers(0, c.total_gpus + 1))) for c in cs)
+    links = (Link(a="c0", b="c1", bandwidth_gbps=float(rng.uniform(1, 20)), latency_ms=5.0),
+             Link(a="c1", b="c2", bandwidth_gbps=float(rng.uniform(1, 20)), latency_ms=9.0))
+    topo = Topology(clusters=cs, links=links)
+    job = JobSpec(id="h", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=lo, max=lo + width))
+    res = GeneticPolicy(population=8, trials=10).place(topo, job, Budget(seed=seed))
+    if res.ok:
+        assert res.plan is not None
+        _assert_valid(res.plan, topo, job)
+    else:
+        assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
+        assert res.reason and res.constraint

@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate, fits_memory
@@ -243,3 +245,18 @@ def test_registered_and_deterministic_objective() -> None:
     b = get_policy("ilp").place(topo, job, Budget(time_limit_s=20, seed=2))
     assert a.ok and b.ok and a.plan is not None and b.plan is not None
     assert math.isclose(a.plan.step_time_s, b.plan.step_time_s, rel_tol=1e-9)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), lo=st.integers(1, 4), width=st.integers(0, 4))
+def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, lo: int, width: int) -> None:
+    topo, job = _random_instance(seed, clusters=3)
+    job = JobSpec(id="h", model=TINY_MODEL, global_batch=16, seq_len=1024, gpus=GpuRange(min=lo, max=lo + width))
+    res = IlpPolicy().place(topo, job, Budget(time_limit_s=10))
+    if res.ok:
+        assert res.plan is not None
+        _assert_valid(res.plan, topo, job)
+    else:
+        assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
+        assert res.reason and res.constraint
+        assert _brute_force(topo, job) is None
