@@ -2,12 +2,14 @@ r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~sp
 
 ``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
 ``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.tpa.level1`) with level 2
-(per-cluster degrees, :mod:`spiderflow.tpa.level2`) for the 1F1B memory profile, then, for the best
-splits, tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
-latency-aware schedule), ranks them with a window-aware closed form
-(:func:`~spiderflow.tpa.timeline.window_estimate`) and scores them in that order with the exact
+(per-cluster degrees, :mod:`spiderflow.tpa.level2`) for the 1F1B memory profile and keeps the split and
+``m`` with the best closed-form step (the shared cost model every policy is compared on). On that split
+it tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
+latency-aware schedule) and whose closed form is no worse than 1F1B's, ranks them with a window-aware
+estimate (:func:`~spiderflow.tpa.timeline.window_estimate`) and scores them in that order with the exact
 event-level timeline (:mod:`spiderflow.tpa.timeline`) within an op budget (the top-ranked one always).
-The plan with the best simulated objective wins.
+The schedule with the best simulated objective wins (the closed form cannot tell GPipe, 1F1B and the
+latency-aware schedule apart; the timeline can).
 
 Contract
     * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses
@@ -15,8 +17,8 @@ Contract
       stages follow the chain order, a cluster with intra-cluster pipelining appears as consecutive stages.
     * The plan is passed through :func:`spiderflow.costmodel.evaluate`: ``step_time_s``, throughput,
       memory and dollars are the shared closed form, comparable with every other policy.
-      ``extras`` adds ``timeline_step_s`` (the exact simulated step: pipeline makespan + gradient sync;
-      what the schedule choice minimises), ``chunks`` (interleaving), ``closed_form_step_s``,
+      ``extras`` adds ``timeline_step_s`` (the exact simulated step of the returned schedule: pipeline
+      makespan + gradient sync; what the schedule choice minimises), ``chunks`` (interleaving), ``closed_form_step_s``,
       ``micro_batch_size``, ``plan_seconds`` and ``dp_cross_gain_s`` (the best margin of the
       cross-cluster DP rule; ≤ 0 means pipelining is right everywhere).
     * Raises :class:`~spiderflow.errors.ValidationError` for a malformed allocation and
@@ -37,7 +39,7 @@ from dataclasses import replace
 
 import structlog
 
-from spiderflow.costmodel import evaluate
+from spiderflow.costmodel import evaluate, fits_memory
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
@@ -148,7 +150,7 @@ def plan_chain(
     allocation: Sequence[tuple[str, int]],
     *,
     objective: Objective = Objective.JCT,
-    finalists: int = 2,
+    finalists: int = 1,
     micro_batches: Sequence[int] | None = None,
     schedules: Sequence[Schedule] | None = None,
 ) -> Plan:
@@ -206,18 +208,28 @@ def plan_chain(
                 continue  # Megatron's interleaved order needs m to be a multiple of the stage count
             chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
             sctx = replace(ctx, schedule=sched)
-            sev = ev if sched is Schedule.ONE_F_ONE_B else evaluate_split(sctx, ev.split)
-            if not sev.feasible:
-                continue
-            plan = plan_from_split(sctx, sev, chunks=chunks)
+            # The same stages under another schedule when they fit its in-flight memory; else re-solve.
+            plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
+            if not fits_memory(plan, topo)[0]:
+                sev = evaluate_split(sctx, ev.split)
+                if not sev.feasible:
+                    continue
+                plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
             if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
                 continue
-            plan = evaluate(plan, topo, job)
             ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))
-    ranked.sort(key=lambda r: r[0])
+    # The shared closed form stays the plan's prediction (every policy is compared on it): a schedule may
+    # replace 1F1B only if its closed form is no worse; among those, the exact timeline decides.
+    closed = [objective_score(p, objective, p.step_time_s) for _, p in ranked]
+    base = min(
+        (c for c, (_, p) in zip(closed, ranked, strict=True) if p.schedule is Schedule.ONE_F_ONE_B),
+        default=min(closed, default=math.inf),
+    )
+    admissible = [r for c, r in zip(closed, ranked, strict=True) if c <= base * (1.0 + 1e-9)]
+    admissible.sort(key=lambda r: r[0])
     best: tuple[float, Plan, float] | None = None
     spent = 0
-    for _, plan in ranked:
+    for _, plan in admissible:
         ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
         if best is not None and spent + ops > SIMULATION_OP_BUDGET:
             continue
