@@ -45,6 +45,7 @@ from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, host_memory_gib, measure_matmul_tflops, profile_devices
 from agent.registration import Registration
 from agent.service import AgentService
+from spiderflow import metrics
 from spiderflow.domain import Cluster
 from spiderflow.errors import AlreadyExistsError, SpiderFlowError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -203,7 +204,8 @@ class Agent:
         """Serve, profile, connect; returns once the Agent service is up (registration follows in
         :meth:`run`)."""
         host, port = parse_hostport(self.config.listen, field="listen")
-        self._server = await serve([AgentService(self)], host=host, port=port)
+        self._server = await serve([AgentService(self)], host=host, port=port,
+                                   interceptors=[metrics.RpcMetricsInterceptor()])
         if self.config.advertise:
             self._address = self.config.advertise
         elif host in _WILDCARDS:
@@ -407,8 +409,11 @@ class Agent:
             except (grpc.aio.AioRpcError, ValueError) as e:
                 detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
                 self.log.info("agent.probe_failed", peer=reg.cluster, address=reg.address, error=detail)
+                metrics.observe_probe(self.config.cluster, reg.cluster, latency_ms=None, bandwidth_gbps=None)
                 continue
             self._probes[reg.cluster] = r
+            metrics.observe_probe(self.config.cluster, reg.cluster, latency_ms=r.latency_ms,
+                                  bandwidth_gbps=r.bandwidth_gbps)
             results.append(r)
             self.log.debug("agent.probed", peer=reg.cluster, latency_ms=round(r.latency_ms, 3),
                            bandwidth_gbps=r.bandwidth_gbps, probe_bytes=r.probe_bytes)

@@ -9,6 +9,7 @@ from pathlib import Path
 import structlog
 
 from services.planner.service import DEFAULT_POLICY, PlannerService
+from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.tls import add_server_arguments, server_security
@@ -21,14 +22,20 @@ log = structlog.get_logger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--default-policy", default=DEFAULT_POLICY, help="policy when a request names none")
     add_server_arguments(p)
+    add_metrics_argument(p)
 
 
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
     security = server_security(args, host=host)
+    metrics = start_metrics_server(args.metrics_listen)
     server = await serve([PlannerService(default_policy=args.default_policy)], host=host, port=port,
-                         credentials=security.credentials, interceptors=security.interceptors)
-    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
+                         credentials=security.credentials,
+                         interceptors=[RpcMetricsInterceptor(), *security.interceptors])
+    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
+                     metrics=metrics.address if metrics else None)
     log.info("planner.serving", address=server.address, security=security.mode)
     await stop.wait()
     await server.stop(grace_s=5)
+    if metrics:
+        metrics.close()

@@ -23,7 +23,7 @@ from dataclasses import replace
 import grpc.aio
 import structlog
 
-from spiderflow import costmodel
+from spiderflow import costmodel, metrics
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
 from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
@@ -107,6 +107,7 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         job = convert.job_from_proto(request.job)
         budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else Budget()
         strategy = request.WhichOneof("strategy")
+        t0 = time.perf_counter()
         if strategy == "chain":
             chain = list(request.chain.clusters)
             result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective)
@@ -114,6 +115,7 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
             name = request.policy if strategy == "policy" else self.default_policy
             policy = get_policy(name)
             result = await asyncio.to_thread(policy.place, topo, job, budget)
+        metrics.observe_plan(time.perf_counter() - t0, strategy=strategy or "policy", ok=result.ok)
         if not result.ok:
             log.info("planner.unschedulable", job=job.id, policy=result.policy, reason=result.reason,
                      constraint=result.constraint, topology_revision=topo.revision)

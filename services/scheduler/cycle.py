@@ -39,7 +39,7 @@ import structlog
 
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
-from spiderflow import costmodel
+from spiderflow import costmodel, metrics
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
 from spiderflow.jobs import JobState
@@ -155,6 +155,7 @@ class SchedulingCycle:
         queue = [sj for sj in stored if sj.record.state in QUEUED]
         if not queue:
             report.seconds = time.perf_counter() - t_start
+            metrics.observe_cycle((), queued=0)
             return report
 
         # 3. sort
@@ -197,6 +198,7 @@ class SchedulingCycle:
                 head_seen = True
                 res = reserve(qj.id, sj.record.spec.gpus.min, total_free, running, now)
         report.seconds = time.perf_counter() - t_start
+        metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
                  seconds=round(report.seconds, 4), conflict=report.conflict)
         return report

@@ -30,6 +30,7 @@ from services.scheduler.topology_source import StaticTopologySource, TopologySer
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
 from spiderflow.jobs import JobState, Progress
+from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.placement import Budget
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
@@ -65,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
     p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
     add_server_arguments(p)
+    add_metrics_argument(p)
 
 
 class SimExecutor:
@@ -272,8 +274,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     limiter = RateLimiter(rate=args.submit_rate, burst=max(1.0, args.submit_burst))
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
                                max_watches=args.max_watches)
+    metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
-                         interceptors=security.interceptors)
+                         interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,
         finalize=(planner_finalizer(args.planner, credentials=security.client_credentials) if args.planner
@@ -281,7 +284,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         cycle_interval=args.cycle_interval, lease_ttl=args.lease_ttl, budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold,
     )
-    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
+    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
+                     metrics=metrics.address if metrics else None)
     log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor,
              security=security.mode)
     task = asyncio.create_task(replica.run(stop))
@@ -291,3 +295,5 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await asyncio.wait_for(task, timeout=5)
     await topology.close()
     await store.close()
+    if metrics:
+        metrics.close()

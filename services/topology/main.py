@@ -22,6 +22,7 @@ from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from services.topology.smoothing import SmoothingConfig
 from spiderflow.errors import SpiderFlowError
+from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 
@@ -44,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="latency changes below this many ms are never outliers")
     p.add_argument("--shift-after", type=int, default=2,
                    help="consecutive agreeing outliers taken as a real change")
+    add_metrics_argument(p)
 
 
 def graph_config(args: argparse.Namespace) -> GraphConfig:
@@ -74,10 +76,13 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     parse_hostport(args.etcd, field="--etcd")
     store = EtcdStore(args.etcd)
     repo = TopologyRepo(store, config)
-    server = await serve([TopologyService(store, repo)], host=host, port=port)
+    metrics = start_metrics_server(args.metrics_listen)
+    server = await serve([TopologyService(store, repo)], host=host, port=port,
+                         interceptors=[RpcMetricsInterceptor()])
     interval = args.gc_interval if args.gc_interval else max(0.5, config.link_max_age_s / 4)
     gc = asyncio.create_task(_collect(repo, interval), name="topology-gc")
-    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address)
+    write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
+                     metrics=metrics.address if metrics else None)
     log.info("topology.serving", address=server.address, etcd=args.etcd, link_max_age_s=config.link_max_age_s)
     try:
         await stop.wait()
@@ -87,3 +92,5 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             await gc
         await server.stop(grace_s=2)
         await store.close()
+        if metrics:
+            metrics.close()

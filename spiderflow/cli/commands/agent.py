@@ -59,18 +59,24 @@ def _run(args: argparse.Namespace) -> int:
 
     async def main(stop: asyncio.Event) -> None:
         from agent.agent import Agent
+        from spiderflow.metrics import start_metrics_server
 
-        agent = Agent(config)
-        await agent.start()
-        write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
-                         agent_id=agent.agent_id)
-        if config.scheduler is None:
-            await agent.run(stop)
-            return
-        from agent.executor import executor_for
+        metrics = start_metrics_server(args.metrics_listen)
+        try:
+            agent = Agent(config)
+            await agent.start()
+            write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
+                             agent_id=agent.agent_id, metrics=metrics.address if metrics else None)
+            if config.scheduler is None:
+                await agent.run(stop)
+                return
+            from agent.executor import executor_for
 
-        executor = executor_for(config, agent.address, on_busy=agent.set_busy)
-        await asyncio.gather(agent.run(stop), executor.run(stop))
+            executor = executor_for(config, agent.address, on_busy=agent.set_busy)
+            await asyncio.gather(agent.run(stop), executor.run(stop))
+        finally:
+            if metrics:
+                metrics.close()
 
     return run_until_signalled(main)
 
@@ -97,7 +103,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "namespace, else 127.0.0.1:0; port 0 = any free)")
     p.add_argument("--advertise", help="host:port peers dial (default: the listen address)")
     p.add_argument("--agent-id", help="instance id (default: <cluster>-<random>)")
-    p.add_argument("--ready-file", help="write {address, pid, agent_id} as JSON here once serving")
+    p.add_argument("--ready-file", help="write {address, pid, agent_id, metrics} as JSON here once serving")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0 = any free port; default: off)")
     p.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
     p.add_argument("--lease-ttl", type=int, help="registration lease TTL, seconds (default 8)")
     p.add_argument("--profile-interval", type=float, help="re-send the profile every S seconds (default 30)")
