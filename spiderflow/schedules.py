@@ -160,12 +160,17 @@ def replica_ops(
     """The order of replica ``replica`` of a ``dp``-way stage, in the step's global micro-batch numbering.
 
     The stage as a whole follows :func:`stage_ops` over all ``m`` micro-batches with a *global* warm-up
-    ``W`` (``warmup`` if given, else ``min(m·chunks, D · default_warmup(...))`` with ``D = max_dp``, the
-    largest dp of any stage of the pipeline, default ``dp``); the replica runs the sub-sequence of its own
+    ``W`` (``warmup`` if given, else ``min(m, D · default_warmup(...))`` with ``D = max_dp``, the largest
+    dp of any stage of the pipeline, default ``dp``); the replica runs the sub-sequence of its own
     micro-batches (``j ≡ replica mod dp``). With uniform ``dp = D`` each replica therefore warms up exactly
     like a single-replica pipeline over its own micro-batches. Deadlock freedom carries over from the
     single-replica orders whenever ``W`` does not increase along the pipeline (the default guarantees it):
     a replica's order is a sub-sequence of a deadlock-free total order of its stage.
+
+    Interleaved 1F1B (``chunks > 1``) keeps Megatron's *unscaled* warm-up ``W = default_warmup(...)``:
+    its orders also depend on the wrap-around from the last stage back to the first, and a scaled warm-up
+    can deadlock there (e.g. dp ``[1, 1, 2]``, ``m = 9``, two chunks); the sub-sequence argument holds for
+    the unscaled one.
     """
     mine = replica_microbatches(m, dp, replica)
     if not mine:
@@ -173,8 +178,8 @@ def replica_ops(
     d = dp if max_dp is None else max_dp
     if isinstance(d, bool) or not isinstance(d, int) or d < dp:
         raise ValidationError("max_dp", f"must be an integer ≥ dp={dp}", max_dp)
-    if warmup is None and Schedule(schedule) is not Schedule.GPIPE:
-        warmup = min(m * chunks, d * default_warmup(schedule, n_stages, m, stage, chunks=chunks))
+    if warmup is None and Schedule(schedule) is not Schedule.GPIPE and chunks == 1:
+        warmup = min(m, d * default_warmup(schedule, n_stages, m, stage, chunks=chunks))
     ops = stage_ops(schedule, n_stages, m, stage, chunks=chunks, warmup=warmup)
     return [op for op in ops if op[1] % dp == replica]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spiderflow.domain import Schedule
@@ -185,3 +185,20 @@ def test_uniform_dp_replica_warms_up_like_its_own_pipeline() -> None:
     ops = replica_ops(Schedule.ONE_F_ONE_B, 3, 8, 0, dp=2, replica=1)
     local = stage_ops(Schedule.ONE_F_ONE_B, 3, 4, 0)
     assert ops == [(k, 2 * j + 1, c) for k, j, c in local]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@example(dps=[1, 1, 2], groups=3, chunks=2)  # deadlocked when the interleaved warm-up was scaled by max dp
+@given(dps=st.lists(st.integers(1, 3), min_size=1, max_size=4), groups=st.integers(1, 3), chunks=st.integers(2, 3))
+def test_interleaved_with_data_parallel_replicas_is_deadlock_free(dps: list[int], groups: int, chunks: int) -> None:
+    n = len(dps)
+    m = n * groups
+    orders = [
+        [replica_ops(Schedule.INTERLEAVED_1F1B, n, m, s, dp=dp, replica=r, max_dp=max(dps), chunks=chunks)
+         for r in range(dp)]
+        for s, dp in enumerate(dps)
+    ]
+    for s, dp in enumerate(dps):
+        got = sorted((j, c) for r in range(dp) for k, j, c in orders[s][r] if k == "B")
+        assert got == sorted((j, c) for j in range(m) for c in range(chunks))
+    replay(orders, chunks=chunks)
