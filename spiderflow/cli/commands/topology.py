@@ -4,7 +4,9 @@
 ``SPIDERFLOW_TOPOLOGY`` environment variable, else ``127.0.0.1:50052``. It prints a table of clusters
 (GPU type, GPUs free/total, measured TFLOPS, agent) and links (bandwidth, latency, age); ``--json``
 prints the snapshot in the topology file format plus ``"revision"`` (``spiderflow topology validate``
-accepts it).
+accepts it). ``--png FILE`` draws the cluster map instead of the table: clusters at their lat/lon when
+every cluster has them (else a spring layout), links labelled with their bandwidth (both directions when
+they differ), line width growing with bandwidth.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, 
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology, topology_to_dict
 
-__all__ = ["DEFAULT_TOPOLOGY_SERVICE", "register", "summarize"]
+__all__ = ["DEFAULT_TOPOLOGY_SERVICE", "draw_map", "register", "summarize"]
 
 DEFAULT_TOPOLOGY_SERVICE = "127.0.0.1:50052"
 
@@ -102,6 +104,74 @@ async def _fetch(address: str, timeout: float) -> Any:
         await channel.close()
 
 
+def _bw_label(gbps: float) -> str:
+    return f"{gbps:.3g} Gbit/s" if gbps >= 1 else f"{gbps * 1000:.3g} Mbit/s"
+
+
+def draw_map(topo: Topology, path: Path, *, title: str = "") -> None:
+    """Write a PNG of the cluster map of ``topo`` to ``path`` (matplotlib Agg, no display needed)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    names = list(topo.names)
+    geo = bool(names) and all(c.lat is not None and c.lon is not None for c in topo.clusters)
+    pos: dict[str, tuple[float, float]]
+    if geo:
+        pos = {c.name: (float(c.lon), float(c.lat)) for c in topo.clusters}  # type: ignore[arg-type]
+    else:
+        import networkx as nx
+
+        g = nx.Graph()
+        g.add_nodes_from(names)
+        for link in topo.links:
+            g.add_edge(link.a, link.b, weight=max(link.bandwidth_gbps, 1e-3))
+        pos = {n: (float(x), float(y)) for n, (x, y) in nx.spring_layout(g, seed=0, weight="weight").items()}
+    # One line per unordered pair; its label gives both directions when they differ.
+    pairs: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
+    for (u, v), link in topo.direct.items():
+        pairs.setdefault((min(u, v), max(u, v)), {})[(u, v)] = link.bandwidth_gbps
+    bws = [bw for d in pairs.values() for bw in d.values()]
+    lo, hi = (min(bws), max(bws)) if bws else (1.0, 1.0)
+
+    fig = Figure(figsize=(9, 6.5), dpi=110)
+    ax = fig.add_subplot()
+    for (u, v), both in sorted(pairs.items()):
+        (x0, y0), (x1, y1) = pos[u], pos[v]
+        widest = max(both.values())
+        width = 1.0 + 4.0 * (math.log(widest / lo) / math.log(hi / lo) if hi > lo else 1.0)
+        ax.plot([x0, x1], [y0, y1], color="#4a78b5", linewidth=width, alpha=0.7, zorder=1)
+        fwd, back = both.get((u, v)), both.get((v, u))
+        if fwd is not None and back is not None and not math.isclose(fwd, back, rel_tol=0.02):
+            label = f"{u}→{v} {_bw_label(fwd)}\n{v}→{u} {_bw_label(back)}"
+        else:
+            label = _bw_label(widest) + ("" if fwd is not None and back is not None else
+                                         f" ({u}→{v})" if fwd is not None else f" ({v}→{u})")
+        ax.annotate(label, ((x0 + x1) / 2, (y0 + y1) / 2), ha="center", va="center", fontsize=8, zorder=3,
+                    bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#c0c0c0", "alpha": 0.9})
+    gpus = [c.total_gpus for c in topo.clusters]
+    for c in topo.clusters:
+        x, y = pos[c.name]
+        size = 300 + 900 * (c.total_gpus / max(gpus))
+        ax.scatter([x], [y], s=size, color="#f0a030", edgecolors="#804000", zorder=2)
+        ax.annotate(f"{c.name}\n{c.free}/{c.total_gpus} {c.gpu}", (x, y), textcoords="offset points",
+                    xytext=(0, 16 + size ** 0.5 / 2), ha="center", fontsize=9, zorder=4)
+    if not names:
+        ax.text(0.5, 0.5, "no clusters", ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(title or f"{len(names)} clusters, {len(topo.direct)} directed links")
+    if geo:
+        ax.set_xlabel("longitude")
+        ax.set_ylabel("latitude")
+    else:
+        ax.set_axis_off()
+    ax.margins(0.18)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+
+
 def _age(now: float, ts: Any) -> str:
     seconds = max(0.0, now - ts.ToNanoseconds() / 1e9)
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
@@ -126,10 +196,19 @@ def _show(args: argparse.Namespace) -> int:
     # An empty graph (no agent yet) is a valid snapshot, though not a valid topology file.
     topo = convert.topology_from_proto(resp.topology) if resp.topology.clusters else Topology(
         clusters=(), revision=resp.topology.revision)
+    if args.png is not None:
+        try:
+            draw_map(topo, args.png, title=f"topology revision {topo.revision} ({address})")
+        except OSError as e:
+            raise CliError(f"--png: cannot write {args.png}: {e.strerror or e}", EXIT_USAGE) from None
+        if not args.json:
+            console.print(f"wrote {args.png}: {len(topo.clusters)} clusters, {len(topo.direct)} directed links")
     if args.json:
         doc = topology_to_dict(topo)
         doc["revision"] = topo.revision
         print_json(doc)
+        return 0
+    if args.png is not None:
         return 0
     now = time.time()
     agents = {s.name: s for s in resp.cluster_status}
@@ -176,5 +255,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--topology-service", metavar="ADDR",
                    help=f"host:port (default $SPIDERFLOW_TOPOLOGY or {DEFAULT_TOPOLOGY_SERVICE})")
     s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the service")
+    s.add_argument("--png", type=Path, metavar="FILE", help="draw the cluster map with link bandwidths into FILE")
     add_json_flag(s)
     s.set_defaults(func=_show)

@@ -1,0 +1,262 @@
+"""``spiderflow completion bash|zsh``: print a shell completion script for the ``spiderflow`` command.
+
+The script is generated from the argparse tree (:func:`spiderflow.cli.main.build_parser`), so it always
+matches the installed commands: subcommands (with their help in zsh), options per command, the choices
+of options and positionals that have them (``--kind geo|hub|mesh``, ``serve planner|scheduler|topology``)
+and file names for file arguments (``--png FILE``, ``topology validate FILE``). Install::
+
+    source <(spiderflow completion bash)        # ~/.bashrc
+    source <(spiderflow completion zsh)         # ~/.zshrc, after compinit
+
+No dependency: the script is plain bash / zsh and needs no Python at completion time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["Node", "command_tree", "register", "render"]
+
+SHELLS = ("bash", "zsh")
+_FILE_HINTS = ("FILE", "DIR", "PATH")
+
+
+@dataclass(slots=True)
+class Node:
+    """One (sub)command: its subcommands (name → help, node), options and what their values are."""
+
+    subs: dict[str, tuple[str, Node]] = field(default_factory=dict)
+    options: list[str] = field(default_factory=list)
+    valued: set[str] = field(default_factory=set)  # options that take a value
+    choices: dict[str, list[str]] = field(default_factory=dict)  # option → its choices
+    files: set[str] = field(default_factory=set)  # options whose value is a file name
+    positional_choices: list[str] = field(default_factory=list)
+    positional_files: bool = False
+
+
+def _is_file(action: argparse.Action) -> bool:
+    metavar = str(action.metavar or "").upper()
+    return action.type is Path or any(h in metavar for h in _FILE_HINTS)
+
+
+def command_tree(parser: argparse.ArgumentParser) -> Node:
+    """The completion-relevant part of ``parser`` and its subparsers."""
+    node = Node()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                node.subs[name] = (helps.get(name, ""), command_tree(sub))
+            continue
+        if not action.option_strings:
+            if action.choices:
+                node.positional_choices += [str(c) for c in action.choices]
+            elif _is_file(action):
+                node.positional_files = True
+            continue
+        node.options += action.option_strings
+        if action.nargs != 0:
+            for opt in action.option_strings:
+                node.valued.add(opt)
+                if action.choices:
+                    node.choices[opt] = [str(c) for c in action.choices]
+                elif _is_file(action):
+                    node.files.add(opt)
+    return node
+
+
+def _walk(node: Node, path: str = "") -> list[tuple[str, Node]]:
+    out = [(path, node)]
+    for name, (_help, sub) in node.subs.items():
+        out += _walk(sub, f"{path} {name}".strip())
+    return out
+
+
+def _case(lines: list[str], key: str, value: str) -> None:
+    lines.append(f'        "{key}") echo "{value}" ;;')
+
+
+def _tables(root: Node, *, zsh: bool) -> str:
+    """Shell functions answering, for a command path, its subcommands, options, valued options, the
+    choices of an option and whether an option takes a file (shared by both scripts)."""
+    nodes = _walk(root)
+    subs: list[str] = []
+    opts: list[str] = []
+    valued: list[str] = []
+    choices: list[str] = []
+    files: list[str] = []
+    pos: list[str] = []
+    for path, node in nodes:
+        if node.subs:
+            _case(subs, path, " ".join(node.subs))
+        _case(opts, path, " ".join(node.options))
+        if node.valued:
+            _case(valued, path, " ".join(sorted(node.valued)))
+        for opt, values in node.choices.items():
+            _case(choices, f"{path}|{opt}", " ".join(values))
+        for opt in sorted(node.files):
+            _case(files, f"{path}|{opt}", "1")
+        if node.positional_choices:
+            _case(pos, path, " ".join(node.positional_choices))
+        elif node.positional_files and not node.subs:
+            _case(pos, path, "__files__")
+
+    def fn(name: str, arg: str, body: list[str]) -> str:
+        return "\n".join([f"_spiderflow_{name}() {{", f'    case "{arg}" in', *body, "    esac", "}"])
+
+    parts = [
+        fn("subs", "$1", subs), fn("opts", "$1", opts), fn("valued", "$1", valued),
+        fn("choices", "$1|$2", choices), fn("files", "$1|$2", files), fn("positional", "$1", pos),
+    ]
+    if zsh:
+        desc: list[str] = []
+        for path, node in nodes:
+            if node.subs:
+                items = " ".join(_zsh_quote(f"{name}:{h}") for name, (h, _n) in node.subs.items())
+                desc.append(f'        "{path}") reply=({items}) ;;')
+        parts.append("\n".join(["_spiderflow_described() {", "    reply=()", '    case "$1" in', *desc, "    esac",
+                                "}"]))
+    return "\n\n".join(parts)
+
+
+def _zsh_quote(text: str) -> str:
+    return "'" + " ".join(text.split()).replace("'", "'\\''") + "'"
+
+
+# The command path is the subcommands typed so far; option values (``--kind geo``) are skipped.
+_BASH = r"""# bash completion for spiderflow (generated by `spiderflow completion bash`).
+# Install: source <(spiderflow completion bash)
+
+{tables}
+
+_spiderflow_path() {{
+    local w i skip=0 subs
+    _spiderflow_cmdpath=""
+    for ((i = 1; i < COMP_CWORD; i++)); do
+        w="${{COMP_WORDS[i]}}"
+        if ((skip)); then skip=0; continue; fi
+        if [[ $w == -* ]]; then
+            [[ $w != *=* && " $(_spiderflow_valued "$_spiderflow_cmdpath") " == *" $w "* ]] && skip=1
+            continue
+        fi
+        subs=" $(_spiderflow_subs "$_spiderflow_cmdpath") "
+        [[ $subs == *" $w "* ]] && _spiderflow_cmdpath="${{_spiderflow_cmdpath:+$_spiderflow_cmdpath }}$w"
+    done
+}}
+
+_spiderflow() {{
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="${{COMP_WORDS[COMP_CWORD-1]}}" words pos
+    _spiderflow_path
+    local p="$_spiderflow_cmdpath"
+    COMPREPLY=()
+    if [[ $prev == -* && " $(_spiderflow_valued "$p") " == *" $prev "* ]]; then
+        words="$(_spiderflow_choices "$p" "$prev")"
+        if [[ -n $words ]]; then
+            COMPREPLY=($(compgen -W "$words" -- "$cur"))
+        elif [[ -n "$(_spiderflow_files "$p" "$prev")" ]]; then
+            compopt -o filenames 2>/dev/null
+            COMPREPLY=($(compgen -f -- "$cur"))
+        fi
+        return 0
+    fi
+    if [[ $cur == -* ]]; then
+        COMPREPLY=($(compgen -W "$(_spiderflow_opts "$p")" -- "$cur"))
+        return 0
+    fi
+    words="$(_spiderflow_subs "$p")"
+    pos="$(_spiderflow_positional "$p")"
+    if [[ -n $words ]]; then
+        COMPREPLY=($(compgen -W "$words" -- "$cur"))
+    elif [[ $pos == __files__ ]]; then
+        compopt -o filenames 2>/dev/null
+        COMPREPLY=($(compgen -f -- "$cur"))
+    elif [[ -n $pos ]]; then
+        COMPREPLY=($(compgen -W "$pos" -- "$cur"))
+    fi
+    return 0
+}}
+
+complete -F _spiderflow spiderflow
+"""
+
+# zsh: ``words`` is 1-based and ``CURRENT`` indexes the word being completed. ``path`` is special in
+# zsh (tied to $PATH), hence ``cmdpath``.
+_ZSH = r"""#compdef spiderflow
+# zsh completion for spiderflow (generated by `spiderflow completion zsh`).
+# Install: source <(spiderflow completion zsh)   (after compinit)
+
+{tables}
+
+_spiderflow() {{
+    local cmdpath="" w i skip=0 prev cur words_ pos
+    local -a reply
+    for ((i = 2; i < CURRENT; i++)); do
+        w="${{words[i]}}"
+        if ((skip)); then skip=0; continue; fi
+        if [[ $w == -* ]]; then
+            [[ $w != *=* && " $(_spiderflow_valued "$cmdpath") " == *" $w "* ]] && skip=1
+            continue
+        fi
+        [[ " $(_spiderflow_subs "$cmdpath") " == *" $w "* ]] && cmdpath="${{cmdpath:+$cmdpath }}$w"
+    done
+    prev="${{words[CURRENT-1]}}"
+    cur="${{words[CURRENT]}}"
+    if [[ $prev == -* && " $(_spiderflow_valued "$cmdpath") " == *" $prev "* ]]; then
+        words_="$(_spiderflow_choices "$cmdpath" "$prev")"
+        if [[ -n $words_ ]]; then
+            compadd -- ${{=words_}}
+        elif [[ -n "$(_spiderflow_files "$cmdpath" "$prev")" ]]; then
+            _files
+        else
+            _message "${{prev#--}}"
+        fi
+        return
+    fi
+    if [[ $cur == -* ]]; then
+        compadd -- ${{=$(_spiderflow_opts "$cmdpath")}}
+        return
+    fi
+    _spiderflow_described "$cmdpath"
+    pos="$(_spiderflow_positional "$cmdpath")"
+    if (( ${{#reply}} )); then
+        _describe -t commands 'spiderflow command' reply
+    elif [[ $pos == __files__ ]]; then
+        _files
+    elif [[ -n $pos ]]; then
+        compadd -- ${{=pos}}
+    fi
+}}
+
+if (( $+functions[compdef] )); then
+    compdef _spiderflow spiderflow
+else
+    print -u2 "spiderflow completion: run 'autoload -U compinit && compinit' before sourcing this script"
+fi
+"""
+
+
+def render(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
+    """The completion script for ``shell`` (``bash`` or ``zsh``) of ``parser`` (default: the CLI's)."""
+    if parser is None:
+        from spiderflow.cli.main import build_parser
+
+        parser = build_parser()
+    root = command_tree(parser)
+    template = _BASH if shell == "bash" else _ZSH
+    return template.format(tables=_tables(root, zsh=shell == "zsh"))
+
+
+def _run(args: argparse.Namespace) -> int:
+    sys.stdout.write(render(args.shell))
+    sys.stdout.flush()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("completion", help="print a shell completion script (bash or zsh)",
+                       description="Print a completion script; install with: source <(spiderflow completion bash)")
+    p.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+    p.set_defaults(func=_run)
