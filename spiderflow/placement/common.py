@@ -24,8 +24,9 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
    cluster (for memory, or to keep replicas' gradient all-reduce inside a node), ``tp`` a power of two ≤
    GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's own
    ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
-3. move one boundary by one layer at a time while ``(memory excess, step time)`` improves
-   lexicographically; re-derive the global sub-stage count and repeat until it is stable.
+3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
+   lexicographically; re-derive the global sub-stage count and repeat until it is stable. The search
+   also starts from the scorer's memory-aware water-filled split and the better result is kept.
 
 The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
 raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``.
@@ -228,6 +229,7 @@ class ChainScores:
     gpus: IArr
     feasible: BArr
     capacity_ratio: FArr  # Σ cap / L (≥ 1 when the chain can hold the model)
+    layers: FArr  # the continuous, capacity water-filled layer split (N × K)
 
     def score(self, objective: Objective) -> FArr:
         out = np.asarray(objective_value(self.step, self.usd, objective), dtype=np.float64)
@@ -335,7 +337,7 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     )
     return ChainScores(
         step=np.where(np.isfinite(step), step, np.inf), usd=usd, gpus=gpus_used.astype(np.int64),
-        feasible=feasible, capacity_ratio=cap_total / L,
+        feasible=feasible, capacity_ratio=cap_total / L, layers=ell,
     )
 
 
@@ -385,11 +387,12 @@ class _ChainEval:
     """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
 
     def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
-                 cache: dict[tuple[Any, ...], _Block] | None = None):
+                 cache: dict[tuple[Any, ...], _Block] | None = None, slack: int = 0):
         self.jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
         self.exact = exact_gpus
+        self.slack = slack if exact_gpus else 0  # GPUs each cluster may leave unused in exact mode
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
@@ -398,7 +401,7 @@ class _ChainEval:
         self._cache: dict[tuple[Any, ...], _Block] = {} if cache is None else cache
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
-        key = (self.clusters[i].name, self.gpus[i], self.exact, first, last, offset, total_stages_other)
+        key = (self.clusters[i].name, self.gpus[i], self.exact, self.slack, first, last, offset, total_stages_other)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -432,7 +435,10 @@ class _ChainEval:
                 if pp > nl or tp * pp > g:
                     break
                 dp = g // (tp * pp)
-                if (self.exact or not exhaustive) and dp * tp * pp != g and (self.exact or pp > 1):
+                if self.exact:
+                    if dp * tp * pp < g - self.slack:
+                        continue
+                elif not exhaustive and dp * tp * pp != g and pp > 1:
                     continue
                 base, rem = divmod(nl, pp)
                 s_total = total_stages_other + pp
@@ -535,6 +541,11 @@ def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> 
     return sizes, blocks
 
 
+def _split_key(ev: _ChainEval, sizes: Sequence[int], blocks: Sequence[_Block]) -> tuple[float, float]:
+    excess, step, _ = ev.evaluate_split(sizes, [b.pp for b in blocks])
+    return excess, step
+
+
 def _blocks_to_plan(ev: _ChainEval, alloc: Sequence[tuple[str, int]], sizes: Sequence[int],
                     blocks: Sequence[_Block]) -> Plan:
     stages: list[Stage] = []
@@ -596,9 +607,26 @@ def fallback_plan_chain(
     ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     sizes, blocks = _optimise_split(ev, _proportional_split(weights, job.model.layers), local_search=True)
+    if len(allocation) > 1:
+        # Second start: the scorer's memory-aware water-filled split (escapes memory-bound local optima).
+        ta = topo_arrays(topo)
+        chain = np.array([[topo.index[c] for c, _ in allocation]], dtype=np.int64)
+        gpus = np.array([[g for _, g in allocation]], dtype=np.int64)
+        filled = score_chains(ta, ev.jc, transfer_matrix(ta, ev.jc), chain, gpus).layers[0]
+        start = _proportional_split([float(x) for x in filled], job.model.layers)
+        if start != sizes:
+            sizes2, blocks2 = _optimise_split(ev, start, local_search=True)
+            if _split_key(ev, sizes2, blocks2) < _split_key(ev, sizes, blocks):
+                sizes, blocks = sizes2, blocks2
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
-        ev = _ChainEval(topo, job, allocation, exact_gpus=True, cache=_cache)
-        sizes, blocks = _optimise_split(ev, sizes, local_search=True)
+        # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
+        slack = sum(g for _, g in allocation) - job.gpus.min
+        for sl in ((slack, 0) if slack > 0 else (0,)):
+            ev = _ChainEval(topo, job, allocation, exact_gpus=True, cache=_cache, slack=sl)
+            sizes_x, blocks_x = _optimise_split(ev, sizes, local_search=True)
+            if sum(b.pp * b.tp * b.dp for b in blocks_x) >= job.gpus.min:
+                break
+        sizes, blocks = sizes_x, blocks_x
     return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
 
 
