@@ -181,3 +181,14 @@ def test_a_killed_rank_fails_its_peers_promptly(launcher: Launcher) -> None:
     for payload in out.values():
         assert isinstance(payload, str) and "Error" in payload, payload
     assert elapsed < 10.0  # gloo sees the closed connection at once (measured: milliseconds)
+
+
+def test_interleaved_with_uneven_data_parallelism(launcher: Launcher, reference: list[float]) -> None:
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=3), Stage(cluster="b", first_layer=4,
+                                                                               last_layer=5, dp=2)),
+                micro_batches=M, schedule=Schedule.INTERLEAVED_1F1B, extras={"chunks": 2.0})
+    spec = TrainSpec(job_id="t", model=MODEL, plan=plan, seq_len=SEQ, global_batch=BATCH, steps=STEPS, seed=SEED,
+                     lr=LR)
+    results = launcher.run_forked(spec)
+    _assert_close(_losses(results), reference)
+    assert results[1].losses == results[2].losses
