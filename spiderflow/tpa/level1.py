@@ -5,7 +5,9 @@ Input: the chain ``c_0 … c_{C−1}`` with ``n_c`` GPUs each, the model's ``L``
 Output: ``ℓ_0 … ℓ_{C−1}`` (``ℓ_c ≥ 1``, ``Σ ℓ_c = L``) contiguous blocks, each solved by level 2.
 
 Algorithm
-    1. Proportional split: ``ℓ_c ∝ n_c · F_c`` (effective compute), largest remainder, every block ≥ 1.
+    1. Proportional split: ``ℓ_c ∝ n_c · F_c`` (effective compute), largest remainder, every block ≥ 1,
+       water-filled against memory: a block never starts with more layers than it can hold
+       (:func:`memory_caps`); its excess goes to the blocks with room.
     2. Evaluate: solve every block with level 2 from the last cluster to the first (a block's in-flight
        depth depends on how many stages follow it), then the step estimate of the costmodel closed form
        ``(m−1)·max(max_s T_s/d_s, max P) + Σ T_s + 2 Σ P + max_s AR_s`` over all sub-stages and
@@ -61,8 +63,10 @@ __all__ = [
     "dp_crossing",
     "evaluate_split",
     "level1",
+    "memory_caps",
     "polish",
     "proportional_split",
+    "water_filled_split",
 ]
 
 
@@ -200,6 +204,52 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
     return cfg, need, cap
 
 
+def memory_caps(ctx: ChainContext) -> list[int]:
+    """The most layers each block can hold in memory (some degrees with a balanced sub-split fit), assuming
+    one stage per block downstream; binary search, ``O(C·log L)`` candidate scans, no solver calls."""
+    n = len(ctx.clusters)
+    L = ctx.model.layers
+    if n == 1:
+        return [L]
+    caps: list[int] = []
+    for c in range(n):
+        lo, hi = 1, L - (n - 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            # Block 0 holds the embedding, the last block the head, the others neither.
+            first = 0 if c == 0 else (L - mid if c == n - 1 else 1)
+            p = ctx.problem(c, first, mid, n - 1 - c)
+            worst = min_memory_config(p)
+            if worst is not None and max(worst.memory_gib) <= p.shape.memory_gib:
+                lo = mid
+            else:
+                hi = mid - 1
+        caps.append(lo)
+    return caps
+
+
+def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int]) -> tuple[int, ...]:
+    """``ℓ_c ∝ weights[c]`` but never above ``caps[c]`` (the excess goes to the blocks with room, in
+    proportion to their weights); falls back to the plain proportional split when the caps cannot hold
+    every layer."""
+    n = len(weights)
+    if sum(caps) < layers:
+        return proportional_split(layers, weights)
+    fixed: dict[int, int] = {}
+    while True:
+        free = [c for c in range(n) if c not in fixed]
+        left = layers - sum(fixed.values())
+        split = dict(zip(free, proportional_split(left, [weights[c] for c in free]), strict=True)) if free else {}
+        over = [c for c in free if split[c] > caps[c]]
+        if not over:
+            out = {**fixed, **split}
+            return tuple(out[c] for c in range(n))
+        for c in over:
+            fixed[c] = caps[c]
+        if len(fixed) == n or layers - sum(fixed.values()) < n - len(fixed):
+            return proportional_split(layers, weights)
+
+
 def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None) -> SplitEval:
     """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context)."""
     n = len(split)
@@ -286,7 +336,8 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
     n = len(ctx.clusters)
     L = ctx.model.layers
     if initial is None:
-        initial = proportional_split(L, [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)])
+        weights = [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)]
+        initial = water_filled_split(L, weights, memory_caps(ctx))
     memo: _Memo = {}
     ev = evaluate_split(ctx, initial, memo=memo)
     budget = max_moves if max_moves is not None else L * n
