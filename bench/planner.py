@@ -150,12 +150,18 @@ def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
             else:
                 alloc.append((st.cluster, st.gpus))
         cache_clear()
-        t0 = time.perf_counter()
-        pinned = plan_chain(topo, job, alloc, micro_batches=[ip.micro_batches], schedules=[Schedule.ONE_F_ONE_B])
-        t_pinned = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        free = plan_chain(topo, job, alloc)
-        t_free = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            pinned = plan_chain(topo, job, alloc, micro_batches=[ip.micro_batches],
+                                schedules=[Schedule.ONE_F_ONE_B])
+            t_pinned = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            free = plan_chain(topo, job, alloc)
+            t_free = time.perf_counter() - t0
+        except SpiderFlowError as e:  # reported, not hidden: TPA found no plan where the ILP did
+            row["tpa_error"] = str(e)
+            rows.append(row)
+            continue
         ilp_eval = evaluate(ip, topo, job)
         ilp_sim = simulate_plan(ilp_eval, topo, job, record=False).step_s
         row.update(
@@ -171,8 +177,9 @@ def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
         )
         rows.append(row)
     table = Table(title=f"TPA on the ILP's chain vs the joint ILP (limit {limit:g} s)")
-    cols = ["clusters", "chain", "gpus", "m", "ilp_step", "tpa_pinned_step", "ratio_pinned", "ilp_sim_step",
-            "tpa_sim", "ratio_sim", "tpa_schedule", "ilp_s", "tpa_pinned_s", "tpa_s", "speedup_pinned", "ilp_optimal"]
+    cols = ["clusters", "chain", "gpus", "m", "ilp_step", "tpa_pinned_step", "ratio_pinned", "tpa_step", "tpa_m",
+            "ilp_sim_step", "tpa_sim", "ratio_sim", "tpa_schedule", "ilp_s", "tpa_pinned_s", "tpa_s", "speedup_pinned",
+            "ilp_optimal", "tpa_error"]
     for c in cols:
         table.add_column(c)
     for r in rows:
