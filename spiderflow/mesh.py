@@ -125,8 +125,11 @@ class LocalMesh:
             self.testbed = Testbed(self.topology)
             self.testbed.up()
             host = self.testbed.host_address
+        for c in self.topology.clusters:  # spawned side by side (imports and profiling overlap), then awaited
+            self.agents[c.name] = self._agent(c, host, prefix, wait=False)
         for c in self.topology.clusters:
-            self.agents[c.name] = self._agent(c, host, prefix)
+            proc = self.agents[c.name].wait_ready(timeout=90)
+            log.info("mesh.agent_started", cluster=c.name, address=proc.address, pid=proc.pid)
         self.wait_for_clusters(len(self.topology.clusters), timeout=timeout)
 
     def _agent_argv(self, c: Cluster, host: str) -> list[str]:
@@ -146,7 +149,7 @@ class LocalMesh:
             argv += ["--free-gpus", str(c.free_gpus)]
         return argv
 
-    def _agent(self, c: Cluster, host: str, prefix: list[str]) -> ManagedProcess:
+    def _agent(self, c: Cluster, host: str, prefix: list[str], *, wait: bool = True) -> ManagedProcess:
         argv = self._agent_argv(c, host)
         if self.testbed is not None:
             env = {k: v for k, v in self.testbed.environment(c.name).items() if k.startswith(("SPIDERFLOW_TESTBED",
@@ -155,6 +158,8 @@ class LocalMesh:
                                   prefix=["ip", "netns", "exec", self.testbed.netns(c.name)])
         else:
             proc = ManagedProcess(f"agent-{c.name}", argv, log_dir=self.workdir / "logs")
+        if not wait:
+            return proc.spawn()
         proc.start(timeout=90)
         log.info("mesh.agent_started", cluster=c.name, address=proc.address, pid=proc.pid)
         return proc

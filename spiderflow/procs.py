@@ -72,6 +72,11 @@ class ManagedProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 60.0) -> ManagedProcess:
+        """:meth:`spawn`, then :meth:`wait_ready`."""
+        return self.spawn().wait_ready(timeout)
+
+    def spawn(self) -> ManagedProcess:
+        """Start the child without waiting for it (several children then start side by side)."""
         self.ready_path.unlink(missing_ok=True)
         log = self.log_path.open("ab")
         try:
@@ -79,6 +84,11 @@ class ManagedProcess:
                                          stdin=subprocess.DEVNULL, env=self._env, start_new_session=True)
         finally:
             log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> ManagedProcess:
+        """Wait for the readiness document (stopping the child and raising if it dies or times out)."""
+        assert self.proc is not None, "spawn() first"
         if not self._wait_ready:
             return self
         deadline = time.monotonic() + timeout

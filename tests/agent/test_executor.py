@@ -1,0 +1,126 @@
+"""The assignment executor against an in-memory store and a recording reporter, with real worker processes
+(one rank: the whole gpt-tiny model on this agent's single stage).
+
+- an assignment runs: progress reaches the scheduler with the assignment's attempt, checkpoints land in
+  ``checkpoints/<job>``, the stage's outcome is reported once (with the final progress), busy goes on and
+  off, the rendezvous key is removed afterwards, worker logs are in the work dir;
+- a deleted assignment stops its workers without any report;
+- values: assignment and rendezvous round trips, peer-looking errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from agent.executor import Assignment, Executor, ExecutorSettings, RendezvousInfo, is_peer_error
+from spiderflow.catalog import MODEL_PRESETS
+from spiderflow.domain import Plan, Schedule, Stage
+from spiderflow.formats import job_from_dict, job_to_dict
+from spiderflow.jobs import plan_to_dict
+from spiderflow.proto.scheduler.v1 import scheduler_pb2
+from spiderflow.store import keys
+from spiderflow.store.memory import MemoryStore
+
+pytestmark = pytest.mark.timeout(180)
+
+CLUSTER = "solo"
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.requests: list[scheduler_pb2.ReportProgressRequest] = []
+        self.outcome = asyncio.Event()
+        self.progress = asyncio.Event()
+
+    async def report(self, request: scheduler_pb2.ReportProgressRequest) -> tuple[bool, bool]:
+        self.requests.append(request)
+        if request.progress:
+            self.progress.set()
+        if request.outcomes:
+            self.outcome.set()
+        return True, False
+
+    async def close(self) -> None:
+        return None
+
+
+def _assignment(job: str, steps: int, attempt: int = 1) -> bytes:
+    spec = job_from_dict({"id": job, "model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32,
+                          "steps": steps, "gpus": {"min": 1, "max": 1}})
+    plan = Plan(stages=(Stage(cluster=CLUSTER, first_layer=0, last_layer=MODEL_PRESETS["gpt-tiny"].layers - 1),),
+                micro_batches=2, schedule=Schedule.ONE_F_ONE_B)
+    return json.dumps({"job": job, "attempt": attempt, "stages": [0], "plan": plan_to_dict(plan),
+                       "spec": job_to_dict(spec)}).encode()
+
+
+@contextlib.asynccontextmanager
+async def _executor(tmp_path: Path, every: int = 2) -> AsyncIterator[tuple[Executor, MemoryStore, Recorder,
+                                                                            list[bool]]]:
+    store = MemoryStore()
+    rec = Recorder()
+    busy: list[bool] = []
+    settings = ExecutorSettings(cluster=CLUSTER, host="127.0.0.1", work_dir=tmp_path / "work",
+                                checkpoint_dir=tmp_path / "ckpt", checkpoint_every=every, failure_grace_s=1.0)
+    ex = Executor(settings, store, rec, on_busy=busy.append)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ex.run(stop))
+    try:
+        yield ex, store, rec, busy
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await store.close()
+
+
+async def test_an_assignment_runs_reports_and_checkpoints(tmp_path: Path) -> None:
+    async with _executor(tmp_path) as (ex, store, rec, busy):
+        await store.put(keys.assignment_key(CLUSTER, "j1"), _assignment("j1", steps=4))
+        await asyncio.wait_for(rec.outcome.wait(), 150)
+        final = rec.requests[-1]
+        assert [(o.stage, o.succeeded, o.error) for o in final.outcomes] == [(0, True, "")]
+        assert all(r.attempt == 1 and r.cluster == CLUSTER and r.job_id == "j1" for r in rec.requests)
+        steps = sorted({p.step for r in rec.requests for p in r.progress})
+        assert steps[-1] == 4
+        last = max((p for r in rec.requests for p in r.progress), key=lambda p: p.step)
+        assert last.loss > 0 and last.step_time_s > 0 and last.tokens_per_s > 0 and last.steps_total == 4
+        kv = await store.get(keys.checkpoint_key("j1"))
+        assert kv is not None and json.loads(kv.value)["step"] == 4
+        assert await store.get(keys.rendezvous_key("j1", 1)) is None
+        for _ in range(50):
+            if busy == [True, False]:
+                break
+            await asyncio.sleep(0.1)
+        assert busy == [True, False]
+        run_dir = tmp_path / "work" / "j1" / "attempt-1"
+        assert (run_dir / "rank-0.out").read_text().count('"event": "step"') == 4
+        assert not ex.runs
+
+
+async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -> None:
+    async with _executor(tmp_path, every=0) as (ex, store, rec, busy):
+        key = keys.assignment_key(CLUSTER, "j2")
+        await store.put(key, _assignment("j2", steps=10_000))
+        await asyncio.wait_for(rec.progress.wait(), 150)
+        await store.delete(key)
+        for _ in range(100):
+            if not ex.runs:
+                break
+            await asyncio.sleep(0.1)
+        assert not ex.runs
+        assert busy == [True, False]
+        assert not any(r.outcomes for r in rec.requests)
+
+
+def test_values_round_trip() -> None:
+    a = Assignment.decode(_assignment("j3", steps=7, attempt=3))
+    assert (a.job, a.attempt, a.stages, a.spec.steps, a.plan.stages[0].cluster) == ("j3", 3, (0,), 7, CLUSTER)
+    info = RendezvousInfo(host="10.0.0.1", port=24000, checkpoint_dir="/ckpt/j3/attempt-3", checkpoint_every=5)
+    assert RendezvousInfo.decode(info.encode()) == info
+    assert is_peer_error("RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
+    assert not is_peer_error("ValueError: world size 3 != ranks the plan needs (2)")

@@ -1,0 +1,78 @@
+"""Helpers of the end-to-end tests: find every process a run started, read the workers' event files."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "SPIDERFLOW_E2E_RUN"
+"""Environment variable every process of a run inherits (etcd, services, agents, workers): the tag by which
+the tests find what a run left behind."""
+
+
+def marked_processes(token: str) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of live processes whose environment carries ``MARK=token`` (zombies excluded)."""
+    needle = f"{MARK}={token}".encode()
+    found: list[tuple[int, str]] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                continue
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        found.append((int(entry.name), cmd))
+    return found
+
+
+def wait_no_marked_processes(token: str, timeout: float = 15.0) -> list[tuple[int, str]]:
+    """Wait until no process of the run is alive; returns the survivors at the deadline (empty: none)."""
+    deadline = time.monotonic() + timeout
+    left = marked_processes(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = marked_processes(token)
+    return left
+
+
+def worker_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """The stdout events of every rank of one attempt (``<work-dir>/<job>/attempt-<n>/rank-<r>.out``)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for f in sorted(run_dir.glob("rank-*.out")):
+        rank = int(f.stem.split("-")[1])
+        events = []
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except ValueError:  # a line cut short by a killed worker
+                    continue
+        out[rank] = events
+    return out
+
+
+def attempt_events(mesh_dir: Path, job: str, attempt: int) -> dict[int, list[dict[str, Any]]]:
+    """Events of every rank of ``job``'s attempt, over all agents' work dirs of a mesh."""
+    merged: dict[int, list[dict[str, Any]]] = {}
+    for run_dir in sorted((mesh_dir / "agents").glob(f"*/{job}/attempt-{attempt}")):
+        merged.update(worker_events(run_dir))
+    return merged
+
+
+def losses_by_step(events: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+    """Step → loss from the ranks that know it (last stage)."""
+    out: dict[int, float] = {}
+    for evs in events.values():
+        for e in evs:
+            if e.get("event") == "step" and e.get("loss") is not None:
+                out[int(e["step"])] = float(e["loss"])
+    return out
