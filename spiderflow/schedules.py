@@ -57,6 +57,7 @@ __all__ = [
     "replica_microbatches",
     "replica_ops",
     "stage_ops",
+    "stage_warmup",
 ]
 
 Op = tuple[str, int, int]
@@ -145,6 +146,20 @@ def replica_microbatches(m: int, dp: int, replica: int) -> list[int]:
     return list(range(replica, m, dp))
 
 
+def stage_warmup(
+    schedule: Schedule, n_stages: int, m: int, stage: int, *, max_dp: int = 1, chunks: int = 1
+) -> int:
+    """The stage-wide warm-up :func:`replica_ops` uses by default (operations of the whole stage before its
+    first backward): ``min(m, max_dp · default_warmup(...))`` for the single-chunk schedules (``m`` for
+    GPipe), Megatron's unscaled ``default_warmup(...)`` for interleaved 1F1B with ``chunks > 1``."""
+    if isinstance(max_dp, bool) or not isinstance(max_dp, int) or max_dp < 1:
+        raise ValidationError("max_dp", "must be an integer ≥ 1", max_dp)
+    w = default_warmup(schedule, n_stages, m, stage, chunks=chunks)
+    if Schedule(schedule) is Schedule.GPIPE or chunks > 1:
+        return w
+    return min(m, max_dp * w)
+
+
 def replica_ops(
     schedule: Schedule,
     n_stages: int,
@@ -178,8 +193,8 @@ def replica_ops(
     d = dp if max_dp is None else max_dp
     if isinstance(d, bool) or not isinstance(d, int) or d < dp:
         raise ValidationError("max_dp", f"must be an integer ≥ dp={dp}", max_dp)
-    if warmup is None and Schedule(schedule) is not Schedule.GPIPE and chunks == 1:
-        warmup = min(m, d * default_warmup(schedule, n_stages, m, stage, chunks=chunks))
+    if warmup is None and Schedule(schedule) is not Schedule.GPIPE:
+        warmup = stage_warmup(schedule, n_stages, m, stage, max_dp=d, chunks=chunks)
     ops = stage_ops(schedule, n_stages, m, stage, chunks=chunks, warmup=warmup)
     return [op for op in ops if op[1] % dp == replica]
 

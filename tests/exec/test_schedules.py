@@ -14,6 +14,7 @@ from spiderflow.schedules import (
     replay,
     replica_ops,
     stage_ops,
+    stage_warmup,
 )
 
 SINGLE_CHUNK = [Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE]
@@ -202,3 +203,14 @@ def test_interleaved_with_data_parallel_replicas_is_deadlock_free(dps: list[int]
         got = sorted((j, c) for r in range(dp) for k, j, c in orders[s][r] if k == "B")
         assert got == sorted((j, c) for j in range(m) for c in range(chunks))
     replay(orders, chunks=chunks)
+
+
+def test_stage_warmup_is_what_replica_ops_uses() -> None:
+    assert stage_warmup(Schedule.ONE_F_ONE_B, 3, 8, 0, max_dp=2) == 4
+    assert stage_warmup(Schedule.LATENCY_AWARE, 3, 8, 2, max_dp=3) == 3
+    assert stage_warmup(Schedule.GPIPE, 3, 8, 0, max_dp=2) == 8
+    assert stage_warmup(Schedule.INTERLEAVED_1F1B, 2, 4, 0, max_dp=2, chunks=2) == 4  # unscaled
+    for sched, chunks in ((Schedule.ONE_F_ONE_B, 1), (Schedule.LATENCY_AWARE, 1), (Schedule.INTERLEAVED_1F1B, 2)):
+        w = stage_warmup(sched, 2, 8, 0, max_dp=2, chunks=chunks)
+        explicit = replica_ops(sched, 2, 8, 0, dp=2, replica=1, max_dp=2, chunks=chunks, warmup=w)
+        assert replica_ops(sched, 2, 8, 0, dp=2, replica=1, max_dp=2, chunks=chunks) == explicit
