@@ -10,9 +10,10 @@ Policies: every registered one (``spinsearch`` = SpinSearch + the TPA planner wh
 at these sizes) plus ``spinsearch-l1`` (the same search with the level-1 planner only, to show the search's
 own cost). ``ilp`` and ``genetic`` get ``--limit`` seconds per instance (default 20); the others take no
 limit. Planning time is the policy's own ``planning_seconds`` (wall time inside ``place``), median over
-``--repeats`` runs (``ilp``/``genetic``: ``--slow-repeats``, default 1). The topology's all-pairs
-widest-path matrices are computed once per topology before timing (a property of the snapshot, cached per
-revision, shared by all policies).
+``--repeats`` runs (``ilp``/``genetic``: ``--slow-repeats``, default 1); ``cpu_seconds`` is the median
+process CPU time of the same calls (less sensitive to other load on a shared machine; CP-SAT's worker
+threads count in it). The topology's all-pairs widest-path matrices are computed once per topology
+before timing (a property of the snapshot, cached per revision, shared by all policies).
 
 Ratios are against ``spinsearch``: ``time_ratio = t_policy / t_spinsearch`` and
 ``tput_ratio = throughput_spinsearch / throughput_policy`` (> 1: SpinSearch's plan is faster).
@@ -21,6 +22,9 @@ Usage::
 
     .venv/bin/python bench/placement.py --quick            # 8 and 16 clusters, two jobs, limit 5 s
     .venv/bin/python bench/placement.py --limit 20 --out bench/results/placement.json
+    # re-measure some policies, keeping the other policies' rows of an earlier run:
+    .venv/bin/python bench/placement.py --policies spinsearch,spinsearch-l1,firstfit,bace \
+        --merge bench/results/placement.json --out bench/results/placement.json
 """
 
 from __future__ import annotations
@@ -84,17 +88,21 @@ def run(sizes: list[int], jobs: list[tuple[str, int, int]], *, policies: list[st
                 times: list[float] = []
                 res = None
                 error = ""
+                cpu: list[float] = []
                 for _ in range(reps):
+                    c0 = time.process_time()
                     try:
                         res = pol.place(topo, job, budget)
                     except SpiderFlowError as e:
                         error = str(e)
                         break
+                    cpu.append(time.process_time() - c0)
                     times.append(res.planning_seconds)
                 row: dict[str, Any] = {
                     "clusters": n, "model": model, "gpus": f"{gmin}:{gmax}", "policy": name,
                     "status": res.status.value if res else "error", "reason": (res.reason if res else error),
                     "planning_seconds": statistics.median(times) if times else None,
+                    "cpu_seconds": statistics.median(cpu) if cpu else None,
                     "repeats": len(times),
                     "throughput_tokens_per_s": res.plan.throughput_tokens_per_s if res and res.plan else None,
                     "step_time_s": res.plan.step_time_s if res and res.plan else None,
@@ -181,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-repeats", type=int, default=1)
     ap.add_argument("--limit", type=float, default=20.0, help="time limit of ilp and genetic (s)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/placement.json"))
+    ap.add_argument("--merge", type=Path, default=None,
+                    help="take the rows of policies not run now from this earlier result file")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -193,6 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     doc = run(sizes, jobs, policies=args.policies.split(",") if args.policies else None, repeats=args.repeats,
               slow_repeats=args.slow_repeats, limit=limit, console=console)
     doc["wall_seconds"] = time.perf_counter() - t0
+    if args.merge is not None:
+        old = json.loads(args.merge.read_text(encoding="utf-8"))
+        ran = {r["policy"] for r in doc["rows"]}
+        kept = [r for r in old["rows"] if r["policy"] not in ran
+                and (r["clusters"], r["model"]) in {(x["clusters"], x["model"]) for x in doc["rows"]}]
+        doc["rows"] = sorted(doc["rows"] + kept, key=lambda r: (r["clusters"], r["model"], r["policy"]))
+        doc["merged_from"] = {"file": str(args.merge), "policies": sorted({r["policy"] for r in kept}),
+                              "settings": old.get("settings")}
+        _ratios(doc["rows"])
+        doc["summary"] = _summary(doc["rows"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     _table(doc, Console())
