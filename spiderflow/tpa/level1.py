@@ -17,8 +17,9 @@ Algorithm
        layers for any tensor/pipeline/data degrees of its GPUs); keep the better move if the score
        ``(excess, step)`` improves and repeat. When neither neighbour improves, the layer may travel
        further (all boundaries in between shift by one): to the 3 nearest blocks on each side or the 3
-       blocks with the most slack. If that fails too (chains of ≤ 16 clusters), the 3 blocks with the
-       longest per-micro-batch time (the fill term) each try giving a layer to any block.
+       blocks with the most slack (to any block while some block is over memory). If that fails too
+       (chains of ≤ 16 clusters), the 3 blocks with the longest per-micro-batch time (the fill term) each
+       try giving a layer to any block.
        Stop when no move improves.
     4. Polish (:func:`polish`): re-solve each block with the bottleneck of the rest of the chain as a
        floor, since below the pipeline's bottleneck a faster block gains nothing but its fill and sync do.
@@ -412,7 +413,8 @@ def _move_phases(ev: SplitEval) -> list[list[tuple[int, int]]]:
 
     phases = [
         [pair(c) for c in (b - 1, b + 1) if 0 <= c < n],
-        [pair(c) for c in _far_targets(ev, b)],
+        # Over memory, the layer may go anywhere that helps; otherwise to the near and idle blocks.
+        [pair(c) for c in (range(n) if ev.infeasible else _far_targets(ev, b))],
     ]
     if ev.feasible and n <= _FULL_NEIGHBOURHOOD:
         # The fill term Σ T_s also counts: the blocks with the longest per-micro-batch time give a layer

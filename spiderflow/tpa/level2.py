@@ -53,6 +53,7 @@ sub-stage: GPU ``(j·d + r)·t + q`` runs tensor rank ``q`` of replica ``r`` of 
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -258,11 +259,26 @@ def _balanced(n_layers: int, parts: int) -> tuple[int, ...]:
     return tuple(q + (1 if j < r else 0) for j in range(parts))
 
 
+def _min_peak_layers(c: _Coeffs, pp: int, layers: int) -> tuple[int, ...]:
+    """The split of ``layers`` over ``pp`` sub-stages (each ≥ 1) minimising the peak ``μ_j·ℓ_j + ν_j``:
+    greedy, one layer at a time to the sub-stage whose memory grows least — exact for a bottleneck of
+    increasing linear functions. ``O(L log p)``."""
+    alloc = [1] * pp
+    heap = [(c.mu[j] * 2 + c.nu[j], j) for j in range(pp)]
+    heapq.heapify(heap)
+    for _ in range(layers - pp):
+        _, j = heapq.heappop(heap)
+        alloc[j] += 1
+        heapq.heappush(heap, (c.mu[j] * (alloc[j] + 1) + c.nu[j], j))
+    return tuple(alloc)
+
+
 def min_memory_config(p: BlockProblem) -> BlockConfig | None:
-    """The candidate (balanced split) with the smallest peak memory per GPU — used to explain infeasibility."""
+    """The configuration with the smallest peak memory per GPU (every candidate with its min-peak split) —
+    used to explain infeasibility and to steer level 1 off memory overflows."""
     best: BlockConfig | None = None
     for k in block_candidates(p):
-        cfg = config_cost(p, k, _balanced(p.layers, k.pp))
+        cfg = config_cost(p, k, _min_peak_layers(_coeffs(p, k), k.pp, p.layers))
         if best is None or max(cfg.memory_gib) < max(best.memory_gib):
             best = cfg
     return best
