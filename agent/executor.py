@@ -11,12 +11,14 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
   :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
   rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
   stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``.
-- **Rendezvous.** The agent hosting rank 0 picks a free TCP port on its own address (outside the
-  ephemeral range, so no outgoing connection takes it in between), chooses the checkpoint to resume from
-  (``checkpoints/<job>``, read once for the whole attempt) and publishes ``rendezvous/<job>/<attempt>`` =
-  ``{"host", "port", "checkpoint_dir", "checkpoint_every", "resume"}``; its rank-0 worker hosts the
-  ``torch.distributed`` TCPStore there (keys prefixed ``<job>/attempt-<n>/``). Every other agent waits for
-  that key (list-then-watch), so all ranks agree on the store, the checkpoint cadence and the resume point.
+- **Rendezvous.** The agent hosting rank 0 serves the attempt's ``torch.distributed`` TCPStore itself
+  (on its own address, a port the kernel picks: no port race; keys prefixed ``<job>/attempt-<n>/``; torch
+  is imported by the agent on first use), chooses the checkpoint to resume from (``checkpoints/<job>``,
+  read once for the whole attempt) and only then publishes ``rendezvous/<job>/<attempt>`` = ``{"host",
+  "port", "checkpoint_dir", "checkpoint_every", "resume"}``. Every other agent waits for that key
+  (list-then-watch), so all ranks agree on the store, the checkpoint cadence and the resume point, and no
+  worker dials the store before it listens (through the testbed's delay relay an early dial would be
+  accepted by the relay and then reset).
 - **Progress.** Step events of the last stage's replica 0 (the one that knows the global batch's loss)
   go to the scheduler's ``ReportProgress`` with the assignment's attempt, coalesced at most every
   ``report_interval_s``: step, loss, step time, tokens/s. ``stop=true`` in the answer stops the run.
@@ -51,10 +53,8 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -224,18 +224,14 @@ def _pdeathsig_prefix() -> list[str]:
     return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform.startswith("linux") else []
 
 
-def _free_port(host: str, rng: random.Random) -> int:
-    """A port free on ``host`` now, chosen below the usual ephemeral range (32768–60999)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    for _ in range(200):
-        port = rng.randint(20000, 32000)
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    raise UnavailableError(f"no free port for a rendezvous store on {host}")
+def _serve_store(host: str, world: int, timeout_s: float) -> Any:
+    """A ``torch.distributed`` TCPStore server on a free port (torch is imported on first use only)."""
+    import datetime
+
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(host, 0, world + 1, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
 
 
 def _tail(path: Path, lines: int = 12, limit: int = 1500) -> str:
@@ -287,7 +283,6 @@ class Executor:
         self._finished: set[tuple[str, int]] = set()
         self._busy = 0
         self.owns_clients = False
-        self._rng = random.Random(f"{settings.cluster}-{os.getpid()}-{time.time_ns()}")
         self.log = log.bind(cluster=settings.cluster)
 
     # -- the assignment loop --------------------------------------------------------------------------
@@ -395,10 +390,23 @@ class Executor:
         bound.info("executor.assigned", stages=list(a.stages), ranks=[r.rank for r in ranks], world=len(layout),
                    rank0=hosts_zero)
         rdv_key = keys.rendezvous_key(a.job, a.attempt)
+        server: Any = None  # the TCPStore this agent hosts for the attempt (rank 0's agent only)
         if hosts_zero:
-            info = await self._publish_rendezvous(a, rdv_key, bound)
+            info, server = await self._publish_rendezvous(a, rdv_key, len(layout), bound)
         else:
             info = await self._await_rendezvous(run, rdv_key, bound)
+        try:
+            await self._run_attempt(run, info, layout, bound)
+        finally:
+            if hosts_zero:
+                with contextlib.suppress(SpiderFlowError):
+                    await self.store.delete(rdv_key)
+            del server
+
+    async def _run_attempt(self, run: _Run, info: RendezvousInfo, layout: tuple[RankInfo, ...], bound: Any) -> None:
+        a = run.assignment
+        s = self.settings
+        ranks = ranks_of_cluster(a.plan, s.cluster)
         try:
             spec = TrainSpec(
                 job_id=a.job, model=a.spec.model, plan=a.plan, seq_len=a.spec.seq_len,
@@ -414,18 +422,14 @@ class Executor:
         run_dir.mkdir(parents=True, exist_ok=True)
         doc = spec_to_dict(spec)
         doc["rendezvous"] = {"host": info.host, "port": info.port, "world_size": len(layout), "rank": 0,
-                             "serve": None, "timeout_s": s.rendezvous_timeout_s}
+                             "serve": False, "timeout_s": s.rendezvous_timeout_s}
         doc["namespace"] = f"{a.job}/attempt-{a.attempt}/"
         spec_path = run_dir / "worker-spec.json"
         spec_path.write_text(json.dumps(doc, indent=1))
-        try:
-            await self._supervise(run, spec, spec_path, run_dir, ranks, bound)
-        finally:
-            if hosts_zero:
-                with contextlib.suppress(SpiderFlowError):
-                    await self.store.delete(rdv_key)
+        await self._supervise(run, spec, spec_path, run_dir, ranks, bound)
 
-    async def _publish_rendezvous(self, a: Assignment, key: str, bound: Any) -> RendezvousInfo:
+    async def _publish_rendezvous(self, a: Assignment, key: str, world: int,
+                                  bound: Any) -> tuple[RendezvousInfo, Any]:
         s = self.settings
         resume: CheckpointManifest | None = None
         kv = await self.store.get(keys.checkpoint_key(a.job))
@@ -439,15 +443,16 @@ class Executor:
                     bound.warning("executor.checkpoint_unusable", step=m.step)
             except (ValidationError, ValueError) as e:
                 bound.warning("executor.checkpoint_unreadable", error=str(e))
+        server = await asyncio.to_thread(_serve_store, s.host, world, s.rendezvous_timeout_s)
         info = RendezvousInfo(
-            host=s.host, port=_free_port(s.host, self._rng),
+            host=s.host, port=int(server.port),
             checkpoint_dir=str((s.checkpoint_dir / a.job / f"attempt-{a.attempt}").resolve()),
             checkpoint_every=s.checkpoint_every, resume=resume,
         )
         await self.store.put(key, info.encode())
         bound.info("executor.rendezvous_published", host=info.host, port=info.port,
                    resume_step=resume.step if resume else None, checkpoint_every=info.checkpoint_every)
-        return info
+        return info, server
 
     async def _await_rendezvous(self, run: _Run, key: str, bound: Any) -> RendezvousInfo:
         deadline = time.monotonic() + self.settings.rendezvous_timeout_s
