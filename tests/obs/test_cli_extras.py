@@ -171,3 +171,9 @@ def test_topology_show_errors_are_one_line_with_exit_2(live: str, tmp_path: Path
     assert r.returncode == 2 and r.stderr.strip() == "error: --topology-service: must be host:port (got 'nonsense')"
     r = cli("serve", "topology", "--metrics-listen", "nowhere", "--etcd", "127.0.0.1:1")
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --metrics-listen")
+
+
+def test_up_refuses_zero_clusters_in_one_line() -> None:
+    r = cli("up", "--clusters", "0")
+    err = r.stderr.strip()
+    assert r.returncode == 2 and err.startswith("error: --clusters: must be between 1 and") and "\n" not in err

@@ -56,8 +56,9 @@ async def test_interceptor_counts_and_times_rpcs_by_method_and_code() -> None:
         call = health.Watch(health_pb2.HealthCheckRequest())
         await call.read()
         call.cancel()
-        deadline = time.monotonic() + 5
-        while _rpc_count(watch, "CANCELLED") == before[2] and time.monotonic() < deadline:
+        deadline = time.monotonic() + 5  # a call is recorded when its handler unwinds (after the status)
+        while time.monotonic() < deadline and (_rpc_count(watch, "CANCELLED") == before[2]
+                                               or _rpc_count(plan, "INVALID_ARGUMENT") == before[0]):
             await asyncio.sleep(0.05)
         assert _rpc_count(plan, "INVALID_ARGUMENT") == before[0] + 1
         assert _rpc_count(check, "OK") == before[1] + 1
@@ -167,13 +168,24 @@ async def test_topology_service_counts_rpcs_by_method_and_code(stack: Stack) -> 
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     finally:
         await channel.close()
-    after = _scrape(stack.metrics("topology"))
     svc = "spiderflow.topology.v1.Topology"
-    for method, code in (("GetTopology", "OK"), ("ReportLinks", "INVALID_ARGUMENT")):
-        labels = {"service": svc, "method": method, "code": code}
-        assert _value(after, "spiderflow_rpc_requests_total", **labels) == \
-            _value(before, "spiderflow_rpc_requests_total", **labels) + 1, (method, code)
-        assert _value(after, "spiderflow_rpc_duration_seconds_count", **labels) >= 1
+    expected = [("GetTopology", "OK"), ("ReportLinks", "INVALID_ARGUMENT")]
+
+    def count(samples: Samples, method: str, code: str) -> float:
+        return _value(samples, "spiderflow_rpc_requests_total", service=svc, method=method, code=code)
+
+    # An aborted call is recorded when its handler unwinds, which may be just after the client saw the
+    # status: scrape until both calls are in.
+    deadline = time.monotonic() + 10
+    while True:
+        after = _scrape(stack.metrics("topology"))
+        if all(count(after, m, c) > count(before, m, c) for m, c in expected) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    assert count(after, "GetTopology", "OK") == count(before, "GetTopology", "OK") + 1  # only this test calls it
+    assert count(after, "ReportLinks", "INVALID_ARGUMENT") >= count(before, "ReportLinks", "INVALID_ARGUMENT") + 1
+    for method, code in expected:
+        assert _value(after, "spiderflow_rpc_duration_seconds_count", service=svc, method=method, code=code) >= 1
     # Agents report to it: their calls are counted too.
     assert _value(after, "spiderflow_rpc_requests_total", service=svc, method="ReportProfile", code="OK") >= 2
 

@@ -118,11 +118,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.topology and args.clusters:
+    if args.topology and args.clusters is not None:
         raise CliError("give --clusters or --topology, not both", EXIT_USAGE)
     if args.testbed and os.geteuid() != 0:
         raise CliError("--testbed needs root (network namespaces and traffic shaping)", EXIT_USAGE)
-    topo = load_topology(args.topology) if args.topology else sample_topology(args.clusters or 3)
+    clusters = args.clusters if args.clusters is not None else 3
+    topo = load_topology(args.topology) if args.topology else sample_topology(clusters)
     if args.steps < 1:
         raise CliError("--steps: must be ≥ 1", EXIT_USAGE)
     workdir = Path(args.data_dir) if args.data_dir else None
