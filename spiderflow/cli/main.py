@@ -30,6 +30,7 @@ from spiderflow.errors import (
     UnavailableError,
     ValidationError,
 )
+from spiderflow.runtime import configure_logging
 
 __all__ = ["build_parser", "main"]
 
@@ -56,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
+    configure_logging(level="warning")
     try:
         code = args.func(args)
         return int(code or 0)
