@@ -1,0 +1,69 @@
+"""``spiderflow up --testbed``: the sample job trained across network namespaces with kernel-shaped links and
+the delay relay. Agents listen on their namespace addresses, the rank-0 agent serves the rendezvous store
+there, gloo binds ``GLOO_SOCKET_IFNAME`` (set by the testbed) and the job reaches SUCCEEDED; afterwards no
+process of the run and no namespace of its testbed is left. Needs root and network namespaces."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from e2e_harness import MARK, ROOT, wait_no_marked_processes
+
+from spiderflow.errors import SpiderFlowError
+
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
+
+
+def _skip_reason() -> str | None:
+    from spiderflow.testbed import check_environment
+
+    try:
+        check_environment()
+    except SpiderFlowError as e:
+        return str(e)
+    probe = "sfprobe-e2e"
+    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
+        return "'ip netns add' is not usable here"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+_REASON = _skip_reason()
+if _REASON:
+    pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
+
+
+def _namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def test_up_in_the_testbed_trains_across_namespaces(tmp_path: Path) -> None:
+    token = uuid.uuid4().hex
+    mesh_dir = tmp_path / "mesh"
+    env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spiderflow.cli.main", "up", "--testbed", "--steps", "6", "--json", "--data-dir",
+         str(mesh_dir), "--timeout", "200"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=260,
+    )
+    try:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        start = proc.stdout.find("\n{\n")
+        summary, _ = json.JSONDecoder().raw_decode(proc.stdout[start + 1:])
+        assert summary["state"] == "SUCCEEDED", summary
+        assert summary["last_loss"] < summary["first_loss"]
+        published = [json.loads(line) for f in (mesh_dir / "logs").glob("agent-*.log")
+                     for line in f.read_text().splitlines()
+                     if line.startswith("{") and '"executor.rendezvous_published"' in line]
+        assert len(published) == 1 and not published[0]["host"].startswith("127."), published
+    finally:
+        left = wait_no_marked_processes(token)
+        assert not left, f"processes of the run survived it: {left}"
+        assert not _namespaces("sf-"), "a namespace of the run's testbed survived it"
