@@ -5,6 +5,7 @@
   ``checkpoints/<job>``, the stage's outcome is reported once (with the final progress), busy goes on and
   off, the rendezvous key is removed afterwards, worker logs are in the work dir;
 - a deleted assignment stops its workers without any report;
+- a plan the executor cannot run (tensor parallelism) fails its stage at once, with the reason;
 - values: assignment and rendezvous round trips, peer-looking errors.
 """
 
@@ -50,10 +51,11 @@ class Recorder:
         return None
 
 
-def _assignment(job: str, steps: int, attempt: int = 1) -> bytes:
+def _assignment(job: str, steps: int, attempt: int = 1, tp: int = 1) -> bytes:
     spec = job_from_dict({"id": job, "model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32,
-                          "steps": steps, "gpus": {"min": 1, "max": 1}})
-    plan = Plan(stages=(Stage(cluster=CLUSTER, first_layer=0, last_layer=MODEL_PRESETS["gpt-tiny"].layers - 1),),
+                          "steps": steps, "gpus": {"min": 1, "max": tp}})
+    plan = Plan(stages=(Stage(cluster=CLUSTER, first_layer=0, last_layer=MODEL_PRESETS["gpt-tiny"].layers - 1,
+                              tp=tp),),
                 micro_batches=2, schedule=Schedule.ONE_F_ONE_B)
     return json.dumps({"job": job, "attempt": attempt, "stages": [0], "plan": plan_to_dict(plan),
                        "spec": job_to_dict(spec)}).encode()
@@ -115,6 +117,15 @@ async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -
         assert not ex.runs
         assert busy == [True, False]
         assert not any(r.outcomes for r in rec.requests)
+
+
+async def test_a_plan_the_executor_cannot_run_fails_the_stage_with_the_reason(tmp_path: Path) -> None:
+    async with _executor(tmp_path) as (_, store, rec, busy):
+        await store.put(keys.assignment_key(CLUSTER, "j4"), _assignment("j4", steps=2, tp=2))
+        await asyncio.wait_for(rec.outcome.wait(), 30)
+        [outcome] = rec.requests[-1].outcomes
+        assert not outcome.succeeded and "tensor parallelism" in outcome.error
+        assert busy == []  # no worker was started
 
 
 def test_values_round_trip() -> None:
