@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from spiderflow.cli import commands
 from spiderflow.cli.common import (
@@ -42,12 +43,20 @@ def _fail(e: object) -> None:
     sys.stderr.flush()
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line on stderr and exit code 2 (``--help`` still prints the full usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        msg = " ".join(message.split())
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {msg} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="spiderflow",
         description="Topology-aware scheduling of LLM training across decentralized GPU clusters.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(sub)

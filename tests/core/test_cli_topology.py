@@ -52,3 +52,12 @@ def test_validate_rejects_with_one_line(tmp_path: Path, doc: dict[str, object], 
 def test_bad_arguments_exit_2() -> None:
     assert run("topology", "nonsense").returncode == 2
     assert run("no-such-command").returncode == 2
+
+
+@pytest.mark.parametrize("argv", [["topology"], ["topology", "validate"], ["plan", "--gpus", "x"],
+                                  ["jobs", "--state", "BOGUS"], ["status"], ["no-such-command"]])
+def test_usage_errors_are_one_line_exit_2(argv: list[str]) -> None:
+    r = run(*argv)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: spiderflow"), r.stderr
