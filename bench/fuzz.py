@@ -6,8 +6,10 @@ format, against real servicers over a real etcd, with the oracle of ``tests/fuzz
     .venv/bin/python bench/fuzz.py --cases 2000 --rpc Planner/Plan --seed 7
 
 Hypothesis stops a run early when a strategy has few distinct values (``GetTopology`` has no fields), so
-runs are repeated with successive seeds until N cases were sent. Prints one JSON document: per target the
-cases sent, the status codes seen, the wall time, and the first failure if any (exit code 1 then).
+runs are repeated with successive seeds until N cases were sent. A case that breaks the oracle is a
+finding: it is recorded (distinct findings by their first line, with one example request) and the run
+goes on. Prints one JSON document: per target the cases sent, the status codes seen, the wall time and the
+findings (exit code 1 when there is any).
 """
 
 from __future__ import annotations
@@ -45,18 +47,25 @@ def _run_batches(name: str, n: int, base_seed: int, one: Any, strategy: Any) -> 
     t0 = time.perf_counter()
     batch = 0
     counter = [0]
+    findings: dict[str, dict[str, Any]] = {}
 
     def count(x: Any) -> None:
         counter[0] += 1
-        one(x)
+        try:
+            one(x)
+        except Exception as e:  # the oracle's AssertionError, or a loader's crash
+            text = f"{type(e).__name__}: {e}"
+            key = text.splitlines()[0][:300] if text else type(e).__name__
+            row = findings.setdefault(key, {"count": 0, "example": text[:3000]})
+            row["count"] += 1
 
-    while sent < n and batch < 1000:
+    while sent < n and batch < 10_000:
         counter[0] = 0
         case = seed(base_seed + batch)(_settings(min(n - sent, 2000))(given(strategy)(count)))
         case()
         sent += counter[0]
         batch += 1
-    return {"cases": sent, "seconds": round(time.perf_counter() - t0, 1), "batches": batch}
+    return {"cases": sent, "seconds": round(time.perf_counter() - t0, 1), "batches": batch, "findings": findings}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     row = _run_batches(name, args.cases, args.seed,
                                        lambda req, name=name: target.check(name, req), requests(name))
                     row["codes"] = dict(target.codes.get(name, {}))
-            except Exception as e:  # a finding: report it and go on with the other targets
+                failed = failed or bool(row["findings"])
+            except Exception as e:  # the harness itself failed: report it and go on with the other targets
                 failed = True
                 row = {"failure": f"{type(e).__name__}: {e}"[:4000]}
             report["targets"][name] = row

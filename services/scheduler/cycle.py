@@ -57,6 +57,10 @@ HOLDING = (JobState.PLACED, JobState.RUNNING)
 PLACED_STEP_KEY = "placed_step_time_s"
 """Plan extra: the closed-form step time on the snapshot the plan was bound on."""
 
+NOTE_WRITES_PER_CYCLE = 100
+"""At most this many reason updates of queued jobs per cycle, in queue order (the head first): a long queue
+whose head changes is not rewritten record by record every cycle; reasons further back catch up later."""
+
 PlanFinalizer = Callable[[Topology, JobSpec, Plan], Awaitable[Plan]]
 """Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
 
@@ -119,9 +123,11 @@ class SchedulingCycle:
         self.clock = clock
         self.on_placed = on_placed
         self.replan_threshold = replan_threshold
+        self._notes_left = NOTE_WRITES_PER_CYCLE
 
     async def run(self) -> CycleReport:
         t_start = time.perf_counter()
+        self._notes_left = NOTE_WRITES_PER_CYCLE
         report = CycleReport()
         # 1. snapshot
         try:
@@ -311,6 +317,7 @@ class SchedulingCycle:
             reason = f"cannot fit this topology: {decision.reason}"
         else:
             reason = decision.reason
-        if reason and reason != r.reason:
+        if reason and reason != r.reason and self._notes_left > 0:
+            self._notes_left -= 1
             with contextlib.suppress(CompareFailedError):
                 await self.repo.update(sj, r.with_reason(reason, now=self.clock()))

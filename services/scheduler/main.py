@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sim-min-s", type=float, default=0.05)
     p.add_argument("--sim-max-s", type=float, default=5.0)
     p.add_argument("--cycle-interval", type=float, default=5.0, help="max seconds between cycles")
+    p.add_argument("--min-cycle-interval", type=float, default=0.2,
+                   help="min seconds between cycle starts (wakes in between coalesce)")
     p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
     p.add_argument("--max-queued", type=int, default=10_000)
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
@@ -146,8 +148,9 @@ class SchedulerReplica:
     def __init__(self, store: Store, repo: JobRepository, topology: TopologySource, *, address: str,
                  default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
-                 replan_threshold: float = 0.5) -> None:
+                 replan_threshold: float = 0.5, min_cycle_interval: float = 0.0) -> None:
         self.store = store
+        self.min_cycle_interval = min_cycle_interval
         self.repo = repo
         self.topology = topology
         self.address = address
@@ -202,11 +205,19 @@ class SchedulerReplica:
             if self.executor:
                 await self.executor.adopt()
             self.wake.set()
+            loop = asyncio.get_running_loop()
+            last_cycle = loop.time() - self.min_cycle_interval
             while not lost.is_set() and not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wait_any(self.wake, lost, stop), timeout=self.cycle_interval)
                 if lost.is_set() or stop.is_set():
                     return
+                # Wakes that arrive within --min-cycle-interval of the last cycle start coalesce into one
+                # cycle: a burst of submissions costs one cycle, not one per submission.
+                pause = last_cycle + self.min_cycle_interval - loop.time()
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                last_cycle = loop.time()
                 self.wake.clear()
                 try:
                     report = await self.cycle.run()
@@ -281,7 +292,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         store, repo, topology, address=server.address, default_policy=args.policy,
         finalize=(planner_finalizer(args.planner, credentials=security.client_credentials) if args.planner
                   else None), executor=executor, wake=wake,
-        cycle_interval=args.cycle_interval, lease_ttl=args.lease_ttl, budget=Budget(time_limit_s=args.time_limit),
+        cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
+        budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,

@@ -68,6 +68,7 @@ class JobRepository:
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.clock = clock
+        self._decoded: dict[str, tuple[int, JobRecord]] = {}  # key -> (mod_revision, record): decode once
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -80,7 +81,21 @@ class JobRepository:
     async def list(self) -> tuple[list[StoredJob], int]:
         """Every job (sorted by id) and the revision of the read."""
         items, rev = await self.store.get_prefix(keys.JOBS)
-        return [StoredJob(record=JobRecord.from_json(kv.value), mod_revision=kv.mod_revision) for kv in items], rev
+        out: list[StoredJob] = []
+        decoded: dict[str, tuple[int, JobRecord]] = {}
+        for kv in items:
+            hit = self._decoded.get(kv.key)
+            record = hit[1] if hit is not None and hit[0] == kv.mod_revision else JobRecord.from_json(kv.value)
+            decoded[kv.key] = (kv.mod_revision, record)
+            out.append(StoredJob(record=record, mod_revision=kv.mod_revision))
+        self._decoded = decoded  # records are immutable: a (key, mod_revision) always decodes the same
+        return out, rev
+
+    async def count_in(self, states: Iterable[JobState]) -> int:
+        """How many jobs are in one of ``states`` (reads only each record's state: cheap at 10^4 jobs)."""
+        wanted = {s.value for s in states}
+        items, _ = await self.store.get_prefix(keys.JOBS)
+        return sum(1 for kv in items if json.loads(kv.value).get("state") in wanted)
 
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
         """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""

@@ -64,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
+QUEUE_RECOUNT_S = 2.0
+"""Longest time the queue bound relies on an estimate (last count + own submissions since)."""
 DEADLINE_MARGIN_S = 0.5
 """How long before a call's deadline the service gives up and answers UNAVAILABLE."""
 
@@ -144,7 +146,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self.limiter = limiter
         self.max_watches = max_watches
         self.watches = 0
-        self._queued_cache: tuple[float, int] = (0.0, 0)
+        self._queued_cache: tuple[float, int] = (-QUEUE_RECOUNT_S, 0)
+        self._created_since = 0
+        self._recount = asyncio.Lock()
 
     async def _get_visible(self, job_id: str, *, write: bool = False) -> StoredJob:
         stored = await self.repo.get(job_id)
@@ -157,13 +161,21 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             self.wake.set()
 
     async def _queued(self) -> int:
+        """Queued jobs (PENDING + RESCHEDULING), for the queue bound: the last count plus the jobs this
+        replica created since, recounted at most every :data:`QUEUE_RECOUNT_S` seconds, and at once when
+        that estimate reaches the bound. One recount at a time: concurrent submissions share it."""
         at, n = self._queued_cache
-        if time.monotonic() - at < 1.0:
-            return n
-        stored, _ = await self.repo.list()
-        n = sum(1 for s in stored if s.record.state in (JobState.PENDING, JobState.RESCHEDULING))
-        self._queued_cache = (time.monotonic(), n)
-        return n
+        estimate = n + self._created_since
+        if time.monotonic() - at < QUEUE_RECOUNT_S and estimate < self.max_queued:
+            return estimate
+        async with self._recount:
+            if self._queued_cache[0] != at:  # recounted while this call waited
+                return self._queued_cache[1] + self._created_since
+            created_before = self._created_since
+            n = await self.repo.count_in((JobState.PENDING, JobState.RESCHEDULING))
+            self._created_since -= created_before
+            self._queued_cache = (time.monotonic(), n)
+            return n + self._created_since
 
     @within_deadline
     async def SubmitJob(
@@ -190,6 +202,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             raise ResourceExhaustedError(f"the queue holds {self.max_queued} jobs; retry later")
         stored, created = await self.repo.submit(spec, request.request_id, policy=request.policy)
         if created:
+            self._created_since += 1
             log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
             self._poke()
         return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)

@@ -153,9 +153,13 @@ def valid_job(draw: st.DrawFn, job_id: str | None = None) -> types_pb2.JobSpec:
     return convert.job_to_proto(job_from_dict(doc))
 
 
-def _plan_proto() -> types_pb2.Plan:
-    return types_pb2.Plan(stages=[types_pb2.Stage(cluster="virginia", first_layer=0, last_layer=1, tp=1, dp=1)],
-                          micro_batches=2)
+def _plan_proto(job: types_pb2.JobSpec) -> types_pb2.Plan:
+    """Two stages (virginia, ohio) covering the job's layers."""
+    layers = convert.job_from_proto(job).model.layers
+    half = max(1, layers // 2)
+    return types_pb2.Plan(stages=[types_pb2.Stage(cluster="virginia", first_layer=0, last_layer=half - 1, tp=1, dp=1),
+                                  types_pb2.Stage(cluster="ohio", first_layer=half, last_layer=layers - 1, tp=1,
+                                                  dp=1)], micro_batches=2)
 
 
 @st.composite
@@ -187,7 +191,8 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
             req.policy = draw(st.sampled_from(["spinsearch", "firstfit", "bace"]))
         return req
     if rpc == "Planner/Estimate":
-        return planner_pb2.EstimateRequest(topology=topo, job=draw(valid_job()), plan=_plan_proto())
+        job = draw(valid_job())
+        return planner_pb2.EstimateRequest(topology=topo, job=job, plan=_plan_proto(job))
     if rpc == "Topology/ReportProfile":
         return topology_pb2.ReportProfileRequest(
             agent_id="fz-agent", agent_address="127.0.0.1:1",

@@ -294,3 +294,22 @@ async def test_max_message_size_is_enforced() -> None:
             assert await _code(ch, "Planner/Estimate", small) is not Code.RESOURCE_EXHAUSTED
     finally:
         await server.stop(grace_s=0)
+
+
+async def test_queue_bound_counts_exactly_at_the_limit(module_etcd: EtcdProcess) -> None:
+    store = EtcdStore(module_etcd.endpoint)
+    await store.delete_prefix(keys.ROOT)
+    server = await serve([SchedulerService(JobRepository(store), max_queued=3)])
+    try:
+        async with open_channel(server.address) as ch:
+            def sub(i: int) -> scheduler_pb2.SubmitJobRequest:
+                return scheduler_pb2.SubmitJobRequest(request_id=f"q-{i}", job=_job(f"q-{i}"))
+
+            assert [await _code(ch, "Scheduler/SubmitJob", sub(i)) for i in range(3)] == [Code.OK] * 3
+            assert await _code(ch, "Scheduler/SubmitJob", sub(3)) is Code.RESOURCE_EXHAUSTED
+            await _call(ch, "Scheduler/CancelJob", scheduler_pb2.CancelJobRequest(job_id="q-0"))
+            assert await _code(ch, "Scheduler/SubmitJob", sub(4)) is Code.OK  # recounted at the bound
+            assert await _code(ch, "Scheduler/SubmitJob", sub(5)) is Code.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(grace_s=0)
+        await store.close()
