@@ -35,7 +35,7 @@ from spiderflow.placement import Budget
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
-from spiderflow.security.tls import add_server_arguments, server_security
+from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_auth, server_security
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError, Store
 
@@ -68,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
     p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
     add_server_arguments(p)
+    add_etcd_arguments(p)
     add_metrics_argument(p)
 
 
@@ -274,7 +275,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
     security = server_security(args, host=host)
-    store = EtcdStore(args.etcd)
+    auth = etcd_auth(args)
+    store = EtcdStore(args.etcd, username=auth.get("username"), password=auth.get("password"))
     repo = JobRepository(store)
     wake = asyncio.Event()
     topology: TopologySource = (StaticTopologySource.from_file(args.topology) if args.topology

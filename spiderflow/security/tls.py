@@ -13,6 +13,9 @@ Servers (``spiderflow serve scheduler|planner ...``):
   at start with a one-line error naming both flags.
 * ``--tokens FILE``: bearer tokens (:class:`~spiderflow.security.auth.TokenTable`), with TLS or without.
 
+etcd authentication (services that use etcd): ``--etcd-user NAME`` with the password in
+``$SPIDERFLOW_ETCD_PASSWORD`` (never on the command line, where ``ps`` shows it); :func:`etcd_auth`.
+
 Clients (SDK, CLI): ``tls_dir`` argument, else ``$SPIDERFLOW_TLS_DIR``, else plaintext; a bearer token
 from the ``token`` argument, else ``$SPIDERFLOW_TOKEN``.
 """
@@ -33,18 +36,22 @@ from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable
 from spiderflow.security.certs import CA_CERT, CERT, KEY
 
 __all__ = [
+    "ENV_ETCD_PASSWORD",
     "ENV_TLS_DIR",
     "ENV_TOKEN",
     "ServerSecurity",
+    "add_etcd_arguments",
     "add_server_arguments",
     "channel_credentials",
     "client_tls_dir",
     "client_token",
+    "etcd_auth",
     "is_loopback",
     "server_credentials",
     "server_security",
 ]
 
+ENV_ETCD_PASSWORD = "SPIDERFLOW_ETCD_PASSWORD"
 ENV_TLS_DIR = "SPIDERFLOW_TLS_DIR"
 ENV_TOKEN = "SPIDERFLOW_TOKEN"
 
@@ -131,3 +138,20 @@ def server_security(args: argparse.Namespace, *, host: str) -> ServerSecurity:
         return ServerSecurity(interceptors=(AuthInterceptor(Authenticator(tokens=tokens)),), authenticating=True,
                               mode="tokens")
     return ServerSecurity(mode="insecure")
+
+
+def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
+    """``--etcd-user`` (the password comes from ``$SPIDERFLOW_ETCD_PASSWORD``)."""
+    p.add_argument("--etcd-user", help=f"etcd user (password from ${ENV_ETCD_PASSWORD})")
+
+
+def etcd_auth(args: argparse.Namespace) -> dict[str, str]:
+    """``{"username", "password"}`` for :class:`~spiderflow.store.etcd.EtcdStore` ({} without
+    ``--etcd-user``); ``ValidationError`` when the user is given without a password."""
+    user = getattr(args, "etcd_user", None)
+    if not user:
+        return {}
+    password = os.environ.get(ENV_ETCD_PASSWORD)
+    if not password:
+        raise ValidationError("--etcd-user", f"needs the password in ${ENV_ETCD_PASSWORD}", user)
+    return {"username": user, "password": password}
