@@ -101,7 +101,7 @@ class FuzzTarget:
         assert self._store is not None
         return self._run(self._store.revision())
 
-    def _call(self, rpc: str, request: Message) -> Code:
+    def _call(self, rpc: str, request: Message) -> grpc.StatusCode:
         service, method = rpc.split("/")
         fn = getattr(self._stubs[service], method)
         try:
@@ -117,15 +117,15 @@ class FuzzTarget:
             fn(request, timeout=self.deadline_s)
             return Code.OK
         except grpc.RpcError as e:
-            code: Code = e.code()  # type: ignore[attr-defined]
+            code: grpc.StatusCode = e.code()
             if rpc in STREAMS and code in (Code.DEADLINE_EXCEEDED, Code.CANCELLED):
                 return Code.OK
             if code not in ALLOWED:
                 raise AssertionError(f"{rpc} answered {code.name}: {e.details()}\nrequest: {request!r}"[:4000]) \
-                    from None  # type: ignore[attr-defined]
+                    from None
             return code
 
-    def check(self, rpc: str, request: Message) -> Code:
+    def check(self, rpc: str, request: Message) -> grpc.StatusCode:
         """Send one request and apply the oracle (module docstring); returns the status code."""
         before = self.revision()
         code = self._call(rpc, request)

@@ -113,7 +113,7 @@ async def _call(channel: grpc.aio.Channel, rpc: str, request: Any, metadata: Any
     return await fn(request, metadata=metadata, timeout=10)
 
 
-async def _code(channel: grpc.aio.Channel, rpc: str, request: Any, metadata: Any = ()) -> Code:
+async def _code(channel: grpc.aio.Channel, rpc: str, request: Any, metadata: Any = ()) -> grpc.StatusCode:
     try:
         await _call(channel, rpc, request, metadata)
     except grpc.aio.AioRpcError as e:
