@@ -62,7 +62,7 @@ def _run_batches(name: str, n: int, base_seed: int, one: Any, strategy: Any) -> 
     while sent < n and batch < 10_000:
         counter[0] = 0
         case = seed(base_seed + batch)(_settings(min(n - sent, 2000))(given(strategy)(count)))
-        case()
+        case()  # type: ignore[no-untyped-call]
         sent += counter[0]
         batch += 1
     return {"cases": sent, "seconds": round(time.perf_counter() - t0, 1), "batches": batch, "findings": findings}
