@@ -63,12 +63,13 @@ class LocalMesh:
 
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
-                 keep_workdir: bool = False) -> None:
+                 keep_workdir: bool = False, testbed_prefix: str = "sf") -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.testbed_enabled = testbed
+        self.testbed_prefix = testbed_prefix
         self.scheduler_args = list(scheduler_args)
         self.agent_args = list(agent_args)
         self.lease_ttl = lease_ttl
@@ -122,9 +123,10 @@ class LocalMesh:
         if self.testbed_enabled:
             from spiderflow.testbed import Testbed
 
-            self.testbed = Testbed(self.topology)
-            self.testbed.up()
-            host = self.testbed.host_address
+            testbed = Testbed(self.topology, prefix=self.testbed_prefix)
+            testbed.up()  # cleans up after itself if it fails; never take down another run's testbed of this prefix
+            self.testbed = testbed
+            host = testbed.host_address
         for c in self.topology.clusters:  # spawned side by side (imports and profiling overlap), then awaited
             self.agents[c.name] = self._agent(c, host, prefix, wait=False)
         for c in self.topology.clusters:

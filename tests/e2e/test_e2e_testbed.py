@@ -46,11 +46,12 @@ def _namespaces(prefix: str) -> list[str]:
 
 def test_up_in_the_testbed_trains_across_namespaces(tmp_path: Path) -> None:
     token = uuid.uuid4().hex
+    prefix = "sfe" + token[:5]  # a testbed of its own: other runs on this machine may have theirs up
     mesh_dir = tmp_path / "mesh"
     env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "spiderflow.cli.main", "up", "--testbed", "--steps", "6", "--json", "--data-dir",
-         str(mesh_dir), "--timeout", "200"],
+        [sys.executable, "-m", "spiderflow.cli.main", "up", "--testbed", "--testbed-prefix", prefix, "--steps", "6",
+         "--json", "--data-dir", str(mesh_dir), "--timeout", "200"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=260,
     )
     try:
@@ -66,4 +67,4 @@ def test_up_in_the_testbed_trains_across_namespaces(tmp_path: Path) -> None:
     finally:
         left = wait_no_marked_processes(token)
         assert not left, f"processes of the run survived it: {left}"
-        assert not _namespaces("sf-"), "a namespace of the run's testbed survived it"
+        assert not _namespaces(f"{prefix}-"), "a namespace of the run's testbed survived it"

@@ -130,7 +130,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     console.print(f"starting a SpiderFlow mesh: etcd, topology, planner, scheduler, {len(topo.clusters)} agent(s)"
                   + (" in the testbed" if args.testbed else ""))
-    mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None)
+    mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
+                     testbed_prefix=args.testbed_prefix)
     code = 0
     try:
         mesh.start(timeout=args.timeout)
@@ -191,6 +192,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--clusters", type=int, help="number of local CPU clusters (default 3)")
     p.add_argument("--topology", help="topology file for the clusters")
     p.add_argument("--testbed", action="store_true", help="agents in network namespaces with shaped links (root)")
+    p.add_argument("--testbed-prefix", default="sf", metavar="P",
+                   help="name prefix of the testbed's namespaces (default sf; one testbed per prefix)")
     p.add_argument("--keep", action="store_true", help="keep the mesh running until Ctrl-C")
     p.add_argument("--no-job", action="store_true", help="do not submit the sample job")
     p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
