@@ -183,7 +183,14 @@ async def serve(
     if len(set(names)) != len(names):
         raise ValueError(f"a service is given twice: {names}")
     # SO_REUSEPORT off: a second server on a taken port must fail, not silently share the port.
-    server_options = [*channel_options(max_message_bytes), ("grpc.so_reuseport", 0), *options]
+    # Clients ping idle streams every 30 s (channel_options); the server must accept that rate, or it
+    # answers GOAWAY "too_many_pings" and closes long WatchJob/WatchTopology streams after a few minutes.
+    keepalive_policy = [
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+    server_options = [*channel_options(max_message_bytes), *keepalive_policy, ("grpc.so_reuseport", 0), *options]
     server = grpc.aio.server(options=server_options, interceptors=list(interceptors) or None)
     for s in services:
         s.register(s.servicer, server)
