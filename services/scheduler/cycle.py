@@ -42,9 +42,10 @@ from services.scheduler.topology_source import TopologySource
 from spiderflow import costmodel, metrics
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
-from spiderflow.jobs import JobState
+from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
 from spiderflow.queueing import QueuePolicy, Reservation, RunningJob, admits, after_admit, order, queued_job, reserve
+from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError
 
 __all__ = ["CycleReport", "Decision", "DecisionKind", "PlanFinalizer", "SchedulingCycle"]
@@ -56,6 +57,9 @@ HOLDING = (JobState.PLACED, JobState.RUNNING)
 
 PLACED_STEP_KEY = "placed_step_time_s"
 """Plan extra: the closed-form step time on the snapshot the plan was bound on."""
+
+BIND_RETRIES = 3
+"""Binds of one placement per cycle when only allocation keys changed meanwhile (see ``_bind``)."""
 
 NOTE_WRITES_PER_CYCLE = 100
 """At most this many reason updates of queued jobs per cycle, in queue order (the head first): a long queue
@@ -291,9 +295,8 @@ class SchedulingCycle:
             JobState.PLACED, f"placed on {chain} by {result.policy}", now=self.clock(), plan=plan,
             allocation=allocation, attempt=r.attempt + 1, policy=policy_name, topology_revision=topo.revision,
         )
-        try:
-            bound = await self.repo.bind(sj, placed, alloc_revs, allocs)
-        except CompareFailedError:
+        bound = await self._bind(sj, placed, topo, allocs, alloc_revs)
+        if bound is None:
             for c, g in allocation.items():
                 free[c] += g  # unreserve
             log.info("scheduler.bind_conflict", job=r.id, chain=list(plan.chain))
@@ -309,6 +312,26 @@ class SchedulingCycle:
             self.on_placed(bound)
         return Decision(job_id=r.id, kind=DecisionKind.PLACED, reason=placed.reason, chain=plan.chain,
                         seconds=seconds, gpus=plan.gpus, est_end_s=est_end)
+
+    async def _bind(self, sj: StoredJob, placed: JobRecord, topo: Topology, allocs: dict[str, dict[str, int]],
+                    alloc_revs: dict[str, int]) -> StoredJob | None:
+        """Bind ``placed``; None when the job record changed or the GPUs are no longer there.
+
+        A bind that lost only on allocation keys (jobs ending or placed on the same clusters since the
+        snapshot) re-reads those keys and binds again, compared on the new revisions, when the chosen GPUs
+        still fit under each cluster's capacity in ``topo``: finishing jobs do not end the cycle."""
+        for _ in range(BIND_RETRIES):
+            try:
+                return await self.repo.bind(sj, placed, alloc_revs, allocs)
+            except CompareFailedError as e:
+                if keys.job_key(placed.id) in e.current:
+                    return None
+            for c, g in placed.allocation.items():
+                current, rev = await self.repo.allocation(c)
+                if sum(current.values()) + g > topo.cluster(c).free:
+                    return None
+                allocs[c], alloc_revs[c] = current, rev
+        return None
 
     async def _note(self, sj: StoredJob, decision: Decision) -> None:
         """Record why a queued job was not placed (only when the reason changed: no write storms)."""

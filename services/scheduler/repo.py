@@ -108,6 +108,11 @@ class JobRepository:
             revs[name] = kv.mod_revision
         return allocs, revs, rev
 
+    async def allocation(self, cluster: str) -> tuple[dict[str, int], int]:
+        """``({job: gpus}, mod_revision)`` of one cluster's allocation key (``({}, 0)`` when absent)."""
+        kv = await self.store.get(keys.allocation_key(cluster))
+        return _decode_alloc(kv), kv.mod_revision if kv is not None else 0
+
     def watch(self, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
         return self.store.watch_prefix(keys.JOBS, start_revision=start_revision)
 
