@@ -64,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 MAX_PAGE = 1000
 DEFAULT_PAGE = 100
+MAX_REVISION = 2**62
+"""WatchJob's ``from_revision`` bound: etcd revisions are int64; a watch starts one past the revision."""
 QUEUE_RECOUNT_S = 2.0
 """Longest time the queue bound relies on an estimate (last count + own submissions since)."""
 DEADLINE_MARGIN_S = 0.5
@@ -241,8 +243,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
         _require_id(request.job_id)
-        if request.from_revision < 0:
-            raise ValidationError("from_revision", "must be ≥ 0", request.from_revision)
+        if not 0 <= request.from_revision < MAX_REVISION:
+            raise ValidationError("from_revision", f"must be in [0, {MAX_REVISION})", request.from_revision)
         current = await self._get_visible(request.job_id)
         if self.watches >= self.max_watches:
             raise ResourceExhaustedError(f"{self.max_watches} job watches are open; retry later", retry_after_s=1.0)
