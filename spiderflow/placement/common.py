@@ -383,6 +383,10 @@ class _Block:
     p_int: float  # internal boundary time
 
 
+_BLOCK_CACHE: dict[tuple[Any, ...], _Block] = {}
+_BLOCK_CACHE_MAX = 200_000
+
+
 class _ChainEval:
     """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
 
@@ -397,11 +401,19 @@ class _ChainEval:
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
             self.hops.append(math.inf if bw <= 0 else self.jc.act * 8.0 / (bw * 1e9) + lat)
-        # Shared between chains of the same job: a block depends only on these figures.
-        self._cache: dict[tuple[Any, ...], _Block] = {} if cache is None else cache
+        # A block depends only on the job's constants, the cluster's shape and these figures: shared
+        # process-wide (bounded), across chains, jobs and topology snapshots; ``cache`` is accepted for
+        # interface parity.
+        del cache
+        self._cache = _BLOCK_CACHE
+        self._shapes = [
+            (c.effective_tflops, c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps)
+            for c in self.clusters
+        ]
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
-        key = (self.clusters[i].name, self.gpus[i], self.exact, self.slack, first, last, offset, total_stages_other)
+        key = (self.jc, self._shapes[i], self.gpus[i], self.exact, self.slack, first, last, offset,
+               total_stages_other)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -418,6 +430,8 @@ class _ChainEval:
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
             best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
                           jc.act * 8.0 / (c.inter_node_gbps * 1e9))
+        if len(self._cache) >= _BLOCK_CACHE_MAX:
+            self._cache.clear()
         self._cache[key] = best
         return best
 

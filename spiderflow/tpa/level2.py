@@ -85,6 +85,7 @@ __all__ = [
     "min_memory_config",
     "solve_block",
     "solve_block_cached",
+    "solve_block_exact",
 ]
 
 class _Model(cp_model.CpModel):
@@ -203,7 +204,9 @@ class _Coeffs:
     p_in: float  # intra-cluster boundary seconds
 
 
+@lru_cache(maxsize=65536)
 def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
+    """Per-candidate constants (memoised: pure in the frozen problem and degrees)."""
     model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
     h, a, v = model.hidden, model.heads, model.vocab
     f_layer = layer_fwd_flops(model, b, s)
@@ -273,9 +276,10 @@ def _min_peak_layers(c: _Coeffs, pp: int, layers: int) -> tuple[int, ...]:
     return tuple(alloc)
 
 
+@lru_cache(maxsize=65536)
 def min_memory_config(p: BlockProblem) -> BlockConfig | None:
     """The configuration with the smallest peak memory per GPU (every candidate with its min-peak split) —
-    used to explain infeasibility and to steer level 1 off memory overflows."""
+    used to explain infeasibility and to steer level 1 off memory overflows. Memoised on the problem."""
     best: BlockConfig | None = None
     for k in block_candidates(p):
         cfg = config_cost(p, k, _min_peak_layers(_coeffs(p, k), k.pp, p.layers))
@@ -379,9 +383,134 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
     return None  # pragma: no cover - exactly one x is true in any solution
 
 
+def _count(slope: float, const: float, level: float, top: int) -> int:
+    """The largest ``ℓ ≤ top`` with ``slope·ℓ + const ≤ level`` (0 if none; ``top`` if ``slope`` is 0)."""
+    if slope <= 0.0:
+        return top if const <= level * (1.0 + 1e-12) + 1e-300 else 0
+    n = min(top, max(0, math.floor((level - const) / slope)))
+    while n < top and slope * (n + 1) + const <= level * (1.0 + 1e-12):
+        n += 1
+    while n > 0 and slope * n + const > level * (1.0 + 1e-12):
+        n -= 1
+    return n
+
+
+def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockConfig | None:
+    """The optimal layers per sub-stage for the fixed candidate ``k`` (exact; ``None`` when nothing fits
+    memory or nothing beats ``bound``).
+
+    For a fixed ``k`` the objective is ``(m−1)·max(Z/d, P_in, Z_floor) + A + const`` with
+    ``Z = max_j (τ·ℓ_j + η_j)`` and ``A = max_j (α·ℓ_j + β_j)``, both maxima of increasing functions of the
+    ``ℓ_j``. For a threshold ``Z`` each sub-stage may hold at most ``v_j(Z) = min(u_j, max{ℓ : τℓ + η_j ≤ Z})``
+    layers (``u_j`` its memory cap, constraint (4)); the least ``A`` is then the smallest level with
+    ``Σ_j min(v_j, max{ℓ : αℓ + β_j ≤ A}) ≥ L_b`` (water-filling, exact for a bottleneck of increasing
+    linear functions). ``Z`` runs over the values ``τℓ + η_j`` in increasing order, starting at the least
+    one that holds every layer; it stops once ``(m−1)·max(Z/d, …) + A_∞ + const`` (``A_∞`` the least ``A``
+    under the memory caps only) cannot beat the best found. ``O(L_b·p·log L_b)`` in the worst case.
+    """
+    lb, pp = p.layers, k.pp
+    if pp > lb:
+        return None
+    cap = p.shape.memory_gib
+    head = p.has_head
+    etas = [c.eta_head if (head and j == pp - 1) else 0.0 for j in range(pp)]
+    if p.memory_bound:
+        caps = []
+        for j in range(pp):
+            u = _count(c.mu[j] / GIB, c.nu[j] / GIB, cap, lb)
+            # The exact test config_cost and the plan checks apply.
+            while u > 0 and (c.mu[j] * u + c.nu[j]) / GIB > cap:
+                u -= 1
+            caps.append(u)
+    else:
+        caps = [lb] * pp
+    if min(caps) < 1 or sum(caps) < lb:
+        return None
+    p_in = c.p_in if pp > 1 else 0.0
+    flat = max(p_in, p.floor_s)
+    const = c.tau * lb + sum(etas) + 2 * (pp - 1) * p_in
+
+    def least_a(limits: list[int]) -> float | None:
+        levels = sorted({c.alpha * n + b for b in set(c.beta) for n in range(1, lb + 1)})
+        lo, hi = 0, len(levels) - 1
+        if sum(min(v, _count(c.alpha, c.beta[j], levels[hi], lb)) for j, v in enumerate(limits)) < lb:
+            return None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lvl = levels[mid]
+            ok = all(_count(c.alpha, c.beta[j], lvl, lb) >= 1 for j in range(pp)) and sum(
+                min(v, _count(c.alpha, c.beta[j], lvl, lb)) for j, v in enumerate(limits)) >= lb
+            if ok:
+                hi = mid
+            else:
+                lo = mid + 1
+        return levels[lo]
+
+    a_inf = least_a(caps)
+    if a_inf is None:
+        return None
+    zs = sorted({c.tau * n + e for e in set(etas) for n in range(1, lb + 1)})
+    best: tuple[float, float, float] | None = None  # (objective estimate, Z, A)
+    for z in zs:
+        if (p.m - 1) * max(z / k.dp, flat) + a_inf + const > min(bound, best[0] if best else math.inf) * (
+            1.0 + 1e-9
+        ):
+            break
+        limits = [min(u, _count(c.tau, e, z, lb)) for u, e in zip(caps, etas, strict=True)]
+        if min(limits) < 1 or sum(limits) < lb:
+            continue
+        a = least_a(limits)
+        if a is None:
+            continue
+        val = (p.m - 1) * max(z / k.dp, flat) + a + const
+        if best is None or val < best[0]:
+            best = (val, z, a)
+        if a <= a_inf:
+            break  # larger Z cannot lower A any more
+    if best is None:
+        return None
+    _, z, a = best
+    layers = [
+        min(u, _count(c.tau, e, z, lb), _count(c.alpha, c.beta[j], a, lb))
+        for j, (u, e) in enumerate(zip(caps, etas, strict=True))
+    ]
+    # Give back the surplus from the sub-stages with the highest memory (every term only shrinks).
+    heap = [(-(c.mu[j] * n + c.nu[j]), j) for j, n in enumerate(layers) if n > 1]
+    heapq.heapify(heap)
+    surplus = sum(layers) - lb
+    while surplus > 0:
+        _, j = heapq.heappop(heap)
+        layers[j] -= 1
+        surplus -= 1
+        if layers[j] > 1:
+            heapq.heappush(heap, (-(c.mu[j] * layers[j] + c.nu[j]), j))
+    return config_cost(p, k, tuple(layers))
+
+
+def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
+    """The optimum of the module docstring's model without a solver: :func:`_prune`, then each surviving
+    candidate's best split (:func:`_best_split`) in order of its lower bound, skipping candidates whose
+    lower bound cannot beat the best so far. Same optimum as :func:`solve_block` (which rounds times to
+    integer units) and :func:`brute_force_block`; ``None`` when no candidate fits in memory. Ties keep the
+    first candidate in ``(t, p)`` order."""
+    cands, coeffs = _prune(p, block_candidates(p))
+    if not cands or p.layers < 1:
+        return None
+    best: BlockConfig | None = None
+    for k, c in zip(cands, coeffs, strict=True):
+        cfg = _best_split(p, k, c, best.objective_s if best is not None else math.inf)
+        if cfg is None:
+            continue
+        if p.memory_bound and max(cfg.memory_gib) > p.shape.memory_gib:
+            continue
+        if best is None or cfg.objective_s < best.objective_s * (1.0 - 1e-12):
+            best = cfg
+    return best
+
+
 @lru_cache(maxsize=65536)
 def _solve_memo(p: BlockProblem) -> BlockConfig | None:
-    return solve_block(p)
+    return solve_block_exact(p)
 
 
 @lru_cache(maxsize=262144)
@@ -424,6 +553,8 @@ def cache_clear() -> None:
     """Forget every memoised level-2 solve."""
     _solve_memo.cache_clear()
     solve_block_cached.cache_clear()
+    min_memory_config.cache_clear()
+    _coeffs.cache_clear()
     _FAMILIES.clear()
 
 

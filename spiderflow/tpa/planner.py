@@ -44,7 +44,7 @@ from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
 from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1, polish
-from spiderflow.tpa.timeline import simulate_plan, window_estimate
+from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
 __all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
 
@@ -233,6 +233,8 @@ def plan_chain(
         ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
         if best is not None and spent + ops > SIMULATION_OP_BUDGET:
             continue
+        if best is not None and objective_score(plan, objective, step_lower_bound(plan, topo, job)) >= best[0]:
+            continue  # even its lower bound cannot beat the best simulated schedule
         spent += ops
         try:
             sim_step = simulate_plan(plan, topo, job, record=False).step_s

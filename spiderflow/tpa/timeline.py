@@ -40,6 +40,7 @@ import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
@@ -59,6 +60,7 @@ __all__ = [
     "simulate_plan",
     "stage_ops",
     "stage_warmup",
+    "step_lower_bound",
     "window_estimate",
 ]
 
@@ -315,10 +317,52 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
     return (m - 1) * period + fill + max(st.allreduce_s for st in stages)
 
 
-def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
-    """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures."""
+def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec) -> float:
+    r"""A lower bound on :func:`simulate_plan`'s ``step_s`` for any op order (cheap; used to skip
+    simulations that cannot win).
+
+    Replica 0 of stage ``i`` runs ``⌈m/d_i⌉`` micro-batches of ``T_i`` seconds each, and cannot start before
+    the first activation has crossed the stages upstream: ``a_i = Σ_{q<i} (T_q/(3v) + ser_{q,q+1} +
+    lat_{q,q+1})``. Without interleaving (``v = 1``) its last op is a backward whose gradient must still
+    cross stages ``i−1 … 0`` (``Σ_{q<i} (2T_q/3 + ser_{q+1,q} + lat_{q+1,q})``) before stage 0 can finish. So
+    ``step ≥ max_i a_i + ⌈m/d_i⌉·T_i + max(AR_i, tail_i + AR_0)`` (``tail_i`` only when ``v = 1``).
+    """
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
-    len(stages)
     m = plan.micro_batches
-    orders = plan_orders(plan.schedule, m, [st.replicas for st in stages], chunks=chunks)
+    best = 0.0
+    head = 0.0
+    tail = 0.0
+    for i, st in enumerate(stages):
+        if i > 0:
+            head += stages[i - 1].compute_s / (3.0 * chunks) + ser[i - 1][i] + lat[i - 1][i]
+            tail += stages[i - 1].compute_s * 2.0 / 3.0 + ser[i][i - 1] + lat[i][i - 1]
+        after = st.allreduce_s
+        if chunks == 1 and i > 0:
+            after = max(after, tail + stages[0].allreduce_s)
+        best = max(best, head + math.ceil(m / st.replicas) * st.compute_s + after)
+    return best if math.isfinite(best) else 0.0
+
+
+def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
+    """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures.
+
+    With ``record=False`` the result is memoised on the simulator's inputs (schedule, ``m``, chunks, stage
+    timings and the link matrices), so equal pipelines on later topology snapshots are not re-simulated.
+    """
+    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    if not record:
+        return _simulate_memo(
+            plan.schedule, plan.micro_batches, chunks, tuple(stages),
+            tuple(tuple(r) for r in ser), tuple(tuple(r) for r in lat),
+        )
+    orders = plan_orders(plan.schedule, plan.micro_batches, [st.replicas for st in stages], chunks=chunks)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=record)
+
+
+@lru_cache(maxsize=4096)
+def _simulate_memo(
+    schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
+    ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...],
+) -> Timeline:
+    orders = plan_orders(schedule, m, [st.replicas for st in stages], chunks=chunks)
+    return simulate(stages, orders, ser, lat, chunks=chunks, record=False)
