@@ -4,7 +4,8 @@ Life cycle (:meth:`Agent.run`):
 
 1. Serve the Agent gRPC service (:mod:`agent.service`) on ``listen``; work out the address peers dial
    (:mod:`agent.config`, "Advertised address").
-2. Profile the cluster once (:mod:`agent.profiler`; a declared cluster skips device discovery).
+2. Profile the cluster once (:mod:`agent.profiler`; a declared cluster skips device discovery; a CPU
+   cluster also calibrates its training efficiency ``mfu``).
 3. **Register**: grant a lease of ``lease_ttl_s`` with keep-alive and create ``clusters/<cluster>``
    (:class:`agent.registration.Registration`) under it. If the key is taken (a previous instance whose
    lease has not expired yet), retry every second until it is free. If the lease is lost (etcd
@@ -42,7 +43,7 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from agent.config import AgentConfig
 from agent.probe import Ingress, ProbeResult, probe_peer
-from agent.profiler import DeviceProfile, host_memory_gib, measure_matmul_tflops, profile_devices
+from agent.profiler import DeviceProfile, profile_cpu, profile_devices
 from agent.registration import Registration
 from agent.service import AgentService
 from spiderflow import metrics
@@ -72,8 +73,9 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
 
 
 def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluster:
-    """The :class:`Cluster` this agent reports: declared GPUs (``config.gpus``) or the measured ones,
-    plus the configured price, region, free GPUs and intra/inter-node bandwidths."""
+    """The :class:`Cluster` this agent reports: declared GPUs (``config.gpus``) or the measured ones
+    (with the calibrated ``mfu`` when measured), plus the configured price, region, free GPUs and
+    intra/inter-node bandwidths."""
     extra: dict[str, Any] = {}
     for f in ("electricity_usd_per_kwh", "intra_node_gbps", "inter_node_gbps", "free_gpus"):
         if getattr(config, f) is not None:
@@ -82,12 +84,15 @@ def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluste
     if decl is not None:
         tflops = decl.tflops if decl.tflops is not None else (measured.tflops if measured else None)
         memory = decl.memory_gib if decl.memory_gib is not None else (measured.memory_gib if measured else None)
+        # the calibrated mfu belongs to the measured TFLOPS only, not to declared ones
+        mfu = measured.mfu if measured is not None and decl.tflops is None else None
         return Cluster(name=config.cluster, gpu=decl.gpu, nodes=decl.nodes, gpus_per_node=decl.gpus_per_node,
-                       tflops=tflops, memory_gib=memory, region=config.region, **extra)
+                       tflops=tflops, mfu=mfu, memory_gib=memory, region=config.region, **extra)
     if measured is None:
         raise ValidationError("gpus", "neither declared nor measured")
     return Cluster(name=config.cluster, gpu=measured.gpu, nodes=1, gpus_per_node=measured.count,
-                   tflops=measured.tflops, memory_gib=measured.memory_gib, region=config.region, **extra)
+                   tflops=measured.tflops, mfu=measured.mfu, memory_gib=measured.memory_gib, region=config.region,
+                   **extra)
 
 
 def _measure(config: AgentConfig) -> DeviceProfile | None:
@@ -97,8 +102,7 @@ def _measure(config: AgentConfig) -> DeviceProfile | None:
     if decl is None:
         return profile_devices(seconds=config.profile_seconds)
     if decl.gpu == "cpu" and decl.tflops is None:
-        tflops = measure_matmul_tflops(device="cpu", seconds=config.profile_seconds)
-        return DeviceProfile(gpu="cpu", count=1, memory_gib=host_memory_gib(), tflops=tflops, device_name="cpu")
+        return profile_cpu(seconds=config.profile_seconds)  # matmul TFLOPS and calibrated mfu
     return None
 
 

@@ -20,7 +20,8 @@ class GpuType:
     """One accelerator model.
 
     ``peak_tflops``: dense bf16/fp16 TFLOPS; ``memory_gib``: device memory; ``power_w``: board power;
-    ``default_mfu``: model-FLOPs utilisation assumed until measured.
+    ``default_mfu``: model-FLOPs utilisation assumed until measured; ``wire_bytes``: bytes per activation
+    value sent between pipeline stages (2 = bf16 on GPUs; 4 on ``cpu``, where the executor trains in fp32).
     """
 
     name: str
@@ -28,6 +29,7 @@ class GpuType:
     memory_gib: float
     power_w: float
     default_mfu: float = 0.40
+    wire_bytes: int = 2
 
 
 GPU_CATALOG: dict[str, GpuType] = {
@@ -44,7 +46,8 @@ GPU_CATALOG: dict[str, GpuType] = {
         GpuType(name="RTX3090", peak_tflops=71.0, memory_gib=24, power_w=350, default_mfu=0.35),
         GpuType(name="RTX4090", peak_tflops=165.0, memory_gib=24, power_w=450, default_mfu=0.35),
         # Local runs: the agent measures matmul TFLOPS and host memory; these are only defaults.
-        GpuType(name="cpu", peak_tflops=0.05, memory_gib=16, power_w=65, default_mfu=0.5),
+        # The CPU executor (gloo) sends fp32 activations: 4 bytes per value on the wire.
+        GpuType(name="cpu", peak_tflops=0.05, memory_gib=16, power_w=65, default_mfu=0.5, wire_bytes=4),
     )
 }
 

@@ -5,7 +5,9 @@ Symbols (units in brackets):
 - ``b`` micro-batch [samples], ``s`` sequence length [tokens], ``h`` hidden, ``a`` heads, ``V`` vocab.
 - ``F_c`` achieved throughput of one GPU of cluster ``c`` [FLOP/s] = measured-or-peak TFLOPS × mfu.
 - Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
-- Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same.
+- Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same;
+  ``A_c = w_c·b·s·h`` on the wire from a stage on cluster ``c``, ``w_c`` its GPU type's ``wire_bytes``
+  (2 = bf16 on GPUs; 4 for ``cpu``: the CPU executor sends fp32 tensors, measured on the testbed).
 
 Stage ``s`` (cluster ``c``, tensor degree ``t``, ``d`` replicas, layers ``ℓ_s``) per micro-batch:
 
@@ -17,7 +19,7 @@ A stage with ``d`` replicas admits one micro-batch every ``T_s / d`` in steady s
 
 Boundary between stages ``s`` and ``s+1``:
 
-    P_s = A / b_{c_s c_{s+1}} + l_{c_s c_{s+1}}     (0 when both stages share a cluster and t fits a node;
+    P_s = A_{c_s} / b_{c_s c_{s+1}} + l_{c_s c_{s+1}}     (0 when both stages share a cluster and t fits a node;
                                                       else the cluster's inter-node bandwidth)
 
 Pipeline step for ``m`` micro-batches, GPipe and 1F1B alike (they differ in memory, not in this bound):
@@ -87,9 +89,10 @@ def layer_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
     return 24.0 * b * s * h * h + 4.0 * b * s * s * h
 
 
-def activation_bytes(model: ModelSpec, b: int, s: int) -> float:
-    """Bytes of the activation (or its gradient) crossing a stage boundary: ``2·b·s·h``."""
-    return 2.0 * b * s * model.hidden
+def activation_bytes(model: ModelSpec, b: int, s: int, bytes_per_value: int = 2) -> float:
+    """Bytes of the activation (or its gradient) crossing a stage boundary: ``2·b·s·h`` (bf16), or
+    ``bytes_per_value·b·s·h``."""
+    return float(bytes_per_value) * b * s * model.hidden
 
 
 def stage_fwd_flops(model: ModelSpec, first: int, last: int, b: int, s: int) -> float:
@@ -203,10 +206,10 @@ class Breakdown:
 
 
 def boundary_time(topo: Topology, model: ModelSpec, a: Stage, b_: Stage, b: int, s: int) -> float:
-    """``P`` between consecutive stages ``a`` and ``b_``."""
-    nbytes = activation_bytes(model, b, s)
+    """``P`` between consecutive stages ``a`` and ``b_`` (``A`` in the sending cluster's wire format)."""
+    c = topo.cluster(a.cluster)
+    nbytes = activation_bytes(model, b, s, c.gpu_type.wire_bytes)
     if a.cluster == b_.cluster:
-        c = topo.cluster(a.cluster)
         return transfer_time(nbytes, c.inter_node_gbps, 0.0)
     return transfer_time(nbytes, topo.bandwidth_gbps(a.cluster, b_.cluster), topo.latency_ms(a.cluster, b_.cluster))
 

@@ -1,0 +1,237 @@
+"""SpiderFlow's plan vs ``firstfit``'s plan, run for real on the emulated testbed (issue 7).
+
+::
+
+    sudo .venv/bin/python bench/testbed_exec.py                       # defaults below
+    sudo .venv/bin/python bench/testbed_exec.py --steps 12 --seq-len 256 --global-batch 16 --micro-batch 4 \\
+        --slow-mbit 20 --slow-ms 60 --fast-mbit 400 --fast-ms 5 --out bench/results/testbed_exec.json
+
+A whole mesh (:class:`spiderflow.mesh.LocalMesh` with ``testbed=True``: embedded etcd, the three services,
+one agent per cluster in its own network namespace, links shaped by the kernel and delayed by the relay)
+on four one-"GPU" CPU clusters ``alpha, bravo, charlie, delta``: ``alpha, bravo, delta`` fully linked by
+fast links (``--fast-mbit``/``--fast-ms``), ``charlie`` attached only by the slow link ``bravo–charlie``
+(``--slow-mbit``/``--slow-ms``). Traffic follows the widest path (cost model and testbed alike), so a slow
+link in a complete graph would just be bypassed through a third cluster: here every path to ``charlie``
+crosses it.
+
+The job needs a pipeline across three clusters (``gpus`` min = max = 3) of an inline model whose
+activations are large (``--seq-len``, ``--micro-batch``), so crossing the slow link costs more than a
+stage's compute. It is submitted twice through the real scheduler, one run after the other: with policy
+``spinsearch`` and with policy ``firstfit``. ``firstfit`` is topology-oblivious: clusters by free GPUs,
+name order on ties, i.e. ``alpha → bravo → charlie``, which crosses the slow link by construction;
+SpinSearch sees the measured links and can avoid it (``alpha, bravo, delta`` in some order).
+
+For each run: the chain, the plan's predicted step time (the cost model on the live, agent-measured
+topology: calibrated TFLOPS × mfu, probed links) and the measured mean step time from the job's progress
+events (steps after the first; progress is coalesced by the agent, so these are the reported steps), plus,
+as a cross-check, the mean of every step of the last-stage worker (its ``done`` event in the mesh's work
+dir). Prints a table and the ratio ``firstfit / spinsearch`` of measured mean step times (issue 7's
+target: ≥ 1.3) and writes a JSON summary (``--out``).
+
+Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
+Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed down --prefix P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
+from spiderflow.errors import UnavailableError  # noqa: E402
+from spiderflow.jobs import JobState  # noqa: E402
+from spiderflow.mesh import LocalMesh  # noqa: E402
+from spiderflow.sdk import Client, JobEvent  # noqa: E402
+
+CLUSTERS = ("alpha", "bravo", "charlie", "delta")
+SLOW = ("bravo", "charlie")  # firstfit's chain alpha → bravo → charlie crosses it
+
+
+def topology(*, slow_mbit: float, slow_ms: float, fast_mbit: float, fast_ms: float, gpus: int = 1) -> Topology:
+    """Four CPU clusters of ``gpus`` workers each: ``alpha, bravo, delta`` fully linked by fast links and
+    ``charlie`` reachable only over the slow ``bravo–charlie`` link.
+
+    Traffic between clusters follows the widest path (the cost model's and the testbed's rule), so in a
+    complete graph one slow link would simply be bypassed through a third cluster; here every path to
+    ``charlie`` crosses it, and a chain that includes ``charlie`` pays for it."""
+    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=gpus) for n in CLUSTERS)
+    fast = [("alpha", "bravo"), ("alpha", "delta"), ("bravo", "delta")]
+    links = [Link(a=a, b=b, bandwidth_gbps=fast_mbit / 1000.0, latency_ms=fast_ms) for a, b in fast]
+    links.append(Link(a=SLOW[0], b=SLOW[1], bandwidth_gbps=slow_mbit / 1000.0, latency_ms=slow_ms))
+    return Topology(clusters=clusters, links=tuple(links))
+
+
+def job(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    return {
+        "id": f"tb-{policy}-{uuid.uuid4().hex[:6]}",
+        "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab},
+        "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
+        "steps": args.steps, "gpus": {"min": 3, "max": 3}, "tenant": "bench",
+    }
+
+
+def _events(sf: Client, job_id: str, deadline: float) -> Any:
+    revision = 0
+    while True:
+        try:
+            for ev in sf.watch(job_id, from_revision=revision):
+                revision = max(revision, ev.revision)
+                yield ev
+            return
+        except UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
+    """The live topology once every cluster pair has a measured link (the agents' probes)."""
+    deadline = time.monotonic() + timeout
+    want = n_clusters * (n_clusters - 1) // 2
+    topo = sf.topology()
+    while time.monotonic() < deadline:
+        topo = sf.topology()
+        pairs = {frozenset((link.a, link.b)) for link in topo.links if link.bandwidth_gbps > 0}
+        if len(topo.clusters) >= n_clusters and len(pairs) >= want:
+            return topo
+        time.sleep(1.0)
+    raise UnavailableError(f"links not all measured within {timeout:.0f} s: {len(topo.links)} of {want}")
+
+
+def worker_step_times(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
+    """Every rank's step times (its ``done`` event) from the agents' work dirs."""
+    out: dict[int, list[float]] = {}
+    for f in mesh_dir.glob(f"agents/*/{job_id}/attempt-{attempt}/rank-*.out"):
+        for line in f.read_text().splitlines():
+            if line.startswith("{"):
+                ev = json.loads(line)
+                if ev.get("event") == "done":
+                    out[int(ev["rank"])] = [float(t) for t in ev["step_times_s"]]
+    return out
+
+
+def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str, Any]:
+    spec = job(args, policy)
+    with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+        submitted = sf.submit(spec, request_id=spec["id"], policy=policy)
+        print(f"[{policy}] submitted {submitted.id}", flush=True)
+        progress: dict[int, float] = {}
+        ev: JobEvent
+        for ev in _events(sf, submitted.id, time.monotonic() + args.timeout):
+            if ev.transition is not None:
+                print(f"[{policy}]   {ev.transition.from_state} → {ev.transition.to_state}: {ev.transition.reason}",
+                      flush=True)
+            if ev.progress and int(ev.progress.get("attempt", 1)) <= 1:
+                progress[int(ev.progress["step"])] = float(ev.progress["step_time_s"])
+        final = sf.get(submitted.id)
+    if final.state != JobState.SUCCEEDED or final.plan is None:
+        raise RuntimeError(f"{policy}: job ended {final.state}: {final.reason}")
+    plan = final.plan
+    reported = [t for step, t in sorted(progress.items()) if step > 1]
+    ranks = worker_step_times(mesh.workdir, final.id)
+    last_rank = max(ranks) if ranks else None
+    worker = ranks[last_rank][1:] if last_rank is not None else []
+    result = {
+        "policy": policy, "job": final.id, "chain": list(plan.chain), "schedule": str(plan.schedule),
+        "micro_batches": plan.micro_batches,
+        "stages": [{"cluster": s.cluster, "layers": [s.first_layer, s.last_layer], "gpus": s.gpus}
+                   for s in plan.stages],
+        "predicted_step_s": plan.step_time_s,
+        "measured_step_s": statistics.mean(reported) if reported else None,
+        "measured_steps_reported": len(reported),
+        "worker_mean_step_s": statistics.mean(worker) if worker else None,
+        "worker_median_step_s": statistics.median(worker) if worker else None,
+        "last_loss": final.progress.get("loss"),
+    }
+    measured = f"{result['measured_step_s']:.3f}" if reported else "-"
+    print(f"[{policy}] chain {' → '.join(plan.chain)} ({plan.schedule}, m={plan.micro_batches}): predicted "
+          f"{plan.step_time_s:.3f} s, measured {measured} s "
+          f"(worker mean {result['worker_mean_step_s']})", flush=True)
+    return result
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--layers", type=int, default=3)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--global-batch", type=int, default=16)
+    p.add_argument("--micro-batch", type=int, default=4)
+    p.add_argument("--slow-mbit", type=float, default=20.0)
+    p.add_argument("--slow-ms", type=float, default=60.0)
+    p.add_argument("--fast-mbit", type=float, default=400.0)
+    p.add_argument("--fast-ms", type=float, default=5.0)
+    p.add_argument("--gpus", type=int, default=1, help="worker 'GPUs' per cluster")
+    p.add_argument("--order", default="spinsearch,firstfit", help="policies, run one after the other")
+    p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'tbx…')")
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--out", default="", help="write the JSON summary here")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root (network namespaces, tc, iptables)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)
+    topo = topology(slow_mbit=args.slow_mbit, slow_ms=args.slow_ms, fast_mbit=args.fast_mbit, fast_ms=args.fast_ms,
+                    gpus=args.gpus)
+    prefix = args.prefix or "tbx" + uuid.uuid4().hex[:5]
+    results: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    with LocalMesh(topo, testbed=True, testbed_prefix=prefix) as mesh:
+        with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+            live = wait_for_links(sf, len(topo.clusters), timeout=120)
+        print("live topology (agent-measured):", flush=True)
+        for c in live.clusters:
+            print(f"  {c.name}: tflops {c.tflops}, mfu {c.mfu}, effective {c.effective_tflops:.4f}", flush=True)
+        for link in sorted(live.links, key=lambda x: (x.a, x.b)):
+            print(f"  {link.a}–{link.b}: {link.bandwidth_gbps * 1000:.1f} Mbit/s, {link.latency_ms:.1f} ms", flush=True)
+        for policy in args.order.split(","):
+            results.append(run_one(mesh, args, policy.strip()))
+    by = {r["policy"]: r for r in results}
+    ratio = None
+    if "spinsearch" in by and "firstfit" in by and by["spinsearch"]["measured_step_s"]:
+        ratio = by["firstfit"]["measured_step_s"] / by["spinsearch"]["measured_step_s"]
+    summary = {
+        "command": "sudo .venv/bin/python bench/testbed_exec.py "
+                   + " ".join(argv if argv is not None else sys.argv[1:]),
+        "topology": {"slow": list(SLOW), "slow_mbit": args.slow_mbit, "slow_ms": args.slow_ms,
+                     "fast_mbit": args.fast_mbit, "fast_ms": args.fast_ms, "gpus_per_cluster": args.gpus},
+        "job": {k: v for k, v in job(args, "x").items() if k not in ("id",)},
+        "runs": results,
+        "ratio_firstfit_over_spinsearch": ratio,
+        "wall_s": time.monotonic() - t0,
+    }
+    print()
+    print(f"{'policy':<11} {'chain':<28} {'predicted s':>11} {'measured s':>10} {'meas/pred':>9}")
+    for r in results:
+        meas = r["measured_step_s"] or 0.0
+        print(f"{r['policy']:<11} {' → '.join(r['chain']):<28} {r['predicted_step_s']:>11.3f} {meas:>10.3f} "
+              f"{meas / r['predicted_step_s']:>9.2f}")
+    if ratio is not None:
+        print(f"firstfit / spinsearch measured step time: {ratio:.2f}× (target ≥ 1.3)")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
