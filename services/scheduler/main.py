@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import structlog
@@ -42,6 +44,8 @@ from spiderflow.store.base import CompareFailedError, Store
 __all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,18 +130,32 @@ class SimExecutor:
                 continue
         return False
 
+    async def _retry(self, op: Callable[[], Awaitable[T]]) -> T:
+        """Run ``op`` until etcd answers: a stalled store delays the simulated job, it never strands it."""
+        delay = 0.2
+        while True:
+            try:
+                return await op()
+            except UnavailableError as e:
+                log.info("scheduler.sim_executor_retry", error=str(e))
+                await asyncio.sleep(delay)
+                delay = min(2.0, delay * 2)
+
     async def _run(self, job_id: str, attempt: int) -> None:
         try:
-            sj = await self.repo.get(job_id)
+            sj = await self._retry(lambda: self.repo.get(job_id))
             r = sj.record
             predicted = r.spec.steps * (r.plan.step_time_s if r.plan else 0.0)
             duration = min(self.max_s, max(self.min_s, predicted * self.scale))
             if r.state is JobState.PLACED:
-                await self._advance(job_id, attempt, JobState.RUNNING)
+                await self._retry(lambda: self._advance(job_id, attempt, JobState.RUNNING))
             await asyncio.sleep(duration)
-            if await self._advance(job_id, attempt, JobState.SUCCEEDED) and self.on_done is not None:
+            done = await self._retry(lambda: self._advance(job_id, attempt, JobState.SUCCEEDED))
+            if done and self.on_done is not None:
                 self.on_done.set()
-        except (UnavailableError, asyncio.CancelledError):
+        except asyncio.CancelledError:
+            return
+        except NotFoundError:
             return
         except SpiderFlowError:
             log.exception("scheduler.sim_executor_error", job=job_id)
