@@ -120,8 +120,14 @@ def change_from_proto(msg: topology_pb2.TopologyChange) -> Change:
     return Change(kind=kind, a=msg.link.a, b=msg.link.b)
 
 
-def _seconds(ts: timestamp_pb2.Timestamp, default: float) -> float:
-    return ts.ToNanoseconds() / 1e9 if ts.seconds or ts.nanos else default
+def _seconds(ts: timestamp_pb2.Timestamp, default: float, field: str = "measured_at") -> float:
+    """Seconds of a timestamp (``default`` when unset); INVALID_ARGUMENT for one out of the valid range."""
+    if not (ts.seconds or ts.nanos):
+        return default
+    # google.protobuf.Timestamp's valid range: 0001-01-01 .. 9999-12-31, nanos in [0, 1e9).
+    if not (-62135596800 <= ts.seconds <= 253402300799) or not (0 <= ts.nanos < 1_000_000_000):
+        raise ValidationError(field, "is not a valid timestamp", f"{ts.seconds}s {ts.nanos}ns")
+    return ts.seconds + ts.nanos / 1e9
 
 
 def _ours(key: str) -> bool:

@@ -187,7 +187,11 @@ def model_to_proto_value(model: ModelSpec) -> struct_pb2.Value:
 
 
 def _model_raw(value: struct_pb2.Value, field: str) -> str | dict[str, Any]:
-    raw = json_format.MessageToDict(value)
+    try:
+        raw = json_format.MessageToDict(value)
+    except ValueError as e:  # NaN/Infinity number values have no JSON form
+        raise ValidationError(field, f"must be a preset name or an object {{layers, hidden, heads, vocab}}: {e}",
+                              None) from None
     if not isinstance(raw, str | dict):
         raise ValidationError(field, "must be a preset name or an object {layers, hidden, heads, vocab}", raw)
     return raw
