@@ -126,3 +126,13 @@ def test_readme_grpcurl_examples_run(scheduler: ManagedProcess) -> None:
             assert json.loads(r.stdout)["job"]["spec"]["id"] == "j1"
         else:
             assert "spiderflow.scheduler.v1.Scheduler" in r.stdout
+
+
+def test_docs_sdk_example_runs(scheduler: ManagedProcess) -> None:
+    """The Python SDK example of docs/api.md, as written (only the address replaced)."""
+    doc = (ROOT / "docs/api.md").read_text()
+    code = doc.split("## Python SDK", 1)[1].split("```python", 1)[1].split("```", 1)[0]
+    code = code.replace("127.0.0.1:50051", scheduler.address)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "SUCCEEDED" in r.stdout
