@@ -23,8 +23,10 @@ cost model's own formula; ``mfu = achieved / matmul TFLOPS``, bounded to ``(0, 1
 (LayerNorm, GELU, softmax, autograd) included. A CPU "GPU" is one worker process running
 ``torch.set_num_threads(1)`` (:mod:`agent.executor`), so both measurements run with :data:`CPU_WORKER_THREADS`
 threads. Limits: one size is measured, so a model much smaller or larger than :data:`CALIBRATION_SHAPE` runs
-at a somewhat different efficiency; embedding, head, optimizer step and pipeline messaging are not part of
-the block. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays the catalog's
+at a different efficiency (on the 2-core dev machine, h=128, b=1: the block at s=64 reaches ~0.75× the FLOP
+rate of s=128, at s=256 ~1.1×; medians of 6 interleaved measurements) — gpt-tiny at s=64 therefore runs
+≈ 1.3× slower than predicted; embedding, head, optimizer step and pipeline messaging are not part of the
+block. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays the catalog's
 ``default_mfu``.
 """
 
