@@ -19,7 +19,23 @@ from typing import Any
 
 import structlog
 
-__all__ = ["configure_logging", "parse_hostport", "run_until_signalled", "write_ready_file"]
+__all__ = ["configure_logging", "parse_hostport", "run_until_signalled", "stderr_logger_factory", "write_ready_file"]
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write (not at configuration time), so a
+    replaced stream (a test's capture, a redirected CLI) never leaves loggers writing to a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def stderr_logger_factory() -> structlog.PrintLoggerFactory:
+    """A structlog logger factory writing to the current ``sys.stderr`` at each write."""
+    return structlog.PrintLoggerFactory(file=_CurrentStderr())  # type: ignore[arg-type]
 
 
 def configure_logging(*, json_logs: bool | None = None, level: str = "info") -> None:
@@ -36,7 +52,7 @@ def configure_logging(*, json_logs: bool | None = None, level: str = "info") -> 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper(), logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=stderr_logger_factory(),
         cache_logger_on_first_use=True,
     )
 

@@ -41,6 +41,7 @@ from spiderflow.exec.spec import (
     spec_from_dict,
     spec_to_dict,
 )
+from spiderflow.runtime import stderr_logger_factory
 
 __all__ = ["main", "rendezvous_from_dict", "worker_argv", "worker_document"]
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     structlog.configure(
         processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
                     structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=stderr_logger_factory(),
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
     )
     rank = args.rank

@@ -47,6 +47,8 @@ from typing import Any
 
 import structlog
 
+from spiderflow.runtime import stderr_logger_factory
+
 __all__ = ["DelayLine", "PairTable", "RelayConfig", "main", "original_destination", "serve"]
 
 log = structlog.get_logger("spiderflow.testbed.relay")
@@ -535,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             os.nice(args.nice)
     structlog.configure(
         processors=[structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=stderr_logger_factory(),
     )
     config = RelayConfig.load(args.config)
 

@@ -327,7 +327,9 @@ async def test_live_topology_matches_the_testbed_and_follows_changes_and_agent_l
         changed_at = time.monotonic()
         target = tb.pair(A, D)
         assert (A, D) in changed and target.bandwidth_gbps == 0.2
-        bound = 2 * 1.1 * PERIOD_S + ROUND_S
+        # Two probe periods (with their 10 % jitter) plus one probe round, plus 2 s for process scheduling on a
+        # loaded machine (the figure is measured as the watch delivers it, not when the agent measured it).
+        bound = 2 * 1.1 * PERIOD_S + ROUND_S + 2.0
         seen: float | None = None
         last = None
         deadline = changed_at + bound + 10  # observe past the bound, assert the bound below
