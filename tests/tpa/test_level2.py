@@ -16,6 +16,7 @@ from spiderflow.tpa.level2 import (
     gpu_mapping,
     solve_block,
     solve_block_cached,
+    solve_block_exact,
 )
 
 
@@ -56,6 +57,19 @@ def test_cpsat_matches_exhaustive_enumeration(seed: int) -> None:
         assert ilp.objective_s == pytest.approx(ref.objective_s, rel=1e-4)
         assert sum(ilp.layers) == p.layers
         assert ilp.tp * ilp.pp * ilp.dp == p.gpus
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_exact_block_solver_matches_exhaustive_enumeration(seed: int) -> None:
+    """The solver the planner runs (bottleneck enumeration) finds the enumerated optimum, never worse."""
+    p = _problem(np.random.default_rng(1000 + seed))
+    got = solve_block_exact(p)
+    ref = brute_force_block(p)
+    assert (got is None) == (ref is None)
+    if got is not None and ref is not None:
+        assert got.objective_s == pytest.approx(ref.objective_s, rel=1e-9, abs=1e-12)
+        assert sum(got.layers) == p.layers and got.tp * got.pp * got.dp == p.gpus
+        assert max(got.memory_gib) <= p.shape.memory_gib
 
 
 @settings(max_examples=60, deadline=None)

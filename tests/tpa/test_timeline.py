@@ -168,3 +168,21 @@ def test_planner_never_returns_a_deadlocking_schedule() -> None:
     for ms in ([8], [16], [64]):
         plan = plan_chain(topo, job, [(f"r{i}", 4) for i in range(4)], micro_batches=ms)
         simulate_plan(plan, topo, job)  # raises ScheduleDeadlockError if the order cannot run
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(latency_ms=st.sampled_from([0.0, 5.0, 50.0, 120.0]), m=st.sampled_from([4, 8, 16]),
+       dp=st.sampled_from([1, 2]), schedule=st.sampled_from([Schedule.GPIPE, Schedule.ONE_F_ONE_B,
+                                                             Schedule.LATENCY_AWARE]),
+       split=st.sampled_from([(4, 4, 4, 4), (2, 6, 6, 2), (7, 3, 3, 3)]))
+def test_step_lower_bound_never_exceeds_the_simulated_step(latency_ms: float, m: int, dp: int,
+                                                            schedule: Schedule, split: tuple[int, ...]) -> None:
+    """The bound the planner uses to skip simulations is a true lower bound of the exact timeline."""
+    from spiderflow.tpa.timeline import step_lower_bound
+
+    topo, job = _wan_chain(latency_ms)
+    first = [sum(split[:i]) for i in range(4)]
+    stages = tuple(Stage(cluster=f"r{i}", first_layer=first[i], last_layer=first[i] + split[i] - 1, tp=4 // dp,
+                         dp=dp) for i in range(4))
+    plan = evaluate(Plan(stages=stages, micro_batches=m, schedule=schedule), topo, job)
+    assert step_lower_bound(plan, topo, job) <= simulate_plan(plan, topo, job).step_s * (1 + 1e-9)
