@@ -5,8 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from spiderflow.store.process import EtcdProcess
+
+# Property tests are derandomised (the same examples every run) so the suite is deterministic; the long
+# randomised runs are benchmarks (bench/fuzz.py).
+settings.register_profile("spiderflow", derandomize=True, deadline=None, database=None)
+settings.load_profile("spiderflow")
 
 
 @pytest.fixture
