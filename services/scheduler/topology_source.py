@@ -75,6 +75,10 @@ class TopologyServiceSource:
     async def snapshot(self) -> Topology:
         with domain_errors():
             resp = await self._stub.GetTopology(topology_pb2.GetTopologyRequest(), timeout=self.timeout_s)
+        if not resp.topology.clusters:
+            # A live graph may be empty (no agent registered, or every cluster lost): a valid snapshot in
+            # which jobs holding GPUs must be re-placed, unlike a topology file, which needs a cluster.
+            return Topology(clusters=(), links=(), revision=resp.topology.revision)
         return convert.topology_from_proto(resp.topology)
 
     async def changes(self) -> AsyncIterator[int]:

@@ -77,3 +77,18 @@ async def test_unplaceable_job_stays_pending_with_reason() -> None:
     assert report.placed == []
     rec = (await repo.get("huge")).record
     assert rec.state is JobState.PENDING and "100" in rec.reason
+
+
+async def test_losing_every_cluster_reschedules_and_waits() -> None:
+    source = StaticTopologySource(_topo())
+    repo, cycle = await _placed(source)
+    source._topology = Topology(clusters=(), links=(), revision=7)
+    report = await cycle.run()
+    assert report.rescheduled == ["big"]
+    rec = (await repo.get("big")).record
+    assert rec.state is JobState.RESCHEDULING and rec.allocation == {}
+    allocs, _, _ = await repo.allocations()
+    assert all("big" not in a for a in allocs.values())
+    source._topology = _topo()  # clusters come back: placed again
+    assert (await cycle.run()).placed == ["big"]
+    assert (await repo.get("big")).record.attempt == 2
