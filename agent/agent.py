@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -153,6 +154,13 @@ class Agent:
         self._profile_now = asyncio.Event()
         self._ingress = Ingress()
         self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
+        self._credentials: grpc.ChannelCredentials | None = None
+        self._server_credentials: grpc.ServerCredentials | None = None
+        if config.tls_dir:
+            from spiderflow.security.tls import channel_credentials, server_credentials
+
+            self._credentials = channel_credentials(Path(config.tls_dir))
+            self._server_credentials = server_credentials(Path(config.tls_dir))
 
     # -- the executor's hook --------------------------------------------------------------------------
 
@@ -208,7 +216,7 @@ class Agent:
         """Serve, profile, connect; returns once the Agent service is up (registration follows in
         :meth:`run`)."""
         host, port = parse_hostport(self.config.listen, field="listen")
-        self._server = await serve([AgentService(self)], host=host, port=port,
+        self._server = await serve([AgentService(self)], host=host, port=port, credentials=self._server_credentials,
                                    interceptors=[metrics.RpcMetricsInterceptor()])
         if self.config.advertise:
             self._address = self.config.advertise
@@ -225,7 +233,7 @@ class Agent:
             self._store = EtcdStore(self.config.etcd)
         else:
             self._store = self._store_factory(self.config.etcd)
-        self._topology_channel = open_channel(self.config.topology_service)
+        self._topology_channel = open_channel(self.config.topology_service, credentials=self._credentials)
         self._topology = topology_pb2_grpc.TopologyStub(self._topology_channel)
         self.log.info("agent.started", address=self._address, gpu=self._cluster.gpu, gpus=self._cluster.total_gpus,
                       tflops=self._cluster.tflops, topology_service=self.config.topology_service,
@@ -275,7 +283,9 @@ class Agent:
 
     async def _register_loop(self, stop: asyncio.Event) -> None:
         assert self._store is not None
-        reg = Registration(cluster=self.config.cluster, agent_id=self.agent_id, principal=self.agent_id,
+        # With a certificate the topology service knows the caller by its cluster (the certificate's name).
+        principal = self.config.cluster if self.config.tls_dir else self.agent_id
+        reg = Registration(cluster=self.config.cluster, agent_id=self.agent_id, principal=principal,
                            address=self._address, version=VERSION, pid=os.getpid(), host=socket.gethostname(),
                            started_at=self._started_at)
         key = keys.cluster_key(self.config.cluster)
@@ -388,7 +398,7 @@ class Agent:
                 del self._peers[name]
         for name, r in regs.items():
             if name not in self._peers:
-                ch = open_channel(r.address)
+                ch = open_channel(r.address, credentials=self._credentials)
                 self._peers[name] = _Peer(registration=r, channel=ch, stub=agent_pb2_grpc.AgentStub(ch))
         for name in list(self._probes):
             if name not in regs:

@@ -12,6 +12,8 @@ File format (every key optional except where the command line provides it)::
     checkpoint_every: 10           # steps between checkpoints of the jobs whose rank 0 runs here (0: none)
     listen: 10.77.0.2:0            # where the Agent service listens (port 0 = any free port)
     advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
+    tls_dir: certs/agent-virginia  # mTLS bundle (``spiderflow certs init --cluster virginia``): the Agent
+                                   # service, and its calls to the topology service, the scheduler and peers
     agent_id: virginia-a1          # default: <cluster>-<random hex>, new at every start
     lease_ttl_s: 8                 # registration lease; the cluster vanishes ≤ TTL after the agent dies
     profile_interval_s: 30         # re-send the profile this often
@@ -140,6 +142,7 @@ class AgentConfig:
     checkpoint_every: int = 10
     listen: str = "127.0.0.1:0"
     advertise: str | None = None
+    tls_dir: str | None = None
     agent_id: str | None = None
     lease_ttl_s: int = 8
     profile_interval_s: float = 30.0

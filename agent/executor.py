@@ -200,11 +200,16 @@ class Reporter(Protocol):
 class SchedulerReporter:
     """:class:`Reporter` over a gRPC channel to the Scheduler service."""
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 10.0, tls_dir: str | None = None) -> None:
         from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
         from spiderflow.rpc.server import open_channel
 
-        self._channel = open_channel(address)
+        credentials = None
+        if tls_dir:
+            from spiderflow.security.tls import channel_credentials
+
+            credentials = channel_credentials(Path(tls_dir))
+        self._channel = open_channel(address, credentials=credentials)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._timeout = timeout_s
 
@@ -722,6 +727,7 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
     )
-    ex = Executor(settings, EtcdStore(config.etcd), SchedulerReporter(config.scheduler), on_busy=on_busy)
+    reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None))
+    ex = Executor(settings, EtcdStore(config.etcd), reporter, on_busy=on_busy)
     ex.owns_clients = True
     return ex

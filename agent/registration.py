@@ -11,10 +11,10 @@ Value: a JSON object ::
      "address": "10.77.0.2:41007", "version": "0.1.0", "pid": 1234, "host": "node-1",
      "started_at": 1763790000.0}
 
-``principal`` is the identity the topology service authorises reports against. Today it equals
-``agent_id`` (the instance id the agent sends with every report); with mTLS it becomes the name in the
-agent's client certificate, and the service compares it with the certificate's name instead — the
-record and the authorisation rule stay the same.
+``principal`` is the identity the topology service authorises reports against. Without certificates it
+equals ``agent_id`` (the instance id the agent sends with every report); with mTLS (``--tls-dir``) it is
+the cluster named by the agent's client certificate, which the service compares with the certificate's
+name instead — the record and the authorisation rule stay the same.
 
 Pure: no I/O.
 """

@@ -4,10 +4,11 @@ Rule: a report about cluster ``c`` is allowed iff the caller's ``principal`` equ
 of ``c``'s live registration (:class:`agent.registration.Registration`). Otherwise the call fails with
 PERMISSION_DENIED (:class:`~spiderflow.errors.PermissionDeniedError`).
 
-Today the principal is the ``agent_id`` the agent sends in each report (the instance id it registered
-under its lease): :func:`caller_from_request`. With mTLS the servicer is given a resolver that takes the
-principal from the verified client certificate instead (e.g. its common name) — only the resolver
-changes; registrations then carry the certificate name as ``principal``. The resolver is a plain
+Without certificates (plaintext on loopback) the principal is the ``agent_id`` the agent sends in each
+report (the instance id it registered under its lease): :func:`caller_from_request`. With mTLS
+(``--tls-dir``) the servicer uses :func:`caller_from_certificate`: the principal is the cluster named by the
+verified client certificate (``agent:<cluster>``), registrations carry that cluster name as ``principal``,
+and a caller may report only about its own cluster (:func:`authorize_cluster`). The resolver is a plain
 callable ``(claimed_agent_id, grpc_context) -> Caller`` handed to the servicer.
 
 Pure: no grpc import (the context is passed through untyped).
@@ -20,9 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.registration import Registration
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
+from spiderflow.security.identity import Role, current_principal
 
-__all__ = ["Caller", "IdentityResolver", "authorize", "caller_from_request"]
+__all__ = ["Caller", "IdentityResolver", "authorize", "authorize_cluster", "caller_from_certificate",
+           "caller_from_request"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +35,9 @@ class Caller:
 
     principal: str
     agent_id: str
+    cluster: str | None = None
+    """The one cluster the caller may report about (the certificate's cluster); None: any registered
+    under its principal."""
 
 
 IdentityResolver = Callable[[str, Any], Caller]
@@ -43,6 +49,23 @@ def caller_from_request(agent_id: str, context: Any = None) -> Caller:
     if not agent_id:
         raise ValidationError("agent_id", "is required (the agent's registered instance id)")
     return Caller(principal=agent_id, agent_id=agent_id)
+
+
+def caller_from_certificate(agent_id: str, context: Any = None) -> Caller:
+    """The caller as its verified certificate names it: an ``agent`` principal, whose name (the cluster)
+    is the principal; other roles may not report (PERMISSION_DENIED)."""
+    principal = current_principal()
+    if principal is None:
+        raise UnauthenticatedError("a client certificate is required")
+    if principal.role is not Role.AGENT:
+        raise PermissionDeniedError(f"{principal} is not an agent: only agents report topology")
+    return Caller(principal=principal.name, agent_id=agent_id or principal.name, cluster=principal.name)
+
+
+def authorize_cluster(caller: Caller, cluster: str) -> None:
+    """Raise PermissionDeniedError when the caller is bound to a cluster other than ``cluster``."""
+    if caller.cluster is not None and caller.cluster != cluster:
+        raise PermissionDeniedError(f"agent of cluster {caller.cluster!r} may not report for cluster {cluster!r}")
 
 
 def authorize(registration: Registration, caller: Caller) -> None:

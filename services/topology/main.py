@@ -4,7 +4,9 @@ Options (besides ``--listen``/``--ready-file`` from ``spiderflow serve``): ``--e
 ``$SPIDERFLOW_ETCD`` or ``127.0.0.1:2379``), ``--link-max-age S`` (links not re-measured for this long
 leave the graph; default 60), ``--gc-interval S`` (how often stale link records are deleted; default a
 quarter of the max age), ``--ewma-alpha``, ``--outlier-ratio``, ``--latency-floor-ms``,
-``--shift-after`` (smoothing, see :mod:`services.topology.smoothing`).
+``--shift-after`` (smoothing, see :mod:`services.topology.smoothing`); ``--tls-dir`` / ``--insecure`` /
+``--tokens`` (:mod:`spiderflow.security.tls`). With ``--tls-dir`` the caller of ReportProfile/ReportLinks is
+the cluster of its verified agent certificate (:func:`services.topology.identity.caller_from_certificate`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import structlog
 
 from services.topology.graph import GraphConfig
+from services.topology.identity import caller_from_certificate, caller_from_request
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from services.topology.smoothing import SmoothingConfig
@@ -25,6 +28,7 @@ from spiderflow.errors import SpiderFlowError
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
+from spiderflow.security.tls import add_server_arguments, server_security
 
 __all__ = ["add_arguments", "graph_config", "run"]
 
@@ -46,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shift-after", type=int, default=2,
                    help="consecutive agreeing outliers taken as a real change")
     add_metrics_argument(p)
+    add_server_arguments(p)
 
 
 def graph_config(args: argparse.Namespace) -> GraphConfig:
@@ -74,16 +79,20 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = graph_config(args)
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
+    security = server_security(args, host=host)
     store = EtcdStore(args.etcd)
     repo = TopologyRepo(store, config)
     metrics = start_metrics_server(args.metrics_listen)
-    server = await serve([TopologyService(store, repo)], host=host, port=port,
-                         interceptors=[RpcMetricsInterceptor()])
+    identity = caller_from_certificate if security.mode == "mtls" else caller_from_request
+    server = await serve([TopologyService(store, repo, identity=identity)], host=host, port=port,
+                         credentials=security.credentials,
+                         interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     interval = args.gc_interval if args.gc_interval else max(0.5, config.link_max_age_s / 4)
     gc = asyncio.create_task(_collect(repo, interval), name="topology-gc")
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)
-    log.info("topology.serving", address=server.address, etcd=args.etcd, link_max_age_s=config.link_max_age_s)
+    log.info("topology.serving", address=server.address, etcd=args.etcd, link_max_age_s=config.link_max_age_s,
+             security=security.mode)
     try:
         await stop.wait()
     finally:

@@ -40,7 +40,7 @@ import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from services.topology.graph import Change, ChangeKind, Measurement, Snapshot, diff
-from services.topology.identity import IdentityResolver, caller_from_request
+from services.topology.identity import IdentityResolver, authorize_cluster, caller_from_request
 from services.topology.repo import RawState, TopologyRepo, record_of
 from spiderflow.errors import ValidationError
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
@@ -154,6 +154,7 @@ class TopologyService(topology_pb2_grpc.TopologyServicer):
         if not request.HasField("cluster"):
             raise ValidationError("cluster", "is required")
         cluster = convert.cluster_from_proto(request.cluster, field="cluster")
+        authorize_cluster(caller, cluster.name)
         if request.agent_address:
             parse_hostport(request.agent_address, field="agent_address")
         now = self.repo.clock()
@@ -165,6 +166,7 @@ class TopologyService(topology_pb2_grpc.TopologyServicer):
         self, request: topology_pb2.ReportLinksRequest, context: grpc.aio.ServicerContext
     ) -> topology_pb2.ReportLinksResponse:
         caller = self.identity(request.agent_id, context)
+        authorize_cluster(caller, request.cluster)
         now = self.repo.clock()
         raw = [
             Measurement(target=m.target, bandwidth_gbps=m.bandwidth_gbps, latency_ms=m.latency_ms,

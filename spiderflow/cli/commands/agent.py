@@ -3,7 +3,7 @@
 ::
 
     spiderflow agent --cluster virginia --topology-service HOST:PORT --etcd HOST:PORT \\
-        [--config FILE] [--listen HOST:PORT] [--advertise HOST:PORT] [--ready-file FILE] \\
+        [--config FILE] [--listen HOST:PORT] [--advertise HOST:PORT] [--ready-file FILE] [--tls-dir DIR] \\
         [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
         [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
 
@@ -35,7 +35,7 @@ def _config(args: argparse.Namespace) -> Any:
         "cluster": args.cluster, "topology_service": args.topology_service, "etcd": args.etcd,
         "scheduler": args.scheduler, "work_dir": args.work_dir, "checkpoint_dir": args.checkpoint_dir,
         "checkpoint_every": args.checkpoint_every,
-        "listen": args.listen, "advertise": args.advertise, "agent_id": args.agent_id,
+        "listen": args.listen, "advertise": args.advertise, "tls_dir": args.tls_dir, "agent_id": args.agent_id,
         "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
         "profile_seconds": args.profile_seconds, "free_gpus": args.free_gpus,
         "electricity_usd_per_kwh": args.electricity, "region": args.region,
@@ -103,6 +103,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "namespace, else 127.0.0.1:0; port 0 = any free)")
     p.add_argument("--advertise", help="host:port peers dial (default: the listen address)")
     p.add_argument("--agent-id", help="instance id (default: <cluster>-<random>)")
+    p.add_argument("--tls-dir", help="the agent's certificate bundle (spiderflow certs init --cluster NAME): mTLS "
+                                     "for its Agent service and its calls to the topology service, scheduler and peers")
     p.add_argument("--ready-file", help="write {address, pid, agent_id, metrics} as JSON here once serving")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0 = any free port; default: off)")
