@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spiderflow.errors import UnavailableError
+from spiderflow.store.process import _pdeathsig_prefix
 
 __all__ = ["ManagedProcess", "spiderflow_argv"]
 
@@ -31,11 +31,6 @@ __all__ = ["ManagedProcess", "spiderflow_argv"]
 def spiderflow_argv(*args: str) -> list[str]:
     """``python -m spiderflow.cli.main ARGS`` with this interpreter (works without the console script)."""
     return [sys.executable, "-m", "spiderflow.cli.main", *args]
-
-
-def _pdeathsig_prefix() -> list[str]:
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform.startswith("linux") else []
 
 
 class ManagedProcess:
