@@ -23,9 +23,17 @@ Algorithm
        Stop when no move improves.
     4. Polish (:func:`polish`): re-solve each block with the bottleneck of the rest of the chain as a
        floor, since below the pipeline's bottleneck a faster block gains nothing but its fill and sync do.
+    5. Certify (:func:`certify`): solve the blocks of the returned split with level 2's CP-SAT model
+       (:func:`~spiderflow.tpa.level2.solve_block_cached`, hinted and cached); these are the plan's
+       configurations.
 
-Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (a CP-SAT solve on a miss); at most
-``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third).
+Steps 2–4 score trial splits with level 2's exact optimum (:func:`~spiderflow.tpa.level2.block_bound_cached`:
+the same optimum as the CP-SAT model, microseconds instead of milliseconds), so CP-SAT only runs on the
+``C`` blocks of the chosen split (fewer on repeated block shapes: cache hits).
+
+Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (an exact solve on a miss); at most
+``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third); ``C`` CP-SAT
+lookups to certify.
 
 Cross-cluster data parallelism (:func:`dp_crossing`)
     A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
@@ -42,7 +50,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spiderflow.catalog import ModelSpec
@@ -52,6 +60,7 @@ from spiderflow.tpa.level2 import (
     BlockConfig,
     BlockProblem,
     ClusterShape,
+    block_bound_cached,
     min_memory_config,
     solve_block_cached,
 )
@@ -61,6 +70,7 @@ __all__ = [
     "ChainContext",
     "DpCrossing",
     "SplitEval",
+    "certify",
     "dp_crossing",
     "evaluate_split",
     "level1",
@@ -148,13 +158,15 @@ class BlockInfeasibility:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SplitEval:
-    """A split and its level-2 configurations (``None`` for a block that fits nowhere)."""
+    """A split and its level-2 configurations (``None`` for a block that fits nowhere); ``floors[c]`` the
+    ``Z_floor`` block ``c`` was solved with (:func:`polish`; empty: all 0)."""
 
     split: tuple[int, ...]
     configs: tuple[BlockConfig | None, ...]
     step_s: float
     excess_gib: float
     infeasible: tuple[BlockInfeasibility, ...]
+    floors: tuple[float, ...] = ()
 
     @property
     def feasible(self) -> bool:
@@ -184,10 +196,11 @@ def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]
 _NO_DEGREES_GIB = 1e6
 _FULL_NEIGHBOURHOOD = 16  # chains up to this length get the third move phase
 _Memo = dict[tuple[int, int, int, int], tuple[BlockConfig | None, float]]
+BlockSolver = Callable[[BlockProblem], BlockConfig | None]
 
 
-def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int
-           ) -> tuple[BlockConfig | None, float, float]:
+def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int,
+           solver: BlockSolver = block_bound_cached) -> tuple[BlockConfig | None, float, float]:
     """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1`."""
     key = (c, first, layers, downstream)
     cap = ctx.clusters[c].gpu_memory_gib
@@ -195,7 +208,7 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
         cfg, need = memo[key]
         return cfg, need, cap
     p = ctx.problem(c, first, layers, downstream)
-    cfg = solve_block_cached(p)
+    cfg = solver(p)
     need = 0.0
     if cfg is None:
         worst = min_memory_config(p)
@@ -251,8 +264,11 @@ def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int
             return proportional_split(layers, weights)
 
 
-def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None) -> SplitEval:
-    """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context)."""
+def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None,
+                   solver: BlockSolver = block_bound_cached) -> SplitEval:
+    """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context and solver;
+    ``solver``: level 2's exact optimum by default, :func:`~spiderflow.tpa.level2.solve_block_cached` for
+    CP-SAT)."""
     n = len(split)
     firsts = [0] * n
     acc = 0
@@ -264,7 +280,7 @@ def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | Non
     downstream = 0
     pps = [1] * n
     for c in range(n - 1, -1, -1):
-        cfg, need, cap = _block(ctx, memo, c, firsts[c], split[c], min(downstream, ctx.m))
+        cfg, need, cap = _block(ctx, memo, c, firsts[c], split[c], min(downstream, ctx.m), solver)
         configs[c] = cfg
         if cfg is None:
             bad.append(BlockInfeasibility(chain_index=c, stage_index=-1, need_gib=need, capacity_gib=cap))
@@ -373,6 +389,7 @@ def polish(ctx: ChainContext, ev: SplitEval) -> SplitEval:
     configs = [cfg for cfg in ev.configs if cfg is not None]
     best = step_estimate(ctx, configs)
     n = len(configs)
+    floors = list(ev.floors or (0.0,) * n)
     for c in range(n):
         others = [cfg for j, cfg in enumerate(configs) if j != c]
         floor = max(
@@ -383,14 +400,42 @@ def polish(ctx: ChainContext, ev: SplitEval) -> SplitEval:
         floor = float(f"{floor:.4g}")  # a coarse key: neighbouring splits share solves
         downstream = sum(cfg.pp for cfg in configs[c + 1:])
         p = ctx.problem(c, sum(ev.split[:c]), ev.split[c], min(downstream, ctx.m), floor_s=floor)
-        cfg = solve_block_cached(p)
+        cfg = block_bound_cached(p)
         if cfg is None or cfg.pp > configs[c].pp:
             continue
         trial = [*configs[:c], cfg, *configs[c + 1:]]
         step = step_estimate(ctx, trial)
         if step < best * (1.0 - 1e-9):
             configs, best = trial, step
-    return SplitEval(split=ev.split, configs=tuple(configs), step_s=best, excess_gib=0.0, infeasible=())
+            floors[c] = floor
+    return SplitEval(split=ev.split, configs=tuple(configs), step_s=best, excess_gib=0.0, infeasible=(),
+                     floors=tuple(floors))
+
+
+def certify(ctx: ChainContext, ev: SplitEval) -> SplitEval:
+    """Step 5: the configurations of a feasible split solved by level 2's CP-SAT model (the problems
+    steps 2–4 scored, floors included), from the last block to the first. The CP-SAT optimum equals the
+    exact one; should CP-SAT return a configuration with another pipeline depth (a tie, or a better
+    optimum), the upstream blocks' in-flight profiles follow it and the split is re-evaluated with
+    CP-SAT. ``O(C)`` cached CP-SAT lookups."""
+    if not ev.feasible:
+        return ev
+    n = len(ev.split)
+    floors = ev.floors or (0.0,) * n
+    configs: list[BlockConfig | None] = [None] * n
+    downstream = 0
+    first = sum(ev.split)
+    for c in range(n - 1, -1, -1):
+        first -= ev.split[c]
+        cfg = solve_block_cached(ctx.problem(c, first, ev.split[c], min(downstream, ctx.m), floor_s=floors[c]))
+        old = ev.configs[c]
+        if cfg is None or old is None or cfg.pp != old.pp:
+            return evaluate_split(ctx, ev.split, solver=solve_block_cached)
+        configs[c] = cfg
+        downstream += cfg.pp
+    done = [cfg for cfg in configs if cfg is not None]
+    return SplitEval(split=ev.split, configs=tuple(configs), step_s=step_estimate(ctx, done), excess_gib=0.0,
+                     infeasible=(), floors=tuple(floors))
 
 
 def _improves(new: SplitEval, old: SplitEval) -> bool:
@@ -482,7 +527,8 @@ def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCros
             continue
         first = firsts[c]
         merged_layers = ev.split[c] + ev.split[c + 1]
-        merged = solve_block_cached(ctx.problem(c, first, merged_layers, downstream[c + 1]))
+        # An estimate for extras only (not a plan's block): the exact optimum, no CP-SAT solve.
+        merged = block_bound_cached(ctx.problem(c, first, merged_layers, downstream[c + 1]))
         if merged is None:
             out.append(DpCrossing(index=c, allowed=False, reason="the merged block does not fit in memory",
                                   hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))

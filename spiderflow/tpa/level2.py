@@ -34,18 +34,30 @@ Constraints (numbered as in the code)
     (1) ``Σ_k x_k = 1``
     (2) ``x_k ≤ ℓ_{k,j} ≤ L_b·x_k``                      (a chosen candidate's sub-stages are non-empty)
     (3) ``Σ_j ℓ_{k,j} = L_b·x_k``                         (the block's layers are all placed)
-    (4) ``μ_{k,j}·ℓ_{k,j} + ν_{k,j}·x_k ≤ C``              (GPU memory ``C``)
+    (4) ``ℓ_{k,j} ≤ u_{k,j}·x_k`` with ``u_{k,j} = max{ℓ : μ_{k,j}·ℓ + ν_{k,j} ≤ C}`` (GPU memory ``C``;
+        the same as ``μ_{k,j}·ℓ_{k,j} + ν_{k,j}·x_k ≤ C`` for integer ``ℓ``, without rounding bytes)
     (5) ``d_k·z_k ≥ τ_k·ℓ_{k,j} + η_{k,j}·x_k``; if ``p_k > 1``: ``z_k ≥ P_in·x_k``; ``z_k ≥ Z_floor·x_k``
         (bottleneck; ``Z_floor`` the bottleneck of the rest of the chain, 0 by default)
     (6) ``a_k ≥ α_k·ℓ_{k,j} + β_{k,j}·x_k``                (gradient sync)
-    symmetry: ``ℓ_{k,1} ≥ … ≥ ℓ_{k,p_k−2}`` (middle sub-stages are interchangeable)
+    (7) ``ℓ_{k,j} ≤ ℓ_{k,j+1}`` for every ``j`` with ``η_{k,j} = η_{k,j+1}``, ``β_{k,j} = β_{k,j+1}`` and
+        ``u_{k,j} ≤ u_{k,j+1}`` (symmetry breaking, :func:`symmetric_pairs`: swapping such a pair's layers
+        keeps (4) and the objective, so some optimum satisfies (7)). Sub-stages are *not* interchangeable in
+        general: ``κ_{k,j}`` depends on ``j``, so their memory caps differ; (7) only orders them the way
+        the caps allow.
 
 Objective
     ``min Σ_k [(m−1)·z_k + a_k + F_k·x_k]`` — the block's share of ``T_pipe + T_dp`` if it were the pipeline's
     bottleneck (costmodel docstring).
 
-Complexity: ``O(Σ_k p_k) ≤ O(n·σ(n))`` variables; a few milliseconds per solve. Results are cached by
-(cluster shape, n, block shape, b, s, model, m, in-flight profile) so repeated calls are dictionary lookups.
+Complexity: ``O(Σ_k p_k) ≤ O(n·σ(n))`` variables after :func:`_prune`; milliseconds per solve.
+
+Solvers: :func:`solve_block` is the CP-SAT model above; :func:`solve_block_exact` reaches the same
+optimum without a solver (bottleneck enumeration, microseconds) and :func:`brute_force_block` enumerates
+every composition (tests only). The planner's path (:func:`solve_block_cached`) is CP-SAT, started from the
+exact solution as a hint and cached by the problem — (cluster shape, GPUs, layer block, micro-batch size
+and count, in-flight profile) — so a repeated block is a dictionary lookup. Level 1's search scores its
+many trial splits with the memoised exact optimum (:func:`block_bound_cached`, the same value) and only the
+blocks of the plan it returns are solved with CP-SAT (:func:`spiderflow.tpa.level1.certify`).
 
 GPU mapping: ranks are packed node-major on ``⌈n/g⌉`` nodes, tensor rank innermost, then replica, then
 sub-stage: GPU ``(j·d + r)·t + q`` runs tensor rank ``q`` of replica ``r`` of sub-stage ``j``.
@@ -55,9 +67,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import structlog
 from ortools.sat.python import cp_model
 
 from spiderflow.catalog import ModelSpec
@@ -73,20 +88,28 @@ from spiderflow.costmodel import (
 from spiderflow.domain import Cluster
 
 __all__ = [
+    "STATS",
     "BlockConfig",
     "BlockProblem",
     "ClusterShape",
     "Degrees",
+    "SolveStats",
+    "block_bound_cached",
     "block_candidates",
     "brute_force_block",
     "cache_clear",
     "config_cost",
     "gpu_mapping",
+    "memory_caps",
     "min_memory_config",
     "solve_block",
     "solve_block_cached",
     "solve_block_exact",
+    "symmetric_pairs",
 ]
+
+log = structlog.get_logger(__name__)
+
 
 class _Model(cp_model.CpModel):
     """A CpModel without the camelCase aliases ortools attaches to every instance (≈2 ms per model)."""
@@ -95,7 +118,7 @@ class _Model(cp_model.CpModel):
         return None
 
 
-_SCALE_UNITS = 100_000  # the largest per-layer time coefficient maps to this many integer units
+_SCALE_UNITS = 1_000_000  # the largest per-layer time coefficient maps to this many integer units
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,45 +344,93 @@ def _prune(p: BlockProblem, cands: list[Degrees]) -> tuple[list[Degrees], list[_
     return [k for k, _ in survivors], [c for _, c in survivors]
 
 
-def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | None:
-    """Solve the CP-SAT model of the module docstring; ``None`` when no candidate fits in memory."""
+def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
+    """``u_{k,j}``: the most layers sub-stage ``j`` of candidate ``k`` holds within GPU memory (the exact
+    test :func:`config_cost` and the plan checks apply; ``L_b`` for every sub-stage when constraint (4) is
+    off)."""
+    if not p.memory_bound:
+        return (p.layers,) * k.pp
+    return _memory_caps(p, k)
+
+
+@lru_cache(maxsize=65536)
+def _memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
+    c = _coeffs(p, k)
+    cap = p.shape.memory_gib
+    caps = []
+    for j in range(k.pp):
+        u = _count(c.mu[j] / GIB, c.nu[j] / GIB, cap, p.layers)
+        while u > 0 and (c.mu[j] * u + c.nu[j]) / GIB > cap:
+            u -= 1
+        caps.append(u)
+    return tuple(caps)
+
+
+def symmetric_pairs(p: BlockProblem, k: Degrees) -> list[int]:
+    """Sub-stages ``j`` for which the model may require ``ℓ_{k,j} ≤ ℓ_{k,j+1}`` without losing an optimum.
+
+    Exchange argument: if ``η_{k,j} = η_{k,j+1}`` and ``β_{k,j} = β_{k,j+1}`` (same time and sync terms per
+    layer and constant) and ``u_{k,j} ≤ u_{k,j+1}`` (the later sub-stage has at least as much memory room),
+    swapping the layer counts of a solution with ``ℓ_{k,j} > ℓ_{k,j+1}`` keeps (4) — the larger count moves
+    to the roomier sub-stage — and leaves the objective unchanged. Middle sub-stages usually qualify
+    (in-flight ``κ_{k,j}`` falls with ``j``, so ``u`` rises), but not always: they are only *ordered*, not
+    interchangeable, when their caps differ.
+    """
+    c = _coeffs(p, k)
+    u = memory_caps(p, k)
+    eta = [c.eta_head if (p.has_head and j == k.pp - 1) else 0.0 for j in range(k.pp)]
+    return [
+        j for j in range(k.pp - 1)
+        if eta[j] == eta[j + 1] and c.beta[j] == c.beta[j + 1] and u[j] <= u[j + 1]
+    ]
+
+
+def solve_block(
+    p: BlockProblem, *, time_limit_s: float = 5.0, hint: BlockConfig | None = None, symmetry: bool = True
+) -> BlockConfig | None:
+    """Solve the CP-SAT model of the module docstring; ``None`` when no candidate fits in memory.
+
+    ``hint``: a solution (e.g. :func:`solve_block_exact`'s) given to CP-SAT as its starting point; the
+    solver keeps it unless it proves a strictly better one in its integer time units. ``symmetry`` adds
+    the ordering constraints (7). Times are integers in units of ``max_k τ_k / 10^6`` (rounded up: a
+    solution's rounded objective is within ``10^-6·(m + L_b + 2p)·max τ`` of its real one); the returned
+    configuration is re-costed exactly with :func:`config_cost`.
+    """
     cands, coeffs = _prune(p, block_candidates(p))
     if not cands or p.layers < 1:
         return None
     unit = max(c.tau for c in coeffs) / _SCALE_UNITS  # seconds per integer time unit
-    cap_bytes = p.shape.memory_gib * GIB
-    mem_unit = 1024.0  # KiB
 
     def t_int(x: float) -> int:
         return math.ceil(x / unit)
 
     model = _Model()
     lb = p.layers
-    cap = int(cap_bytes / mem_unit)
     xs = [model.new_bool_var(f"x{i}") for i in range(len(cands))]
     ells: list[list[cp_model.IntVar]] = []
+    zs: list[cp_model.IntVar] = []
+    as_: list[cp_model.IntVar] = []
     model.add_exactly_one(xs)  # (1)
     terms = []
     for i, (k, c, x) in enumerate(zip(cands, coeffs, xs, strict=True)):
-        row = [model.new_int_var(0, lb, f"l{i}_{j}") for j in range(k.pp)]
+        caps = memory_caps(p, k)
+        row = [model.new_int_var(0, max(0, min(lb, u)), f"l{i}_{j}") for j, u in enumerate(caps)]
         ells.append(row)
-        for ell in row:
+        for ell, u in zip(row, caps, strict=True):
             model.add(ell >= x)  # (2)
-            model.add(ell <= lb * x)  # (2)
+            model.add(ell <= min(lb, u) * x)  # (2) and (4): u = max{ℓ : μℓ + ν ≤ C}
         model.add(sum(row) == lb * x)  # (3)
-        # Sub-stages other than the first (embedding) and the last (head) are interchangeable.
-        for j in range(1, k.pp - 2):
-            model.add(row[j] >= row[j + 1])
+        if symmetry:
+            for j in symmetric_pairs(p, k):
+                model.add(row[j] <= row[j + 1])  # (7)
         tau = t_int(c.tau)
         p_in = c.p_in if k.pp > 1 else 0.0
         # Upper bounds from the rounded integer coefficients, so rounding can never cut a solution off.
         z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(p_in) + t_int(p.floor_s), f"z{i}")
         a_k = model.new_int_var(0, t_int(c.alpha) * lb + max(t_int(b) for b in c.beta), f"a{i}")
+        zs.append(z_k)
+        as_.append(a_k)
         for j, ell in enumerate(row):
-            mu = math.ceil(c.mu[j] / mem_unit)
-            nu = math.ceil(c.nu[j] / mem_unit)
-            if p.memory_bound:
-                model.add(mu * ell + nu * x <= cap)  # (4)
             eta = t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0
             model.add(z_k * k.dp >= tau * ell + eta * x)  # (5)
             model.add(a_k >= t_int(c.alpha) * ell + t_int(c.beta[j]) * x)  # (6)
@@ -370,6 +441,8 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
         fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
         terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
     model.minimize(sum(terms))
+    if hint is not None:
+        _add_hint(model, p, cands, coeffs, xs, ells, zs, as_, hint, t_int)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = time_limit_s
@@ -381,6 +454,54 @@ def solve_block(p: BlockProblem, *, time_limit_s: float = 5.0) -> BlockConfig | 
             layers = tuple(int(solver.value(v)) for v in ells[i])
             return config_cost(p, cands[i], layers)
     return None  # pragma: no cover - exactly one x is true in any solution
+
+
+def _add_hint(
+    model: cp_model.CpModel, p: BlockProblem, cands: list[Degrees], coeffs: list[_Coeffs],
+    xs: list[cp_model.IntVar], ells: list[list[cp_model.IntVar]], zs: list[cp_model.IntVar],
+    as_: list[cp_model.IntVar], hint: BlockConfig, t_int: Callable[[float], int],
+) -> None:
+    """A complete assignment for ``hint`` (all other candidates at 0); a hint outside the candidates is
+    ignored. Layer counts are put in the order (7) requires (the exchange argument keeps it optimal)."""
+    chosen = Degrees(tp=hint.tp, pp=hint.pp, dp=hint.dp)
+    if chosen not in cands:
+        return
+    i = cands.index(chosen)
+    layers = _ordered(p, chosen, list(hint.layers))
+    c = coeffs[i]
+    for n, (x, row, z_k, a_k) in enumerate(zip(xs, ells, zs, as_, strict=True)):
+        on = n == i
+        model.add_hint(x, on)
+        for j, ell in enumerate(row):
+            model.add_hint(ell, layers[j] if on else 0)
+        if not on:
+            model.add_hint(z_k, 0)
+            model.add_hint(a_k, 0)
+            continue
+        k = cands[n]
+        p_in = c.p_in if k.pp > 1 else 0.0
+        z = max(
+            [math.ceil((t_int(c.tau) * ell + (t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0)) / k.dp)
+             for j, ell in enumerate(layers)]
+            + [t_int(p_in) if k.pp > 1 else 0, t_int(p.floor_s) if p.floor_s > 0 else 0]
+        )
+        a = max(t_int(c.alpha) * ell + t_int(c.beta[j]) for j, ell in enumerate(layers))
+        model.add_hint(z_k, z)
+        model.add_hint(a_k, a)
+
+
+def _ordered(p: BlockProblem, k: Degrees, layers: list[int]) -> list[int]:
+    """``layers`` with every run of :func:`symmetric_pairs` sorted ascending (same memory fit, same cost)."""
+    out = list(layers)
+    pairs = set(symmetric_pairs(p, k))
+    j = 0
+    while j < k.pp:
+        end = j
+        while end in pairs:
+            end += 1
+        out[j:end + 1] = sorted(out[j:end + 1])
+        j = end + 1
+    return out
 
 
 def _count(slope: float, const: float, level: float, top: int) -> int:
@@ -411,19 +532,9 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     lb, pp = p.layers, k.pp
     if pp > lb:
         return None
-    cap = p.shape.memory_gib
     head = p.has_head
     etas = [c.eta_head if (head and j == pp - 1) else 0.0 for j in range(pp)]
-    if p.memory_bound:
-        caps = []
-        for j in range(pp):
-            u = _count(c.mu[j] / GIB, c.nu[j] / GIB, cap, lb)
-            # The exact test config_cost and the plan checks apply.
-            while u > 0 and (c.mu[j] * u + c.nu[j]) / GIB > cap:
-                u -= 1
-            caps.append(u)
-    else:
-        caps = [lb] * pp
+    caps = list(memory_caps(p, k))
     if min(caps) < 1 or sum(caps) < lb:
         return None
     p_in = c.p_in if pp > 1 else 0.0
@@ -509,53 +620,119 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
 
 
 @lru_cache(maxsize=65536)
-def _solve_memo(p: BlockProblem) -> BlockConfig | None:
+def _exact_memo(p: BlockProblem) -> BlockConfig | None:
     return solve_block_exact(p)
 
 
-@lru_cache(maxsize=262144)
-def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
-    """:func:`solve_block`, memoised on the (hashable, frozen) problem.
+@dataclass(slots=True)
+class SolveStats:
+    """Counters of the CP-SAT path since the last :func:`cache_clear` (for benchmarks and tests)."""
 
-    The objective does not depend on the in-flight profile, only constraint (4) does: the optimum of the
-    memory-free model is solved once per (shape, block, b, s, m) and reused whenever it fits ``p``'s memory;
-    only otherwise is ``p`` itself solved.
-    """
-    free = _solve_memo(replace(p, downstream=0, depth_factor=1, memory_bound=False))
-    if free is None:
-        return None
-    cap = p.shape.memory_gib
-    cfg = config_cost(p, Degrees(tp=free.tp, pp=free.pp, dp=free.dp), free.layers)
-    if max(cfg.memory_gib) <= cap:
-        return cfg
-    # Memory binds. Feasible sets shrink as the in-flight depth grows, so the optimum solved for a
-    # shallower depth is optimal here too whenever it still fits.
-    family = replace(p, downstream=-1)
-    if len(_FAMILIES) >= _MAX_FAMILIES:  # bounded like the lru caches: a long-lived planner must not grow
-        _FAMILIES.clear()
-    solved = _FAMILIES.setdefault(family, [])
-    for d, prev in solved:
-        if prev is None or p.downstream is None or d is None or d > p.downstream:
-            continue
-        cfg = config_cost(p, Degrees(tp=prev.tp, pp=prev.pp, dp=prev.dp), prev.layers)
-        if max(cfg.memory_gib) <= cap:
-            return cfg
-    out = _solve_memo(p)
-    solved.append((p.downstream, out))
+    cpsat_solves: int = 0
+    cpsat_seconds: float = 0.0
+    cpsat_improved_hint: int = 0  # CP-SAT found a strictly better objective than the exact hint
+    lookups: int = 0
+
+
+STATS = SolveStats()
+
+
+@lru_cache(maxsize=65536)
+def _cpsat_memo(p: BlockProblem) -> BlockConfig | None:
+    hint = _exact_memo(p)
+    t0 = time.perf_counter()
+    out = solve_block(p, hint=hint)
+    STATS.cpsat_solves += 1
+    STATS.cpsat_seconds += time.perf_counter() - t0
+    if out is not None and (hint is None or out.objective_s < hint.objective_s * (1.0 - 1e-9)):
+        STATS.cpsat_improved_hint += 1
+        log.warning("tpa.level2_hint_improved", layers=p.layers, gpus=p.gpus, cpsat_s=out.objective_s,
+                    exact_s=hint.objective_s if hint is not None else None)
     return out
 
 
-_FAMILIES: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
-_MAX_FAMILIES = 65536
+class _Cached:
+    """A level-2 solver memoised on the (hashable, frozen) problem, solving as few problems as it can.
+
+    The objective does not depend on the in-flight profile, only constraint (4) does: the optimum of the
+    memory-free model is solved once per (shape, GPUs, block, b, s, m, floor) and reused whenever it fits
+    ``p``'s memory (the feasible set shrinks, the optimum stays). Otherwise the optimum already solved for a
+    shallower in-flight depth of the same block is reused when it fits; only then is ``p`` itself solved.
+    """
+
+    def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None]) -> None:
+        self._solve = solve
+        self._answers: dict[BlockProblem, BlockConfig | None] = {}
+        self._families: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
+
+    def clear(self) -> None:
+        self._answers.clear()
+        self._families.clear()
+
+    def __call__(self, p: BlockProblem) -> BlockConfig | None:
+        STATS.lookups += 1
+        try:
+            return self._answers[p]
+        except KeyError:
+            pass
+        if len(self._answers) >= _MAX_ANSWERS:  # bounded: a long-lived planner must not grow
+            self._answers.clear()
+        out = self._answers[p] = self._compute(p)
+        return out
+
+    def _compute(self, p: BlockProblem) -> BlockConfig | None:
+        free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False))
+        if free is None:
+            return None
+        cap = p.shape.memory_gib
+        cfg = config_cost(p, Degrees(tp=free.tp, pp=free.pp, dp=free.dp), free.layers)
+        if max(cfg.memory_gib) <= cap:
+            return cfg
+        family = replace(p, downstream=-1)
+        if len(self._families) >= _MAX_ANSWERS:
+            self._families.clear()
+        solved = self._families.setdefault(family, [])
+        for d, prev in solved:
+            if prev is None or p.downstream is None or d is None or d > p.downstream:
+                continue
+            cfg = config_cost(p, Degrees(tp=prev.tp, pp=prev.pp, dp=prev.dp), prev.layers)
+            if max(cfg.memory_gib) <= cap:
+                return cfg
+        out = self._solve(p)
+        solved.append((p.downstream, out))
+        return out
+
+
+_MAX_ANSWERS = 262144
+_CPSAT = _Cached(_cpsat_memo)
+_EXACT = _Cached(_exact_memo)
+
+
+def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
+    """Level 2 as the planner runs it: the CP-SAT model (:func:`solve_block`) with the exact optimum as its
+    hint, memoised on the problem (see :class:`_Cached`: a repeated block is a dictionary lookup)."""
+    return _CPSAT(p)
+
+
+def block_bound_cached(p: BlockProblem) -> BlockConfig | None:
+    """The exact optimum of ``p`` (:func:`solve_block_exact`), memoised like :func:`solve_block_cached`:
+    the cheap score level 1 ranks its trial splits with (same optimum as CP-SAT, proven by the tests)."""
+    return _EXACT(p)
 
 
 def cache_clear() -> None:
-    """Forget every memoised level-2 solve."""
-    _solve_memo.cache_clear()
-    solve_block_cached.cache_clear()
+    """Forget every memoised level-2 solve and reset :data:`STATS`."""
+    _exact_memo.cache_clear()
+    _cpsat_memo.cache_clear()
+    _CPSAT.clear()
+    _EXACT.clear()
     min_memory_config.cache_clear()
     _coeffs.cache_clear()
-    _FAMILIES.clear()
+    _memory_caps.cache_clear()
+    STATS.cpsat_solves = 0
+    STATS.cpsat_seconds = 0.0
+    STATS.cpsat_improved_hint = 0
+    STATS.lookups = 0
 
 
 def _compositions(total: int, parts: int) -> list[tuple[int, ...]]:

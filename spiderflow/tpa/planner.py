@@ -3,7 +3,8 @@ r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~sp
 ``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
 ``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.tpa.level1`) with level 2
 (per-cluster degrees, :mod:`spiderflow.tpa.level2`) for the 1F1B memory profile and keeps the split and
-``m`` with the best closed-form step (the shared cost model every policy is compared on). On that split
+``m`` with the best closed-form step (the shared cost model every policy is compared on); the chosen
+split's blocks are then solved with level 2's CP-SAT model (:func:`~spiderflow.tpa.level1.certify`). On that split
 it tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
 latency-aware schedule) and whose closed form is no worse than 1F1B's, ranks them with a window-aware
 estimate (:func:`~spiderflow.tpa.timeline.window_estimate`) and scores them in that order with the exact
@@ -43,7 +44,8 @@ from spiderflow.costmodel import evaluate, fits_memory
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
-from spiderflow.tpa.level1 import ChainContext, SplitEval, dp_crossing, evaluate_split, level1, polish
+from spiderflow.tpa.level1 import ChainContext, SplitEval, certify, dp_crossing, evaluate_split, level1, polish
+from spiderflow.tpa.level2 import solve_block_cached
 from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
 __all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
@@ -194,8 +196,20 @@ def plan_chain(
         assert least_bad is not None
         raise _memory_error(*least_bad)
     results.sort(key=lambda r: r[1].step_s)
-    results = [(ctx, polish(ctx, ev)) if i < finalists else (ctx, ev) for i, (ctx, ev) in enumerate(results)]
-    results.sort(key=lambda r: r[1].step_s)
+    # The finalists' blocks are solved with CP-SAT (certify); a split CP-SAT cannot fit is dropped.
+    certified: list[tuple[ChainContext, SplitEval]] = []
+    for ctx, ev in results:
+        if len(certified) >= finalists:
+            break
+        cev = certify(ctx, polish(ctx, ev))
+        if cev.feasible:
+            certified.append((ctx, cev))
+        else:
+            least_bad = (ctx, cev)
+    if not certified:
+        assert least_bad is not None
+        raise _memory_error(*least_bad)
+    results = sorted(certified, key=lambda r: r[1].step_s)
     # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
     # timeline then scores them in that order within an op budget (at least one is always simulated).
     ranked: list[tuple[float, Plan]] = []
@@ -211,7 +225,7 @@ def plan_chain(
             # The same stages under another schedule when they fit its in-flight memory; else re-solve.
             plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
             if not fits_memory(plan, topo)[0]:
-                sev = evaluate_split(sctx, ev.split)
+                sev = evaluate_split(sctx, ev.split, solver=solve_block_cached)
                 if not sev.feasible:
                     continue
                 plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
