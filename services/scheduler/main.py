@@ -37,7 +37,7 @@ from spiderflow.placement import Budget
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
-from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_auth, server_security
+from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError, Store
 
@@ -293,8 +293,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
     security = server_security(args, host=host)
-    auth = etcd_auth(args)
-    store = EtcdStore(args.etcd, username=auth.get("username"), password=auth.get("password"))
+    store = EtcdStore(args.etcd, **etcd_options(args))
     repo = JobRepository(store)
     wake = asyncio.Event()
     topology: TopologySource = (StaticTopologySource.from_file(args.topology) if args.topology

@@ -1,15 +1,21 @@
 """Who is calling: the caller's identity and the one authorisation rule of the topology service.
 
-Rule: a report about cluster ``c`` is allowed iff the caller's ``principal`` equals the ``principal``
-of ``c``'s live registration (:class:`agent.registration.Registration`). Otherwise the call fails with
-PERMISSION_DENIED (:class:`~spiderflow.errors.PermissionDeniedError`).
+Two kinds of callers:
 
-Without certificates (plaintext on loopback) the principal is the ``agent_id`` the agent sends in each
-report (the instance id it registered under its lease): :func:`caller_from_request`. With mTLS
-(``--tls-dir``) the servicer uses :func:`caller_from_certificate`: the principal is the cluster named by the
-verified client certificate (``agent:<cluster>``), registrations carry that cluster name as ``principal``,
-and a caller may report only about its own cluster (:func:`authorize_cluster`). The resolver is a plain
-callable ``(claimed_agent_id, grpc_context) -> Caller`` handed to the servicer.
+* **Authenticated** (the service runs with ``--tls-dir`` and/or ``--tokens``): the principal comes from the
+  verified client certificate or the bearer token (:class:`~spiderflow.security.auth.AuthInterceptor`),
+  never from the request. Only ``agent`` principals may report, and an agent is bound to the cluster its
+  principal names (``agent:virginia`` → ``virginia``): a report about any other cluster is
+  PERMISSION_DENIED, whatever ``agent_id`` the request claims (:func:`caller_from_principal`,
+  :func:`authorize_cluster`). The cluster must be registered (:class:`agent.registration.Registration`);
+  the registration's own ``principal`` field does not widen or narrow this (an agent with a certificate
+  writes its cluster name there, one with a token its instance id).
+* **Unauthenticated** (plaintext on loopback, no tokens): the principal is the ``agent_id`` the agent sends
+  in each report (the instance id it registered under its lease), and a report about cluster ``c`` is allowed
+  iff it equals the ``principal`` of ``c``'s live registration (:func:`caller_from_request`).
+
+The resolver is a plain callable ``(claimed_agent_id, grpc_context) -> Caller`` handed to the servicer;
+failures are :class:`~spiderflow.errors.PermissionDeniedError` (PERMISSION_DENIED).
 
 Pure: no grpc import (the context is passed through untyped).
 """
@@ -24,7 +30,7 @@ from agent.registration import Registration
 from spiderflow.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
 from spiderflow.security.identity import Role, current_principal
 
-__all__ = ["Caller", "IdentityResolver", "authorize", "authorize_cluster", "caller_from_certificate",
+__all__ = ["Caller", "IdentityResolver", "authorize", "authorize_cluster", "caller_from_principal",
            "caller_from_request"]
 
 
@@ -36,8 +42,8 @@ class Caller:
     principal: str
     agent_id: str
     cluster: str | None = None
-    """The one cluster the caller may report about (the certificate's cluster); None: any registered
-    under its principal."""
+    """The one cluster an authenticated caller may report about (its principal's name); None
+    (unauthenticated): any cluster registered under its principal."""
 
 
 IdentityResolver = Callable[[str, Any], Caller]
@@ -51,12 +57,12 @@ def caller_from_request(agent_id: str, context: Any = None) -> Caller:
     return Caller(principal=agent_id, agent_id=agent_id)
 
 
-def caller_from_certificate(agent_id: str, context: Any = None) -> Caller:
-    """The caller as its verified certificate names it: an ``agent`` principal, whose name (the cluster)
-    is the principal; other roles may not report (PERMISSION_DENIED)."""
+def caller_from_principal(agent_id: str, context: Any = None) -> Caller:
+    """The caller as its authenticated principal (certificate or bearer token) names it: an ``agent``
+    principal, bound to the cluster it names; other roles may not report (PERMISSION_DENIED)."""
     principal = current_principal()
     if principal is None:
-        raise UnauthenticatedError("a client certificate is required")
+        raise UnauthenticatedError("a client certificate or a bearer token is required")
     if principal.role is not Role.AGENT:
         raise PermissionDeniedError(f"{principal} is not an agent: only agents report topology")
     return Caller(principal=principal.name, agent_id=agent_id or principal.name, cluster=principal.name)
@@ -70,6 +76,9 @@ def authorize_cluster(caller: Caller, cluster: str) -> None:
 
 def authorize(registration: Registration, caller: Caller) -> None:
     """Allow the caller to report about ``registration.cluster`` or raise PermissionDeniedError."""
+    if caller.cluster is not None:
+        authorize_cluster(caller, registration.cluster)
+        return
     if caller.principal != registration.principal:
         raise PermissionDeniedError(
             f"agent {caller.agent_id!r} may not report for cluster {registration.cluster!r}: "

@@ -5,8 +5,10 @@ Options (besides ``--listen``/``--ready-file`` from ``spiderflow serve``): ``--e
 leave the graph; default 60), ``--gc-interval S`` (how often stale link records are deleted; default a
 quarter of the max age), ``--ewma-alpha``, ``--outlier-ratio``, ``--latency-floor-ms``,
 ``--shift-after`` (smoothing, see :mod:`services.topology.smoothing`); ``--tls-dir`` / ``--insecure`` /
-``--tokens`` (:mod:`spiderflow.security.tls`). With ``--tls-dir`` the caller of ReportProfile/ReportLinks is
-the cluster of its verified agent certificate (:func:`services.topology.identity.caller_from_certificate`).
+``--tokens`` (:mod:`spiderflow.security.tls`); ``--etcd-user`` / ``--etcd-tls-dir`` (etcd authentication and
+TLS, same module). With ``--tls-dir`` or ``--tokens`` the caller of ReportProfile/ReportLinks is the cluster of
+its authenticated ``agent`` principal (certificate or bearer token;
+:func:`services.topology.identity.caller_from_principal`); without either, the ``agent_id`` it sends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import structlog
 
 from services.topology.graph import GraphConfig
-from services.topology.identity import caller_from_certificate, caller_from_request
+from services.topology.identity import caller_from_principal, caller_from_request
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from services.topology.smoothing import SmoothingConfig
@@ -28,7 +30,7 @@ from spiderflow.errors import SpiderFlowError
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
-from spiderflow.security.tls import add_server_arguments, server_security
+from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 
 __all__ = ["add_arguments", "graph_config", "run"]
 
@@ -51,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="consecutive agreeing outliers taken as a real change")
     add_metrics_argument(p)
     add_server_arguments(p)
+    add_etcd_arguments(p)
 
 
 def graph_config(args: argparse.Namespace) -> GraphConfig:
@@ -80,10 +83,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
     security = server_security(args, host=host)
-    store = EtcdStore(args.etcd)
+    store = EtcdStore(args.etcd, **etcd_options(args))
     repo = TopologyRepo(store, config)
     metrics = start_metrics_server(args.metrics_listen)
-    identity = caller_from_certificate if security.mode == "mtls" else caller_from_request
+    identity = caller_from_principal if security.authenticating else caller_from_request
     server = await serve([TopologyService(store, repo, identity=identity)], host=host, port=port,
                          credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])

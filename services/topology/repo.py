@@ -8,8 +8,9 @@
   cannot write, and two replicas never lose each other's samples); retried on conflict.
 - :meth:`TopologyRepo.collect_stale_links` — delete link records older than ``link_max_age_s``.
 
-Authorisation: the caller's principal must equal the ``principal`` of the cluster's registration
-(:mod:`agent.registration`); see :mod:`services.topology.identity`.
+Authorisation (:func:`services.topology.identity.authorize`): the cluster must be registered, and an
+authenticated agent reports only about the cluster its principal names; an unauthenticated caller's
+``agent_id`` must equal the ``principal`` of the cluster's registration (:mod:`agent.registration`).
 """
 
 from __future__ import annotations

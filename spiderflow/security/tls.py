@@ -13,8 +13,14 @@ Servers (``spiderflow serve scheduler|planner ...``):
   at start with a one-line error naming both flags.
 * ``--tokens FILE``: bearer tokens (:class:`~spiderflow.security.auth.TokenTable`), with TLS or without.
 
-etcd authentication (services that use etcd): ``--etcd-user NAME`` with the password in
-``$SPIDERFLOW_ETCD_PASSWORD`` (never on the command line, where ``ps`` shows it); :func:`etcd_auth`.
+etcd (services that use etcd; :func:`etcd_options` gives the :class:`~spiderflow.store.etcd.EtcdStore`
+keyword arguments):
+
+* ``--etcd-user NAME`` (or ``$SPIDERFLOW_ETCD_USER``) with the password in ``$SPIDERFLOW_ETCD_PASSWORD``
+  (never on the command line, where ``ps`` shows it); :func:`etcd_auth`.
+* ``--etcd-tls-dir DIR`` (or ``$SPIDERFLOW_ETCD_TLS_DIR``): connect to etcd with TLS, verifying it against
+  DIR's ``ca.crt`` and presenting DIR's ``tls.crt``/``tls.key`` when present (``spiderflow certs init``
+  writes ``etcd-client/``); :func:`etcd_tls`. Both combine (etcd checks the certificate, then the user).
 
 Clients (SDK, CLI): ``tls_dir`` argument, else ``$SPIDERFLOW_TLS_DIR``, else plaintext; a bearer token
 from the ``token`` argument, else ``$SPIDERFLOW_TOKEN``.
@@ -27,6 +33,7 @@ import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -34,9 +41,12 @@ import grpc.aio
 from spiderflow.errors import ValidationError
 from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable
 from spiderflow.security.certs import CA_CERT, CERT, KEY
+from spiderflow.store.tls import EtcdTLS
 
 __all__ = [
     "ENV_ETCD_PASSWORD",
+    "ENV_ETCD_TLS_DIR",
+    "ENV_ETCD_USER",
     "ENV_TLS_DIR",
     "ENV_TOKEN",
     "ServerSecurity",
@@ -46,12 +56,16 @@ __all__ = [
     "client_tls_dir",
     "client_token",
     "etcd_auth",
+    "etcd_options",
+    "etcd_tls",
     "is_loopback",
     "server_credentials",
     "server_security",
 ]
 
 ENV_ETCD_PASSWORD = "SPIDERFLOW_ETCD_PASSWORD"
+ENV_ETCD_TLS_DIR = "SPIDERFLOW_ETCD_TLS_DIR"
+ENV_ETCD_USER = "SPIDERFLOW_ETCD_USER"
 ENV_TLS_DIR = "SPIDERFLOW_TLS_DIR"
 ENV_TOKEN = "SPIDERFLOW_TOKEN"
 
@@ -141,8 +155,12 @@ def server_security(args: argparse.Namespace, *, host: str) -> ServerSecurity:
 
 
 def add_etcd_arguments(p: argparse.ArgumentParser) -> None:
-    """``--etcd-user`` (the password comes from ``$SPIDERFLOW_ETCD_PASSWORD``)."""
-    p.add_argument("--etcd-user", help=f"etcd user (password from ${ENV_ETCD_PASSWORD})")
+    """``--etcd-user`` (the password comes from ``$SPIDERFLOW_ETCD_PASSWORD``) and ``--etcd-tls-dir``."""
+    p.add_argument("--etcd-user", default=os.environ.get(ENV_ETCD_USER) or None,
+                   help=f"etcd user (default ${ENV_ETCD_USER}; password from ${ENV_ETCD_PASSWORD})")
+    p.add_argument("--etcd-tls-dir", default=os.environ.get(ENV_ETCD_TLS_DIR) or None, metavar="DIR",
+                   help="connect to etcd with TLS: DIR has ca.crt and the client certificate tls.crt/tls.key "
+                        f"(spiderflow certs init writes etcd-client/; default ${ENV_ETCD_TLS_DIR})")
 
 
 def etcd_auth(args: argparse.Namespace) -> dict[str, str]:
@@ -155,3 +173,24 @@ def etcd_auth(args: argparse.Namespace) -> dict[str, str]:
     if not password:
         raise ValidationError("--etcd-user", f"needs the password in ${ENV_ETCD_PASSWORD}", user)
     return {"username": user, "password": password}
+
+
+def etcd_tls(args: argparse.Namespace) -> EtcdTLS | None:
+    """The TLS bundle of ``--etcd-tls-dir`` (None without it); ``ValidationError`` naming a missing file."""
+    directory = getattr(args, "etcd_tls_dir", None)
+    if not directory:
+        return None
+    try:
+        return EtcdTLS.from_dir(directory)
+    except ValidationError as e:
+        raise ValidationError("--etcd-tls-dir", e.reason, directory) from None
+
+
+def etcd_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of :class:`~spiderflow.store.etcd.EtcdStore` from :func:`add_etcd_arguments`'s flags
+    (user and password, TLS)."""
+    options: dict[str, Any] = dict(etcd_auth(args))
+    tls = etcd_tls(args)
+    if tls is not None:
+        options["tls"] = tls
+    return options

@@ -1,9 +1,18 @@
-"""The real :class:`~spiderflow.store.base.Store`: etcd v3 over gRPC via ``aetcd``.
+"""The real :class:`~spiderflow.store.base.Store`: etcd v3 over gRPC.
 
-The connection (channel, auth metadata) and the etcdserverpb/mvccpb messages and stubs come from
-``aetcd`` 1.0; requests go through those stubs directly so every call carries the store's
-``request_timeout`` and every failure maps to the contract's errors. Leader election uses etcd's
-``v3electionpb.Election`` service through :mod:`spiderflow.proto.etcd.v3election_pb2_grpc`.
+The etcdserverpb/mvccpb messages and stubs come from ``aetcd`` 1.0 (``aetcd.rpc``); the store opens the
+channel itself (``aetcd.Client`` only knows plaintext) and calls the stubs directly, so every call carries
+the store's ``request_timeout`` and every failure maps to the contract's errors. Leader election uses
+etcd's ``v3electionpb.Election`` service through :mod:`spiderflow.proto.etcd.v3election_pb2_grpc`.
+
+Security: ``tls`` (:class:`~spiderflow.store.tls.EtcdTLS`) connects with TLS, verifying etcd against the
+bundle's CA and presenting its client certificate (etcd ``--client-cert-auth``); ``username``/``password``
+authenticate against etcd's auth (the token etcd answers is sent with every request). Both combine. When
+etcd forgets a token (restart, ``--auth-token-ttl`` of inactivity) the next request fails with "invalid auth
+token": the store authenticates again and retries a unary call once; streams re-establish with the new
+token. Refused credentials (a wrong password, a client certificate etcd does not trust, a user without
+permission) are :class:`~spiderflow.errors.UnavailableError` like any unreachable etcd (etcd is unavailable
+*to this process*; its callers' requests are not at fault), with etcd's reason in the message.
 
 Connection handling: the gRPC channel reconnects by itself (backoff 0.1–1 s) and sends HTTP/2
 keep-alive pings every ``keepalive_s`` (etcd refuses pings more often than its
@@ -23,7 +32,6 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-import aetcd
 import aetcd.rpc as rpc
 import grpc
 import grpc.aio
@@ -60,6 +68,7 @@ from spiderflow.store.base import (
     prefix_range_end,
     validate_commit,
 )
+from spiderflow.store.tls import EtcdTLS
 
 __all__ = ["EtcdStore", "map_rpc_error"]
 
@@ -97,6 +106,11 @@ def map_rpc_error(exc: grpc.aio.AioRpcError, *, what: str = "etcd") -> SpiderFlo
         return ConflictError(f"{what}: {details}")
     # _UNAVAILABLE_CODES and anything unexpected: treated as transient (retrying may succeed).
     return UnavailableError(f"{what}: {code.name.lower()}: {details}")
+
+
+def _invalid_token(exc: grpc.aio.AioRpcError) -> bool:
+    """etcd refused the auth token it issued (restarted, or the token idled past ``--auth-token-ttl``)."""
+    return "invalid auth token" in (exc.details() or "")
 
 
 def _kv(m: Any) -> KeyValue:
@@ -217,7 +231,7 @@ class _EtcdWatch(Watch):
             resp = await asyncio.wait_for(call.read(), store.request_timeout)
         except grpc.aio.AioRpcError as exc:
             call.cancel()
-            raise map_rpc_error(exc, what="etcd watch") from exc
+            raise store._error(exc, "etcd watch") from exc
         except TimeoutError:
             call.cancel()
             raise UnavailableError("etcd watch: no answer to watch create") from None
@@ -279,6 +293,7 @@ class _EtcdWatch(Watch):
                 self._drop_call()
                 if self._closed:
                     raise StopAsyncIteration from None
+                self._store._error(exc, "etcd watch")  # notes an expired auth token for the reconnect
                 _log.info("store.watch_reconnect", key=self._key.decode(errors="replace"), next=self._next,
                           error=exc.code().name)
                 continue
@@ -318,7 +333,7 @@ class _EtcdObservation(Observation):
                 self._call = None
                 if self._closed:
                     break
-                await self._backoff.wait(map_rpc_error(exc, what="etcd observe"))
+                await self._backoff.wait(self._store._error(exc, "etcd observe"))
                 continue
             except asyncio.CancelledError:
                 call, self._call = self._call, None
@@ -407,23 +422,36 @@ class EtcdStore(Store):
         keepalive_s: float = 10.0,
         username: str | None = None,
         password: str | None = None,
+        tls: EtcdTLS | None = None,
     ) -> None:
         host, sep, port = endpoint.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValidationError("endpoint", "must be host:port", endpoint)
+        if (username is None) != (password is None):
+            raise ValidationError("username", "etcd authentication needs both a user and a password", username)
         self.endpoint = endpoint
         self.request_timeout = request_timeout
         self.stream_retry_s = stream_retry_s
-        options = {
-            "grpc.initial_reconnect_backoff_ms": 100,
-            "grpc.min_reconnect_backoff_ms": 100,
-            "grpc.max_reconnect_backoff_ms": 1000,
-            "grpc.keepalive_time_ms": int(keepalive_s * 1000),
-            "grpc.keepalive_timeout_ms": 5000,
-            "grpc.max_receive_message_length": 64 * 1024 * 1024,
-        }
-        self._client = aetcd.Client(host=host, port=int(port), username=username, password=password,
-                                    options=options)
+        self.tls = tls
+        self._username = username
+        self._password = password
+        self._credentials: grpc.ChannelCredentials | None = None
+        if tls is not None:
+            ca, cert, key = tls.read()
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key,
+                                                             certificate_chain=cert)
+        self._options: list[tuple[str, Any]] = [
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
+            ("grpc.keepalive_timeout_ms", 5000),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ]
+        self._channel: grpc.aio.Channel | None = None
+        self._auth_metadata: tuple[tuple[str, str], ...] | None = None
+        self._auth_stale = False
+        self._connecting: asyncio.Lock | None = None
         self._stubs: dict[str, Any] = {}
         self._watches: weakref.WeakSet[_EtcdWatch] = weakref.WeakSet()
         self._leases: weakref.WeakSet[_EtcdLease] = weakref.WeakSet()
@@ -447,37 +475,82 @@ class EtcdStore(Store):
         task.add_done_callback(self._tasks.discard)
 
     def _metadata(self) -> Any:
-        return self._client.metadata
+        return self._auth_metadata
+
+    def _error(self, exc: grpc.aio.AioRpcError, what: str) -> SpiderFlowError:
+        """:func:`map_rpc_error`, noting a token etcd no longer knows (the next request authenticates
+        again)."""
+        if self._username is not None and _invalid_token(exc):
+            self._auth_stale = True
+            return UnavailableError(f"{what}: etcd auth token expired (authenticating again)")
+        return map_rpc_error(exc, what=what)
+
+    async def _authenticate(self, channel: grpc.aio.Channel) -> None:
+        assert self._username is not None and self._password is not None
+        stub = rpc.AuthStub(channel)
+        try:
+            resp = await stub.Authenticate(rpc.AuthenticateRequest(name=self._username, password=self._password),
+                                           timeout=self.request_timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                              grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                # The service's own configuration is wrong: to its callers etcd is unavailable (never
+                # UNAUTHENTICATED/INVALID_ARGUMENT, which would blame their request); the message says why.
+                raise UnavailableError(f"etcd {self.endpoint} refused user {self._username!r}: "
+                                       f"{exc.details() or exc.code().name}") from exc
+            raise map_rpc_error(exc, what="etcd Authenticate") from exc
+        self._auth_metadata = (("token", str(resp.token)),)
+        self._auth_stale = False
+        _log.debug("store.authenticated", endpoint=self.endpoint, user=self._username)
 
     async def _stub(self, kind: str) -> Any:
         if self._closed:
             raise UnavailableError("store is closed")
-        if not self._stubs:
-            try:
-                await asyncio.wait_for(self._client.connect(), self.request_timeout)
-            except aetcd.ClientError as exc:
-                raise UnavailableError(f"etcd {self.endpoint}: {exc}") from exc
-            except TimeoutError as exc:
-                raise UnavailableError(f"etcd {self.endpoint}: connect timed out") from exc
-            channel = self._client.channel
-            self._stubs = {
-                "kv": rpc.KVStub(channel),
-                "lease": rpc.LeaseStub(channel),
-                "watch": rpc.WatchStub(channel),
-                "election": epb_grpc.ElectionStub(channel),  # type: ignore[no-untyped-call]
-            }
+        if self._stubs and not self._auth_stale:
+            return self._stubs[kind]
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._closed:
+                raise UnavailableError("store is closed")
+            if self._channel is None:
+                target = self.endpoint
+                if self._credentials is not None:
+                    channel = grpc.aio.secure_channel(target, self._credentials, options=self._options)
+                else:
+                    channel = grpc.aio.insecure_channel(target, options=self._options)
+                try:
+                    if self._username is not None:
+                        await self._authenticate(channel)
+                except BaseException:
+                    await channel.close()
+                    raise
+                self._channel = channel
+                self._stubs = {
+                    "kv": rpc.KVStub(channel),
+                    "lease": rpc.LeaseStub(channel),
+                    "watch": rpc.WatchStub(channel),
+                    "election": epb_grpc.ElectionStub(channel),  # type: ignore[no-untyped-call]
+                }
+            elif self._auth_stale:
+                await self._authenticate(self._channel)
         return self._stubs[kind]
 
     async def _unary(self, method: str, request: Any, *, stub: str | None = None,
                      timeout: float | None = None) -> Any:
         if stub is None:
             stub = "lease" if method.startswith("Lease") else "kv"
-        fn = getattr(await self._stub(stub), method)
-        try:
-            return await fn(request, timeout=self.request_timeout if timeout is None else timeout,
-                            metadata=self._metadata())
-        except grpc.aio.AioRpcError as exc:
-            raise map_rpc_error(exc, what=f"etcd {method}") from exc
+        for attempt in (0, 1):
+            fn = getattr(await self._stub(stub), method)
+            try:
+                return await fn(request, timeout=self.request_timeout if timeout is None else timeout,
+                                metadata=self._metadata())
+            except grpc.aio.AioRpcError as exc:
+                err = self._error(exc, f"etcd {method}")
+                if attempt == 0 and self._auth_stale:
+                    continue  # authenticated again by _stub: retry once
+                raise err from exc
+        raise AssertionError("unreachable")
 
     async def _keepalive_once(self, lid: int) -> Any:
         stub = await self._stub("lease")
@@ -486,7 +559,7 @@ class EtcdStore(Store):
         try:
             resp = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise map_rpc_error(exc, what="etcd LeaseKeepAlive") from exc
+            raise self._error(exc, "etcd LeaseKeepAlive") from exc
         finally:
             call.cancel()
         if resp is grpc.aio.EOF:
@@ -615,7 +688,7 @@ class EtcdStore(Store):
             try:
                 resp = won.result()
             except grpc.aio.AioRpcError as exc:
-                err = map_rpc_error(exc, what="etcd Campaign")
+                err = self._error(exc, "etcd Campaign")
                 if isinstance(err, UnavailableError):
                     await backoff.wait(err)
                     continue
@@ -655,6 +728,8 @@ class EtcdStore(Store):
             lease._stop()
         for w in list(self._watches):
             await w.aclose()
-        with contextlib.suppress(Exception):
-            await self._client.close()
+        channel, self._channel = self._channel, None
         self._stubs = {}
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await channel.close()

@@ -18,6 +18,12 @@ Contract:
   started it exits (Linux ``PR_SET_PDEATHSIG`` via ``setpriv``), so call :meth:`start` from a
   long-lived thread (the main thread), never from a short-lived worker.
 
+With ``tls`` (:class:`~spiderflow.store.tls.EtcdTLS`, its ``cert``/``key`` being etcd's server certificate)
+the client URL is ``https`` and, with ``client_cert_auth`` (default), etcd requires client certificates
+signed by ``tls.ca`` (``--cert-file --key-file --trusted-ca-file --client-cert-auth``); the health check
+presents the server's own certificate (valid for client authentication too). Peers stay on loopback
+plaintext (a single member).
+
 Defaults ``heartbeat_ms=10, election_ms=100`` make a fresh member ready in ~0.1 s; with them etcd's
 minimum lease TTL is 1 s (``ceil(1.5 × election timeout)``). Transactions may carry up to
 :data:`MAX_TXN_OPS` operations per list (``--max-txn-ops``).
@@ -31,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,7 +50,8 @@ from types import TracebackType
 
 import structlog
 
-from spiderflow.errors import PreconditionError, UnavailableError
+from spiderflow.errors import PreconditionError, UnavailableError, ValidationError
+from spiderflow.store.tls import EtcdTLS
 
 __all__ = ["MAX_TXN_OPS", "EtcdProcess", "find_etcd", "free_port"]
 
@@ -104,8 +112,15 @@ class EtcdProcess:
         election_ms: int = 100,
         extra_args: Sequence[str] = (),
         die_with_parent: bool = True,
+        tls: EtcdTLS | None = None,
+        client_cert_auth: bool = True,
     ) -> None:
+        if tls is not None and tls.cert is None:
+            raise ValidationError("tls", "etcd needs a server certificate and key to serve TLS", str(tls.ca))
         self._binary = binary or find_etcd()
+        self._tls = tls
+        self._ssl: ssl.SSLContext | None = None
+        self._client_cert_auth = client_cert_auth
         self._host = host
         self._name = name
         self._heartbeat_ms = heartbeat_ms
@@ -145,6 +160,16 @@ class EtcdProcess:
         return f"{self._host}:{self.port}"
 
     @property
+    def tls(self) -> EtcdTLS | None:
+        """The server's TLS material (None: plaintext client URL)."""
+        return self._tls
+
+    @property
+    def url(self) -> str:
+        """The client URL (``http://`` or ``https://host:port``)."""
+        return f"{'https' if self._tls is not None else 'http'}://{self.endpoint}"
+
+    @property
     def data_dir(self) -> Path:
         """The member's data directory."""
         return self._data_dir
@@ -168,8 +193,15 @@ class EtcdProcess:
 
     def _args(self) -> list[str]:
         assert self._client_port is not None and self._peer_port is not None
-        client = f"http://{self._host}:{self._client_port}"
+        client = f"{'https' if self._tls is not None else 'http'}://{self._host}:{self._client_port}"
         peer = f"http://{self._host}:{self._peer_port}"
+        tls: list[str] = []
+        if self._tls is not None:
+            assert self._tls.cert is not None and self._tls.key is not None
+            tls = ["--cert-file", str(self._tls.cert), "--key-file", str(self._tls.key),
+                   "--trusted-ca-file", str(self._tls.ca)]
+            if self._client_cert_auth:
+                tls.append("--client-cert-auth")
         return [
             self._binary,
             "--name", self._name,
@@ -185,6 +217,7 @@ class EtcdProcess:
             "--max-txn-ops", str(MAX_TXN_OPS),
             "--logger", "zap",
             "--log-outputs", "stderr",
+            *tls,
             *self._extra_args,
         ]
 
@@ -227,16 +260,26 @@ class EtcdProcess:
             if self._proc.poll() is not None:
                 break
             if self._healthy(0.5):
-                _log.info("etcd.started", pid=self._proc.pid, endpoint=self.endpoint, data_dir=str(self._data_dir))
+                _log.info("etcd.started", pid=self._proc.pid, url=self.url, data_dir=str(self._data_dir))
                 return
             time.sleep(0.02)
         self.kill()
         raise UnavailableError(f"etcd did not become healthy in {timeout:.1f}s: {self._log_tail()}")
 
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self._tls is None:
+            return None
+        if self._ssl is None:
+            ctx = ssl.create_default_context(cafile=str(self._tls.ca))
+            assert self._tls.cert is not None and self._tls.key is not None
+            ctx.load_cert_chain(str(self._tls.cert), str(self._tls.key))
+            self._ssl = ctx
+        return self._ssl
+
     def _healthy(self, timeout: float) -> bool:
-        url = f"http://{self._host}:{self._client_port}/health"
+        url = f"{self.url}/health"
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as resp:
+            with urllib.request.urlopen(url, timeout=timeout, context=self._ssl_context()) as resp:
                 return bool(json.loads(resp.read()).get("health") == "true")
         except (OSError, urllib.error.URLError, ValueError):
             return False

@@ -44,8 +44,28 @@ def test_certs_init_again_reuses_the_ca(tmp_path: Path) -> None:
     ca = (tmp_path / "ca" / "ca.crt").read_bytes()
     again = init_certs(tmp_path, tenants=("alice", "carol"))
     assert [b.path.name for b in again] == ["tenant-carol"]
-    assert len(first) == 5 and (tmp_path / "ca" / "ca.crt").read_bytes() == ca
+    assert len(first) == 7 and (tmp_path / "ca" / "ca.crt").read_bytes() == ca
     assert (tmp_path / "tenant-carol" / "ca.crt").read_bytes() == ca
+
+
+def test_etcd_bundles_have_their_own_ca_and_no_spiderflow_role(tmp_path: Path) -> None:
+    bundles = {b.path.name: b for b in init_certs(tmp_path, clusters=("virginia",))}
+    assert bundles["etcd-server"].principal is None and bundles["etcd-client"].subject == "etcd/spiderflow"
+    etcd_ca = (tmp_path / "etcd-ca" / "ca.crt").read_bytes()
+    assert etcd_ca != (tmp_path / "ca" / "ca.crt").read_bytes()
+    for name in ("etcd-server", "etcd-client"):
+        assert (tmp_path / name / "ca.crt").read_bytes() == etcd_ca
+        # An etcd client certificate opens no SpiderFlow service (no role), whatever CA it is checked against.
+        assert principal_of_pem((tmp_path / name / CERT).read_bytes()) is None
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    client = x509.load_pem_x509_certificate((tmp_path / "etcd-client" / CERT).read_bytes())
+    usage = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert [b.path.name for b in init_certs(tmp_path, clusters=("virginia",))] == []
+    assert {b.path.name for b in init_certs(tmp_path / "plain", etcd=False)} == {
+        "scheduler", "planner", "topology", "admin"}
 
 
 def test_token_table(tmp_path: Path) -> None:
