@@ -27,6 +27,7 @@ __all__ = [
     "PlacementPolicy",
     "PlacementResult",
     "PlacementStatus",
+    "Release",
     "get_policy",
     "register_policy",
 ]
@@ -52,13 +53,27 @@ class Objective(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """GPUs the scheduler expects back ``after_s`` seconds from the decision (a running job's estimated
+    end): ``gpus`` is ``((cluster, count), ...)``."""
+
+    after_s: float
+    gpus: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Budget:
     """Search limits. ``time_limit_s`` caps wall time where the policy supports it (ILP, genetic);
-    ``seed`` seeds the policy's own ``numpy.random.Generator``; ``objective`` selects the score."""
+    ``seed`` seeds the policy's own ``numpy.random.Generator``; ``objective`` selects the score.
+
+    ``releases`` (sorted by ``after_s``) is what the scheduler knows about GPUs coming back; a policy may
+    use it to answer "wait" (``UNSCHEDULABLE`` with ``constraint="deferred"``) when starting later on
+    the released GPUs finishes the job earlier than starting now. Empty: no such information."""
 
     time_limit_s: float | None = None
     seed: int = 0
     objective: Objective = Objective.JCT
+    releases: tuple[Release, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

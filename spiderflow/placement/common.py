@@ -61,13 +61,16 @@ __all__ = [
     "Planner",
     "TopoArrays",
     "allocate_greedy",
+    "cached_plan",
     "check_plan",
     "diagnose",
     "fallback_plan_chain",
     "finalise",
     "job_consts",
     "objective_value",
+    "plan_cache_stats",
     "plan_chain",
+    "plan_key",
     "plan_objective",
     "plan_with_split",
     "score_chains",
@@ -671,13 +674,94 @@ def tpa_available() -> bool:
 def plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT
 ) -> Plan:
-    """Plan an ordered allocation with the TPA planner when available, else :func:`fallback_plan_chain`."""
+    """Plan an ordered allocation with the TPA planner when available, else :func:`fallback_plan_chain`.
+
+    Memoised across calls (:func:`cached_plan`): both planners are pure functions of the job's shape,
+    the allocation, the allocated clusters' static figures and the paths between them."""
+    return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_uncached)
+
+
+def _plan_chain_uncached(
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective
+) -> Plan:
     try:
         from spiderflow.tpa import plan_chain as tpa_plan_chain
     except ImportError:
         return fallback_plan_chain(topo, job, allocation, objective=objective)
     plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective)
     return plan
+
+
+PLAN_CACHE_SIZE = 4096
+_PLAN_CACHE: dict[tuple[Any, ...], Plan | UnschedulableError] = {}
+_PLAN_CACHE_STATS = {"hits": 0, "misses": 0}
+
+
+def _static(c: Cluster) -> tuple[Any, ...]:
+    return (c.name, c.gpu, c.nodes, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps,
+            c.electricity_usd_per_kwh, c.tflops, c.mfu, c.memory_gib, c.layer_overhead_ms)
+
+
+def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],
+             objective: Objective) -> tuple[Any, ...] | None:
+    """What a chain plan depends on, or ``None`` when the allocation is not valid on ``topo`` (then the
+    planner is called, so it raises its own error). The plan is a pure function of: the job's shape
+    (model, global and micro batch, sequence length, GPU range — not its id, steps or arrival), the
+    ordered allocation, each allocated cluster's static figures (not its free GPUs: they only bound the
+    allocation, checked here), the widest-path bandwidth and latency between every pair of allocated
+    clusters, and the objective."""
+    idx = topo.index
+    seen: set[str] = set()
+    for name, g in allocation:
+        i = idx.get(name)
+        if i is None or name in seen or isinstance(g, bool) or not isinstance(g, int):
+            return None
+        if not 1 <= g <= topo.clusters[i].free:
+            return None
+        seen.add(name)
+    if not allocation:
+        return None
+    ii = [idx[n] for n, _ in allocation]
+    bw = topo.bandwidth_matrix[np.ix_(ii, ii)]
+    lat = topo.latency_matrix[np.ix_(ii, ii)]
+    return (job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus, tuple(allocation),
+            tuple(_static(topo.clusters[i]) for i in ii), bw.tobytes(), lat.tobytes(), objective)
+
+
+def cached_plan(
+    kind: str, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective,
+    planner: Any,
+) -> Plan:
+    """``planner(topo, job, allocation, objective)`` memoised by :func:`plan_key` (process-wide, at most
+    :data:`PLAN_CACHE_SIZE` entries, oldest dropped first). An :class:`UnschedulableError` is memoised
+    too and raised again; other errors are not memoised."""
+    key = plan_key(topo, job, [(n, g) for n, g in allocation], objective)
+    if key is None:
+        plan: Plan = planner(topo, job, allocation, objective)
+        return plan
+    key = (kind, *key)
+    hit = _PLAN_CACHE.get(key)
+    if hit is not None:
+        _PLAN_CACHE_STATS["hits"] += 1
+        if isinstance(hit, UnschedulableError):
+            raise hit
+        return hit
+    _PLAN_CACHE_STATS["misses"] += 1
+    try:
+        out: Plan | UnschedulableError = planner(topo, job, allocation, objective)
+    except UnschedulableError as e:
+        out = e
+    if len(_PLAN_CACHE) >= PLAN_CACHE_SIZE:
+        del _PLAN_CACHE[next(iter(_PLAN_CACHE))]
+    _PLAN_CACHE[key] = out
+    if isinstance(out, UnschedulableError):
+        raise out
+    return out
+
+
+def plan_cache_stats() -> dict[str, int]:
+    """Hits and misses of the chain-plan cache since the process started."""
+    return {**_PLAN_CACHE_STATS, "size": len(_PLAN_CACHE)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -716,7 +800,8 @@ def finalise(
     cache: dict[tuple[Any, ...], _Block] = {}
     for alloc in allocations:
         try:
-            plan = fallback_plan_chain(topo, job, alloc, objective=objective, _cache=cache)
+            plan = cached_plan("fallback", topo, job, alloc, objective,
+                               lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o, _cache=cache))
         except UnschedulableError as e:
             err = e
             continue

@@ -46,6 +46,12 @@ Search:
      than :data:`TRIM_TOLERANCE`) with the level-1 planner on the exact cost model, keep the best valid
      plan, and re-plan that chain with TPA when it is importable (:func:`~spiderflow.placement.common.
      finalise`); if no finalist fits memory exactly, the remaining candidates are tried.
+  6. start now or wait (:func:`wait_or_start`, ``jct`` only, when the scheduler passes expected GPU
+     releases in :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` finishes the
+     job's remaining steps earlier than starting now by more than :data:`DEFER_MARGIN`, the answer is
+     ``UNSCHEDULABLE`` with ``constraint="deferred"`` and ``stats["defer_s"] = a_i`` (the scheduler asks
+     again then). Greedy "start now on whatever is free" strands a job for hours on a few slow GPUs
+     spread over several clusters when a fast cluster frees up minutes later.
 
 Complexity: building ``P`` and the hop order is O(n² log n) once per topology (cached while the topology
 object lives); seeding and pruning are O(n·N log n); the search scores O(D·B·N) chains of length ≤ D with
@@ -66,7 +72,7 @@ import structlog
 
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import UnschedulableError
-from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, register_policy
+from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
 from spiderflow.placement.common import (
     FArr,
     IArr,
@@ -83,11 +89,16 @@ from spiderflow.placement.common import (
     unschedulable,
 )
 
-__all__ = ["TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains"]
+__all__ = ["DEFER_MARGIN", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains", "wait_or_start"]
 
 log = structlog.get_logger(__name__)
 
 TRIM_TOLERANCE = 1e-3
+DEFER_MARGIN = 0.25
+"""Waiting must promise a finish at least this much (relative) earlier than starting now: the released
+GPUs may go to another job first and the release times are estimates."""
+MAX_LOOKAHEAD = 6
+"""At most this many future release points are searched per decision."""
 
 Chain = tuple[int, ...]
 
@@ -480,6 +491,72 @@ def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...
     return cur
 
 
+def wait_or_start(
+    topo: Topology, job: JobSpec, now_step: float, releases: tuple[Release, ...], *,
+    objective: Objective = Objective.JCT, beam_width: int = 8, neighbours: int = 10, seeds: int = 12,
+    finalists: int = 2,
+) -> tuple[float, float, float, int] | None:
+    r"""Start now or wait for GPUs the scheduler expects back (the last step of :class:`SpinSearch`).
+
+    Starting now finishes the job's ``S`` remaining steps after ``F_0 = S·step_0`` (``step_0``: the exact
+    step of the plan chosen now). Waiting for the releases up to ``a_i`` (cumulative, soonest first)
+    finishes after ``F_i = a_i + S·step_i``, where ``step_i`` is the exact step (level-1 planner on the
+    cost model, :func:`~spiderflow.placement.common.finalise` with ``planner="fallback"``) of the best
+    of :func:`search_chains`' finalists on the GPUs free now plus those released by ``a_i``. Wait iff
+    ``min_i F_i < (1 − DEFER_MARGIN)·F_0``.
+
+    Pruning: (a) ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread over the job's ``G_max``
+    fastest GPUs then free, no communication), so a point whose ``a_i + S·(that bound)`` cannot beat the
+    threshold (or the best point so far) is not searched, and points at or after it end the scan;
+    (b) a point is planned exactly only when the search's estimate beats the threshold; (c) at most
+    :data:`MAX_LOOKAHEAD` points are searched. Only the ``jct`` objective waits (dollars per step do not
+    depend on when the job starts).
+
+    Returns ``(a_i, F_i, F_0, GPUs of that plan)`` of the best point when waiting wins, else ``None``.
+    """
+    if objective is not Objective.JCT or not releases or not math.isfinite(now_step):
+        return None
+    jc = job_consts(job)
+    f_now = job.steps * now_step
+    threshold = (1.0 - DEFER_MARGIN) * f_now
+    free = {c.name: c.free for c in topo.clusters}
+    rate = {c.name: c.effective_tflops * 1e12 for c in topo.clusters}
+    work = 3.0 * jc.m * (jc.layers * jc.f + jc.head_f)
+    best: tuple[float, float, float, int] | None = None
+    searched = 0
+    i = 0
+    while i < len(releases) and searched < MAX_LOOKAHEAD:
+        after = releases[i].after_s
+        while i < len(releases) and releases[i].after_s <= after:
+            for c, g in releases[i].gpus:
+                if c in free:
+                    free[c] += g
+            i += 1
+        limit = min(threshold, best[1] if best is not None else math.inf)
+        if after >= limit:
+            break
+        if sum(free.values()) < job.gpus.min:
+            continue
+        top = sorted((rate[c] for c, n in free.items() for _ in range(min(n, jc.gpus_max))), reverse=True)
+        if after + job.steps * work / max(sum(top[: jc.gpus_max]), 1e-9) >= limit:
+            continue
+        searched += 1
+        future = topo.with_free(dict(free))
+        cands, _ = search_chains(future, job, objective=objective, beam_width=beam_width,
+                                 neighbours=neighbours, seeds=seeds, keep=finalists)
+        if not cands or after + job.steps * cands[0].step >= limit:
+            continue
+        names = future.names
+        allocs = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[:finalists]]
+        fin = finalise(future, job, allocs, objective=objective, planner="fallback")
+        if fin.plan is None:
+            continue
+        f_i = after + job.steps * fin.plan.step_time_s
+        if f_i < limit:
+            best = (after, f_i, f_now, fin.plan.gpus)
+    return best
+
+
 class SpinSearch:
     """The SpinSearch policy: :func:`search_chains`, then the best of the finalists planned exactly by
     :func:`~spiderflow.placement.common.plan_chain` (TPA when available)."""
@@ -526,6 +603,23 @@ class SpinSearch:
         if fin.plan is None:
             err = fin.error or _search_failure(stats, job)
             return unschedulable(self.name, err, elapsed)
+        if budget.releases:
+            wait = wait_or_start(topo, job, fin.plan.step_time_s, budget.releases, objective=budget.objective,
+                                 beam_width=self.beam_width, neighbours=self.neighbours, seeds=self.seeds,
+                                 finalists=self.finalists)
+            if wait is not None:
+                after, f_wait, f_now, gpus = wait
+                elapsed = time.perf_counter() - t0
+                log.debug("spinsearch.deferred", job=job.id, wait_s=after, finish_wait_s=f_wait,
+                          finish_now_s=f_now, revision=topo.revision, seconds=elapsed)
+                return PlacementResult(
+                    status=PlacementStatus.UNSCHEDULABLE, policy=self.name, planning_seconds=elapsed,
+                    constraint="deferred",
+                    reason=f"waiting {after:.0f} s for GPUs being released finishes in an estimated "
+                    f"{f_wait:.0f} s instead of {f_now:.0f} s when starting now",
+                    stats={**stats, "defer_s": after, "defer_gpus": float(gpus)},
+                )
+            elapsed = time.perf_counter() - t0
         log.debug("spinsearch.placed", job=job.id, chain=list(fin.plan.chain), step_s=fin.plan.step_time_s,
                   planner=fin.planner, revision=topo.revision, seconds=elapsed)
         return PlacementResult(

@@ -11,6 +11,10 @@ scheduling cycles; then insertion order):
   cycle starts after the first k decisions' overhead, and the next cycle cannot start before the
   scheduler is free. The first job that cannot start becomes the head with a reservation; up to
   ``queue.backfill_depth`` later jobs are tried as backfill (:func:`spiderflow.queueing.admits`).
+  Each decision's :class:`~spiderflow.placement.base.Budget` lists the running jobs' GPUs and estimated
+  ends (``releases``; :attr:`SimConfig.releases`). A policy may answer ``constraint="deferred"`` with
+  ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens), and
+  as the head its reservation is on ``stats["defer_gpus"]`` GPUs at that time instead of its minimum now.
 - **completion**: the job's GPUs are released.
 - **topology events** (:class:`TopologyEvent`): a link's bandwidth/latency changes, a cluster is lost or
   restored. Every running job's step time is re-evaluated with :func:`spiderflow.costmodel.evaluate`
@@ -49,7 +53,7 @@ import structlog
 from spiderflow.costmodel import activation_bytes, evaluate
 from spiderflow.domain import JobSpec, Link, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnschedulableError, ValidationError
-from spiderflow.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus
+from spiderflow.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus, Release
 from spiderflow.queueing import (
     QueuedJob,
     QueuePolicy,
@@ -149,7 +153,9 @@ def events_from_dict(raw: Any) -> list[TopologyEvent]:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
-    """One simulation run. ``time_limit_s`` and ``objective`` go to the policy's :class:`Budget`."""
+    """One simulation run. ``time_limit_s`` and ``objective`` go to the policy's :class:`Budget`; with
+    ``releases`` the budget also lists the running jobs' GPUs and estimated ends (:class:`Release`), as
+    the scheduler knows them, for policies that weigh starting now against waiting."""
 
     objective: Objective = Objective.JCT
     seed: int = 0
@@ -160,6 +166,7 @@ class SimConfig:
     checkpoint_interval_s: float = 1800.0
     restart_delay_s: float = 120.0
     replan_slowdown: float = 1.10
+    releases: bool = True
 
 
 @dataclass(slots=True, kw_only=True)
@@ -237,6 +244,8 @@ class _Job:
     pending_delay_s: float = 0.0       # restart delay to pay at the next start
     network_share: float | None = None
     failed_at: tuple[int, int] | None = None  # (state version, free GPUs) of the last failed decision
+    defer_until: float = 0.0                  # the policy chose to wait for releases until then
+    defer_gpus: int = 0
     # current run
     plan: Plan | None = None
     alloc: dict[str, int] = field(default_factory=dict)
@@ -522,6 +531,8 @@ class _Sim:
             self.pending_restores -= 1
         self.version += 1
         self._changed()
+        for jid in self.queue:
+            self.jobs[jid].defer_until = 0.0
         for jid in list(self.running):
             j = self.jobs[jid]
             assert j.plan is not None
@@ -568,7 +579,7 @@ class _Sim:
         snap = self._snapshot()
         self.decision_seq += 1
         budget = Budget(time_limit_s=self.cfg.time_limit_s, seed=self.cfg.seed * 1_000_003 + self.decision_seq,
-                        objective=self.cfg.objective)
+                        objective=self.cfg.objective, releases=self._releases(clock) if self.cfg.releases else ())
         t0 = time.perf_counter()
         status = PlacementStatus.ERROR
         try:
@@ -588,6 +599,18 @@ class _Sim:
         if result is None:
             return (status, err), fed
         return result, fed
+
+    def _releases(self, clock: float) -> tuple[Release, ...]:
+        """Running jobs' GPUs (on clusters not lost) with their estimated ends, soonest first."""
+        out: list[tuple[float, str, Release]] = []
+        for jid in self.running:
+            r = self.jobs[jid]
+            gpus = tuple(sorted((c, g) for c, g in r.alloc.items() if c not in self.lost and g > 0))
+            if gpus:
+                after = max(0.0, self._est_end(r) - clock)
+                out.append((after, jid, Release(after_s=after, gpus=gpus)))
+        out.sort(key=lambda x: (x[0], x[1]))
+        return tuple(x[2] for x in out)
 
     def _drop(self, j: _Job, status: str, reason: str) -> None:
         self.queue.pop(j.spec.id, None)
@@ -625,18 +648,22 @@ class _Sim:
             if head_seen and (not self.cfg.queue.backfill or tries_behind_head >= self.cfg.queue.backfill_depth):
                 break
             # Cheap filters first: they are not decisions and cost no scheduler time.
-            can_try = self._worth_trying(j, total_free)
+            can_try = self._worth_trying(j, total_free, clock)
             placed = False
             if can_try:
                 if head_seen:
                     tries_behind_head += 1
                 result, fed = self._decide(j, clock)
+                decided_at = clock
                 clock += fed
                 if isinstance(result, tuple):
                     status, reason = result
                     plan = None
                 else:
                     status, reason, plan = result.status, result.reason, result.plan
+                    if result.constraint == "deferred":
+                        j.defer_until = decided_at + float(result.stats.get("defer_s", 0.0))
+                        j.defer_gpus = int(result.stats.get("defer_gpus", j.spec.gpus.min))
                 if status is PlacementStatus.SUCCESS and plan is not None:
                     self._check_fits(j, plan.gpus_by_cluster())
                     est_end = clock + j.pending_delay_s + (j.spec.steps - j.steps_done) * plan.step_time_s
@@ -660,23 +687,30 @@ class _Sim:
                 head_seen = True
                 running = [RunningJob(id=r, gpus=sum(self.jobs[r].alloc.values()),
                                       est_end_s=self._est_end(self.jobs[r])) for r in self.running]
-                res = reserve(j.spec.id, j.spec.gpus.min, total_free, running, clock)
+                if j.defer_until > clock:
+                    res = _deferred_reservation(j.spec.id, j.defer_gpus, j.defer_until, total_free, running, clock)
+                else:
+                    res = reserve(j.spec.id, j.spec.gpus.min, total_free, running, clock)
         self.sched_free_s = clock
         # A job that could not be tried because nothing changed waits for the next event; if nothing is
         # running and no event can change the pool, whatever is left can never start.
         if self.queue and not self.running and not any(k in (_Ev.COMPLETE, _Ev.TOPOLOGY, _Ev.ARRIVAL)
                                                         for _, k, _, _ in self.heap):
+            for jid in self.queue:  # nothing left to wait for
+                self.jobs[jid].defer_until = 0.0
             total_free = self._total_free()
-            if any(self._worth_trying(self.jobs[jid], total_free) for jid in self.queue):
+            if any(self._worth_trying(self.jobs[jid], total_free, clock) for jid in self.queue):
                 self._request_cycle(clock)
                 return
             for jid in list(self.queue):
                 j = self.jobs[jid]
                 self._drop(j, "unschedulable", j.record.reason or "needs more GPUs than the pool has")
 
-    def _worth_trying(self, j: _Job, total_free: int) -> bool:
-        """A decision can only change its answer if the pool grew or changed since the last failure."""
-        if total_free < j.spec.gpus.min:
+    def _worth_trying(self, j: _Job, total_free: int, now: float) -> bool:
+        """A decision can only change its answer if the pool grew or changed since the last failure; a job
+        whose policy chose to wait for releases is not asked again before then (the releases it weighed
+        come at their estimated ends; a topology event clears the wait)."""
+        if total_free < j.spec.gpus.min or j.defer_until > now + 1e-6:
             return False
         return j.failed_at is None or j.failed_at[0] != self.version or total_free > j.failed_at[1]
 
@@ -684,6 +718,14 @@ class _Sim:
         assert j.plan is not None
         left = j.spec.steps - j.steps_done - j.seg_steps
         return j.seg_start + max(0.0, left) * j.plan.step_time_s
+
+
+def _deferred_reservation(job_id: str, gpus: int, start_s: float, free_gpus: int, running: Sequence[RunningJob],
+                          now: float) -> Reservation:
+    """The reservation of a head job waiting for releases: it starts at ``start_s`` on ``gpus`` GPUs;
+    spare = GPUs free then (free now + running jobs ending by ``start_s``) − ``gpus``."""
+    avail = free_gpus + sum(r.gpus for r in running if r.est_end_s <= start_s + 1e-6)
+    return Reservation(job_id=job_id, gpus=gpus, start_s=max(now, start_s), spare_gpus=max(0, avail - gpus))
 
 
 def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | str, config: SimConfig | None = None,

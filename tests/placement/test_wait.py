@@ -1,0 +1,59 @@
+"""SpinSearch's start-now-or-wait rule and the chain-plan cache."""
+
+from __future__ import annotations
+
+from spiderflow.catalog import model_preset
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.placement.base import Budget, Objective, PlacementStatus, Release
+from spiderflow.placement.common import finalise, plan_chain, plan_key
+from spiderflow.placement.spinsearch import DEFER_MARGIN, SpinSearch, wait_or_start
+
+
+def _topo(free_big: int) -> Topology:
+    clusters = (
+        Cluster(name="big", gpu="H100-80G", nodes=4, gpus_per_node=8, free_gpus=free_big),
+        Cluster(name="small", gpu="A100-40G", nodes=1, gpus_per_node=8),
+    )
+    return Topology(clusters=clusters, links=(Link(a="big", b="small", bandwidth_gbps=1.0, latency_ms=50.0),))
+
+
+def _job(steps: int) -> JobSpec:
+    return JobSpec(id="j", model=model_preset("gpt3-1.3b"), global_batch=64, steps=steps, gpus=GpuRange(min=8, max=32))
+
+
+def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None:
+    topo = _topo(0)
+    job = _job(2000)
+    now = SpinSearch().place(topo, job)
+    assert now.ok and now.plan is not None and now.plan.chain == ("small",)
+    f_now = job.steps * now.plan.step_time_s
+    soon = (Release(after_s=0.05 * f_now, gpus=(("big", 32),)),)
+    wait = wait_or_start(topo, job, now.plan.step_time_s, soon)
+    assert wait is not None
+    after, f_wait, f0, gpus = wait
+    assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and gpus >= 8
+    res = SpinSearch().place(topo, job, Budget(releases=soon))
+    assert res.status is PlacementStatus.UNSCHEDULABLE and res.constraint == "deferred"
+    assert res.stats["defer_s"] == after
+    # Released too late to finish earlier, or a cost objective: start now.
+    late = (Release(after_s=0.9 * f_now, gpus=(("big", 32),)),)
+    assert wait_or_start(topo, job, now.plan.step_time_s, late) is None
+    assert SpinSearch().place(topo, job, Budget(releases=late)).ok
+    assert wait_or_start(topo, job, now.plan.step_time_s, soon, objective=Objective.COST) is None
+    assert wait_or_start(topo, job, now.plan.step_time_s, ()) is None
+
+
+def test_plan_cache_matches_the_planner_and_keys_on_what_the_plan_depends_on() -> None:
+    a, b = _topo(32), _topo(24)
+    job = _job(10)
+    alloc = [("big", 16), ("small", 8)]
+    assert plan_key(a, job, alloc, Objective.JCT) == plan_key(b, job, alloc, Objective.JCT)
+    other = JobSpec(id="other", model=job.model, global_batch=64, steps=99, gpus=job.gpus, arrival_s=5.0)
+    assert plan_key(a, other, alloc, Objective.JCT) == plan_key(a, job, alloc, Objective.JCT)
+    slower = Topology(clusters=a.clusters, links=(Link(a="big", b="small", bandwidth_gbps=0.5, latency_ms=50.0),))
+    assert plan_key(slower, job, alloc, Objective.JCT) != plan_key(a, job, alloc, Objective.JCT)
+    assert plan_key(_topo(8), job, alloc, Objective.JCT) is None  # more GPUs than free: not cacheable
+    p1, p2 = plan_chain(a, job, alloc), plan_chain(b, job, alloc)
+    assert p1.stages == p2.stages and p1.step_time_s == p2.step_time_s
+    f = finalise(slower, job, [alloc], planner="fallback")
+    assert f.plan is not None and f.plan.step_time_s > plan_chain(a, job, alloc).step_time_s * 0.999
