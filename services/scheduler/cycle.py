@@ -12,8 +12,9 @@ One cycle, as named extension points (STYLE.md §2–3):
    aging so nothing starves.
 4. **filter** – clusters with no free GPU left are dropped from the snapshot the policy sees; a job whose
    minimum exceeds all free GPUs is not even tried (its reason says so).
-5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)``; then the final plan
-   of the chosen chain from the Planner service when one is configured.
+5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)`` (a job shaped like one
+   already decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`); then the final
+   plan of the chosen chain from the Planner service when one is configured.
 6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
    start (the *head*), later jobs start only if they do not delay the head's reserved start.
 7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -64,6 +66,12 @@ BIND_RETRIES = 3
 NOTE_WRITES_PER_CYCLE = 100
 """At most this many reason updates of queued jobs per cycle, in queue order (the head first): a long queue
 whose head changes is not rewritten record by record every cycle; reasons further back catch up later."""
+
+DECISION_CACHE_SIZE = 512
+"""Decisions kept (least recently used dropped). A policy's decision is a function of the snapshot, the job's
+shape and the budget only (it reads no job id or tenant but in its logs), so a queue of like jobs (replicas of
+one training run, a sweep) costs one search per distinct free-GPU state instead of one per job. The key holds
+the whole snapshot (topology, revision, free GPUs): a changed topology or allocation never hits a stale entry."""
 
 PlanFinalizer = Callable[[Topology, JobSpec, Plan], Awaitable[Plan]]
 """Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
@@ -102,6 +110,11 @@ class CycleReport:
         return [d.job_id for d in self.decisions if d.kind is DecisionKind.PLACED]
 
 
+def _shape(spec: JobSpec) -> JobSpec:
+    """The job without its identity (id, tenant): what a placement decision depends on."""
+    return replace(spec, id="shape", tenant="default")
+
+
 class SchedulingCycle:
     """Runs cycles for the leader. ``clock`` is wall time; ``budget`` the policies' search limits."""
 
@@ -128,6 +141,9 @@ class SchedulingCycle:
         self.on_placed = on_placed
         self.replan_threshold = replan_threshold
         self._notes_left = NOTE_WRITES_PER_CYCLE
+        self._decisions: OrderedDict[tuple[str, JobSpec, Topology, Budget], PlacementResult] = OrderedDict()
+        self.cache_hits = 0
+        """Decisions answered by the decision cache (for tests and measurements)."""
 
     async def run(self) -> CycleReport:
         t_start = time.perf_counter()
@@ -245,8 +261,20 @@ class SchedulingCycle:
         return now + left * r.plan.step_time_s
 
     async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology) -> PlacementResult:
+        """The policy's decision, from the decision cache when a job of the same shape was decided on the same
+        snapshot (same topology, free GPUs and revision) with the same budget before."""
+        key = (policy_name, _shape(spec), snap, self.budget)
+        hit = self._decisions.get(key)
+        if hit is not None:
+            self._decisions.move_to_end(key)
+            self.cache_hits += 1
+            return hit
         policy = get_policy(policy_name)
-        return await asyncio.to_thread(policy.place, snap, spec, self.budget)
+        result = await asyncio.to_thread(policy.place, snap, spec, self.budget)
+        self._decisions[key] = result
+        if len(self._decisions) > DECISION_CACHE_SIZE:
+            self._decisions.popitem(last=False)
+        return result
 
     async def _place_one(
         self, sj: StoredJob, topo: Topology, free: dict[str, int], now: float, res: Reservation | None,

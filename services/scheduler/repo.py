@@ -51,6 +51,10 @@ class StoredJob:
     mod_revision: int
 
 
+SubmitOps = tuple[list[Compare], list[Put]]
+"""The compares and puts of one submission's transaction."""
+
+
 def _decode_alloc(kv: KeyValue | None) -> dict[str, int]:
     if kv is None:
         return {}
@@ -118,35 +122,56 @@ class JobRepository:
 
     # -- writes ---------------------------------------------------------------------------------------
 
+    def new_record(self, spec: JobSpec, request_id: str, *, policy: str = "") -> JobRecord:
+        """The PENDING record a submission writes (validates ``request_id`` first)."""
+        request_key(request_id)
+        return replace(JobRecord.new(spec, request_id=request_id, now=self.clock()), policy=policy)
+
+    @staticmethod
+    def submit_ops(record: JobRecord) -> SubmitOps:
+        """The compares and puts of creating ``record``: its request key and job key must both be absent,
+        and both are written (invariant 1)."""
+        rkey = request_key(record.request_id)
+        jkey = keys.job_key(record.id)
+        return ([Compare(key=rkey, mod_revision=0), Compare(key=jkey, mod_revision=0)],
+                [Put(key=rkey, value=record.id.encode()), Put(key=jkey, value=record.to_json())])
+
     async def submit(self, spec: JobSpec, request_id: str, *, policy: str = "") -> tuple[StoredJob, bool]:
         """Create the job, or return the one this ``request_id`` created before (``created`` False).
 
         A job id already taken by a *different* request raises :class:`AlreadyExistsError`.
         """
-        rkey = request_key(request_id)
-        jkey = keys.job_key(spec.id)
-        record = replace(JobRecord.new(spec, request_id=request_id, now=self.clock()), policy=policy)
+        return await self.submit_record(self.new_record(spec, request_id, policy=policy))
+
+    async def submit_record(self, record: JobRecord) -> tuple[StoredJob, bool]:
+        """:meth:`submit` of a record made by :meth:`new_record`."""
+        compares, puts = self.submit_ops(record)
         for _ in range(3):
             try:
-                rev = await self.store.commit(
-                    [Compare(key=rkey, mod_revision=0), Compare(key=jkey, mod_revision=0)],
-                    [Put(key=rkey, value=spec.id.encode()), Put(key=jkey, value=record.to_json())],
-                    [],
-                )
+                rev = await self.store.commit(compares, puts, [])
                 return StoredJob(record=record, mod_revision=rev), True
             except CompareFailedError:
-                existing = await self.store.get(rkey)
-                if existing is not None:
-                    job_id = existing.value.decode()
-                    stored = await self.get(job_id)
-                    if job_id != spec.id or stored.record.spec != spec:
-                        raise AlreadyExistsError(
-                            f"request_id {request_id!r} was already used for job {job_id!r} with a different spec"
-                        ) from None
-                    return stored, False
-                if await self.store.get(jkey) is not None:
-                    raise AlreadyExistsError(f"job id {spec.id!r} is already taken by another request") from None
-        raise AlreadyExistsError(f"job id {spec.id!r} could not be created (concurrent submissions)")
+                pass
+            found = await self.existing_submission(record)
+            if found is not None:
+                return found, False
+        raise AlreadyExistsError(f"job id {record.id!r} could not be created (concurrent submissions)")
+
+    async def existing_submission(self, record: JobRecord) -> StoredJob | None:
+        """After creating ``record`` lost a compare: the job its request id created before (same spec), or
+        :class:`AlreadyExistsError` when the request id was used for another job or spec, or the job id is
+        taken by another request. ``None`` when neither key exists (any more): the caller may retry."""
+        existing = await self.store.get(request_key(record.request_id))
+        if existing is not None:
+            job_id = existing.value.decode()
+            stored = await self.get(job_id)
+            if job_id != record.id or stored.record.spec != record.spec:
+                raise AlreadyExistsError(f"request_id {record.request_id!r} was already used for job {job_id!r} "
+                                         "with a different spec")
+            return stored
+        if await self.store.get(keys.job_key(record.id)) is not None:
+            raise AlreadyExistsError(f"job id {record.id!r} is already taken by another request")
+        return None
 
     async def update(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""

@@ -38,6 +38,7 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
+from services.scheduler.batching import SubmitBatcher
 from services.scheduler.repo import JobRepository, StoredJob
 from spiderflow.errors import (
     NotFoundError,
@@ -136,12 +137,15 @@ def job_to_proto(sj: StoredJob) -> scheduler_pb2.Job:
 @map_domain_errors
 class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     """``max_queued`` bounds PENDING+RESCHEDULING jobs; ``wake`` is called after writes that give the
-    leader work (a submission, a cancellation, a finished job)."""
+    leader work (a submission, a cancellation, a finished job). With ``group_commit`` (default) concurrent
+    submissions share etcd transactions (:mod:`services.scheduler.batching`); without, each submission is
+    its own transaction."""
 
     def __init__(self, repo: JobRepository, *, max_queued: int = 10_000, wake: asyncio.Event | None = None,
                  known_policies: frozenset[str] | None = None, limiter: RateLimiter | None = None,
-                 max_watches: int = 1000) -> None:
+                 max_watches: int = 1000, group_commit: bool = True) -> None:
         self.repo = repo
+        self.batcher = SubmitBatcher(repo) if group_commit else None
         self.max_queued = max_queued
         self.wake = wake
         self.known_policies = known_policies
@@ -202,7 +206,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             get_policy(request.policy)  # ValidationError(policy) for an unknown name
         if await self._queued() >= self.max_queued:
             raise ResourceExhaustedError(f"the queue holds {self.max_queued} jobs; retry later")
-        stored, created = await self.repo.submit(spec, request.request_id, policy=request.policy)
+        if self.batcher is not None:
+            stored, created = await self.batcher.submit(spec, request.request_id, policy=request.policy)
+        else:
+            stored, created = await self.repo.submit(spec, request.request_id, policy=request.policy)
         if created:
             self._created_since += 1
             log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
