@@ -60,8 +60,10 @@ HOLDING = (JobState.PLACED, JobState.RUNNING)
 PLACED_STEP_KEY = "placed_step_time_s"
 """Plan extra: the closed-form step time on the snapshot the plan was bound on."""
 
-BIND_RETRIES = 3
-"""Binds of one placement per cycle when only allocation keys changed meanwhile (see ``_bind``)."""
+BIND_RETRIES = 10
+"""Binds of one placement per cycle when only allocation keys changed meanwhile (see ``_bind``). A retry is two
+round trips; giving up ends the cycle, and the next one re-reads every job: with short jobs ending on the same
+clusters many times a second, three retries lost the race in most cycles of ``bench/load.py``."""
 
 NOTE_WRITES_PER_CYCLE = 100
 """At most this many reason updates of queued jobs per cycle, in queue order (the head first): a long queue
@@ -147,6 +149,7 @@ class SchedulingCycle:
 
     async def run(self) -> CycleReport:
         t_start = time.perf_counter()
+        hits_before = self.cache_hits
         self._notes_left = NOTE_WRITES_PER_CYCLE
         report = CycleReport()
         # 1. snapshot
@@ -226,7 +229,7 @@ class SchedulingCycle:
         report.seconds = time.perf_counter() - t_start
         metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
-                 seconds=round(report.seconds, 4), conflict=report.conflict)
+                 seconds=round(report.seconds, 4), conflict=report.conflict, cached=self.cache_hits - hits_before)
         return report
 
     def _material_change(self, sj: StoredJob, topo: Topology) -> str:
