@@ -17,6 +17,9 @@ Contract
 * :meth:`Testbed.set_link` changes a link of the running testbed (bandwidth at once, latency for data
   arriving afterwards); :meth:`Testbed.exec` / :meth:`Testbed.run` start processes in a cluster
   namespace with ``SPIDERFLOW_TESTBED_{CLUSTER,ADDRESS,HOST}`` and ``GLOO_SOCKET_IFNAME=eth0`` set.
+* :meth:`Testbed.partition` cuts one cluster off (its router-side veth goes down: nothing reaches or leaves
+  the namespace, neither peers nor the host's services; processes inside keep running and their sockets
+  stay open, as in a network partition) and :meth:`Testbed.heal` reconnects it with the same shaping.
 * :meth:`Testbed.down` removes everything (processes in the namespaces, namespaces, veths, the host
   rule, the state file); a failed :meth:`Testbed.up` calls it before re-raising. :func:`cleanup` does
   the same from names alone for a crashed run. State lives in ``<state_dir>/<prefix>.json``
@@ -579,6 +582,34 @@ class Testbed:
                  latency_ms=latency_ms, directed=directed, pairs_changed=len(changed))
         return changed
 
+    # ----------------------------------------------------------------- partitions
+    def partition(self, cluster: str) -> None:
+        """Cut ``cluster`` off from every peer and from the host: its veth on the router goes down (the
+        kernel drops whatever is sent to or from the namespace; the cluster side keeps its address and
+        routes, its processes and sockets live on). Idempotent; :meth:`heal` undoes it."""
+        slot = self.layout.slot(cluster)
+        _sh(["ip", "-n", self.layout.router_netns, "link", "set", slot.router_iface, "down"])
+        log.info("testbed_partitioned", prefix=self.prefix, cluster=cluster, iface=slot.router_iface)
+
+    def heal(self, cluster: str) -> None:
+        """Reconnect a partitioned ``cluster``: its router veth comes up again with the same qdisc, classes
+        and filters (the router's route to it returns with the link). Idempotent."""
+        slot = self.layout.slot(cluster)
+        _sh(["ip", "-n", self.layout.router_netns, "link", "set", slot.router_iface, "up"])
+        log.info("testbed_healed", prefix=self.prefix, cluster=cluster, iface=slot.router_iface)
+
+    def partitioned(self) -> list[str]:
+        """The clusters cut off by :meth:`partition` (router veth administratively down)."""
+        layout = self.layout
+        out = _sh(["ip", "-n", layout.router_netns, "-o", "link", "show"]).stdout
+        down = set()
+        for line in out.splitlines():
+            name = line.split(":", 2)[1].strip().split("@", 1)[0] if line.count(":") >= 2 else ""
+            flags = line.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in line else []
+            if name and "UP" not in flags:
+                down.add(name)
+        return [s.name for s in layout.clusters if s.router_iface in down]
+
     # ----------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
         """A JSON-able description: names, addresses, pair figures, process and relay state."""
@@ -590,6 +621,10 @@ class Testbed:
         except TestbedError as e:
             relay = {"ok": False, "error": str(e)}
         procs: dict[str, list[int]] = {s.netns: _netns_pids(s.netns) for s in layout.clusters}
+        try:
+            cut = set(self.partitioned())
+        except TestbedError:
+            cut = set()
         return {
             "prefix": self.prefix,
             "subnet": layout.subnet,
@@ -604,6 +639,7 @@ class Testbed:
                     "netns": s.netns,
                     "address": s.address,
                     "present": s.netns in present,
+                    "partitioned": s.name in cut,
                     "pids": procs[s.netns],
                 }
                 for s in layout.clusters

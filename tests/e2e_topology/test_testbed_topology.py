@@ -35,33 +35,20 @@ from typing import Any
 
 import grpc.aio
 import pytest
+from testbed_fixtures import LiveMesh, live_mesh, netns_skip_reason
 
 from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import SpiderFlowError
 from spiderflow.formats import topology_from_dict
-from spiderflow.procs import ManagedProcess, spiderflow_argv
+from spiderflow.procs import spiderflow_argv
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
 from spiderflow.rpc.server import open_channel
-from spiderflow.store.process import EtcdProcess
-from spiderflow.testbed import Testbed, check_environment, cleanup
+from spiderflow.testbed import Testbed
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 
-def _skip_reason() -> str | None:
-    try:
-        check_environment()
-    except SpiderFlowError as e:
-        return str(e)
-    probe = "sfe2echk"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        return "'ip netns add' is not usable here"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason("sfe2echk")
 if _REASON:
     pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
 
@@ -73,8 +60,6 @@ LEASE_TTL_S = 4
 ROUND_S = 3.0  # one probe round of one agent (3 peers: echoes + bulk) is below this on this testbed
 PROBE_FLAGS = ["--probe-period", str(PERIOD_S), "--probe-bytes", str(4 * 1024 * 1024), "--probe-max-s", "1.5",
                "--probe-echoes", "5", "--probe-chunk-bytes", str(128 * 1024), "--lease-ttl", str(LEASE_TTL_S)]
-# Agents are the measuring instruments: a raised priority keeps a shared machine's load out of the RTTs.
-NICE = ["nice", "-n", "-5"]
 KIND = topology_pb2.TopologyChange
 
 
@@ -110,94 +95,10 @@ def _lat_ok(measured_ms: float, expected_ms: float) -> bool:
     return abs(measured_ms - expected_ms) <= max(0.2 * expected_ms, 3.0)
 
 
-def _gone(prefix: str) -> list[str]:
-    """What of testbed ``prefix`` is still on the machine (empty when everything was removed)."""
-    left = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-            if ns.startswith(f"{prefix}-")]
-    if subprocess.run(["ip", "link", "show", f"{prefix}-host"], capture_output=True).returncode == 0:
-        left.append(f"link {prefix}-host")
-    for exe in ("iptables", "iptables-legacy"):
-        rules = subprocess.run([exe, "-t", "nat", "-S"], capture_output=True, text=True).stdout
-        if f"spiderflow-testbed:{prefix}" in rules:
-            left.append(f"{exe} rule")
-    return left
-
-
-class Mesh:
-    """etcd, the topology service and the agents of one testbed; :meth:`close` stops all of them."""
-
-    def __init__(self, tb: Testbed, tmp: Path) -> None:
-        self.tb = tb
-        self.tmp = tmp
-        self.etcd = EtcdProcess()
-        self.service: ManagedProcess | None = None
-        self.agents: dict[str, ManagedProcess] = {}
-        self.started: list[ManagedProcess] = []
-
-    @property
-    def address(self) -> str:
-        assert self.service is not None
-        return self.service.address
-
-    def start(self) -> None:
-        self.etcd.start()
-        self.service = ManagedProcess(
-            "topology",
-            spiderflow_argv("serve", "topology", "--listen", "127.0.0.1:0", "--etcd", self.etcd.endpoint,
-                            "--link-max-age", "30", "--log-format", "json"),
-            log_dir=self.tmp, env={"PYTHONPATH": str(ROOT)},
-        ).start()
-        self.started.append(self.service)
-        for name in self.tb.topology.names:
-            self.start_agent(name)
-
-    def start_agent(self, cluster: str) -> ManagedProcess:
-        host = self.tb.host_address
-        etcd_port = self.etcd.endpoint.rpartition(":")[2]
-        service_port = self.address.rpartition(":")[2]
-        proc = ManagedProcess(
-            f"agent-{cluster}-{len(self.started)}",
-            spiderflow_argv("agent", "--cluster", cluster, "--etcd", f"{host}:{etcd_port}",
-                            "--topology-service", f"{host}:{service_port}",
-                            "--listen", f"{self.tb.address(cluster)}:0", "--gpu", "A100-80G", "--nodes", "1",
-                            "--gpus-per-node", "8", "--log-format", "json", *PROBE_FLAGS),
-            log_dir=self.tmp, env={**self.tb.environment(cluster), "PYTHONPATH": str(ROOT)},
-            prefix=["ip", "netns", "exec", self.tb.netns(cluster), *NICE],
-        )
-        self.started.append(proc)
-        self.agents[cluster] = proc.start(timeout=60)
-        return proc
-
-    def close(self) -> None:
-        for proc in reversed(self.started):
-            with contextlib.suppress(Exception):
-                proc.stop(grace_s=5)
-        self.etcd.close()
-
-    def leftovers(self) -> list[str]:
-        left = [f"{p.name} pid {p.proc.pid}" for p in self.started if p.proc is not None and p.proc.poll() is None]
-        if self.etcd.running:
-            left.append(f"etcd pid {self.etcd.pid}")
-        return left
-
-
 @pytest.fixture
-def mesh(tmp_path: Path) -> Iterator[Mesh]:
-    state = tmp_path / "state"
-    cleanup(PREFIX, state_dir=state)
-    tb = Testbed(_topology(), prefix=PREFIX, state_dir=state)
-    m = Mesh(tb, tmp_path)
-    try:
-        tb.up()
-        m.start()
+def mesh(tmp_path: Path) -> Iterator[LiveMesh]:
+    with live_mesh(_topology(), PREFIX, tmp_path, agent_flags=PROBE_FLAGS) as m:
         yield m
-    finally:
-        try:
-            m.close()
-        finally:
-            tb.down()
-    assert m.leftovers() == []
-    assert _gone(PREFIX) == []
 
 
 def _stub(channel: grpc.aio.Channel) -> Any:
@@ -270,7 +171,7 @@ def _show(address: str, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-async def test_live_topology_matches_the_testbed_and_follows_changes_and_agent_loss(mesh: Mesh) -> None:
+async def test_live_topology_matches_the_testbed_and_follows_changes_and_agent_loss(mesh: LiveMesh) -> None:
     tb, address = mesh.tb, mesh.address
     names = set(tb.topology.names)
     pairs = tb.pairs()

@@ -2,8 +2,9 @@
 planner SIGKILLed while jobs run (simulator-backed executor). After each fault the system recovers by
 itself and every job completes exactly once: none lost, none duplicated, no GPU double-booked.
 
-Not covered here (they need the real execution path through agents): SIGKILL of an agent mid-training
-and a partitioned testbed namespace.
+A partitioned testbed namespace (agents in network namespaces, the scheduler re-planning off the cut
+cluster) is in ``test_partition.py`` (root only). Not covered here (it needs the real execution path
+through agents): SIGKILL of an agent mid-training.
 """
 
 from __future__ import annotations

@@ -20,28 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from testbed_fixtures import leftovers_of_testbed, netns_skip_reason
 
 from spiderflow.domain import Cluster, Link, Topology
 from spiderflow.errors import SpiderFlowError
-from spiderflow.testbed import Testbed, TestbedError, check_environment, cleanup
+from spiderflow.testbed import Testbed, TestbedError, cleanup
 from spiderflow.testbed.probe import wait_listening
 
 pytestmark = pytest.mark.netns
 
 
-def _skip_reason() -> str | None:
-    try:
-        check_environment()
-    except SpiderFlowError as e:
-        return str(e)
-    probe = "sfprobe-check"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        return "'ip netns add' is not usable here"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason("sfprobe-check")
 if _REASON:
     pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
 
@@ -67,20 +56,7 @@ def _topology() -> Topology:
     )
 
 
-def _gone(prefix: str) -> list[str]:
-    """Everything of testbed ``prefix`` still on the machine (empty when fully removed)."""
-    left = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
-            if ns.startswith(f"{prefix}-")]
-    if subprocess.run(["ip", "link", "show", f"{prefix}-host"], capture_output=True).returncode == 0:
-        left.append(f"link {prefix}-host")
-    for exe in ("iptables", "iptables-legacy"):
-        rules = subprocess.run([exe, "-t", "nat", "-S"], capture_output=True, text=True).stdout
-        if f"spiderflow-testbed:{prefix}" in rules:
-            left.append(f"{exe} rule")
-    routes = subprocess.run(["ip", "route"], capture_output=True, text=True).stdout
-    if f"{prefix}-host" in routes:
-        left.append("host route")
-    return left
+_gone = leftovers_of_testbed
 
 
 @pytest.fixture(scope="module")
@@ -202,6 +178,69 @@ def test_host_loopback_services_are_reachable_from_namespaces(testbed: Testbed) 
     srv.close()
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "PING" and got == [b"ping"]
+
+
+def _echoes(tb: Testbed, src: str, dst: str) -> bool:
+    """One echo round trip from ``src`` to ``dst``'s probe server (through the relay) within 5 s."""
+    try:
+        return tb.run(src, [PY, "-m", "spiderflow.testbed.probe", "rtt", tb.address(dst), str(PROBE_PORT),
+                            "--count", "1"], timeout=5).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _connects(tb: Testbed, src: str, address: str, port: int) -> bool:
+    code = "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
+    return tb.run(src, [PY, "-c", code, address, str(port)], timeout=20).returncode == 0
+
+
+def test_partition_cuts_a_cluster_off_and_heal_restores_it(testbed: Testbed) -> None:
+    """While D is partitioned nothing reaches it or leaves it (peers, the host); its processes and open
+    sockets survive, and after healing the same connection carries on and the link keeps its shaping."""
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    srv.settimeout(20)
+    got: list[bytes] = []
+    # A connection from D to a host service, open across the partition.
+    code = ("import socket,sys,time; s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10);"
+            "s.sendall(b'before;'); sys.stdin.readline(); s.sendall(b'during;'); time.sleep(60)")
+    client = testbed.exec(D, [PY, "-c", code, testbed.host_address, str(port)], stdin=subprocess.PIPE,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conn, _ = srv.accept()
+    conn.settimeout(2.0)
+    try:
+        got.append(conn.recv(100))
+        assert _echoes(testbed, A, D) and _connects(testbed, D, testbed.host_address, port)
+        conn_extra, _ = srv.accept()  # the probe connection just made
+        conn_extra.close()
+        testbed.partition(D)
+        try:
+            assert testbed.partitioned() == [D]
+            assert [c["name"] for c in testbed.status()["clusters"] if c["partitioned"]] == [D]
+            assert not _echoes(testbed, A, D) and not _echoes(testbed, D, A)
+            assert not _connects(testbed, D, testbed.host_address, port)
+            assert _echoes(testbed, A, B)  # the others are unaffected
+            assert client.stdin is not None
+            client.stdin.write(b"go\n")
+            client.stdin.flush()
+            with pytest.raises(TimeoutError):  # sent during the partition: not delivered
+                conn.recv(100)
+            assert client.poll() is None
+        finally:
+            testbed.heal(D)
+        assert testbed.partitioned() == []
+        conn.settimeout(20)  # TCP retransmits what was sent during the partition
+        got.append(conn.recv(100))
+        assert b"".join(got) == b"before;during;"
+        assert _echoes(testbed, A, D) and _echoes(testbed, D, A)
+        want = testbed.pair(A, D).bandwidth_gbps * 1000
+        bws = _measure_until(lambda: _bulk_mbps(testbed, A, D), want, _bw_ok)
+        assert _bw_ok(statistics.median(bws), want), (bws, want)  # still shaped after healing
+    finally:
+        conn.close()
+        srv.close()
+        client.kill()
+        client.wait()
 
 
 def test_status_reports_clusters_pairs_and_relay(testbed: Testbed) -> None:
