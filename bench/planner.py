@@ -13,13 +13,21 @@ Three parts (all figures from the real code on this machine; nothing is a consta
    ratio TPA/ILP (< 1: TPA better), exact-timeline step ratio, planning seconds of each. Skipped (with a
    note) when the ``ilp`` policy is not available.
 3. ``scale``: TPA on a 64-cluster chain of 256 GPUs (4 per cluster, A100/H100-80G, 10–100 Gbit/s,
-   5–80 ms links, llama3-70b, batch 512): first call (cold level-2 cache) and a repeat (warm).
+   5–80 ms links, llama3-70b, batch 512): first call (cold level-2 cache) and a repeat (warm), with the
+   CP-SAT solves, CP-SAT seconds and level-2 lookups of each call (``spiderflow.tpa.level2.STATS``).
+   ``--search-solver cpsat`` also times the variant whose level-1 search scores every trial split with
+   CP-SAT instead of the exact optimum (same plan; shows what the exact bound saves).
+4. ``level2``: per-call CPU time of the level-2 solvers on random blocks (``--level2`` instances, up to 32
+   layers and 16 GPUs, memory often binding): CP-SAT without and with the exact hint, the exact solver,
+   and a cached lookup; and the differential count CP-SAT vs the exact optimum (and vs brute force on
+   the tiny blocks of the tests).
 
 Usage::
 
     .venv/bin/python bench/planner.py                 # everything, ILP limit 30 s, sizes 8 16 32
     .venv/bin/python bench/planner.py --quick         # sizes 8 16, limit 10 s, 20 brute instances
     .venv/bin/python bench/planner.py --out bench/results/planner.json
+    .venv/bin/python bench/planner.py --parts level2 scale --search-solver cpsat
 """
 
 from __future__ import annotations
@@ -42,14 +50,23 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import spiderflow.tpa.level1 as level1_mod  # noqa: E402
 from spiderflow.catalog import ModelSpec, model_preset  # noqa: E402
 from spiderflow.costmodel import evaluate  # noqa: E402
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology  # noqa: E402
 from spiderflow.errors import SpiderFlowError  # noqa: E402
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan  # noqa: E402
 from spiderflow.tpa.level1 import ChainContext, level1, polish  # noqa: E402
-from spiderflow.tpa.level2 import cache_clear  # noqa: E402
+from spiderflow.tpa.level2 import (  # noqa: E402
+    STATS,
+    brute_force_block,
+    cache_clear,
+    solve_block,
+    solve_block_cached,
+    solve_block_exact,
+)
 from tests.tpa.bruteforce import brute_force_chain  # noqa: E402
+from tests.tpa.test_level2 import _medium, _problem  # noqa: E402
 
 console = Console(width=220)
 
@@ -188,7 +205,56 @@ def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
     return rows
 
 
-def part_scale(repeats: int) -> dict[str, Any]:
+def part_level2(instances: int) -> dict[str, Any]:
+    """Per-call CPU milliseconds of each level-2 solver, and how often CP-SAT's optimum differs."""
+    cpu: dict[str, list[float]] = {"cpsat": [], "cpsat_hinted": [], "exact": [], "cached_lookup": []}
+    mismatch = {"cpsat_vs_exact": 0, "cpsat_vs_brute": 0, "exact_vs_brute": 0}
+    feasible = 0
+
+    def same(a: Any, b: Any) -> bool:
+        if a is None or b is None:
+            return a is b
+        return bool(abs(a.objective_s - b.objective_s) <= 1e-9 * b.objective_s)
+
+    cache_clear()
+    for seed in range(instances):
+        p = _medium(np.random.default_rng(5000 + seed))
+        c0 = time.process_time()
+        a = solve_block(p)
+        cpu["cpsat"].append(time.process_time() - c0)
+        c0 = time.process_time()
+        e = solve_block_exact(p)
+        cpu["exact"].append(time.process_time() - c0)
+        c0 = time.process_time()
+        h = solve_block(p, hint=e)
+        cpu["cpsat_hinted"].append(time.process_time() - c0)
+        solve_block_cached(p)
+        c0 = time.process_time()
+        solve_block_cached(p)
+        cpu["cached_lookup"].append(time.process_time() - c0)
+        feasible += e is not None
+        mismatch["cpsat_vs_exact"] += (not same(a, e)) + (not same(h, e))
+    tiny = 0
+    for seed in range(instances):
+        p = _problem(np.random.default_rng(seed))
+        ref = brute_force_block(p)
+        tiny += 1
+        mismatch["cpsat_vs_brute"] += not same(solve_block(p), ref)
+        mismatch["exact_vs_brute"] += not same(solve_block_exact(p), ref)
+    out: dict[str, Any] = {"medium_blocks": instances, "medium_feasible": feasible, "tiny_blocks": tiny,
+                           **mismatch}
+    for k, v in cpu.items():
+        out[f"{k}_ms_median"] = 1e3 * statistics.median(v)
+        out[f"{k}_ms_p90"] = 1e3 * float(np.percentile(v, 90))
+    table = Table(title="Level-2 solvers: per-call CPU ms and optimum mismatches")
+    for k in out:
+        table.add_column(k)
+    table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in out.values()))
+    console.print(table)
+    return out
+
+
+def part_scale(repeats: int, search_solver: str = "exact") -> dict[str, Any]:
     rng = np.random.default_rng(0)
     gpus = ["A100-80G", "H100-80G"]
     clusters = tuple(Cluster(name=f"c{i}", gpu=gpus[int(rng.integers(2))], nodes=1, gpus_per_node=4)
@@ -202,20 +268,35 @@ def part_scale(repeats: int) -> dict[str, Any]:
     cache_clear()
     times = []
     cpu = []
+    solves: list[int] = []
+    solve_s: list[float] = []
+    lookups: list[int] = []
     plan = None
-    for _ in range(repeats):
-        t0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_chain(topo, job, alloc)
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    saved = level1_mod.block_bound_cached
+    if search_solver == "cpsat":  # the level-1 search scores trial splits with CP-SAT too
+        level1_mod.block_bound_cached = solve_block_cached
+    try:
+        for _ in range(repeats):
+            n0, s0, l0 = STATS.cpsat_solves, STATS.cpsat_seconds, STATS.lookups
+            t0, c0 = time.perf_counter(), time.process_time()
+            plan = plan_chain(topo, job, alloc)
+            times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            solves.append(STATS.cpsat_solves - n0)
+            solve_s.append(STATS.cpsat_seconds - s0)
+            lookups.append(STATS.lookups - l0)
+    finally:
+        level1_mod.block_bound_cached = saved
     assert plan is not None
-    out = {"clusters": 64, "gpus": plan.gpus, "stages": len(plan.stages), "m": plan.micro_batches,
-           "schedule": plan.schedule.value, "cold_s": times[0], "cold_cpu_s": cpu[0],
+    out = {"clusters": 64, "search_solver": search_solver, "gpus": plan.gpus, "stages": len(plan.stages),
+           "m": plan.micro_batches, "schedule": plan.schedule.value, "cold_s": times[0], "cold_cpu_s": cpu[0],
+           "cold_cpsat_solves": solves[0], "cold_cpsat_s": solve_s[0], "cold_level2_lookups": lookups[0],
            "warm_s_median": statistics.median(times[1:] or times),
            "warm_cpu_s_median": statistics.median(cpu[1:] or cpu),
-           "load_avg_1min": os.getloadavg()[0],
-           "step_s": plan.step_time_s, "timeline_step_s": plan.extras["timeline_step_s"]}
-    table = Table(title="TPA on a 64-cluster chain of 256 GPUs (llama3-70b)")
+           "warm_cpsat_solves": solves[-1], "load_avg_1min": os.getloadavg()[0],
+           "step_s": plan.step_time_s, "timeline_step_s": plan.extras["timeline_step_s"],
+           "cpsat_improved_hint": STATS.cpsat_improved_hint}
+    table = Table(title=f"TPA on a 64-cluster chain of 256 GPUs (llama3-70b), search scored by {search_solver}")
     for k in out:
         table.add_column(k)
     table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in out.values()))
@@ -230,7 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brute", type=int, default=60, help="tiny instances for the brute-force comparison")
     ap.add_argument("--repeats", type=int, default=3, help="plan_chain calls on the 64-cluster chain")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--parts", nargs="*", default=["brute", "ilp", "scale"])
+    ap.add_argument("--parts", nargs="*", default=["brute", "ilp", "scale", "level2"])
+    ap.add_argument("--level2", type=int, default=200, help="random blocks for the level-2 solver timings")
+    ap.add_argument("--search-solver", choices=["exact", "cpsat"], nargs="*", default=["exact"],
+                    help="level-1 search scoring for the scale part (default exact; cpsat for comparison)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.quick:
@@ -242,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     if "ilp" in args.parts:
         report["ilp"] = part_ilp(args.sizes, args.limit)
     if "scale" in args.parts:
-        report["scale"] = part_scale(args.repeats)
+        report["scale"] = [part_scale(args.repeats, solver) for solver in args.search_solver]
+    if "level2" in args.parts:
+        report["level2"] = part_level2(args.level2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -21,6 +21,16 @@ Orders (``S`` stages, stage index ``i``, warm-up ``w`` = forwards run before the
   idling. A caller may pass any per-stage ``warmup``; the orders of all stages stay deadlock-free as long
   as warm-ups do not increase along the pipeline (``w_{i+1} ≤ w_i``), which the default satisfies.
 
+Memory cap (``max_in_flight = K``): a stage of the 1F1B family (1F1B, latency-aware, interleaved with one
+chunk) holds ``w + 1`` micro-batches in flight at peak, so under a cap of ``K`` micro-batches per stage
+replica its warm-up is ``min(w, K − 1)``. The same rule applies to every schedule of the family; it keeps
+warm-ups non-increasing along the pipeline (so deadlock-free). Two schedules compared *at equal memory*
+run under the same ``K`` on every stage: e.g. ``K = S`` (1F1B's own peak, on its first stage) leaves 1F1B
+unchanged and caps the latency-aware warm-up at ``min(2(S − i) − 1, S − 1)``: no stage holds more than
+1F1B's first stage does. GPipe and multi-chunk interleaving have fixed orders and ignore the cap (their
+in-flight count is ``m`` resp. Megatron's; a planner checks it against memory instead). A plan carries the
+cap in ``plan.extras["max_in_flight"]`` (:data:`MAX_IN_FLIGHT_KEY`, :func:`plan_max_in_flight`).
+
 Every order satisfies, per stage: each ``(micro_batch, chunk)`` is run forward exactly once and backward
 exactly once, the forward first; forwards run in ascending micro-batch order per chunk, and so do
 backwards. Combined across stages (see :func:`replay`), the orders of one schedule never deadlock when
@@ -42,17 +52,21 @@ Everything here is pure Python (no torch, no I/O). ``stage_ops`` is ``O(m·chunk
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spiderflow.domain import Schedule
+from spiderflow.domain import Plan, Schedule
 from spiderflow.errors import ValidationError
 
 __all__ = [
+    "MAX_IN_FLIGHT_KEY",
     "Op",
     "ReplayResult",
     "ScheduleDeadlockError",
     "default_warmup",
+    "peak_in_flight",
+    "plan_max_in_flight",
     "replay",
     "replica_microbatches",
     "replica_ops",
@@ -76,17 +90,60 @@ def _check(n_stages: int, m: int, stage: int, chunks: int) -> None:
         raise ValidationError("stage", f"must be an integer in [0, {n_stages})", stage)
 
 
-def default_warmup(schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1) -> int:
-    """Operations a stage runs before its first backward under ``schedule`` (see the module docstring)."""
+MAX_IN_FLIGHT_KEY = "max_in_flight"
+"""``plan.extras`` key of the memory cap ``K`` (micro-batches in flight per stage replica; module docstring)."""
+
+
+def plan_max_in_flight(plan: Plan) -> int | None:
+    """The plan's in-flight cap ``K`` (``None``: uncapped)."""
+    v = plan.extras.get(MAX_IN_FLIGHT_KEY)
+    if v is None:
+        return None
+    if not math.isfinite(v) or v < 1 or v != int(v):
+        raise ValidationError(f"plan.extras.{MAX_IN_FLIGHT_KEY}", "must be an integer ≥ 1", v)
+    return int(v)
+
+
+def _check_cap(max_in_flight: int | None) -> None:
+    if max_in_flight is not None and (
+        isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
+    ):
+        raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
+
+
+def _capped(schedule: Schedule, chunks: int) -> bool:
+    """Whether ``schedule`` belongs to the 1F1B family the in-flight cap applies to."""
+    return schedule is not Schedule.GPIPE and not (schedule is Schedule.INTERLEAVED_1F1B and chunks > 1)
+
+
+def default_warmup(
+    schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1, max_in_flight: int | None = None
+) -> int:
+    """Operations a stage runs before its first backward under ``schedule`` (see the module docstring);
+    ``max_in_flight`` caps it at ``K − 1`` for the 1F1B family."""
     _check(n_stages, m, stage, chunks)
+    _check_cap(max_in_flight)
     schedule = Schedule(schedule)
     if schedule is Schedule.GPIPE:
         return m
     if schedule is Schedule.ONE_F_ONE_B or (schedule is Schedule.INTERLEAVED_1F1B and chunks == 1):
-        return min(m, n_stages - stage - 1)
-    if schedule is Schedule.LATENCY_AWARE:
-        return min(m, 2 * (n_stages - stage) - 1)
-    return min(m * chunks, 2 * (n_stages - stage - 1) + (chunks - 1) * n_stages)
+        w = min(m, n_stages - stage - 1)
+    elif schedule is Schedule.LATENCY_AWARE:
+        w = min(m, 2 * (n_stages - stage) - 1)
+    else:
+        return min(m * chunks, 2 * (n_stages - stage - 1) + (chunks - 1) * n_stages)
+    return w if max_in_flight is None else min(w, max_in_flight - 1)
+
+
+def peak_in_flight(
+    schedule: Schedule, n_stages: int, m: int, stage: int, *, max_in_flight: int | None = None
+) -> int:
+    """Micro-batches a single-replica stage holds in flight at peak under ``schedule`` (single chunk):
+    ``m`` for GPipe, else ``min(m, w + 1)`` with the (capped) warm-up ``w``."""
+    w = default_warmup(schedule, n_stages, m, stage, max_in_flight=max_in_flight)
+    if Schedule(schedule) is Schedule.GPIPE:
+        return m
+    return min(m, w + 1)
 
 
 def _interleaved_order(n_stages: int, m: int, chunks: int, *, backward: bool) -> list[tuple[int, int]]:
@@ -147,17 +204,30 @@ def replica_microbatches(m: int, dp: int, replica: int) -> list[int]:
 
 
 def stage_warmup(
-    schedule: Schedule, n_stages: int, m: int, stage: int, *, max_dp: int = 1, chunks: int = 1
+    schedule: Schedule, n_stages: int, m: int, stage: int, *, max_dp: int = 1, chunks: int = 1,
+    max_in_flight: int | None = None, min_dp: int | None = None,
 ) -> int:
     """The stage-wide warm-up :func:`replica_ops` uses by default (operations of the whole stage before its
     first backward): ``min(m, max_dp · default_warmup(...))`` for the single-chunk schedules (``m`` for
-    GPipe), Megatron's unscaled ``default_warmup(...)`` for interleaved 1F1B with ``chunks > 1``."""
+    GPipe), Megatron's unscaled ``default_warmup(...)`` for interleaved 1F1B with ``chunks > 1``.
+
+    ``max_in_flight = K`` (1F1B family) further bounds it by ``min_dp · (K − 1)`` (``min_dp`` the smallest dp
+    of the pipeline, default ``max_dp``): a replica of a ``d``-way stage runs at most ``⌈W/d⌉ ≤ K − 1``
+    warm-up forwards, and the bound is the same on every stage, so warm-ups stay non-increasing along the
+    pipeline (deadlock-free). With uniform dp ``D`` this is exactly ``D · min(w, K − 1)``."""
     if isinstance(max_dp, bool) or not isinstance(max_dp, int) or max_dp < 1:
         raise ValidationError("max_dp", "must be an integer ≥ 1", max_dp)
+    low = max_dp if min_dp is None else min_dp
+    if isinstance(low, bool) or not isinstance(low, int) or not 1 <= low <= max_dp:
+        raise ValidationError("min_dp", f"must be an integer in [1, max_dp={max_dp}]", min_dp)
+    _check_cap(max_in_flight)
     w = default_warmup(schedule, n_stages, m, stage, chunks=chunks)
     if Schedule(schedule) is Schedule.GPIPE or chunks > 1:
         return w
-    return min(m, max_dp * w)
+    out = min(m, max_dp * w)
+    if max_in_flight is not None:
+        out = min(out, low * (max_in_flight - 1))
+    return out
 
 
 def replica_ops(
@@ -171,6 +241,8 @@ def replica_ops(
     max_dp: int | None = None,
     chunks: int = 1,
     warmup: int | None = None,
+    max_in_flight: int | None = None,
+    min_dp: int | None = None,
 ) -> list[Op]:
     """The order of replica ``replica`` of a ``dp``-way stage, in the step's global micro-batch numbering.
 
@@ -186,6 +258,11 @@ def replica_ops(
     its orders also depend on the wrap-around from the last stage back to the first, and a scaled warm-up
     can deadlock there (e.g. dp ``[1, 1, 2]``, ``m = 9``, two chunks); the sub-sequence argument holds for
     the unscaled one.
+
+    ``max_in_flight`` (``K``) caps every replica's warm-up at ``K − 1`` (1F1B family; the cap of the
+    module docstring; ``min_dp``: the smallest dp of the pipeline, see :func:`stage_warmup`, default 1 —
+    safe for any dp layout, tighter than needed when every dp exceeds 1); an explicit ``warmup`` wins
+    over it.
     """
     mine = replica_microbatches(m, dp, replica)
     if not mine:
@@ -194,7 +271,8 @@ def replica_ops(
     if isinstance(d, bool) or not isinstance(d, int) or d < dp:
         raise ValidationError("max_dp", f"must be an integer ≥ dp={dp}", max_dp)
     if warmup is None and Schedule(schedule) is not Schedule.GPIPE:
-        warmup = stage_warmup(schedule, n_stages, m, stage, max_dp=d, chunks=chunks)
+        warmup = stage_warmup(schedule, n_stages, m, stage, max_dp=d, chunks=chunks, max_in_flight=max_in_flight,
+                              min_dp=1 if min_dp is None else min_dp)
     ops = stage_ops(schedule, n_stages, m, stage, chunks=chunks, warmup=warmup)
     return [op for op in ops if op[1] % dp == replica]
 

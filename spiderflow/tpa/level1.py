@@ -102,11 +102,12 @@ class ChainContext:
     m: int
     schedule: Schedule
     boundaries_s: tuple[float, ...]  # P between chain[c] and chain[c+1]
+    max_in_flight: int | None = None  # the schedule's in-flight cap K (1F1B family; spiderflow.schedules)
 
     @classmethod
     def build(
         cls, topo: Topology, clusters: Sequence[Cluster], gpus: Sequence[int], model: ModelSpec, *,
-        micro_batch: int, seq_len: int, m: int, schedule: Schedule,
+        micro_batch: int, seq_len: int, m: int, schedule: Schedule, max_in_flight: int | None = None,
     ) -> ChainContext:
         nbytes = activation_bytes(model, micro_batch, seq_len)
         bounds = []
@@ -119,7 +120,7 @@ class ChainContext:
                 )
         return cls(
             clusters=tuple(clusters), gpus=tuple(gpus), model=model, micro_batch=micro_batch,
-            seq_len=seq_len, m=m, schedule=schedule, boundaries_s=tuple(bounds),
+            seq_len=seq_len, m=m, schedule=schedule, boundaries_s=tuple(bounds), max_in_flight=max_in_flight,
         )
 
     def problem(self, c: int, first: int, layers: int, downstream: int, *, floor_s: float = 0.0) -> BlockProblem:
@@ -138,6 +139,7 @@ class ChainContext:
             downstream=None if gpipe else min(downstream, per_replica_max),
             depth_factor=factor,
             floor_s=floor_s,
+            max_in_flight=None if gpipe else self.max_in_flight,
         )
 
 

@@ -23,9 +23,10 @@ Because ``ℓ_{k,·} = 0`` whenever ``x_k = 0``, every constraint below is linea
 Constants (from :mod:`spiderflow.costmodel`, linear in ``ℓ`` for a fixed ``k``)
     ``T_{k,j} = τ_k·ℓ_{k,j} + η_{k,j}``  (``τ_k`` per-layer fwd+bwd time incl. TP all-reduces,
     ``η`` the head on the last sub-stage of a head-holding block);
-    ``M_{k,j} = μ_{k,j}·ℓ_{k,j} + ν_{k,j}`` bytes per GPU with ``κ_{k,j} = min(⌈m/d_k⌉, φ·(R + p_k − j))``
+    ``M_{k,j} = μ_{k,j}·ℓ_{k,j} + ν_{k,j}`` bytes per GPU with ``κ_{k,j} = min(⌈m/d_k⌉, φ·(R + p_k − j), K)``
     micro-batches in flight (``R`` stages downstream of the block, ``φ`` the schedule's depth factor:
-    1 for 1F1B, 2 for the latency-aware schedule; GPipe holds ``⌈m/d_k⌉``);
+    1 for 1F1B, 2 for the latency-aware schedule, ``K`` the schedule's in-flight cap if any; GPipe holds
+    ``⌈m/d_k⌉``);
     ``A_{k,j} = α_k·ℓ_{k,j} + β_{k,j}`` ring all-reduce of the sub-stage's gradients over ``d_k`` replicas;
     ``F_k = τ_k·L_b + η_k + 2(p_k−1)·P_in`` the fill (one micro-batch through the block) and the
     intra-cluster boundaries ``P_in`` over the inter-node bandwidth.
@@ -130,6 +131,7 @@ class ClusterShape:
     gpus_per_node: int
     intra_node_gbps: float
     inter_node_gbps: float
+    layer_overhead_s: float = 0.0  # fixed fwd+bwd seconds per layer and micro-batch (calibrated; else 0)
 
     @classmethod
     def of(cls, c: Cluster) -> ClusterShape:
@@ -139,6 +141,7 @@ class ClusterShape:
             gpus_per_node=c.gpus_per_node,
             intra_node_gbps=c.intra_node_gbps,
             inter_node_gbps=c.inter_node_gbps,
+            layer_overhead_s=float(getattr(c, "layer_overhead_ms", 0.0) or 0.0) / 1e3,
         )
 
 
@@ -150,7 +153,8 @@ class BlockProblem:
     flight, GPipe); else sub-stage ``j`` of ``p`` holds ``min(⌈m/d⌉, depth_factor·(downstream + p − j))``
     micro-batches (1F1B: factor 1; the latency-aware schedule: factor 2). ``memory_bound=False`` drops
     constraint (4) (used to share one solve between profiles). ``floor_s``: the pipeline bottleneck set by
-    the rest of the chain (``Z_floor``); below it a faster block gains nothing.
+    the rest of the chain (``Z_floor``); below it a faster block gains nothing. ``max_in_flight``: the
+    schedule's in-flight cap ``K`` (:mod:`spiderflow.schedules`; 1F1B family only), ``κ ≤ K``.
     """
 
     shape: ClusterShape
@@ -166,6 +170,7 @@ class BlockProblem:
     depth_factor: int = 1
     memory_bound: bool = True
     floor_s: float = 0.0
+    max_in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,7 +240,8 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     f_layer = layer_fwd_flops(model, b, s)
     flops_rate = k.tp * sh.effective_tflops * 1e12
     tp_bw = sh.intra_node_gbps if k.tp <= sh.gpus_per_node else sh.inter_node_gbps
-    tau = 3.0 * f_layer / flops_rate + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw)
+    tau = (3.0 * f_layer / flops_rate + sh.layer_overhead_s
+           + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw))
     eta_head = 3.0 * 2.0 * b * s * h * v / flops_rate
     act_layer = s * b * h * (10.0 + 24.0 / k.tp + 5.0 * a * s / (h * k.tp))
     per_replica = math.ceil(p.m / k.dp)
@@ -251,6 +257,8 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
             if p.downstream is None
             else max(1, min(per_replica, p.depth_factor * (p.downstream + k.pp - j)))
         )
+        if p.max_in_flight is not None and p.downstream is not None:
+            inflight = min(inflight, p.max_in_flight)
         embed = p.has_embed and j == 0
         head = p.has_head and j == k.pp - 1
         extra_params = (model.embedding_params if embed else 0) + (model.embedding_params if head else 0)
@@ -681,7 +689,7 @@ class _Cached:
         return out
 
     def _compute(self, p: BlockProblem) -> BlockConfig | None:
-        free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False))
+        free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
         if free is None:
             return None
         cap = p.shape.memory_gib

@@ -40,19 +40,21 @@ from dataclasses import replace
 
 import structlog
 
-from spiderflow.costmodel import evaluate, fits_memory
+from spiderflow.costmodel import GIB, evaluate, fits_memory, in_flight_microbatches, stage_memory_bytes
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
+from spiderflow.schedules import MAX_IN_FLIGHT_KEY, plan_max_in_flight
 from spiderflow.tpa.level1 import ChainContext, SplitEval, certify, dp_crossing, evaluate_split, level1, polish
 from spiderflow.tpa.level2 import solve_block_cached
 from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
-__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
+__all__ = ["capped_memory", "micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
 
 log = structlog.get_logger(__name__)
 
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)
+_CAPPED = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)  # the schedules an in-flight cap shapes
 INTERLEAVE_CHUNKS = 2
 SIMULATION_OP_BUDGET = 100_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
 
@@ -86,7 +88,8 @@ def objective_score(plan: Plan, objective: Objective, step_s: float) -> float:
 
 
 def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Plan:
-    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order)."""
+    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order); the context's
+    in-flight cap goes to ``extras["max_in_flight"]`` for the 1F1B family."""
     stages: list[Stage] = []
     first = 0
     for cl, cfg in zip(ctx.clusters, ev.configs, strict=True):
@@ -96,7 +99,35 @@ def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Pla
             stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp))
             first += n
     extras = {"chunks": float(chunks)} if ctx.schedule is Schedule.INTERLEAVED_1F1B else {}
+    if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
+        extras[MAX_IN_FLIGHT_KEY] = float(ctx.max_in_flight)
     return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
+
+
+def capped_memory(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
+    """``plan`` (already evaluated) with ``memory_gib_per_gpu`` under its in-flight cap ``K``
+    (``plan.extras["max_in_flight"]``): stage ``i`` holds ``min(κ_i, K)`` micro-batches, ``κ_i`` the cost
+    model's uncapped count. Unchanged without a cap."""
+    cap = plan_max_in_flight(plan)
+    if cap is None:
+        return plan
+    b = max(1, job.global_batch // plan.micro_batches)
+    n = len(plan.stages)
+    mem = tuple(
+        stage_memory_bytes(
+            job.model, st.first_layer, st.last_layer, st.tp, b, job.seq_len,
+            min(cap, in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)),
+        ) / GIB
+        for i, st in enumerate(plan.stages)
+    )
+    return replace(plan, memory_gib_per_gpu=mem)
+
+
+def _peak_in_flight(plan: Plan) -> int:
+    """The most micro-batches any stage replica holds under ``plan``'s schedule (cost model, uncapped)."""
+    n = len(plan.stages)
+    return max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)
+               for i, st in enumerate(plan.stages))
 
 
 def _validate(topo: Topology, allocation: Sequence[tuple[str, int]]) -> tuple[list[Cluster], list[int]]:
@@ -155,12 +186,20 @@ def plan_chain(
     finalists: int = 1,
     micro_batches: Sequence[int] | None = None,
     schedules: Sequence[Schedule] | None = None,
+    max_in_flight: int | None = None,
 ) -> Plan:
     """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
 
     ``micro_batches`` pins the micro-batch counts tried (each must divide the global batch; default
     :func:`micro_batch_candidates`); ``schedules`` the schedules tried (default all four). 1F1B always
     serves as level 1's memory profile.
+
+    ``max_in_flight`` (``K``) is a memory cap applied the same way to every schedule: no stage replica
+    holds more than ``K`` micro-batches of activations. 1F1B and the latency-aware schedule run with their
+    warm-ups capped at ``K − 1`` (:mod:`spiderflow.schedules`; the plan carries
+    ``extras["max_in_flight"] = K`` and memory figures under the cap, :func:`capped_memory`); GPipe and
+    interleaved 1F1B, whose orders cannot be capped, are tried only where they hold at most ``K`` anyway.
+    Level 1 and 2 solve the blocks under the capped in-flight profile.
 
     Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
     most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
@@ -177,6 +216,10 @@ def plan_chain(
     for i, m in enumerate(ms):
         if isinstance(m, bool) or not isinstance(m, int) or m < 1 or job.global_batch % m:
             raise ValidationError(f"micro_batches[{i}]", f"must divide the global batch {job.global_batch}", m)
+    if max_in_flight is not None and (
+        isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
+    ):
+        raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
     allowed = tuple(schedules) if schedules is not None else _SCHEDULES
     if not allowed:
         raise ValidationError("schedules", "needs at least one schedule", [])
@@ -185,7 +228,7 @@ def plan_chain(
     for m in ms:
         ctx = ChainContext.build(
             topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
-            schedule=Schedule.ONE_F_ONE_B,
+            schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight,
         )
         ev = level1(ctx)
         if ev.feasible:
@@ -223,12 +266,14 @@ def plan_chain(
             chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
             sctx = replace(ctx, schedule=sched)
             # The same stages under another schedule when they fit its in-flight memory; else re-solve.
-            plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
+            plan = capped_memory(evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job), topo, job)
+            if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(plan) > max_in_flight:
+                continue  # its order holds more than the cap and cannot be capped
             if not fits_memory(plan, topo)[0]:
                 sev = evaluate_split(sctx, ev.split, solver=solve_block_cached)
                 if not sev.feasible:
                     continue
-                plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
+                plan = capped_memory(evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job), topo, job)
             if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
                 continue
             ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))

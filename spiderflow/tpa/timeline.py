@@ -11,6 +11,8 @@ Op orders come from :mod:`spiderflow.schedules` (the module execution runs): a l
   ``⌊k/S⌋ mod v`` (backwards the same with chunks reversed), ``w = min(m·v, 2(S−i−1) + (v−1)·S)``.
 * Latency-aware (CrossPipe-style): 1F1B with a warm-up twice as deep, ``w = min(m, 2(S−i) − 1)``, so
   ``2(S−i)`` micro-batches are in flight — exactly the in-flight count the cost model charges for it.
+  Under an in-flight cap ``K`` (``plan.extras["max_in_flight"]``, the same for every schedule of the 1F1B
+  family) every warm-up is ``min(w, K − 1)`` (:mod:`spiderflow.schedules`).
   A stage keeps injecting forwards while the gradients of earlier micro-batches are still crossing the
   slow links, so a round trip of ``2·Σ l`` is hidden behind ``S−i`` extra forwards instead of stalling.
 
@@ -44,7 +46,14 @@ from functools import lru_cache
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
-from spiderflow.schedules import Op, ScheduleDeadlockError, default_warmup, replica_ops, stage_ops
+from spiderflow.schedules import (
+    Op,
+    ScheduleDeadlockError,
+    default_warmup,
+    plan_max_in_flight,
+    replica_ops,
+    stage_ops,
+)
 
 __all__ = [
     "Op",
@@ -64,25 +73,36 @@ __all__ = [
     "window_estimate",
 ]
 
-def plan_orders(schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1) -> list[list[list[Op]]]:
+def plan_orders(
+    schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1, max_in_flight: int | None = None
+) -> list[list[list[Op]]]:
     """``orders[i][r]``: the op order replica ``r`` of stage ``i`` runs — exactly what execution runs
     (:func:`spiderflow.schedules.replica_ops`: the stage-wide order with the global warm-up
-    ``min(m·v, D·w_i)``, ``D`` the largest dp of the pipeline, restricted to micro-batches ``j ≡ r mod d_i``).
+    ``min(m·v, D·w_i)``, ``D`` the largest dp of the pipeline, restricted to micro-batches ``j ≡ r mod d_i``;
+    ``w_i`` capped at ``K − 1`` under an in-flight cap ``K``).
     """
     n = len(replicas)
-    top = max(replicas)
+    top, low = max(replicas), min(replicas)
     return [
-        [replica_ops(schedule, n, m, i, dp=d, replica=r, max_dp=top, chunks=chunks) for r in range(d)]
+        [replica_ops(schedule, n, m, i, dp=d, replica=r, max_dp=top, chunks=chunks, max_in_flight=max_in_flight,
+                     min_dp=low)
+         for r in range(d)]
         for i, d in enumerate(replicas)
     ]
 
 
-def stage_warmup(schedule: Schedule, m: int, replicas: Sequence[int], stage: int, *, chunks: int = 1) -> int:
+def stage_warmup(
+    schedule: Schedule, m: int, replicas: Sequence[int], stage: int, *, chunks: int = 1,
+    max_in_flight: int | None = None,
+) -> int:
     """The global (stage-wide) warm-up :func:`plan_orders` uses for ``stage``."""
     n = len(replicas)
     if schedule is Schedule.GPIPE:
         return m * chunks
-    return min(m * chunks, max(replicas) * default_warmup(schedule, n, m, stage, chunks=chunks))
+    w = min(m * chunks, max(replicas) * default_warmup(schedule, n, m, stage, chunks=chunks))
+    if max_in_flight is not None and chunks == 1:
+        w = min(w, min(replicas) * (max_in_flight - 1))
+    return w
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -305,7 +325,8 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
     period = max(max(st.compute_s / st.replicas for st in stages), max((x for x, _ in links), default=0.0))
     if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
         reps = [st.replicas for st in stages]
-        warm = [stage_warmup(plan.schedule, m, reps, i) for i in range(n)]
+        cap = plan_max_in_flight(plan)
+        warm = [stage_warmup(plan.schedule, m, reps, i, max_in_flight=cap) for i in range(n)]
         tail_t = 0.0
         tail_l = 0.0
         for i in range(n - 1, -1, -1):
@@ -346,23 +367,26 @@ def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec) -> float:
 def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
     """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures.
 
-    With ``record=False`` the result is memoised on the simulator's inputs (schedule, ``m``, chunks, stage
-    timings and the link matrices), so equal pipelines on later topology snapshots are not re-simulated.
+    With ``record=False`` the result is memoised on the simulator's inputs (schedule, ``m``, chunks, the
+    in-flight cap, stage timings and the link matrices), so equal pipelines on later topology snapshots are
+    not re-simulated. The plan's in-flight cap (``plan.extras["max_in_flight"]``) caps the warm-ups.
     """
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    cap = plan_max_in_flight(plan)
     if not record:
         return _simulate_memo(
             plan.schedule, plan.micro_batches, chunks, tuple(stages),
-            tuple(tuple(r) for r in ser), tuple(tuple(r) for r in lat),
+            tuple(tuple(r) for r in ser), tuple(tuple(r) for r in lat), cap,
         )
-    orders = plan_orders(plan.schedule, plan.micro_batches, [st.replicas for st in stages], chunks=chunks)
+    orders = plan_orders(plan.schedule, plan.micro_batches, [st.replicas for st in stages], chunks=chunks,
+                         max_in_flight=cap)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=record)
 
 
 @lru_cache(maxsize=4096)
 def _simulate_memo(
     schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
-    ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...],
+    ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...], max_in_flight: int | None = None,
 ) -> Timeline:
-    orders = plan_orders(schedule, m, [st.replicas for st in stages], chunks=chunks)
+    orders = plan_orders(schedule, m, [st.replicas for st in stages], chunks=chunks, max_in_flight=max_in_flight)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=False)

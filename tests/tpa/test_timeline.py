@@ -186,3 +186,63 @@ def test_step_lower_bound_never_exceeds_the_simulated_step(latency_ms: float, m:
                          dp=dp) for i in range(4))
     plan = evaluate(Plan(stages=stages, micro_batches=m, schedule=schedule), topo, job)
     assert step_lower_bound(plan, topo, job) <= simulate_plan(plan, topo, job).step_s * (1 + 1e-9)
+
+
+# --- equal memory: the same in-flight cap K for every schedule ------------------------------------------
+
+def _f1_peak(plan: Plan) -> int:
+    n = len(plan.stages)
+    return max(in_flight_microbatches(Schedule.ONE_F_ONE_B, plan.micro_batches, st.dp, i, n)
+               for i, st in enumerate(plan.stages))
+
+
+@pytest.mark.parametrize("latency_ms", [50.0, 100.0])
+@pytest.mark.parametrize(("m", "la_wins"), [(8, True), (32, False)])
+def test_latency_aware_against_1f1b_under_the_same_in_flight_cap(latency_ms: float, m: int, la_wins: bool) -> None:
+    """At equal memory — every stage replica capped at K = 1F1B's own peak — the latency-aware schedule wins
+    when each replica's micro-batches all fit in flight (``⌈m/d⌉ ≤ S``: it then starts every forward before
+    the first gradient returns) and loses its edge when they do not (the cap cuts its deeper warm-up on the
+    first stage, where it matters, and leaves only the later stages deeper)."""
+    topo, job = _wan_chain(latency_ms)
+    stages = tuple(Stage(cluster=f"r{i}", first_layer=4 * i, last_layer=4 * i + 3, tp=2, dp=2) for i in range(4))
+    base = Plan(stages=stages, micro_batches=m, schedule=Schedule.ONE_F_ONE_B)
+    k = _f1_peak(base)
+    f1 = evaluate(replace(base, extras={"max_in_flight": float(k)}), topo, job)
+    la = evaluate(replace(base, schedule=Schedule.LATENCY_AWARE, extras={"max_in_flight": float(k)}), topo, job)
+    t_f1 = simulate_plan(f1, topo, job)
+    t_la = simulate_plan(la, topo, job)
+    for tl in (t_f1, t_la):  # the simulated orders respect the cap on every replica
+        live: dict[tuple[int, int], int] = {}
+        peak = 0
+        for op in sorted(tl.ops, key=lambda o: (o.start_s, o.kind == "F")):
+            key = (op.stage, op.replica)
+            live[key] = live.get(key, 0) + (1 if op.kind == "F" else -1)
+            peak = max(peak, live[key])
+        assert peak <= k
+    assert (t_la.step_s < 0.95 * t_f1.step_s) is la_wins
+
+
+def test_planner_honours_an_in_flight_cap_for_every_schedule() -> None:
+    from spiderflow.schedules import plan_max_in_flight
+    from spiderflow.tpa.planner import capped_memory
+    from spiderflow.tpa.timeline import plan_orders
+
+    topo, job = _wan_chain(60.0)
+    alloc = [(f"r{i}", 4) for i in range(4)]
+    for k in (1, 2, 4):
+        plan = plan_chain(topo, job, alloc, max_in_flight=k)
+        reps = [st.dp for st in plan.stages]
+        if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+            assert plan_max_in_flight(plan) == k
+            orders = plan_orders(plan.schedule, plan.micro_batches, reps, max_in_flight=k)
+            from spiderflow.schedules import replay
+
+            assert max(max(p) for p in replay(orders).peak_in_flight) <= k
+        else:  # GPipe / interleaved: admitted only where their own in-flight count is within the cap
+            n = len(plan.stages)
+            assert max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)
+                       for i, st in enumerate(plan.stages)) <= k
+        assert fits_memory(plan, topo)[0]
+        assert plan.memory_gib_per_gpu == capped_memory(evaluate(plan, topo, job), topo, job).memory_gib_per_gpu
+    with pytest.raises(ValueError, match="max_in_flight"):
+        plan_chain(topo, job, alloc, max_in_flight=0)
