@@ -17,7 +17,10 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
   job's plan) / the best baseline's, over the jobs every policy completed;
 - ``overhead_ratio_<p>`` = mean per-decision overhead of ``p`` / SpinSearch's, for ``p`` in ilp, genetic;
 - cost run (``--cost``): SpinSearch with ``--objective cost`` and ``balanced`` against ``bace``: electricity
-  $ and mean JCT ratios.
+  $ and mean JCT ratios, per seed of ``--cost-seeds`` with a fixed overhead per decision (reproducible),
+  and their mean ± sd;
+- ``--wait-ablation``: SpinSearch again with no releases passed (it always starts on what is free now),
+  to show what the start-now-or-wait step contributes.
 
 A separate scale run (``--scale-clusters 256 --scale-jobs 2000``) times the whole simulation of
 SpinSearch alone (wall clock of the run, the 10-minute target).
@@ -38,8 +41,10 @@ import argparse
 import json
 import logging
 import platform
+import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +67,11 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
-             objective: Objective = Objective.JCT) -> dict[str, Any]:
+             objective: Objective = Objective.JCT, overhead: OverheadMode = OverheadMode.MEASURED,
+             wait_ablation: bool = False) -> dict[str, Any]:
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
-    cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=OverheadMode.MEASURED)
+    cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=overhead)
     out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "pool_gpus": topo.total_free_gpus,
                            "links": len(topo.links), "policies": {}}
     records: dict[str, dict[str, Any]] = {}
@@ -94,6 +100,14 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
         out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
         out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
     out["ratios"] = ratios(out["policies"])
+    if wait_ablation and "spinsearch" in policies:
+        # SpinSearch without the releases (always starts on what is free now), same trace and budgets.
+        s = summarize(simulate(topo, trace, "spinsearch", replace(cfg, releases=False)))
+        out["spinsearch_start_now"] = {k: s[k] for k in ("completed", "mean_jct_s", "p95_jct_s",
+                                                         "throughput_tokens_per_s", "decisions",
+                                                         "overhead_per_decision_mean_s", "gpu_utilization")}
+        print(f"  {clusters:>4} clusters spinsearch without releases: {s['completed']}/{jobs} done, mean JCT "
+              f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['throughput_tokens_per_s']:.4g} tok/s", flush=True)
     return out
 
 
@@ -127,27 +141,43 @@ def ratios(pol: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return r
 
 
-def cost_run(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float) -> dict[str, Any]:
-    topo = generate_topology(clusters, seed, "geo")
-    trace = generate_trace(jobs, seed, load, topo)
-    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "runs": {}}
+def cost_run(clusters: int, jobs: int, *, seeds: list[int], load: float, time_limit: float) -> dict[str, Any]:
+    """SpinSearch under each objective against ``bace`` on the same trace, for every seed, with a fixed
+    overhead per decision (so a seed's figures are reproducible); mean ± sd over the seeds."""
     runs = [("bace", Objective.JCT), ("spinsearch", Objective.JCT), ("spinsearch", Objective.COST),
             ("spinsearch", Objective.BALANCED)]
-    for p, obj in runs:
-        if p not in REGISTRY:
-            continue
-        cfg = SimConfig(objective=obj, seed=seed, time_limit_s=time_limit)
-        s = summarize(simulate(topo, trace, p, cfg))
-        key = f"{p}/{obj.value}"
-        out["runs"][key] = {k: s[k] for k in ("completed", "mean_jct_s", "cost_usd", "throughput_tokens_per_s")}
-        print(f"  cost run {key:>22}: ${s['cost_usd']:.4g}, mean JCT {(s['mean_jct_s'] or 0) / 3600:.2f} h, "
-              f"{s['completed']} done", flush=True)
-    b = out["runs"].get("bace/jct")
-    if b:
-        for key, v in out["runs"].items():
-            if key.startswith("spinsearch") and b["cost_usd"] and b["mean_jct_s"] and v["mean_jct_s"]:
-                v["cost_vs_bace"] = v["cost_usd"] / b["cost_usd"] - 1.0
-                v["jct_vs_bace"] = v["mean_jct_s"] / b["mean_jct_s"] - 1.0
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "seeds": seeds, "overhead": "fixed", "per_seed": {},
+                           "runs": {}}
+    for seed in seeds:
+        topo = generate_topology(clusters, seed, "geo")
+        trace = generate_trace(jobs, seed, load, topo)
+        per: dict[str, Any] = {}
+        for p, obj in runs:
+            if p not in REGISTRY:
+                continue
+            cfg = SimConfig(objective=obj, seed=seed, time_limit_s=time_limit, overhead=OverheadMode.FIXED)
+            s = summarize(simulate(topo, trace, p, cfg))
+            key = f"{p}/{obj.value}"
+            per[key] = {k: s[k] for k in ("completed", "mean_jct_s", "cost_usd", "throughput_tokens_per_s")}
+            print(f"  cost run seed {seed} {key:>22}: ${s['cost_usd']:.4g}, mean JCT "
+                  f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['completed']} done", flush=True)
+        b = per.get("bace/jct")
+        if b:
+            for key, v in per.items():
+                if key.startswith("spinsearch") and b["cost_usd"] and b["mean_jct_s"] and v["mean_jct_s"]:
+                    v["cost_vs_bace"] = v["cost_usd"] / b["cost_usd"] - 1.0
+                    v["jct_vs_bace"] = v["mean_jct_s"] / b["mean_jct_s"] - 1.0
+        out["per_seed"][str(seed)] = per
+    keys = {k for per in out["per_seed"].values() for k in per}
+    for key in sorted(keys, key=lambda k: [f"{p}/{o.value}" for p, o in runs].index(k)):
+        vals = [per[key] for per in out["per_seed"].values() if key in per]
+        agg: dict[str, Any] = {"seeds": len(vals)}
+        for f in ("completed", "mean_jct_s", "cost_usd", "cost_vs_bace", "jct_vs_bace"):
+            xs = [float(v[f]) for v in vals if v.get(f) is not None]
+            if xs:
+                agg[f] = statistics.fmean(xs)
+                agg[f + "_sd"] = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        out["runs"][key] = agg
     return out
 
 
@@ -211,7 +241,8 @@ def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str =
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    lines = [f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ", f"Budgets: {doc['budgets']}", ""]
+    lines = [f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ", f"Budgets: {doc['budgets']}  ",
+             f"Overhead mode: {doc.get('overhead', 'measured')}", ""]
     lines.append("| clusters | policy | done | mean JCT h (common) | p95 JCT h | tokens/s | decisions | "
                  "s/decision | total overhead s | util | $ |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -238,10 +269,32 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(r.get('plan_throughput_ratio'))} ({r.get('plan_throughput_best_baseline', '–')}) | "
                      f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} |")
     if doc.get("cost"):
-        lines += ["", "| cost run | done | mean JCT h | $ | $ vs bace | JCT vs bace |", "|---|---|---|---|---|---|"]
-        for key, v in doc["cost"]["runs"].items():
-            lines.append(f"| {key} | {v['completed']} | {(v['mean_jct_s'] or 0) / 3600:.2f} | {v['cost_usd']:.4g} | "
-                         f"{f(v.get('cost_vs_bace'))} | {f(v.get('jct_vs_bace'))} |")
+        c = doc["cost"]
+        lines += ["", f"Cost run ({c['clusters']} clusters, {c['jobs']} jobs, seeds {c['seeds']}, fixed overhead per "
+                      "decision; mean ± sd over the seeds):", "",
+                  "| run | done | mean JCT h | $ | $ vs bace | JCT vs bace |", "|---|---|---|---|---|---|"]
+
+        def pm(v: dict[str, Any], k: str, scale: float = 1.0, pct: bool = False) -> str:
+            if v.get(k) is None:
+                return "–"
+            if pct:
+                return f"{100 * v[k]:+.1f}% ± {100 * v[k + '_sd']:.1f}"
+            return f"{v[k] / scale:.3g} ± {v[k + '_sd'] / scale:.2g}"
+
+        for key, v in c["runs"].items():
+            lines.append(f"| {key} | {pm(v, 'completed')} | {pm(v, 'mean_jct_s', 3600)} | {pm(v, 'cost_usd')} | "
+                         f"{pm(v, 'cost_vs_bace', pct=True)} | {pm(v, 'jct_vs_bace', pct=True)} |")
+    if any("spinsearch_start_now" in size for size in doc["sizes"]):
+        lines += ["", "SpinSearch without the start-now-or-wait step (no releases passed; same trace):", "",
+                  "| clusters | done | mean JCT h | p95 JCT h | tokens/s | decisions | s/decision |",
+                  "|---|---|---|---|---|---|---|"]
+        for size in doc["sizes"]:
+            v = size.get("spinsearch_start_now")
+            if v:
+                lines.append(f"| {size['clusters']} | {v['completed']}/{size['jobs']} | "
+                             f"{(v['mean_jct_s'] or 0) / 3600:.2f} | {(v['p95_jct_s'] or 0) / 3600:.2f} | "
+                             f"{v['throughput_tokens_per_s']:.4g} | {v['decisions']} | "
+                             f"{v['overhead_per_decision_mean_s'] or 0:.4g} |")
     if doc.get("queue_ablation"):
         qa = doc["queue_ablation"]
         lines += ["", f"Queue ablation ({qa['policy']}, {qa['clusters']} clusters, {qa['jobs']} jobs):", "",
@@ -274,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--quick", action="store_true", help="sizes 8,16; 30 jobs; 1 s limit; small cost run")
     ap.add_argument("--cost", action="store_true", help="also run the cost-objective comparison against bace")
+    ap.add_argument("--cost-seeds", default="1,2,3", help="seeds of the cost run (fixed overhead mode)")
+    ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default="measured",
+                    help="measured: decisions' wall time delays jobs (default); fixed: 0.01 s each (reproducible)")
+    ap.add_argument("--wait-ablation", action="store_true",
+                    help="also run SpinSearch without releases (start-now only) at every size")
     ap.add_argument("--queue-ablation", action="store_true",
                     help="also run SpinSearch under a FIFO-by-priority queue without backfilling")
     ap.add_argument("--scale", action="store_true", help="also run the 256-cluster scale run")
@@ -298,15 +356,18 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{platform.machine()}, {platform.python_version()}, 2 shared cores",
         "budgets": {"ilp": f"{args.time_limit} s per decision", "genetic": f"{args.time_limit} s per decision",
                     "spinsearch": "none (runs to completion)", "firstfit": "none", "bace": "none"},
+        "overhead": args.overhead,
         "seed": args.seed, "load": args.load, "policies": policies, "missing": missing, "sizes": [],
     }
     if not args.scale_only:
         for n in [int(x) for x in args.sizes.split(",") if x]:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
-                                         time_limit=args.time_limit))
+                                         time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
+                                         wait_ablation=args.wait_ablation))
         if args.cost:
             n = int(args.sizes.split(",")[0])
-            doc["cost"] = cost_run(n, args.jobs, seed=args.seed, load=args.load, time_limit=args.time_limit)
+            doc["cost"] = cost_run(n, args.jobs, seeds=[int(x) for x in args.cost_seeds.split(",") if x],
+                                   load=args.load, time_limit=args.time_limit)
         if args.queue_ablation and "spinsearch" in REGISTRY:
             n = int(args.sizes.split(",")[0])
             doc["queue_ablation"] = queue_ablation(n, args.jobs, seed=args.seed, load=args.load,

@@ -237,6 +237,10 @@ def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr,
     return math.inf
 
 
+_SEARCH_CACHE: dict[tuple[object, ...], tuple[object, list[ChainCandidate], dict[str, float]]] = {}
+_SEARCH_CACHE_MAX = 2048
+
+
 def search_chains(
     topo: Topology,
     job: JobSpec,
@@ -252,7 +256,44 @@ def search_chains(
     deadline: float | None = None,
 ) -> tuple[list[ChainCandidate], dict[str, float]]:
     """The search of the module docstring (steps 1–4). Returns up to ``keep`` distinct feasible
-    candidates, best first (cluster indices into ``topo.clusters``), and search statistics."""
+    candidates, best first (cluster indices into ``topo.clusters``), and search statistics.
+
+    Without a deadline the result is memoised process-wide (bounded): it is a function of the job's
+    shape (model, batch, sequence length, GPU range), the free GPUs per cluster, the topology's clusters
+    and path matrices (snapshots made by ``Topology.with_free`` share them; the key holds the matrix
+    object and compares it by identity) and the search parameters."""
+    key: tuple[object, ...] | None = None
+    if deadline is None:
+        bw = topo.bandwidth_matrix
+        key = (id(bw), tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
+               objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
+        hit = _SEARCH_CACHE.get(key)
+        if hit is not None and hit[0] is bw:
+            return list(hit[1]), dict(hit[2])
+    cands, stats = _search_chains(topo, job, objective=objective, beam_width=beam_width, neighbours=neighbours,
+                                  seeds=seeds, stall_factor=stall_factor, refine_top=refine_top,
+                                  trim_top=trim_top, keep=keep, deadline=deadline)
+    if key is not None and "deadline_hit" not in stats:
+        if len(_SEARCH_CACHE) >= _SEARCH_CACHE_MAX:
+            del _SEARCH_CACHE[next(iter(_SEARCH_CACHE))]
+        _SEARCH_CACHE[key] = (topo.bandwidth_matrix, list(cands), dict(stats))
+    return cands, stats
+
+
+def _search_chains(
+    topo: Topology,
+    job: JobSpec,
+    *,
+    objective: Objective,
+    beam_width: int,
+    neighbours: int,
+    seeds: int,
+    stall_factor: float,
+    refine_top: int | None,
+    trim_top: int | None,
+    keep: int,
+    deadline: float | None,
+) -> tuple[list[ChainCandidate], dict[str, float]]:
     # Dollar-aware objectives re-rank chains once GPUs are trimmed, so they refine and trim more of them.
     if refine_top is None:
         refine_top = 3 if objective is Objective.JCT else 6
@@ -591,19 +632,20 @@ class SpinSearch:
         # (pipelining inside a cluster); they win only by more than TRIM_TOLERANCE.
         allocs += [[(names[u], g) for u, g in zip(c.chain, c.untrimmed, strict=True)]
                    for c in cands[: self.finalists] if c.untrimmed]
-        fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner,
-                       tolerance=TRIM_TOLERANCE)
+        # With releases to weigh, the level-1 plans decide between starting now and waiting (the same
+        # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
+        weigh = bool(budget.releases) and budget.objective is Objective.JCT
+        first: Planner = "fallback" if weigh else self.planner
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE)
+        tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
-            rest = [[(names[u], g) for u, g in zip(c.chain, c.untrimmed or c.gpus, strict=True)]
-                    for c in cands[self.finalists :]]
-            fin = finalise(topo, job, rest, objective=budget.objective, planner=self.planner)
-        elapsed = time.perf_counter() - t0
-        stats.update(search_seconds=search_s, plan_seconds=fin.plan_seconds, finalists=float(len(allocs)))
-        if fin.plan is None:
-            err = fin.error or _search_failure(stats, job)
-            return unschedulable(self.name, err, elapsed)
-        if budget.releases:
+            allocs = [[(names[u], g) for u, g in zip(c.chain, c.untrimmed or c.gpus, strict=True)]
+                      for c in cands[self.finalists :]]
+            tol = 0.0
+            fin = finalise(topo, job, allocs, objective=budget.objective, planner=first)
+        plan_s = fin.plan_seconds
+        if fin.plan is not None and weigh:
             wait = wait_or_start(topo, job, fin.plan.step_time_s, budget.releases, objective=budget.objective,
                                  beam_width=self.beam_width, neighbours=self.neighbours, seeds=self.seeds,
                                  finalists=self.finalists)
@@ -612,14 +654,21 @@ class SpinSearch:
                 elapsed = time.perf_counter() - t0
                 log.debug("spinsearch.deferred", job=job.id, wait_s=after, finish_wait_s=f_wait,
                           finish_now_s=f_now, revision=topo.revision, seconds=elapsed)
+                stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after, defer_gpus=float(gpus))
                 return PlacementResult(
                     status=PlacementStatus.UNSCHEDULABLE, policy=self.name, planning_seconds=elapsed,
-                    constraint="deferred",
+                    constraint="deferred", stats=stats,
                     reason=f"waiting {after:.0f} s for GPUs being released finishes in an estimated "
                     f"{f_wait:.0f} s instead of {f_now:.0f} s when starting now",
-                    stats={**stats, "defer_s": after, "defer_gpus": float(gpus)},
                 )
-            elapsed = time.perf_counter() - t0
+            if self.planner != "fallback":
+                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol)
+                plan_s += fin.plan_seconds
+        elapsed = time.perf_counter() - t0
+        stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))
+        if fin.plan is None:
+            err = fin.error or _search_failure(stats, job)
+            return unschedulable(self.name, err, elapsed)
         log.debug("spinsearch.placed", job=job.id, chain=list(fin.plan.chain), step_s=fin.plan.step_time_s,
                   planner=fin.planner, revision=topo.revision, seconds=elapsed)
         return PlacementResult(
