@@ -5,7 +5,7 @@ Life cycle (:meth:`Agent.run`):
 1. Serve the Agent gRPC service (:mod:`agent.service`) on ``listen``; work out the address peers dial
    (:mod:`agent.config`, "Advertised address").
 2. Profile the cluster once (:mod:`agent.profiler`; a declared cluster skips device discovery; a CPU
-   cluster also calibrates its training efficiency ``mfu``).
+   cluster also calibrates its training efficiency ``mfu`` and per-layer overhead ``layer_overhead_ms``).
 3. **Register**: grant a lease of ``lease_ttl_s`` with keep-alive and create ``clusters/<cluster>``
    (:class:`agent.registration.Registration`) under it. If the key is taken (a previous instance whose
    lease has not expired yet), retry every second until it is free. If the lease is lost (etcd
@@ -75,8 +75,8 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
 
 def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluster:
     """The :class:`Cluster` this agent reports: declared GPUs (``config.gpus``) or the measured ones
-    (with the calibrated ``mfu`` when measured), plus the configured price, region, free GPUs and
-    intra/inter-node bandwidths."""
+    (with the calibrated ``mfu`` and ``layer_overhead_ms`` when measured), plus the configured price,
+    region, free GPUs and intra/inter-node bandwidths."""
     extra: dict[str, Any] = {}
     for f in ("electricity_usd_per_kwh", "intra_node_gbps", "inter_node_gbps", "free_gpus"):
         if getattr(config, f) is not None:
@@ -85,14 +85,18 @@ def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluste
     if decl is not None:
         tflops = decl.tflops if decl.tflops is not None else (measured.tflops if measured else None)
         memory = decl.memory_gib if decl.memory_gib is not None else (measured.memory_gib if measured else None)
-        # the calibrated mfu belongs to the measured TFLOPS only, not to declared ones
-        mfu = measured.mfu if measured is not None and decl.tflops is None else None
+        # the calibrated mfu and overhead belong to the measured TFLOPS only, not to declared ones
+        calibrated = measured is not None and decl.tflops is None
+        mfu = measured.mfu if calibrated and measured is not None else None
+        overhead = measured.layer_overhead_ms if calibrated and measured is not None else 0.0
         return Cluster(name=config.cluster, gpu=decl.gpu, nodes=decl.nodes, gpus_per_node=decl.gpus_per_node,
-                       tflops=tflops, mfu=mfu, memory_gib=memory, region=config.region, **extra)
+                       tflops=tflops, mfu=mfu, memory_gib=memory, layer_overhead_ms=overhead, region=config.region,
+                       **extra)
     if measured is None:
         raise ValidationError("gpus", "neither declared nor measured")
     return Cluster(name=config.cluster, gpu=measured.gpu, nodes=1, gpus_per_node=measured.count,
-                   tflops=measured.tflops, mfu=measured.mfu, memory_gib=measured.memory_gib, region=config.region,
+                   tflops=measured.tflops, mfu=measured.mfu, memory_gib=measured.memory_gib,
+                   layer_overhead_ms=measured.layer_overhead_ms, region=config.region,
                    **extra)
 
 

@@ -12,30 +12,43 @@ torch is imported only when measuring. A declared cluster (:class:`~agent.config
 skips device discovery: its TFLOPS are the declared ones, or measured for type ``cpu``, or left unset
 (the catalog's peak) for other types.
 
-Calibration of ``mfu`` (type ``cpu``)
--------------------------------------
-The cost model predicts compute as ``3 · layer_fwd_flops / (tflops · mfu)``
-(:func:`spiderflow.costmodel.stage_compute_time`). :func:`measure_training_tflops` times forward +
-backward of one real transformer block (:class:`spiderflow.exec.model.Block`, the executor's module) at a
-representative size (:data:`CALIBRATION_SHAPE`) and counts ``3 · layer_fwd_flops`` per iteration, the
-cost model's own formula; ``mfu = achieved / matmul TFLOPS``, bounded to ``(0, 1]``. So
-``tflops · mfu`` is the FLOP rate a stage worker actually reaches on this host, per-op overheads
-(LayerNorm, GELU, softmax, autograd) included. A CPU "GPU" is one worker process running
-``torch.set_num_threads(1)`` (:mod:`agent.executor`), so both measurements run with :data:`CPU_WORKER_THREADS`
-threads. Limits: one size is measured, so a model much smaller or larger than :data:`CALIBRATION_SHAPE` runs
-at a different efficiency (on the 2-core dev machine, h=128, b=1: the block at s=64 reaches ~0.75× the FLOP
-rate of s=128, at s=256 ~1.1×; medians of 6 interleaved measurements) — gpt-tiny at s=64 therefore runs
-≈ 1.3× slower than predicted; embedding, head, optimizer step and pipeline messaging are not part of the
-block. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays the catalog's
-``default_mfu``.
+Calibration of ``mfu`` and ``layer_overhead_ms`` (type ``cpu``)
+-------------------------------------------------------------
+The cost model predicts a layer's forward + backward on one micro-batch as
+``3 · layer_fwd_flops / (tflops · mfu) + layer_overhead_ms`` (:func:`spiderflow.costmodel.stage_compute_time`):
+a rate plus a fixed cost. On a CPU the fixed cost is large — per-operator dispatch, autograd bookkeeping
+and small-kernel inefficiency do not shrink with ``b·s`` (on the 2-core dev machine, one thread, h=128:
+~0.5 ms per layer against ~1.3 ms of FLOPs at gpt-tiny's s=64) — so one rate measured at one size
+mis-predicts every other size. :func:`measure_training_fit` therefore times forward + backward of one real
+transformer block (:class:`spiderflow.exec.model.Block`, the executor's module) at two sequence lengths
+(:data:`CALIBRATION_SEQ_LENS`, b=1, :data:`CALIBRATION_SHAPE`'s width) and fits the line
+``t(F) = F / R + o`` through the two points, ``F = 3 · layer_fwd_flops`` (the cost model's own formula):
+``R`` is the achieved training FLOP rate, ``o`` the fixed time per layer and micro-batch. The matmul
+TFLOPS and the two block sizes are measured *interleaved* in several rounds (medians per quantity), so a
+burst of load from other processes hits all three alike and cannot tilt the fit or the ratio.
+Times are the calibrating thread's CPU time (``time.thread_time``), which load from other processes
+leaves nearly unchanged, so the fit is stable; the host's load enters once, as the *share* ``σ`` of a
+core the thread obtained over the calibration (median CPU / wall time of the timed slices: 1 on an idle
+core, ~2/3 with three busy single-thread processes on two cores). The reported figures are wall clock, as
+the job's workers see them if that load persists: ``tflops = σ · matmul``, ``R_wall = σ · R``,
+``mfu = R_wall / tflops`` bounded to ``(0, 1]`` and ``layer_overhead_ms = 1000 · o / σ`` (≥ 0). So
+``tflops · mfu`` is the FLOP rate a stage worker reaches at large sizes and the overhead what it pays per
+layer on top. A CPU "GPU" is one worker process running ``torch.set_num_threads(1)``
+(:mod:`agent.executor`), so every measurement runs with :data:`CPU_WORKER_THREADS` threads. Limits: embedding, head
+and optimizer step are counted by FLOPs only (their fixed costs, a few % of a step, are not modelled);
+the rate keeps rising slowly past the larger size (larger GEMMs), so much larger layers run somewhat
+faster than predicted. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays
+the catalog's ``default_mfu`` and their overhead 0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import structlog
@@ -43,13 +56,17 @@ import structlog
 from spiderflow.errors import ValidationError
 
 __all__ = [
+    "CALIBRATION_SEQ_LENS",
     "CALIBRATION_SHAPE",
     "CPU_WORKER_THREADS",
     "DeviceProfile",
+    "TrainingFit",
     "calibrate_mfu",
     "catalog_name",
+    "fit_rate_overhead",
     "host_memory_gib",
     "measure_matmul_tflops",
+    "measure_training_fit",
     "measure_training_tflops",
     "profile_cpu",
     "profile_devices",
@@ -62,14 +79,20 @@ CPU_WORKER_THREADS = 1
 
 CALIBRATION_SHAPE = {"hidden": 128, "heads": 4, "seq_len": 128, "batch": 1}
 """The block timed by :func:`measure_training_tflops` by default: gpt-tiny's layer width at twice its demo
-sequence length (``3 · layer_fwd_flops`` ≈ 0.16 GFLOP per iteration: ~10 ms on one core)."""
+sequence length (``3 · layer_fwd_flops`` ≈ 0.18 GFLOP per iteration: ~4 ms on one core)."""
+
+CALIBRATION_SEQ_LENS = (32, 256)
+"""The two sequence lengths of :func:`measure_training_fit` (block of :data:`CALIBRATION_SHAPE`'s width,
+b=1): ``3 · layer_fwd_flops`` ≈ 0.04 and 0.40 GFLOP, ~1.4 and ~7 ms on one core of the dev machine, where
+the fixed cost is about a third and a tenth of the time."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceProfile:
     """What profiling found: catalog ``gpu`` type, ``count`` devices on this node, ``memory_gib`` per
     device, measured ``tflops`` per device (None when not measured), the raw ``device_name`` and the
-    calibrated ``mfu`` (None when not calibrated: the catalog's default applies)."""
+    calibrated ``mfu`` (None when not calibrated: the catalog's default applies) and ``layer_overhead_ms``
+    (0 when not calibrated)."""
 
     gpu: str
     count: int
@@ -77,6 +100,7 @@ class DeviceProfile:
     tflops: float | None
     device_name: str
     mfu: float | None = None
+    layer_overhead_ms: float = 0.0
 
 
 def catalog_name(device_name: str, memory_gib: float) -> str:
@@ -192,6 +216,120 @@ def measure_training_tflops(
     return sorted(rates)[1] / 1e12
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingFit:
+    """What :func:`measure_training_fit` found. CPU-time figures of the calibrating thread: matmul TFLOPS,
+    the fitted training rate ``R`` (TFLOPS), the fixed time per layer and micro-batch ``o`` (ms) and the
+    points ``(FLOPs per iteration, median CPU seconds)`` the line went through; ``share``, the fraction of
+    a core the thread obtained (median CPU / wall time over the timed slices); and the wall-clock figures
+    the cost model uses: ``matmul_tflops = share · cpu matmul``, ``rate_tflops = share · R``,
+    ``layer_overhead_ms = o / share``."""
+
+    cpu_matmul_tflops: float
+    cpu_rate_tflops: float
+    cpu_layer_overhead_ms: float
+    points: tuple[tuple[float, float], ...]
+    share: float
+
+    @property
+    def matmul_tflops(self) -> float:
+        return self.share * self.cpu_matmul_tflops
+
+    @property
+    def rate_tflops(self) -> float:
+        return self.share * self.cpu_rate_tflops
+
+    @property
+    def layer_overhead_ms(self) -> float:
+        return self.cpu_layer_overhead_ms / self.share
+
+
+def fit_rate_overhead(points: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> tuple[float, float]:
+    """Least-squares line ``t = F / R + o`` through ``(F, t)`` points (FLOPs, seconds); returns ``(R, o)``
+    in FLOP/s and seconds. A non-increasing line (noise) or a negative intercept falls back to no
+    overhead and the rate of the largest point: ``(F_max / t_max, 0)``."""
+    if len(points) < 1 or any(not (f > 0 and t > 0) for f, t in points):
+        raise ValueError(f"points must have positive FLOPs and times: {points}")
+    big_f, big_t = max(points)
+    if len(points) < 2:
+        return big_f / big_t, 0.0
+    n = len(points)
+    mf = sum(f for f, _ in points) / n
+    mt = sum(t for _, t in points) / n
+    var = sum((f - mf) ** 2 for f, _ in points)
+    slope = sum((f - mf) * (t - mt) for f, t in points) / var if var > 0 else 0.0
+    intercept = mt - slope * mf
+    if slope <= 0 or intercept < 0:
+        return big_f / big_t, 0.0
+    return 1.0 / slope, intercept
+
+
+def measure_training_fit(
+    *, hidden: int = CALIBRATION_SHAPE["hidden"], heads: int = CALIBRATION_SHAPE["heads"],
+    seq_lens: tuple[int, ...] = CALIBRATION_SEQ_LENS, batch: int = 1, seconds: float = 0.5, rounds: int = 6,
+    matmul_size: int = 512, threads: int | None = CPU_WORKER_THREADS,
+) -> TrainingFit:
+    """Matmul TFLOPS and the rate + per-layer overhead fit of the module docstring. ``rounds`` rounds each
+    time the matmul for ``seconds / rounds`` and every block size for ``1.5 · seconds / rounds`` (whole
+    iterations, at least one); the per-quantity medians over rounds are used. Takes about
+    ``(1 + 1.5 · len(seq_lens)) · seconds`` plus warm-up."""
+    import torch
+
+    from spiderflow.catalog import ModelSpec
+    from spiderflow.costmodel import layer_fwd_flops
+    from spiderflow.exec.model import Block
+
+    if rounds < 1 or not seq_lens:
+        raise ValueError("need at least one round and one sequence length")
+    spec = ModelSpec(name="calibration", layers=1, hidden=hidden, heads=heads, vocab=1)
+    flops = [3.0 * layer_fwd_flops(spec, batch, s) for s in seq_lens]
+    with _torch_threads(threads), torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        a = torch.randn(matmul_size, matmul_size)
+        b = torch.randn(matmul_size, matmul_size)
+    with _torch_threads(threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        block = Block(hidden, heads)
+        inputs = [(torch.randn(batch, s, hidden, requires_grad=True), torch.randn(batch, s, hidden))
+                  for s in seq_lens]
+
+        def iteration(i: int) -> None:
+            x, grad = inputs[i]
+            block(x).backward(grad)
+            block.zero_grad(set_to_none=True)
+            x.grad = None
+
+        def matmul() -> None:
+            with torch.no_grad():
+                torch.matmul(a, b)
+
+        def timed(fn: Callable[[], None], budget: float) -> tuple[float, float]:
+            """Seconds per call, wall and this thread's CPU time, over whole calls for about ``budget``."""
+            n, t0, c0 = 0, time.perf_counter(), time.thread_time()
+            while n == 0 or time.perf_counter() - t0 < budget:
+                fn()
+                n += 1
+            return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
+
+        matmul()
+        for i in range(len(seq_lens)):  # warm-up (allocator, kernels' first-call paths)
+            for _ in range(2):
+                iteration(i)
+        mm: list[tuple[float, float]] = []
+        timings: list[list[tuple[float, float]]] = [[] for _ in seq_lens]
+        for _ in range(rounds):
+            mm.append(timed(matmul, seconds / rounds))
+            for i in range(len(seq_lens)):
+                timings[i].append(timed(functools.partial(iteration, i), 1.5 * seconds / rounds))
+    shares = [min(1.0, c / w) for w, c in [*mm, *(x for size in timings for x in size)] if w > 0 and c > 0]
+    cpu_matmul = 2.0 * matmul_size**3 / statistics.median(c for _, c in mm) / 1e12
+    points = tuple((f, statistics.median(c for _, c in ts)) for f, ts in zip(flops, timings, strict=True))
+    rate, overhead = fit_rate_overhead(points)
+    return TrainingFit(cpu_matmul_tflops=cpu_matmul, cpu_rate_tflops=rate / 1e12,
+                       cpu_layer_overhead_ms=overhead * 1e3, points=points,
+                       share=statistics.median(shares) if shares else 1.0)
+
+
 def calibrate_mfu(matmul_tflops: float, training_tflops: float) -> float:
     """``mfu = training / matmul`` TFLOPS, bounded to ``(0, 1]`` (a training rate above the matmul rate —
     load from other processes during the matmul — is taken as 1)."""
@@ -201,16 +339,20 @@ def calibrate_mfu(matmul_tflops: float, training_tflops: float) -> float:
 
 
 def profile_cpu(*, seconds: float = 0.5, threads: int = CPU_WORKER_THREADS) -> DeviceProfile:
-    """The CPU as one ``cpu`` "GPU" (one worker with ``threads`` threads): host memory, matmul TFLOPS and
-    the calibrated ``mfu`` (module docstring). Takes about ``3 × seconds`` (matmul, then the block for
-    twice as long)."""
-    tflops = measure_matmul_tflops(device="cpu", size=512, seconds=seconds, threads=threads)
-    achieved = measure_training_tflops(seconds=2 * seconds, threads=threads)
-    mfu = calibrate_mfu(tflops, achieved)
-    log.info("agent.calibrated", gpu="cpu", matmul_tflops=tflops, training_tflops=achieved, mfu=mfu,
-             threads=threads, **CALIBRATION_SHAPE)
-    return DeviceProfile(gpu="cpu", count=1, memory_gib=host_memory_gib(), tflops=tflops,
-                         device_name=f"cpu ({os.cpu_count()} cores, {threads} thread(s) per worker)", mfu=mfu)
+    """The CPU as one ``cpu`` "GPU" (one worker with ``threads`` threads): host memory, matmul TFLOPS, the
+    calibrated ``mfu`` and ``layer_overhead_ms`` (module docstring; :func:`measure_training_fit`). Takes
+    about ``4 × seconds``."""
+    fit = measure_training_fit(seconds=seconds, threads=threads)
+    mfu = calibrate_mfu(fit.matmul_tflops, fit.rate_tflops)
+    overhead = fit.layer_overhead_ms
+    log.info("agent.calibrated", gpu="cpu", matmul_tflops=fit.matmul_tflops, training_tflops=fit.rate_tflops,
+             mfu=mfu, layer_overhead_ms=overhead, share=fit.share, cpu_matmul_tflops=fit.cpu_matmul_tflops,
+             cpu_training_tflops=fit.cpu_rate_tflops, cpu_layer_overhead_ms=fit.cpu_layer_overhead_ms,
+             points=[(f, round(t, 6)) for f, t in fit.points], threads=threads,
+             hidden=CALIBRATION_SHAPE["hidden"], seq_lens=list(CALIBRATION_SEQ_LENS))
+    return DeviceProfile(gpu="cpu", count=1, memory_gib=host_memory_gib(), tflops=fit.matmul_tflops,
+                         device_name=f"cpu ({os.cpu_count()} cores, {threads} thread(s) per worker)", mfu=mfu,
+                         layer_overhead_ms=overhead)
 
 
 def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
@@ -226,5 +368,5 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
     else:
         prof = profile_cpu(seconds=seconds)
     log.info("agent.profiled", gpu=prof.gpu, count=prof.count, memory_gib=round(prof.memory_gib, 2),
-             tflops=prof.tflops, mfu=prof.mfu, device=prof.device_name)
+             tflops=prof.tflops, mfu=prof.mfu, layer_overhead_ms=prof.layer_overhead_ms, device=prof.device_name)
     return prof

@@ -4,6 +4,9 @@ Symbols (units in brackets):
 
 - ``b`` micro-batch [samples], ``s`` sequence length [tokens], ``h`` hidden, ``a`` heads, ``V`` vocab.
 - ``F_c`` achieved throughput of one GPU of cluster ``c`` [FLOP/s] = measured-or-peak TFLOPS × mfu.
+- ``o_c`` fixed time per layer and micro-batch, forward + backward, on one GPU of cluster ``c`` [s]
+  (``layer_overhead_ms``; per-operator launch and framework costs that do not scale with ``b·s``;
+  0 unless calibrated).
 - Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
 - Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same;
   ``A_c = w_c·b·s·h`` on the wire from a stage on cluster ``c``, ``w_c`` its GPU type's ``wire_bytes``
@@ -11,7 +14,7 @@ Symbols (units in brackets):
 
 Stage ``s`` (cluster ``c``, tensor degree ``t``, ``d`` replicas, layers ``ℓ_s``) per micro-batch:
 
-    T_s = 3·FLOPs(ℓ_s) / (t · F_c)  +  4·|ℓ_s|·AR_t(A, B_tp)                         (compute + TP)
+    T_s = 3·FLOPs(ℓ_s) / (t · F_c)  +  |ℓ_s|·o_c  +  4·|ℓ_s|·AR_t(A, B_tp)           (compute + TP)
     AR_k(x, B) = 2(k−1)/k · x / B  (+ 2(k−1)·λ)                                        (ring all-reduce)
 
 ``B_tp`` is the intra-node bandwidth when ``t`` GPUs fit in one node, else the inter-node bandwidth.
@@ -142,9 +145,12 @@ def _dp_bandwidth(cluster: Cluster, stage_gpus: int) -> float:
 def stage_compute_time(
     model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int
 ) -> float:
-    """``T_s``: forward + backward seconds of one micro-batch on one replica (compute + TP all-reduces)."""
+    """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
+    overhead, TP all-reduces)."""
     flops = 3.0 * stage_fwd_flops(model, first, last, b, s)
     compute = flops / (tp * cluster.effective_tflops * 1e12)
+    if cluster.layer_overhead_ms:
+        compute += (last - first + 1) * cluster.layer_overhead_ms / 1e3
     comm = 4 * (last - first + 1) * allreduce_time(activation_bytes(model, b, s), tp, _tp_bandwidth(cluster, tp))
     return compute + comm
 

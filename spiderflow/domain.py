@@ -11,7 +11,10 @@ node
     ``inter_node_gbps`` (InfiniBand/Ethernet).
 GPU
     One accelerator. ``tflops`` on a cluster is the *measured* dense matmul throughput per GPU when an
-    agent has calibrated it, else the catalog's peak; ``mfu`` the fraction of it a training step reaches.
+    agent has calibrated it, else the catalog's peak; ``mfu`` the fraction of it a training step reaches;
+    ``layer_overhead_ms`` a fixed time per transformer layer and micro-batch (forward + backward) on top of
+    FLOPs at that rate — per-operator launch and framework costs that do not shrink with the problem size
+    (0 unless an agent's calibration measured it).
 link
     A measured inter-cluster connection ``a → b`` with ``bandwidth_gbps`` (Gbit/s) and one-way
     ``latency_ms``. Symmetric unless ``directed``. Clusters without a link talk through relays along the
@@ -86,6 +89,7 @@ class Cluster:
     tflops: float | None = None
     mfu: float | None = None
     memory_gib: float | None = None
+    layer_overhead_ms: float = 0.0
     region: str = ""
     lat: float | None = None
     lon: float | None = None
@@ -116,6 +120,7 @@ class Cluster:
                 raise ValidationError(f"{where}.mfu", "must be ≤ 1", self.mfu)
         if self.memory_gib is not None:
             _positive(f"{where}.memory_gib", self.memory_gib)
+        _positive(f"{where}.layer_overhead_ms", self.layer_overhead_ms, allow_zero=True)
 
     @property
     def gpu_type(self) -> GpuType:

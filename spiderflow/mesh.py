@@ -63,7 +63,7 @@ class LocalMesh:
 
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
-                 keep_workdir: bool = False, testbed_prefix: str = "sf") -> None:
+                 keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -73,6 +73,7 @@ class LocalMesh:
         self.scheduler_args = list(scheduler_args)
         self.agent_args = list(agent_args)
         self.lease_ttl = lease_ttl
+        self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
         self.etcd: EtcdProcess | None = None
         self.services: dict[str, ManagedProcess] = {}
@@ -145,7 +146,7 @@ class LocalMesh:
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
             "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
-            "--log-format", "json", *self.agent_args,
+            "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.agent_args,
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:
             argv += ["--free-gpus", str(c.free_gpus)]

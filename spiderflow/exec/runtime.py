@@ -69,6 +69,7 @@ from spiderflow.exec.spec import (
 from spiderflow.schedules import replica_ops
 
 __all__ = [
+    "PHASES",
     "ManifestCallback",
     "RunResult",
     "StageRunner",
@@ -79,6 +80,12 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+PHASES = ("forward", "backward", "recv_wait", "send_wait", "grad_sync", "optimizer", "other")
+"""Phases of a step timed by :class:`StageRunner`: forward and backward compute of the micro-batches
+(embedding, head and loss included), waiting for received activations / gradients, waiting for the
+step's sends to complete, the data-parallel gradient all-reduce, the optimizer step, and the rest
+(posting receives, building batches, loss bookkeeping)."""
+
 StepCallback = Callable[[StepReport], None]
 ManifestCallback = Callable[[CheckpointManifest], None]
 
@@ -86,8 +93,9 @@ ManifestCallback = Callable[[CheckpointManifest], None]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     """What one rank did: steps ``first_step+1 … last_step`` (1-based completed-step numbers), the losses
-    of those steps (last-stage ranks only, else empty), its step times, and the manifests it published
-    (rank 0 only)."""
+    of those steps (last-stage ranks only, else empty), its step times, the manifests it published
+    (rank 0 only) and ``phases``: where its steps after the first went (:data:`PHASES`; mean seconds per
+    step, wall clock ``<phase>_s`` and this process's CPU time ``<phase>_cpu_s``)."""
 
     rank: int
     stage: int
@@ -97,6 +105,7 @@ class RunResult:
     losses: tuple[float, ...]
     step_times_s: tuple[float, ...]
     manifests: tuple[CheckpointManifest, ...]
+    phases: dict[str, float] | None = None
 
 
 def init_distributed(rdv: Rendezvous, *, namespace: str = "") -> None:
@@ -110,6 +119,40 @@ def init_distributed(rdv: Rendezvous, *, namespace: str = "") -> None:
     if namespace:
         store = PrefixStore(namespace, store)
     dist.init_process_group("gloo", store=store, rank=rdv.rank, world_size=rdv.world_size, timeout=timeout)
+
+
+class _PhaseTimer:
+    """Accumulates wall and CPU (``time.process_time``) seconds per phase; :meth:`mark` closes the
+    interval since the previous mark and books it to ``phase``."""
+
+    def __init__(self) -> None:
+        self.wall = dict.fromkeys(PHASES, 0.0)
+        self.cpu = dict.fromkeys(PHASES, 0.0)
+        self.steps = 0
+        self._t = time.perf_counter()
+        self._c = time.process_time()
+
+    def start(self) -> None:
+        self._t = time.perf_counter()
+        self._c = time.process_time()
+
+    def mark(self, phase: str) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        self.wall[phase] += t - self._t
+        self.cpu[phase] += c - self._c
+        self._t, self._c = t, c
+
+    def reset(self) -> None:
+        self.wall = dict.fromkeys(PHASES, 0.0)
+        self.cpu = dict.fromkeys(PHASES, 0.0)
+        self.steps = 0
+
+    def means(self) -> dict[str, float]:
+        n = max(1, self.steps)
+        out = {f"{k}_s": v / n for k, v in self.wall.items()}
+        out.update({f"{k}_cpu_s": v / n for k, v in self.cpu.items()})
+        out["steps"] = float(self.steps)
+        return out
 
 
 def _posted(work: dist.Work | None) -> dist.Work:
@@ -169,6 +212,7 @@ class StageRunner:
             path=spec.data.path, dtype=spec.data.dtype,
         )
         self.shape = (spec.micro_batch_size, spec.seq_len, spec.model.hidden)
+        self.timer = _PhaseTimer()
 
     @property
     def module(self) -> StageModule:
@@ -211,6 +255,8 @@ class StageRunner:
         """Run step ``step`` (0-based); returns the global batch's mean loss on last-stage ranks."""
         m = self.spec.plan.micro_batches
         s, last_u = self.info.stage, self.n_virtual - 1
+        timer = self.timer
+        timer.start()
         recvs: dict[tuple[str, int, int], tuple[torch.Tensor, dist.Work]] = {}
         local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-offs between chunks of this rank
         for kind, j, c in self.ops:
@@ -234,7 +280,9 @@ class StageRunner:
             if key in local:
                 return local.pop(key)
             buf, work = recvs.pop(key)
+            timer.mark("other" if kind == "F" else "backward")
             work.wait()
+            timer.mark("recv_wait")
             return buf
 
         def send(t: torch.Tensor, kind: str, j: int, u_dst: int) -> None:
@@ -248,6 +296,7 @@ class StageRunner:
         for kind, j, c in self.ops:
             u = c * self.n_stages + s
             mod = self.modules[c]
+            timer.mark("other")
             if kind == "F":
                 x = batches[j][0] if u == 0 else receive("F", j, c).requires_grad_()
                 if u == last_u:
@@ -257,6 +306,7 @@ class StageRunner:
                     out = mod(x)
                     send(out.detach(), "F", j, u + 1)
                 stash[(j, c)] = (x, out)
+                timer.mark("forward")
             else:
                 x, out = stash.pop((j, c))
                 if u == last_u:
@@ -267,19 +317,23 @@ class StageRunner:
                     grad = x.grad
                     assert grad is not None
                     send(grad, "B", j, u - 1)
+                timer.mark("backward")
         for _, work in sends:
             work.wait()
+        timer.mark("send_wait")
         self._sync_grads()
+        timer.mark("grad_sync")
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if not self.is_last:
-            return None
-        if self.dp_group is not None:
+        timer.mark("optimizer")
+        if self.is_last and self.dp_group is not None:
             t = torch.tensor([loss_sum], dtype=torch.float64)
             dist.all_reduce(t, group=self.dp_group)
             loss_sum = float(t.item())
-        return loss_sum / m
+        timer.mark("other")
+        timer.steps += 1
+        return loss_sum / m if self.is_last else None
 
     def _sync_grads(self) -> None:
         """Sum gradients over the stage's replicas (one flat all-reduce)."""
@@ -363,6 +417,8 @@ def run(
         published: list[CheckpointManifest] = []
         for step in range(start, spec.steps):
             t0 = time.perf_counter()
+            if step == start + 1:
+                runner.timer.reset()  # phases of the steps after the first (warm-up excluded)
             loss = runner.train_step(step)
             dt = time.perf_counter() - t0
             times.append(dt)
@@ -390,6 +446,7 @@ def run(
         return RunResult(
             rank=info.rank, stage=info.stage, replica=info.replica, first_step=start, last_step=spec.steps,
             losses=tuple(losses), step_times_s=tuple(times), manifests=tuple(published),
+            phases=runner.timer.means(),
         )
     finally:
         dist.destroy_process_group()

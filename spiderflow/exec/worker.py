@@ -12,7 +12,8 @@ JSON object per line on stdout (the agent forwards them):
 - ``{"event": "step", "job_id", "step", "rank", "stage", "replica", "step_time_s", "tokens_per_s", "loss"}``
 - ``{"event": "checkpoint", "manifest": {...}}`` (rank 0, after every complete checkpoint; the default
   ``manifest.json`` is written too)
-- ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s"}``
+- ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s", "phases"}`` (``phases``:
+  :attr:`spiderflow.exec.runtime.RunResult.phases`)
 - ``{"event": "error", "rank", "type", "message"}``
 
 Exit status: 0 done, 2 invalid spec (a :class:`~spiderflow.errors.SpiderFlowError`), 1 any other failure.
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)})
         return 1
     _emit({"event": "done", "rank": result.rank, "first_step": result.first_step, "last_step": result.last_step,
-           "losses": list(result.losses), "step_times_s": list(result.step_times_s)})
+           "losses": list(result.losses), "step_times_s": list(result.step_times_s),
+           "phases": result.phases})
     return 0
 
 

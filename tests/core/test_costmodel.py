@@ -131,3 +131,31 @@ def test_cpu_boundary_sends_fp32_activations_by_hand() -> None:
     gpu = Topology(clusters=(_cluster("p"), _cluster("q")),
                    links=(Link(a="p", b="q", bandwidth_gbps=1.0, latency_ms=10.0),))
     assert cm.boundary_time(gpu, M, a, b, B, S) == pytest.approx(2 * 2 * 512 * 1024 * 8 / 1e9 + 0.010)
+
+
+def test_layer_overhead_adds_a_fixed_time_per_layer_and_micro_batch() -> None:
+    plain = _cluster("x")
+    slow = Cluster(name="x", gpu="A100-80G", nodes=1, gpus_per_node=8, intra_node_gbps=800,
+                   inter_node_gbps=100, tflops=100.0, mfu=0.5, electricity_usd_per_kwh=0.2, layer_overhead_ms=1.5)
+    base = cm.stage_compute_time(M, plain, 1, 2, 1, B, S)
+    # two layers: + 2 · 1.5 ms, whatever the micro-batch size (it is the part that does not scale with b·s)
+    assert cm.stage_compute_time(M, slow, 1, 2, 1, B, S) == pytest.approx(base + 2 * 1.5e-3)
+    small = cm.stage_compute_time(M, plain, 0, 3, 1, 1, 8)
+    assert cm.stage_compute_time(M, slow, 0, 3, 1, 1, 8) == pytest.approx(small + 4 * 1.5e-3)
+    # the default (0) leaves every prediction as it was
+    assert Cluster(name="x", gpu="A100-80G", nodes=1, gpus_per_node=8).layer_overhead_ms == 0.0
+
+
+def test_layer_overhead_reaches_the_step_prediction() -> None:
+    def topo(overhead: float) -> Topology:
+        cs = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1, tflops=0.05, mfu=0.5,
+                           layer_overhead_ms=overhead) for n in ("a", "b"))
+        return Topology(clusters=cs, links=(Link(a="a", b="b", bandwidth_gbps=1.0, latency_ms=1.0),))
+
+    job = JobSpec(id="j", model=M, global_batch=8, micro_batch=1, seq_len=64, gpus=GpuRange(min=2, max=2))
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=1, tp=1, dp=1),
+                                    Stage(cluster="b", first_layer=2, last_layer=3, tp=1, dp=1)),
+                micro_batches=8, schedule=Schedule.ONE_F_ONE_B)
+    base = cm.evaluate(plan, topo(0.0), job).step_time_s
+    # every stage's T grows by 2 layers · 2 ms: (m − 1)·ΔT + ΣΔT = 7·4 ms + 8 ms
+    assert cm.evaluate(plan, topo(2.0), job).step_time_s == pytest.approx(base + 7 * 4e-3 + 8e-3)

@@ -74,6 +74,8 @@ def test_roundtrip() -> None:
         (_topo(clusters=[{"name": "x", "gpu": "T4", "nodes": 1, "gpus_per_node": 8, "colour": "red"}], links=[]),
          "clusters[0].colour", "red"),
         (_topo(clusters=[]), "clusters", []),
+        (_topo(clusters=[{"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "layer_overhead_ms": -1}],
+               links=[]), "clusters[0].layer_overhead_ms", -1.0),
     ],
 )
 def test_topology_rejections_name_field_and_value(doc: dict[str, Any], field: str, value: object) -> None:
@@ -116,3 +118,27 @@ def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
         load_topology(p)
     assert e.value.field == "file"
     assert "\n" not in str(e.value)
+
+
+def test_layer_overhead_roundtrips_and_defaults_to_zero() -> None:
+    doc = _topo(clusters=[{"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "tflops": 0.05, "mfu": 0.8,
+                           "layer_overhead_ms": 0.75}, {"name": "y", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1}],
+                links=[])
+    topo = topology_from_dict(doc)
+    assert topo.cluster("x").layer_overhead_ms == 0.75 and topo.cluster("y").layer_overhead_ms == 0.0
+    out = topology_to_dict(topo)
+    assert out["clusters"][0]["layer_overhead_ms"] == 0.75
+    assert "layer_overhead_ms" not in out["clusters"][1]  # files without it keep reading as before
+    assert topology_from_dict(json.loads(json.dumps(out))) == topo
+
+
+def test_layer_overhead_crosses_the_proto() -> None:
+    from spiderflow.rpc.convert import cluster_from_proto, cluster_to_proto
+
+    topo = topology_from_dict(_topo(clusters=[
+        {"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "layer_overhead_ms": 0.5},
+        {"name": "y", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1}], links=[]))
+    for c in topo.clusters:
+        msg = cluster_to_proto(c)
+        assert msg.HasField("layer_overhead_ms") == (c.layer_overhead_ms > 0)
+        assert cluster_from_proto(msg) == c

@@ -12,7 +12,7 @@ from spiderflow.catalog import model_preset
 from spiderflow.domain import Plan, Schedule, Stage
 from spiderflow.errors import PreconditionError
 from spiderflow.exec.checkpoint import latest_checkpoint
-from spiderflow.exec.runtime import RunResult
+from spiderflow.exec.runtime import PHASES, RunResult
 from spiderflow.exec.spec import TrainSpec, check_runnable
 
 MODEL = model_preset("gpt-tiny")
@@ -72,6 +72,12 @@ def test_three_stage_pipeline_matches_single_process(
     _assert_close(_losses(results), reference)
     assert [bool(r.losses) for r in results] == [False, False, True]
     assert all(len(r.step_times_s) == STEPS for r in results)
+    for r in results:  # where the steps after the first went, wall and CPU time per phase
+        assert r.phases is not None and r.phases["steps"] == STEPS - 1
+        assert set(r.phases) == {f"{p}_s" for p in PHASES} | {f"{p}_cpu_s" for p in PHASES} | {"steps"}
+        assert r.phases["forward_s"] > 0 and r.phases["backward_s"] > 0 and r.phases["optimizer_s"] > 0
+        booked = sum(r.phases[f"{p}_s"] for p in PHASES)
+        assert booked <= sum(r.step_times_s[1:]) / (STEPS - 1) * 1.05
 
 
 def test_dp2_pp2_matches_single_process(launcher: Launcher, reference: list[float]) -> None:
