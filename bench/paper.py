@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import platform
 import statistics
 import sys
@@ -181,6 +182,38 @@ def cost_run(clusters: int, jobs: int, *, seeds: list[int], load: float, time_li
     return out
 
 
+def seed_sweep(sizes: list[int], seeds: list[int], jobs: int, *, load: float, time_limit: float,
+               policies: tuple[str, ...] = ("spinsearch", "bace")) -> dict[str, Any]:
+    """SpinSearch against ``bace`` (the cheap baseline that was best in most main-run figures) on more
+    seeds, fixed overhead per decision: JCT ratio over the jobs both completed and throughput ratio."""
+    rows: list[dict[str, Any]] = []
+    for n in sizes:
+        for seed in seeds:
+            topo = generate_topology(n, seed, "geo")
+            trace = generate_trace(jobs, seed, load, topo)
+            cfg = SimConfig(seed=seed, time_limit_s=time_limit, overhead=OverheadMode.FIXED)
+            res = {p: simulate(topo, trace, p, cfg) for p in policies if p in REGISTRY}
+            if len(res) < 2:
+                continue
+            recs = {p: {r.id: r for r in v.records} for p, v in res.items()}
+            common = set.intersection(*[{k for k, r in rr.items() if r.status == "completed"} for rr in recs.values()])
+            sm = {p: summarize(v) for p, v in res.items()}
+            row: dict[str, Any] = {"clusters": n, "seed": seed, "common": len(common)}
+            for p in res:
+                jcts = [recs[p][k].jct_s or 0.0 for k in common]
+                row[p] = {"completed": sm[p]["completed"], "mean_jct_common_s": _mean(jcts),
+                          "throughput_tokens_per_s": sm[p]["throughput_tokens_per_s"]}
+            a, b = row[policies[0]], row[policies[1]]
+            row["jct_ratio"] = (b["mean_jct_common_s"] / a["mean_jct_common_s"]
+                                if a["mean_jct_common_s"] and b["mean_jct_common_s"] else None)
+            row["throughput_ratio"] = (a["throughput_tokens_per_s"] / b["throughput_tokens_per_s"]
+                                       if b["throughput_tokens_per_s"] else None)
+            rows.append(row)
+            print(f"  sweep {n:>3} clusters seed {seed}: JCT ratio {row['jct_ratio'] or 0:.3g}, throughput ratio "
+                  f"{row['throughput_ratio'] or 0:.3g} ({policies[0]} vs {policies[1]})", flush=True)
+    return {"policies": list(policies), "jobs": jobs, "overhead": "fixed", "rows": rows}
+
+
 def queue_ablation(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float,
                    policy: str = "spinsearch") -> dict[str, Any]:
     """The same policy under the full queue policy and under FIFO-by-priority without backfilling."""
@@ -295,6 +328,19 @@ def markdown(doc: dict[str, Any]) -> str:
                              f"{(v['mean_jct_s'] or 0) / 3600:.2f} | {(v['p95_jct_s'] or 0) / 3600:.2f} | "
                              f"{v['throughput_tokens_per_s']:.4g} | {v['decisions']} | "
                              f"{v['overhead_per_decision_mean_s'] or 0:.4g} |")
+    if doc.get("sweep"):
+        sw = doc["sweep"]
+        a, b = sw["policies"]
+        lines += ["", f"Seed sweep ({a} vs {b}, {sw['jobs']} jobs, fixed overhead per decision):", "",
+                  "| clusters | seed | common jobs | JCT ratio | throughput ratio |", "|---|---|---|---|---|"]
+        for r in sw["rows"]:
+            lines.append(f"| {r['clusters']} | {r['seed']} | {r['common']} | {f(r['jct_ratio'])} | "
+                         f"{f(r['throughput_ratio'])} |")
+        for key in ("jct_ratio", "throughput_ratio"):
+            xs = [r[key] for r in sw["rows"] if r.get(key)]
+            if xs:
+                lines.append(f"\n{key}: geometric mean {math.exp(statistics.fmean(math.log(x) for x in xs)):.3g}, "
+                             f"min {min(xs):.3g}, max {max(xs):.3g} over {len(xs)} runs")
     if doc.get("queue_ablation"):
         qa = doc["queue_ablation"]
         lines += ["", f"Queue ablation ({qa['policy']}, {qa['clusters']} clusters, {qa['jobs']} jobs):", "",
@@ -330,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-seeds", default="1,2,3", help="seeds of the cost run (fixed overhead mode)")
     ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default="measured",
                     help="measured: decisions' wall time delays jobs (default); fixed: 0.01 s each (reproducible)")
+    ap.add_argument("--sweep-seeds", default="", help="also run spinsearch vs bace on these seeds at every size")
     ap.add_argument("--wait-ablation", action="store_true",
                     help="also run SpinSearch without releases (start-now only) at every size")
     ap.add_argument("--queue-ablation", action="store_true",
@@ -368,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
             n = int(args.sizes.split(",")[0])
             doc["cost"] = cost_run(n, args.jobs, seeds=[int(x) for x in args.cost_seeds.split(",") if x],
                                    load=args.load, time_limit=args.time_limit)
+        if args.sweep_seeds:
+            doc["sweep"] = seed_sweep([int(x) for x in args.sizes.split(",") if x],
+                                      [int(x) for x in args.sweep_seeds.split(",") if x], args.jobs, load=args.load,
+                                      time_limit=args.time_limit)
         if args.queue_ablation and "spinsearch" in REGISTRY:
             n = int(args.sizes.split(",")[0])
             doc["queue_ablation"] = queue_ablation(n, args.jobs, seed=args.seed, load=args.load,

@@ -703,13 +703,14 @@ def _static(c: Cluster) -> tuple[Any, ...]:
 
 
 def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],
-             objective: Objective) -> tuple[Any, ...] | None:
+             objective: Objective, *, tpa_only: bool = False) -> tuple[Any, ...] | None:
     """What a chain plan depends on, or ``None`` when the allocation is not valid on ``topo`` (then the
     planner is called, so it raises its own error). The plan is a pure function of: the job's shape
     (model, global and micro batch, sequence length, GPU range — not its id, steps or arrival), the
     ordered allocation, each allocated cluster's static figures (not its free GPUs: they only bound the
     allocation, checked here), the widest-path bandwidth and latency between every pair of allocated
-    clusters, and the objective."""
+    clusters, and the objective. ``tpa_only``: the key of a TPA plan, which reads only the model, the
+    global batch and the sequence length of the job (it chooses the micro-batch count itself)."""
     idx = topo.index
     seen: set[str] = set()
     for name, g in allocation:
@@ -724,8 +725,10 @@ def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]]
     ii = [idx[n] for n, _ in allocation]
     bw = topo.bandwidth_matrix[np.ix_(ii, ii)]
     lat = topo.latency_matrix[np.ix_(ii, ii)]
-    return (job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus, tuple(allocation),
-            tuple(_static(topo.clusters[i]) for i in ii), bw.tobytes(), lat.tobytes(), objective)
+    shape = (job.model, job.global_batch, job.seq_len) if tpa_only else (
+        job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus)
+    return (*shape, tuple(allocation), tuple(_static(topo.clusters[i]) for i in ii), bw.tobytes(), lat.tobytes(),
+            objective)
 
 
 def cached_plan(
@@ -735,7 +738,8 @@ def cached_plan(
     """``planner(topo, job, allocation, objective)`` memoised by :func:`plan_key` (process-wide, at most
     :data:`PLAN_CACHE_SIZE` entries, oldest dropped first). An :class:`UnschedulableError` is memoised
     too and raised again; other errors are not memoised."""
-    key = plan_key(topo, job, [(n, g) for n, g in allocation], objective)
+    key = plan_key(topo, job, [(n, g) for n, g in allocation], objective,
+                   tpa_only=kind == "plan_chain" and tpa_available())
     if key is None:
         plan: Plan = planner(topo, job, allocation, objective)
         return plan

@@ -57,3 +57,13 @@ def test_plan_cache_matches_the_planner_and_keys_on_what_the_plan_depends_on() -
     assert p1.stages == p2.stages and p1.step_time_s == p2.step_time_s
     f = finalise(slower, job, [alloc], planner="fallback")
     assert f.plan is not None and f.plan.step_time_s > plan_chain(a, job, alloc).step_time_s * 0.999
+
+
+def test_tpa_plan_key_ignores_the_micro_batch_and_gpu_range_the_fallback_key_does_not() -> None:
+    a = _topo(32)
+    job = _job(10)
+    other = JobSpec(id="o", model=job.model, global_batch=64, micro_batch=2, gpus=GpuRange(min=4, max=64))
+    alloc = [("big", 16)]
+    assert plan_key(a, job, alloc, Objective.JCT, tpa_only=True) == plan_key(a, other, alloc, Objective.JCT,
+                                                                              tpa_only=True)
+    assert plan_key(a, job, alloc, Objective.JCT) != plan_key(a, other, alloc, Objective.JCT)
