@@ -64,6 +64,7 @@ from spiderflow.store.base import (
     Store,
     Watch,
     WatchEvent,
+    election_key,
     lease_id,
     prefix_range_end,
     validate_commit,
@@ -677,6 +678,11 @@ class EtcdStore(Store):
                 await asyncio.wait({won, lost}, return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:
                 call.cancel()
+                if self._username is not None:
+                    # etcd's election service withdraws a cancelled candidacy with its own credentials,
+                    # which an etcd with authentication refuses: withdraw it here (our lease's key).
+                    self._background(self._unary("DeleteRange", rpc.DeleteRangeRequest(
+                        key=election_key(name, lease.id).encode())))
                 raise
             finally:
                 lost.cancel()

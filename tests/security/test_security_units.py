@@ -169,3 +169,48 @@ def test_server_flags(certs: Path) -> None:
         _args("--insecure", "--tls-dir", "x")
     with pytest.raises(ValidationError, match="cannot read"):
         server_security(_args("--tls-dir", str(certs / "missing")), host="127.0.0.1")
+
+
+def test_etcd_flags_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from spiderflow.security.tls import add_etcd_arguments, etcd_options
+    from spiderflow.store.tls import EtcdTLS
+
+    init_certs(tmp_path)
+    client = tmp_path / "etcd-client"
+    for var in ("SPIDERFLOW_ETCD_TLS_DIR", "SPIDERFLOW_ETCD_USER", "SPIDERFLOW_ETCD_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+
+    def parse(*argv: str) -> argparse.Namespace:
+        p = argparse.ArgumentParser()
+        add_etcd_arguments(p)
+        return p.parse_args(list(argv))
+
+    assert etcd_options(parse()) == {}
+    tls = etcd_options(parse("--etcd-tls-dir", str(client)))["tls"]
+    assert tls == EtcdTLS(ca=client / "ca.crt", cert=client / "tls.crt", key=client / "tls.key")
+    with pytest.raises(ValidationError, match="--etcd-tls-dir"):
+        etcd_options(parse("--etcd-tls-dir", str(tmp_path / "nope")))
+    with pytest.raises(ValidationError, match="SPIDERFLOW_ETCD_PASSWORD"):
+        etcd_options(parse("--etcd-user", "root"))
+    # The environment gives the defaults; the password only ever comes from it.
+    monkeypatch.setenv("SPIDERFLOW_ETCD_TLS_DIR", str(client))
+    monkeypatch.setenv("SPIDERFLOW_ETCD_USER", "svc")
+    monkeypatch.setenv("SPIDERFLOW_ETCD_PASSWORD", "pw")
+    assert etcd_options(parse()) == {"username": "svc", "password": "pw", "tls": tls}
+    assert etcd_options(parse("--etcd-user", "root"))["username"] == "root"
+
+
+def test_etcd_tls_bundle_files(tmp_path: Path) -> None:
+    from spiderflow.store.tls import EtcdTLS
+
+    (tmp_path / "ca.crt").write_bytes(b"ca")
+    only_ca = EtcdTLS.from_dir(tmp_path)  # server-verified TLS without a client certificate
+    assert only_ca.cert is None and only_ca.read() == (b"ca", None, None)
+    with pytest.raises(ValidationError):
+        EtcdTLS.from_dir(tmp_path, require_cert=True)
+    with pytest.raises(ValidationError):
+        EtcdTLS(ca=tmp_path / "ca.crt", cert=tmp_path / "tls.crt")  # a certificate without its key
+    with pytest.raises(ValidationError):
+        EtcdTLS.from_dir(tmp_path / "missing")
+    with pytest.raises(ValidationError):
+        EtcdTLS(ca=tmp_path / "gone.crt").read()

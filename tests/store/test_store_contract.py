@@ -1,9 +1,13 @@
-"""The Store contract (spiderflow.store.base), run against MemoryStore and a real etcd process."""
+"""The Store contract (spiderflow.store.base), run against MemoryStore, a real etcd process, and a real etcd
+with client TLS and users (the store connecting with the etcd-client bundle and a password)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,18 +27,53 @@ from spiderflow.store import (
 )
 from spiderflow.store.base import Watch, election_key
 from spiderflow.store.etcd import EtcdStore
+from spiderflow.store.process import EtcdProcess
+from spiderflow.store.tls import EtcdTLS
 
 pytestmark = pytest.mark.timeout(60)
 
+PASSWORD = "contract-pw-0123"
 
-@pytest.fixture(params=["memory", "etcd"])
+
+@pytest.fixture(scope="module")
+def etcd_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from spiderflow.security.certs import init_certs
+
+    d = tmp_path_factory.mktemp("etcd-certs")
+    init_certs(d, admin=False)
+    return d
+
+
+@pytest.fixture
+def secure_etcd(etcd_certs: Path) -> Iterator[EtcdProcess]:
+    """etcd serving TLS with client certificates required, authentication enabled (user root)."""
+    proc = EtcdProcess(tls=EtcdTLS.from_dir(etcd_certs / "etcd-server", require_cert=True))
+    client = etcd_certs / "etcd-client"
+    try:
+        proc.start()
+        for args in (["user", "add", f"root:{PASSWORD}"], ["auth", "enable"]):
+            r = subprocess.run(["etcdctl", "--endpoints", proc.url, "--cacert", str(client / "ca.crt"), "--cert",
+                                str(client / "tls.crt"), "--key", str(client / "tls.key"), *args],
+                               capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
+            assert r.returncode == 0, r.stderr
+        yield proc
+    finally:
+        proc.close()
+
+
+@pytest.fixture(params=["memory", "etcd", "etcd-tls-auth"])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     s: Store
     if request.param == "memory":
         s = MemoryStore(request_timeout=1.0)
-    else:
+    elif request.param == "etcd":
         proc = request.getfixturevalue("etcd")
         s = EtcdStore(proc.endpoint, request_timeout=2.0, stream_retry_s=10.0)
+    else:
+        proc = request.getfixturevalue("secure_etcd")
+        tls = EtcdTLS.from_dir(request.getfixturevalue("etcd_certs") / "etcd-client")
+        s = EtcdStore(proc.endpoint, request_timeout=2.0, stream_retry_s=10.0, tls=tls, username="root",
+                      password=PASSWORD)
     try:
         yield s
     finally:
