@@ -150,7 +150,7 @@ class SubmitBatcher:
                     await asyncio.gather(*(self._resolve(it) for it in lost))
                     continue
                 for it in live:
-                    _settle(it.fut, (StoredJob(record=it.record, mod_revision=rev), True))
+                    _settle(it.fut, (self.repo.remember(StoredJob(record=it.record, mod_revision=rev)), True))
                 if len(live) > 1:
                     log.debug("scheduler.submit_batch", jobs=len(live), revision=rev)
                 return

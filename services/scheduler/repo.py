@@ -51,6 +51,9 @@ class StoredJob:
     mod_revision: int
 
 
+MAX_REMEMBERED = 200_000
+"""Decoded records kept between two :meth:`JobRepository.list` calls at most (each list keeps only live keys)."""
+
 SubmitOps = tuple[list[Compare], list[Put]]
 """The compares and puts of one submission's transaction."""
 
@@ -74,13 +77,22 @@ class JobRepository:
         self.clock = clock
         self._decoded: dict[str, tuple[int, JobRecord]] = {}  # key -> (mod_revision, record): decode once
 
+    def remember(self, stored: StoredJob) -> StoredJob:
+        """Note a record this process wrote at its revision, so :meth:`list` and :meth:`count_in` need not
+        decode it (a key at a mod_revision always holds the same record). Returns ``stored``."""
+        if len(self._decoded) < MAX_REMEMBERED:
+            self._decoded[keys.job_key(stored.record.id)] = (stored.mod_revision, stored.record)
+        return stored
+
     # -- reads ----------------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> StoredJob:
         kv = await self.store.get(keys.job_key(job_id))
         if kv is None:
             raise NotFoundError(f"job {job_id!r} not found")
-        return StoredJob(record=JobRecord.from_json(kv.value), mod_revision=kv.mod_revision)
+        hit = self._decoded.get(kv.key)
+        record = hit[1] if hit is not None and hit[0] == kv.mod_revision else JobRecord.from_json(kv.value)
+        return StoredJob(record=record, mod_revision=kv.mod_revision)
 
     async def list(self) -> tuple[list[StoredJob], int]:
         """Every job (sorted by id) and the revision of the read."""
@@ -99,7 +111,13 @@ class JobRepository:
         """How many jobs are in one of ``states`` (reads only each record's state: cheap at 10^4 jobs)."""
         wanted = {s.value for s in states}
         items, _ = await self.store.get_prefix(keys.JOBS)
-        return sum(1 for kv in items if json.loads(kv.value).get("state") in wanted)
+        n = 0
+        for kv in items:
+            hit = self._decoded.get(kv.key)  # records decoded by list() at the same revision: no JSON parse
+            state = hit[1].state.value if hit is not None and hit[0] == kv.mod_revision else \
+                json.loads(kv.value).get("state")
+            n += state in wanted
+        return n
 
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
         """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""
@@ -149,7 +167,7 @@ class JobRepository:
         for _ in range(3):
             try:
                 rev = await self.store.commit(compares, puts, [])
-                return StoredJob(record=record, mod_revision=rev), True
+                return self.remember(StoredJob(record=record, mod_revision=rev)), True
             except CompareFailedError:
                 pass
             found = await self.existing_submission(record)
@@ -176,7 +194,7 @@ class JobRepository:
     async def update(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""
         rev = await self.store.compare_and_swap(keys.job_key(new.id), new.to_json(), stored.mod_revision)
-        return StoredJob(record=new, mod_revision=rev)
+        return self.remember(StoredJob(record=new, mod_revision=rev))
 
     async def bind(
         self,
@@ -198,7 +216,7 @@ class JobRepository:
             puts.append(Put(key=keys.assignment_key(cluster, placed.id),
                             value=_encode(self._assignment(placed, placed.plan, cluster))))
         rev = await self.store.commit(compares, puts, [])
-        return StoredJob(record=placed, mod_revision=rev)
+        return self.remember(StoredJob(record=placed, mod_revision=rev))
 
     async def release(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """Write ``new`` (a state that holds no GPUs) and return the GPUs ``stored`` held, atomically.
@@ -223,7 +241,7 @@ class JobRepository:
                 deletes.append(keys.assignment_key(cluster, new.id))
             try:
                 rev = await self.store.commit(compares, puts, deletes)
-                return StoredJob(record=new, mod_revision=rev)
+                return self.remember(StoredJob(record=new, mod_revision=rev))
             except CompareFailedError as e:
                 if keys.job_key(new.id) in e.current:
                     raise
