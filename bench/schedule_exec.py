@@ -1,10 +1,20 @@
-"""1F1B vs the latency-aware schedule, executed for real on the emulated testbed (issue 4's executed target).
+"""1F1B vs the latency-aware schedule at equal memory, executed for real on the emulated testbed (issue 4's
+executed target).
 
 ::
 
-    sudo .venv/bin/python bench/schedule_exec.py                      # defaults below
-    sudo .venv/bin/python bench/schedule_exec.py --latency-ms 60 --mbit 400 --micro-batches 12 --steps 8 \\
-        --repeats 3 --out bench/results/schedule_exec.json
+    sudo .venv/bin/python bench/schedule_exec.py                      # defaults below (m=3 of 4, K=3)
+    sudo .venv/bin/python bench/schedule_exec.py --micro-batches 12 --micro-batch 1   # m=12 of 1, K=3
+    sudo .venv/bin/python bench/schedule_exec.py --latency-ms 60 --mbit 400 --micro-batches 3 --micro-batch 4 \\
+        --steps 8 --repeats 3 --out bench/results/schedule_exec.json
+    sudo .venv/bin/python bench/schedule_exec.py --max-in-flight -1  # no cap: the deeper warm-up gets more memory
+
+Equal memory, precisely: both schedules run under the same in-flight cap ``K`` on every stage — no stage
+holds activations of more than ``K`` micro-batches (of the same size, so the same peak activation bytes
+per GPU) — with ``K`` = 1F1B's own peak ``min(m, S)`` by default (``--max-in-flight 0``). 1F1B is then
+unchanged; the latency-aware warm-ups become ``min(2(S − i) − 1, K − 1)`` (:mod:`spiderflow.schedules`), so
+its first stage holds exactly what 1F1B's does and no later stage more. (The later stages do hold more
+than under 1F1B — up to ``K`` — which is the peak per GPU both schedules need anyway.)
 
 A testbed (:class:`spiderflow.testbed.Testbed`) of three one-"GPU" CPU clusters ``east → mid → west`` in a
 chain, both links ``--mbit`` Mbit/s with ``--latency-ms`` one-way latency (kernel htb + the delay relay).
@@ -16,7 +26,8 @@ Runs alternate (``1f1b, latency-aware, latency-aware, 1f1b, …``) over ``--repe
 the machine's load hits both schedules alike.
 
 Printed per schedule: the peak in-flight micro-batches per stage (``stage_warmup + 1``: what each stage
-holds in activations, the memory cost of the deeper warm-up) and the cost model's per-GPU memory; the
+holds in activations, under the cap) and the per-GPU memory under the cap
+(:func:`spiderflow.tpa.planner.capped_memory`); the
 predicted step time of the cost model's closed form (:func:`spiderflow.costmodel.evaluate`, blind to the
 in-flight window), of the window-aware closed form (:func:`spiderflow.tpa.timeline.window_estimate`) and
 of the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the measured mean step time of every run
@@ -54,9 +65,10 @@ from spiderflow.costmodel import evaluate  # noqa: E402
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology  # noqa: E402
 from spiderflow.exec.spec import Rendezvous, TrainSpec, rank_layout  # noqa: E402
 from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
-from spiderflow.schedules import stage_warmup  # noqa: E402
+from spiderflow.schedules import MAX_IN_FLIGHT_KEY, peak_in_flight, stage_warmup  # noqa: E402
 from spiderflow.testbed import Testbed, cleanup  # noqa: E402
 from spiderflow.tpa import simulate_plan  # noqa: E402
+from spiderflow.tpa.planner import capped_memory  # noqa: E402
 from spiderflow.tpa.timeline import window_estimate  # noqa: E402
 
 CLUSTERS = ("east", "mid", "west")
@@ -75,9 +87,10 @@ class Setup:
     heads: int = 4
     vocab: int = 512
     seq_len: int = 64
-    micro_batches: int = 12
-    micro_batch: int = 1
+    micro_batches: int = 3
+    micro_batch: int = 4
     steps: int = 8
+    max_in_flight: int = 0  # the cap K on every stage: 0 = 1F1B's peak min(m, S) (equal memory), -1 = none
 
     @property
     def model(self) -> ModelSpec:
@@ -86,6 +99,13 @@ class Setup:
     @property
     def global_batch(self) -> int:
         return self.micro_batches * self.micro_batch
+
+    @property
+    def cap(self) -> int | None:
+        """The in-flight cap ``K`` both schedules run under (``None``: uncapped)."""
+        if self.max_in_flight < 0:
+            return None
+        return self.max_in_flight or min(self.micro_batches, len(CLUSTERS))
 
 
 def topology(setup: Setup, *, tflops: float | None = None, mfu: float | None = None) -> Topology:
@@ -104,7 +124,8 @@ def plan(setup: Setup, schedule: Schedule) -> Plan:
         n = base + (1 if i < extra else 0)
         stages.append(Stage(cluster=c, first_layer=first, last_layer=first + n - 1))
         first += n
-    return Plan(stages=tuple(stages), micro_batches=setup.micro_batches, schedule=schedule)
+    extras = {} if setup.cap is None else {MAX_IN_FLIGHT_KEY: float(setup.cap)}
+    return Plan(stages=tuple(stages), micro_batches=setup.micro_batches, schedule=schedule, extras=extras)
 
 
 def job(setup: Setup) -> JobSpec:
@@ -116,11 +137,17 @@ def job(setup: Setup) -> JobSpec:
 def in_flight(setup: Setup, schedule: Schedule) -> list[int]:
     """Peak in-flight micro-batches per stage (warm-up forwards + the one that starts the 1F1B phase)."""
     n = len(CLUSTERS)
-    return [min(setup.micro_batches, stage_warmup(schedule, n, setup.micro_batches, i) + 1) for i in range(n)]
+    return [peak_in_flight(schedule, n, setup.micro_batches, i, max_in_flight=setup.cap) for i in range(n)]
+
+
+def warmups(setup: Setup, schedule: Schedule) -> tuple[int, ...]:
+    """Per-stage warm-ups the workers run (explicit, so execution runs exactly the capped orders)."""
+    n = len(CLUSTERS)
+    return tuple(stage_warmup(schedule, n, setup.micro_batches, i, max_in_flight=setup.cap) for i in range(n))
 
 
 def predict(setup: Setup, schedule: Schedule, topo: Topology) -> dict[str, Any]:
-    p = evaluate(plan(setup, schedule), topo, job(setup))
+    p = capped_memory(evaluate(plan(setup, schedule), topo, job(setup)), topo, job(setup))
     return {
         "closed_form_s": p.step_time_s,
         "window_closed_form_s": window_estimate(p, topo, job(setup)),
@@ -135,7 +162,8 @@ def run_once(tb: Testbed, setup: Setup, schedule: Schedule, *, port: int, workdi
     rank's ``done`` event (step times, losses)."""
     pl = plan(setup, schedule)
     spec = TrainSpec(job_id=f"sched-{schedule.value}", model=setup.model, plan=pl, seq_len=setup.seq_len,
-                     global_batch=setup.global_batch, steps=setup.steps, seed=0, threads=1)
+                     global_batch=setup.global_batch, steps=setup.steps, seed=0, threads=1,
+                     warmup=warmups(setup, schedule))
     layout = rank_layout(pl)
     rdv = Rendezvous(host=tb.address(layout[0].cluster), port=port, world_size=len(layout), rank=0,
                      timeout_s=min(timeout, 120.0))
@@ -232,6 +260,8 @@ def experiment(setup: Setup, *, repeats: int, prefix: str, timeout: float = 300.
     ]
     return {
         "setup": asdict(setup),
+        "max_in_flight": setup.cap,
+        "warmups": {s.value: list(warmups(setup, s)) for s in SCHEDULES},
         "calibration": {"tflops": tflops, "mfu": mfu},
         "peak_in_flight": peaks,
         "predicted": predicted,
@@ -249,7 +279,8 @@ def report(res: dict[str, Any]) -> str:
     lines = [
         f"chain {' → '.join(CLUSTERS)}: {s['mbit']:.0f} Mbit/s, {s['latency_ms']:.0f} ms one-way per link; "
         f"model L={s['layers']} h={s['hidden']} V={s['vocab']}, seq {s['seq_len']}, m={s['micro_batches']} "
-        f"micro-batches of {s['micro_batch']}, {s['steps']} steps/run (first skipped)",
+        f"micro-batches of {s['micro_batch']}, {s['steps']} steps/run (first skipped); in-flight cap K = "
+        f"{res['max_in_flight']} on every stage for both schedules",
         f"calibrated cpu worker: {res['calibration']['tflops']} TFLOPS × mfu {res['calibration']['mfu']}",
         "",
         f"{'schedule':<14} {'in-flight/stage':>15} {'mem GiB max':>11} {'closed':>7} {'window':>7} {'timeline':>8} "
@@ -286,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batches", type=int, default=d.micro_batches)
     p.add_argument("--micro-batch", type=int, default=d.micro_batch, help="sequences per micro-batch")
     p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                   help="cap K on every stage for both schedules; 0: 1F1B's peak min(m, S) (equal memory); -1: none")
     p.add_argument("--repeats", type=int, default=3, help="rounds; each runs both schedules (order alternates)")
     p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'sx…')")
     p.add_argument("--timeout", type=float, default=300.0, help="per run")
@@ -297,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     setup = Setup(latency_ms=args.latency_ms, mbit=args.mbit, layers=args.layers, hidden=args.hidden,
                   heads=args.heads, vocab=args.vocab, seq_len=args.seq_len, micro_batches=args.micro_batches,
-                  micro_batch=args.micro_batch, steps=args.steps)
+                  micro_batch=args.micro_batch, steps=args.steps, max_in_flight=args.max_in_flight)
     prefix = args.prefix or "sx" + uuid.uuid4().hex[:5]
     res = experiment(setup, repeats=args.repeats, prefix=prefix, timeout=args.timeout,
                      log=lambda msg: print(msg, flush=True))
