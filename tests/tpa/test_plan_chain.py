@@ -178,3 +178,23 @@ def test_planning_is_deterministic(three_region_topo: Topology, job_6b7: JobSpec
     assert (a.stages, a.micro_batches, a.schedule, a.step_time_s) == (b.stages, b.micro_batches, b.schedule,
                                                                       b.step_time_s)
     assert a.extras["timeline_step_s"] == b.extras["timeline_step_s"]
+
+
+def test_plan_blocks_are_solved_by_cpsat(three_region_topo: Topology, job_6b7: JobSpec,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 2 of the returned plan runs on CP-SAT (hinted by the exact optimum, which it never beats: the
+    two agree), and a repeated call is answered from the cache without a new CP-SAT solve."""
+    import spiderflow.tpa.level2 as l2
+
+    l2.cache_clear()
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    plan = plan_chain(three_region_topo, job_6b7, alloc)
+    assert l2.STATS.cpsat_solves >= 1
+    assert l2.STATS.cpsat_improved_hint == 0
+
+    def boom(*_: object, **__: object) -> None:
+        raise AssertionError("CP-SAT solved a cached block again")
+
+    monkeypatch.setattr(l2, "solve_block", boom)
+    again = plan_chain(three_region_topo, job_6b7, alloc)
+    assert again.stages == plan.stages and again.schedule is plan.schedule
