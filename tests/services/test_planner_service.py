@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -10,6 +11,7 @@ import grpc.aio
 import pytest
 
 from services.planner.service import PlannerService
+from spiderflow.domain import Plan, Schedule
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
@@ -58,6 +60,28 @@ async def test_estimate_matches_plan(stub: planner_pb2_grpc.PlannerStub) -> None
     est = await stub.Estimate(planner_pb2.EstimateRequest(topology=_req().topology, job=_req().job, plan=planned.plan))
     assert est.fits_memory
     assert est.plan.predictions.step_time_s == pytest.approx(planned.plan.predictions.step_time_s)
+
+
+async def test_estimate_honours_the_plans_in_flight_cap(stub: planner_pb2_grpc.PlannerStub) -> None:
+    """A latency-aware plan capped at K micro-batches in flight is estimated at the capped memory (at
+    K = 1F1B's peak its first stage holds what 1F1B's does), not at the uncapped deeper warm-up's."""
+    planned = await stub.Plan(_req(chain=["virginia", "ohio"]))
+    plan = convert.plan_from_proto(planned.plan)
+    n = len(plan.stages)
+    la = replace(plan, schedule=Schedule.LATENCY_AWARE, micro_batches=64, extras={})
+    f1 = replace(la, schedule=Schedule.ONE_F_ONE_B)
+    capped = replace(la, extras={"max_in_flight": float(n)})
+
+    async def mem(p: Plan) -> list[float]:
+        est = await stub.Estimate(planner_pb2.EstimateRequest(topology=_req().topology, job=_req().job,
+                                                              plan=convert.plan_to_proto(p)))
+        return list(est.plan.predictions.memory_gib_per_gpu)
+
+    m_la, m_f1, m_capped = await mem(la), await mem(f1), await mem(capped)
+    assert m_capped[0] == pytest.approx(m_f1[0])
+    assert all(c <= u + 1e-12 for c, u in zip(m_capped, m_la, strict=True))
+    if n > 1:
+        assert m_la[0] > m_f1[0]  # the uncapped deeper warm-up holds more
 
 
 async def test_errors_are_typed(stub: planner_pb2_grpc.PlannerStub) -> None:
