@@ -2,7 +2,8 @@
 
 See :mod:`spiderflow.store.base` for the contract, :mod:`spiderflow.store.keys` for the key layout.
 ``EtcdStore`` (real) and ``MemoryStore`` (unit tests) implement it; ``EtcdProcess`` runs a local etcd.
-``EtcdStore`` is imported lazily so the pure parts import no gRPC.
+``EtcdStore`` is imported lazily so the pure parts import no gRPC. :class:`EtcdTLS` names the TLS files of an
+etcd connection (both ends).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from spiderflow.store.base import (
     unchanged,
 )
 from spiderflow.store.memory import MemoryStore
+from spiderflow.store.tls import EtcdTLS
 
 if TYPE_CHECKING:
     from spiderflow.store.etcd import EtcdStore
@@ -39,6 +41,7 @@ __all__ = [
     "CompareFailedError",
     "EtcdProcess",
     "EtcdStore",
+    "EtcdTLS",
     "EventType",
     "KeyValue",
     "LeaderInfo",

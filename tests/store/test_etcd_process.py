@@ -88,3 +88,33 @@ def test_failed_start_reports_the_log_and_leaves_no_process() -> None:
 
 def test_fixture_gives_a_running_etcd(etcd: EtcdProcess) -> None:
     assert etcd.running and etcd.endpoint.startswith("127.0.0.1:")
+
+
+async def test_tls_etcd_serves_https_only_and_keeps_it_across_restarts(tmp_path: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    from spiderflow.errors import ValidationError
+    from spiderflow.security.certs import init_certs
+    from spiderflow.store.tls import EtcdTLS
+
+    init_certs(tmp_path, admin=False)
+    with pytest.raises(ValidationError):  # a CA alone cannot serve TLS
+        EtcdProcess(tls=EtcdTLS(ca=tmp_path / "etcd-server" / "ca.crt"))
+    proc = EtcdProcess(tls=EtcdTLS.from_dir(tmp_path / "etcd-server", require_cert=True))
+    try:
+        proc.start()
+        assert proc.url == f"https://{proc.endpoint}" and proc.tls is not None
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plaintext HTTP is not served
+            urllib.request.urlopen(f"http://{proc.endpoint}/health", timeout=2).read()
+        store = EtcdStore(proc.endpoint, tls=EtcdTLS.from_dir(tmp_path / "etcd-client"))
+        try:
+            await store.put("/k", b"1")
+            proc.restart()  # same port, still TLS, data kept
+            assert proc.url.startswith("https://")
+            kv = await store.get("/k")
+            assert kv is not None and kv.value == b"1"
+        finally:
+            await store.close()
+    finally:
+        proc.close()
