@@ -75,8 +75,8 @@ def _ts(seconds: float) -> timestamp_pb2.Timestamp:
 
 def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluster:
     """The :class:`Cluster` this agent reports: declared GPUs (``config.gpus``) or the measured ones
-    (with the calibrated ``mfu`` and ``layer_overhead_ms`` when measured), plus the configured price,
-    region, free GPUs and intra/inter-node bandwidths."""
+    (with the calibrated ``mfu``, ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` when measured), plus
+    the configured price, region, free GPUs and intra/inter-node bandwidths."""
     extra: dict[str, Any] = {}
     for f in ("electricity_usd_per_kwh", "intra_node_gbps", "inter_node_gbps", "free_gpus"):
         if getattr(config, f) is not None:
@@ -89,14 +89,16 @@ def build_cluster(config: AgentConfig, measured: DeviceProfile | None) -> Cluste
         calibrated = measured is not None and decl.tflops is None
         mfu = measured.mfu if calibrated and measured is not None else None
         overhead = measured.layer_overhead_ms if calibrated and measured is not None else 0.0
+        optimizer = measured.optimizer_ms_per_layer if calibrated and measured is not None else 0.0
         return Cluster(name=config.cluster, gpu=decl.gpu, nodes=decl.nodes, gpus_per_node=decl.gpus_per_node,
-                       tflops=tflops, mfu=mfu, memory_gib=memory, layer_overhead_ms=overhead, region=config.region,
-                       **extra)
+                       tflops=tflops, mfu=mfu, memory_gib=memory, layer_overhead_ms=overhead,
+                       optimizer_ms_per_layer=optimizer, region=config.region, **extra)
     if measured is None:
         raise ValidationError("gpus", "neither declared nor measured")
     return Cluster(name=config.cluster, gpu=measured.gpu, nodes=1, gpus_per_node=measured.count,
                    tflops=measured.tflops, mfu=measured.mfu, memory_gib=measured.memory_gib,
-                   layer_overhead_ms=measured.layer_overhead_ms, region=config.region,
+                   layer_overhead_ms=measured.layer_overhead_ms,
+                   optimizer_ms_per_layer=measured.optimizer_ms_per_layer, region=config.region,
                    **extra)
 
 

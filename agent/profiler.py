@@ -34,8 +34,10 @@ the job's workers see them if that load persists: ``tflops = σ · matmul``, ``R
 ``mfu = R_wall / tflops`` bounded to ``(0, 1]`` and ``layer_overhead_ms = 1000 · o / σ`` (≥ 0). So
 ``tflops · mfu`` is the FLOP rate a stage worker reaches at large sizes and the overhead what it pays per
 layer on top. A CPU "GPU" is one worker process running ``torch.set_num_threads(1)``
-(:mod:`agent.executor`), so every measurement runs with :data:`CPU_WORKER_THREADS` threads. Limits: embedding, head
-and optimizer step are counted by FLOPs only (their fixed costs, a few % of a step, are not modelled);
+(:mod:`agent.executor`), so every measurement runs with :data:`CPU_WORKER_THREADS` threads. The same rounds time the
+executor's optimizer step (per-parameter Adam) on the block's parameters: ``optimizer_ms_per_layer =
+1000 · u / σ``, charged once per training step and layer. Limits: embedding and head are counted by
+FLOPs only, the pipeline messages' CPU cost and the rest of a step's bookkeeping are not modelled;
 the rate keeps rising slowly past the larger size (larger GEMMs), so much larger layers run somewhat
 faster than predicted. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays
 the catalog's ``default_mfu`` and their overhead 0.
@@ -91,8 +93,8 @@ the fixed cost is about a third and a tenth of the time."""
 class DeviceProfile:
     """What profiling found: catalog ``gpu`` type, ``count`` devices on this node, ``memory_gib`` per
     device, measured ``tflops`` per device (None when not measured), the raw ``device_name`` and the
-    calibrated ``mfu`` (None when not calibrated: the catalog's default applies) and ``layer_overhead_ms``
-    (0 when not calibrated)."""
+    calibrated ``mfu`` (None when not calibrated: the catalog's default applies), ``layer_overhead_ms``
+    and ``optimizer_ms_per_layer`` (0 when not calibrated)."""
 
     gpu: str
     count: int
@@ -101,6 +103,7 @@ class DeviceProfile:
     device_name: str
     mfu: float | None = None
     layer_overhead_ms: float = 0.0
+    optimizer_ms_per_layer: float = 0.0
 
 
 def catalog_name(device_name: str, memory_gib: float) -> str:
@@ -220,16 +223,18 @@ def measure_training_tflops(
 class TrainingFit:
     """What :func:`measure_training_fit` found. CPU-time figures of the calibrating thread: matmul TFLOPS,
     the fitted training rate ``R`` (TFLOPS), the fixed time per layer and micro-batch ``o`` (ms) and the
-    points ``(FLOPs per iteration, median CPU seconds)`` the line went through; ``share``, the fraction of
-    a core the thread obtained (median CPU / wall time over the timed slices); and the wall-clock figures
-    the cost model uses: ``matmul_tflops = share · cpu matmul``, ``rate_tflops = share · R``,
-    ``layer_overhead_ms = o / share``."""
+    points ``(FLOPs per iteration, median CPU seconds)`` the line went through, the block's optimizer step
+    ``u`` (ms; Adam as the executor runs it); ``share``, the fraction of a core the thread obtained (median
+    CPU / wall time over the timed slices); and the wall-clock figures the cost model uses:
+    ``matmul_tflops = share · cpu matmul``, ``rate_tflops = share · R``, ``layer_overhead_ms = o / share``,
+    ``optimizer_ms_per_layer = u / share``."""
 
     cpu_matmul_tflops: float
     cpu_rate_tflops: float
     cpu_layer_overhead_ms: float
     points: tuple[tuple[float, float], ...]
     share: float
+    cpu_optimizer_ms_per_layer: float = 0.0
 
     @property
     def matmul_tflops(self) -> float:
@@ -242,6 +247,10 @@ class TrainingFit:
     @property
     def layer_overhead_ms(self) -> float:
         return self.cpu_layer_overhead_ms / self.share
+
+    @property
+    def optimizer_ms_per_layer(self) -> float:
+        return self.cpu_optimizer_ms_per_layer / self.share
 
 
 def fit_rate_overhead(points: list[tuple[float, float]] | tuple[tuple[float, float], ...]) -> tuple[float, float]:
@@ -271,8 +280,8 @@ def measure_training_fit(
 ) -> TrainingFit:
     """Matmul TFLOPS and the rate + per-layer overhead fit of the module docstring. ``rounds`` rounds each
     time the matmul for ``seconds / rounds`` and every block size for ``1.5 · seconds / rounds`` (whole
-    iterations, at least one); the per-quantity medians over rounds are used. Takes about
-    ``(1 + 1.5 · len(seq_lens)) · seconds`` plus warm-up."""
+    iterations, at least one) and the block's Adam step for ``0.25 · seconds / rounds``; the per-quantity
+    medians over rounds are used. Takes about ``(1.25 + 1.5 · len(seq_lens)) · seconds`` plus warm-up."""
     import torch
 
     from spiderflow.catalog import ModelSpec
@@ -292,6 +301,13 @@ def measure_training_fit(
         block = Block(hidden, heads)
         inputs = [(torch.randn(batch, s, hidden, requires_grad=True), torch.randn(batch, s, hidden))
                   for s in seq_lens]
+        # the executor's optimizer (spiderflow.exec.runtime): per-parameter Adam over the block's parameters
+        opt_block = Block(hidden, heads)
+        opt_block(inputs[0][0].detach()).backward(inputs[0][1])
+        adam = torch.optim.Adam(opt_block.parameters(), lr=1e-9, foreach=False)
+
+        def optimizer_step() -> None:
+            adam.step()
 
         def iteration(i: int) -> None:
             x, grad = inputs[i]
@@ -312,22 +328,26 @@ def measure_training_fit(
             return (time.perf_counter() - t0) / n, (time.thread_time() - c0) / n
 
         matmul()
+        optimizer_step()
         for i in range(len(seq_lens)):  # warm-up (allocator, kernels' first-call paths)
             for _ in range(2):
                 iteration(i)
         mm: list[tuple[float, float]] = []
+        steps: list[tuple[float, float]] = []
         timings: list[list[tuple[float, float]]] = [[] for _ in seq_lens]
         for _ in range(rounds):
             mm.append(timed(matmul, seconds / rounds))
+            steps.append(timed(optimizer_step, 0.25 * seconds / rounds))
             for i in range(len(seq_lens)):
                 timings[i].append(timed(functools.partial(iteration, i), 1.5 * seconds / rounds))
-    shares = [min(1.0, c / w) for w, c in [*mm, *(x for size in timings for x in size)] if w > 0 and c > 0]
+    shares = [min(1.0, c / w) for w, c in [*mm, *steps, *(x for size in timings for x in size)] if w > 0 and c > 0]
     cpu_matmul = 2.0 * matmul_size**3 / statistics.median(c for _, c in mm) / 1e12
     points = tuple((f, statistics.median(c for _, c in ts)) for f, ts in zip(flops, timings, strict=True))
     rate, overhead = fit_rate_overhead(points)
     return TrainingFit(cpu_matmul_tflops=cpu_matmul, cpu_rate_tflops=rate / 1e12,
                        cpu_layer_overhead_ms=overhead * 1e3, points=points,
-                       share=statistics.median(shares) if shares else 1.0)
+                       share=statistics.median(shares) if shares else 1.0,
+                       cpu_optimizer_ms_per_layer=statistics.median(c for _, c in steps) * 1e3)
 
 
 def calibrate_mfu(matmul_tflops: float, training_tflops: float) -> float:
@@ -346,13 +366,14 @@ def profile_cpu(*, seconds: float = 0.5, threads: int = CPU_WORKER_THREADS) -> D
     mfu = calibrate_mfu(fit.matmul_tflops, fit.rate_tflops)
     overhead = fit.layer_overhead_ms
     log.info("agent.calibrated", gpu="cpu", matmul_tflops=fit.matmul_tflops, training_tflops=fit.rate_tflops,
-             mfu=mfu, layer_overhead_ms=overhead, share=fit.share, cpu_matmul_tflops=fit.cpu_matmul_tflops,
+             mfu=mfu, layer_overhead_ms=overhead, optimizer_ms_per_layer=fit.optimizer_ms_per_layer,
+             share=fit.share, cpu_matmul_tflops=fit.cpu_matmul_tflops,
              cpu_training_tflops=fit.cpu_rate_tflops, cpu_layer_overhead_ms=fit.cpu_layer_overhead_ms,
              points=[(f, round(t, 6)) for f, t in fit.points], threads=threads,
              hidden=CALIBRATION_SHAPE["hidden"], seq_lens=list(CALIBRATION_SEQ_LENS))
     return DeviceProfile(gpu="cpu", count=1, memory_gib=host_memory_gib(), tflops=fit.matmul_tflops,
                          device_name=f"cpu ({os.cpu_count()} cores, {threads} thread(s) per worker)", mfu=mfu,
-                         layer_overhead_ms=overhead)
+                         layer_overhead_ms=overhead, optimizer_ms_per_layer=fit.optimizer_ms_per_layer)
 
 
 def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
@@ -368,5 +389,6 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
     else:
         prof = profile_cpu(seconds=seconds)
     log.info("agent.profiled", gpu=prof.gpu, count=prof.count, memory_gib=round(prof.memory_gib, 2),
-             tflops=prof.tflops, mfu=prof.mfu, layer_overhead_ms=prof.layer_overhead_ms, device=prof.device_name)
+             tflops=prof.tflops, mfu=prof.mfu, layer_overhead_ms=prof.layer_overhead_ms,
+             optimizer_ms_per_layer=prof.optimizer_ms_per_layer, device=prof.device_name)
     return prof

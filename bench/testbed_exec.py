@@ -22,11 +22,13 @@ name order on ties, i.e. ``alpha → bravo → charlie``, which crosses the slow
 SpinSearch sees the measured links and can avoid it (``alpha, bravo, delta`` in some order).
 
 For each run: the chain, the plan's predicted step time (the cost model on the live, agent-measured
-topology: calibrated TFLOPS × mfu, probed links) and the measured mean step time from the job's progress
-events (steps after the first; progress is coalesced by the agent, so these are the reported steps), plus,
-as a cross-check, the mean of every step of the last-stage worker (its ``done`` event in the mesh's work
-dir). Prints a table and the ratio ``firstfit / spinsearch`` of measured mean step times (issue 7's
-target: ≥ 1.3) and writes a JSON summary (``--out``).
+topology: calibrated TFLOPS × mfu, per-layer overhead and optimizer time, probed links) and the measured
+mean step time from the job's progress events (steps after the first; progress is coalesced by the agent,
+so these are the reported steps), plus, as a cross-check, the mean of every step of the last-stage worker
+(its ``done`` event in the mesh's work dir) and every rank's step breakdown
+(:data:`spiderflow.exec.runtime.PHASES`, wall and CPU time). Prints a table and the ratio
+``firstfit / spinsearch`` of measured mean step times (issue 7's target: ≥ 1.3) and writes a JSON summary
+(``--out``) with the agents' calibration figures.
 
 Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
 Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed down --prefix P``.
@@ -110,16 +112,22 @@ def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
     raise UnavailableError(f"links not all measured within {timeout:.0f} s: {len(topo.links)} of {want}")
 
 
-def worker_step_times(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
-    """Every rank's step times (its ``done`` event) from the agents' work dirs."""
-    out: dict[int, list[float]] = {}
+def worker_done_events(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, dict[str, Any]]:
+    """Every rank's ``done`` event (step times, per-phase breakdown) from the agents' work dirs."""
+    out: dict[int, dict[str, Any]] = {}
     for f in mesh_dir.glob(f"agents/*/{job_id}/attempt-{attempt}/rank-*.out"):
         for line in f.read_text().splitlines():
             if line.startswith("{"):
                 ev = json.loads(line)
                 if ev.get("event") == "done":
-                    out[int(ev["rank"])] = [float(t) for t in ev["step_times_s"]]
+                    out[int(ev["rank"])] = ev
     return out
+
+
+def worker_step_times(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
+    """Every rank's step times (its ``done`` event) from the agents' work dirs."""
+    done = worker_done_events(mesh_dir, job_id, attempt)
+    return {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
 
 
 def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str, Any]:
@@ -140,7 +148,8 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str,
         raise RuntimeError(f"{policy}: job ended {final.state}: {final.reason}")
     plan = final.plan
     reported = [t for step, t in sorted(progress.items()) if step > 1]
-    ranks = worker_step_times(mesh.workdir, final.id)
+    done = worker_done_events(mesh.workdir, final.id)
+    ranks = {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
     last_rank = max(ranks) if ranks else None
     worker = ranks[last_rank][1:] if last_rank is not None else []
     result = {
@@ -154,6 +163,9 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str,
         "worker_mean_step_s": statistics.mean(worker) if worker else None,
         "worker_median_step_s": statistics.median(worker) if worker else None,
         "last_loss": final.progress.get("loss"),
+        # where each rank's steps went (mean seconds per step after the first; wall and CPU time)
+        "phases": {str(r): {k: round(v, 6) for k, v in (ev.get("phases") or {}).items()}
+                   for r, ev in sorted(done.items())},
     }
     measured = f"{result['measured_step_s']:.3f}" if reported else "-"
     print(f"[{policy}] chain {' → '.join(plan.chain)} ({plan.schedule}, m={plan.micro_batches}): predicted "
@@ -194,13 +206,16 @@ def main(argv: list[str] | None = None) -> int:
                     gpus=args.gpus)
     prefix = args.prefix or "tbx" + uuid.uuid4().hex[:5]
     results: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
     t0 = time.monotonic()
     with LocalMesh(topo, testbed=True, testbed_prefix=prefix) as mesh:
         with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
             live = wait_for_links(sf, len(topo.clusters), timeout=120)
         print("live topology (agent-measured):", flush=True)
         for c in live.clusters:
-            print(f"  {c.name}: tflops {c.tflops}, mfu {c.mfu}, effective {c.effective_tflops:.4f}", flush=True)
+            print(f"  {c.name}: tflops {c.tflops}, mfu {c.mfu}, effective {c.effective_tflops:.4f}, "
+                  f"layer overhead {c.layer_overhead_ms:.3f} ms, optimizer {c.optimizer_ms_per_layer:.3f} ms/layer",
+                  flush=True)
         for link in sorted(live.links, key=lambda x: (x.a, x.b)):
             print(f"  {link.a}–{link.b}: {link.bandwidth_gbps * 1000:.1f} Mbit/s, {link.latency_ms:.1f} ms", flush=True)
         for policy in args.order.split(","):
@@ -215,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         "topology": {"slow": list(SLOW), "slow_mbit": args.slow_mbit, "slow_ms": args.slow_ms,
                      "fast_mbit": args.fast_mbit, "fast_ms": args.fast_ms, "gpus_per_cluster": args.gpus},
         "job": {k: v for k, v in job(args, "x").items() if k not in ("id",)},
+        "calibration": {c.name: {"tflops": c.tflops, "mfu": c.mfu, "effective_tflops": c.effective_tflops,
+                                 "layer_overhead_ms": c.layer_overhead_ms,
+                                 "optimizer_ms_per_layer": c.optimizer_ms_per_layer} for c in live.clusters},
+        "load_average_before": list(load_before),
         "runs": results,
         "ratio_firstfit_over_spinsearch": ratio,
         "wall_s": time.monotonic() - t0,

@@ -7,6 +7,8 @@ Symbols (units in brackets):
 - ``o_c`` fixed time per layer and micro-batch, forward + backward, on one GPU of cluster ``c`` [s]
   (``layer_overhead_ms``; per-operator launch and framework costs that do not scale with ``b·s``;
   0 unless calibrated).
+- ``u_c`` optimizer step time per layer and training step on one GPU of cluster ``c`` [s]
+  (``optimizer_ms_per_layer``; 0 unless calibrated).
 - Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
 - Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same;
   ``A_c = w_c·b·s·h`` on the wire from a stage on cluster ``c``, ``w_c`` its GPU type's ``wire_bytes``
@@ -34,9 +36,9 @@ path, hence ``2·ΣP``). Interleaved 1F1B with ``v`` chunks divides the fill/dra
 multiplies boundary crossings by ``v``. Exact event-level timings of every schedule (including the
 latency-aware one) live in :mod:`spiderflow.schedules`; this closed form is what searches use.
 
-Gradient synchronisation, after the pipeline drains, stages in parallel:
+Gradient synchronisation and the optimizer step, after the pipeline drains, stages in parallel:
 
-    T_dp = max_s AR_{d_s}(2·params_s / t_s, B_dp(s))
+    T_dp = max_s ( AR_{d_s}(2·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
 
 Memory per GPU of stage ``s`` (bytes):
 
@@ -201,7 +203,8 @@ def pipeline_step_time(
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Breakdown:
-    """Per-stage figures behind an estimate (same order as the plan's stages)."""
+    """Per-stage figures behind an estimate (same order as the plan's stages). ``dp_sync_s`` is ``T_dp``:
+    the slowest stage's gradient all-reduce plus optimizer step (``optimizer_s`` per stage)."""
 
     compute_s: tuple[float, ...]
     boundary_s: tuple[float, ...]
@@ -209,6 +212,7 @@ class Breakdown:
     memory_gib: tuple[float, ...]
     pipeline_s: float
     dp_sync_s: float
+    optimizer_s: tuple[float, ...] = ()
 
 
 def boundary_time(topo: Topology, model: ModelSpec, a: Stage, b_: Stage, b: int, s: int) -> float:
@@ -240,6 +244,8 @@ def breakdown(
         )
         for st, c in zip(stages, clusters, strict=True)
     )
+    opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
+                for st, c in zip(stages, clusters, strict=True))
     n = len(stages)
     mem = tuple(
         stage_memory_bytes(
@@ -250,7 +256,7 @@ def breakdown(
     )
     return Breakdown(
         compute_s=compute, boundary_s=bounds, allreduce_s=ar, memory_gib=mem, pipeline_s=pipe,
-        dp_sync_s=max(ar, default=0.0),
+        dp_sync_s=max((a + o for a, o in zip(ar, opt, strict=True)), default=0.0), optimizer_s=opt,
     )
 
 

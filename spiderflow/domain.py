@@ -14,7 +14,8 @@ GPU
     agent has calibrated it, else the catalog's peak; ``mfu`` the fraction of it a training step reaches;
     ``layer_overhead_ms`` a fixed time per transformer layer and micro-batch (forward + backward) on top of
     FLOPs at that rate — per-operator launch and framework costs that do not shrink with the problem size
-    (0 unless an agent's calibration measured it).
+    — and ``optimizer_ms_per_layer`` the optimizer step's time per layer and training step (both 0 unless
+    an agent's calibration measured them).
 link
     A measured inter-cluster connection ``a → b`` with ``bandwidth_gbps`` (Gbit/s) and one-way
     ``latency_ms``. Symmetric unless ``directed``. Clusters without a link talk through relays along the
@@ -90,6 +91,7 @@ class Cluster:
     mfu: float | None = None
     memory_gib: float | None = None
     layer_overhead_ms: float = 0.0
+    optimizer_ms_per_layer: float = 0.0
     region: str = ""
     lat: float | None = None
     lon: float | None = None
@@ -121,6 +123,7 @@ class Cluster:
         if self.memory_gib is not None:
             _positive(f"{where}.memory_gib", self.memory_gib)
         _positive(f"{where}.layer_overhead_ms", self.layer_overhead_ms, allow_zero=True)
+        _positive(f"{where}.optimizer_ms_per_layer", self.optimizer_ms_per_layer, allow_zero=True)
 
     @property
     def gpu_type(self) -> GpuType:

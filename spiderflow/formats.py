@@ -51,7 +51,8 @@ __all__ = [
 _CLUSTER_FIELDS = {
     "name": str, "gpu": str, "nodes": int, "gpus_per_node": int, "intra_node_gbps": float,
     "inter_node_gbps": float, "electricity_usd_per_kwh": float, "free_gpus": int, "tflops": float,
-    "mfu": float, "memory_gib": float, "layer_overhead_ms": float, "region": str, "lat": float, "lon": float,
+    "mfu": float, "memory_gib": float, "layer_overhead_ms": float,
+    "optimizer_ms_per_layer": float, "region": str, "lat": float, "lon": float,
 }
 _LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float, "directed": bool}
 _JOB_FIELDS = {
@@ -166,8 +167,9 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
         for opt in ("tflops", "mfu", "memory_gib", "lat", "lon"):
             if getattr(c, opt) is not None:
                 d[opt] = getattr(c, opt)
-        if c.layer_overhead_ms:
-            d["layer_overhead_ms"] = c.layer_overhead_ms
+        for calibrated in ("layer_overhead_ms", "optimizer_ms_per_layer"):
+            if getattr(c, calibrated):
+                d[calibrated] = getattr(c, calibrated)
         if c.region:
             d["region"] = c.region
         clusters.append(d)

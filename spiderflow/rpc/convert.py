@@ -90,7 +90,7 @@ def _enum_name(enum: Any, value: int) -> str:
 
 _CLUSTER_OPTIONAL = (
     "intra_node_gbps", "inter_node_gbps", "electricity_usd_per_kwh", "free_gpus", "tflops", "mfu",
-    "memory_gib", "lat", "lon", "layer_overhead_ms",
+    "memory_gib", "lat", "lon", "layer_overhead_ms", "optimizer_ms_per_layer",
 )
 
 
@@ -116,8 +116,9 @@ def cluster_to_proto(c: Cluster) -> types_pb2.Cluster:
     for opt in ("tflops", "mfu", "memory_gib", "lat", "lon"):
         if getattr(c, opt) is not None:
             setattr(msg, opt, getattr(c, opt))
-    if c.layer_overhead_ms:
-        msg.layer_overhead_ms = c.layer_overhead_ms
+    for calibrated in ("layer_overhead_ms", "optimizer_ms_per_layer"):
+        if getattr(c, calibrated):
+            setattr(msg, calibrated, getattr(c, calibrated))
     return msg
 
 

@@ -34,7 +34,7 @@ def test_training_tflops_is_measured_on_a_real_block_and_short() -> None:
 
     t0 = time.perf_counter()
     achieved = measure_training_tflops(hidden=64, heads=2, seq_len=32, batch=1, seconds=0.2)
-    assert time.perf_counter() - t0 < 5.0
+    assert time.perf_counter() - t0 < 30.0  # bounded, with slack for a loaded machine
     assert 0.0 < achieved < 10.0  # TFLOPS of one CPU thread
 
 
@@ -42,7 +42,7 @@ def test_profile_cpu_reports_a_calibrated_mfu_and_overhead() -> None:
     prof = profile_cpu(seconds=0.1)
     assert prof.gpu == "cpu" and prof.tflops is not None and prof.tflops > 0
     assert prof.mfu is not None and 0.0 < prof.mfu <= 1.0
-    assert 0.0 <= prof.layer_overhead_ms < 1000.0
+    assert 0.0 <= prof.layer_overhead_ms < 1000.0 and 0.0 < prof.optimizer_ms_per_layer < 1000.0
     assert CALIBRATION_SHAPE["hidden"] % CALIBRATION_SHAPE["heads"] == 0
 
 
@@ -67,9 +67,9 @@ def test_fit_falls_back_to_no_overhead_when_noise_bends_the_line() -> None:
 
 def test_wall_figures_are_cpu_figures_scaled_by_the_share_of_a_core() -> None:
     fit = TrainingFit(cpu_matmul_tflops=0.1, cpu_rate_tflops=0.06, cpu_layer_overhead_ms=0.5,
-                      points=((4e7, 1e-3), (4e8, 7e-3)), share=0.5)
+                      points=((4e7, 1e-3), (4e8, 7e-3)), share=0.5, cpu_optimizer_ms_per_layer=0.3)
     assert fit.matmul_tflops == pytest.approx(0.05) and fit.rate_tflops == pytest.approx(0.03)
-    assert fit.layer_overhead_ms == pytest.approx(1.0)
+    assert fit.layer_overhead_ms == pytest.approx(1.0) and fit.optimizer_ms_per_layer == pytest.approx(0.6)
     # mfu is a ratio of two rates seen through the same share: the share cancels
     assert calibrate_mfu(fit.matmul_tflops, fit.rate_tflops) == pytest.approx(0.6)
 
@@ -79,10 +79,11 @@ def test_training_fit_measures_two_block_sizes_interleaved() -> None:
 
     t0 = time.perf_counter()
     fit = measure_training_fit(hidden=64, heads=2, seq_lens=(16, 128), seconds=0.2, rounds=2)
-    assert time.perf_counter() - t0 < 10.0
+    assert time.perf_counter() - t0 < 30.0
     assert [f for f, _ in fit.points] == sorted(f for f, _ in fit.points) and len(fit.points) == 2
     assert all(t > 0 for _, t in fit.points)
     assert 0.0 < fit.share <= 1.0 and 0.0 < fit.cpu_rate_tflops < 10.0 and fit.cpu_layer_overhead_ms >= 0.0
+    assert 0.0 < fit.cpu_optimizer_ms_per_layer < 1000.0
     assert fit.points[1][1] > fit.points[0][1]  # 8× the FLOPs takes longer
     assert len(CALIBRATION_SEQ_LENS) >= 2
 
@@ -104,8 +105,8 @@ def test_calibrated_mfu_reaches_the_cluster_only_with_measured_tflops() -> None:
 
 def test_calibrated_overhead_reaches_the_cluster_only_with_measured_tflops() -> None:
     measured = DeviceProfile(gpu="cpu", count=1, memory_gib=8.0, tflops=0.02, device_name="cpu", mfu=0.4,
-                             layer_overhead_ms=0.7)
-    assert build_cluster(_config(GpuDeclaration(gpu="cpu")), measured).layer_overhead_ms == 0.7
-    assert build_cluster(_config(), measured).layer_overhead_ms == 0.7
+                             layer_overhead_ms=0.7, optimizer_ms_per_layer=0.3)
+    for c in (build_cluster(_config(GpuDeclaration(gpu="cpu")), measured), build_cluster(_config(), measured)):
+        assert (c.layer_overhead_ms, c.optimizer_ms_per_layer) == (0.7, 0.3)
     declared = build_cluster(_config(GpuDeclaration(gpu="cpu", tflops=0.5)), measured)
-    assert declared.layer_overhead_ms == 0.0
+    assert (declared.layer_overhead_ms, declared.optimizer_ms_per_layer) == (0.0, 0.0)

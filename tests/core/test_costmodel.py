@@ -159,3 +159,21 @@ def test_layer_overhead_reaches_the_step_prediction() -> None:
     base = cm.evaluate(plan, topo(0.0), job).step_time_s
     # every stage's T grows by 2 layers · 2 ms: (m − 1)·ΔT + ΣΔT = 7·4 ms + 8 ms
     assert cm.evaluate(plan, topo(2.0), job).step_time_s == pytest.approx(base + 7 * 4e-3 + 8e-3)
+
+
+def test_optimizer_time_per_layer_is_charged_once_per_step_on_the_slowest_stage() -> None:
+    def topo(opt_a: float, opt_b: float) -> Topology:
+        cs = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1, tflops=0.05, mfu=0.5, optimizer_ms_per_layer=u)
+                   for n, u in (("a", opt_a), ("b", opt_b)))
+        return Topology(clusters=cs, links=(Link(a="a", b="b", bandwidth_gbps=1.0, latency_ms=1.0),))
+
+    job = JobSpec(id="j", model=M, global_batch=8, micro_batch=1, seq_len=64, gpus=GpuRange(min=2, max=2))
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=0, tp=1, dp=1),
+                        Stage(cluster="b", first_layer=1, last_layer=3, tp=1, dp=1)),
+                micro_batches=8, schedule=Schedule.ONE_F_ONE_B)
+    base = cm.evaluate(plan, topo(0.0, 0.0), job).step_time_s
+    # stage a: 1 layer · 5 ms, stage b: 3 layers · 1 ms; stages step in parallel, the slower one counts
+    assert cm.evaluate(plan, topo(5.0, 1.0), job).step_time_s == pytest.approx(base + 5e-3)
+    assert cm.evaluate(plan, topo(1.0, 4.0), job).step_time_s == pytest.approx(base + 12e-3)
+    bd = cm.breakdown(plan, topo(1.0, 4.0), M, micro_batch=1, seq_len=64)
+    assert bd.optimizer_s == pytest.approx((1e-3, 12e-3)) and bd.dp_sync_s == pytest.approx(12e-3)

@@ -76,6 +76,8 @@ def test_roundtrip() -> None:
         (_topo(clusters=[]), "clusters", []),
         (_topo(clusters=[{"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "layer_overhead_ms": -1}],
                links=[]), "clusters[0].layer_overhead_ms", -1.0),
+        (_topo(clusters=[{"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "optimizer_ms_per_layer": -2}],
+               links=[]), "clusters[0].optimizer_ms_per_layer", -2.0),
     ],
 )
 def test_topology_rejections_name_field_and_value(doc: dict[str, Any], field: str, value: object) -> None:
@@ -122,13 +124,16 @@ def test_bad_yaml_is_one_line(tmp_path: Path) -> None:
 
 def test_layer_overhead_roundtrips_and_defaults_to_zero() -> None:
     doc = _topo(clusters=[{"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "tflops": 0.05, "mfu": 0.8,
-                           "layer_overhead_ms": 0.75}, {"name": "y", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1}],
+                           "layer_overhead_ms": 0.75, "optimizer_ms_per_layer": 0.25},
+                          {"name": "y", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1}],
                 links=[])
     topo = topology_from_dict(doc)
     assert topo.cluster("x").layer_overhead_ms == 0.75 and topo.cluster("y").layer_overhead_ms == 0.0
+    assert topo.cluster("x").optimizer_ms_per_layer == 0.25 and topo.cluster("y").optimizer_ms_per_layer == 0.0
     out = topology_to_dict(topo)
-    assert out["clusters"][0]["layer_overhead_ms"] == 0.75
-    assert "layer_overhead_ms" not in out["clusters"][1]  # files without it keep reading as before
+    assert out["clusters"][0]["layer_overhead_ms"] == 0.75 and out["clusters"][0]["optimizer_ms_per_layer"] == 0.25
+    # files without them keep reading (and writing) as before
+    assert "layer_overhead_ms" not in out["clusters"][1] and "optimizer_ms_per_layer" not in out["clusters"][1]
     assert topology_from_dict(json.loads(json.dumps(out))) == topo
 
 
@@ -136,9 +141,11 @@ def test_layer_overhead_crosses_the_proto() -> None:
     from spiderflow.rpc.convert import cluster_from_proto, cluster_to_proto
 
     topo = topology_from_dict(_topo(clusters=[
-        {"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "layer_overhead_ms": 0.5},
+        {"name": "x", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1, "layer_overhead_ms": 0.5,
+         "optimizer_ms_per_layer": 0.2},
         {"name": "y", "gpu": "cpu", "nodes": 1, "gpus_per_node": 1}], links=[]))
     for c in topo.clusters:
         msg = cluster_to_proto(c)
         assert msg.HasField("layer_overhead_ms") == (c.layer_overhead_ms > 0)
+        assert msg.HasField("optimizer_ms_per_layer") == (c.optimizer_ms_per_layer > 0)
         assert cluster_from_proto(msg) == c

@@ -26,7 +26,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%spiderflow/proto/types/v1/types.proto\x12\x13spiderflow.types.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x04\n\x07\x43luster\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x01(\x05\x12$\n\rgpus_per_node\x18\x04 \x01(\x05R\rgpus_per_node\x12-\n\x0fintra_node_gbps\x18\x05 \x01(\x01H\x00R\x0fintra_node_gbps\x88\x01\x01\x12-\n\x0finter_node_gbps\x18\x06 \x01(\x01H\x01R\x0finter_node_gbps\x88\x01\x01\x12=\n\x17\x65lectricity_usd_per_kwh\x18\x07 \x01(\x01H\x02R\x17\x65lectricity_usd_per_kwh\x88\x01\x01\x12!\n\tfree_gpus\x18\x08 \x01(\x05H\x03R\tfree_gpus\x88\x01\x01\x12\x13\n\x06tflops\x18\t \x01(\x01H\x04\x88\x01\x01\x12\x10\n\x03mfu\x18\n \x01(\x01H\x05\x88\x01\x01\x12#\n\nmemory_gib\x18\x0b \x01(\x01H\x06R\nmemory_gib\x88\x01\x01\x12\x0e\n\x06region\x18\x0c \x01(\t\x12\x10\n\x03lat\x18\r \x01(\x01H\x07\x88\x01\x01\x12\x10\n\x03lon\x18\x0e \x01(\x01H\x08\x88\x01\x01\x12\x31\n\x11layer_overhead_ms\x18\x0f \x01(\x01H\tR\x11layer_overhead_ms\x88\x01\x01\x42\x12\n\x10_intra_node_gbpsB\x12\n\x10_inter_node_gbpsB\x1a\n\x18_electricity_usd_per_kwhB\x0c\n\n_free_gpusB\t\n\x07_tflopsB\x06\n\x04_mfuB\r\n\x0b_memory_gibB\x06\n\x04_latB\x06\n\x04_lonB\x14\n\x12_layer_overhead_ms\"v\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x03 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x04 \x01(\x01R\nlatency_ms\x12\x10\n\x08\x64irected\x18\x05 \x01(\x08\"v\n\x08Topology\x12.\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12(\n\x05links\x18\x02 \x03(\x0b\x32\x19.spiderflow.types.v1.Link\x12\x10\n\x08revision\x18\x03 \x01(\x03\"W\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06layers\x18\x02 \x01(\x05\x12\x0e\n\x06hidden\x18\x03 \x01(\x05\x12\r\n\x05heads\x18\x04 \x01(\x05\x12\r\n\x05vocab\x18\x05 \x01(\x05\">\n\x08GpuRange\x12\x10\n\x03min\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x03max\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x06\n\x04_minB\x06\n\x04_max\"\x88\x03\n\x07JobSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05model\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\'\n\x0cglobal_batch\x18\x03 \x01(\x05H\x00R\x0cglobal_batch\x88\x01\x01\x12%\n\x0bmicro_batch\x18\x04 \x01(\x05H\x01R\x0bmicro_batch\x88\x01\x01\x12\x1d\n\x07seq_len\x18\x05 \x01(\x05H\x02R\x07seq_len\x88\x01\x01\x12\x12\n\x05steps\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12+\n\x04gpus\x18\x07 \x01(\x0b\x32\x1d.spiderflow.types.v1.GpuRange\x12!\n\tarrival_s\x18\x08 \x01(\x01H\x04R\tarrival_s\x88\x01\x01\x12\x15\n\x08priority\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x0e\n\x06tenant\x18\n \x01(\tB\x0f\n\r_global_batchB\x0e\n\x0c_micro_batchB\n\n\x08_seq_lenB\x08\n\x06_stepsB\x0c\n\n_arrival_sB\x0b\n\t_priority\"Y\n\x05Stage\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\x05\x12\x12\n\nlast_layer\x18\x03 \x01(\x05\x12\n\n\x02tp\x18\x04 \x01(\x05\x12\n\n\x02\x64p\x18\x05 \x01(\x05\"\xe2\x01\n\x0bPredictions\x12\x13\n\x0bstep_time_s\x18\x01 \x01(\x01\x12\x1f\n\x17throughput_tokens_per_s\x18\x02 \x01(\x01\x12\x1a\n\x12memory_gib_per_gpu\x18\x03 \x03(\x01\x12\x14\n\x0cusd_per_step\x18\x04 \x01(\x01\x12<\n\x06\x65xtras\x18\x05 \x03(\x0b\x32,.spiderflow.types.v1.Predictions.ExtrasEntry\x1a-\n\x0b\x45xtrasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb1\x01\n\x04Plan\x12*\n\x06stages\x18\x01 \x03(\x0b\x32\x1a.spiderflow.types.v1.Stage\x12\x15\n\rmicro_batches\x18\x02 \x01(\x05\x12/\n\x08schedule\x18\x03 \x01(\x0e\x32\x1d.spiderflow.types.v1.Schedule\x12\x35\n\x0bpredictions\x18\x04 \x01(\x0b\x32 .spiderflow.types.v1.Predictions\"u\n\x06\x42udget\x12\x19\n\x0ctime_limit_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x31\n\tobjective\x18\x03 \x01(\x0e\x32\x1e.spiderflow.types.v1.ObjectiveB\x0f\n\r_time_limit_s\"\xb6\x01\n\rProgressEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0bsteps_total\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x07 \x01(\x01\x12(\n\x04time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8d\x01\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSCHEDULE_GPIPE\x10\x01\x12\x18\n\x14SCHEDULE_ONE_F_ONE_B\x10\x02\x12\x1d\n\x19SCHEDULE_INTERLEAVED_1F1B\x10\x03\x12\x1a\n\x16SCHEDULE_LATENCY_AWARE\x10\x04*\xcd\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x14\n\x10JOB_STATE_PLACED\x10\x02\x12\x15\n\x11JOB_STATE_RUNNING\x10\x03\x12\x1a\n\x16JOB_STATE_RESCHEDULING\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*\xb4\x01\n\x0fPlacementStatus\x12 \n\x1cPLACEMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PLACEMENT_STATUS_SUCCESS\x10\x01\x12\"\n\x1ePLACEMENT_STATUS_UNSCHEDULABLE\x10\x02\x12!\n\x1dPLACEMENT_STATUS_UNRESOLVABLE\x10\x03\x12\x1a\n\x16PLACEMENT_STATUS_ERROR\x10\x04*e\n\tObjective\x12\x19\n\x15OBJECTIVE_UNSPECIFIED\x10\x00\x12\x11\n\rOBJECTIVE_JCT\x10\x01\x12\x12\n\x0eOBJECTIVE_COST\x10\x02\x12\x16\n\x12OBJECTIVE_BALANCED\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%spiderflow/proto/types/v1/types.proto\x12\x13spiderflow.types.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x05\n\x07\x43luster\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03gpu\x18\x02 \x01(\t\x12\r\n\x05nodes\x18\x03 \x01(\x05\x12$\n\rgpus_per_node\x18\x04 \x01(\x05R\rgpus_per_node\x12-\n\x0fintra_node_gbps\x18\x05 \x01(\x01H\x00R\x0fintra_node_gbps\x88\x01\x01\x12-\n\x0finter_node_gbps\x18\x06 \x01(\x01H\x01R\x0finter_node_gbps\x88\x01\x01\x12=\n\x17\x65lectricity_usd_per_kwh\x18\x07 \x01(\x01H\x02R\x17\x65lectricity_usd_per_kwh\x88\x01\x01\x12!\n\tfree_gpus\x18\x08 \x01(\x05H\x03R\tfree_gpus\x88\x01\x01\x12\x13\n\x06tflops\x18\t \x01(\x01H\x04\x88\x01\x01\x12\x10\n\x03mfu\x18\n \x01(\x01H\x05\x88\x01\x01\x12#\n\nmemory_gib\x18\x0b \x01(\x01H\x06R\nmemory_gib\x88\x01\x01\x12\x0e\n\x06region\x18\x0c \x01(\t\x12\x10\n\x03lat\x18\r \x01(\x01H\x07\x88\x01\x01\x12\x10\n\x03lon\x18\x0e \x01(\x01H\x08\x88\x01\x01\x12\x31\n\x11layer_overhead_ms\x18\x0f \x01(\x01H\tR\x11layer_overhead_ms\x88\x01\x01\x12;\n\x16optimizer_ms_per_layer\x18\x10 \x01(\x01H\nR\x16optimizer_ms_per_layer\x88\x01\x01\x42\x12\n\x10_intra_node_gbpsB\x12\n\x10_inter_node_gbpsB\x1a\n\x18_electricity_usd_per_kwhB\x0c\n\n_free_gpusB\t\n\x07_tflopsB\x06\n\x04_mfuB\r\n\x0b_memory_gibB\x06\n\x04_latB\x06\n\x04_lonB\x14\n\x12_layer_overhead_msB\x19\n\x17_optimizer_ms_per_layer\"v\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\t\x12\t\n\x01\x62\x18\x02 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x03 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x04 \x01(\x01R\nlatency_ms\x12\x10\n\x08\x64irected\x18\x05 \x01(\x08\"v\n\x08Topology\x12.\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12(\n\x05links\x18\x02 \x03(\x0b\x32\x19.spiderflow.types.v1.Link\x12\x10\n\x08revision\x18\x03 \x01(\x03\"W\n\tModelSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06layers\x18\x02 \x01(\x05\x12\x0e\n\x06hidden\x18\x03 \x01(\x05\x12\r\n\x05heads\x18\x04 \x01(\x05\x12\r\n\x05vocab\x18\x05 \x01(\x05\">\n\x08GpuRange\x12\x10\n\x03min\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x10\n\x03max\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x06\n\x04_minB\x06\n\x04_max\"\x88\x03\n\x07JobSpec\x12\n\n\x02id\x18\x01 \x01(\t\x12%\n\x05model\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value\x12\'\n\x0cglobal_batch\x18\x03 \x01(\x05H\x00R\x0cglobal_batch\x88\x01\x01\x12%\n\x0bmicro_batch\x18\x04 \x01(\x05H\x01R\x0bmicro_batch\x88\x01\x01\x12\x1d\n\x07seq_len\x18\x05 \x01(\x05H\x02R\x07seq_len\x88\x01\x01\x12\x12\n\x05steps\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12+\n\x04gpus\x18\x07 \x01(\x0b\x32\x1d.spiderflow.types.v1.GpuRange\x12!\n\tarrival_s\x18\x08 \x01(\x01H\x04R\tarrival_s\x88\x01\x01\x12\x15\n\x08priority\x18\t \x01(\x05H\x05\x88\x01\x01\x12\x0e\n\x06tenant\x18\n \x01(\tB\x0f\n\r_global_batchB\x0e\n\x0c_micro_batchB\n\n\x08_seq_lenB\x08\n\x06_stepsB\x0c\n\n_arrival_sB\x0b\n\t_priority\"Y\n\x05Stage\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\x05\x12\x12\n\nlast_layer\x18\x03 \x01(\x05\x12\n\n\x02tp\x18\x04 \x01(\x05\x12\n\n\x02\x64p\x18\x05 \x01(\x05\"\xe2\x01\n\x0bPredictions\x12\x13\n\x0bstep_time_s\x18\x01 \x01(\x01\x12\x1f\n\x17throughput_tokens_per_s\x18\x02 \x01(\x01\x12\x1a\n\x12memory_gib_per_gpu\x18\x03 \x03(\x01\x12\x14\n\x0cusd_per_step\x18\x04 \x01(\x01\x12<\n\x06\x65xtras\x18\x05 \x03(\x0b\x32,.spiderflow.types.v1.Predictions.ExtrasEntry\x1a-\n\x0b\x45xtrasEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb1\x01\n\x04Plan\x12*\n\x06stages\x18\x01 \x03(\x0b\x32\x1a.spiderflow.types.v1.Stage\x12\x15\n\rmicro_batches\x18\x02 \x01(\x05\x12/\n\x08schedule\x18\x03 \x01(\x0e\x32\x1d.spiderflow.types.v1.Schedule\x12\x35\n\x0bpredictions\x18\x04 \x01(\x0b\x32 .spiderflow.types.v1.Predictions\"u\n\x06\x42udget\x12\x19\n\x0ctime_limit_s\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x02 \x01(\x03\x12\x31\n\tobjective\x18\x03 \x01(\x0e\x32\x1e.spiderflow.types.v1.ObjectiveB\x0f\n\r_time_limit_s\"\xb6\x01\n\rProgressEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0bsteps_total\x18\x04 \x01(\x03\x12\x0c\n\x04loss\x18\x05 \x01(\x01\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x07 \x01(\x01\x12(\n\x04time\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x8d\x01\n\x08Schedule\x12\x18\n\x14SCHEDULE_UNSPECIFIED\x10\x00\x12\x12\n\x0eSCHEDULE_GPIPE\x10\x01\x12\x18\n\x14SCHEDULE_ONE_F_ONE_B\x10\x02\x12\x1d\n\x19SCHEDULE_INTERLEAVED_1F1B\x10\x03\x12\x1a\n\x16SCHEDULE_LATENCY_AWARE\x10\x04*\xcd\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11JOB_STATE_PENDING\x10\x01\x12\x14\n\x10JOB_STATE_PLACED\x10\x02\x12\x15\n\x11JOB_STATE_RUNNING\x10\x03\x12\x1a\n\x16JOB_STATE_RESCHEDULING\x10\x04\x12\x17\n\x13JOB_STATE_SUCCEEDED\x10\x05\x12\x14\n\x10JOB_STATE_FAILED\x10\x06\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x07*\xb4\x01\n\x0fPlacementStatus\x12 \n\x1cPLACEMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PLACEMENT_STATUS_SUCCESS\x10\x01\x12\"\n\x1ePLACEMENT_STATUS_UNSCHEDULABLE\x10\x02\x12!\n\x1dPLACEMENT_STATUS_UNRESOLVABLE\x10\x03\x12\x1a\n\x16PLACEMENT_STATUS_ERROR\x10\x04*e\n\tObjective\x12\x19\n\x15OBJECTIVE_UNSPECIFIED\x10\x00\x12\x11\n\rOBJECTIVE_JCT\x10\x01\x12\x12\n\x0eOBJECTIVE_COST\x10\x02\x12\x16\n\x12OBJECTIVE_BALANCED\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,36 +35,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREDICTIONS_EXTRASENTRY']._loaded_options = None
   _globals['_PREDICTIONS_EXTRASENTRY']._serialized_options = b'8\001'
-  _globals['_SCHEDULE']._serialized_start=2335
-  _globals['_SCHEDULE']._serialized_end=2476
-  _globals['_JOBSTATE']._serialized_start=2479
-  _globals['_JOBSTATE']._serialized_end=2684
-  _globals['_PLACEMENTSTATUS']._serialized_start=2687
-  _globals['_PLACEMENTSTATUS']._serialized_end=2867
-  _globals['_OBJECTIVE']._serialized_start=2869
-  _globals['_OBJECTIVE']._serialized_end=2970
+  _globals['_SCHEDULE']._serialized_start=2423
+  _globals['_SCHEDULE']._serialized_end=2564
+  _globals['_JOBSTATE']._serialized_start=2567
+  _globals['_JOBSTATE']._serialized_end=2772
+  _globals['_PLACEMENTSTATUS']._serialized_start=2775
+  _globals['_PLACEMENTSTATUS']._serialized_end=2955
+  _globals['_OBJECTIVE']._serialized_start=2957
+  _globals['_OBJECTIVE']._serialized_end=3058
   _globals['_CLUSTER']._serialized_start=126
-  _globals['_CLUSTER']._serialized_end=740
-  _globals['_LINK']._serialized_start=742
-  _globals['_LINK']._serialized_end=860
-  _globals['_TOPOLOGY']._serialized_start=862
-  _globals['_TOPOLOGY']._serialized_end=980
-  _globals['_MODELSPEC']._serialized_start=982
-  _globals['_MODELSPEC']._serialized_end=1069
-  _globals['_GPURANGE']._serialized_start=1071
-  _globals['_GPURANGE']._serialized_end=1133
-  _globals['_JOBSPEC']._serialized_start=1136
-  _globals['_JOBSPEC']._serialized_end=1528
-  _globals['_STAGE']._serialized_start=1530
-  _globals['_STAGE']._serialized_end=1619
-  _globals['_PREDICTIONS']._serialized_start=1622
-  _globals['_PREDICTIONS']._serialized_end=1848
-  _globals['_PREDICTIONS_EXTRASENTRY']._serialized_start=1803
-  _globals['_PREDICTIONS_EXTRASENTRY']._serialized_end=1848
-  _globals['_PLAN']._serialized_start=1851
-  _globals['_PLAN']._serialized_end=2028
-  _globals['_BUDGET']._serialized_start=2030
-  _globals['_BUDGET']._serialized_end=2147
-  _globals['_PROGRESSEVENT']._serialized_start=2150
-  _globals['_PROGRESSEVENT']._serialized_end=2332
+  _globals['_CLUSTER']._serialized_end=828
+  _globals['_LINK']._serialized_start=830
+  _globals['_LINK']._serialized_end=948
+  _globals['_TOPOLOGY']._serialized_start=950
+  _globals['_TOPOLOGY']._serialized_end=1068
+  _globals['_MODELSPEC']._serialized_start=1070
+  _globals['_MODELSPEC']._serialized_end=1157
+  _globals['_GPURANGE']._serialized_start=1159
+  _globals['_GPURANGE']._serialized_end=1221
+  _globals['_JOBSPEC']._serialized_start=1224
+  _globals['_JOBSPEC']._serialized_end=1616
+  _globals['_STAGE']._serialized_start=1618
+  _globals['_STAGE']._serialized_end=1707
+  _globals['_PREDICTIONS']._serialized_start=1710
+  _globals['_PREDICTIONS']._serialized_end=1936
+  _globals['_PREDICTIONS_EXTRASENTRY']._serialized_start=1891
+  _globals['_PREDICTIONS_EXTRASENTRY']._serialized_end=1936
+  _globals['_PLAN']._serialized_start=1939
+  _globals['_PLAN']._serialized_end=2116
+  _globals['_BUDGET']._serialized_start=2118
+  _globals['_BUDGET']._serialized_end=2235
+  _globals['_PROGRESSEVENT']._serialized_start=2238
+  _globals['_PROGRESSEVENT']._serialized_end=2420
 # @@protoc_insertion_point(module_scope)

@@ -68,7 +68,7 @@ OBJECTIVE_COST: Objective
 OBJECTIVE_BALANCED: Objective
 
 class Cluster(_message.Message):
-    __slots__ = ("name", "gpu", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps", "electricity_usd_per_kwh", "free_gpus", "tflops", "mfu", "memory_gib", "region", "lat", "lon", "layer_overhead_ms")
+    __slots__ = ("name", "gpu", "nodes", "gpus_per_node", "intra_node_gbps", "inter_node_gbps", "electricity_usd_per_kwh", "free_gpus", "tflops", "mfu", "memory_gib", "region", "lat", "lon", "layer_overhead_ms", "optimizer_ms_per_layer")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class Cluster(_message.Message):
     LAT_FIELD_NUMBER: _ClassVar[int]
     LON_FIELD_NUMBER: _ClassVar[int]
     LAYER_OVERHEAD_MS_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_MS_PER_LAYER_FIELD_NUMBER: _ClassVar[int]
     name: str
     gpu: str
     nodes: int
@@ -99,7 +100,8 @@ class Cluster(_message.Message):
     lat: float
     lon: float
     layer_overhead_ms: float
-    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., intra_node_gbps: _Optional[float] = ..., inter_node_gbps: _Optional[float] = ..., electricity_usd_per_kwh: _Optional[float] = ..., free_gpus: _Optional[int] = ..., tflops: _Optional[float] = ..., mfu: _Optional[float] = ..., memory_gib: _Optional[float] = ..., region: _Optional[str] = ..., lat: _Optional[float] = ..., lon: _Optional[float] = ..., layer_overhead_ms: _Optional[float] = ...) -> None: ...
+    optimizer_ms_per_layer: float
+    def __init__(self, name: _Optional[str] = ..., gpu: _Optional[str] = ..., nodes: _Optional[int] = ..., gpus_per_node: _Optional[int] = ..., intra_node_gbps: _Optional[float] = ..., inter_node_gbps: _Optional[float] = ..., electricity_usd_per_kwh: _Optional[float] = ..., free_gpus: _Optional[int] = ..., tflops: _Optional[float] = ..., mfu: _Optional[float] = ..., memory_gib: _Optional[float] = ..., region: _Optional[str] = ..., lat: _Optional[float] = ..., lon: _Optional[float] = ..., layer_overhead_ms: _Optional[float] = ..., optimizer_ms_per_layer: _Optional[float] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("a", "b", "bandwidth_gbps", "latency_ms", "directed")
