@@ -18,6 +18,8 @@ Allocation values are JSON ``{"<job>": gpus}``; assignment values are the cluste
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
@@ -76,6 +78,10 @@ class JobRepository:
         self.store = store
         self.clock = clock
         self._decoded: dict[str, tuple[int, JobRecord]] = {}  # key -> (mod_revision, record): decode once
+        # cluster -> (its allocation, mod_revision) as this process last wrote or read it (0: absent). Only
+        # ever the expected value of a compare: a stale entry fails the compare and is read again.
+        self._alloc_cache: dict[str, tuple[dict[str, int], int]] = {}
+        self._alloc_locks: dict[str, asyncio.Lock] = {}
 
     def remember(self, stored: StoredJob) -> StoredJob:
         """Note a record this process wrote at its revision, so :meth:`list` and :meth:`count_in` need not
@@ -128,12 +134,13 @@ class JobRepository:
             name = keys.name_of(kv.key, keys.ALLOCATIONS)
             allocs[name] = _decode_alloc(kv)
             revs[name] = kv.mod_revision
+        self._alloc_cache = {c: (dict(a), revs[c]) for c, a in allocs.items()}
         return allocs, revs, rev
 
     async def allocation(self, cluster: str) -> tuple[dict[str, int], int]:
         """``({job: gpus}, mod_revision)`` of one cluster's allocation key (``({}, 0)`` when absent)."""
-        kv = await self.store.get(keys.allocation_key(cluster))
-        return _decode_alloc(kv), kv.mod_revision if kv is not None else 0
+        current, mod = await self._read_allocation(cluster)
+        return dict(current), mod
 
     def watch(self, start_revision: int | None = None) -> AsyncIterator[WatchEvent]:
         return self.store.watch_prefix(keys.JOBS, start_revision=start_revision)
@@ -215,37 +222,69 @@ class JobRepository:
             puts.append(Put(key=akey, value=_encode(updated)))
             puts.append(Put(key=keys.assignment_key(cluster, placed.id),
                             value=_encode(self._assignment(placed, placed.plan, cluster))))
-        rev = await self.store.commit(compares, puts, [])
+        try:
+            rev = await self.store.commit(compares, puts, [])
+        except CompareFailedError:
+            for cluster in placed.allocation:
+                self._alloc_cache.pop(cluster, None)
+            raise
+        for cluster, gpus in placed.allocation.items():
+            self._alloc_cache[cluster] = ({**current_allocations.get(cluster, {}), placed.id: gpus}, rev)
         return self.remember(StoredJob(record=placed, mod_revision=rev))
 
     async def release(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """Write ``new`` (a state that holds no GPUs) and return the GPUs ``stored`` held, atomically.
 
-        Reads the allocation keys of the job's clusters and compares them, retrying on a concurrent
-        change of an allocation key (never of the job record itself: that conflict is the caller's)."""
-        held = stored.record.allocation
-        for _ in range(20):
-            compares = [Compare(key=keys.job_key(new.id), mod_revision=stored.mod_revision)]
-            puts = [Put(key=keys.job_key(new.id), value=new.to_json())]
-            deletes: list[str] = []
+        Compares the allocation keys of the job's clusters on the revision this process last wrote or read
+        them at (read from etcd when unknown), retrying on a concurrent change of an allocation key with a
+        fresh read (never on a change of the job record itself: that conflict is the caller's). Releases in
+        this process on the same cluster take turns (one lock per cluster, taken in name order), so jobs
+        ending together on a cluster do not race each other for its key."""
+        held = sorted(stored.record.allocation)
+        async with contextlib.AsyncExitStack() as stack:
             for cluster in held:
-                akey = keys.allocation_key(cluster)
-                kv = await self.store.get(akey)
-                alloc = _decode_alloc(kv)
-                compares.append(Compare(key=akey, mod_revision=kv.mod_revision if kv else 0))
-                alloc.pop(new.id, None)
-                if alloc:
-                    puts.append(Put(key=akey, value=_encode(alloc)))
-                elif kv is not None:
-                    deletes.append(akey)
-                deletes.append(keys.assignment_key(cluster, new.id))
-            try:
-                rev = await self.store.commit(compares, puts, deletes)
+                await stack.enter_async_context(self._alloc_lock(cluster))
+            for _ in range(20):
+                compares = [Compare(key=keys.job_key(new.id), mod_revision=stored.mod_revision)]
+                puts = [Put(key=keys.job_key(new.id), value=new.to_json())]
+                deletes: list[str] = []
+                after: dict[str, tuple[dict[str, int], int]] = {}
+                for cluster in held:
+                    akey = keys.allocation_key(cluster)
+                    known = self._alloc_cache.get(cluster)
+                    current, mod = known if known is not None else await self._read_allocation(cluster)
+                    compares.append(Compare(key=akey, mod_revision=mod))
+                    alloc = {j: g for j, g in current.items() if j != new.id}
+                    if alloc:
+                        puts.append(Put(key=akey, value=_encode(alloc)))
+                    elif mod:
+                        deletes.append(akey)
+                    after[cluster] = (alloc, mod)
+                    deletes.append(keys.assignment_key(cluster, new.id))
+                try:
+                    rev = await self.store.commit(compares, puts, deletes)
+                except CompareFailedError as e:
+                    for cluster in held:
+                        self._alloc_cache.pop(cluster, None)  # read again
+                    if keys.job_key(new.id) in e.current:
+                        raise
+                    continue
+                for cluster, (alloc, _) in after.items():
+                    self._alloc_cache[cluster] = (alloc, rev if alloc else 0)  # deleted or still absent
                 return self.remember(StoredJob(record=new, mod_revision=rev))
-            except CompareFailedError as e:
-                if keys.job_key(new.id) in e.current:
-                    raise
         raise CompareFailedError({keys.ALLOCATIONS: 0})
+
+    def _alloc_lock(self, cluster: str) -> asyncio.Lock:
+        lock = self._alloc_locks.get(cluster)
+        if lock is None:
+            lock = self._alloc_locks[cluster] = asyncio.Lock()
+        return lock
+
+    async def _read_allocation(self, cluster: str) -> tuple[dict[str, int], int]:
+        kv = await self.store.get(keys.allocation_key(cluster))
+        out = _decode_alloc(kv), kv.mod_revision if kv is not None else 0
+        self._alloc_cache[cluster] = out
+        return out
 
     async def transition(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """Apply a state change, releasing GPUs when ``new`` no longer holds them."""

@@ -3,10 +3,16 @@ wrote them; a newer write by another replica is always read from the store."""
 
 from __future__ import annotations
 
+import asyncio
+
+from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository
+from services.scheduler.topology_source import StaticTopologySource
+from spiderflow.domain import Cluster, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.store import MemoryStore, keys
+from spiderflow.store.base import CompareFailedError
 
 
 def _spec(i: int):  # type: ignore[no-untyped-def]
@@ -31,3 +37,55 @@ async def test_another_replicas_write_is_never_served_from_the_cache() -> None:
         kv = await store.get(keys.job_key(s.record.id))
         assert kv is not None and kv.mod_revision == s.mod_revision
         assert JobRecord.from_json(kv.value) == s.record
+
+
+class _FailCountingStore(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = 0
+
+    async def commit(self, compares, puts=(), deletes=()):  # type: ignore[no-untyped-def,override]
+        await asyncio.sleep(0)  # a round trip: concurrent writers interleave as they do on etcd
+        try:
+            return await super().commit(compares, puts, deletes)
+        except CompareFailedError:
+            self.failed += 1
+            raise
+
+
+async def _allocations_match_records(repo: JobRepository) -> dict[str, dict[str, int]]:
+    allocs, _, _ = await repo.allocations()
+    stored, _ = await repo.list()
+    expected: dict[str, dict[str, int]] = {}
+    for s in stored:
+        if s.record.state in (JobState.PLACED, JobState.RUNNING):
+            for c, g in s.record.allocation.items():
+                expected.setdefault(c, {})[s.record.id] = g
+    assert allocs == expected  # invariant 2 of the repository
+    return allocs
+
+
+async def test_releases_use_known_allocations_and_recover_from_another_replicas_write() -> None:
+    store = _FailCountingStore()
+    a, b = JobRepository(store), JobRepository(store)
+    topo = Topology(clusters=(Cluster(name="c", gpu="A100-80G", nodes=1, gpus_per_node=8),), links=())
+    cycle = SchedulingCycle(a, StaticTopologySource(topo))
+    for i in range(6):
+        await a.submit(_spec(i), f"r{i}")
+    assert len((await cycle.run()).placed) == 6
+    await _allocations_match_records(a)
+    # another replica cancels one: a's known revision of allocations/c is now stale
+    theirs = await b.get("job-0")
+    await b.transition(theirs, theirs.record.to(JobState.CANCELLED, "by b", now=1.0))
+    failed = store.failed
+    mine = await a.get("job-1")
+    await a.transition(mine, mine.record.to(JobState.SUCCEEDED, "done", now=2.0))
+    assert store.failed == failed + 1  # the stale compare failed once, then a fresh read succeeded
+    assert set((await _allocations_match_records(a))["c"]) == {"job-2", "job-3", "job-4", "job-5"}
+    # jobs of one cluster ending together in one process take turns: no compare fails
+    failed = store.failed
+    done = [await a.get(f"job-{i}") for i in range(2, 6)]
+    await asyncio.gather(*(a.transition(s, s.record.to(JobState.SUCCEEDED, "done", now=3.0)) for s in done))
+    assert store.failed == failed
+    assert await _allocations_match_records(a) == {}
+    assert await store.get(keys.allocation_key("c")) is None
