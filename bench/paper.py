@@ -5,7 +5,9 @@ seed) one trace is generated against that topology's capacity, and every policy 
 on the same topology with the same queue policy. Budgets are stated in the output: policies that take a
 time limit (``ilp``, ``genetic``) get the same ``--time-limit`` per decision; SpinSearch, firstfit and bace
 take none. Decisions' wall time is measured (``--overhead measured``) and delays the jobs, as in the
-service.
+service; their process CPU time is reported too (less sensitive to other load on a shared machine). Each
+policy's simulation runs in a fresh process (``--no-isolate`` to share one), so no policy inherits the
+plan caches another one warmed.
 
 Figures, each a ratio against the best *baseline* of the same run (a baseline is any policy other than
 ``spinsearch``):
@@ -15,7 +17,8 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
 - ``throughput_ratio`` = SpinSearch system throughput (tokens of completed jobs / makespan) / the best
   baseline's; ``plan_throughput_ratio`` = SpinSearch's mean per-job training throughput (tokens/s of the
   job's plan) / the best baseline's, over the jobs every policy completed;
-- ``overhead_ratio_<p>`` = mean per-decision overhead of ``p`` / SpinSearch's, for ``p`` in ilp, genetic;
+- ``overhead_ratio_<p>`` = mean per-decision overhead (wall) of ``p`` / SpinSearch's, for ``p`` in ilp,
+  genetic; ``cpu_ratio_<p>`` the same with process CPU time; ``total_overhead_ratio_<p>`` with the sums;
 - cost run (``--cost``): SpinSearch with ``--objective cost`` and ``balanced`` against ``bace``: electricity
   $ and mean JCT ratios, per seed of ``--cost-seeds`` with a fixed overhead per decision (reproducible),
   and their mean ± sd;
@@ -41,6 +44,7 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import platform
 import statistics
 import sys
@@ -51,16 +55,34 @@ from typing import Any
 
 import structlog
 
+from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
 from spiderflow.placement.base import Objective
 from spiderflow.queueing import QueuePolicy
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.sim.engine import OverheadMode, SimConfig, SimResult, simulate
 from spiderflow.sim.metrics import summarize
 from spiderflow.sim.tracegen import generate_trace
 from spiderflow.topogen import generate_topology
 
 ALL_POLICIES = ("spinsearch", "ilp", "genetic", "firstfit", "bace")
+
+
+def _simulate_child(args: tuple[Any, ...]) -> SimResult:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    load_builtin_policies()
+    topo, trace, policy, cfg = args
+    return simulate(topo, trace, policy, cfg)
+
+
+def _simulate(topo: Topology, trace: list[JobSpec], policy: str, cfg: SimConfig, *, isolate: bool) -> SimResult:
+    """One simulation; with ``isolate`` in a fresh process, so no policy starts with caches another one
+    (or an earlier size) warmed: every policy pays its own cold start."""
+    if not isolate:
+        return simulate(topo, trace, policy, cfg)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        res: SimResult = pool.apply(_simulate_child, ((topo, trace, policy, cfg),))
+        return res
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -69,7 +91,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
              objective: Objective = Objective.JCT, overhead: OverheadMode = OverheadMode.MEASURED,
-             wait_ablation: bool = False) -> dict[str, Any]:
+             wait_ablation: bool = False, isolate: bool = True) -> dict[str, Any]:
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
     cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=overhead)
@@ -79,7 +101,7 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
     for p in policies:
         t0 = time.perf_counter()
         try:
-            res = simulate(topo, trace, p, cfg)
+            res = _simulate(topo, trace, p, cfg, isolate=isolate)
         except SpiderFlowError as e:  # a policy bug must not hide the other policies' figures
             out.setdefault("errors", {})[p] = f"{type(e).__name__}: {e}"
             print(f"  {clusters:>4} clusters {p:>10}: ERROR {e}", flush=True)
@@ -103,7 +125,7 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
     out["ratios"] = ratios(out["policies"])
     if wait_ablation and "spinsearch" in policies:
         # SpinSearch without the releases (always starts on what is free now), same trace and budgets.
-        s = summarize(simulate(topo, trace, "spinsearch", replace(cfg, releases=False)))
+        s = summarize(_simulate(topo, trace, "spinsearch", replace(cfg, releases=False), isolate=isolate))
         out["spinsearch_start_now"] = {k: s[k] for k in ("completed", "mean_jct_s", "p95_jct_s",
                                                          "throughput_tokens_per_s", "decisions",
                                                          "overhead_per_decision_mean_s", "gpu_utilization")}
@@ -139,6 +161,8 @@ def ratios(pol: dict[str, dict[str, Any]]) -> dict[str, Any]:
             r[f"overhead_ratio_{p}"] = base[p]["overhead_per_decision_mean_s"] / ss["overhead_per_decision_mean_s"]
             r[f"total_overhead_ratio_{p}"] = (base[p]["sched_overhead_s"] / ss["sched_overhead_s"]
                                               if ss["sched_overhead_s"] else None)
+        if p in base and base[p].get("cpu_per_decision_mean_s") and ss.get("cpu_per_decision_mean_s"):
+            r[f"cpu_ratio_{p}"] = base[p]["cpu_per_decision_mean_s"] / ss["cpu_per_decision_mean_s"]
     return r
 
 
@@ -277,19 +301,21 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ", f"Budgets: {doc['budgets']}  ",
              f"Overhead mode: {doc.get('overhead', 'measured')}", ""]
     lines.append("| clusters | policy | done | mean JCT h (common) | p95 JCT h | tokens/s | decisions | "
-                 "s/decision | total overhead s | util | $ |")
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+                 "s/decision | CPU s/decision | total overhead s | util | $ |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in doc["sizes"]:
         for p, s in size["policies"].items():
             lines.append(
                 f"| {size['clusters']} | {p} | {s['completed']}/{size['jobs']} | "
                 f"{(s['mean_jct_common_s'] or 0) / 3600:.2f} | {(s['p95_jct_s'] or 0) / 3600:.2f} | "
                 f"{s['throughput_tokens_per_s']:.4g} | {s['decisions']} | "
-                f"{s['overhead_per_decision_mean_s'] or 0:.4g} | {s['sched_overhead_s']:.4g} | "
+                f"{s['overhead_per_decision_mean_s'] or 0:.4g} | {s.get('cpu_per_decision_mean_s') or 0:.4g} | "
+                f"{s['sched_overhead_s']:.4g} | "
                 f"{s['gpu_utilization']:.2f} | {s['cost_usd']:.4g} |")
     lines += ["", "| clusters | common jobs | JCT ratio (vs best baseline) | throughput ratio | "
               "plan throughput ratio | "
-              "overhead ilp/ss | overhead genetic/ss |", "|---|---|---|---|---|---|---|"]
+              "overhead ilp/ss | overhead genetic/ss | CPU ilp/ss | CPU genetic/ss | total overhead ilp/ss | "
+              "total overhead genetic/ss |", "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(x: Any) -> str:
         return "–" if x is None else (f"{x:.3g}" if isinstance(x, float) else str(x))
@@ -300,7 +326,9 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(r.get('jct_ratio'))} ({r.get('jct_best_baseline', '–')}) | "
                      f"{f(r.get('throughput_ratio'))} ({r.get('throughput_best_baseline', '–')}) | "
                      f"{f(r.get('plan_throughput_ratio'))} ({r.get('plan_throughput_best_baseline', '–')}) | "
-                     f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} |")
+                     f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} | "
+                     f"{f(r.get('cpu_ratio_ilp'))} | {f(r.get('cpu_ratio_genetic'))} | "
+                     f"{f(r.get('total_overhead_ratio_ilp'))} | {f(r.get('total_overhead_ratio_genetic'))} |")
     if doc.get("cost"):
         c = doc["cost"]
         lines += ["", f"Cost run ({c['clusters']} clusters, {c['jobs']} jobs, seeds {c['seeds']}, fixed overhead per "
@@ -376,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost-seeds", default="1,2,3", help="seeds of the cost run (fixed overhead mode)")
     ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default="measured",
                     help="measured: decisions' wall time delays jobs (default); fixed: 0.01 s each (reproducible)")
+    ap.add_argument("--no-isolate", action="store_true",
+                    help="run the main comparison's simulations in this process (caches shared across policies)")
     ap.add_argument("--sweep-seeds", default="", help="also run spinsearch vs bace on these seeds at every size")
     ap.add_argument("--wait-ablation", action="store_true",
                     help="also run SpinSearch without releases (start-now only) at every size")
@@ -410,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in [int(x) for x in args.sizes.split(",") if x]:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
                                          time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
-                                         wait_ablation=args.wait_ablation))
+                                         wait_ablation=args.wait_ablation, isolate=not args.no_isolate))
         if args.cost:
             n = int(args.sizes.split(",")[0])
             doc["cost"] = cost_run(n, args.jobs, seeds=[int(x) for x in args.cost_seeds.split(",") if x],

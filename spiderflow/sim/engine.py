@@ -35,7 +35,7 @@ two runs with the same inputs produce identical results (the measured times are 
 Metrics (:func:`spiderflow.sim.metrics.summarize`): JCT = completion − arrival (completed jobs),
 makespan = last completion − first arrival, throughput = tokens of completed jobs / makespan,
 utilisation = GPU-seconds held / (pool GPUs × makespan), cost = electricity of held GPUs.
-Pure: no I/O; the only clock read is the decision timer.
+Pure: no I/O; the only clocks read are the decision timers (wall and process CPU time).
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ class JobRecord:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimResult:
-    """Everything a run produced. ``decision_overheads_s``: measured wall time of every policy call;
+    """Everything a run produced. ``decision_overheads_s``: measured wall time of every policy call
+    (``decision_cpu_s``: CPU time of the process during it, all threads, e.g. a solver's workers);
     ``sim_overhead_s``: the scheduler time fed into the simulated clock (differs in ``fixed`` mode)."""
 
     policy: str
@@ -222,6 +223,7 @@ class SimResult:
     last_end_s: float
     max_gpus_in_use: dict[str, int]
     violations: tuple[str, ...] = ()
+    decision_cpu_s: tuple[float, ...] = ()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,6 +317,7 @@ class _Sim:
         self.total_free_cache = 0
         self.qcache: dict[str, tuple[tuple[float, int, float | None], QueuedJob]] = {}
         self.decision_times: list[float] = []
+        self.decision_cpu: list[float] = []
         self.sim_overhead = 0.0
         self.queue_overhead = 0.0
         self.decision_seq = 0
@@ -580,6 +583,7 @@ class _Sim:
         self.decision_seq += 1
         budget = Budget(time_limit_s=self.cfg.time_limit_s, seed=self.cfg.seed * 1_000_003 + self.decision_seq,
                         objective=self.cfg.objective, releases=self._releases(clock) if self.cfg.releases else ())
+        c0 = time.process_time()
         t0 = time.perf_counter()
         status = PlacementStatus.ERROR
         try:
@@ -591,6 +595,7 @@ class _Sim:
         else:
             err = ""
         measured = time.perf_counter() - t0
+        self.decision_cpu.append(time.process_time() - c0)
         self.decision_times.append(measured)
         fed = measured if self.cfg.overhead is OverheadMode.MEASURED else self.cfg.fixed_overhead_s
         self.sim_overhead += fed
@@ -749,6 +754,7 @@ def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | 
         policy=getattr(policy, "name", type(policy).__name__),
         records=records,
         decision_overheads_s=tuple(sim.decision_times),
+        decision_cpu_s=tuple(sim.decision_cpu),
         sim_overhead_s=sim.sim_overhead,
         queue_overhead_s=sim.queue_overhead,
         pool_gpus=sum(sim.capacity.values()),

@@ -8,7 +8,8 @@ Definitions (``C`` = completed jobs):
 - ``throughput_tokens_per_s``: Σ tokens of ``C`` / makespan (system throughput);
   ``mean_plan_tokens_per_s``: mean over ``C`` of each job's training throughput on its (last) plan.
 - ``sched_overhead_s``: total measured wall time of all placement decisions; ``decisions``: their number;
-  ``overhead_per_decision_mean_s`` / ``_p95_s`` over decisions.
+  ``overhead_per_decision_mean_s`` / ``_p95_s`` over decisions; ``cpu_per_decision_mean_s``: mean process
+  CPU time per decision (all threads; less sensitive to other load on the machine than wall time).
 - ``gpu_utilization``: GPU-seconds held by jobs / (pool GPUs × makespan).
 - ``cost_usd``: electricity of the GPUs held (power × time × the cluster's $/kWh), including lost work.
 """
@@ -60,6 +61,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "decisions": len(dec),
         "overhead_per_decision_mean_s": float(np.mean(dec)) if dec else None,
         "overhead_per_decision_p95_s": percentile(dec, 95),
+        "cpu_per_decision_mean_s": float(np.mean(result.decision_cpu_s)) if result.decision_cpu_s else None,
         "gpu_utilization": gpu_s / (result.pool_gpus * makespan) if makespan > 0 and result.pool_gpus else 0.0,
         "cost_usd": float(sum(r.cost_usd for r in result.records)),
         "restarts": sum(r.restarts for r in result.records),
