@@ -59,7 +59,11 @@ def sample_topology(n: int = 3) -> Topology:
 
 
 class LocalMesh:
-    """Start/stop a mesh for ``topology`` with its logs under ``workdir`` (a temp dir when None)."""
+    """Start/stop a mesh for ``topology`` with its logs under ``workdir`` (a temp dir when None).
+
+    Agents are spawned side by side, so their CPU calibrations (``--profile-seconds profile_seconds``,
+    about four times that long; :mod:`agent.profiler`) run at the same time: each measures the share of a
+    core it gets while the other co-located clusters' workers are busy too, as they are in a pipeline."""
 
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
