@@ -229,7 +229,8 @@ class SchedulingCycle:
         report.seconds = time.perf_counter() - t_start
         metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
-                 seconds=round(report.seconds, 4), conflict=report.conflict, cached=self.cache_hits - hits_before)
+                 seconds=round(report.seconds, 4), conflict=report.conflict, cached=self.cache_hits - hits_before,
+                 notes=NOTE_WRITES_PER_CYCLE - self._notes_left)
         return report
 
     def _material_change(self, sj: StoredJob, topo: Topology) -> str:
