@@ -10,8 +10,9 @@ share one call after another (closed loop) on its own channel. Reported (one JSO
 submit latency p50/p90/p99/max, submissions per second over the submit phase, time until all jobs were
 terminal, and the check that nothing was lost or duplicated (every id exactly once, every job SUCCEEDED,
 one request record per job). Exit code 1 when the check fails. Also reported: CPU seconds the scheduler and
-etcd processes spent during the submit phase (``/proc/<pid>/stat``), and the 1-minute load average before
-and after it (the machine is shared: a loaded machine inflates wall-clock figures).
+etcd processes (``/proc/<pid>/stat``) and the clients (this process) spent during the submit phase, and the
+1-minute load average before and after it (the machine is shared: a loaded machine inflates wall-clock
+figures, CPU seconds per submission much less).
 
 ``--profile PATH`` runs the scheduler under ``cProfile`` and stops it right after the submit phase (stats of
 that phase, scheduling cycles included, written to PATH; read them with ``python -m pstats PATH``); completion
@@ -155,7 +156,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "submit_cpu_seconds": {"scheduler": round(cpu1[0] - cpu0[0], 2), "etcd": round(cpu1[1] - cpu0[1], 2),
                                    "clients": round(cpu1[2] - cpu0[2], 2)},
             "load_average_1m": {"before": round(load_before, 2), "after": round(load_after, 2)},
-            "all_terminal_seconds": None if args.profile or args.submit_only else round(done_s, 1), "succeeded": succeeded,
+            "all_terminal_seconds": None if args.profile or args.submit_only else round(done_s, 1),
+            "succeeded": succeeded,
             "nothing_lost_or_duplicated": ids == expected and len(reqs) == args.jobs and bool(complete),
         }
     finally:
