@@ -46,9 +46,10 @@ Search:
      than :data:`TRIM_TOLERANCE`) with the level-1 planner on the exact cost model, keep the best valid
      plan, and re-plan that chain with TPA when it is importable (:func:`~spiderflow.placement.common.
      finalise`); if no finalist fits memory exactly, the remaining candidates are tried.
-  6. start now or wait (:func:`wait_or_start`, ``jct`` only, when the scheduler passes expected GPU
-     releases in :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` finishes the
-     job's remaining steps earlier than starting now by more than :data:`DEFER_MARGIN`, the answer is
+  6. start now or wait (:func:`wait_or_start`, when the scheduler passes expected GPU releases in
+     :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
+     (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
+     :data:`DEFER_MARGIN`, the answer is
      ``UNSCHEDULABLE`` with ``constraint="deferred"`` and ``stats["defer_s"] = a_i`` (the scheduler asks
      again then). Greedy "start now on whatever is free" strands a job for hours on a few slow GPUs
      spread over several clusters when a fast cluster frees up minutes later.
@@ -70,7 +71,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from spiderflow.domain import JobSpec, Topology
+from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnschedulableError
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
 from spiderflow.placement.common import (
@@ -532,34 +533,47 @@ def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...
     return cur
 
 
+def _job_total(objective: Objective, after: float, steps: int, step: float, usd: float) -> float:
+    """The whole job's objective when it starts after ``after`` seconds: finish time ``a + S·step``
+    (``jct``), dollars ``S·usd`` (``cost``) or finish time × √dollars (``balanced``)."""
+    finish, dollars = after + steps * step, steps * usd
+    if objective is Objective.COST:
+        return dollars
+    if objective is Objective.BALANCED:
+        return finish * math.sqrt(max(dollars, 0.0))
+    return finish
+
+
 def wait_or_start(
-    topo: Topology, job: JobSpec, now_step: float, releases: tuple[Release, ...], *,
+    topo: Topology, job: JobSpec, now: Plan, releases: tuple[Release, ...], *,
     objective: Objective = Objective.JCT, beam_width: int = 8, neighbours: int = 10, seeds: int = 12,
     finalists: int = 2,
 ) -> tuple[float, float, float, int] | None:
     r"""Start now or wait for GPUs the scheduler expects back (the last step of :class:`SpinSearch`).
 
-    Starting now finishes the job's ``S`` remaining steps after ``F_0 = S·step_0`` (``step_0``: the exact
-    step of the plan chosen now). Waiting for the releases up to ``a_i`` (cumulative, soonest first)
-    finishes after ``F_i = a_i + S·step_i``, where ``step_i`` is the exact step (level-1 planner on the
-    cost model, :func:`~spiderflow.placement.common.finalise` with ``planner="fallback"``) of the best
-    of :func:`search_chains`' finalists on the GPUs free now plus those released by ``a_i``. Wait iff
-    ``min_i F_i < (1 − DEFER_MARGIN)·F_0``.
+    The job's ``S`` remaining steps are scored as a whole: ``V(a, step, usd)`` = finish time
+    ``a + S·step`` (``jct``), dollars ``S·usd`` (``cost``) or ``(a + S·step)·√(S·usd)`` (``balanced``)
+    when it starts ``a`` seconds from now. Starting now scores ``V_0 = V(0, step_0, usd_0)`` with the plan
+    chosen now (``now``). Waiting for the releases up to ``a_i`` (cumulative, soonest first) scores
+    ``V_i = V(a_i, step_i, usd_i)`` with the exact plan (level-1 planner on the cost model,
+    :func:`~spiderflow.placement.common.finalise` with ``planner="fallback"``, the planner ``now`` came
+    from) of the best of :func:`search_chains`' finalists on the GPUs free now plus those released by
+    ``a_i``. Wait iff ``min_i V_i < (1 − DEFER_MARGIN)·V_0``.
 
-    Pruning: (a) ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread over the job's ``G_max``
-    fastest GPUs then free, no communication), so a point whose ``a_i + S·(that bound)`` cannot beat the
-    threshold (or the best point so far) is not searched, and points at or after it end the scan;
-    (b) a point is planned exactly only when the search's estimate beats the threshold; (c) at most
-    :data:`MAX_LOOKAHEAD` points are searched. Only the ``jct`` objective waits (dollars per step do not
-    depend on when the job starts).
+    Pruning: (a) ``jct``: ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread over the job's
+    ``G_max`` fastest GPUs then free, no communication), so a point whose ``a_i + S·(that bound)`` cannot
+    beat the threshold (or the best point so far) is not searched, and points at or after it end the
+    scan; (b) a point is planned exactly only when the search's estimate beats the threshold; (c) at most
+    :data:`MAX_LOOKAHEAD` points are searched.
 
-    Returns ``(a_i, F_i, F_0, GPUs of that plan)`` of the best point when waiting wins, else ``None``.
+    Returns ``(a_i, V_i, V_0, GPUs of that plan)`` of the best point when waiting wins, else ``None``.
     """
-    if objective is not Objective.JCT or not releases or not math.isfinite(now_step):
+    if not releases or not math.isfinite(now.step_time_s):
         return None
+    jct = objective is Objective.JCT
     jc = job_consts(job)
-    f_now = job.steps * now_step
-    threshold = (1.0 - DEFER_MARGIN) * f_now
+    v_now = _job_total(objective, 0.0, job.steps, now.step_time_s, now.usd_per_step)
+    threshold = (1.0 - DEFER_MARGIN) * v_now
     free = {c.name: c.free for c in topo.clusters}
     rate = {c.name: c.effective_tflops * 1e12 for c in topo.clusters}
     work = 3.0 * jc.m * (jc.layers * jc.f + jc.head_f)
@@ -574,28 +588,34 @@ def wait_or_start(
                     free[c] += g
             i += 1
         limit = min(threshold, best[1] if best is not None else math.inf)
-        if after >= limit:
+        if jct and after >= limit:
             break
         if sum(free.values()) < job.gpus.min:
             continue
-        top = sorted((rate[c] for c, n in free.items() for _ in range(min(n, jc.gpus_max))), reverse=True)
-        if after + job.steps * work / max(sum(top[: jc.gpus_max]), 1e-9) >= limit:
-            continue
+        if jct:
+            top = sorted((rate[c] for c, n in free.items() for _ in range(min(n, jc.gpus_max))), reverse=True)
+            if after + job.steps * work / max(sum(top[: jc.gpus_max]), 1e-9) >= limit:
+                continue
         searched += 1
         future = topo.with_free(dict(free))
         cands, _ = search_chains(future, job, objective=objective, beam_width=beam_width,
                                  neighbours=neighbours, seeds=seeds, keep=finalists)
-        if not cands or after + job.steps * cands[0].step >= limit:
+        if not cands:
+            continue
+        if jct and after + job.steps * cands[0].step >= limit:
             continue
         names = future.names
         allocs = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[:finalists]]
         fin = finalise(future, job, allocs, objective=objective, planner="fallback")
         if fin.plan is None:
             continue
-        f_i = after + job.steps * fin.plan.step_time_s
-        if f_i < limit:
-            best = (after, f_i, f_now, fin.plan.gpus)
+        v_i = _job_total(objective, after, job.steps, fin.plan.step_time_s, fin.plan.usd_per_step)
+        if v_i < limit:
+            best = (after, v_i, v_now, fin.plan.gpus)
     return best
+
+
+_UNITS = {Objective.JCT: "finish time, s", Objective.COST: "dollars", Objective.BALANCED: "s·√$"}
 
 
 class SpinSearch:
@@ -634,7 +654,7 @@ class SpinSearch:
                    for c in cands[: self.finalists] if c.untrimmed]
         # With releases to weigh, the level-1 plans decide between starting now and waiting (the same
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
-        weigh = bool(budget.releases) and budget.objective is Objective.JCT
+        weigh = bool(budget.releases)
         first: Planner = "fallback" if weigh else self.planner
         fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE)
         tol = TRIM_TOLERANCE
@@ -646,20 +666,21 @@ class SpinSearch:
             fin = finalise(topo, job, allocs, objective=budget.objective, planner=first)
         plan_s = fin.plan_seconds
         if fin.plan is not None and weigh:
-            wait = wait_or_start(topo, job, fin.plan.step_time_s, budget.releases, objective=budget.objective,
+            wait = wait_or_start(topo, job, fin.plan, budget.releases, objective=budget.objective,
                                  beam_width=self.beam_width, neighbours=self.neighbours, seeds=self.seeds,
                                  finalists=self.finalists)
             if wait is not None:
-                after, f_wait, f_now, gpus = wait
+                after, v_wait, v_now, gpus = wait
                 elapsed = time.perf_counter() - t0
-                log.debug("spinsearch.deferred", job=job.id, wait_s=after, finish_wait_s=f_wait,
-                          finish_now_s=f_now, revision=topo.revision, seconds=elapsed)
+                log.debug("spinsearch.deferred", job=job.id, wait_s=after, objective=str(budget.objective),
+                          value_wait=v_wait, value_now=v_now, revision=topo.revision, seconds=elapsed)
                 stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after, defer_gpus=float(gpus))
                 return PlacementResult(
                     status=PlacementStatus.UNSCHEDULABLE, policy=self.name, planning_seconds=elapsed,
                     constraint="deferred", stats=stats,
-                    reason=f"waiting {after:.0f} s for GPUs being released finishes in an estimated "
-                    f"{f_wait:.0f} s instead of {f_now:.0f} s when starting now",
+                    reason=f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of "
+                    f"{v_now:.4g} when starting now ({budget.objective} of the whole job: "
+                    f"{_UNITS[budget.objective]})",
                 )
             if self.planner != "fallback":
                 fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol)

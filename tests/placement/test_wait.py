@@ -28,7 +28,7 @@ def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None
     assert now.ok and now.plan is not None and now.plan.chain == ("small",)
     f_now = job.steps * now.plan.step_time_s
     soon = (Release(after_s=0.05 * f_now, gpus=(("big", 32),)),)
-    wait = wait_or_start(topo, job, now.plan.step_time_s, soon)
+    wait = wait_or_start(topo, job, now.plan, soon)
     assert wait is not None
     after, f_wait, f0, gpus = wait
     assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and gpus >= 8
@@ -37,10 +37,25 @@ def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None
     assert res.stats["defer_s"] == after
     # Released too late to finish earlier, or a cost objective: start now.
     late = (Release(after_s=0.9 * f_now, gpus=(("big", 32),)),)
-    assert wait_or_start(topo, job, now.plan.step_time_s, late) is None
+    assert wait_or_start(topo, job, now.plan, late) is None
     assert SpinSearch().place(topo, job, Budget(releases=late)).ok
-    assert wait_or_start(topo, job, now.plan.step_time_s, soon, objective=Objective.COST) is None
-    assert wait_or_start(topo, job, now.plan.step_time_s, ()) is None
+    assert wait_or_start(topo, job, now.plan, ()) is None
+
+
+def test_cost_objective_waits_only_for_cheaper_dollars_whatever_the_delay() -> None:
+    """For ``cost`` the whole job's dollars decide, not the finish time: a release far in the future is
+    still worth waiting for when the job's dollars drop by more than the margin there, never otherwise."""
+    topo = _topo(0)
+    job = _job(2000)
+    now = SpinSearch().place(topo, job, Budget(objective=Objective.COST))
+    assert now.ok and now.plan is not None
+    far = (Release(after_s=1e7, gpus=(("big", 32),)),)
+    wait = wait_or_start(topo, job, now.plan, far, objective=Objective.COST)
+    # The 32 fast GPUs cost ~0.58x the dollars per step of the small cluster's plan here.
+    assert wait is not None and wait[0] == 1e7 and wait[2] == job.steps * now.plan.usd_per_step
+    assert wait[1] < (1 - DEFER_MARGIN) * wait[2]
+    jct_now = SpinSearch().place(topo, job)
+    assert jct_now.plan is not None and wait_or_start(topo, job, jct_now.plan, far) is None
 
 
 def test_plan_cache_matches_the_planner_and_keys_on_what_the_plan_depends_on() -> None:
