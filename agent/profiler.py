@@ -12,8 +12,8 @@ torch is imported only when measuring. A declared cluster (:class:`~agent.config
 skips device discovery: its TFLOPS are the declared ones, or measured for type ``cpu``, or left unset
 (the catalog's peak) for other types.
 
-Calibration of ``mfu`` and ``layer_overhead_ms`` (type ``cpu``)
--------------------------------------------------------------
+Calibration of ``mfu``, ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` (type ``cpu``)
+--------------------------------------------------------------------------------------
 The cost model predicts a layer's forward + backward on one micro-batch as
 ``3 · layer_fwd_flops / (tflops · mfu) + layer_overhead_ms`` (:func:`spiderflow.costmodel.stage_compute_time`):
 a rate plus a fixed cost. On a CPU the fixed cost is large — per-operator dispatch, autograd bookkeeping
@@ -23,23 +23,30 @@ mis-predicts every other size. :func:`measure_training_fit` therefore times forw
 transformer block (:class:`spiderflow.exec.model.Block`, the executor's module) at two sequence lengths
 (:data:`CALIBRATION_SEQ_LENS`, b=1, :data:`CALIBRATION_SHAPE`'s width) and fits the line
 ``t(F) = F / R + o`` through the two points, ``F = 3 · layer_fwd_flops`` (the cost model's own formula):
-``R`` is the achieved training FLOP rate, ``o`` the fixed time per layer and micro-batch. The matmul
-TFLOPS and the two block sizes are measured *interleaved* in several rounds (medians per quantity), so a
-burst of load from other processes hits all three alike and cannot tilt the fit or the ratio.
+``R`` is the achieved training FLOP rate, ``o`` the fixed time per layer and micro-batch. The same rounds
+time the executor's optimizer step (per-parameter Adam) on the block's parameters, ``u`` per layer and
+training step. The matmul TFLOPS, the optimizer step and the two block sizes are measured *interleaved*
+in several rounds (medians per quantity), so a burst of load from other processes hits them alike and
+cannot tilt the fit or the ratios.
+
 Times are the calibrating thread's CPU time (``time.thread_time``), which load from other processes
 leaves nearly unchanged, so the fit is stable; the host's load enters once, as the *share* ``σ`` of a
 core the thread obtained over the calibration (median CPU / wall time of the timed slices: 1 on an idle
 core, ~2/3 with three busy single-thread processes on two cores). The reported figures are wall clock, as
 the job's workers see them if that load persists: ``tflops = σ · matmul``, ``R_wall = σ · R``,
-``mfu = R_wall / tflops`` bounded to ``(0, 1]`` and ``layer_overhead_ms = 1000 · o / σ`` (≥ 0). So
-``tflops · mfu`` is the FLOP rate a stage worker reaches at large sizes and the overhead what it pays per
-layer on top. A CPU "GPU" is one worker process running ``torch.set_num_threads(1)``
-(:mod:`agent.executor`), so every measurement runs with :data:`CPU_WORKER_THREADS` threads. The same rounds time the
-executor's optimizer step (per-parameter Adam) on the block's parameters: ``optimizer_ms_per_layer =
-1000 · u / σ``, charged once per training step and layer. Limits: embedding and head are counted by
-FLOPs only, the pipeline messages' CPU cost and the rest of a step's bookkeeping are not modelled;
-the rate keeps rising slowly past the larger size (larger GEMMs), so much larger layers run somewhat
-faster than predicted. **CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays
+``mfu = R_wall / tflops`` bounded to ``(0, 1]``, ``layer_overhead_ms = 1000 · o / σ`` (≥ 0) and
+``optimizer_ms_per_layer = 1000 · u / σ``. So ``tflops · mfu`` is the FLOP rate a stage worker reaches at
+large sizes and the overhead what it pays per layer on top. A CPU "GPU" is one worker process running
+``torch.set_num_threads(1)`` (:mod:`agent.executor`), so every measurement runs with
+:data:`CPU_WORKER_THREADS` threads.
+
+Limits: embedding and head are counted by FLOPs only; the pipeline messages' CPU cost (gloo on loopback:
+~0.05–0.2 ms per message on the dev machine) and the rest of a step's bookkeeping are not modelled; the
+rate keeps rising slowly past the larger size (larger GEMMs), so much larger layers run somewhat faster
+than predicted. The share is a snapshot: when other work on the host starts or stops between the
+calibration and the job, the job's step time moves by the ratio of the shares (measured: a calibration
+at σ ≈ 0.3 followed by a job whose workers got ≈ 0.7 ran 2.5× faster than predicted).
+**CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays
 the catalog's ``default_mfu`` and their overhead 0.
 """
 
