@@ -22,29 +22,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-from spiderflow.errors import SpiderFlowError
+from testbed_fixtures import netns_skip_reason
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _skip_reason() -> str | None:
-    from spiderflow.testbed import check_environment
-
-    try:
-        check_environment()
-    except SpiderFlowError as e:
-        return str(e)
-    probe = "sfprobe-sched"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        return "'ip netns add' is not usable here"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason("sfprobe-sched")
 if _REASON:
     pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
 
