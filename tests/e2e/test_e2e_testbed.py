@@ -14,27 +14,12 @@ from pathlib import Path
 
 import pytest
 from e2e_harness import MARK, ROOT, wait_no_marked_processes
-
-from spiderflow.errors import SpiderFlowError
+from testbed_fixtures import netns_skip_reason
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 
-def _skip_reason() -> str | None:
-    from spiderflow.testbed import check_environment
-
-    try:
-        check_environment()
-    except SpiderFlowError as e:
-        return str(e)
-    probe = "sfprobe-e2e"
-    if subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode != 0:
-        return "'ip netns add' is not usable here"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _skip_reason()
+_REASON = netns_skip_reason("sfprobe-e2e")
 if _REASON:
     pytest.skip(f"testbed needs root and network namespaces: {_REASON}", allow_module_level=True)
 
