@@ -27,7 +27,7 @@ the machine's load hits both schedules alike.
 
 Printed per schedule: the peak in-flight micro-batches per stage (``stage_warmup + 1``: what each stage
 holds in activations, under the cap) and the per-GPU memory under the cap
-(:func:`spiderflow.tpa.planner.capped_memory`); the
+(:func:`spiderflow.costmodel.evaluate`, which honours the plan's cap); the
 predicted step time of the cost model's closed form (:func:`spiderflow.costmodel.evaluate`, blind to the
 in-flight window), of the window-aware closed form (:func:`spiderflow.tpa.timeline.window_estimate`) and
 of the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the measured mean step time of every run
@@ -68,7 +68,6 @@ from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
 from spiderflow.schedules import MAX_IN_FLIGHT_KEY, peak_in_flight, stage_warmup  # noqa: E402
 from spiderflow.testbed import Testbed, cleanup  # noqa: E402
 from spiderflow.tpa import simulate_plan  # noqa: E402
-from spiderflow.tpa.planner import capped_memory  # noqa: E402
 from spiderflow.tpa.timeline import window_estimate  # noqa: E402
 
 CLUSTERS = ("east", "mid", "west")
@@ -147,7 +146,7 @@ def warmups(setup: Setup, schedule: Schedule) -> tuple[int, ...]:
 
 
 def predict(setup: Setup, schedule: Schedule, topo: Topology) -> dict[str, Any]:
-    p = capped_memory(evaluate(plan(setup, schedule), topo, job(setup)), topo, job(setup))
+    p = evaluate(plan(setup, schedule), topo, job(setup))
     return {
         "closed_form_s": p.step_time_s,
         "window_closed_form_s": window_estimate(p, topo, job(setup)),

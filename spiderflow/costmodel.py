@@ -44,7 +44,10 @@ Memory per GPU of stage ``s`` (bytes):
 
     M_s = 16·params_s / t_s  +  k_s · act_s  +  R
     act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation)
-    k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages)
+    k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages);
+          min(⌈m/d_s⌉, 2(S − i_s)) for the latency-aware schedule; under a plan's in-flight cap ``K``
+          (``plan.extras["max_in_flight"]``, :func:`spiderflow.schedules.plan_max_in_flight`) 1F1B and the
+          latency-aware schedule hold ``min(k_s, K)`` (their warm-ups run capped at ``K − 1``)
 
 ``16`` bytes/parameter = bf16 weights and grads + fp32 master weights and two Adam moments.
 ``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
@@ -64,6 +67,7 @@ from dataclasses import dataclass, replace
 
 from spiderflow.catalog import ModelSpec
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.schedules import plan_max_in_flight
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -73,6 +77,7 @@ __all__ = [
     "activation_bytes",
     "allreduce_time",
     "evaluate",
+    "in_flight_microbatches",
     "layer_fwd_flops",
     "pipeline_step_time",
     "stage_activation_bytes_per_microbatch",
@@ -178,15 +183,23 @@ def stage_memory_bytes(
     )
 
 
-def in_flight_microbatches(schedule: Schedule, m: int, dp: int, stage_index: int, n_stages: int) -> int:
-    """Micro-batches whose activations a replica of stage ``stage_index`` holds at peak."""
+def in_flight_microbatches(
+    schedule: Schedule, m: int, dp: int, stage_index: int, n_stages: int, *, max_in_flight: int | None = None
+) -> int:
+    """``k_s``: micro-batches whose activations a replica of stage ``stage_index`` holds at peak; an in-flight
+    cap ``max_in_flight = K`` bounds it for 1F1B and the latency-aware schedule (the schedules whose
+    warm-ups the cap shortens; GPipe and interleaved orders ignore it)."""
     per_replica = math.ceil(m / dp)
     if schedule is Schedule.GPIPE:
         return per_replica
     if schedule is Schedule.LATENCY_AWARE:
         # Deeper warm-up: up to twice the 1F1B depth (see spiderflow.schedules for the exact policy).
-        return min(per_replica, 2 * (n_stages - stage_index))
-    return min(per_replica, n_stages - stage_index)
+        k = min(per_replica, 2 * (n_stages - stage_index))
+    else:
+        k = min(per_replica, n_stages - stage_index)
+    if max_in_flight is not None and schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+        k = min(k, max_in_flight)
+    return k
 
 
 def pipeline_step_time(
@@ -247,10 +260,11 @@ def breakdown(
     opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
                 for st, c in zip(stages, clusters, strict=True))
     n = len(stages)
+    cap = plan_max_in_flight(plan)
     mem = tuple(
         stage_memory_bytes(
             model, st.first_layer, st.last_layer, st.tp, b, s,
-            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n),
+            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
         ) / GIB
         for i, st in enumerate(stages)
     )

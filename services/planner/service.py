@@ -33,7 +33,6 @@ from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security.authz import authorize_plan
 from spiderflow.security.identity import current_principal
-from spiderflow.tpa.planner import capped_memory
 
 __all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_on_chain"]
 
@@ -145,8 +144,8 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         if plan.layers != job.model.layers:
             raise ValidationError("plan.stages", f"must cover the model's {job.model.layers} layers",
                                   plan.layers)
-        # A plan carrying an in-flight cap (extras["max_in_flight"]) holds at most that many micro-batches.
-        out = capped_memory(costmodel.evaluate(plan, topo, job), topo, job)
+        # A plan carrying an in-flight cap (extras["max_in_flight"]) is charged memory under it by evaluate.
+        out = costmodel.evaluate(plan, topo, job)
         ok, worst, excess = costmodel.fits_memory(out, topo)
         return planner_pb2.EstimateResponse(
             plan=convert.plan_to_proto(out), fits_memory=ok, worst_stage=worst, excess_gib=excess

@@ -40,16 +40,16 @@ from dataclasses import replace
 
 import structlog
 
-from spiderflow.costmodel import GIB, evaluate, fits_memory, in_flight_microbatches, stage_memory_bytes
+from spiderflow.costmodel import evaluate, fits_memory, in_flight_microbatches
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
-from spiderflow.schedules import MAX_IN_FLIGHT_KEY, plan_max_in_flight
+from spiderflow.schedules import MAX_IN_FLIGHT_KEY
 from spiderflow.tpa.level1 import ChainContext, SplitEval, certify, dp_crossing, evaluate_split, level1, polish
 from spiderflow.tpa.level2 import solve_block_cached
 from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
-__all__ = ["capped_memory", "micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
+__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
 
 log = structlog.get_logger(__name__)
 
@@ -102,25 +102,6 @@ def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Pla
     if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
         extras[MAX_IN_FLIGHT_KEY] = float(ctx.max_in_flight)
     return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
-
-
-def capped_memory(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
-    """``plan`` (already evaluated) with ``memory_gib_per_gpu`` under its in-flight cap ``K``
-    (``plan.extras["max_in_flight"]``): stage ``i`` holds ``min(κ_i, K)`` micro-batches, ``κ_i`` the cost
-    model's uncapped count. Unchanged without a cap."""
-    cap = plan_max_in_flight(plan)
-    if cap is None:
-        return plan
-    b = max(1, job.global_batch // plan.micro_batches)
-    n = len(plan.stages)
-    mem = tuple(
-        stage_memory_bytes(
-            job.model, st.first_layer, st.last_layer, st.tp, b, job.seq_len,
-            min(cap, in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)),
-        ) / GIB
-        for i, st in enumerate(plan.stages)
-    )
-    return replace(plan, memory_gib_per_gpu=mem)
 
 
 def _peak_in_flight(plan: Plan) -> int:
@@ -197,7 +178,7 @@ def plan_chain(
     ``max_in_flight`` (``K``) is a memory cap applied the same way to every schedule: no stage replica
     holds more than ``K`` micro-batches of activations. 1F1B and the latency-aware schedule run with their
     warm-ups capped at ``K − 1`` (:mod:`spiderflow.schedules`; the plan carries
-    ``extras["max_in_flight"] = K`` and memory figures under the cap, :func:`capped_memory`); GPipe and
+    ``extras["max_in_flight"] = K``, and :func:`~spiderflow.costmodel.evaluate` charges memory under the cap); GPipe and
     interleaved 1F1B, whose orders cannot be capped, are tried only where they hold at most ``K`` anyway.
     Level 1 and 2 solve the blocks under the capped in-flight profile.
 
@@ -266,14 +247,14 @@ def plan_chain(
             chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
             sctx = replace(ctx, schedule=sched)
             # The same stages under another schedule when they fit its in-flight memory; else re-solve.
-            plan = capped_memory(evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job), topo, job)
+            plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
             if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(plan) > max_in_flight:
                 continue  # its order holds more than the cap and cannot be capped
             if not fits_memory(plan, topo)[0]:
                 sev = evaluate_split(sctx, ev.split, solver=solve_block_cached)
                 if not sev.feasible:
                     continue
-                plan = capped_memory(evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job), topo, job)
+                plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
             if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
                 continue
             ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))

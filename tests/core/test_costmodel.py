@@ -177,3 +177,35 @@ def test_optimizer_time_per_layer_is_charged_once_per_step_on_the_slowest_stage(
     assert cm.evaluate(plan, topo(1.0, 4.0), job).step_time_s == pytest.approx(base + 12e-3)
     bd = cm.breakdown(plan, topo(1.0, 4.0), M, micro_batch=1, seq_len=64)
     assert bd.optimizer_s == pytest.approx((1e-3, 12e-3)) and bd.dp_sync_s == pytest.approx(12e-3)
+
+
+def test_in_flight_cap_bounds_1f1b_and_latency_aware_only() -> None:
+    # 4 stages, m=16: 1F1B holds 4,3,2,1; latency-aware 8,6,4,2; under K=3: min(κ, 3).
+    f1 = [cm.in_flight_microbatches(Schedule.ONE_F_ONE_B, 16, 1, i, 4, max_in_flight=3) for i in range(4)]
+    la = [cm.in_flight_microbatches(Schedule.LATENCY_AWARE, 16, 1, i, 4, max_in_flight=3) for i in range(4)]
+    assert f1 == [3, 3, 2, 1] and la == [3, 3, 3, 2]
+    # GPipe and interleaved orders are not shortened by the cap
+    assert cm.in_flight_microbatches(Schedule.GPIPE, 16, 1, 0, 4, max_in_flight=3) == 16
+    assert cm.in_flight_microbatches(Schedule.INTERLEAVED_1F1B, 16, 1, 0, 4, max_in_flight=3) == 4
+
+
+def test_evaluate_charges_memory_under_the_plans_in_flight_cap_by_hand() -> None:
+    topo = Topology(clusters=(_cluster("a"), _cluster("b")),
+                    links=(Link(a="a", b="b", bandwidth_gbps=1.0, latency_ms=10.0),))
+    job = JobSpec(id="j", model=M, global_batch=16, micro_batch=2, seq_len=512, steps=1, gpus=GpuRange(min=1, max=8))
+    stages = (Stage(cluster="a", first_layer=0, last_layer=1), Stage(cluster="b", first_layer=2, last_layer=3))
+    la = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE)
+    capped = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE, extras={"max_in_flight": 2.0})
+    # Activation bytes per micro-batch and layer (tp=1): s·b·h·(10 + 24 + 5·a·s/h) = 512·2·1024·54
+    act = 512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024)
+    logits = 4 * 2 * 512 * 1000
+    fixed0 = 16 * (2 * 12 * 1024**2 + 1000 * 1024) + cm.RESERVED_GIB * cm.GIB
+    fixed1 = fixed0
+    # uncapped latency-aware: stage 0 holds min(8, 2·2) = 4, stage 1 min(8, 2) = 2; capped at K=2: 2 and 2
+    want_la = ((fixed0 + 4 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + logits)) / cm.GIB)
+    want_cap = ((fixed0 + 2 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + logits)) / cm.GIB)
+    assert cm.evaluate(la, topo, job).memory_gib_per_gpu == pytest.approx(want_la)
+    out = cm.evaluate(capped, topo, job)
+    assert out.memory_gib_per_gpu == pytest.approx(want_cap)
+    # the cap changes memory only: the closed-form step is the same
+    assert out.step_time_s == cm.evaluate(la, topo, job).step_time_s

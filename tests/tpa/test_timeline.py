@@ -223,8 +223,8 @@ def test_latency_aware_against_1f1b_under_the_same_in_flight_cap(latency_ms: flo
 
 
 def test_planner_honours_an_in_flight_cap_for_every_schedule() -> None:
+    from spiderflow.costmodel import GIB, stage_memory_bytes
     from spiderflow.schedules import plan_max_in_flight
-    from spiderflow.tpa.planner import capped_memory
     from spiderflow.tpa.timeline import plan_orders
 
     topo, job = _wan_chain(60.0)
@@ -243,6 +243,15 @@ def test_planner_honours_an_in_flight_cap_for_every_schedule() -> None:
             assert max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)
                        for i, st in enumerate(plan.stages)) <= k
         assert fits_memory(plan, topo)[0]
-        assert plan.memory_gib_per_gpu == capped_memory(evaluate(plan, topo, job), topo, job).memory_gib_per_gpu
+        # evaluate() alone charges the capped memory: stage i holds min(κ_i, K) micro-batches.
+        b = job.global_batch // plan.micro_batches
+        n = len(plan.stages)
+        capped = [min(k, in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n))
+                  if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE) else
+                  in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)
+                  for i, st in enumerate(plan.stages)]
+        want = [stage_memory_bytes(job.model, st.first_layer, st.last_layer, st.tp, b, job.seq_len, kk) / GIB
+                for st, kk in zip(plan.stages, capped, strict=True)]
+        assert evaluate(plan, topo, job).memory_gib_per_gpu == pytest.approx(want, rel=1e-12)
     with pytest.raises(ValueError, match="max_in_flight"):
         plan_chain(topo, job, alloc, max_in_flight=0)
