@@ -10,8 +10,10 @@ Algorithm
        (:func:`memory_caps`); its excess goes to the blocks with room.
     2. Evaluate: solve every block with level 2 from the last cluster to the first (a block's in-flight
        depth depends on how many stages follow it), then the step estimate of the costmodel closed form
-       ``(m−1)·max(max_s T_s/d_s, max P) + Σ T_s + 2 Σ P + max_s AR_s`` over all sub-stages and
-       boundaries. A block no level-2 configuration fits scores its memory excess instead.
+       ``(m−1)·max(max_s T_s/d_s, max P) + Σ T_s + 2 Σ P + max_s (AR_s + |ℓ_s|·u_s)`` over all sub-stages
+       and boundaries — the same terms as :func:`spiderflow.costmodel.evaluate`, calibrated ones included
+       (``T_s`` holds the per-layer overhead, the sync term the optimizer step; level 2 computes both).
+       A block no level-2 configuration fits scores its memory excess instead.
     3. Refine: take the bottleneck block (the one over memory by the most, else the one with the largest
        ``T/d``) and move one layer across either of its boundaries (into it instead when it has too few
        layers for any tensor/pipeline/data degrees of its GPUs); keep the better move if the score
@@ -109,9 +111,9 @@ class ChainContext:
         cls, topo: Topology, clusters: Sequence[Cluster], gpus: Sequence[int], model: ModelSpec, *,
         micro_batch: int, seq_len: int, m: int, schedule: Schedule, max_in_flight: int | None = None,
     ) -> ChainContext:
-        nbytes = activation_bytes(model, micro_batch, seq_len)
         bounds = []
         for u, v in itertools.pairwise(clusters):
+            nbytes = activation_bytes(model, micro_batch, seq_len, u.gpu_type.wire_bytes)  # the sender's format
             if u.name == v.name:
                 bounds.append(transfer_time(nbytes, u.inter_node_gbps, 0.0))
             else:
@@ -308,7 +310,9 @@ def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | Non
 
 
 def step_estimate(ctx: ChainContext, configs: Sequence[BlockConfig]) -> float:
-    """The costmodel closed form over every sub-stage of ``configs`` (one per chain cluster)."""
+    """The costmodel closed form over every sub-stage of ``configs`` (one per chain cluster): equal to
+    :func:`spiderflow.costmodel.evaluate`'s ``step_time_s`` of the plan these configurations make
+    (level 2's ``compute_s`` includes the per-layer overhead, ``allreduce_s`` the optimizer step)."""
     bottleneck = 0.0
     fill = 0.0
     comm = 0.0

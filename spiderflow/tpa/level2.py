@@ -27,9 +27,12 @@ Constants (from :mod:`spiderflow.costmodel`, linear in ``ℓ`` for a fixed ``k``
     micro-batches in flight (``R`` stages downstream of the block, ``φ`` the schedule's depth factor:
     1 for 1F1B, 2 for the latency-aware schedule, ``K`` the schedule's in-flight cap if any; GPipe holds
     ``⌈m/d_k⌉``);
-    ``A_{k,j} = α_k·ℓ_{k,j} + β_{k,j}`` ring all-reduce of the sub-stage's gradients over ``d_k`` replicas;
+    ``A_{k,j} = α_k·ℓ_{k,j} + β_{k,j}`` the sub-stage's gradient sync: ring all-reduce of its gradients over
+    ``d_k`` replicas plus the optimizer step (``α_k`` includes ``u``, the cluster's calibrated optimizer
+    seconds per layer; the cost model's ``T_dp`` term);
     ``F_k = τ_k·L_b + η_k + 2(p_k−1)·P_in`` the fill (one micro-batch through the block) and the
-    intra-cluster boundaries ``P_in`` over the inter-node bandwidth.
+    intra-cluster boundaries ``P_in`` over the inter-node bandwidth (activations in the cluster's wire
+    format, as the cost model sends them). ``τ_k`` includes the cluster's calibrated fixed time per layer.
 
 Constraints (numbered as in the code)
     (1) ``Σ_k x_k = 1``
@@ -132,6 +135,8 @@ class ClusterShape:
     intra_node_gbps: float
     inter_node_gbps: float
     layer_overhead_s: float = 0.0  # fixed fwd+bwd seconds per layer and micro-batch (calibrated; else 0)
+    optimizer_s: float = 0.0  # optimizer step seconds per layer and training step (calibrated; else 0)
+    wire_bytes: int = 2  # bytes per activation value on the wire (the GPU type's; 4 for the CPU executor)
 
     @classmethod
     def of(cls, c: Cluster) -> ClusterShape:
@@ -142,6 +147,8 @@ class ClusterShape:
             intra_node_gbps=c.intra_node_gbps,
             inter_node_gbps=c.inter_node_gbps,
             layer_overhead_s=float(getattr(c, "layer_overhead_ms", 0.0) or 0.0) / 1e3,
+            optimizer_s=float(getattr(c, "optimizer_ms_per_layer", 0.0) or 0.0) / 1e3,
+            wire_bytes=c.gpu_type.wire_bytes,
         )
 
 
@@ -182,7 +189,8 @@ class Degrees:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BlockConfig:
-    """A solved block: degrees, layers per sub-stage, and the cost-model figures per sub-stage."""
+    """A solved block: degrees, layers per sub-stage, and the cost-model figures per sub-stage
+    (``allreduce_s``: the gradient sync after the drain, all-reduce plus the optimizer step)."""
 
     tp: int
     pp: int
@@ -227,7 +235,7 @@ class _Coeffs:
     eta_head: float  # head seconds on the head-holding sub-stage
     mu: tuple[float, ...]  # memory bytes per layer, per sub-stage
     nu: tuple[float, ...]  # memory constant bytes, per sub-stage
-    alpha: float  # all-reduce seconds per layer
+    alpha: float  # gradient sync seconds per layer (all-reduce + optimizer step)
     beta: tuple[float, ...]  # all-reduce constant seconds, per sub-stage
     p_in: float  # intra-cluster boundary seconds
 
@@ -250,7 +258,8 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     beta: list[float] = []
     stage_gpus = k.tp * k.dp
     dp_bw = sh.intra_node_gbps if stage_gpus <= sh.gpus_per_node else sh.inter_node_gbps
-    alpha = allreduce_time(2.0 * model.params_per_layer / k.tp, k.dp, dp_bw)
+    # Gradient all-reduce plus the optimizer step, per layer (the cost model's T_dp term).
+    alpha = allreduce_time(2.0 * model.params_per_layer / k.tp, k.dp, dp_bw) + sh.optimizer_s
     for j in range(k.pp):
         inflight = (
             per_replica
@@ -268,7 +277,7 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
             const += inflight * 4.0 * b * s * v / k.tp
         nu.append(const)
         beta.append(allreduce_time(2.0 * extra_params / k.tp, k.dp, dp_bw) if extra_params else 0.0)
-    p_in = transfer_time(activation_bytes(model, b, s), sh.inter_node_gbps, 0.0)
+    p_in = transfer_time(activation_bytes(model, b, s, sh.wire_bytes), sh.inter_node_gbps, 0.0)
     return _Coeffs(tau, eta_head, tuple(mu), tuple(nu), alpha, tuple(beta), p_in)
 
 

@@ -28,8 +28,11 @@ between different stages
 takes the directed link ``(src, dst)`` for ``bytes / bandwidth`` seconds (FIFO: one transfer at a time per
 direction; the two directions are independent — full duplex) and arrives ``latency`` later.
 Compute per op: forward ``T/3``, backward ``2T/3`` (``T`` the cost model's fwd+bwd stage time), divided
-by ``v`` for interleaved chunks. The step ends when every stage has finished its last backward and its
-gradient all-reduce: ``step = max_s (end_s + AR_s)``.
+by ``v`` for interleaved chunks. The step ends when every stage has finished its last backward, its
+gradient all-reduce and its optimizer step: ``step = max_s (end_s + AR_s + |ℓ_s|·u_s)`` (``u`` the
+cluster's calibrated optimizer seconds per layer, :func:`spiderflow.costmodel.breakdown`'s ``optimizer_s``).
+With equal stages, zero latency and instant links the makespan is the cost model's ``T_pipe`` and the
+step its ``T_pipe + T_dp``.
 
 Complexity: ``O(N log N)`` for ``N = 2·m·v·S`` ops. Raises :class:`ScheduleDeadlockError` when an op order
 cannot complete (a malformed order); ``stage_ops`` raises ``ValidationError`` on bad arguments (both are
@@ -277,17 +280,20 @@ def simulate(
 def plan_stage_timing(
     plan: Plan, topo: Topology, job: JobSpec
 ) -> tuple[list[StageTiming], list[list[float]], list[list[float]], int]:
-    """The simulator's inputs for ``plan`` from the cost model: stage timings, link matrices (filled for
-    the pairs a pipeline uses: neighbours and the interleaving wrap), chunks."""
+    """The simulator's inputs for ``plan`` from the cost model: stage timings (``compute_s`` = ``T_s``
+    with the calibrated per-layer overhead, ``allreduce_s`` = gradient all-reduce + optimizer step, the
+    stage's share of ``T_dp``), link matrices (filled for the pairs a pipeline uses: neighbours and the
+    interleaving wrap; activations in the sending cluster's wire format), chunks."""
     m = plan.micro_batches
     b = max(1, job.global_batch // m)
     bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
     n = len(plan.stages)
+    # The stage's work after the drain: gradient all-reduce plus the optimizer step (the cost model's T_dp).
+    opt = bd.optimizer_s or (0.0,) * n
     stages = [
-        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar)
-        for t, st, ar in zip(bd.compute_s, plan.stages, bd.allreduce_s, strict=True)
+        StageTiming(compute_s=t, replicas=st.dp, allreduce_s=ar + o)
+        for t, st, ar, o in zip(bd.compute_s, plan.stages, bd.allreduce_s, opt, strict=True)
     ]
-    nbytes = activation_bytes(job.model, b, job.seq_len)
     ser = [[0.0] * n for _ in range(n)]
     lat = [[0.0] * n for _ in range(n)]
     pairs = {(a, a + 1) for a in range(n - 1)} | {(a + 1, a) for a in range(n - 1)}
@@ -296,6 +302,8 @@ def plan_stage_timing(
     for a, c in sorted(pairs):
         if a != c:
             ca, cb = plan.stages[a].cluster, plan.stages[c].cluster
+            # activations travel in the sending cluster's wire format, as the cost model charges them
+            nbytes = activation_bytes(job.model, b, job.seq_len, topo.cluster(ca).gpu_type.wire_bytes)
             if ca == cb:
                 gbps = topo.cluster(ca).inter_node_gbps
                 lms = 0.0
