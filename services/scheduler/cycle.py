@@ -352,6 +352,11 @@ class SchedulingCycle:
         A bind that lost only on allocation keys (jobs ending or placed on the same clusters since the
         snapshot) re-reads those keys and binds again, compared on the new revisions, when the chosen GPUs
         still fit under each cluster's capacity in ``topo``: finishing jobs do not end the cycle."""
+        for c, g in placed.allocation.items():  # jobs that ended since the snapshot: bind on the newer value
+            known = self.repo.known_allocation(c)
+            if known is not None and known[1] > alloc_revs.get(c, 0) and \
+                    sum(known[0].values()) + g <= topo.cluster(c).free:
+                allocs[c], alloc_revs[c] = known
         for _ in range(BIND_RETRIES):
             try:
                 return await self.repo.bind(sj, placed, alloc_revs, allocs)

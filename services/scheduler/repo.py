@@ -274,6 +274,13 @@ class JobRepository:
                 return self.remember(StoredJob(record=new, mod_revision=rev))
         raise CompareFailedError({keys.ALLOCATIONS: 0})
 
+    def known_allocation(self, cluster: str) -> tuple[dict[str, int], int] | None:
+        """``({job: gpus}, mod_revision)`` of a cluster's allocation key as this process last wrote or read it
+        (no round trip; may be stale when another replica wrote since: use it only as a compare's expected
+        value). ``None`` when unknown."""
+        known = self._alloc_cache.get(cluster)
+        return (dict(known[0]), known[1]) if known is not None else None
+
     def _alloc_lock(self, cluster: str) -> asyncio.Lock:
         lock = self._alloc_locks.get(cluster)
         if lock is None:
