@@ -32,8 +32,10 @@ predicted step time of the cost model's closed form (:func:`spiderflow.costmodel
 in-flight window), of the window-aware closed form (:func:`spiderflow.tpa.timeline.window_estimate`) and
 of the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the measured mean step time of every run
 (rank 0's step times, the first step skipped: it includes gloo's lazy connection set-up) and their mean;
-and the measured ratio ``1F1B / latency-aware``. Predictions use the clusters' compute rate calibrated
-the way agents do it (:func:`agent.profiler.profile_cpu`: matmul TFLOPS × the mfu of a timed block).
+and the measured ratio ``1F1B / latency-aware``. Predictions use the clusters calibrated the way agents do
+it (:func:`agent.profiler.profile_cpu`: matmul TFLOPS × the mfu of a timed block, the fixed time per layer
+and micro-batch, the optimizer step per layer). The workers get no explicit warm-ups: they cap their orders
+from the plan's ``extras["max_in_flight"]`` (:func:`spiderflow.exec.spec.rank_ops`).
 
 Needs root (network namespaces, tc, iptables). Everything started is stopped and the testbed removed on
 exit (also on Ctrl-C / SIGTERM).
@@ -107,9 +109,13 @@ class Setup:
         return self.max_in_flight or min(self.micro_batches, len(CLUSTERS))
 
 
-def topology(setup: Setup, *, tflops: float | None = None, mfu: float | None = None) -> Topology:
-    """Three one-worker CPU clusters in a chain ``east – mid – west`` (no direct ``east – west`` link)."""
-    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1, tflops=tflops, mfu=mfu) for n in CLUSTERS)
+def topology(setup: Setup, *, tflops: float | None = None, mfu: float | None = None, layer_overhead_ms: float = 0.0,
+             optimizer_ms_per_layer: float = 0.0) -> Topology:
+    """Three one-worker CPU clusters in a chain ``east – mid – west`` (no direct ``east – west`` link), with
+    the calibration figures an agent reports (:func:`calibration`)."""
+    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1, tflops=tflops, mfu=mfu,
+                             layer_overhead_ms=layer_overhead_ms, optimizer_ms_per_layer=optimizer_ms_per_layer)
+                     for n in CLUSTERS)
     links = tuple(Link(a=a, b=b, bandwidth_gbps=setup.mbit / 1000.0, latency_ms=setup.latency_ms)
                   for a, b in itertools.pairwise(CLUSTERS))
     return Topology(clusters=clusters, links=links)
@@ -140,7 +146,7 @@ def in_flight(setup: Setup, schedule: Schedule) -> list[int]:
 
 
 def warmups(setup: Setup, schedule: Schedule) -> tuple[int, ...]:
-    """Per-stage warm-ups the workers run (explicit, so execution runs exactly the capped orders)."""
+    """Per-stage warm-ups the workers run under the cap (reported; the workers derive them from the plan)."""
     n = len(CLUSTERS)
     return tuple(stage_warmup(schedule, n, setup.micro_batches, i, max_in_flight=setup.cap) for i in range(n))
 
@@ -160,9 +166,10 @@ def run_once(tb: Testbed, setup: Setup, schedule: Schedule, *, port: int, workdi
     """One training run of ``setup`` under ``schedule``: one worker per cluster namespace; returns every
     rank's ``done`` event (step times, losses)."""
     pl = plan(setup, schedule)
+    # No explicit warm-ups: the workers cap them from the plan's extras["max_in_flight"] (rank_ops), the
+    # same orders the timeline simulates.
     spec = TrainSpec(job_id=f"sched-{schedule.value}", model=setup.model, plan=pl, seq_len=setup.seq_len,
-                     global_batch=setup.global_batch, steps=setup.steps, seed=0, threads=1,
-                     warmup=warmups(setup, schedule))
+                     global_batch=setup.global_batch, steps=setup.steps, seed=0, threads=1)
     layout = rank_layout(pl)
     rdv = Rendezvous(host=tb.address(layout[0].cluster), port=port, world_size=len(layout), rank=0,
                      timeout_s=min(timeout, 120.0))
@@ -212,13 +219,16 @@ def run_once(tb: Testbed, setup: Setup, schedule: Schedule, *, port: int, workdi
     }
 
 
-def calibrated_rate() -> tuple[float, float]:
-    """``(tflops, mfu)`` of one CPU worker, measured as agents do."""
+def calibration() -> dict[str, float]:
+    """One CPU worker's calibration, measured as agents do (:func:`agent.profiler.profile_cpu`): ``tflops``,
+    ``mfu``, ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` (the :class:`Cluster` fields an agent
+    fills in)."""
     from agent.profiler import profile_cpu
 
     prof = profile_cpu(seconds=0.5)
     assert prof.tflops is not None and prof.mfu is not None
-    return prof.tflops, prof.mfu
+    return {"tflops": prof.tflops, "mfu": prof.mfu, "layer_overhead_ms": prof.layer_overhead_ms,
+            "optimizer_ms_per_layer": prof.optimizer_ms_per_layer}
 
 
 def experiment(setup: Setup, *, repeats: int, prefix: str, timeout: float = 300.0,
@@ -226,8 +236,10 @@ def experiment(setup: Setup, *, repeats: int, prefix: str, timeout: float = 300.
                log: Any = print) -> dict[str, Any]:
     """Bring up the testbed, run both schedules ``repeats`` times each (alternating), take it down;
     returns predictions, per-run measurements and the measured ratio ``1F1B / latency-aware``."""
-    tflops, mfu = calibrated_rate() if calibrate else (None, None)
-    topo = topology(setup, tflops=tflops, mfu=mfu)
+    calib: dict[str, Any] = {"tflops": None, "mfu": None}
+    if calibrate:
+        calib = dict(calibration())
+    topo = topology(setup, **calib)
     predicted = {s.value: predict(setup, s, topo) for s in SCHEDULES}
     peaks = {s.value: in_flight(setup, s) for s in SCHEDULES}
     runs: list[dict[str, Any]] = []
@@ -261,7 +273,7 @@ def experiment(setup: Setup, *, repeats: int, prefix: str, timeout: float = 300.
         "setup": asdict(setup),
         "max_in_flight": setup.cap,
         "warmups": {s.value: list(warmups(setup, s)) for s in SCHEDULES},
-        "calibration": {"tflops": tflops, "mfu": mfu},
+        "calibration": calib,
         "peak_in_flight": peaks,
         "predicted": predicted,
         "runs": runs,
@@ -280,7 +292,9 @@ def report(res: dict[str, Any]) -> str:
         f"model L={s['layers']} h={s['hidden']} V={s['vocab']}, seq {s['seq_len']}, m={s['micro_batches']} "
         f"micro-batches of {s['micro_batch']}, {s['steps']} steps/run (first skipped); in-flight cap K = "
         f"{res['max_in_flight']} on every stage for both schedules",
-        f"calibrated cpu worker: {res['calibration']['tflops']} TFLOPS × mfu {res['calibration']['mfu']}",
+        f"calibrated cpu worker: {res['calibration']['tflops']} TFLOPS × mfu {res['calibration']['mfu']}, "
+        f"{res['calibration'].get('layer_overhead_ms', 0.0)} ms per layer and micro-batch, optimizer "
+        f"{res['calibration'].get('optimizer_ms_per_layer', 0.0)} ms per layer",
         "",
         f"{'schedule':<14} {'in-flight/stage':>15} {'mem GiB max':>11} {'closed':>7} {'window':>7} {'timeline':>8} "
         f"{'measured':>8}  runs",

@@ -4,7 +4,9 @@ Per step (``m`` micro-batches of ``b = global_batch / m`` sequences; stage ``s``
 replica ``r`` of ``dp_s``):
 
 1. the rank's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule (global
-   micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``);
+   micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``), warm-ups capped
+   by the plan's in-flight cap ``K`` (``plan.extras["max_in_flight"]``) unless ``TrainSpec.warmup`` sets
+   them: exactly the orders :func:`spiderflow.tpa.timeline.plan_orders` simulates;
 2. receives for every activation and gradient the order needs are posted up front (``irecv``; tag
    ``2j`` for activations, ``2j + 1`` for gradients without interleaving, see below), so transfers over
    slow links overlap compute; messages of successive steps on one (sender, tag) pair match in order;
@@ -65,8 +67,8 @@ from spiderflow.exec.spec import (
     chunk_ranges,
     plan_chunks,
     rank_layout,
+    rank_ops,
 )
-from spiderflow.schedules import replica_ops
 
 __all__ = [
     "PHASES",
@@ -201,12 +203,8 @@ class StageRunner:
                 group = dist.new_group(ranks)
                 if s == self.info.stage:
                     self.dp_group = group
-        max_dp = max(st.dp for st in plan.stages)
-        warmup = None if spec.warmup is None else spec.warmup[self.info.stage]
-        self.ops = replica_ops(
-            plan.schedule, self.n_stages, plan.micro_batches, self.info.stage,
-            dp=self.stage.dp, replica=self.info.replica, max_dp=max_dp, chunks=self.chunks, warmup=warmup,
-        )
+        # Without explicit warm-ups the plan's in-flight cap K applies (the orders the timeline simulates).
+        self.ops = rank_ops(spec, self.info.stage, self.info.replica)
         self.source: TokenSource = open_source(
             spec.data.kind, vocab=spec.model.vocab, seq_len=spec.seq_len, seed=spec.data.seed,
             path=spec.data.path, dtype=spec.data.dtype,

@@ -22,6 +22,7 @@ from spiderflow.catalog import ModelSpec
 from spiderflow.domain import Plan, Schedule, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import model_from_value
+from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
 
 __all__ = [
     "CheckpointManifest",
@@ -40,6 +41,7 @@ __all__ = [
     "plan_from_dict",
     "plan_to_dict",
     "rank_layout",
+    "rank_ops",
     "ranks_of_cluster",
     "spec_from_dict",
     "spec_to_dict",
@@ -175,6 +177,21 @@ def plan_chunks(plan: Plan) -> int:
     if plan.schedule is not Schedule.INTERLEAVED_1F1B:
         return 1
     return int(plan.extras.get("chunks", 2))
+
+
+def rank_ops(spec: TrainSpec, stage: int, replica: int) -> list[Op]:
+    """The operation order replica ``replica`` of stage ``stage`` runs each step
+    (:func:`spiderflow.schedules.replica_ops`): ``spec.warmup`` if given, else the schedule's warm-ups under
+    the plan's in-flight cap ``K`` (``plan.extras["max_in_flight"]``, bounded by ``min_dp · (K − 1)`` per
+    stage, ``min_dp`` the smallest dp of the pipeline) — the orders :func:`spiderflow.tpa.timeline.plan_orders`
+    simulates, so a capped plan runs capped without explicit warm-ups."""
+    plan = spec.plan
+    dps = [st.dp for st in plan.stages]
+    return replica_ops(
+        plan.schedule, len(plan.stages), plan.micro_batches, stage, dp=dps[stage], replica=replica,
+        max_dp=max(dps), chunks=plan_chunks(plan), warmup=None if spec.warmup is None else spec.warmup[stage],
+        max_in_flight=plan_max_in_flight(plan), min_dp=min(dps),
+    )
 
 
 def chunk_ranges(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:

@@ -214,3 +214,36 @@ def test_stage_warmup_is_what_replica_ops_uses() -> None:
         w = stage_warmup(sched, 2, 8, 0, max_dp=2, chunks=chunks)
         explicit = replica_ops(sched, 2, 8, 0, dp=2, replica=1, max_dp=2, chunks=chunks, warmup=w)
         assert replica_ops(sched, 2, 8, 0, dp=2, replica=1, max_dp=2, chunks=chunks) == explicit
+
+
+@pytest.mark.parametrize("schedule", [Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE])
+@pytest.mark.parametrize(("dps", "m", "cap"), [([1, 1, 1], 6, 2), ([2, 1, 2], 8, 2), ([2, 2, 2], 8, 3),
+                                                ([1, 2, 1], 5, None)])
+def test_workers_run_the_capped_orders_the_timeline_simulates(
+    schedule: Schedule, dps: list[int], m: int, cap: int | None
+) -> None:
+    """Without explicit warm-ups a worker's order (:func:`rank_ops`) is the timeline's
+    (:func:`plan_orders`) under the plan's in-flight cap; no replica holds more than K in flight."""
+    from spiderflow.catalog import ModelSpec
+    from spiderflow.domain import Plan, Stage
+    from spiderflow.exec.spec import TrainSpec, rank_ops
+    from spiderflow.tpa.timeline import plan_orders
+
+    stages = tuple(Stage(cluster=f"c{i}", first_layer=i, last_layer=i, dp=d) for i, d in enumerate(dps))
+    extras = {} if cap is None else {"max_in_flight": float(cap)}
+    plan = Plan(stages=stages, micro_batches=m, schedule=schedule, extras=extras)
+    spec = TrainSpec(job_id="j", model=ModelSpec(name="t", layers=3, hidden=8, heads=2, vocab=16), plan=plan,
+                     seq_len=4, global_batch=m, steps=1)
+    want = plan_orders(schedule, m, dps, max_in_flight=cap)
+    got = [[rank_ops(spec, i, r) for r in range(d)] for i, d in enumerate(dps)]
+    assert got == want
+    if cap is not None and schedule is not Schedule.GPIPE:
+        assert max(max(p) for p in replay(got).peak_in_flight) <= cap
+    if cap is not None and schedule is Schedule.LATENCY_AWARE and dps == [1, 1, 1]:
+        # the cap is what changed the order: uncapped, the first stage warms up 2·3 − 1 = 5 > K − 1 deep
+        assert got != plan_orders(schedule, m, dps)
+    # an explicit warm-up still wins over the cap
+    explicit = TrainSpec(job_id="j", model=spec.model, plan=plan, seq_len=4, global_batch=m, steps=1,
+                         warmup=(0, 0, 0))
+    assert rank_ops(explicit, 0, 0) == replica_ops(schedule, 3, m, 0, dp=dps[0], replica=0, max_dp=max(dps),
+                                                   warmup=0)
