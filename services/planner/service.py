@@ -3,9 +3,12 @@
 Every request carries the topology it is about, so any replica answers any request and nothing is
 stored. The servicer only converts proto → domain (:mod:`spiderflow.rpc.convert`), calls the pure core
 (:func:`spiderflow.tpa.plan_chain` or a placement policy) in a worker thread so the event loop stays
-responsive, and converts back. Errors keep their meaning (:mod:`spiderflow.rpc.errors`):
+responsive, and converts back. ``PlanRequest.max_in_flight = K`` caps the micro-batches in flight per stage
+replica: TPA on a chain plans under it (:func:`spiderflow.tpa.plan_chain`), a policy's plan is held to it
+afterwards (:func:`spiderflow.tpa.planner.with_in_flight_cap`). Errors keep their meaning
+(:mod:`spiderflow.rpc.errors`):
 
-- malformed topology/job/plan → INVALID_ARGUMENT naming the field (``job.gpus.min``);
+- malformed topology/job/plan → INVALID_ARGUMENT naming the field (``job.gpus.min``, ``max_in_flight``);
 - a chain cluster that is not in the topology, or an unknown policy → NOT_FOUND / INVALID_ARGUMENT;
 - no feasible plan → FAILED_PRECONDITION whose message names the binding constraint (e.g. which stage
   exceeds memory by how many GiB); the constraint travels in the error metadata too;
@@ -33,6 +36,7 @@ from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security.authz import authorize_plan
 from spiderflow.security.identity import current_principal
+from spiderflow.tpa.planner import with_in_flight_cap
 
 __all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_on_chain"]
 
@@ -69,13 +73,16 @@ def allocation_for_chain(topo: Topology, job: JobSpec, chain: Sequence[str]) -> 
 
 
 def plan_on_chain(
-    topo: Topology, job: JobSpec, chain: Sequence[str], objective: Objective = Objective.JCT
+    topo: Topology, job: JobSpec, chain: Sequence[str], objective: Objective = Objective.JCT,
+    max_in_flight: int | None = None,
 ) -> PlacementResult:
-    """TPA on a fixed chain, timed; raises :class:`UnschedulableError` when nothing fits."""
+    """TPA on a fixed chain (under the in-flight cap ``max_in_flight`` if given), timed; raises
+    :class:`UnschedulableError` when nothing fits."""
     from spiderflow.tpa import plan_chain
 
     t0 = time.perf_counter()
-    plan = plan_chain(topo, job, allocation_for_chain(topo, job, chain), objective=objective)
+    plan = plan_chain(topo, job, allocation_for_chain(topo, job, chain), objective=objective,
+                      max_in_flight=max_in_flight)
     return PlacementResult(
         status=PlacementStatus.SUCCESS, policy="tpa", plan=plan, planning_seconds=time.perf_counter() - t0
     )
@@ -106,11 +113,12 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         topo = convert.topology_from_proto(request.topology)
         job = convert.job_from_proto(request.job)
         budget = convert.budget_from_proto(request.budget) if request.HasField("budget") else Budget()
+        cap = convert.max_in_flight_from_proto(request.max_in_flight)
         strategy = request.WhichOneof("strategy")
         t0 = time.perf_counter()
         if strategy == "chain":
             chain = list(request.chain.clusters)
-            result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective)
+            result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective, cap)
         else:
             name = request.policy if strategy == "policy" else self.default_policy
             policy = get_policy(name)
@@ -122,6 +130,8 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
             raise UnschedulableError(result.reason or "no feasible plan", constraint=result.constraint)
         assert result.plan is not None
         plan = _force_schedule(result.plan, topo, job, request.schedule)
+        if cap is not None:  # a policy's plan (or a forced schedule) held to the cap; TPA's chain plan already is
+            plan = with_in_flight_cap(plan, topo, job, cap)
         result = replace(result, plan=plan)
         log.info("planner.planned", job=job.id, policy=result.policy, chain=list(plan.chain),
                  step_time_s=plan.step_time_s, planning_seconds=result.planning_seconds,

@@ -41,6 +41,7 @@ __all__ = [
     "job_to_proto",
     "link_from_proto",
     "link_to_proto",
+    "max_in_flight_from_proto",
     "model_from_proto_value",
     "model_spec_from_proto",
     "model_spec_to_proto",
@@ -391,6 +392,14 @@ def budget_from_proto(msg: types_pb2.Budget, *, field: str = "budget") -> Budget
             raise ValidationError(_join(field, "objective"), "unknown objective",
                                   _enum_name(types_pb2.Objective, msg.objective)) from None
     return Budget(time_limit_s=limit, seed=msg.seed, objective=objective)
+
+
+def max_in_flight_from_proto(value: int, *, field: str = "max_in_flight") -> int | None:
+    """A request's in-flight cap ``K``: 0 (unset) -> None (no cap), ``K ≥ 1`` as is; ValidationError
+    naming ``field`` below 0."""
+    if value < 0:
+        raise ValidationError(field, "must be ≥ 0 (0: no cap)", value)
+    return value or None
 
 
 _STATUSES: dict[PlacementStatus, types_pb2.PlacementStatus] = {

@@ -49,7 +49,7 @@ from spiderflow.tpa.level1 import ChainContext, SplitEval, certify, dp_crossing,
 from spiderflow.tpa.level2 import solve_block_cached
 from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
-__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split"]
+__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split", "with_in_flight_cap"]
 
 log = structlog.get_logger(__name__)
 
@@ -102,6 +102,23 @@ def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Pla
     if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
         extras[MAX_IN_FLIGHT_KEY] = float(ctx.max_in_flight)
     return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
+
+
+def with_in_flight_cap(plan: Plan, topo: Topology, job: JobSpec, max_in_flight: int) -> Plan:
+    """``plan`` (same stages and ``m``) held to at most ``K = max_in_flight`` micro-batches in flight per stage
+    replica, evaluated: 1F1B and the latency-aware schedule carry ``extras["max_in_flight"] = K`` (capped
+    warm-ups); GPipe and interleaved 1F1B stay as they are where their own in-flight count is within ``K``,
+    else run as capped 1F1B (their orders cannot be capped). Memory never grows; the closed-form step is
+    unchanged except that interleaving's shorter fill is lost when it becomes 1F1B. ``ValidationError`` for
+    ``K < 1``."""
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
+    if plan.schedule not in _CAPPED and _peak_in_flight(plan) <= max_in_flight:
+        return evaluate(plan, topo, job)
+    extras = {k: v for k, v in plan.extras.items() if k != "chunks"}
+    extras[MAX_IN_FLIGHT_KEY] = float(max_in_flight)
+    schedule = plan.schedule if plan.schedule in _CAPPED else Schedule.ONE_F_ONE_B
+    return evaluate(replace(plan, schedule=schedule, extras=extras), topo, job)
 
 
 def _peak_in_flight(plan: Plan) -> int:

@@ -103,3 +103,42 @@ async def test_errors_are_typed(stub: planner_pb2_grpc.PlannerStub) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await stub.Plan(_req(policy="no-such-policy"))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _peak(plan: Plan) -> int:
+    from spiderflow.costmodel import in_flight_microbatches
+    from spiderflow.schedules import plan_max_in_flight
+
+    n = len(plan.stages)
+    return max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n,
+                                      max_in_flight=plan_max_in_flight(plan))
+               for i, st in enumerate(plan.stages))
+
+
+async def test_plan_honours_max_in_flight(stub: planner_pb2_grpc.PlannerStub) -> None:
+    """``max_in_flight = K``: TPA on a chain plans under the cap, a policy's plan is held to it; either way
+    no stage replica holds more than K micro-batches and the memory figures are evaluate's under the cap."""
+    from spiderflow import costmodel
+
+    for req in (_req(chain=["virginia", "ohio"], max_in_flight=1), _req(policy="spinsearch", max_in_flight=1),
+                _req(chain=["virginia", "ohio"], max_in_flight=2, schedule=types_pb2.SCHEDULE_GPIPE)):
+        resp = await stub.Plan(req)
+        assert resp.status == types_pb2.PLACEMENT_STATUS_SUCCESS
+        plan = convert.plan_from_proto(resp.plan)
+        assert _peak(plan) <= req.max_in_flight
+        if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+            assert plan.extras["max_in_flight"] == req.max_in_flight
+        ev = costmodel.evaluate(plan, TOPO, JOB)
+        assert list(resp.plan.predictions.memory_gib_per_gpu) == pytest.approx(list(ev.memory_gib_per_gpu))
+        assert costmodel.fits_memory(ev, TOPO)[0]
+    # 0 (unset): no cap
+    plain = convert.plan_from_proto((await stub.Plan(_req(chain=["virginia", "ohio"]))).plan)
+    assert "max_in_flight" not in plain.extras
+
+
+async def test_negative_max_in_flight_is_invalid(stub: planner_pb2_grpc.PlannerStub) -> None:
+    for req in (_req(chain=["virginia"], max_in_flight=-1), _req(policy="firstfit", max_in_flight=-3)):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Plan(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "max_in_flight" in (e.value.details() or "")

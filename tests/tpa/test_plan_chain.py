@@ -198,3 +198,32 @@ def test_plan_blocks_are_solved_by_cpsat(three_region_topo: Topology, job_6b7: J
     monkeypatch.setattr(l2, "solve_block", boom)
     again = plan_chain(three_region_topo, job_6b7, alloc)
     assert again.stages == plan.stages and again.schedule is plan.schedule
+
+
+def test_with_in_flight_cap_never_grows_memory_and_caps_every_schedule(
+    three_region_topo: Topology, job_6b7: JobSpec
+) -> None:
+    from dataclasses import replace
+
+    from spiderflow.costmodel import in_flight_microbatches
+    from spiderflow.schedules import plan_max_in_flight
+    from spiderflow.tpa.planner import with_in_flight_cap
+
+    topo, job = three_region_topo, job_6b7
+    base = plan_chain(topo, job, [("ohio", 16), ("tokyo", 8)])
+    for sched in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+        plan = evaluate(replace(base, schedule=sched, extras={}), topo, job)
+        for k in (1, 2, 64):
+            out = with_in_flight_cap(plan, topo, job, k)
+            n = len(out.stages)
+            cap = plan_max_in_flight(out)
+            peak = max(in_flight_microbatches(out.schedule, out.micro_batches, st.dp, i, n, max_in_flight=cap)
+                       for i, st in enumerate(out.stages))
+            assert peak <= k
+            assert out.stages == plan.stages and out.micro_batches == plan.micro_batches
+            assert all(a <= b + 1e-12 for a, b in zip(out.memory_gib_per_gpu, plan.memory_gib_per_gpu, strict=True))
+            assert out.step_time_s == pytest.approx(plan.step_time_s)
+            if sched is Schedule.GPIPE:  # GPipe holds m: kept where within the cap, else capped 1F1B
+                assert out.schedule is (Schedule.GPIPE if plan.micro_batches <= k else Schedule.ONE_F_ONE_B)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        with_in_flight_cap(base, topo, job, 0)

@@ -14,20 +14,22 @@ class Chain(_message.Message):
     def __init__(self, clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("topology", "job", "chain", "policy", "budget", "schedule")
+    __slots__ = ("topology", "job", "chain", "policy", "budget", "schedule", "max_in_flight")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     topology: _types_pb2.Topology
     job: _types_pb2.JobSpec
     chain: Chain
     policy: str
     budget: _types_pb2.Budget
     schedule: _types_pb2.Schedule
-    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., chain: _Optional[_Union[Chain, _Mapping]] = ..., policy: _Optional[str] = ..., budget: _Optional[_Union[_types_pb2.Budget, _Mapping]] = ..., schedule: _Optional[_Union[_types_pb2.Schedule, str]] = ...) -> None: ...
+    max_in_flight: int
+    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., chain: _Optional[_Union[Chain, _Mapping]] = ..., policy: _Optional[str] = ..., budget: _Optional[_Union[_types_pb2.Budget, _Mapping]] = ..., schedule: _Optional[_Union[_types_pb2.Schedule, str]] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("status", "plan", "reason", "constraint", "policy", "planning_seconds", "optimal", "stats")
