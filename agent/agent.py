@@ -18,6 +18,14 @@ Life cycle (:meth:`Agent.run`):
    topology service in one ReportLinks. A target the service does not know (its lease just expired) is
    dropped and the report retried once.
 
+Identity: a certificate (``tls_dir``) and/or a bearer ``token`` (sent with every ReportProfile and
+ReportLinks). When the topology service refuses the agent's identity (UNAUTHENTICATED: no or an unknown
+token or certificate; PERMISSION_DENIED: a token or certificate of another cluster, or not an agent's),
+retrying cannot help: the agent logs ``agent.refused`` with the reason, deregisters and stops; its
+:attr:`Agent.refused` is the error (``spiderflow agent`` then exits with code 5).
+
+etcd: ``etcd_tls_dir`` / ``etcd_user`` (:func:`agent.config.etcd_options`) for the registration store.
+
 Busy (training): :meth:`Agent.set_busy` (the executor calls it when stages start and stop). While busy
 no bulk probe is sent or served (an in-flight one is cut short); with ``busy_mode = "latency"`` echo
 probes go on (latency-only refreshes keep the links fresh), with ``"pause"`` probing stops.
@@ -42,20 +50,27 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
-from agent.config import AgentConfig
+from agent.config import AgentConfig, etcd_options
 from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, profile_cpu, profile_devices
 from agent.registration import Registration
 from agent.service import AgentService
 from spiderflow import metrics
 from spiderflow.domain import Cluster
-from spiderflow.errors import AlreadyExistsError, SpiderFlowError, ValidationError
+from spiderflow.errors import (
+    AlreadyExistsError,
+    PermissionDeniedError,
+    SpiderFlowError,
+    UnauthenticatedError,
+    ValidationError,
+)
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import domain_errors
 from spiderflow.rpc.server import RpcServer, open_channel, serve
 from spiderflow.runtime import parse_hostport
+from spiderflow.security.auth import bearer_metadata
 from spiderflow.store import keys
 from spiderflow.store.base import EventType, Lease, Store
 
@@ -160,6 +175,9 @@ class Agent:
         self._profile_now = asyncio.Event()
         self._ingress = Ingress()
         self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
+        self._metadata = bearer_metadata(config.token)
+        self.refused: UnauthenticatedError | PermissionDeniedError | None = None
+        """Why the topology service refused this agent's identity (the agent then stops), else None."""
         self._credentials: grpc.ChannelCredentials | None = None
         self._server_credentials: grpc.ServerCredentials | None = None
         if config.tls_dir:
@@ -236,14 +254,15 @@ class Agent:
         if self._store_factory is None:
             from spiderflow.store.etcd import EtcdStore
 
-            self._store = EtcdStore(self.config.etcd)
+            self._store = EtcdStore(self.config.etcd, **etcd_options(self.config))
         else:
             self._store = self._store_factory(self.config.etcd)
         self._topology_channel = open_channel(self.config.topology_service, credentials=self._credentials)
         self._topology = topology_pb2_grpc.TopologyStub(self._topology_channel)
         self.log.info("agent.started", address=self._address, gpu=self._cluster.gpu, gpus=self._cluster.total_gpus,
                       tflops=self._cluster.tflops, topology_service=self.config.topology_service,
-                      etcd=self.config.etcd)
+                      etcd=self.config.etcd, etcd_tls=bool(self.config.etcd_tls_dir),
+                      etcd_user=self.config.etcd_user, token=bool(self.config.token))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Register, report and probe until ``stop`` is set; then deregister and shut down."""
@@ -257,11 +276,7 @@ class Agent:
         try:
             await stop.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(BaseException):
-                    await t
+            await _cancel_all(tasks)
             await self.close()
 
     async def close(self) -> None:
@@ -348,10 +363,7 @@ class Agent:
         try:
             done, _ = await asyncio.wait({lost, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for t in (lost, gone):
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
+            await _cancel_all([lost, gone])
         if gone in done and not lost.done():
             return gone.result()
         return lease.lost_reason or "lease lost"
@@ -363,6 +375,9 @@ class Agent:
             await self._registered.wait()
             try:
                 await self.report_profile()
+            except (UnauthenticatedError, PermissionDeniedError) as e:
+                self._refuse(e, stop, "ReportProfile")
+                return
             except Exception as e:  # keep reporting whatever went wrong
                 self.log.warning("agent.profile_report_failed", error=str(e), error_class=type(e).__name__)
                 await asyncio.sleep(1.0)
@@ -378,9 +393,22 @@ class Agent:
                                                 agent_id=self.agent_id, agent_address=self._address,
                                                 measured_at=_ts(time.time()))
         with domain_errors():
-            resp = await self._topology.ReportProfile(req, timeout=self.config.probe.timeout_s)
+            resp = await self._topology.ReportProfile(req, timeout=self.config.probe.timeout_s,
+                                                      metadata=self._metadata)
         self.log.info("agent.profile_reported", revision=resp.revision)
         return int(resp.revision)
+
+    def _refuse(self, error: UnauthenticatedError | PermissionDeniedError, stop: asyncio.Event, call: str) -> None:
+        """The topology service refused this agent's identity: log it once, remember it, stop the agent."""
+        if self.refused is None:
+            self.refused = error
+            parts = ([f"certificate {self.config.tls_dir}"] if self.config.tls_dir else []) + \
+                (["bearer token"] if self.config.token else [])
+            identity = " and ".join(parts) or "no certificate or token"
+            self.log.error("agent.refused", call=call, code=type(error).__name__, error=str(error),
+                           identity=identity, hint="the topology service must map this agent's token or "
+                           f"certificate to agent:{self.config.cluster} (--token / $SPIDERFLOW_TOKEN, --tls-dir)")
+        stop.set()
 
     # -- probing --------------------------------------------------------------------------------------------
 
@@ -453,7 +481,8 @@ class Agent:
                                      rtt_samples=r.rtt_samples, measured_at=_ts(r.measured_at))
             try:
                 with domain_errors():
-                    resp = await self._topology.ReportLinks(req, timeout=self.config.probe.timeout_s)
+                    resp = await self._topology.ReportLinks(req, timeout=self.config.probe.timeout_s,
+                                                            metadata=self._metadata)
             except ValidationError as e:
                 bad = _target_index(e.field)
                 if bad is None or bad >= len(pending):
@@ -475,10 +504,28 @@ class Agent:
             if not (self._busy and self.config.probe.busy_mode == "pause"):
                 try:
                     await self.probe_round()
+                except (UnauthenticatedError, PermissionDeniedError) as e:
+                    self._refuse(e, stop, "ReportLinks")
+                    return
                 except Exception as e:  # keep probing whatever went wrong
                     self.log.warning("agent.probe_round_failed", error=str(e), error_class=type(e).__name__)
             delay = max(0.0, period - (time.monotonic() - t0)) + self._rng.uniform(0, 0.1 * period)
             await asyncio.sleep(delay)
+
+
+async def _cancel_all(tasks: list[asyncio.Task[Any]], *, patience_s: float = 1.0) -> None:
+    """Cancel ``tasks`` and wait for them to end, cancelling again any that is still running after
+    ``patience_s``: on Python 3.11 ``asyncio.wait_for`` (used by the etcd client) may swallow a
+    cancellation that arrives as its inner call completes, and a single cancel would then be waited on
+    forever."""
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for t in pending:
+            t.cancel()
+        _, pending = await asyncio.wait(pending, timeout=patience_s)
+    for t in tasks:
+        if not t.cancelled():
+            t.exception()  # retrieved: an error of a task being shut down is not reported again
 
 
 def _target_index(field: str) -> int | None:

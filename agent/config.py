@@ -14,6 +14,11 @@ File format (every key optional except where the command line provides it)::
     advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
     tls_dir: certs/agent-virginia  # mTLS bundle (``spiderflow certs init --cluster virginia``): the Agent
                                    # service, and its calls to the topology service, the scheduler and peers
+    etcd_tls_dir: certs/etcd-client # TLS to etcd: ca.crt (+ tls.crt/tls.key), ``spiderflow certs init``'s
+                                   # etcd-client/ (default $SPIDERFLOW_ETCD_TLS_DIR)
+    etcd_user: spiderflow          # etcd user; the password only from $SPIDERFLOW_ETCD_PASSWORD
+    token: <secret>                # bearer token sent to the topology service and the scheduler (mapped to
+                                   # ``agent:<cluster>`` in their --tokens file); prefer $SPIDERFLOW_TOKEN
     agent_id: virginia-a1          # default: <cluster>-<random hex>, new at every start
     lease_ttl_s: 8                 # registration lease; the cluster vanishes ≤ TTL after the agent dies
     profile_interval_s: 30         # re-send the profile this often
@@ -49,6 +54,9 @@ smoothed value); ``pause`` stops probing altogether.
 Advertised address: ``advertise`` if set; else the listen host with the bound port, unless the listen
 host is a wildcard (``0.0.0.0``/``::``), in which case the local address the kernel would use to reach
 the topology service (no packet is sent).
+
+Identity towards the topology service and the scheduler: the certificate of ``tls_dir`` (its name is
+the cluster) and/or the bearer ``token``; with either, the services bind the agent to its cluster.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ from spiderflow.errors import ValidationError
 from spiderflow.formats import load_document
 from spiderflow.runtime import parse_hostport
 
-__all__ = ["AgentConfig", "GpuDeclaration", "ProbeConfig", "load_config"]
+__all__ = ["AgentConfig", "GpuDeclaration", "ProbeConfig", "etcd_options", "load_config"]
 
 BusyMode = Literal["latency", "pause"]
 
@@ -143,6 +151,9 @@ class AgentConfig:
     listen: str = "127.0.0.1:0"
     advertise: str | None = None
     tls_dir: str | None = None
+    etcd_tls_dir: str | None = None
+    etcd_user: str | None = None
+    token: str | None = field(default=None, repr=False)
     agent_id: str | None = None
     lease_ttl_s: int = 8
     profile_interval_s: float = 30.0
@@ -169,6 +180,9 @@ class AgentConfig:
                                   self.checkpoint_every)
         if self.advertise is not None:
             parse_hostport(self.advertise, field="advertise")
+        if self.token is not None and (not isinstance(self.token, str) or not self.token.strip()
+                                       or any(c.isspace() for c in self.token)):
+            raise ValidationError("token", "must be a non-empty string without spaces", "<hidden>")
         if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, int) or self.lease_ttl_s < 1:
             raise ValidationError("lease_ttl_s", "must be an integer ≥ 1", self.lease_ttl_s)
         _pos("profile_interval_s", self.profile_interval_s)
@@ -180,6 +194,17 @@ class AgentConfig:
         for f in ("intra_node_gbps", "inter_node_gbps"):
             if getattr(self, f) is not None:
                 _pos(f, getattr(self, f))
+
+
+def etcd_options(config: AgentConfig) -> dict[str, Any]:
+    """The :class:`~spiderflow.store.etcd.EtcdStore` keyword arguments of ``config`` (``etcd_tls_dir``,
+    ``etcd_user`` with the password from ``$SPIDERFLOW_ETCD_PASSWORD``); ValidationError naming the flag
+    when a bundle file or the password is missing."""
+    import argparse
+
+    from spiderflow.security.tls import etcd_options as from_flags
+
+    return from_flags(argparse.Namespace(etcd_tls_dir=config.etcd_tls_dir, etcd_user=config.etcd_user))
 
 
 def _section(cls: type, raw: Any, where: str) -> Any:

@@ -198,11 +198,14 @@ class Reporter(Protocol):
 
 
 class SchedulerReporter:
-    """:class:`Reporter` over a gRPC channel to the Scheduler service."""
+    """:class:`Reporter` over a gRPC channel to the Scheduler service (mTLS with ``tls_dir``; the bearer
+    ``token`` with every call)."""
 
-    def __init__(self, address: str, *, timeout_s: float = 10.0, tls_dir: str | None = None) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 10.0, tls_dir: str | None = None,
+                 token: str | None = None) -> None:
         from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
         from spiderflow.rpc.server import open_channel
+        from spiderflow.security.auth import bearer_metadata
 
         credentials = None
         if tls_dir:
@@ -212,12 +215,13 @@ class SchedulerReporter:
         self._channel = open_channel(address, credentials=credentials)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self._timeout = timeout_s
+        self._metadata = bearer_metadata(token)
 
     async def report(self, request: scheduler_pb2.ReportProgressRequest) -> tuple[bool, bool]:
         from spiderflow.rpc.errors import domain_errors
 
         with domain_errors():
-            resp = await self._stub.ReportProgress(request, timeout=self._timeout)
+            resp = await self._stub.ReportProgress(request, timeout=self._timeout, metadata=self._metadata)
         return bool(resp.accepted), bool(resp.stop)
 
     async def close(self) -> None:
@@ -710,10 +714,11 @@ class Executor:
 def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] | None = None) -> Executor:
     """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
     set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
-    owns the etcd client and the scheduler channel it creates here and closes them when :meth:`Executor.run`
-    returns."""
+    owns the etcd client (``etcd_tls_dir``/``etcd_user`` of the config) and the scheduler channel (``tls_dir``,
+    ``token``) it creates here and closes them when :meth:`Executor.run` returns."""
     import tempfile
 
+    from agent.config import etcd_options
     from spiderflow.runtime import parse_hostport
     from spiderflow.store.etcd import EtcdStore
 
@@ -727,7 +732,8 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
     )
-    reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None))
-    ex = Executor(settings, EtcdStore(config.etcd), reporter, on_busy=on_busy)
+    reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
+                                 token=getattr(config, "token", None))
+    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy)
     ex.owns_clients = True
     return ex

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.agent import build_cluster
-from agent.config import ProbeConfig, load_config
+from agent.config import ProbeConfig, etcd_options, load_config
 from agent.profiler import DeviceProfile, catalog_name
 from spiderflow.errors import ValidationError
 
@@ -63,3 +63,30 @@ def test_catalog_names() -> None:
     assert catalog_name("Tesla V100-SXM2-16GB", 15.8) == "V100-16G"
     with pytest.raises(ValidationError):
         catalog_name("Mystery Accelerator", 10)
+
+
+def test_etcd_security_and_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """etcd TLS bundle and user from the configuration, the password only from the environment; the bearer
+    token never shows in the configuration's repr (logs)."""
+    from spiderflow.security.certs import init_certs
+
+    init_certs(tmp_path / "certs", admin=False)
+    client = str(tmp_path / "certs" / "etcd-client")
+    cfg = load_config(None, {**BASE, "etcd_tls_dir": client, "etcd_user": "root",
+                             "token": "agent-token-0123456789abcdef"})
+    assert "agent-token" not in repr(cfg)
+    monkeypatch.delenv("SPIDERFLOW_ETCD_PASSWORD", raising=False)
+    with pytest.raises(ValidationError) as e:
+        etcd_options(cfg)
+    assert e.value.field == "--etcd-user" and "SPIDERFLOW_ETCD_PASSWORD" in str(e.value)
+    monkeypatch.setenv("SPIDERFLOW_ETCD_PASSWORD", "pw-from-env")
+    opts = etcd_options(cfg)
+    assert (opts["username"], opts["password"]) == ("root", "pw-from-env")
+    assert opts["tls"].ca == Path(client) / "ca.crt" and opts["tls"].cert == Path(client) / "tls.crt"
+    assert etcd_options(load_config(None, dict(BASE))) == {}
+    with pytest.raises(ValidationError) as e:
+        etcd_options(load_config(None, {**BASE, "etcd_tls_dir": str(tmp_path / "missing")}))
+    assert e.value.field == "--etcd-tls-dir"
+    with pytest.raises(ValidationError) as e:
+        load_config(None, {**BASE, "token": "has a space"})
+    assert e.value.field == "token" and "space" not in str(e.value.value)

@@ -4,15 +4,21 @@
 
     spiderflow agent --cluster virginia --topology-service HOST:PORT --etcd HOST:PORT \\
         [--config FILE] [--listen HOST:PORT] [--advertise HOST:PORT] [--ready-file FILE] [--tls-dir DIR] \\
+        [--etcd-tls-dir DIR] [--etcd-user NAME] [--token TOKEN] \\
         [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
         [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
 
 ``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``,
 ``--scheduler`` (where stage execution reports; without it the agent runs no stages) to
 ``$SPIDERFLOW_SCHEDULER``, and
-``--listen`` to ``$SPIDERFLOW_TESTBED_ADDRESS:0`` inside a testbed namespace (else 127.0.0.1:0). Flags
+``--listen`` to ``$SPIDERFLOW_TESTBED_ADDRESS:0`` inside a testbed namespace (else 127.0.0.1:0),
+``--etcd-tls-dir`` to ``$SPIDERFLOW_ETCD_TLS_DIR``, ``--etcd-user`` to ``$SPIDERFLOW_ETCD_USER`` (the password
+only from ``$SPIDERFLOW_ETCD_PASSWORD``) and ``--token`` to ``$SPIDERFLOW_TOKEN`` (prefer the environment:
+a command line is visible to every local user in ``ps``). Flags
 override the ``--config`` file (format in :mod:`agent.config`). ``--ready-file`` receives
-``{"address", "pid", "agent_id"}`` as JSON once the Agent service serves.
+``{"address", "pid", "agent_id"}`` as JSON once the Agent service serves. When the topology service
+refuses the agent's identity (UNAUTHENTICATED / PERMISSION_DENIED) the agent logs ``agent.refused``,
+deregisters, stops and exits with code 5 (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spiderflow.runtime import configure_logging, run_until_signalled, write_ready_file
+from spiderflow.security.tls import ENV_TOKEN, add_etcd_arguments
 
 __all__ = ["register"]
 
@@ -36,6 +43,7 @@ def _config(args: argparse.Namespace) -> Any:
         "scheduler": args.scheduler, "work_dir": args.work_dir, "checkpoint_dir": args.checkpoint_dir,
         "checkpoint_every": args.checkpoint_every,
         "listen": args.listen, "advertise": args.advertise, "tls_dir": args.tls_dir, "agent_id": args.agent_id,
+        "etcd_tls_dir": args.etcd_tls_dir, "etcd_user": args.etcd_user, "token": args.token,
         "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
         "profile_seconds": args.profile_seconds, "free_gpus": args.free_gpus,
         "electricity_usd_per_kwh": args.electricity, "region": args.region,
@@ -56,6 +64,9 @@ def _config(args: argparse.Namespace) -> Any:
 def _run(args: argparse.Namespace) -> int:
     configure_logging(json_logs=True if args.log_format == "json" else None if args.log_format == "auto" else False)
     config = _config(args)  # validation errors surface before anything starts
+    from agent.config import etcd_options
+
+    etcd_options(config)  # a missing etcd bundle file or password too
 
     async def main(stop: asyncio.Event) -> None:
         from agent.agent import Agent
@@ -69,14 +80,16 @@ def _run(args: argparse.Namespace) -> int:
                              agent_id=agent.agent_id, metrics=metrics.address if metrics else None)
             if config.scheduler is None:
                 await agent.run(stop)
-                return
-            from agent.executor import executor_for
+            else:
+                from agent.executor import executor_for
 
-            executor = executor_for(config, agent.address, on_busy=agent.set_busy)
-            await asyncio.gather(agent.run(stop), executor.run(stop))
+                executor = executor_for(config, agent.address, on_busy=agent.set_busy)
+                await asyncio.gather(agent.run(stop), executor.run(stop))
         finally:
             if metrics:
                 metrics.close()
+        if agent.refused is not None:
+            raise agent.refused
 
     return run_until_signalled(main)
 
@@ -105,6 +118,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--agent-id", help="instance id (default: <cluster>-<random>)")
     p.add_argument("--tls-dir", help="the agent's certificate bundle (spiderflow certs init --cluster NAME): mTLS "
                                      "for its Agent service and its calls to the topology service, scheduler and peers")
+    add_etcd_arguments(p)
+    p.add_argument("--token", default=os.environ.get(ENV_TOKEN) or None,
+                   help=f"bearer token for the topology service and the scheduler (default ${ENV_TOKEN}, "
+                        "preferred: a command line shows in ps)")
     p.add_argument("--ready-file", help="write {address, pid, agent_id, metrics} as JSON here once serving")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics (port 0 = any free port; default: off)")
