@@ -5,6 +5,12 @@ process on real ports, started exactly as an operator would (``spiderflow serve 
 ``spiderflow agent ...``). Agents run on loopback, or — with ``testbed=True`` (root) — inside the emulated
 multi-region testbed's network namespaces with kernel-shaped links.
 
+With ``etcd_tls=True`` the embedded etcd serves only TLS and requires client certificates of its own CA:
+``spiderflow certs init`` material is written under ``<workdir>/certs`` (the ``etcd-server`` certificate is
+also valid for the testbed's host address), and the topology service, the scheduler and every agent
+connect with ``--etcd-tls-dir <workdir>/certs/etcd-client``. gRPC between the components stays plaintext on
+loopback (the services refuse plaintext on any other address).
+
 Contract: :meth:`LocalMesh.start` either returns with everything serving and every cluster registered, or
 raises after stopping whatever it had started; :meth:`LocalMesh.stop` (also on ``with`` exit) stops every
 process and removes every namespace, and is idempotent.
@@ -67,7 +73,8 @@ class LocalMesh:
 
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
-                 keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5) -> None:
+                 keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
+                 etcd_tls: bool = False) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -79,6 +86,9 @@ class LocalMesh:
         self.lease_ttl = lease_ttl
         self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
+        self.etcd_tls = etcd_tls
+        self.etcd_args: list[str] = []
+        """``--etcd-tls-dir DIR`` of every component once started with ``etcd_tls`` (else empty)."""
         self.etcd: EtcdProcess | None = None
         self.services: dict[str, ManagedProcess] = {}
         self.agents: dict[str, ManagedProcess] = {}
@@ -116,22 +126,31 @@ class LocalMesh:
         return proc
 
     def _start(self, timeout: float) -> None:
-        data = self.workdir / "etcd"
-        self.etcd = EtcdProcess(data_dir=data)
-        self.etcd.start()
-        topo = self._service("topology", "--etcd", self.etcd_endpoint)
-        planner = self._service("planner")
-        self._service("scheduler", "--etcd", self.etcd_endpoint, "--topology-service", topo.address,
-                      "--planner", planner.address, *self.scheduler_args)
         host = "127.0.0.1"
         prefix: list[str] = []
-        if self.testbed_enabled:
+        if self.testbed_enabled:  # first: etcd's certificate names the address agents reach it at
             from spiderflow.testbed import Testbed
 
             testbed = Testbed(self.topology, prefix=self.testbed_prefix)
             testbed.up()  # cleans up after itself if it fails; never take down another run's testbed of this prefix
             self.testbed = testbed
             host = testbed.host_address
+        data = self.workdir / "etcd"
+        tls = None
+        if self.etcd_tls:
+            from spiderflow.security.certs import init_certs
+            from spiderflow.store.tls import EtcdTLS
+
+            certs = self.workdir / "certs"
+            init_certs(certs, hosts=[host] if host != "127.0.0.1" else [], admin=False)
+            tls = EtcdTLS.from_dir(certs / "etcd-server", require_cert=True)
+            self.etcd_args = ["--etcd-tls-dir", str(certs / "etcd-client")]
+        self.etcd = EtcdProcess(data_dir=data, tls=tls)
+        self.etcd.start()
+        topo = self._service("topology", "--etcd", self.etcd_endpoint, *self.etcd_args)
+        planner = self._service("planner")
+        self._service("scheduler", "--etcd", self.etcd_endpoint, *self.etcd_args, "--topology-service", topo.address,
+                      "--planner", planner.address, *self.scheduler_args)
         for c in self.topology.clusters:  # spawned side by side (imports and profiling overlap), then awaited
             self.agents[c.name] = self._agent(c, host, prefix, wait=False)
         for c in self.topology.clusters:
@@ -150,7 +169,7 @@ class LocalMesh:
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
             "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
-            "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.agent_args,
+            "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.etcd_args, *self.agent_args,
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:
             argv += ["--free-gpus", str(c.free_gpus)]

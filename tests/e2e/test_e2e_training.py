@@ -6,7 +6,8 @@ per cluster and the agents' torch.distributed workers (gloo on loopback), all se
 - an agent killed with SIGKILL mid-training: the job goes RESCHEDULING, is re-placed on the remaining
   clusters (another layer split), resumes from its last complete checkpoint and completes; the loss after
   the resume continues from the checkpoint (it equals the first run's loss at the same step), not from the
-  initial loss.
+  initial loss;
+- ``spiderflow up --etcd-tls`` (etcd with TLS and client certificates) runs a 5-step job to SUCCEEDED.
 
 Every process a test starts carries an environment tag; the tests fail if any tagged process is left.
 """
@@ -71,6 +72,41 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
             done = [e for e in evs if e["event"] == "done"]
             assert done and done[0]["last_step"] == 20, (rank, evs[-3:])
         assert losses_by_step(events)[20] == pytest.approx(last)
+    finally:
+        left = wait_no_marked_processes(token)
+        assert not left, f"processes of the run survived it: {left}"
+
+
+def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
+    """``spiderflow up --etcd-tls``: etcd serves TLS only with client certificates required, and the services
+    and agents (which register, report and run stages through it) connect with the generated etcd-client
+    bundle; a short job still reaches SUCCEEDED."""
+    token = uuid.uuid4().hex
+    mesh_dir = tmp_path / "mesh"
+    env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spiderflow.cli.main", "up", "--etcd-tls", "--steps", "5", "--json", "--data-dir",
+         str(mesh_dir), "--timeout", "200"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+        s = _summary(out)
+        assert s["state"] == "SUCCEEDED" and s["steps"] == 5, s
+        assert (mesh_dir / "certs" / "etcd-server" / "tls.crt").is_file()
+        started = []
+        for log in sorted((mesh_dir / "logs").glob("agent-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("{") and '"agent.started"' in line:
+                    started.append(json.loads(line))
+        assert len(started) == 3 and all(doc["etcd_tls"] is True for doc in started), started
+        assert sorted(attempt_events(mesh_dir, str(s["job"]), 1)) == [0, 1, 2]
     finally:
         left = wait_no_marked_processes(token)
         assert not left, f"processes of the run survived it: {left}"

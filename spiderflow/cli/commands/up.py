@@ -7,12 +7,18 @@
     spiderflow up --topology FILE      # clusters (and, with --testbed, link shaping) from a file
     spiderflow up --testbed            # agents in network namespaces with kernel-shaped links (root)
     spiderflow up --keep --no-job      # keep the mesh running; prints addresses, writes the config file
+    spiderflow up --etcd-tls           # etcd serves TLS only, every component presents a client certificate
 
 Starts an embedded etcd (a child process; temp data dir unless ``--data-dir``), the topology, planner and
 scheduler services and one agent per cluster, each as its own process on real ports; submits the sample
 job; follows it with a live progress bar; prints the plan and the predicted vs measured step time; and
 stops everything on exit or Ctrl-C, leaving no process or namespace behind. Exit code 0 when the job
 succeeded.
+
+``--etcd-tls`` is a flag, not the default: ``spiderflow up`` is the loopback quickstart, where the gRPC
+services run plaintext (they refuse it on any other address) and ``--keep`` leaves a mesh any local client
+reaches without certificates; the flag runs etcd the way a deployment does (certificates from
+``spiderflow certs init`` under ``<data-dir>/certs``, ``--etcd-tls-dir`` on every component).
 """
 
 from __future__ import annotations
@@ -131,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     console.print(f"starting a SpiderFlow mesh: etcd, topology, planner, scheduler, {len(topo.clusters)} agent(s)"
                   + (" in the testbed" if args.testbed else ""))
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
-                     testbed_prefix=args.testbed_prefix)
+                     testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls)
     code = 0
     try:
         mesh.start(timeout=args.timeout)
@@ -194,6 +200,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--testbed", action="store_true", help="agents in network namespaces with shaped links (root)")
     p.add_argument("--testbed-prefix", default="sf", metavar="P",
                    help="name prefix of the testbed's namespaces (default sf; one testbed per prefix)")
+    p.add_argument("--etcd-tls", action="store_true",
+                   help="etcd serves TLS only and requires client certificates (generated under the data dir); "
+                        "every component connects with --etcd-tls-dir")
     p.add_argument("--keep", action="store_true", help="keep the mesh running until Ctrl-C")
     p.add_argument("--no-job", action="store_true", help="do not submit the sample job")
     p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
