@@ -697,9 +697,17 @@ _PLAN_CACHE: dict[tuple[Any, ...], Plan | UnschedulableError] = {}
 _PLAN_CACHE_STATS = {"hits": 0, "misses": 0}
 
 
+_STATIC_FIELDS: tuple[str, ...] = ()
+
+
 def _static(c: Cluster) -> tuple[Any, ...]:
-    return (c.name, c.gpu, c.nodes, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps,
-            c.electricity_usd_per_kwh, c.tflops, c.mfu, c.memory_gib, c.layer_overhead_ms)
+    """Every field of the cluster except its free GPUs (calibration fields included)."""
+    global _STATIC_FIELDS
+    if not _STATIC_FIELDS:
+        import dataclasses
+
+        _STATIC_FIELDS = tuple(f.name for f in dataclasses.fields(Cluster) if f.name != "free_gpus")
+    return tuple(getattr(c, f) for f in _STATIC_FIELDS)
 
 
 def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],

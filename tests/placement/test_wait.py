@@ -82,3 +82,25 @@ def test_tpa_plan_key_ignores_the_micro_batch_and_gpu_range_the_fallback_key_doe
     assert plan_key(a, job, alloc, Objective.JCT, tpa_only=True) == plan_key(a, other, alloc, Objective.JCT,
                                                                               tpa_only=True)
     assert plan_key(a, job, alloc, Objective.JCT) != plan_key(a, other, alloc, Objective.JCT)
+
+
+def test_plan_key_covers_every_cluster_field_but_free_gpus() -> None:
+    import dataclasses
+
+    a = _topo(32)
+    job = _job(10)
+    alloc = [("big", 16)]
+    base = plan_key(a, job, alloc, Objective.JCT)
+    for f in dataclasses.fields(Cluster):
+        if f.name in ("name", "free_gpus"):
+            continue
+        v = getattr(a.clusters[0], f.name)
+        new = {"gpu": "A100-80G", "region": "x"}.get(f.name, 1 if v is None else v)
+        if isinstance(v, bool | int | float) and v is not None:
+            new = type(v)(v * 2 + 1) if not isinstance(v, bool) else not v
+        try:
+            c = dataclasses.replace(a.clusters[0], **{f.name: new})
+        except Exception:  # a value the cluster refuses: nothing to key on
+            continue
+        b = Topology(clusters=(c, a.clusters[1]), links=a.links)
+        assert plan_key(b, job, alloc, Objective.JCT) != base, f.name
