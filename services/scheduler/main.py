@@ -92,7 +92,7 @@ class SimExecutor:
         key = (stored.record.id, stored.record.attempt)
         if key in self._tasks and not self._tasks[key].done():
             return
-        self._tasks[key] = asyncio.create_task(self._run(stored.record.id, stored.record.attempt))
+        self._tasks[key] = asyncio.create_task(self._run(stored))
 
     async def adopt(self) -> None:
         """Arm every job that holds a placement (after becoming leader)."""
@@ -106,15 +106,21 @@ class SimExecutor:
             t.cancel()
         self._tasks.clear()
 
-    async def _advance(self, job_id: str, attempt: int, state: JobState) -> bool:
+    async def _advance(self, known: StoredJob | None, job_id: str, attempt: int,
+                       state: JobState) -> StoredJob | None:
+        """Move the job's ``attempt`` to ``state``, starting from ``known`` (the record this executor last saw)
+        and reading etcd again only after a lost compare. Returns the stored record in ``state``, or ``None``
+        when the attempt ended otherwise (cancelled, re-placed, deleted)."""
+        sj = known
         for _ in range(20):
-            try:
-                sj = await self.repo.get(job_id)
-            except NotFoundError:
-                return False
+            if sj is None:
+                try:
+                    sj = await self.repo.get(job_id)
+                except NotFoundError:
+                    return None
             r = sj.record
             if r.attempt != attempt or r.terminal or r.state is state:
-                return r.state is state
+                return sj if r.state is state and r.attempt == attempt else None
             steps = r.spec.steps
             if state is JobState.RUNNING:
                 new = r.to(state, "simulated execution started", now=self.repo.clock())
@@ -124,11 +130,10 @@ class SimExecutor:
                               progress=Progress(step=steps, steps=steps, step_time_s=step_time,
                                                 tokens_per_s=r.spec.tokens_per_step / step_time if step_time else None))
             try:
-                await self.repo.transition(sj, new)
-                return True
+                return await self.repo.transition(sj, new)
             except CompareFailedError:
-                continue
-        return False
+                sj = None
+        return None
 
     async def _retry(self, op: Callable[[], Awaitable[T]]) -> T:
         """Run ``op`` until etcd answers: a stalled store delays the simulated job, it never strands it."""
@@ -141,17 +146,21 @@ class SimExecutor:
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
-    async def _run(self, job_id: str, attempt: int) -> None:
+    async def _run(self, placed: StoredJob) -> None:
+        job_id, attempt = placed.record.id, placed.record.attempt
         try:
-            sj = await self._retry(lambda: self.repo.get(job_id))
-            r = sj.record
+            r = placed.record
             predicted = r.spec.steps * (r.plan.step_time_s if r.plan else 0.0)
             duration = min(self.max_s, max(self.min_s, predicted * self.scale))
+            sj: StoredJob | None = placed
             if r.state is JobState.PLACED:
-                await self._retry(lambda: self._advance(job_id, attempt, JobState.RUNNING))
+                sj = await self._retry(lambda: self._advance(placed, job_id, attempt, JobState.RUNNING))
+                if sj is None:
+                    return
             await asyncio.sleep(duration)
-            done = await self._retry(lambda: self._advance(job_id, attempt, JobState.SUCCEEDED))
-            if done and self.on_done is not None:
+            known = sj
+            done = await self._retry(lambda: self._advance(known, job_id, attempt, JobState.SUCCEEDED))
+            if done is not None and self.on_done is not None:
                 self.on_done.set()
         except asyncio.CancelledError:
             return
