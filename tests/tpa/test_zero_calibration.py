@@ -14,7 +14,6 @@ from spiderflow.catalog import model_preset
 from spiderflow.costmodel import evaluate
 from spiderflow.domain import GpuRange, JobSpec, Plan, Stage
 from spiderflow.errors import UnschedulableError
-from spiderflow.placement import Budget, get_policy
 from spiderflow.topogen import generate_topology
 from spiderflow.tpa import plan_chain, simulate_plan
 from spiderflow.tpa.timeline import window_estimate
@@ -63,11 +62,6 @@ def cases() -> dict[str, Any]:
             doc["timeline_s"] = simulate_plan(fixed, topo, job).step_s
             doc["window_s"] = window_estimate(fixed, topo, job)
             out[key + "-fixed"] = doc
-    topo = generate_topology(6, 1)
-    job = JobSpec(id="g", model=model_preset("gpt3-1.3b"), global_batch=64, seq_len=2048,
-                  gpus=GpuRange(min=8, max=32))
-    res = get_policy("spinsearch").place(topo, job, Budget(seed=0))
-    out["spinsearch-6-1"] = _plan_doc(res.plan) if res.plan is not None else {"status": res.status.value}
     return out
 
 
