@@ -9,13 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import json_format
+from security_harness import submit_tiny_job_to_success
 
 from spiderflow.errors import SpiderFlowError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
-from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from spiderflow.proto.types.v1 import types_pb2
-from spiderflow.rpc.server import open_channel
 from spiderflow.store import keys
 from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.process import EtcdProcess
@@ -52,14 +49,7 @@ async def test_scheduler_with_etcd_authentication(auth_etcd: EtcdProcess, tmp_pa
     sched = ManagedProcess("sched", _argv(auth_etcd.endpoint, "--etcd-user", "root"), log_dir=tmp_path,
                            env={"SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).start(timeout=60)
     try:
-        req = json_format.ParseDict({"request_id": "r1", "job": {
-            "id": "e1", "model": "gpt-tiny", "global_batch": 8, "seq_len": 64, "steps": 2,
-            "gpus": {"min": 1, "max": 1}}}, scheduler_pb2.SubmitJobRequest())
-        async with open_channel(sched.address) as ch:
-            stub = scheduler_pb2_grpc.SchedulerStub(ch)
-            await stub.SubmitJob(req, timeout=10)
-            events = [m async for m in stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id="e1"), timeout=60)]
-        assert events[-1].state_change.to_state == types_pb2.JOB_STATE_SUCCEEDED
+        await submit_tiny_job_to_success(sched.address, "e1")
     finally:
         sched.stop()
     # Without credentials etcd refuses to read the jobs; with them they are there.

@@ -17,13 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from google.protobuf import json_format
+from security_harness import submit_tiny_job_to_success
 
 from spiderflow.errors import UnavailableError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
-from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
-from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc.server import open_channel
 from spiderflow.store import keys
 from spiderflow.store.base import EventType
@@ -171,14 +169,7 @@ async def test_services_reach_a_tls_etcd_with_users(tls_auth_etcd: EtcdProcess, 
     ), log_dir=tmp_path, env={"SPIDERFLOW_ETCD_TLS_DIR": client, "SPIDERFLOW_ETCD_USER": "root",
                               "SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).start(timeout=60)
     try:
-        req = json_format.ParseDict({"request_id": "r1", "job": {
-            "id": "tls1", "model": "gpt-tiny", "global_batch": 8, "seq_len": 64, "steps": 2,
-            "gpus": {"min": 1, "max": 1}}}, scheduler_pb2.SubmitJobRequest())
-        async with open_channel(sched.address) as ch:
-            stub = scheduler_pb2_grpc.SchedulerStub(ch)
-            await stub.SubmitJob(req, timeout=10)
-            events = [m async for m in stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id="tls1"), timeout=60)]
-        assert events[-1].state_change.to_state == types_pb2.JOB_STATE_SUCCEEDED
+        await submit_tiny_job_to_success(sched.address, "tls1")
         async with open_channel(topo.address) as ch:
             resp = await topology_pb2_grpc.TopologyStub(ch).GetTopology(  # type: ignore[no-untyped-call]
                 topology_pb2.GetTopologyRequest(), timeout=10)
