@@ -151,6 +151,9 @@ class _Scorer:
         self.scored = 0
         self.max_capacity = 0.0  # best Σcap/L seen on reachable chains
         self.max_gpus = 0
+        # Results of earlier calls keyed on the exact (chains, GPU arrays) they scored: a repeated call
+        # (refinement and trimming re-score chains the search already scored) returns the same arrays.
+        self._memo: dict[tuple[tuple[Chain, ...], bytes], tuple[FArr, FArr, FArr, IArr]] = {}
 
     def _arrays(self, chains: list[Chain]) -> IArr:
         width = max(len(c) for c in chains)
@@ -170,6 +173,10 @@ class _Scorer:
             g = np.zeros_like(arr)
             for i, gg in enumerate(gpus):
                 g[i, : len(gg)] = gg
+        key = (tuple(chains), g.tobytes())
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         sc = score_chains(self.ta, self.jc, self.p, arr, g)
         self.scored += len(chains)
         finite = np.isfinite(sc.step)
@@ -185,6 +192,9 @@ class _Scorer:
             * np.maximum(1.0, self.jc.gpus_min / np.maximum(sc.gpus, 1)),
         )
         est = np.where(np.isfinite(est), est, np.inf)
+        for a in (raw, est, sc.step, g):
+            a.setflags(write=False)
+        self._memo[key] = (raw, est, sc.step, g)
         return raw, est, sc.step, g
 
 

@@ -563,16 +563,26 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     flat = max(p_in, p.floor_s)
     const = c.tau * lb + sum(etas) + 2 * (pp - 1) * p_in
 
+    # The candidate levels of A and, per level, each sub-stage's layer count under it: the same for every
+    # ``limits`` the search below tries, so computed once (lazily, per level probed).
+    levels = sorted({c.alpha * n + b for b in set(c.beta) for n in range(1, lb + 1)})
+    level_counts: dict[int, list[int]] = {}
+
+    def counts_at(i: int) -> list[int]:
+        hit = level_counts.get(i)
+        if hit is None:
+            lvl = levels[i]
+            hit = level_counts[i] = [_count(c.alpha, c.beta[j], lvl, lb) for j in range(pp)]
+        return hit
+
     def least_a(limits: list[int]) -> float | None:
-        levels = sorted({c.alpha * n + b for b in set(c.beta) for n in range(1, lb + 1)})
         lo, hi = 0, len(levels) - 1
-        if sum(min(v, _count(c.alpha, c.beta[j], levels[hi], lb)) for j, v in enumerate(limits)) < lb:
+        if sum(min(v, n) for v, n in zip(limits, counts_at(hi), strict=True)) < lb:
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            lvl = levels[mid]
-            ok = all(_count(c.alpha, c.beta[j], lvl, lb) >= 1 for j in range(pp)) and sum(
-                min(v, _count(c.alpha, c.beta[j], lvl, lb)) for j, v in enumerate(limits)) >= lb
+            cnt = counts_at(mid)
+            ok = min(cnt) >= 1 and sum(min(v, n) for v, n in zip(limits, cnt, strict=True)) >= lb
             if ok:
                 hi = mid
             else:

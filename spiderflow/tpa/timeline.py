@@ -86,12 +86,14 @@ def plan_orders(
     """
     n = len(replicas)
     top, low = max(replicas), min(replicas)
-    return [
-        [replica_ops(schedule, n, m, i, dp=d, replica=r, max_dp=top, chunks=chunks, max_in_flight=max_in_flight,
-                     min_dp=low)
-         for r in range(d)]
-        for i, d in enumerate(replicas)
-    ]
+    out: list[list[list[Op]]] = []
+    for i, d in enumerate(replicas):
+        # A replica's order is the sub-sequence ``j ≡ r (mod d)`` of its stage's order, whose warm-up does not
+        # depend on ``d``: the stage order is built once (``dp = 1``) and split.
+        whole = replica_ops(schedule, n, m, i, dp=1, replica=0, max_dp=top, chunks=chunks,
+                            max_in_flight=max_in_flight, min_dp=low)
+        out.append([[op for op in whole if op[1] % d == r] for r in range(d)] if d > 1 else [whole])
+    return out
 
 
 def stage_warmup(
@@ -179,7 +181,8 @@ def simulate(
     """
     n = len(stages)
     v = chunks
-    last_virtual = n * v - 1
+    n_virtual = n * v
+    last_virtual = n_virtual - 1
     execs = [(i, r) for i in range(n) for r in range(len(orders[i]))]
     flat = [orders[i][r] for i, r in execs]
     stage_of = [i for i, _ in execs]
@@ -187,52 +190,78 @@ def simulate(
     busy = [False] * len(execs)
     dur_f = [st.compute_s / 3.0 / v for st in stages]
     dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
-    avail: set[tuple[str, int, int]] = set()
-    waiting: dict[tuple[str, int, int], list[int]] = {}
-    link_free: dict[tuple[int, int], float] = {}
-    # (time, 0 arrival | 1 op end, sequence number, payload): the unique sequence number settles ties, so
-    # payloads are never compared.
-    heap: list[tuple[float, int, int, tuple[int, str, int, int, float]]] = []
+    # The (kind, micro-batch, virtual stage) an op produces is the integer key ``2·(j·n_virtual + u) + [B]``.
+    # Each op is compiled once: (key it waits for or −1, duration, kind, j, chunk, what its end does:
+    # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst).
+    m_keys = 1 + max((op[1] for order in flat for op in order), default=0)
+    avail = bytearray(2 * m_keys * n_virtual)
+    compiled: list[list[tuple[int, float, str, int, int, int, int, int]]] = []
+    for e, order in enumerate(flat):
+        i = stage_of[e]
+        ops_e: list[tuple[int, float, str, int, int, int, int, int]] = []
+        for kind, j, c in order:
+            u = c * n + i
+            if kind == "F":
+                dep = -1 if u == 0 else 2 * (j * n_virtual + u - 1)
+                dst_u = u + 1 if u < last_virtual else u
+                own = 2 * (j * n_virtual + u)
+                dur = dur_f[i]
+            else:
+                dep = 2 * (j * n_virtual + u) if u == last_virtual else 2 * (j * n_virtual + u + 1) + 1
+                dst_u = u - 1
+                own = 2 * (j * n_virtual + u) + 1
+                dur = dur_b[i]
+            if dst_u < 0:
+                mode, dst = 0, -1
+            else:
+                dst = dst_u % n
+                mode = 1 if (dst_u == u or dst == i) else 2
+            ops_e.append((dep, dur, kind, j, c, mode, own, dst))
+        compiled.append(ops_e)
+    waiting: dict[int, list[int]] = {}
+    link_free = [0.0] * (n * n)
+    # (time, 0 arrival | 1 op end, sequence number, key | executor, op index, start): the unique sequence
+    # number settles ties, so the rest is never compared.
+    heap: list[tuple[float, int, int, int, int, float]] = []
     seq = 0
     raw_ops: list[tuple[int, int, str, int, int, float, float]] = []
     xfers: list[TransferRecord] = []
     stage_end = [0.0] * n
     makespan = 0.0
+    push = heapq.heappush
+    pop = heapq.heappop
 
     def try_start(e: int, now: float) -> None:
         nonlocal seq
-        if busy[e] or ptr[e] >= len(flat[e]):
+        if busy[e]:
             return
-        kind, j, c = flat[e][ptr[e]]
-        i = stage_of[e]
-        u = c * n + i
-        if kind == "F":
-            dep = None if u == 0 else ("F", j, u - 1)
-        else:
-            dep = ("F", j, u) if u == last_virtual else ("B", j, u + 1)
-        if dep is not None and dep not in avail:
+        p = ptr[e]
+        ops_e = compiled[e]
+        if p >= len(ops_e):
+            return
+        dep = ops_e[p][0]
+        if dep >= 0 and not avail[dep]:
             waiting.setdefault(dep, []).append(e)
             return
         busy[e] = True
-        ptr[e] += 1
-        end = now + (dur_f[i] if kind == "F" else dur_b[i])
-        heapq.heappush(heap, (end, 1, seq, (e, kind, j, c, now)))
+        ptr[e] = p + 1
+        push(heap, (now + ops_e[p][1], 1, seq, e, p, now))
         seq += 1
 
-    def release(key: tuple[str, int, int], t: float) -> None:
-        avail.add(key)
+    def release(key: int, t: float) -> None:
+        avail[key] = 1
         for e in waiting.pop(key, ()):
             try_start(e, t)
 
     for e in range(len(execs)):
         try_start(e, 0.0)
     while heap:
-        t, kind_ev, _, payload = heapq.heappop(heap)
-        e, okind, j, u_or_c, start = payload
+        t, kind_ev, _, x, p, start = pop(heap)
         if kind_ev == 0:
-            release((okind, j, u_or_c), t)  # arrival of (kind, micro-batch, virtual stage)
+            release(x, t)  # arrival of (kind, micro-batch, virtual stage)
             continue
-        c = u_or_c
+        e = x
+        _, _, okind, j, c, mode, own, dst = compiled[e][p]
         i = stage_of[e]
         busy[e] = False
         if record:
@@ -241,23 +270,20 @@ def simulate(
             stage_end[i] = t
         if t > makespan:
             makespan = t
-        u = c * n + i
         # A forward feeds the next virtual stage (the last one feeds its own backward); a backward the previous.
-        dst_u = (u + 1 if u < last_virtual else u) if okind == "F" else u - 1
-        if dst_u >= 0:
-            dst = dst_u % n
-            if dst_u == u or dst == i:
-                release((okind, j, u), t)
-            else:
-                start_tx = max(t, link_free.get((i, dst), 0.0))
-                ser = serialise_s[i][dst]
-                link_free[(i, dst)] = start_tx + ser
-                arrive = start_tx + ser + latency_s[i][dst]
-                if record:
-                    xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
-                                                start_s=start_tx, end_s=arrive))
-                heapq.heappush(heap, (arrive, 0, seq, (-1, okind, j, u, 0.0)))
-                seq += 1
+        if mode == 1:
+            release(own, t)
+        elif mode == 2:
+            lf = link_free[i * n + dst]
+            start_tx = t if t >= lf else lf
+            ser = serialise_s[i][dst]
+            link_free[i * n + dst] = start_tx + ser
+            arrive = start_tx + ser + latency_s[i][dst]
+            if record:
+                xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
+                                            start_s=start_tx, end_s=arrive))
+            push(heap, (arrive, 0, seq, own, 0, 0.0))
+            seq += 1
         try_start(e, t)
     stuck = [e for e in range(len(execs)) if ptr[e] < len(flat[e])]
     if stuck:
@@ -396,5 +422,14 @@ def _simulate_memo(
     schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
     ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...], max_in_flight: int | None = None,
 ) -> Timeline:
-    orders = plan_orders(schedule, m, [st.replicas for st in stages], chunks=chunks, max_in_flight=max_in_flight)
+    orders = _orders_memo(schedule, m, tuple(st.replicas for st in stages), chunks, max_in_flight)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+
+
+@lru_cache(maxsize=1024)
+def _orders_memo(
+    schedule: Schedule, m: int, replicas: tuple[int, ...], chunks: int, max_in_flight: int | None
+) -> tuple[tuple[tuple[Op, ...], ...], ...]:
+    """:func:`plan_orders` frozen (pipelines of the same shape under other timings share their orders)."""
+    orders = plan_orders(schedule, m, replicas, chunks=chunks, max_in_flight=max_in_flight)
+    return tuple(tuple(tuple(r) for r in stage) for stage in orders)
