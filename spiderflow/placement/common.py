@@ -415,8 +415,10 @@ class _ChainEval:
         ]
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
-        key = (self.jc, self._shapes[i], self.gpus[i], self.exact, self.slack, first, last, offset,
-               total_stages_other)
+        # The block depends on its position only through whether it holds the embedding (first == 0) or the
+        # head (last == L − 1), its layer count and the stages downstream of its start (the in-flight depth).
+        key = (self.jc, self._shapes[i], self.gpus[i], self.exact, self.slack, first == 0,
+               last == self.jc.layers - 1, last - first, total_stages_other - offset)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
