@@ -240,9 +240,24 @@ class _Coeffs:
     p_in: float  # intra-cluster boundary seconds
 
 
-@lru_cache(maxsize=65536)
+_COEFFS: dict[tuple[object, ...], _Coeffs] = {}
+_COEFFS_MAX = 65536
+
+
 def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
-    """Per-candidate constants (memoised: pure in the frozen problem and degrees)."""
+    """Per-candidate constants, memoised on the fields they read (not the block's layers, GPUs, floor or
+    memory flag, so the blocks level 1 tries on one cluster share them)."""
+    key = (p.shape, p.model, p.micro_batch, p.seq_len, p.m, p.downstream, p.depth_factor, p.max_in_flight,
+           p.has_embed, p.has_head, k)
+    hit = _COEFFS.get(key)
+    if hit is None:
+        if len(_COEFFS) >= _COEFFS_MAX:
+            _COEFFS.clear()
+        hit = _COEFFS[key] = _compute_coeffs(p, k)
+    return hit
+
+
+def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
     h, a, v = model.hidden, model.heads, model.vocab
     f_layer = layer_fwd_flops(model, b, s)
@@ -759,7 +774,7 @@ def cache_clear() -> None:
     _CPSAT.clear()
     _EXACT.clear()
     min_memory_config.cache_clear()
-    _coeffs.cache_clear()
+    _COEFFS.clear()
     _memory_caps.cache_clear()
     STATS.cpsat_solves = 0
     STATS.cpsat_seconds = 0.0
