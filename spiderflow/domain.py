@@ -37,7 +37,7 @@ plan
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -133,6 +133,14 @@ class Cluster:
     def total_gpus(self) -> int:
         return self.nodes * self.gpus_per_node
 
+    def _with_free(self, free_gpus: int) -> Cluster:
+        """This cluster with ``free_gpus`` replaced, without re-running the (already passed) validation."""
+        out = object.__new__(Cluster)
+        for name in _CLUSTER_FIELDS:
+            object.__setattr__(out, name, getattr(self, name))
+        object.__setattr__(out, "free_gpus", free_gpus)
+        return out
+
     @property
     def free(self) -> int:
         """Free GPUs (``free_gpus`` with its default resolved)."""
@@ -172,6 +180,9 @@ class Link:
             raise ValidationError(f"{where}.b", "a link must join two different clusters", self.b)
         _positive(f"{where}.bandwidth_gbps", self.bandwidth_gbps)
         _positive(f"{where}.latency_ms", self.latency_ms, allow_zero=True)
+
+
+_CLUSTER_FIELDS = tuple(f.name for f in fields(Cluster))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -289,11 +300,25 @@ class Topology:
         return sorted((sorted(g) for g in groups.values()), key=lambda g: (-len(g), g))
 
     def with_free(self, free: dict[str, int]) -> Topology:
-        """A copy with some clusters' ``free_gpus`` replaced (e.g. after reserving GPUs for a job)."""
-        from dataclasses import replace
+        """A copy with some clusters' ``free_gpus`` replaced (e.g. after reserving GPUs for a job).
 
-        clusters = tuple(replace(c, free_gpus=free[c.name]) if c.name in free else c for c in self.clusters)
-        out = Topology(clusters=clusters, links=self.links, revision=self.revision)
+        Only the new figures are validated (integers ≥ 0): everything else was validated when this snapshot
+        was built, so the copy skips the constructors' checks (placement searches call this per candidate)."""
+        clusters = []
+        for c in self.clusters:
+            f = free.get(c.name)
+            if f is None or f == c.free_gpus:
+                clusters.append(c)
+                continue
+            _int(f"clusters[{c.name}].free_gpus", f, minimum=0)
+            if f > c.total_gpus:
+                raise ValidationError(f"clusters[{c.name}].free_gpus",
+                                      f"exceeds nodes × gpus_per_node = {c.total_gpus}", f)
+            clusters.append(c._with_free(f))
+        out = object.__new__(Topology)
+        object.__setattr__(out, "clusters", tuple(clusters))
+        object.__setattr__(out, "links", self.links)
+        object.__setattr__(out, "revision", self.revision)
         # Names, links and paths are unchanged: reuse what this snapshot already computed.
         for key in ("names", "index", "direct", "_paths"):
             if key in self.__dict__:
