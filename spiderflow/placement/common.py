@@ -244,10 +244,17 @@ def _pow2_floor_arr(g: IArr) -> IArr:
     return np.left_shift(1, e.astype(np.int64) - 1)
 
 
+def _row_sum(a: FArr) -> FArr:
+    """Row sums added left to right (a cumulative sum): a row's sum does not depend on the other rows or on
+    the padding width (``ndarray.sum`` switches to pairwise partial sums on rows of 8 or more)."""
+    return np.asarray(np.cumsum(a, axis=1)[:, -1], dtype=np.float64)
+
+
 def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr) -> ChainScores:
     """Closed-form scores of chains (see the module docstring). ``chains``/``gpus``: ``N × K``, ``-1``/0 pad.
 
-    Positions are left-aligned (valid positions first). O(N·K) numpy work.
+    Positions are left-aligned (valid positions first). O(N·K) numpy work. Each row's scores depend on that
+    row alone (not on the other chains or the padding width).
     """
     valid = chains >= 0
     idx = np.where(valid, chains, 0)
@@ -272,20 +279,20 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     avail = mem - RESERVED_GIB * GIB - extra
     per_group = np.floor(np.maximum(avail, 0.0) / per_layer)
     cap = np.where(valid, groups * per_group, 0.0)
-    cap_total = cap.sum(axis=1)
+    cap_total = _row_sum(cap)
 
     # Water-filling: ℓ_i = min(cap_i, λ·R_i) with Σ ℓ_i = L.
     L = float(jc.layers)
     sat = np.zeros_like(valid)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lam = L / r.sum(axis=1)
+        lam = L / _row_sum(r)
         for _ in range(6):
             over = valid & ~sat & (lam[:, None] * r > cap)
             if not over.any():
                 break
             sat |= over
-            rest = L - np.where(sat, cap, 0.0).sum(axis=1)
-            lam = rest / np.where(sat, 0.0, r).sum(axis=1)
+            rest = L - _row_sum(np.where(sat, cap, 0.0))
+            lam = rest / _row_sum(np.where(sat, 0.0, r))
         lam = np.where(np.isfinite(lam), lam, np.inf)
         ell = np.where(valid, np.minimum(cap, np.nan_to_num(lam[:, None] * r, nan=0.0)), 0.0)
 
@@ -321,13 +328,13 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
         hop_valid = valid[:, 1:]
         hops = np.where(hop_valid, p[idx[:, :-1], idx[:, 1:]], 0.0)
         pmax = hops.max(axis=1)
-        psum = hops.sum(axis=1)
+        psum = _row_sum(hops)
     else:
         pmax = np.zeros(chains.shape[0])
         psum = np.zeros(chains.shape[0])
-    step = (jc.m - 1) * np.maximum(bott, pmax) + t_stage.sum(axis=1) + 2.0 * psum + y.max(axis=1)
+    step = (jc.m - 1) * np.maximum(bott, pmax) + _row_sum(t_stage) + 2.0 * psum + y.max(axis=1)
     used = np.where(valid, tp * d, 0)
-    watts_price = np.where(valid, used * ta.watts[idx] * ta.price[idx], 0.0).sum(axis=1)
+    watts_price = _row_sum(np.where(valid, used * ta.watts[idx] * ta.price[idx], 0.0))
     usd = step * watts_price / 3.6e6
     gpus_used = used.sum(axis=1)
     feasible = (

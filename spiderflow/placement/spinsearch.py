@@ -154,6 +154,9 @@ class _Scorer:
         # Results of earlier calls keyed on the exact (chains, GPU arrays) they scored: a repeated call
         # (refinement and trimming re-score chains the search already scored) returns the same arrays.
         self._memo: dict[tuple[tuple[Chain, ...], bytes], tuple[FArr, FArr, FArr, IArr]] = {}
+        # ``(score, beam_key, step)`` of every (chain, GPUs) scored so far: a row's scores depend on that row
+        # alone (:func:`score_chains`), so a single chain the search scored inside a batch is not re-scored.
+        self._rows: dict[tuple[Chain, tuple[int, ...]], tuple[float, float, float]] = {}
 
     def _arrays(self, chains: list[Chain]) -> IArr:
         width = max(len(c) for c in chains)
@@ -177,6 +180,11 @@ class _Scorer:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        if len(chains) == 1:
+            row = self._rows.get((chains[0], tuple(g[0].tolist())))
+            if row is not None:
+                return (np.array([row[0]], dtype=np.float64), np.array([row[1]], dtype=np.float64),
+                        np.array([row[2]], dtype=np.float64), g)
         sc = score_chains(self.ta, self.jc, self.p, arr, g)
         self.scored += len(chains)
         finite = np.isfinite(sc.step)
@@ -195,6 +203,8 @@ class _Scorer:
         for a in (raw, est, sc.step, g):
             a.setflags(write=False)
         self._memo[key] = (raw, est, sc.step, g)
+        for c, gr, r, e, st in zip(chains, g.tolist(), raw.tolist(), est.tolist(), sc.step.tolist(), strict=True):
+            self._rows[(c, tuple(gr[: len(c)]))] = (r, e, st)
         return raw, est, sc.step, g
 
 
