@@ -358,11 +358,12 @@ def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
     idx = np.where(valid, chains, 0)
     free = np.where(valid, ta.free[idx], 0)
     order = np.argsort(np.where(valid, -ta.flops[idx], np.inf), axis=1, kind="stable")
-    fs = np.take_along_axis(free, order, axis=1)
+    rows = np.arange(chains.shape[0])[:, None]
+    fs = free[rows, order]
     before = np.cumsum(fs, axis=1) - fs
     alloc_sorted = np.clip(gpus_max - before, 0, fs)
     out = np.zeros_like(free)
-    np.put_along_axis(out, order, alloc_sorted, axis=1)
+    out[rows, order] = alloc_sorted
     return out.astype(np.int64)
 
 

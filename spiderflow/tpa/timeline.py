@@ -284,7 +284,18 @@ def simulate(
                                             start_s=start_tx, end_s=arrive))
             push(heap, (arrive, 0, seq, own, 0, 0.0))
             seq += 1
-        try_start(e, t)
+        # try_start(e, t) inlined (the hot path): e is idle and its pointer is at p + 1.
+        ops_e = compiled[e]
+        p += 1
+        if p < len(ops_e):
+            dep = ops_e[p][0]
+            if dep >= 0 and not avail[dep]:
+                waiting.setdefault(dep, []).append(e)
+            else:
+                busy[e] = True
+                ptr[e] = p + 1
+                push(heap, (t + ops_e[p][1], 1, seq, e, p, t))
+                seq += 1
     stuck = [e for e in range(len(execs)) if ptr[e] < len(flat[e])]
     if stuck:
         i, r = execs[stuck[0]]
