@@ -160,10 +160,7 @@ class _Scorer:
 
     def _arrays(self, chains: list[Chain]) -> IArr:
         width = max(len(c) for c in chains)
-        arr = np.full((len(chains), width), -1, dtype=np.int64)
-        for i, c in enumerate(chains):
-            arr[i, : len(c)] = c
-        return arr
+        return np.array([(*c, *(-1,) * (width - len(c))) for c in chains], dtype=np.int64).reshape(len(chains), width)
 
     def score(
         self, chains: list[Chain], gpus: list[tuple[int, ...]] | None = None
@@ -332,10 +329,10 @@ def _search_chains(
     pool: dict[tuple[Chain, tuple[int, ...]], tuple[float, float]] = {}
 
     def add_pool(chains: list[Chain], raw: FArr, step: FArr, g: IArr) -> None:
-        for i in np.flatnonzero(np.isfinite(raw)):
-            c = chains[int(i)]
-            key = (c, tuple(int(x) for x in g[int(i), : len(c)]))
-            pool[key] = (float(raw[int(i)]), float(step[int(i)]))
+        g_rows, raw_l, step_l = g.tolist(), raw.tolist(), step.tolist()
+        for i in np.flatnonzero(np.isfinite(raw)).tolist():
+            c = chains[i]
+            pool[(c, tuple(g_rows[i][: len(c)]))] = (raw_l[i], step_l[i])
 
     # 1. singles (the incumbent).
     singles: list[Chain] = [(int(u),) for u in usable]
