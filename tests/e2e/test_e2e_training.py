@@ -40,12 +40,11 @@ def _summary(stdout: str) -> dict[str, object]:
     return doc
 
 
-def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> None:
-    token = uuid.uuid4().hex
-    mesh_dir = tmp_path / "mesh"
+def _run_up(mesh_dir: Path, token: str, *args: str) -> tuple[int, str, str]:
+    """``spiderflow up ARGS --json --data-dir MESH_DIR`` as a tagged subprocess: (exit code, stdout, stderr)."""
     env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spiderflow.cli.main", "up", "--steps", "20", "--json", "--data-dir", str(mesh_dir),
+        [sys.executable, "-m", "spiderflow.cli.main", "up", *args, "--json", "--data-dir", str(mesh_dir),
          "--timeout", "200"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -55,8 +54,15 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return proc.returncode, out, err
+
+
+def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> None:
+    token = uuid.uuid4().hex
+    mesh_dir = tmp_path / "mesh"
     try:
-        assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+        code, out, err = _run_up(mesh_dir, token, "--steps", "20")
+        assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
         s = _summary(out)
         assert s["state"] == "SUCCEEDED", s
         assert s["steps"] == 20
@@ -83,20 +89,9 @@ def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
     bundle; a short job still reaches SUCCEEDED."""
     token = uuid.uuid4().hex
     mesh_dir = tmp_path / "mesh"
-    env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "spiderflow.cli.main", "up", "--etcd-tls", "--steps", "5", "--json", "--data-dir",
-         str(mesh_dir), "--timeout", "200"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
     try:
-        out, err = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    try:
-        assert proc.returncode == 0, f"exit {proc.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+        code, out, err = _run_up(mesh_dir, token, "--etcd-tls", "--steps", "5")
+        assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
         s = _summary(out)
         assert s["state"] == "SUCCEEDED" and s["steps"] == 5, s
         assert (mesh_dir / "certs" / "etcd-server" / "tls.crt").is_file()
