@@ -3,8 +3,9 @@ planner SIGKILLed while jobs run (simulator-backed executor). After each fault t
 itself and every job completes exactly once: none lost, none duplicated, no GPU double-booked.
 
 A partitioned testbed namespace (agents in network namespaces, the scheduler re-planning off the cut
-cluster) is in ``test_partition.py`` (root only). Not covered here (it needs the real execution path
-through agents): SIGKILL of an agent mid-training.
+cluster) is in ``test_partition.py`` (root only). Not covered here (they need the real execution path
+through agents): SIGKILL of an agent mid-training (``tests/e2e/test_e2e_training.py``) and of the topology
+service while a job trains (``tests/e2e/test_e2e_topology_kill.py``).
 """
 
 from __future__ import annotations
