@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spiderflow.sdk import Client, Job
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "SPIDERFLOW_E2E_RUN"
@@ -76,3 +80,17 @@ def losses_by_step(events: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
             if e.get("event") == "step" and e.get("loss") is not None:
                 out[int(e["step"])] = float(e["loss"])
     return out
+
+
+def wait_for_job(sf: Client, job_id: str, pred: Callable[[Job], bool], timeout: float, what: str) -> Job:
+    """Poll ``job_id`` until ``pred`` holds; fail naming ``what`` and the job's state if it ends or times out."""
+    deadline = time.monotonic() + timeout
+    job = sf.get(job_id)
+    while time.monotonic() < deadline:
+        job = sf.get(job_id)
+        if pred(job):
+            return job
+        if job.done:
+            break
+        time.sleep(0.3)
+    raise AssertionError(f"{what}: job is {job.state} ({job.reason}), progress {job.progress}, attempt {job.attempt}")

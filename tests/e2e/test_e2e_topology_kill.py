@@ -14,26 +14,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from e2e_harness import MARK, attempt_events, wait_no_marked_processes
+from e2e_harness import MARK, attempt_events, wait_for_job, wait_no_marked_processes
 
 from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.procs import ManagedProcess, spiderflow_argv
-from spiderflow.sdk import Client, Job
+from spiderflow.sdk import Client
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def _wait(sf: Client, job_id: str, pred: object, timeout: float, what: str) -> Job:
-    deadline = time.monotonic() + timeout
-    job = sf.get(job_id)
-    while time.monotonic() < deadline:
-        job = sf.get(job_id)
-        if pred(job):  # type: ignore[operator]
-            return job
-        if job.done:
-            break
-        time.sleep(0.3)
-    raise AssertionError(f"{what}: job is {job.state} ({job.reason}), progress {job.progress}, attempt {job.attempt}")
 
 
 def test_topology_service_sigkill_while_a_job_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +33,7 @@ def test_topology_service_sigkill_while_a_job_trains(tmp_path: Path, monkeypatch
         with mesh, Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
             sf.submit({"id": job_id, "model": "gpt-tiny", "global_batch": 8, "micro_batch": 1, "seq_len": 64,
                        "steps": steps, "gpus": {"min": 2, "max": 3}}, request_id=job_id)
-            _wait(sf, job_id, lambda j: j.state == "RUNNING" and j.progress.get("step", 0) >= 2, 150,
+            wait_for_job(sf, job_id, lambda j: j.state == "RUNNING" and j.progress.get("step", 0) >= 2, 150,
                   "job running")
             old = mesh.services["topology"]
             address = old.address
@@ -59,7 +46,7 @@ def test_topology_service_sigkill_while_a_job_trains(tmp_path: Path, monkeypatch
             mesh.services["topology"] = restarted  # mesh.stop() stops it
             assert len(mesh.wait_for_clusters(3, timeout=60).clusters) == 3
 
-            final = _wait(sf, job_id, lambda j: j.done, 200, "job finishing")
+            final = wait_for_job(sf, job_id, lambda j: j.done, 200, "job finishing")
             assert final.state == "SUCCEEDED", final.reason
             assert final.progress["step"] == steps
             states = [t.to_state for t in final.history]

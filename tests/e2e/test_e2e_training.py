@@ -18,15 +18,22 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from e2e_harness import MARK, ROOT, attempt_events, losses_by_step, marked_processes, wait_no_marked_processes
+from e2e_harness import (
+    MARK,
+    ROOT,
+    attempt_events,
+    losses_by_step,
+    marked_processes,
+    wait_for_job,
+    wait_no_marked_processes,
+)
 
 from spiderflow.mesh import LocalMesh, sample_topology
-from spiderflow.sdk import Client, Job
+from spiderflow.sdk import Client
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -107,19 +114,6 @@ def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
         assert not left, f"processes of the run survived it: {left}"
 
 
-def _wait_for(sf: Client, job_id: str, pred: object, timeout: float, what: str) -> Job:
-    deadline = time.monotonic() + timeout
-    job = sf.get(job_id)
-    while time.monotonic() < deadline:
-        job = sf.get(job_id)
-        if pred(job):  # type: ignore[operator]
-            return job
-        if job.done:
-            break
-        time.sleep(0.3)
-    raise AssertionError(f"{what}: job is {job.state} ({job.reason}), progress {job.progress}, attempt {job.attempt}")
-
-
 def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     token = uuid.uuid4().hex
@@ -133,7 +127,7 @@ def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: P
         with mesh, Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
             sf.submit({"id": job_id, "model": "gpt-tiny", "global_batch": 8, "micro_batch": 1, "seq_len": 64,
                        "steps": steps, "gpus": {"min": 2, "max": 3}}, request_id=job_id)
-            running = _wait_for(sf, job_id,
+            running = wait_for_job(sf, job_id,
                                 lambda j: j.state == "RUNNING" and j.progress.get("step", 0) >= 2 * every + 1,
                                 150, "first attempt running past two checkpoints")
             assert running.plan is not None and running.attempt == 1
@@ -141,7 +135,7 @@ def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: P
             victim = first_chain[0]  # hosts rank 0 and the rendezvous store: the hardest loss
             mesh.agents[victim].kill()
 
-            final = _wait_for(sf, job_id, lambda j: j.done, 200, "re-placed job finishing")
+            final = wait_for_job(sf, job_id, lambda j: j.done, 200, "re-placed job finishing")
             assert final.state == "SUCCEEDED", final.reason
             states = [t.to_state for t in final.history]
             assert "RESCHEDULING" in states, states

@@ -15,6 +15,7 @@ from spiderflow.sim.engine import (
     EventKind,
     OverheadMode,
     SimConfig,
+    SimResult,
     SimulationError,
     TopologyEvent,
     events_from_dict,
@@ -252,6 +253,16 @@ def test_backfilling_in_the_engine_respects_the_head_reservation() -> None:
     assert rec2["S"].first_start_s is not None and rec2["S"].first_start_s > 100.5  # waits behind the head
 
 
+def _assert_same_completed_runs(a: SimResult, b: SimResult) -> None:
+    """Both runs completed every job without violations and agree on every record except measured overheads."""
+    assert a.violations == () and all(r.status == "completed" for r in a.records)
+    for x, y in zip(a.records, b.records, strict=True):
+        dx, dy = x.to_dict(), y.to_dict()
+        dx.pop("overhead_s")
+        dy.pop("overhead_s")
+        assert dx == dy
+
+
 def test_real_registered_policy_is_deterministic_in_fixed_mode() -> None:
     """The engine drives a real baseline from the registry (firstfit) on the bundled DT-FM preset."""
     from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -264,12 +275,7 @@ def test_real_registered_policy_is_deterministic_in_fixed_mode() -> None:
     jobs = generate_trace(8, 2, 1.0, topo)
     cfg = SimConfig(overhead=OverheadMode.FIXED)
     a, b = (simulate(topo, jobs, "firstfit", cfg) for _ in range(2))
-    assert a.violations == () and all(r.status == "completed" for r in a.records)
-    for x, y in zip(a.records, b.records, strict=True):
-        dx, dy = x.to_dict(), y.to_dict()
-        dx.pop("overhead_s")
-        dy.pop("overhead_s")
-        assert dx == dy
+    _assert_same_completed_runs(a, b)
 
 
 class WaitingPolicy(FixedStepPolicy):
@@ -317,9 +323,4 @@ def test_spinsearch_waiting_is_deterministic_in_fixed_mode() -> None:
     jobs = generate_trace(14, 1, 1.0, topo)
     cfg = SimConfig(overhead=OverheadMode.FIXED)
     a, b = (simulate(topo, jobs, "spinsearch", cfg) for _ in range(2))
-    assert a.violations == () and all(r.status == "completed" for r in a.records)
-    for x, y in zip(a.records, b.records, strict=True):
-        dx, dy = x.to_dict(), y.to_dict()
-        dx.pop("overhead_s")
-        dy.pop("overhead_s")
-        assert dx == dy
+    _assert_same_completed_runs(a, b)
