@@ -84,20 +84,6 @@ def job(args: argparse.Namespace, policy: str) -> dict[str, Any]:
     }
 
 
-def _events(sf: Client, job_id: str, deadline: float) -> Any:
-    revision = 0
-    while True:
-        try:
-            for ev in sf.watch(job_id, from_revision=revision):
-                revision = max(revision, ev.revision)
-                yield ev
-            return
-        except UnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
     """The live topology once every cluster pair has a measured link (the agents' probes)."""
     deadline = time.monotonic() + timeout
@@ -137,7 +123,7 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str,
         print(f"[{policy}] submitted {submitted.id}", flush=True)
         progress: dict[int, float] = {}
         ev: JobEvent
-        for ev in _events(sf, submitted.id, time.monotonic() + args.timeout):
+        for ev in sf.follow(submitted.id, deadline=time.monotonic() + args.timeout):
             if ev.transition is not None:
                 print(f"[{policy}]   {ev.transition.from_state} → {ev.transition.to_state}: {ev.transition.reason}",
                       flush=True)

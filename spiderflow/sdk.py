@@ -35,6 +35,7 @@ metadata on every call. Neither: plaintext, unauthenticated (a loopback developm
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ import grpc.aio
 import yaml
 
 from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict, load_document
 from spiderflow.jobs import JobState
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -270,6 +271,22 @@ class Client:
         with domain_errors():
             for msg in self._stub.WatchJob(req, metadata=self._md):
                 yield _event(msg)
+
+    def follow(self, job_id: str, *, deadline: float, include_progress: bool = True) -> Iterator[JobEvent]:
+        """:meth:`watch` until the job ends, watching again from the last revision seen when the stream breaks
+        (a scheduler restart, an idle connection closed by the server) until ``deadline``
+        (``time.monotonic()`` seconds); after it an :class:`UnavailableError` is raised."""
+        revision = 0
+        while True:
+            try:
+                for ev in self.watch(job_id, include_progress=include_progress, from_revision=revision):
+                    revision = max(revision, ev.revision)
+                    yield ev
+                return
+            except UnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def cancel(self, job_id: str, reason: str = "") -> Job:
         with domain_errors():

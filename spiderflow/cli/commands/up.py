@@ -29,7 +29,6 @@ import signal
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +38,10 @@ from rich.table import Table
 
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
 from spiderflow.domain import Topology
-from spiderflow.errors import UnavailableError
 from spiderflow.formats import load_topology
 from spiderflow.jobs import JobState
 from spiderflow.mesh import LocalMesh, sample_topology
-from spiderflow.sdk import Client, Job, JobEvent, config_path
+from spiderflow.sdk import Client, Job, config_path
 
 __all__ = ["register", "sample_job"]
 
@@ -81,7 +79,7 @@ def _follow(sf: Client, job_id: str, timeout_s: float) -> tuple[Job, list[float]
     with progress:
         task = progress.add_task(job_id, total=None, info="waiting for a placement")
         last = (0, 0)  # (attempt, step): a re-placed job resumes from its checkpoint, its steps restart lower
-        for ev in _events(sf, job_id, deadline):
+        for ev in sf.follow(job_id, deadline=deadline):
             if time.monotonic() > deadline:
                 raise CliError(f"job {job_id} did not finish within {timeout_s:.0f} s", EXIT_FAILED)
             if ev.job is not None:
@@ -100,22 +98,6 @@ def _follow(sf: Client, job_id: str, timeout_s: float) -> tuple[Job, list[float]
                     last = key
                 progress.update(task, completed=step, info=f"loss {p['loss']:.4f} · {p['tokens_per_s']:,.0f} tok/s")
     return sf.get(job_id), step_times, losses
-
-
-def _events(sf: Client, job_id: str, deadline: float) -> Iterator[JobEvent]:
-    """The job's watch events until it ends; a broken stream (a scheduler restart, an idle connection
-    closed by the server) is watched again from the last revision seen."""
-    revision = 0
-    while True:
-        try:
-            for ev in sf.watch(job_id, from_revision=revision):
-                revision = max(revision, ev.revision)
-                yield ev
-            return
-        except UnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 def _interrupt(signum: int, frame: object) -> None:
