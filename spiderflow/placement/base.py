@@ -55,7 +55,8 @@ class Objective(StrEnum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Release:
     """GPUs the scheduler expects back ``after_s`` seconds from the decision (a running job's estimated
-    end): ``gpus`` is ``((cluster, count), ...)``."""
+    end): ``gpus`` is ``((cluster, count), ...)``. A negative count is a reservation: GPUs another job,
+    waiting for earlier releases, will take from then on (it gives them back in a later release)."""
 
     after_s: float
     gpus: tuple[tuple[str, int], ...]
@@ -78,6 +79,10 @@ class Budget:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlacementResult:
+    """A policy's answer. ``plan`` is set on ``SUCCESS``; on ``UNSCHEDULABLE`` with
+    ``constraint="deferred"`` it may hold the plan the policy expects to run once the releases it waits
+    for have come (``stats["defer_s"]`` seconds from now), which the scheduler may reserve for it."""
+
     status: PlacementStatus
     policy: str
     plan: Plan | None = None

@@ -565,7 +565,7 @@ def wait_or_start(
     topo: Topology, job: JobSpec, now: Plan, releases: tuple[Release, ...], *,
     objective: Objective = Objective.JCT, beam_width: int = 8, neighbours: int = 10, seeds: int = 12,
     finalists: int = 2,
-) -> tuple[float, float, float, int] | None:
+) -> tuple[float, float, float, Plan] | None:
     r"""Start now or wait for GPUs the scheduler expects back (the last step of :class:`SpinSearch`).
 
     The job's ``S`` remaining steps are scored as a whole: ``V(a, step, usd)`` = finish time
@@ -583,7 +583,9 @@ def wait_or_start(
     scan; (b) a point is planned exactly only when the search's estimate beats the threshold; (c) at most
     :data:`MAX_LOOKAHEAD` points are searched.
 
-    Returns ``(a_i, V_i, V_0, GPUs of that plan)`` of the best point when waiting wins, else ``None``.
+    A release with a negative count is a reservation: GPUs another waiting job has claimed from then on.
+
+    Returns ``(a_i, V_i, V_0, the plan at a_i)`` of the best point when waiting wins, else ``None``.
     """
     if not releases or not math.isfinite(now.step_time_s):
         return None
@@ -594,7 +596,7 @@ def wait_or_start(
     free = {c.name: c.free for c in topo.clusters}
     rate = {c.name: c.effective_tflops * 1e12 for c in topo.clusters}
     work = 3.0 * jc.m * (jc.layers * jc.f + jc.head_f)
-    best: tuple[float, float, float, int] | None = None
+    best: tuple[float, float, float, Plan] | None = None
     searched = 0
     i = 0
     while i < len(releases) and searched < MAX_LOOKAHEAD:
@@ -607,14 +609,14 @@ def wait_or_start(
         limit = min(threshold, best[1] if best is not None else math.inf)
         if jct and after >= limit:
             break
-        if sum(free.values()) < job.gpus.min:
+        if sum(max(0, g) for g in free.values()) < job.gpus.min:
             continue
         if jct:
             top = sorted((rate[c] for c, n in free.items() for _ in range(min(n, jc.gpus_max))), reverse=True)
             if after + job.steps * work / max(sum(top[: jc.gpus_max]), 1e-9) >= limit:
                 continue
         searched += 1
-        future = topo.with_free(dict(free))
+        future = topo.with_free({c: max(0, g) for c, g in free.items()})
         cands, _ = search_chains(future, job, objective=objective, beam_width=beam_width,
                                  neighbours=neighbours, seeds=seeds, keep=finalists)
         if not cands:
@@ -628,7 +630,7 @@ def wait_or_start(
             continue
         v_i = _job_total(objective, after, job.steps, fin.plan.step_time_s, fin.plan.usd_per_step)
         if v_i < limit:
-            best = (after, v_i, v_now, fin.plan.gpus)
+            best = (after, v_i, v_now, fin.plan)
     return best
 
 
@@ -687,13 +689,14 @@ class SpinSearch:
                                  beam_width=self.beam_width, neighbours=self.neighbours, seeds=self.seeds,
                                  finalists=self.finalists)
             if wait is not None:
-                after, v_wait, v_now, gpus = wait
+                after, v_wait, v_now, later = wait
                 elapsed = time.perf_counter() - t0
                 log.debug("spinsearch.deferred", job=job.id, wait_s=after, objective=str(budget.objective),
                           value_wait=v_wait, value_now=v_now, revision=topo.revision, seconds=elapsed)
-                stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after, defer_gpus=float(gpus))
+                stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after,
+                             defer_gpus=float(later.gpus))
                 return PlacementResult(
-                    status=PlacementStatus.UNSCHEDULABLE, policy=self.name, planning_seconds=elapsed,
+                    status=PlacementStatus.UNSCHEDULABLE, policy=self.name, plan=later, planning_seconds=elapsed,
                     constraint="deferred", stats=stats,
                     reason=f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of "
                     f"{v_now:.4g} when starting now ({budget.objective} of the whole job: "

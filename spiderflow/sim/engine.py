@@ -15,6 +15,9 @@ scheduling cycles; then insertion order):
   ends (``releases``; :attr:`SimConfig.releases`). A policy may answer ``constraint="deferred"`` with
   ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens), and
   as the head its reservation is on ``stats["defer_gpus"]`` GPUs at that time instead of its minimum now.
+  When the answer carries the plan it waits for, the other jobs' releases show that claim (a negative
+  release of its GPUs at its start, given back at its estimated end), so two waiting jobs do not both
+  count on the same GPUs.
 - **completion**: the job's GPUs are released.
 - **topology events** (:class:`TopologyEvent`): a link's bandwidth/latency changes, a cluster is lost or
   restored. Every running job's step time is re-evaluated with :func:`spiderflow.costmodel.evaluate`
@@ -248,6 +251,8 @@ class _Job:
     failed_at: tuple[int, int] | None = None  # (state version, free GPUs) of the last failed decision
     defer_until: float = 0.0                  # the policy chose to wait for releases until then
     defer_gpus: int = 0
+    defer_claim: tuple[tuple[str, int], ...] = ()  # the GPUs of the plan it waits for
+    defer_run_s: float = 0.0                  # and that plan's estimated run time
     # current run
     plan: Plan | None = None
     alloc: dict[str, int] = field(default_factory=dict)
@@ -582,7 +587,8 @@ class _Sim:
         snap = self._snapshot()
         self.decision_seq += 1
         budget = Budget(time_limit_s=self.cfg.time_limit_s, seed=self.cfg.seed * 1_000_003 + self.decision_seq,
-                        objective=self.cfg.objective, releases=self._releases(clock) if self.cfg.releases else ())
+                        objective=self.cfg.objective,
+                        releases=self._releases(clock, j.spec.id) if self.cfg.releases else ())
         c0 = time.process_time()
         t0 = time.perf_counter()
         status = PlacementStatus.ERROR
@@ -605,8 +611,9 @@ class _Sim:
             return (status, err), fed
         return result, fed
 
-    def _releases(self, clock: float) -> tuple[Release, ...]:
-        """Running jobs' GPUs (on clusters not lost) with their estimated ends, soonest first."""
+    def _releases(self, clock: float, asking: str) -> tuple[Release, ...]:
+        """Running jobs' GPUs (on clusters not lost) with their estimated ends, soonest first; and the claims
+        of the other jobs waiting for releases (negative at their start, given back at their end)."""
         out: list[tuple[float, str, Release]] = []
         for jid in self.running:
             r = self.jobs[jid]
@@ -614,6 +621,15 @@ class _Sim:
             if gpus:
                 after = max(0.0, self._est_end(r) - clock)
                 out.append((after, jid, Release(after_s=after, gpus=gpus)))
+        for jid in self.queue:
+            w = self.jobs[jid]
+            if jid == asking or w.defer_until <= clock or not w.defer_claim:
+                continue
+            claim = tuple((c, g) for c, g in w.defer_claim if c not in self.lost)
+            if claim:
+                start = w.defer_until - clock
+                out.append((start, jid, Release(after_s=start, gpus=tuple((c, -g) for c, g in claim))))
+                out.append((start + w.defer_run_s, jid, Release(after_s=start + w.defer_run_s, gpus=claim)))
         out.sort(key=lambda x: (x[0], x[1]))
         return tuple(x[2] for x in out)
 
@@ -669,6 +685,9 @@ class _Sim:
                     if result.constraint == "deferred":
                         j.defer_until = decided_at + float(result.stats.get("defer_s", 0.0))
                         j.defer_gpus = int(result.stats.get("defer_gpus", j.spec.gpus.min))
+                        later = result.plan
+                        j.defer_claim = tuple(sorted(later.gpus_by_cluster().items())) if later else ()
+                        j.defer_run_s = (j.spec.steps - j.steps_done) * later.step_time_s if later else 0.0
                 if status is PlacementStatus.SUCCESS and plan is not None:
                     self._check_fits(j, plan.gpus_by_cluster())
                     est_end = clock + j.pending_delay_s + (j.spec.steps - j.steps_done) * plan.step_time_s

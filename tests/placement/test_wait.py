@@ -30,16 +30,36 @@ def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None
     soon = (Release(after_s=0.05 * f_now, gpus=(("big", 32),)),)
     wait = wait_or_start(topo, job, now.plan, soon)
     assert wait is not None
-    after, f_wait, f0, gpus = wait
-    assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and gpus >= 8
+    after, f_wait, f0, later = wait
+    assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and later.gpus >= 8
+    assert later.chain == ("big",) and f_wait == after + job.steps * later.step_time_s
     res = SpinSearch().place(topo, job, Budget(releases=soon))
     assert res.status is PlacementStatus.UNSCHEDULABLE and res.constraint == "deferred"
-    assert res.stats["defer_s"] == after
+    assert res.stats["defer_s"] == after and res.plan is not None and not res.ok
+    assert res.plan.gpus_by_cluster() == later.gpus_by_cluster() and res.stats["defer_gpus"] == later.gpus
     # Released too late to finish earlier, or a cost objective: start now.
     late = (Release(after_s=0.9 * f_now, gpus=(("big", 32),)),)
     assert wait_or_start(topo, job, now.plan, late) is None
     assert SpinSearch().place(topo, job, Budget(releases=late)).ok
     assert wait_or_start(topo, job, now.plan, ()) is None
+
+
+def test_a_reservation_by_another_waiting_job_is_not_counted_on() -> None:
+    """A negative release is GPUs another waiting job has claimed: with all 32 released GPUs claimed from
+    the release on and given back late, waiting no longer pays; given back soon, it pays again."""
+    topo = _topo(0)
+    job = _job(2000)
+    now = SpinSearch().place(topo, job)
+    assert now.plan is not None
+    f_now = job.steps * now.plan.step_time_s
+    t = 0.05 * f_now
+    free = Release(after_s=t, gpus=(("big", 32),))
+    claimed = (free, Release(after_s=t, gpus=(("big", -32),)), Release(after_s=0.9 * f_now, gpus=(("big", 32),)))
+    assert wait_or_start(topo, job, now.plan, (free,)) is not None
+    assert wait_or_start(topo, job, now.plan, claimed) is None
+    back_soon = (*claimed[:2], Release(after_s=2 * t, gpus=(("big", 32),)))
+    wait = wait_or_start(topo, job, now.plan, back_soon)
+    assert wait is not None and wait[0] == 2 * t
 
 
 def test_cost_objective_waits_only_for_cheaper_dollars_whatever_the_delay() -> None:

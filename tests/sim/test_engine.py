@@ -10,7 +10,7 @@ import pytest
 from spiderflow.catalog import model_preset
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology
 from spiderflow.errors import ValidationError
-from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus
+from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, Release
 from spiderflow.sim.engine import (
     EventKind,
     OverheadMode,
@@ -313,6 +313,47 @@ def test_releases_reach_the_policy_and_a_deferred_job_is_asked_again_at_the_rele
     off = simulate(topo, jobs, WaitingPolicy(), replace(FIXED, releases=False))
     rec_off = {r.id: r for r in off.records}
     assert rec_off["C"].first_start_s is not None and rec_off["C"].first_start_s > 20.5
+
+
+class ClaimingPolicy(FixedStepPolicy):
+    """Like :class:`WaitingPolicy`, but the deferred answer carries the plan it waits for (the job's GPUs on
+    the cluster of the first release that adds GPUs); records each job's releases."""
+
+    def __init__(self) -> None:
+        super().__init__(2.0)
+        self.seen: dict[str, tuple[Release, ...]] = {}
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+        self.seen.setdefault(job.id, budget.releases)
+        res = super().place(topo, job, budget)
+        gives = [r for r in budget.releases if all(g > 0 for _, g in r.gpus)]
+        if res.ok or not gives:
+            return res
+        cluster = gives[0].gpus[0][0]
+        later = Plan(stages=(Stage(cluster=cluster, first_layer=0, last_layer=job.model.layers - 1, tp=1,
+                                   dp=job.gpus.max),), micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+        return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, constraint="deferred",
+                               plan=later, reason="wait", stats={"defer_s": gives[0].after_s,
+                                                                  "defer_gpus": float(job.gpus.max)})
+
+
+def test_a_waiting_jobs_claim_shows_in_the_other_jobs_releases() -> None:
+    """16 GPUs. A (8 GPUs, 10 steps × 2 s) runs 0.5–20.5. B (8–16 GPUs, 5 steps) arrives at 1 and waits for A's
+    GPUs with a plan on all 16; C (the same shape) arrives at 5 and is told, relative to its decision at 5:
+    A's 8 GPUs come back at 15.5, B takes 16 then and gives them back at its estimated end 25.5."""
+    topo = one_cluster(1, gpus=16)
+    wide = [JobSpec(id=i, model=model_preset("gpt3-1.3b"), global_batch=8, steps=5, gpus=GpuRange(min=8, max=16),
+                    arrival_s=t) for i, t in (("B", 1.0), ("C", 5.0))]
+    pol = ClaimingPolicy()
+    res = simulate(topo, [job("A", 10), *wide], pol, FIXED)
+    assert all(r.status == "completed" for r in res.records) and res.violations == ()
+    assert pol.seen["B"] == (Release(after_s=pytest.approx(19.5), gpus=(("c0", 8),)),)
+    assert pol.seen["C"] == (Release(after_s=pytest.approx(15.5), gpus=(("c0", 8),)),
+                             Release(after_s=pytest.approx(15.5), gpus=(("c0", -16),)),
+                             Release(after_s=pytest.approx(25.5), gpus=(("c0", 16),)))
+    off = ClaimingPolicy()
+    simulate(topo, [job("A", 10), replace(wide[1], arrival_s=0.75)], off, FIXED)
+    assert len(off.seen["C"]) == 1  # nobody waiting: only A's release
 
 
 def test_spinsearch_waiting_is_deterministic_in_fixed_mode() -> None:
