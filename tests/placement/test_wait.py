@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from spiderflow.catalog import model_preset
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
 from spiderflow.placement.base import Budget, Objective, PlacementStatus, Release
@@ -115,7 +117,7 @@ def test_plan_key_covers_every_cluster_field_but_free_gpus() -> None:
         if f.name in ("name", "free_gpus"):
             continue
         v = getattr(a.clusters[0], f.name)
-        new = {"gpu": "A100-80G", "region": "x"}.get(f.name, 1 if v is None else v)
+        new: Any = {"gpu": "A100-80G", "region": "x"}.get(f.name, 1 if v is None else v)
         if isinstance(v, bool | int | float) and v is not None:
             new = type(v)(v * 2 + 1) if not isinstance(v, bool) else not v
         try:
