@@ -20,7 +20,7 @@ Data parallelism (:func:`plan_orders`, exactly what execution runs): replica ``r
 replicas runs micro-batches ``j ≡ r (mod d)``, in the sub-sequence of the stage-wide order whose warm-up
 is ``D·w`` (``D`` the largest dp of the pipeline; see :func:`spiderflow.schedules.replica_ops`).
 
-Simulator (:func:`simulate`): discrete events in time order. Each (stage, replica) is a sequential
+Simulator (:func:`simulate`): op ends are the events, in time order. Each (stage, replica) is a sequential
 executor running its static op order; an op starts when its executor is free and its input has arrived:
 ``F(j, u)`` needs ``F(j, u−1)``'s activation, ``B(j, u)`` needs ``B(j, u+1)``'s gradient (the last
 virtual stage: its own ``F(j, u)``), where ``u = chunk·S + stage`` is the virtual stage. A transfer
@@ -34,9 +34,14 @@ cluster's calibrated optimizer seconds per layer, :func:`spiderflow.costmodel.br
 With equal stages, zero latency and instant links the makespan is the cost model's ``T_pipe`` and the
 step its ``T_pipe + T_dp``.
 
-Complexity: ``O(N log N)`` for ``N = 2·m·v·S`` ops. Raises :class:`ScheduleDeadlockError` when an op order
-cannot complete (a malformed order); ``stage_ops`` raises ``ValidationError`` on bad arguments (both are
-``ValueError``).
+A transfer's arrival is computed when its sender's op ends (the link's queue is known then), so arrivals
+need no events: the receiving op is started, and its end queued, as soon as both its input's arrival
+and its executor are known. Equal end times are taken in executor order (stage, then replica), which is
+the order equal-time transfers queue on a shared link.
+
+Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each).
+Raises :class:`ScheduleDeadlockError` when an op order cannot complete (a malformed order);
+``stage_ops`` raises ``ValidationError`` on bad arguments (both are ``ValueError``).
 """
 
 from __future__ import annotations
@@ -187,14 +192,13 @@ def simulate(
     flat = [orders[i][r] for i, r in execs]
     stage_of = [i for i, _ in execs]
     ptr = [0] * len(execs)
-    busy = [False] * len(execs)
     dur_f = [st.compute_s / 3.0 / v for st in stages]
     dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
     # The (kind, micro-batch, virtual stage) an op produces is the integer key ``2·(j·n_virtual + u) + [B]``.
     # Each op is compiled once: (key it waits for or −1, duration, kind, j, chunk, what its end does:
     # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst).
     m_keys = 1 + max((op[1] for order in flat for op in order), default=0)
-    avail = bytearray(2 * m_keys * n_virtual)
+    n_keys = 2 * m_keys * n_virtual
     compiled: list[list[tuple[int, float, str, int, int, int, int, int]]] = []
     for e, order in enumerate(flat):
         i = stage_of[e]
@@ -218,12 +222,15 @@ def simulate(
                 mode = 1 if (dst_u == u or dst == i) else 2
             ops_e.append((dep, dur, kind, j, c, mode, own, dst))
         compiled.append(ops_e)
-    waiting: dict[int, list[int]] = {}
+    # Arrivals are not events: a transfer's arrival time is known when its sender's op ends, so the op that
+    # needs it is started (its end pushed) right then, or as soon as its executor reaches it. Only op ends
+    # are events, in time order (ties: executor index), which is the order transfers queue on a link.
+    inf = math.inf
+    arrival = [inf] * n_keys
+    waiter = [-1] * n_keys            # the executor parked on a key (each key has one consumer)
+    free_at = [0.0] * len(execs)          # when a parked executor became free
     link_free = [0.0] * (n * n)
-    # (time, 0 arrival | 1 op end, sequence number, key | executor, op index, start): the unique sequence
-    # number settles ties, so the rest is never compared.
-    heap: list[tuple[float, int, int, int, int, float]] = []
-    seq = 0
+    heap: list[tuple[float, int, int, float]] = []  # (end, executor, op index, start)
     raw_ops: list[tuple[int, int, str, int, int, float, float]] = []
     xfers: list[TransferRecord] = []
     stage_end = [0.0] * n
@@ -231,39 +238,18 @@ def simulate(
     push = heapq.heappush
     pop = heapq.heappop
 
-    def try_start(e: int, now: float) -> None:
-        nonlocal seq
-        if busy[e]:
-            return
-        p = ptr[e]
-        ops_e = compiled[e]
-        if p >= len(ops_e):
-            return
-        dep = ops_e[p][0]
-        if dep >= 0 and not avail[dep]:
-            waiting.setdefault(dep, []).append(e)
-            return
-        busy[e] = True
-        ptr[e] = p + 1
-        push(heap, (now + ops_e[p][1], 1, seq, e, p, now))
-        seq += 1
-
-    def release(key: int, t: float) -> None:
-        avail[key] = 1
-        for e in waiting.pop(key, ()):
-            try_start(e, t)
-
-    for e in range(len(execs)):
-        try_start(e, 0.0)
+    for e, ops_e in enumerate(compiled):
+        if ops_e:
+            dep = ops_e[0][0]
+            if dep < 0:
+                push(heap, (ops_e[0][1], e, 0, 0.0))
+                ptr[e] = 1
+            else:
+                waiter[dep] = e
     while heap:
-        t, kind_ev, _, x, p, start = pop(heap)
-        if kind_ev == 0:
-            release(x, t)  # arrival of (kind, micro-batch, virtual stage)
-            continue
-        e = x
+        t, e, p, start = pop(heap)
         _, _, okind, j, c, mode, own, dst = compiled[e][p]
         i = stage_of[e]
-        busy[e] = False
         if record:
             raw_ops.append((i, execs[e][1], okind, j, c, start, t))
         if t > stage_end[i]:
@@ -271,31 +257,44 @@ def simulate(
         if t > makespan:
             makespan = t
         # A forward feeds the next virtual stage (the last one feeds its own backward); a backward the previous.
-        if mode == 1:
-            release(own, t)
-        elif mode == 2:
-            lf = link_free[i * n + dst]
-            start_tx = t if t >= lf else lf
-            ser = serialise_s[i][dst]
-            link_free[i * n + dst] = start_tx + ser
-            arrive = start_tx + ser + latency_s[i][dst]
-            if record:
-                xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
-                                            start_s=start_tx, end_s=arrive))
-            push(heap, (arrive, 0, seq, own, 0, 0.0))
-            seq += 1
-        # try_start(e, t) inlined (the hot path): e is idle and its pointer is at p + 1.
+        if mode:
+            if mode == 1:
+                at = t
+            else:
+                lf = link_free[i * n + dst]
+                start_tx = t if t >= lf else lf
+                ser = serialise_s[i][dst]
+                link_free[i * n + dst] = start_tx + ser
+                at = start_tx + ser + latency_s[i][dst]
+                if record:
+                    xfers.append(TransferRecord(src=i, dst=dst, kind=okind, micro_batch=j, chunk=c,
+                                                start_s=start_tx, end_s=at))
+            arrival[own] = at
+            w = waiter[own]
+            if w >= 0:
+                waiter[own] = -1
+                q = ptr[w]
+                f = free_at[w]
+                s0 = at if at > f else f
+                push(heap, (s0 + compiled[w][q][1], w, q, s0))
+                ptr[w] = q + 1
+        # The executor's next op: started now if its input is here, else parked on it.
         ops_e = compiled[e]
         p += 1
         if p < len(ops_e):
             dep = ops_e[p][0]
-            if dep >= 0 and not avail[dep]:
-                waiting.setdefault(dep, []).append(e)
-            else:
-                busy[e] = True
+            if dep < 0:
+                push(heap, (t + ops_e[p][1], e, p, t))
                 ptr[e] = p + 1
-                push(heap, (t + ops_e[p][1], 1, seq, e, p, t))
-                seq += 1
+            else:
+                at = arrival[dep]
+                if at == inf:
+                    waiter[dep] = e
+                    free_at[e] = t
+                else:
+                    s0 = at if at > t else t
+                    push(heap, (s0 + ops_e[p][1], e, p, s0))
+                    ptr[e] = p + 1
     stuck = [e for e in range(len(execs)) if ptr[e] < len(flat[e])]
     if stuck:
         i, r = execs[stuck[0]]
