@@ -90,7 +90,9 @@ from spiderflow.placement.common import (
     unschedulable,
 )
 
-__all__ = ["DEFER_MARGIN", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains", "wait_or_start"]
+__all__ = [
+    "DEFER_MARGIN", "MAX_LOOKAHEAD", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains", "wait_or_start",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -577,13 +579,15 @@ def wait_or_start(
     from) of the best of :func:`search_chains`' finalists on the GPUs free now plus those released by
     ``a_i``. Wait iff ``min_i V_i < (1 − DEFER_MARGIN)·V_0``.
 
-    Pruning: (a) ``jct``: ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread over the job's
-    ``G_max`` fastest GPUs then free, no communication), so a point whose ``a_i + S·(that bound)`` cannot
-    beat the threshold (or the best point so far) is not searched, and points at or after it end the
-    scan; (b) a point is planned exactly only when the search's estimate beats the threshold; (c) at most
-    :data:`MAX_LOOKAHEAD` points are searched.
+    Which points are searched: (a) ``jct``: ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread
+    over the job's ``G_max`` fastest GPUs then free, no communication), so ``B_i = a_i + S·(that bound)``
+    is a lower bound on ``V_i``; points are searched best-first by ``B_i`` (ties: sooner first) and the
+    scan ends at the first whose bound cannot beat the threshold or the best point so far. Other
+    objectives search the points soonest first. (b) A point is planned exactly only when the search's
+    estimate beats the threshold; (c) at most :data:`MAX_LOOKAHEAD` points are searched.
 
-    A release with a negative count is a reservation: GPUs another waiting job has claimed from then on.
+    A release with a negative count is a reservation: GPUs another waiting job has claimed from then on;
+    a point that only takes GPUs away is not a point (the one before it offers more, sooner).
 
     Returns ``(a_i, V_i, V_0, the plan at a_i)`` of the best point when waiting wins, else ``None``.
     """
@@ -593,38 +597,54 @@ def wait_or_start(
     jc = job_consts(job)
     v_now = _job_total(objective, 0.0, job.steps, now.step_time_s, now.usd_per_step)
     threshold = (1.0 - DEFER_MARGIN) * v_now
-    free = {c.name: c.free for c in topo.clusters}
-    rate = {c.name: c.effective_tflops * 1e12 for c in topo.clusters}
+    names = [c.name for c in topo.clusters]
+    col = {n: k for k, n in enumerate(names)}
+    rate = np.array([c.effective_tflops * 1e12 for c in topo.clusters], dtype=np.float64)
     work = 3.0 * jc.m * (jc.layers * jc.f + jc.head_f)
-    best: tuple[float, float, float, Plan] | None = None
-    searched = 0
+    free = np.array([c.free for c in topo.clusters], dtype=np.int64)
+    fastest = np.argsort(-rate, kind="stable")
+    # The points: each release time at which some cluster gains GPUs, with the GPUs free then.
+    points: list[tuple[float, float, IArr]] = []  # (bound or time, time, free GPUs)
     i = 0
-    while i < len(releases) and searched < MAX_LOOKAHEAD:
+    while i < len(releases):
         after = releases[i].after_s
+        grew = False
         while i < len(releases) and releases[i].after_s <= after:
             for c, g in releases[i].gpus:
-                if c in free:
-                    free[c] += g
+                k = col.get(c)
+                if k is not None:
+                    grew = grew or (g > 0 and free[k] + g > 0)
+                    free[k] += g
             i += 1
-        limit = min(threshold, best[1] if best is not None else math.inf)
-        if jct and after >= limit:
-            break
-        if sum(max(0, g) for g in free.values()) < job.gpus.min:
-            continue
+        avail = np.maximum(free, 0)
+        if not grew or int(avail.sum()) < job.gpus.min:
+            continue  # only reservations here (fewer GPUs, later than the point before), or too few GPUs
         if jct:
-            top = sorted((rate[c] for c, n in free.items() for _ in range(min(n, jc.gpus_max))), reverse=True)
-            if after + job.steps * work / max(sum(top[: jc.gpus_max]), 1e-9) >= limit:
+            if after >= threshold:
+                break
+            room = np.minimum(np.cumsum(avail[fastest]), jc.gpus_max)  # the G_max fastest GPUs free then
+            top = float(np.dot(np.diff(room, prepend=0), rate[fastest]))
+            key = after + job.steps * work / max(top, 1e-9)
+            if key >= threshold:
                 continue
-        searched += 1
-        future = topo.with_free({c: max(0, g) for c, g in free.items()})
+        else:
+            key = after
+        points.append((key, after, avail.copy()))
+    points.sort(key=lambda x: (x[0], x[1]))
+    best: tuple[float, float, float, Plan] | None = None
+    for key, after, avail in points[:MAX_LOOKAHEAD]:
+        limit = min(threshold, best[1] if best is not None else math.inf)
+        if jct and key >= limit:
+            break  # sorted by the bound: no later point can beat it either
+        future = topo.with_free({n: int(g) for n, g in zip(names, avail, strict=True)})
         cands, _ = search_chains(future, job, objective=objective, beam_width=beam_width,
                                  neighbours=neighbours, seeds=seeds, keep=finalists)
         if not cands:
             continue
         if jct and after + job.steps * cands[0].step >= limit:
             continue
-        names = future.names
-        allocs = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[:finalists]]
+        fnames = future.names
+        allocs = [[(fnames[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[:finalists]]
         fin = finalise(future, job, allocs, objective=objective, planner="fallback")
         if fin.plan is None:
             continue

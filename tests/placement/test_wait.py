@@ -8,7 +8,7 @@ from spiderflow.catalog import model_preset
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
 from spiderflow.placement.base import Budget, Objective, PlacementStatus, Release
 from spiderflow.placement.common import finalise, plan_chain, plan_key
-from spiderflow.placement.spinsearch import DEFER_MARGIN, SpinSearch, wait_or_start
+from spiderflow.placement.spinsearch import DEFER_MARGIN, MAX_LOOKAHEAD, SpinSearch, wait_or_start
 
 
 def _topo(free_big: int) -> Topology:
@@ -62,6 +62,28 @@ def test_a_reservation_by_another_waiting_job_is_not_counted_on() -> None:
     back_soon = (*claimed[:2], Release(after_s=2 * t, gpus=(("big", 32),)))
     wait = wait_or_start(topo, job, now.plan, back_soon)
     assert wait is not None and wait[0] == 2 * t
+
+
+def test_the_most_promising_release_is_searched_even_behind_many_small_ones() -> None:
+    """Seven single-GPU releases of a slow cluster come before 32 fast GPUs: points are searched best-first by
+    their lower bound, so the fast one is found although more than MAX_LOOKAHEAD points come first."""
+    clusters = (
+        Cluster(name="big", gpu="H100-80G", nodes=4, gpus_per_node=8, free_gpus=0),
+        Cluster(name="small", gpu="A100-40G", nodes=1, gpus_per_node=8),
+        Cluster(name="slow", gpu="V100-32G", nodes=2, gpus_per_node=8, free_gpus=8),
+    )
+    links = (Link(a="big", b="small", bandwidth_gbps=1.0, latency_ms=50.0),
+             Link(a="small", b="slow", bandwidth_gbps=1.0, latency_ms=50.0))
+    topo = Topology(clusters=clusters, links=links)
+    job = _job(2000)
+    now = SpinSearch().place(topo, job)
+    assert now.plan is not None
+    f_now = job.steps * now.plan.step_time_s
+    early = tuple(Release(after_s=0.001 * k * f_now, gpus=(("slow", 1),)) for k in range(1, 8))
+    assert len(early) > MAX_LOOKAHEAD
+    fast = Release(after_s=0.05 * f_now, gpus=(("big", 32),))
+    wait = wait_or_start(topo, job, now.plan, (*early, fast))
+    assert wait is not None and wait[0] == fast.after_s and wait[3].chain == ("big",)
 
 
 def test_cost_objective_waits_only_for_cheaper_dollars_whatever_the_delay() -> None:
