@@ -38,7 +38,18 @@ end ``e`` may start now iff (:func:`admits`)
 
 With exact estimates the head's shadow time never moves later (tests check this). Cross-cluster
 placement needs GPUs in particular clusters, so counting GPUs in aggregate is an approximation: the
-head's reservation is on the pool, not on named clusters.
+head's reservation is on the pool, not on named clusters. A head whose policy chose to wait for GPUs
+being released (SpinSearch's start-now-or-wait step) is reserved at the time it waits for instead
+(:func:`reserve_at`).
+
+Waiting for releases
+--------------------
+A policy may weigh starting now against waiting (``Budget.releases``). :func:`expected_releases` builds
+what it is told: every job holding GPUs gives them back at its estimated end, and every other job
+already waiting for releases has *claimed* the GPUs of the plan it waits for (:class:`Claim`): they are
+taken at its start (a negative release) and given back at its estimated end, so two waiting jobs never
+count on the same GPUs.
+
 Complexity: :func:`order` O(q log q) for q queued jobs; :func:`reserve` O(r log r) for r running jobs.
 """
 
@@ -50,10 +61,13 @@ from dataclasses import dataclass, replace
 
 from spiderflow.costmodel import activation_bytes, stage_fwd_flops
 from spiderflow.domain import JobSpec
+from spiderflow.placement.base import Release
 
 __all__ = [
     "REFERENCE_GBPS",
     "REFERENCE_TFLOPS",
+    "Claim",
+    "Holding",
     "QueuePolicy",
     "QueuedJob",
     "Reservation",
@@ -62,9 +76,11 @@ __all__ = [
     "after_admit",
     "estimate_network_share",
     "estimate_work_gpu_s",
+    "expected_releases",
     "order",
     "queued_job",
     "reserve",
+    "reserve_at",
     "score",
 ]
 
@@ -137,6 +153,48 @@ class Reservation:
     spare_gpus: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holding:
+    """A job holding GPUs (``((cluster, count), ...)``) until its estimated end ``end_s`` (absolute)."""
+
+    job_id: str
+    end_s: float
+    gpus: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Claim:
+    """A job waiting for releases: it takes ``gpus`` at ``start_s`` (absolute) for ``run_s`` seconds."""
+
+    job_id: str
+    start_s: float
+    run_s: float
+    gpus: tuple[tuple[str, int], ...]
+
+
+def expected_releases(holding: Sequence[Holding], claims: Sequence[Claim], now: float, *,
+                      gone: frozenset[str] = frozenset()) -> tuple[Release, ...]:
+    """The releases a decision at ``now`` is told about (module docstring): holders' GPUs at their ends,
+    claims as a negative release at their start and a positive one at their end; seconds from ``now``
+    (never negative), soonest first, ties by job id (a job's own claim taken before its give-back).
+    Clusters in ``gone`` (lost) and zero counts are left out; claims whose start has passed are ignored."""
+    out: list[tuple[float, str, int, Release]] = []
+    for h in holding:
+        gpus = tuple(sorted((c, g) for c, g in h.gpus if c not in gone and g > 0))
+        if gpus:
+            after = max(0.0, h.end_s - now)
+            out.append((after, h.job_id, 0, Release(after_s=after, gpus=gpus)))
+    for c in claims:
+        gpus = tuple(sorted((k, g) for k, g in c.gpus if k not in gone and g > 0))
+        if not gpus or c.start_s <= now:
+            continue
+        start = c.start_s - now
+        out.append((start, c.job_id, 0, Release(after_s=start, gpus=tuple((k, -g) for k, g in gpus))))
+        out.append((start + c.run_s, c.job_id, 1, Release(after_s=start + c.run_s, gpus=gpus)))
+    out.sort(key=lambda x: (x[0], x[1], x[2]))
+    return tuple(x[3] for x in out)
+
+
 def estimate_work_gpu_s(job: JobSpec, steps: int | None = None) -> float:
     """Remaining work in reference GPU-seconds: training FLOPs of ``steps`` (default all) / ``REFERENCE_TFLOPS``."""
     n = job.steps if steps is None else steps
@@ -198,6 +256,14 @@ def reserve(job_id: str, gpus: int, free_gpus: int, running: Sequence[RunningJob
         if avail >= gpus:
             return Reservation(job_id=job_id, gpus=gpus, start_s=max(now, r.est_end_s), spare_gpus=avail - gpus)
     return None
+
+
+def reserve_at(job_id: str, gpus: int, start_s: float, free_gpus: int, running: Sequence[RunningJob],
+               now: float) -> Reservation:
+    """The reservation of a head job that waits for releases: it starts at ``start_s`` on ``gpus`` GPUs;
+    spare = GPUs free then (free now + running jobs ending by ``start_s``) − ``gpus``."""
+    avail = free_gpus + sum(r.gpus for r in running if r.est_end_s <= start_s + 1e-6)
+    return Reservation(job_id=job_id, gpus=gpus, start_s=max(now, start_s), spare_gpus=max(0, avail - gpus))
 
 
 def admits(res: Reservation | None, gpus: int, est_end_s: float, free_gpus: int) -> bool:

@@ -58,15 +58,19 @@ from spiderflow.domain import JobSpec, Link, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnschedulableError, ValidationError
 from spiderflow.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus, Release
 from spiderflow.queueing import (
+    Claim,
+    Holding,
     QueuedJob,
     QueuePolicy,
     Reservation,
     RunningJob,
     admits,
     after_admit,
+    expected_releases,
     order,
     queued_job,
     reserve,
+    reserve_at,
 )
 
 __all__ = [
@@ -612,26 +616,13 @@ class _Sim:
         return result, fed
 
     def _releases(self, clock: float, asking: str) -> tuple[Release, ...]:
-        """Running jobs' GPUs (on clusters not lost) with their estimated ends, soonest first; and the claims
-        of the other jobs waiting for releases (negative at their start, given back at their end)."""
-        out: list[tuple[float, str, Release]] = []
-        for jid in self.running:
-            r = self.jobs[jid]
-            gpus = tuple(sorted((c, g) for c, g in r.alloc.items() if c not in self.lost and g > 0))
-            if gpus:
-                after = max(0.0, self._est_end(r) - clock)
-                out.append((after, jid, Release(after_s=after, gpus=gpus)))
-        for jid in self.queue:
-            w = self.jobs[jid]
-            if jid == asking or w.defer_until <= clock or not w.defer_claim:
-                continue
-            claim = tuple((c, g) for c, g in w.defer_claim if c not in self.lost)
-            if claim:
-                start = w.defer_until - clock
-                out.append((start, jid, Release(after_s=start, gpus=tuple((c, -g) for c, g in claim))))
-                out.append((start + w.defer_run_s, jid, Release(after_s=start + w.defer_run_s, gpus=claim)))
-        out.sort(key=lambda x: (x[0], x[1]))
-        return tuple(x[2] for x in out)
+        """Running jobs' GPUs (on clusters not lost) at their estimated ends, and the claims of the other
+        jobs waiting for releases (:func:`spiderflow.queueing.expected_releases`)."""
+        holding = [Holding(job_id=jid, end_s=self._est_end(self.jobs[jid]), gpus=tuple(self.jobs[jid].alloc.items()))
+                   for jid in self.running]
+        claims = [Claim(job_id=jid, start_s=w.defer_until, run_s=w.defer_run_s, gpus=w.defer_claim)
+                  for jid in self.queue if jid != asking and (w := self.jobs[jid]).defer_claim]
+        return expected_releases(holding, claims, clock, gone=frozenset(self.lost))
 
     def _drop(self, j: _Job, status: str, reason: str) -> None:
         self.queue.pop(j.spec.id, None)
@@ -712,7 +703,7 @@ class _Sim:
                 running = [RunningJob(id=r, gpus=sum(self.jobs[r].alloc.values()),
                                       est_end_s=self._est_end(self.jobs[r])) for r in self.running]
                 if j.defer_until > clock:
-                    res = _deferred_reservation(j.spec.id, j.defer_gpus, j.defer_until, total_free, running, clock)
+                    res = reserve_at(j.spec.id, j.defer_gpus, j.defer_until, total_free, running, clock)
                 else:
                     res = reserve(j.spec.id, j.spec.gpus.min, total_free, running, clock)
         self.sched_free_s = clock
@@ -742,14 +733,6 @@ class _Sim:
         assert j.plan is not None
         left = j.spec.steps - j.steps_done - j.seg_steps
         return j.seg_start + max(0.0, left) * j.plan.step_time_s
-
-
-def _deferred_reservation(job_id: str, gpus: int, start_s: float, free_gpus: int, running: Sequence[RunningJob],
-                          now: float) -> Reservation:
-    """The reservation of a head job waiting for releases: it starts at ``start_s`` on ``gpus`` GPUs;
-    spare = GPUs free then (free now + running jobs ending by ``start_s``) − ``gpus``."""
-    avail = free_gpus + sum(r.gpus for r in running if r.est_end_s <= start_s + 1e-6)
-    return Reservation(job_id=job_id, gpus=gpus, start_s=max(now, start_s), spare_gpus=max(0, avail - gpus))
 
 
 def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | str, config: SimConfig | None = None,

@@ -12,6 +12,8 @@ from spiderflow.catalog import model_preset
 from spiderflow.domain import GpuRange, JobSpec
 from spiderflow.errors import ValidationError
 from spiderflow.queueing import (
+    Claim,
+    Holding,
     QueuedJob,
     QueuePolicy,
     RunningJob,
@@ -19,9 +21,11 @@ from spiderflow.queueing import (
     after_admit,
     estimate_network_share,
     estimate_work_gpu_s,
+    expected_releases,
     order,
     queued_job,
     reserve,
+    reserve_at,
     score,
 )
 
@@ -139,3 +143,28 @@ def test_policy_validation() -> None:
         QueuePolicy(aging_per_hour=0.0)
     with pytest.raises(ValidationError, match="backfill_depth"):
         QueuePolicy(backfill_depth=-1)
+
+
+def test_expected_releases_show_holders_and_the_claims_of_waiting_jobs() -> None:
+    """A holder's GPUs come back at its end; a waiting job's claim is a negative release at its start and
+    a positive one at its end; lost clusters, zero counts and claims already due are left out."""
+    holding = [Holding(job_id="r1", end_s=130.0, gpus=(("b", 8), ("a", 4), ("gone", 2), ("c", 0))),
+               Holding(job_id="r0", end_s=90.0, gpus=(("c", 2),))]
+    claims = [Claim(job_id="w", start_s=130.0, run_s=50.0, gpus=(("a", 4), ("b", 8))),
+              Claim(job_id="due", start_s=100.0, run_s=10.0, gpus=(("a", 1),))]
+    got = expected_releases(holding, claims, 100.0, gone=frozenset({"gone"}))
+    assert [(r.after_s, r.gpus) for r in got] == [
+        (0.0, (("c", 2),)),                      # already overdue: "now"
+        (30.0, (("a", 4), ("b", 8))),            # r1 ends
+        (30.0, (("a", -4), ("b", -8))),          # w takes them at its start
+        (80.0, (("a", 4), ("b", 8))),            # and gives them back
+    ]
+    assert expected_releases([], [], 0.0) == ()
+
+
+def test_reserve_at_counts_the_gpus_free_when_the_waiting_head_starts() -> None:
+    running = [RunningJob(id="x", gpus=8, est_end_s=50.0), RunningJob(id="y", gpus=4, est_end_s=200.0)]
+    res = reserve_at("h", 10, 60.0, 4, running, 0.0)
+    assert (res.start_s, res.spare_gpus) == (60.0, 2)  # 4 free + 8 back at 50, 10 needed
+    assert reserve_at("h", 20, 60.0, 4, running, 0.0).spare_gpus == 0
+    assert reserve_at("h", 1, 5.0, 4, running, 10.0).start_s == 10.0  # never in the past
