@@ -176,21 +176,21 @@ def expected_releases(holding: Sequence[Holding], claims: Sequence[Claim], now: 
                       gone: frozenset[str] = frozenset()) -> tuple[Release, ...]:
     """The releases a decision at ``now`` is told about (module docstring): holders' GPUs at their ends,
     claims as a negative release at their start and a positive one at their end; seconds from ``now``
-    (never negative), soonest first, ties by job id (a job's own claim taken before its give-back).
+    (never negative), soonest first; at equal times GPUs given back come before GPUs taken, then by job id.
     Clusters in ``gone`` (lost) and zero counts are left out; claims whose start has passed are ignored."""
-    out: list[tuple[float, str, int, Release]] = []
+    out: list[tuple[float, int, str, Release]] = []  # (seconds from now, 0 give back | 1 take, job, release)
     for h in holding:
         gpus = tuple(sorted((c, g) for c, g in h.gpus if c not in gone and g > 0))
         if gpus:
             after = max(0.0, h.end_s - now)
-            out.append((after, h.job_id, 0, Release(after_s=after, gpus=gpus)))
+            out.append((after, 0, h.job_id, Release(after_s=after, gpus=gpus)))
     for c in claims:
         gpus = tuple(sorted((k, g) for k, g in c.gpus if k not in gone and g > 0))
         if not gpus or c.start_s <= now:
             continue
         start = c.start_s - now
-        out.append((start, c.job_id, 0, Release(after_s=start, gpus=tuple((k, -g) for k, g in gpus))))
-        out.append((start + c.run_s, c.job_id, 1, Release(after_s=start + c.run_s, gpus=gpus)))
+        out.append((start, 1, c.job_id, Release(after_s=start, gpus=tuple((k, -g) for k, g in gpus))))
+        out.append((start + c.run_s, 0, c.job_id, Release(after_s=start + c.run_s, gpus=gpus)))
     out.sort(key=lambda x: (x[0], x[1], x[2]))
     return tuple(x[3] for x in out)
 

@@ -14,7 +14,14 @@ One cycle, as named extension points (STYLE.md §2–3):
    minimum exceeds all free GPUs is not even tried (its reason says so).
 5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)`` (a job shaped like one
    already decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`); then the final
-   plan of the chosen chain from the Planner service when one is configured.
+   plan of the chosen chain from the Planner service when one is configured. With ``wait_for_releases``
+   the policy is also told which GPUs come back when (:func:`spiderflow.queueing.expected_releases`: jobs
+   holding GPUs at their estimated ends, and the claims of jobs already waiting) and may answer "wait"
+   (SpinSearch's start-now-or-wait step, as in the simulator): the job stays PENDING with the policy's
+   reason, is not decided again before the time it waits for (unless a cluster it claimed leaves the
+   graph), its claim shows in the other jobs' releases, and as the head it is reserved at that time
+   (:func:`spiderflow.queueing.reserve_at`). Waits live in the leader's memory: a new leader decides
+   every queued job afresh.
 6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
    start (the *head*), later jobs start only if they do not delay the head's reserved start.
 7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
@@ -46,7 +53,20 @@ from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
-from spiderflow.queueing import QueuePolicy, Reservation, RunningJob, admits, after_admit, order, queued_job, reserve
+from spiderflow.queueing import (
+    Claim,
+    Holding,
+    QueuePolicy,
+    Reservation,
+    RunningJob,
+    admits,
+    after_admit,
+    expected_releases,
+    order,
+    queued_job,
+    reserve,
+    reserve_at,
+)
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError
 
@@ -112,6 +132,18 @@ class CycleReport:
         return [d.job_id for d in self.decisions if d.kind is DecisionKind.PLACED]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Wait:
+    """A queued job whose policy chose to wait for releases: until when, the plan's GPUs it claims then and
+    that plan's estimated run time, and the policy's reason."""
+
+    until: float
+    gpus: int
+    claim: tuple[tuple[str, int], ...]
+    run_s: float
+    reason: str
+
+
 def _shape(spec: JobSpec) -> JobSpec:
     """The job without its identity (id, tenant): what a placement decision depends on."""
     return replace(spec, id="shape", tenant="default")
@@ -132,6 +164,7 @@ class SchedulingCycle:
         clock: Callable[[], float] = time.time,
         on_placed: Callable[[StoredJob], None] | None = None,
         replan_threshold: float = 0.5,
+        wait_for_releases: bool = False,
     ) -> None:
         self.repo = repo
         self.topology = topology
@@ -142,6 +175,8 @@ class SchedulingCycle:
         self.clock = clock
         self.on_placed = on_placed
         self.replan_threshold = replan_threshold
+        self.wait_for_releases = wait_for_releases
+        self._waits: dict[str, _Wait] = {}
         self._notes_left = NOTE_WRITES_PER_CYCLE
         self._decisions: OrderedDict[tuple[str, JobSpec, Topology, Budget], PlacementResult] = OrderedDict()
         self.cache_hits = 0
@@ -195,12 +230,28 @@ class SchedulingCycle:
             RunningJob(id=sj.record.id, gpus=sum(sj.record.allocation.values()), est_end_s=self._est_end(sj, now))
             for sj in stored if sj.record.state in HOLDING
         ]
+        queued_ids = {sj.record.id for sj in queue}
+        self._waits = {k: w for k, w in self._waits.items() if k in queued_ids}
+        holding = [Holding(job_id=sj.record.id, end_s=self._est_end(sj, now), gpus=tuple(sj.record.allocation.items()))
+                   for sj in stored if sj.record.state in HOLDING]
+        gone = frozenset(c for sj in stored for c in sj.record.allocation if c not in topo.index)
         res: Reservation | None = None
         head_seen = False
         behind_head = 0
         for qj in ordered:
             sj = by_id[qj.id]
             total_free = sum(free.values())
+            wait = self._waits.get(qj.id)
+            if wait is not None and (wait.until <= now or any(c not in topo.index for c, _ in wait.claim)):
+                del self._waits[qj.id]  # its time has come (or a cluster it claimed left): decide again
+                wait = None
+            if wait is not None and not head_seen:
+                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)
+                report.decisions.append(decision)
+                await self._note(sj, decision)
+                head_seen = True
+                res = reserve_at(qj.id, wait.gpus, wait.until, total_free, running, now)
+                continue
             if head_seen and (not self.queue_policy.backfill or behind_head >= self.queue_policy.backfill_depth):
                 decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED,
                                     reason=f"queued behind {res.job_id if res else 'the head job'}")
@@ -213,8 +264,15 @@ class SchedulingCycle:
             if total_free < sj.record.spec.gpus.min:
                 decision = Decision(job_id=qj.id, kind=DecisionKind.UNSCHEDULABLE,
                                     reason=f"needs at least {sj.record.spec.gpus.min} GPUs, {total_free} free")
+            elif wait is not None:  # waiting behind the head: it is not asked again before its time
+                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)
             else:
-                decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs)
+                budget = self.budget
+                if self.wait_for_releases:
+                    claims = [Claim(job_id=k, start_s=w.until, run_s=w.run_s, gpus=w.claim)
+                              for k, w in self._waits.items() if k != qj.id]
+                    budget = replace(budget, releases=expected_releases(holding, claims, now, gone=gone))
+                decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs, budget)
             report.decisions.append(decision)
             if decision.kind is DecisionKind.CONFLICT:
                 report.conflict = True
@@ -225,7 +283,9 @@ class SchedulingCycle:
             await self._note(sj, decision)
             if not head_seen:
                 head_seen = True
-                res = reserve(qj.id, sj.record.spec.gpus.min, total_free, running, now)
+                w = self._waits.get(qj.id)
+                res = (reserve_at(qj.id, w.gpus, w.until, total_free, running, now) if w is not None
+                       else reserve(qj.id, sj.record.spec.gpus.min, total_free, running, now))
         report.seconds = time.perf_counter() - t_start
         metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
@@ -264,17 +324,17 @@ class SchedulingCycle:
         left = max(0, r.spec.steps - r.progress.step)
         return now + left * r.plan.step_time_s
 
-    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology) -> PlacementResult:
+    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
         """The policy's decision, from the decision cache when a job of the same shape was decided on the same
-        snapshot (same topology, free GPUs and revision) with the same budget before."""
-        key = (policy_name, _shape(spec), snap, self.budget)
+        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
+        key = (policy_name, _shape(spec), snap, budget)
         hit = self._decisions.get(key)
         if hit is not None:
             self._decisions.move_to_end(key)
             self.cache_hits += 1
             return hit
         policy = get_policy(policy_name)
-        result = await asyncio.to_thread(policy.place, snap, spec, self.budget)
+        result = await asyncio.to_thread(policy.place, snap, spec, budget)
         self._decisions[key] = result
         if len(self._decisions) > DECISION_CACHE_SIZE:
             self._decisions.popitem(last=False)
@@ -282,14 +342,25 @@ class SchedulingCycle:
 
     async def _place_one(
         self, sj: StoredJob, topo: Topology, free: dict[str, int], now: float, res: Reservation | None,
-        allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int],
+        allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int], budget: Budget,
     ) -> Decision:
         r = sj.record
         policy_name = r.policy or self.default_policy
         snap = topo.with_free(free)
         t0 = time.perf_counter()
         try:
-            result = await self._decide(r.spec, policy_name, snap)
+            result = await self._decide(r.spec, policy_name, snap, budget)
+            if result.constraint == "deferred" and result.plan is not None and budget.releases:
+                later = result.plan
+                left = max(1, r.spec.steps - r.progress.step)
+                self._waits[r.id] = _Wait(
+                    until=now + float(result.stats.get("defer_s", 0.0)), gpus=later.gpus,
+                    claim=tuple(sorted(later.gpus_by_cluster().items())), run_s=left * later.step_time_s,
+                    reason=result.reason)
+                log.info("scheduler.waiting", job=r.id, until=self._waits[r.id].until, chain=list(later.chain),
+                         reason=result.reason)
+                return Decision(job_id=r.id, kind=DecisionKind.DEFERRED, reason=result.reason,
+                                seconds=time.perf_counter() - t0)
             if not result.ok:
                 kind = DecisionKind.UNRESOLVABLE if result.status is PlacementStatus.UNRESOLVABLE else \
                     DecisionKind.UNSCHEDULABLE

@@ -67,6 +67,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
     p.add_argument("--replan-threshold", type=float, default=0.5,
                    help="re-place a running job when its predicted step time grows by this fraction (0 = never)")
+    p.add_argument("--wait-for-releases", action="store_true",
+                   help="tell the policy which GPUs come back when (running jobs' estimated ends); SpinSearch may "
+                        "then keep a job waiting for a faster chain (as the simulator does by default)")
     p.add_argument("--submit-rate", type=float, default=200.0,
                    help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
@@ -176,7 +179,8 @@ class SchedulerReplica:
     def __init__(self, store: Store, repo: JobRepository, topology: TopologySource, *, address: str,
                  default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
-                 replan_threshold: float = 0.5, min_cycle_interval: float = 0.0) -> None:
+                 replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
+                 wait_for_releases: bool = False) -> None:
         self.store = store
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
@@ -189,7 +193,7 @@ class SchedulerReplica:
         self.is_leader = False
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
                                      budget=budget, on_placed=executor.arm if executor else None,
-                                     replan_threshold=replan_threshold)
+                                     replan_threshold=replan_threshold, wait_for_releases=wait_for_releases)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -322,7 +326,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                   else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
-        replan_threshold=args.replan_threshold,
+        replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)

@@ -127,7 +127,7 @@ def _seconds(ts: timestamp_pb2.Timestamp, default: float, field: str = "measured
     # google.protobuf.Timestamp's valid range: 0001-01-01 .. 9999-12-31, nanos in [0, 1e9).
     if not (-62135596800 <= ts.seconds <= 253402300799) or not (0 <= ts.nanos < 1_000_000_000):
         raise ValidationError(field, "is not a valid timestamp", f"{ts.seconds}s {ts.nanos}ns")
-    return ts.seconds + ts.nanos / 1e9
+    return float(ts.seconds) + float(ts.nanos) / 1e9
 
 
 def _ours(key: str) -> bool:

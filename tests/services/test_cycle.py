@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import ClassVar
 
-from services.scheduler.cycle import SchedulingCycle
+import pytest
+
+from services.scheduler.cycle import DecisionKind, SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.domain import Cluster, JobSpec, Link, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
+from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
+from spiderflow.placement.base import Release
+from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.store import MemoryStore
 
 
@@ -92,3 +98,98 @@ async def test_losing_every_cluster_reschedules_and_waits() -> None:
     source._topology = _topo()  # clusters come back: placed again
     assert (await cycle.run()).placed == ["big"]
     assert (await repo.get("big")).record.attempt == 2
+
+
+def _fast_and_slow() -> Topology:
+    return Topology(
+        clusters=(Cluster(name="fast", gpu="H100-80G", nodes=4, gpus_per_node=8),
+                  Cluster(name="slow", gpu="A100-40G", nodes=1, gpus_per_node=8)),
+        links=(Link(a="fast", b="slow", bandwidth_gbps=1.0, latency_ms=50.0),),
+    )
+
+
+SHORT = job_from_dict({"id": "short", "model": "gpt3-1.3b", "global_batch": 64, "steps": 20,
+                       "gpus": {"min": 32, "max": 32}})
+LONG = job_from_dict({"id": "long", "model": "gpt3-1.3b", "global_batch": 64, "steps": 2000,
+                      "gpus": {"min": 8, "max": 32}})
+
+
+async def test_with_releases_a_job_waits_for_the_fast_cluster_and_then_starts_on_it() -> None:
+    """``short`` holds all 32 fast GPUs for a few minutes. ``long`` could start now on the 8 slow GPUs, but
+    finishes much sooner on the fast ones: it waits (PENDING, the policy's reason), is not decided again
+    before its time, and starts on the fast cluster once ``short`` has given it back. Without
+    ``wait_for_releases`` it starts on the slow cluster at once."""
+    clock = [1000.0]
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                            clock=lambda: clock[0])
+    await repo.submit(SHORT, "r-short")
+    assert (await cycle.run()).placed == ["short"]
+    short = (await repo.get("short")).record
+    assert short.allocation == {"fast": 32} and short.plan is not None
+    await repo.submit(LONG, "r-long")
+    first = (await cycle.run()).decisions
+    assert [(d.job_id, d.kind) for d in first] == [("long", DecisionKind.DEFERRED)]
+    rec = (await repo.get("long")).record
+    assert rec.state is JobState.PENDING and rec.reason.startswith("waiting") and rec.allocation == {}
+    again = (await cycle.run()).decisions  # before its time: no new decision, the same reason
+    assert again[0].kind is DecisionKind.DEFERRED and again[0].reason == first[0].reason
+    assert again[0].seconds == 0.0
+    # ``short`` ends; ``long``'s time comes: it starts on the fast cluster.
+    stored = await repo.get("short")
+    await repo.release(stored, short.to(JobState.SUCCEEDED, "done", now=clock[0]))
+    clock[0] += 1e6
+    assert (await cycle.run()).placed == ["long"]
+    rec = (await repo.get("long")).record
+    assert rec.state is JobState.PLACED and set(rec.allocation) == {"fast"}
+
+    plain_repo = JobRepository(MemoryStore())
+    plain = SchedulingCycle(plain_repo, StaticTopologySource(_fast_and_slow()), clock=lambda: 1000.0)
+    await plain_repo.submit(SHORT, "r-short")
+    await plain.run()
+    await plain_repo.submit(LONG, "r-long")
+    assert (await plain.run()).placed == ["long"]
+    assert (await plain_repo.get("long")).record.allocation == {"slow": 8}
+
+
+class _Recording:
+    """SpinSearch that records the releases each job was told about."""
+
+    name = "spinsearch"
+    seen: ClassVar[dict[str, tuple[Release, ...]]] = {}
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        budget = budget or Budget()
+        self.seen[job.id] = budget.releases
+        return SpinSearch().place(topo, job, budget)
+
+
+async def test_a_waiting_jobs_claim_is_in_the_next_jobs_releases_and_a_lost_cluster_ends_the_wait() -> None:
+    if "test-recording" not in REGISTRY:
+        register_policy("test-recording", _Recording)
+    clock = [1000.0]
+    source = StaticTopologySource(_fast_and_slow())
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, source, wait_for_releases=True, clock=lambda: clock[0],
+                            default_policy="test-recording")
+    await repo.submit(SHORT, "r-short")
+    await cycle.run()
+    short = (await repo.get("short")).record
+    assert short.plan is not None
+    end = SHORT.steps * short.plan.step_time_s
+    await repo.submit(LONG, "r-long")
+    await cycle.run()
+    seen = _Recording.seen["long"]
+    assert len(seen) == 1 and seen[0].gpus == (("fast", 32),) and seen[0].after_s == pytest.approx(end)
+    await repo.submit(replace(LONG, id="long2"), "r-long2")
+    await cycle.run()
+    told = _Recording.seen["long2"]
+    # short's GPUs come back at its end, long takes them then and gives them back at its own end.
+    assert [r.gpus for r in told] == [(("fast", 32),), (("fast", -32),), (("fast", 32),)]
+    assert told[0].after_s == pytest.approx(end) and told[1].after_s == pytest.approx(end)
+    assert told[2].after_s > told[1].after_s
+    # The fast cluster leaves the graph: the wait ends and ``long`` is decided again (on what is left).
+    source._topology = Topology(clusters=(_fast_and_slow().clusters[1],), links=())
+    report = await cycle.run()
+    assert "long" in report.placed or "long2" in report.placed
+    assert any(d.job_id == "long" and d.seconds > 0 for d in report.decisions)
