@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from spiderflow.cli.main import main
-from spiderflow.placement.base import REGISTRY, register_policy
+from spiderflow.domain import JobSpec, Topology
+from spiderflow.placement.base import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.presets import PRESETS, preset_source, resolve_topology
 
 from .helpers import GreedyPolicy
 
+
+class _Spy(GreedyPolicy):
+    """Records the most releases each job was told about."""
+
+    told: ClassVar[dict[str, int]] = {}
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        self.told[job.id] = max(self.told.get(job.id, 0), len(budget.releases) if budget else 0)
+        return super().place(topo, job, budget or Budget())
+
+
 if "greedy-test" not in REGISTRY:
     register_policy("greedy-test", GreedyPolicy)
+if "spy-test" not in REGISTRY:
+    register_policy("spy-test", _Spy)
 
 
 def test_trace_generate_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -64,6 +79,21 @@ def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFi
     for name in ("jct_cdf.png", "throughput_cost.png", "overhead_vs_clusters.png", "report.html"):
         assert (plots / name).stat().st_size > 1000
     assert "data:image/png;base64," in (plots / "report.html").read_text()
+
+
+def test_simulate_no_releases_reaches_the_policies(tmp_path: Path) -> None:
+    """``--no-releases``: no decision is told about GPUs coming back (recorded in the JSON too)."""
+    trace = tmp_path / "t.json"
+    assert main(["trace", "generate", "--jobs", "12", "--seed", "2", "--topology", "aws-10-dtfm", "--load", "3",
+                 "--out", str(trace)]) == 0
+    told = _Spy.told
+    for flag, expect_any in (([], True), (["--no-releases"], False)):
+        told.clear()
+        out = tmp_path / "o.json"
+        assert main(["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "spy-test",
+                     "--json", str(out), "--overhead", "fixed", "--no-progress", *flag]) == 0
+        assert json.loads(out.read_text())["releases"] is expect_any
+        assert any(told.values()) is expect_any
 
 
 def test_simulate_unknown_policy_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

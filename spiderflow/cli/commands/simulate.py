@@ -19,7 +19,7 @@ __all__ = ["register", "run_policies"]
 
 def run_policies(topology: str, trace: str, policies: list[str], *, objective: str = "jct", seed: int = 0,
                  time_limit: float | None = None, overhead: str = "measured", events: str | None = None,
-                 show_progress: bool = True) -> dict[str, Any]:
+                 show_progress: bool = True, releases: bool = True) -> dict[str, Any]:
     """Simulate each policy in turn on the same inputs; the JSON document the command writes."""
     from spiderflow.formats import load_document, load_trace
     from spiderflow.placement.base import Objective
@@ -31,11 +31,11 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
     jobs = load_trace(trace)
     evs = events_from_dict(load_document(events)) if events else []
     cfg = SimConfig(objective=Objective(objective), seed=seed, time_limit_s=time_limit,
-                    overhead=OverheadMode(overhead))
+                    overhead=OverheadMode(overhead), releases=releases)
     out: dict[str, Any] = {
         "topology": str(topology), "clusters": len(topo.clusters), "pool_gpus": topo.total_free_gpus,
         "trace": str(trace), "jobs": len(jobs), "objective": objective, "seed": seed, "time_limit_s": time_limit,
-        "overhead_mode": overhead, "events": len(evs), "policies": {},
+        "overhead_mode": overhead, "events": len(evs), "releases": releases, "policies": {},
     }
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err_console, disable=not show_progress) as bar:
@@ -67,7 +67,7 @@ def _simulate(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
                        time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress)
+                       show_progress=not args.no_progress, releases=not args.no_releases)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
@@ -111,5 +111,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--overhead", choices=["measured", "fixed"], default="measured",
                    help="feed measured decision times into simulated time (default) or a fixed 10 ms")
     p.add_argument("--events", help="topology events file ({\"events\": [...]})")
+    p.add_argument("--no-releases", action="store_true",
+                   help="do not tell policies which GPUs come back when (SpinSearch then never waits; the "
+                        "scheduler service without --wait-for-releases)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)
