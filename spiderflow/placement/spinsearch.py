@@ -50,9 +50,11 @@ Search:
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
      :data:`DEFER_MARGIN`, the answer is
-     ``UNSCHEDULABLE`` with ``constraint="deferred"`` and ``stats["defer_s"] = a_i`` (the scheduler asks
-     again then). Greedy "start now on whatever is free" strands a job for hours on a few slow GPUs
-     spread over several clusters when a fast cluster frees up minutes later.
+     ``UNSCHEDULABLE`` with ``constraint="deferred"``, ``stats["defer_s"] = a_i`` and ``plan`` the plan it
+     waits for (the scheduler asks again then, and shows the plan's GPUs to other jobs as claimed).
+     Release points are searched best-first by a lower bound on the finish time there. Greedy "start now
+     on whatever is free" strands a job for hours on a few slow GPUs spread over several clusters when a
+     fast cluster frees up minutes later.
 
 Complexity: building ``P`` and the hop order is O(n² log n) once per topology (cached while the topology
 object lives); seeding and pruning are O(n·N log n); the search scores O(D·B·N) chains of length ≤ D with
