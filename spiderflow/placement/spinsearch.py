@@ -579,7 +579,9 @@ def wait_or_start(
     ``V_i = V(a_i, step_i, usd_i)`` with the exact plan (level-1 planner on the cost model,
     :func:`~spiderflow.placement.common.finalise` with ``planner="fallback"``, the planner ``now`` came
     from) of the best of :func:`search_chains`' finalists on the GPUs free now plus those released by
-    ``a_i``. Wait iff ``min_i V_i < (1 − DEFER_MARGIN)·V_0``.
+    ``a_i`` (for ``jct`` a lighter search than a decision's: one chain refined, no GPU trimming — it only
+    prices the future; the job is decided afresh when its time comes; dollars need the trimming).
+    Wait iff ``min_i V_i < (1 − DEFER_MARGIN)·V_0``.
 
     Which points are searched: (a) ``jct``: ``step_i ≥ 3·m·(L·f + f_head) / Σ_top R`` (all work spread
     over the job's ``G_max`` fastest GPUs then free, no communication), so ``B_i = a_i + S·(that bound)``
@@ -640,7 +642,8 @@ def wait_or_start(
             break  # sorted by the bound: no later point can beat it either
         future = topo.with_free({n: int(g) for n, g in zip(names, avail, strict=True)})
         cands, _ = search_chains(future, job, objective=objective, beam_width=beam_width,
-                                 neighbours=neighbours, seeds=seeds, keep=finalists)
+                                 neighbours=neighbours, seeds=seeds, keep=finalists,
+                                 trim_top=0 if jct else None, refine_top=1 if jct else None)
         if not cands:
             continue
         if jct and after + job.steps * cands[0].step >= limit:
