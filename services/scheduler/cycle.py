@@ -232,8 +232,8 @@ class SchedulingCycle:
         ]
         queued_ids = {sj.record.id for sj in queue}
         self._waits = {k: w for k, w in self._waits.items() if k in queued_ids}
-        holding = [Holding(job_id=sj.record.id, end_s=self._est_end(sj, now), gpus=tuple(sj.record.allocation.items()))
-                   for sj in stored if sj.record.state in HOLDING]
+        holding = [Holding(job_id=r.id, end_s=r.est_end_s, gpus=tuple(by_id[r.id].record.allocation.items()))
+                   for r in running]
         gone = frozenset(c for sj in stored for c in sj.record.allocation if c not in topo.index)
         res: Reservation | None = None
         head_seen = False
