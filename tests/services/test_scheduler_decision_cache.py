@@ -9,6 +9,7 @@ from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.domain import Cluster, JobSpec, Link, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
+from spiderflow.placement import Budget, PlacementResult
 from spiderflow.store import MemoryStore
 
 
@@ -26,9 +27,9 @@ def _job(i: int, *, tenant: str = "t", steps: int = 5, model: str = "gpt-tiny", 
 class CountingCycle(SchedulingCycle):
     searches = 0
 
-    async def _decide(self, spec, policy_name, snap):  # type: ignore[no-untyped-def]
+    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
         before = self.cache_hits
-        result = await super()._decide(spec, policy_name, snap)
+        result = await super()._decide(spec, policy_name, snap, budget)
         if self.cache_hits == before:
             self.searches += 1
         return result
