@@ -396,6 +396,19 @@ class _Block:
 
 _BLOCK_CACHE: dict[tuple[Any, ...], _Block] = {}
 _BLOCK_CACHE_MAX = 200_000
+_PREFIX_IDS: dict[tuple[Any, ...], int] = {}
+_PREFIX_COUNTER = itertools.count()
+
+
+def _prefix_id(prefix: tuple[Any, ...]) -> int:
+    """A process-unique int for a block-key prefix. Ids are never reused (a counter), so clearing the map
+    can never make two prefixes share an id."""
+    pid = _PREFIX_IDS.get(prefix)
+    if pid is None:
+        if len(_PREFIX_IDS) >= _BLOCK_CACHE_MAX:
+            _PREFIX_IDS.clear()
+        pid = _PREFIX_IDS[prefix] = next(_PREFIX_COUNTER)
+    return pid
 
 
 class _ChainEval:
@@ -421,12 +434,15 @@ class _ChainEval:
             (c.effective_tflops, c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps)
             for c in self.clusters
         ]
+        # Everything a block key shares per position, interned to one int (hashing the job's constants on
+        # every lookup dominated the local search).
+        self._pid = [_prefix_id((self.jc, shape, g, self.exact, self.slack))
+                     for shape, g in zip(self._shapes, self.gpus, strict=True)]
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
         # The block depends on its position only through whether it holds the embedding (first == 0) or the
         # head (last == L − 1), its layer count and the stages downstream of its start (the in-flight depth).
-        key = (self.jc, self._shapes[i], self.gpus[i], self.exact, self.slack, first == 0,
-               last == self.jc.layers - 1, last - first, total_stages_other - offset)
+        key = (self._pid[i], first == 0, last == self.jc.layers - 1, last - first, total_stages_other - offset)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
@@ -514,12 +530,56 @@ class _ChainEval:
             blocks.append(blk)
             offset += pps[i]
             first += sz
-        m = self.jc.m
-        bott = max(b.tmax / b.dp for b in blocks)
-        bounds = [b.p_int for b in blocks for _ in range(b.pp - 1)] + self.hops
-        step = (m - 1) * max(bott, max(bounds, default=0.0)) + sum(b.tsum for b in blocks)
-        step += 2.0 * sum(bounds) + max(b.y for b in blocks)
-        return sum(b.excess for b in blocks), step, blocks
+        excess, step = self.aggregate(blocks)
+        return excess, step, blocks
+
+    def aggregate(self, blocks: Sequence[_Block]) -> tuple[float, float]:
+        """``(memory excess, step time)`` of a chain of chosen blocks (the cost model's step formula:
+        ``(m − 1)·max(beat, boundaries) + Σ T + 2·Σ boundaries + max Y``, summed in chain order)."""
+        bott = -math.inf
+        tsum = 0.0
+        excess = 0.0
+        y = -math.inf
+        bound_max = -math.inf
+        bound_sum = 0.0
+        for b in blocks:
+            r = b.tmax / b.dp
+            if r > bott:
+                bott = r
+            tsum += b.tsum
+            excess += b.excess
+            if b.y > y:
+                y = b.y
+            if b.pp > 1:
+                p = b.p_int
+                if p > bound_max:
+                    bound_max = p
+                for _ in range(b.pp - 1):
+                    bound_sum += p
+        for p in self.hops:
+            if p > bound_max:
+                bound_max = p
+            bound_sum += p
+        if bound_max == -math.inf:
+            bound_max = 0.0
+        step = (self.jc.m - 1) * (bott if bott >= bound_max else bound_max) + tsum
+        step += 2.0 * bound_sum + y
+        return excess, step
+
+    def neighbour(self, sizes: Sequence[int], pps: Sequence[int], blocks: Sequence[_Block], j: int,
+                  delta: int) -> tuple[float, float, list[_Block]]:
+        """:meth:`evaluate_split` of ``sizes`` with ``delta`` layers moved from block ``j + 1`` to block
+        ``j``, given ``blocks`` of ``sizes`` under the same ``pps``: only blocks ``j`` and ``j + 1`` change."""
+        total = sum(pps)
+        offset = sum(pps[:j])
+        first = sum(sizes[:j])
+        a = sizes[j] + delta
+        b = sizes[j + 1] - delta
+        bj = self.block(j, first, first + a - 1, offset, total - pps[j])
+        bk = self.block(j + 1, first + a, first + a + b - 1, offset + pps[j], total - pps[j + 1])
+        new = [*blocks[:j], bj, bk, *blocks[j + 2:]]
+        excess, step = self.aggregate(new)
+        return excess, step, new
 
 
 def _proportional_split(weights: Sequence[float], layers: int) -> list[int]:
@@ -555,7 +615,7 @@ def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> 
                         new[j + 1] -= delta
                         if new[j] < 1 or new[j + 1] < 1:
                             continue
-                        res = ev.evaluate_split(new, pps)
+                        res = ev.neighbour(sizes, pps, cur[2], j, delta)
                         if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
                             best, best_sizes = res, new
                 if best is not cur:
