@@ -39,7 +39,12 @@ need no events: the receiving op is started, and its end queued, as soon as both
 and its executor are known. Equal end times are taken in executor order (stage, then replica), which is
 the order equal-time transfers queue on a shared link.
 
-Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each).
+When no records are asked for and every stage has one replica, each link has a single sender whose
+transfers queue in its program order, so executors are simply advanced until they wait for an input (woken
+when it arrives), without the event queue; the times are the same.
+
+Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each); ``O(N)``
+on the path without the queue.
 Raises :class:`ScheduleDeadlockError` when an op order cannot complete (a malformed order);
 ``stage_ops`` raises ``ValidationError`` on bad arguments (both are ``ValueError``).
 """
@@ -222,6 +227,8 @@ def simulate(
                 mode = 1 if (dst_u == u or dst == i) else 2
             ops_e.append((dep, dur, kind, j, c, mode, own, dst))
         compiled.append(ops_e)
+    if not record and len(execs) == n:
+        return _simulate_one_replica(stages, compiled, n_keys, serialise_s, latency_s, flat)
     # Arrivals are not events: a transfer's arrival time is known when its sender's op ends, so the op that
     # needs it is started (its end pushed) right then, or as soon as its executor reaches it. Only op ends
     # are events, in time order (ties: executor index), which is the order transfers queue on a link.
@@ -310,6 +317,80 @@ def simulate(
     return Timeline(
         n_stages=n, replicas=tuple(st.replicas for st in stages), ops=ops,
         transfers=tuple(xfers), makespan_s=makespan, step_s=step,
+    )
+
+
+def _simulate_one_replica(
+    stages: Sequence[StageTiming],
+    compiled: list[list[tuple[int, float, str, int, int, int, int, int]]],
+    n_keys: int,
+    serialise_s: Sequence[Sequence[float]],
+    latency_s: Sequence[Sequence[float]],
+    flat: Sequence[Sequence[Op]],
+) -> Timeline:
+    """:func:`simulate` without records when every stage has one replica (executor ``e`` is stage ``e``).
+
+    Then each directed link has a single sender, whose transfers queue in its own program order, so no
+    time order is needed: executors are advanced in any order until they wait for an input that has
+    not been produced yet, and woken when it is. Every op start, op end and arrival is the same
+    expression of the same operands as in the event loop, so the times are identical.
+    """
+    n = len(stages)
+    inf = math.inf
+    arrival = [inf] * n_keys
+    waiter = [-1] * n_keys
+    link_free = [0.0] * (n * n)
+    clock = [0.0] * n  # when each executor is free
+    ptr = [0] * n
+    stage_end = [0.0] * n
+    makespan = 0.0
+    todo = list(range(n - 1, -1, -1))
+    while todo:
+        e = todo.pop()
+        ops_e = compiled[e]
+        p = ptr[e]
+        t = clock[e]
+        end = len(ops_e)
+        while p < end:
+            dep, dur, _, _, _, mode, own, dst = ops_e[p]
+            if dep >= 0:
+                at = arrival[dep]
+                if at == inf:
+                    waiter[dep] = e
+                    break
+                if at > t:
+                    t = at
+            t = t + dur
+            p += 1
+            if mode:
+                if mode == 1:
+                    at = t
+                else:
+                    li = e * n + dst
+                    lf = link_free[li]
+                    start_tx = t if t >= lf else lf
+                    ser = serialise_s[e][dst]
+                    link_free[li] = start_tx + ser
+                    at = start_tx + ser + latency_s[e][dst]
+                arrival[own] = at
+                w = waiter[own]
+                if w >= 0:
+                    waiter[own] = -1
+                    todo.append(w)
+        ptr[e] = p
+        clock[e] = t
+        if t > stage_end[e]:
+            stage_end[e] = t
+        if t > makespan:
+            makespan = t
+    stuck = [e for e in range(n) if ptr[e] < len(flat[e])]
+    if stuck:
+        e = stuck[0]
+        raise ScheduleDeadlockError(f"op order deadlocks: stage {e} replica 0 waits at {flat[e][ptr[e]]}")
+    step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
+    return Timeline(
+        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=(), transfers=(), makespan_s=makespan,
+        step_s=step,
     )
 
 

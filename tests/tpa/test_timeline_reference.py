@@ -82,16 +82,17 @@ def reference(stages: Sequence[StageTiming], orders: Sequence[Sequence[Sequence[
 
 
 @st.composite
-def pipelines(draw: st.DrawFn) -> tuple[list[StageTiming], list[list[list[Op]]], list[list[float]],
-                                        list[list[float]], int]:
-    n = draw(st.integers(1, 6))
+def pipelines(draw: st.DrawFn, *, one_replica: bool = False) -> tuple[
+        list[StageTiming], list[list[list[Op]]], list[list[float]], list[list[float]], int]:
+    n = draw(st.integers(1, 8 if one_replica else 6))
     interleaved = n > 1 and draw(st.booleans()) and draw(st.booleans())
     times = st.sampled_from([0.0, 0.25, 0.5, 1.0]) | st.floats(0.0, 2.0)
     if interleaved:
         schedule, chunks, reps, m = Schedule.INTERLEAVED_1F1B, 2, [1] * n, n * draw(st.integers(1, 4))
     else:
         schedule = draw(st.sampled_from([Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE]))
-        chunks, reps, m = 1, draw(st.lists(st.sampled_from([1, 1, 2, 4]), min_size=n, max_size=n)), \
+        chunks, reps, m = 1, [1] * n if one_replica else draw(
+            st.lists(st.sampled_from([1, 1, 2, 4]), min_size=n, max_size=n)), \
             draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
     cap = None if interleaved else draw(st.sampled_from([None, None, 2, 3]))
     orders = plan_orders(schedule, m, reps, chunks=chunks, max_in_flight=cap)
@@ -112,13 +113,46 @@ def test_the_simulator_matches_the_event_queue_reference(p: tuple[list[StageTimi
         got = simulate(stages, orders, ser, lat, chunks=chunks)
     except ValueError:
         assert want is None
+        with pytest.raises(ValueError):
+            simulate(stages, orders, ser, lat, chunks=chunks, record=False)
         return
     assert want is not None
     ops, xfers, step = want
     assert [dataclasses.astuple(o) for o in got.ops] == ops
     assert sorted((dataclasses.astuple(x) for x in got.transfers), key=repr) == xfers
     assert got.step_s == step and got.makespan_s == max((o[6] for o in ops), default=0.0)
-    assert simulate(stages, orders, ser, lat, chunks=chunks, record=False).step_s == step
+    # Without records, pipelines of one replica per stage take the path without an event queue.
+    quick = simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+    assert (quick.step_s, quick.makespan_s) == (step, got.makespan_s)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pipelines(one_replica=True))
+def test_one_replica_pipelines_without_records_match_the_reference(
+        p: tuple[list[StageTiming], list[list[list[Op]]], list[list[float]], list[list[float]], int]) -> None:
+    """One replica per stage: the simulation without an event queue gives the reference's step and makespan
+    exactly, and deadlocks where the reference does."""
+    stages, orders, ser, lat, chunks = p
+    want = reference(stages, orders, ser, lat, chunks)
+    if want is None:
+        with pytest.raises(ValueError):
+            simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+        return
+    ops, _, step = want
+    got = simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+    assert got.ops == () and got.step_s == step and got.makespan_s == max((o[6] for o in ops), default=0.0)
+
+
+def test_a_malformed_one_replica_order_deadlocks_without_records() -> None:
+    """Stage 1 starts with a backward whose forward it has not run, so stage 0 waits for that backward
+    forever: the quick path names the first stuck op, as the event loop does."""
+    stages = [StageTiming(compute_s=1.0), StageTiming(compute_s=1.0)]
+    orders: list[list[list[Op]]] = [[[("F", 0, 0), ("B", 0, 0)]], [[("B", 0, 0), ("F", 0, 0)]]]
+    zeros = [[0.0, 0.0], [0.0, 0.0]]
+    with pytest.raises(ValueError, match=r"deadlocks: stage 0 replica 0 waits at \('B', 0, 0\)"):
+        simulate(stages, orders, zeros, zeros, record=False)
+    with pytest.raises(ValueError, match=r"deadlocks: stage 0 replica 0 waits at \('B', 0, 0\)"):
+        simulate(stages, orders, zeros, zeros)
 
 
 def test_equal_time_transfers_of_two_replicas_queue_in_replica_order() -> None:
