@@ -77,6 +77,7 @@ __all__ = [
     "evaluate_split",
     "level1",
     "memory_caps",
+    "no_split_fits",
     "polish",
     "proportional_split",
     "water_filled_split",
@@ -246,6 +247,19 @@ def memory_caps(ctx: ChainContext) -> list[int]:
     return caps
 
 
+def no_split_fits(ctx: ChainContext, caps: Sequence[int]) -> bool:
+    """Whether ``caps`` (:func:`memory_caps` of ``ctx``) prove that no layer split of the chain fits memory.
+
+    Sound: ``caps[c]`` is the most layers block ``c`` holds under its most memory-frugal degrees and
+    sub-split (level 2's :func:`~spiderflow.tpa.level2.min_memory_config`) with the fewest stages that can
+    follow it (one per later block; more stages downstream only add in-flight micro-batches), never less
+    than 1. A split gives every block ``ℓ_c ≤ caps[c]`` layers if it fits, so ``Σ caps < L`` leaves none.
+    Level 1 would then return an infeasible split; the planner skips it unless no micro-batch count fits,
+    when the least infeasible split is needed to explain why.
+    """
+    return len(ctx.clusters) > 1 and sum(caps) < ctx.model.layers
+
+
 def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int]) -> tuple[int, ...]:
     """``ℓ_c ∝ weights[c]`` but never above ``caps[c]`` (the excess goes to the blocks with room, in
     proportion to their weights); falls back to the plain proportional split when the caps cannot hold
@@ -354,13 +368,15 @@ def _far_targets(ev: SplitEval, b: int, k: int = 3) -> tuple[int, ...]:
     return tuple(dict.fromkeys(near + slack))
 
 
-def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None) -> SplitEval:
-    """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible)."""
+def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None,
+           caps: Sequence[int] | None = None) -> SplitEval:
+    """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible). ``caps``:
+    :func:`memory_caps` of ``ctx`` when the caller has them."""
     n = len(ctx.clusters)
     L = ctx.model.layers
     if initial is None:
         weights = [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)]
-        initial = water_filled_split(L, weights, memory_caps(ctx))
+        initial = water_filled_split(L, weights, memory_caps(ctx) if caps is None else caps)
     memo: _Memo = {}
     ev = evaluate_split(ctx, initial, memo=memo)
     budget = max_moves if max_moves is not None else L * n

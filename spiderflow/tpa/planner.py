@@ -45,7 +45,17 @@ from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
 from spiderflow.schedules import MAX_IN_FLIGHT_KEY
-from spiderflow.tpa.level1 import ChainContext, SplitEval, certify, dp_crossing, evaluate_split, level1, polish
+from spiderflow.tpa.level1 import (
+    ChainContext,
+    SplitEval,
+    certify,
+    dp_crossing,
+    evaluate_split,
+    level1,
+    memory_caps,
+    no_split_fits,
+    polish,
+)
 from spiderflow.tpa.level2 import solve_block_cached
 from spiderflow.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
 
@@ -223,17 +233,24 @@ def plan_chain(
         raise ValidationError("schedules", "needs at least one schedule", [])
     results: list[tuple[ChainContext, SplitEval]] = []
     least_bad: tuple[ChainContext, SplitEval] | None = None
+    # Level 1 for every micro-batch count, except those whose memory caps prove no split fits: they are
+    # only solved (for the error's figures) when no count fits at all.
+    tried: list[tuple[ChainContext, list[int], SplitEval | None]] = []
     for m in ms:
         ctx = ChainContext.build(
             topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
             schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight,
         )
-        ev = level1(ctx)
-        if ev.feasible:
+        caps = memory_caps(ctx)
+        ev = None if no_split_fits(ctx, caps) else level1(ctx, caps=caps)
+        tried.append((ctx, caps, ev))
+        if ev is not None and ev.feasible:
             results.append((ctx, ev))
-        elif least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
-            least_bad = (ctx, ev)
     if not results:
+        for ctx, caps, maybe in tried:
+            ev = maybe if maybe is not None else level1(ctx, caps=caps)
+            if least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
+                least_bad = (ctx, ev)
         assert least_bad is not None
         raise _memory_error(*least_bad)
     results.sort(key=lambda r: r[1].step_s)

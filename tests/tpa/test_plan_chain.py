@@ -14,7 +14,8 @@ from spiderflow.costmodel import evaluate, fits_memory
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
-from spiderflow.tpa.level1 import ChainContext, level1, polish
+from spiderflow.tpa import planner as planner_mod
+from spiderflow.tpa.level1 import ChainContext, level1, memory_caps, no_split_fits, polish
 from spiderflow.tpa.planner import plan_from_split
 
 from .bruteforce import brute_force_chain
@@ -104,6 +105,44 @@ def test_plan_chain_no_worse_than_the_exhaustive_1f1b_plan(seed: int) -> None:
         return
     plan = plan_chain(topo, job, alloc)
     assert plan.extras["timeline_step_s"] <= 1.03 * min(refs)
+
+
+def test_the_memory_cap_certificate_fires_only_when_no_split_fits() -> None:
+    """``no_split_fits`` is sound: whenever it fires, exhaustive enumeration of splits and degrees finds
+    nothing that fits memory either (and level 1 reports no feasible split). The tiny instances include
+    GPUs of 1.5–3 GiB, so it does fire."""
+    fired = 0
+    for seed in range(150):
+        topo, job, alloc = _tiny(seed)
+        clusters = [topo.cluster(n) for n, _ in alloc]
+        for m in micro_batch_candidates(job.global_batch, len(alloc)):
+            ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model,
+                                     micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
+                                     schedule=Schedule.ONE_F_ONE_B)
+            if no_split_fits(ctx, memory_caps(ctx)):
+                fired += 1
+                assert brute_force_chain(ctx) is None, (seed, m)
+                assert not level1(ctx).feasible, (seed, m)
+    assert fired >= 5
+
+
+def _outcome(topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> object:
+    try:
+        plan = plan_chain(topo, job, alloc)
+    except UnschedulableError as e:
+        return ("error", e.constraint, str(e))
+    return (plan.stages, plan.micro_batches, plan.schedule, plan.step_time_s, plan.extras["timeline_step_s"])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_skipping_certified_micro_batch_counts_changes_no_plan_and_no_error(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner skips level 1 for micro-batch counts the memory caps rule out; with the certificate
+    switched off, the plan (or the memory error and its figures) is exactly the same."""
+    topo, job, alloc = _tiny(seed)
+    quick = _outcome(topo, job, alloc)
+    monkeypatch.setattr(planner_mod, "no_split_fits", lambda ctx, caps: False)
+    assert _outcome(topo, job, alloc) == quick
 
 
 # --- memory feasibility and error messages -------------------------------------------------------------
