@@ -23,9 +23,10 @@ TOPOLOGY = ROOT / "examples/topology-3.yaml"
 TERMINAL = {types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED}
 
 
-def start_replica(etcd: str, tmp: Path, name: str, *extra: str) -> ManagedProcess:
+def start_replica(etcd: str, tmp: Path, name: str, *extra: str, topology: Path = TOPOLOGY) -> ManagedProcess:
+    """A scheduler replica on ``topology`` (a file); ``extra`` flags come last and override the defaults."""
     argv = spiderflow_argv(
-        "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd, "--topology", str(TOPOLOGY),
+        "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd, "--topology", str(topology),
         "--executor", "sim", "--sim-min-s", "0.2", "--sim-max-s", "0.4", "--lease-ttl", "2",
         "--cycle-interval", "1", "--log-format", "json", *extra,
     )
