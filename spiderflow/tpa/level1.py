@@ -63,9 +63,11 @@ from spiderflow.tpa.level2 import (
     BlockProblem,
     ClusterShape,
     block_bound_cached,
+    block_candidates,
     min_memory_config,
     solve_block_cached,
 )
+from spiderflow.tpa.level2 import memory_caps as substage_caps
 
 __all__ = [
     "BlockInfeasibility",
@@ -75,6 +77,7 @@ __all__ = [
     "certify",
     "dp_crossing",
     "evaluate_split",
+    "layer_caps",
     "level1",
     "memory_caps",
     "no_split_fits",
@@ -247,17 +250,44 @@ def memory_caps(ctx: ChainContext) -> list[int]:
     return caps
 
 
-def no_split_fits(ctx: ChainContext, caps: Sequence[int]) -> bool:
-    """Whether ``caps`` (:func:`memory_caps` of ``ctx``) prove that no layer split of the chain fits memory.
+def layer_caps(ctx: ChainContext) -> list[int]:
+    """The most layers each block of the chain can hold in memory under *some* degrees, exactly.
 
-    Sound: ``caps[c]`` is the most layers block ``c`` holds under its most memory-frugal degrees and
-    sub-split (level 2's :func:`~spiderflow.tpa.level2.min_memory_config`) with the fewest stages that can
-    follow it (one per later block; more stages downstream only add in-flight micro-batches), never less
-    than 1. A split gives every block ``ℓ_c ≤ caps[c]`` layers if it fits, so ``Σ caps < L`` leaves none.
-    Level 1 would then return an infeasible split; the planner skips it unless no micro-batch count fits,
-    when the least infeasible split is needed to explain why.
-    """
-    return len(ctx.clusters) > 1 and sum(caps) < ctx.model.layers
+    For fixed degrees ``k`` (``pp`` sub-stages) a sub-stage's memory is linear in its layers, so the block
+    holds ``ℓ`` layers iff ``pp ≤ ℓ ≤ U_k = Σ_j u_{k,j}`` (level 2's per-sub-stage caps ``u_{k,j}``, all
+    ``≥ 1``); the block's cap is ``max_k U_k``. Holding fewer layers can *exclude* degrees (``pp ≤ ℓ``), so
+    memory is not monotone in ``ℓ`` and no bisection is used. Each block is placed where it holds the least:
+    block 0 with the embedding, the last block with the head, the others neither, and one stage per later
+    block downstream (more stages downstream only add in-flight micro-batches). ``0`` when no degrees fit
+    even one layer per sub-stage. One single-cluster chain: ``[L]`` (nothing to bound)."""
+    n = len(ctx.clusters)
+    L = ctx.model.layers
+    if n == 1:
+        return [L]
+    hi = L - (n - 1)
+    caps: list[int] = []
+    for c in range(n):
+        first = 0 if c == 0 else (L - hi if c == n - 1 else 1)
+        p = ctx.problem(c, first, hi, n - 1 - c)
+        best = 0
+        for k in block_candidates(p):
+            u = substage_caps(p, k)
+            if min(u) >= 1:
+                best = max(best, sum(u))
+        caps.append(min(best, hi))
+    return caps
+
+
+def no_split_fits(ctx: ChainContext) -> bool:
+    """Whether the chain's :func:`layer_caps` prove that no layer split fits memory: every split gives block
+    ``c`` at least one and at most ``caps[c]`` layers if it fits, so ``Σ caps < L`` (or a zero cap) leaves
+    none. Sound, not complete (a split may still fail for other reasons). Level 1 would return an
+    infeasible split; the planner skips it unless no micro-batch count fits, when the least infeasible
+    split is needed to explain why."""
+    if len(ctx.clusters) == 1:
+        return False
+    caps = layer_caps(ctx)
+    return min(caps) < 1 or sum(caps) < ctx.model.layers
 
 
 def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int]) -> tuple[int, ...]:
@@ -368,15 +398,13 @@ def _far_targets(ev: SplitEval, b: int, k: int = 3) -> tuple[int, ...]:
     return tuple(dict.fromkeys(near + slack))
 
 
-def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None,
-           caps: Sequence[int] | None = None) -> SplitEval:
-    """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible). ``caps``:
-    :func:`memory_caps` of ``ctx`` when the caller has them."""
+def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves: int | None = None) -> SplitEval:
+    """Steps 1–3 of the module docstring; returns the best split found (possibly infeasible)."""
     n = len(ctx.clusters)
     L = ctx.model.layers
     if initial is None:
         weights = [g * c.effective_tflops for g, c in zip(ctx.gpus, ctx.clusters, strict=True)]
-        initial = water_filled_split(L, weights, memory_caps(ctx) if caps is None else caps)
+        initial = water_filled_split(L, weights, memory_caps(ctx))
     memo: _Memo = {}
     ev = evaluate_split(ctx, initial, memo=memo)
     budget = max_moves if max_moves is not None else L * n

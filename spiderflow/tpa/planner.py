@@ -52,7 +52,6 @@ from spiderflow.tpa.level1 import (
     dp_crossing,
     evaluate_split,
     level1,
-    memory_caps,
     no_split_fits,
     polish,
 )
@@ -235,20 +234,19 @@ def plan_chain(
     least_bad: tuple[ChainContext, SplitEval] | None = None
     # Level 1 for every micro-batch count, except those whose memory caps prove no split fits: they are
     # only solved (for the error's figures) when no count fits at all.
-    tried: list[tuple[ChainContext, list[int], SplitEval | None]] = []
+    tried: list[tuple[ChainContext, SplitEval | None]] = []
     for m in ms:
         ctx = ChainContext.build(
             topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
             schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight,
         )
-        caps = memory_caps(ctx)
-        ev = None if no_split_fits(ctx, caps) else level1(ctx, caps=caps)
-        tried.append((ctx, caps, ev))
+        ev = None if no_split_fits(ctx) else level1(ctx)
+        tried.append((ctx, ev))
         if ev is not None and ev.feasible:
             results.append((ctx, ev))
     if not results:
-        for ctx, caps, maybe in tried:
-            ev = maybe if maybe is not None else level1(ctx, caps=caps)
+        for ctx, maybe in tried:
+            ev = maybe if maybe is not None else level1(ctx)
             if least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
                 least_bad = (ctx, ev)
         assert least_bad is not None

@@ -15,7 +15,7 @@ from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topolo
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
 from spiderflow.tpa import planner as planner_mod
-from spiderflow.tpa.level1 import ChainContext, level1, memory_caps, no_split_fits, polish
+from spiderflow.tpa.level1 import ChainContext, layer_caps, level1, no_split_fits, polish
 from spiderflow.tpa.planner import plan_from_split
 
 from .bruteforce import brute_force_chain
@@ -119,11 +119,61 @@ def test_the_memory_cap_certificate_fires_only_when_no_split_fits() -> None:
             ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model,
                                      micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
                                      schedule=Schedule.ONE_F_ONE_B)
-            if no_split_fits(ctx, memory_caps(ctx)):
+            if no_split_fits(ctx):
                 fired += 1
                 assert brute_force_chain(ctx) is None, (seed, m)
                 assert not level1(ctx).feasible, (seed, m)
     assert fired >= 5
+
+
+def _prime_gpu_chain() -> tuple[Topology, JobSpec, list[tuple[str, int]]]:
+    """23 free RTX 4090s hold 31 layers of a 2.7B model only as 23 pipeline stages (23 is prime: one
+    stage's states fit a 24 GiB GPU, 10+ layers replicated 23 ways do not)."""
+    clusters = (
+        Cluster(name="paris", gpu="T4", nodes=6, gpus_per_node=8, free_gpus=2),
+        Cluster(name="tel-aviv", gpu="RTX4090", nodes=4, gpus_per_node=8, intra_node_gbps=256.0,
+                inter_node_gbps=25.0, free_gpus=23),
+    )
+    topo = Topology(clusters=clusters, links=(Link(a="paris", b="tel-aviv", bandwidth_gbps=3.4, latency_ms=30.4),))
+    job = JobSpec(id="p", model=model_preset("gpt3-2.7b"), global_batch=256, gpus=GpuRange(min=8, max=64))
+    return topo, job, [("paris", 2), ("tel-aviv", 23)]
+
+
+def test_layer_caps_see_that_more_layers_can_fit_than_fewer() -> None:
+    """Memory is not monotone in a block's layers: fewer layers exclude deep pipelines. The caps are exact
+    per degrees (no bisection), so the chain that only fits as 1 + 31 layers is not ruled out."""
+    topo, job, alloc = _prime_gpu_chain()
+    clusters = [topo.cluster(n) for n, _ in alloc]
+    ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=1, seq_len=job.seq_len,
+                             m=256, schedule=Schedule.ONE_F_ONE_B)
+    assert layer_caps(ctx)[1] >= 31
+    assert not no_split_fits(ctx)
+    ev = level1(ctx)
+    assert ev.feasible and ev.split == (1, 31)
+    plan = plan_chain(topo, job, alloc)
+    assert plan.micro_batches == 256 and fits_memory(plan, topo)[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_certificate_never_rules_out_what_level1_fits_on_realistic_chains(seed: int) -> None:
+    """Chains of 2–4 catalogue clusters with any free GPU count (primes included) and catalogue models: when
+    the certificate fires, level 1 finds no feasible split either."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 5))
+    types = ["T4", "V100-16G", "A100-40G", "RTX4090", "A10G", "H100-80G", "L4"]
+    clusters = tuple(Cluster(name=f"c{i}", gpu=str(rng.choice(types)), nodes=4, gpus_per_node=8,
+                             free_gpus=int(rng.integers(1, 33))) for i in range(n))
+    links = tuple(Link(a=f"c{i}", b=f"c{i + 1}", bandwidth_gbps=float(rng.uniform(1, 50)),
+                       latency_ms=float(rng.uniform(1, 80))) for i in range(n - 1))
+    topo = Topology(clusters=clusters, links=links)
+    model = model_preset(str(rng.choice(["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b"])))
+    gb = int(rng.choice([64, 128, 256, 512]))
+    for m in micro_batch_candidates(gb, n):
+        ctx = ChainContext.build(topo, clusters, [c.free for c in clusters], model, micro_batch=gb // m,
+                                 seq_len=2048, m=m, schedule=Schedule.ONE_F_ONE_B)
+        if no_split_fits(ctx):
+            assert not level1(ctx).feasible, (seed, m)
 
 
 def _outcome(topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> object:
@@ -141,7 +191,7 @@ def test_skipping_certified_micro_batch_counts_changes_no_plan_and_no_error(
     switched off, the plan (or the memory error and its figures) is exactly the same."""
     topo, job, alloc = _tiny(seed)
     quick = _outcome(topo, job, alloc)
-    monkeypatch.setattr(planner_mod, "no_split_fits", lambda ctx, caps: False)
+    monkeypatch.setattr(planner_mod, "no_split_fits", lambda ctx: False)
     assert _outcome(topo, job, alloc) == quick
 
 
