@@ -182,6 +182,11 @@ class SchedulingCycle:
         self.cache_hits = 0
         """Decisions answered by the decision cache (for tests and measurements)."""
 
+    def next_wait_end(self) -> float | None:
+        """The earliest time (``clock`` seconds) at which a job waiting for releases is due to be decided
+        again, or ``None`` when no job waits: the leader runs a cycle then."""
+        return min((w.until for w in self._waits.values()), default=None)
+
     async def run(self) -> CycleReport:
         t_start = time.perf_counter()
         hits_before = self.cache_hits
@@ -242,8 +247,11 @@ class SchedulingCycle:
             sj = by_id[qj.id]
             total_free = sum(free.values())
             wait = self._waits.get(qj.id)
-            if wait is not None and (wait.until <= now or any(c not in topo.index for c, _ in wait.claim)):
-                del self._waits[qj.id]  # its time has come (or a cluster it claimed left): decide again
+            if wait is not None and (wait.until <= now or any(c not in topo.index for c, _ in wait.claim)
+                                     or all(free.get(c, 0) >= g for c, g in wait.claim)):
+                # Its time has come, a cluster it claimed left, or the GPUs it waits for are free already
+                # (a job ended before its estimate): decide again.
+                del self._waits[qj.id]
                 wait = None
             if wait is not None and not head_seen:
                 decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)

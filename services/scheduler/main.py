@@ -240,8 +240,13 @@ class SchedulerReplica:
             loop = asyncio.get_running_loop()
             last_cycle = loop.time() - self.min_cycle_interval
             while not lost.is_set() and not stop.is_set():
+                # A job waiting for releases is due at its wait's end: sleep no longer than that.
+                timeout = self.cycle_interval
+                due = self.cycle.next_wait_end()
+                if due is not None:
+                    timeout = min(timeout, max(0.0, due - self.cycle.clock()))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wait_any(self.wake, lost, stop), timeout=self.cycle_interval)
+                    await asyncio.wait_for(self._wait_any(self.wake, lost, stop), timeout=timeout)
                 if lost.is_set() or stop.is_set():
                     return
                 # Wakes that arrive within --min-cycle-interval of the last cycle start coalesce into one

@@ -13,7 +13,8 @@ scheduling cycles; then insertion order):
   ``queue.backfill_depth`` later jobs are tried as backfill (:func:`spiderflow.queueing.admits`).
   Each decision's :class:`~spiderflow.placement.base.Budget` lists the running jobs' GPUs and estimated
   ends (``releases``; :attr:`SimConfig.releases`). A policy may answer ``constraint="deferred"`` with
-  ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens), and
+  ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens or the
+  GPUs of the plan it waits for are all free sooner), and
   as the head its reservation is on ``stats["defer_gpus"]`` GPUs at that time instead of its minimum now.
   When the answer carries the plan it waits for, the other jobs' releases show that claim (a negative
   release of its GPUs at its start, given back at its estimated end), so two waiting jobs do not both
@@ -724,9 +725,14 @@ class _Sim:
     def _worth_trying(self, j: _Job, total_free: int, now: float) -> bool:
         """A decision can only change its answer if the pool grew or changed since the last failure; a job
         whose policy chose to wait for releases is not asked again before then (the releases it weighed
-        come at their estimated ends; a topology event clears the wait)."""
-        if total_free < j.spec.gpus.min or j.defer_until > now + 1e-6:
+        come at their estimated ends; a topology event clears the wait), unless the GPUs it claimed are all
+        free already (as in the scheduler service)."""
+        if total_free < j.spec.gpus.min:
             return False
+        if j.defer_until > now + 1e-6:
+            free = self._free()
+            if not j.defer_claim or any(free.get(c, 0) < g for c, g in j.defer_claim):
+                return False
         return j.failed_at is None or j.failed_at[0] != self.version or total_free > j.failed_at[1]
 
     def _est_end(self, j: _Job) -> float:

@@ -152,6 +152,29 @@ async def test_with_releases_a_job_waits_for_the_fast_cluster_and_then_starts_on
     assert (await plain_repo.get("long")).record.allocation == {"slow": 8}
 
 
+async def test_a_wait_ends_early_when_the_claimed_gpus_are_free_and_the_leader_knows_when_it_is_due() -> None:
+    """``short`` ends long before its estimate: the GPUs ``long`` waits for are free, so the next cycle
+    decides ``long`` again at once (the clock has not moved) and starts it on the fast cluster.
+    ``next_wait_end`` is the wait's end while it lasts (the leader runs a cycle then) and ``None`` after."""
+    clock = [1000.0]
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                            clock=lambda: clock[0])
+    assert cycle.next_wait_end() is None
+    await repo.submit(SHORT, "r-short")
+    await cycle.run()
+    short = (await repo.get("short")).record
+    assert short.plan is not None
+    await repo.submit(LONG, "r-long")
+    assert [d.kind for d in (await cycle.run()).decisions] == [DecisionKind.DEFERRED]
+    due = cycle.next_wait_end()
+    assert due is not None and due == pytest.approx(clock[0] + SHORT.steps * short.plan.step_time_s, rel=1e-6)
+    await repo.release(await repo.get("short"), short.to(JobState.SUCCEEDED, "done", now=clock[0]))
+    assert (await cycle.run()).placed == ["long"]
+    assert set((await repo.get("long")).record.allocation) == {"fast"}
+    assert cycle.next_wait_end() is None
+
+
 class _Recording:
     """SpinSearch that records the releases each job was told about."""
 

@@ -1,9 +1,9 @@
 """``--wait-for-releases`` end to end: a real etcd, the scheduler as a real process, jobs over gRPC.
 
 The topology and jobs are those of ``test_cycle.py``: ``short`` holds all 32 GPUs of the fast cluster for
-about 3 s (20 steps); ``long`` could start at once on the 8 GPUs of the slow cluster but finishes much sooner
-on the fast one. The test plays the agents (``--executor agents``): ``short`` runs until it reports its last
-stage done through ``ReportProgress``."""
+an estimated 30 s (200 steps); ``long`` could start at once on the 8 GPUs of the slow cluster but finishes
+much sooner on the fast one. The test plays the agents (``--executor agents``): ``short`` runs until it
+reports its last stage done through ``ReportProgress``, a few seconds into the wait."""
 
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ FAST_AND_SLOW: dict[str, Any] = {
                  {"name": "slow", "gpu": "A100-40G", "nodes": 1, "gpus_per_node": 8}],
     "links": [{"a": "fast", "b": "slow", "bandwidth_gbps": 1.0, "latency_ms": 50.0}],
 }
-SHORT: dict[str, Any] = {"id": "short", "model": "gpt3-1.3b", "global_batch": 64, "steps": 20,
+SHORT: dict[str, Any] = {"id": "short", "model": "gpt3-1.3b", "global_batch": 64, "steps": 200,
                          "gpus": {"min": 32, "max": 32}}
 LONG: dict[str, Any] = {"id": "long", "model": "gpt3-1.3b", "global_batch": 64, "steps": 2000,
                         "gpus": {"min": 8, "max": 32}}
 TIMEOUT_S = 15.0
-"""Deadline of each wait for a state: the wait is about 3 s, cycles run at least every second."""
+"""Deadline of each wait for a state: cycles run at least every second."""
 
 
 def _replica(etcd: EtcdProcess, tmp_path: Path, *flags: str) -> ManagedProcess:
@@ -121,7 +121,7 @@ async def _short_running(client: AsyncClient, address: str) -> Job:
 async def test_a_job_waits_for_the_fast_cluster_and_then_starts_on_it(etcd: EtcdProcess, tmp_path: Path) -> None:
     """With ``--wait-for-releases``, ``long`` stays PENDING with SpinSearch's "waiting" reason while ``short``
     runs, is neither re-decided before its time nor started on the slow cluster, and is placed on the fast
-    cluster once ``short`` has released it."""
+    cluster as soon as ``short`` has released it, long before the estimated end it was waiting for."""
     proc = _replica(etcd, tmp_path, "--wait-for-releases")
     try:
         async with AsyncClient(proc.address, timeout_s=10) as client:
@@ -149,6 +149,7 @@ async def test_a_job_waits_for_the_fast_cluster_and_then_starts_on_it(etcd: Etcd
             assert allocs.get("fast") == {"short": 32} and "long" not in allocs.get("slow", {})
 
             await _report(proc.address, short, done=True)
+            released = time.time()
             assert (await client.get("short")).state == JobState.SUCCEEDED
             long = await _until(client, "long", lambda j: j.state == JobState.PLACED, "placed")
             assert long.plan is not None and long.plan.gpus_by_cluster().keys() == {"fast"}
@@ -157,7 +158,7 @@ async def test_a_job_waits_for_the_fast_cluster_and_then_starts_on_it(etcd: Etcd
             assert long.history[-1].reason.startswith("placed on fast")
             allocs = await _allocations(etcd)
             assert set(allocs.get("fast", {})) == {"long"} and not allocs.get("slow")
-            assert until <= long.history[-1].time + 1e-3
+            assert released + 10.0 < until and long.history[-1].time < released + 5.0
     finally:
         proc.stop()
 

@@ -360,6 +360,34 @@ def test_a_waiting_jobs_claim_shows_in_the_other_jobs_releases() -> None:
     assert len(off.seen["C"]) == 1  # nobody waiting: only A's release
 
 
+class PessimisticWaitPolicy(FixedStepPolicy):
+    """Places like :class:`FixedStepPolicy`; a job that does not fit waits for 8 GPUs of ``c0``, expected
+    100 s after the decision (far later than they come back)."""
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+        res = super().place(topo, job, budget)
+        if res.ok:
+            return res
+        later = Plan(stages=(Stage(cluster="c0", first_layer=0, last_layer=job.model.layers - 1, tp=1, dp=8),),
+                     micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+        return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, constraint="deferred",
+                               plan=later, reason="wait", stats={"defer_s": 100.0, "defer_gpus": 8.0})
+
+
+def test_a_wait_ends_when_the_claimed_gpus_are_free() -> None:
+    """Two 8-GPU clusters. A (4 GPUs, 10 steps × 2 s) runs on c0 0.5–20.5, C (8 GPUs, 100 steps) on c1 from 1.0.
+    B (4–8 GPUs, wants 8) arrives at 2 and waits for c0's 8 GPUs, expecting them 100 s later; they are free at
+    A's end, so B is decided again then and starts at 20.5 + 0.5 instead of after 102."""
+    topo = one_cluster(2, gpus=8)
+    b = JobSpec(id="B", model=model_preset("gpt3-1.3b"), global_batch=8, steps=5, gpus=GpuRange(min=4, max=8),
+                arrival_s=2.0)
+    res = simulate(topo, [job("A", 10, gpus=4), job("C", 100), b], PessimisticWaitPolicy(), FIXED)
+    by_id = {r.id: r for r in res.records}
+    assert by_id["A"].end_s == pytest.approx(20.5) and by_id["C"].first_start_s == pytest.approx(1.0)
+    assert by_id["B"].first_start_s == pytest.approx(21.0) and by_id["B"].chain == ("c0",)
+    assert by_id["B"].decisions == 2
+
+
 def test_spinsearch_waiting_is_deterministic_in_fixed_mode() -> None:
     from spiderflow.placement import load_builtin_policies
 
