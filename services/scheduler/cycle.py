@@ -326,11 +326,19 @@ class SchedulingCycle:
         return ""
 
     def _est_end(self, sj: StoredJob, now: float) -> float:
+        """When a job holding GPUs is expected to give them back: ``now`` plus its remaining steps at the
+        plan's step time once its workers report progress; before the first report, its placement time plus
+        all the steps from its checkpoint (so the estimate does not slide forward while no report comes)."""
         r = sj.record
         if r.plan is None:
             return now
-        left = max(0, r.spec.steps - r.progress.step)
-        return now + left * r.plan.step_time_s
+        step = r.plan.step_time_s
+        if r.progress.step <= 0:
+            placed = next((t.at for t in reversed(r.history) if t.to_state is JobState.PLACED), None)
+            if placed is not None:
+                start = r.progress.checkpoint_step or 0
+                return max(now, placed + max(0, r.spec.steps - start) * step)
+        return now + max(0, r.spec.steps - r.progress.step) * step
 
     async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
         """The policy's decision, from the decision cache when a job of the same shape was decided on the same

@@ -175,6 +175,30 @@ async def test_a_wait_ends_early_when_the_claimed_gpus_are_free_and_the_leader_k
     assert cycle.next_wait_end() is None
 
 
+async def test_a_running_job_without_progress_reports_is_expected_back_at_a_fixed_time() -> None:
+    """Before its first progress report a job's GPUs are expected back at its placement time plus all its
+    steps: a later decision sees the same release, sooner by the time that passed."""
+    if "test-recording" not in REGISTRY:
+        register_policy("test-recording", _Recording)
+    clock = [1000.0]
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                            clock=lambda: clock[0], default_policy="test-recording")
+    await repo.submit(SHORT, "r-short")
+    await cycle.run()
+    short = (await repo.get("short")).record
+    assert short.plan is not None
+    end = 1000.0 + SHORT.steps * short.plan.step_time_s
+    clock[0] += 1.0
+    await repo.submit(replace(LONG, id="l1"), "r-l1")
+    await cycle.run()
+    clock[0] += 1.0
+    await repo.submit(replace(LONG, id="l2"), "r-l2")
+    await cycle.run()
+    assert _Recording.seen["l1"][0].after_s == pytest.approx(end - 1001.0)
+    assert _Recording.seen["l2"][0].after_s == pytest.approx(end - 1002.0)
+
+
 class _Recording:
     """SpinSearch that records the releases each job was told about."""
 
