@@ -13,13 +13,18 @@ One cycle, as named extension points (STYLE.md §2–3):
 4. **filter** – clusters with no free GPU left are dropped from the snapshot the policy sees; a job whose
    minimum exceeds all free GPUs is not even tried (its reason says so).
 5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)`` (a job shaped like one
-   already decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`); then the final
-   plan of the chosen chain from the Planner service when one is configured. With ``wait_for_releases``
+   already decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`). With a Planner
+   service configured (``finalize``), the policies that plan their chain with TPA themselves (SpinSearch,
+   ``bace``: ``tpa_final``) only choose the chain and its level-1 plan here, the Planner service plans that
+   chain with TPA, and the better of the two plans by the objective is kept — the same rule as
+   in-process (:func:`spiderflow.placement.common.finalise`); the other baselines keep their own plans, as
+   in the simulator. With ``wait_for_releases``
    the policy is also told which GPUs come back when (:func:`spiderflow.queueing.expected_releases`: jobs
    holding GPUs at their estimated ends, and the claims of jobs already waiting) and may answer "wait"
    (SpinSearch's start-now-or-wait step, as in the simulator): the job stays PENDING with the policy's
    reason, is not decided again before the time it waits for (unless a cluster it claimed leaves the
-   graph), its claim shows in the other jobs' releases, and as the head it is reserved at that time
+   graph or its claimed GPUs are free sooner), its claim shows in the other jobs' releases, and as the
+   head it is reserved at that time
    (:func:`spiderflow.queueing.reserve_at`). Waits live in the leader's memory: a new leader decides
    every queued job afresh.
 6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
@@ -53,6 +58,7 @@ from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
+from spiderflow.placement.common import plan_objective
 from spiderflow.queueing import (
     Claim,
     Holding,
@@ -350,6 +356,8 @@ class SchedulingCycle:
             self.cache_hits += 1
             return hit
         policy = get_policy(policy_name)
+        if self.finalize is not None and getattr(policy, "tpa_final", False):
+            policy.planner = "fallback"  # type: ignore[attr-defined]  # the Planner service plans the chain
         result = await asyncio.to_thread(policy.place, snap, spec, budget)
         self._decisions[key] = result
         if len(self._decisions) > DECISION_CACHE_SIZE:
@@ -384,8 +392,10 @@ class SchedulingCycle:
                                 seconds=time.perf_counter() - t0)
             assert result.plan is not None
             plan = result.plan
-            if self.finalize is not None:
-                plan = await self.finalize(snap, r.spec, plan)
+            if self.finalize is not None and getattr(get_policy(policy_name), "tpa_final", False):
+                final = await self.finalize(snap, r.spec, plan)
+                if plan_objective(final, budget.objective) <= plan_objective(plan, budget.objective):
+                    plan = final
         except UnschedulableError as e:
             return Decision(job_id=r.id, kind=DecisionKind.UNSCHEDULABLE, reason=str(e),
                             seconds=time.perf_counter() - t0)

@@ -88,6 +88,9 @@ def bace_allocation(topo: Topology, job: JobSpec) -> list[tuple[str, int]]:
 
 class Bace:
     name = "bace"
+    tpa_final = True
+    """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
+    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service)."""
 
     def __init__(self, *, planner: Planner = "auto") -> None:
         self.planner: Planner = planner

@@ -667,6 +667,9 @@ class SpinSearch:
     :func:`~spiderflow.placement.common.plan_chain` (TPA when available)."""
 
     name = "spinsearch"
+    tpa_final = True
+    """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
+    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service)."""
 
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,

@@ -10,13 +10,14 @@ import pytest
 from services.scheduler.cycle import DecisionKind, SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, JobSpec, Link, Topology
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.placement.base import Release
 from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.store import MemoryStore
+from spiderflow.tpa import plan_chain as tpa_plan_chain
 
 
 def _topo(bw_ab: float = 10.0, with_c: bool = True) -> Topology:
@@ -240,3 +241,62 @@ async def test_a_waiting_jobs_claim_is_in_the_next_jobs_releases_and_a_lost_clus
     report = await cycle.run()
     assert "long" in report.placed or "long2" in report.placed
     assert any(d.job_id == "long" and d.seconds > 0 for d in report.decisions)
+
+
+def _three_regions() -> Topology:
+    return Topology(
+        clusters=(Cluster(name="ohio", gpu="A100-80G", nodes=2, gpus_per_node=8),
+                  Cluster(name="tokyo", gpu="H100-80G", nodes=1, gpus_per_node=8),
+                  Cluster(name="paris", gpu="V100-32G", nodes=2, gpus_per_node=4)),
+        links=(Link(a="ohio", b="tokyo", bandwidth_gbps=10, latency_ms=60),
+               Link(a="tokyo", b="paris", bandwidth_gbps=5, latency_ms=80)),
+    )
+
+
+BIG = job_from_dict({"id": "big", "model": "gpt3-6.7b", "global_batch": 64, "steps": 100,
+                     "gpus": {"min": 8, "max": 32}})
+
+
+class _Finalizer:
+    """Stands in for the Planner service: TPA in-process on the chosen chain (the service runs the same
+    function), optionally made worse; records what it was asked."""
+
+    def __init__(self, *, worse: bool = False) -> None:
+        self.worse = worse
+        self.asked: list[Plan] = []
+
+    async def __call__(self, topo: Topology, job: JobSpec, plan: Plan) -> Plan:
+        self.asked.append(plan)
+        gpus = plan.gpus_by_cluster()
+        final = tpa_plan_chain(topo, job, [(c, gpus[c]) for c in plan.chain])
+        return replace(final, step_time_s=final.step_time_s * 10, extras={"worse": 1.0}) if self.worse else final
+
+
+@pytest.mark.parametrize("policy", ["spinsearch", "bace"])
+async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_better_plan_is_kept(policy: str) -> None:
+    """SpinSearch and ``bace`` only choose the chain and its level-1 plan; the Planner service's TPA plan of
+    that chain is kept when it is no worse, else the level-1 plan is (a worse answer never replaces it)."""
+    for worse in (False, True):
+        repo = JobRepository(MemoryStore())
+        fin = _Finalizer(worse=worse)
+        cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy=policy)
+        await repo.submit(BIG, "r-big")
+        assert (await cycle.run()).placed == ["big"]
+        assert len(fin.asked) == 1 and fin.asked[0].extras.get("timeline_step_s") is None  # not a TPA plan
+        plan = (await repo.get("big")).record.plan
+        assert plan is not None
+        if worse:
+            assert "worse" not in plan.extras and plan.chain == fin.asked[0].chain
+            assert plan.step_time_s == pytest.approx(fin.asked[0].step_time_s)
+        else:
+            assert "timeline_step_s" in plan.extras and plan.step_time_s <= fin.asked[0].step_time_s
+
+
+async def test_with_a_planner_service_the_other_baselines_keep_their_own_plans() -> None:
+    """``firstfit`` (like ``ilp`` and ``genetic``) plans as its paper does; the Planner service is not asked."""
+    repo = JobRepository(MemoryStore())
+    fin = _Finalizer()
+    cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy="firstfit")
+    await repo.submit(BIG, "r-big")
+    assert (await cycle.run()).placed == ["big"]
+    assert fin.asked == []
