@@ -73,13 +73,17 @@ def _tiny(seed: int) -> tuple[Topology, JobSpec, list[tuple[str, int]]]:
     return topo, job, alloc
 
 
+def _contexts(topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> list[ChainContext]:
+    """The 1F1B chain context of ``alloc`` for every micro-batch count the planner tries."""
+    clusters = [topo.cluster(n) for n, _ in alloc]
+    return [ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
+                               seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
+            for m in micro_batch_candidates(job.global_batch, len(alloc))]
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_level1_within_3_percent_of_exhaustive_split_and_degrees(seed: int) -> None:
-    topo, job, alloc = _tiny(seed)
-    clusters = [topo.cluster(n) for n, _ in alloc]
-    for m in micro_batch_candidates(job.global_batch, len(alloc)):
-        ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
-                                 seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
+    for ctx in _contexts(*_tiny(seed)):
         ref = brute_force_chain(ctx)
         ev = polish(ctx, level1(ctx))
         assert ev.feasible == (ref is not None)
@@ -90,11 +94,8 @@ def test_level1_within_3_percent_of_exhaustive_split_and_degrees(seed: int) -> N
 @pytest.mark.parametrize("seed", range(15))
 def test_plan_chain_no_worse_than_the_exhaustive_1f1b_plan(seed: int) -> None:
     topo, job, alloc = _tiny(seed)
-    clusters = [topo.cluster(n) for n, _ in alloc]
     refs = []
-    for m in micro_batch_candidates(job.global_batch, len(alloc)):
-        ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model, micro_batch=job.global_batch // m,
-                                 seq_len=job.seq_len, m=m, schedule=Schedule.ONE_F_ONE_B)
+    for ctx in _contexts(topo, job, alloc):
         ref = brute_force_chain(ctx)
         if ref is not None:
             plan = evaluate(plan_from_split(ctx, ref), topo, job)
@@ -113,16 +114,11 @@ def test_the_memory_cap_certificate_fires_only_when_no_split_fits() -> None:
     GPUs of 1.5–3 GiB, so it does fire."""
     fired = 0
     for seed in range(150):
-        topo, job, alloc = _tiny(seed)
-        clusters = [topo.cluster(n) for n, _ in alloc]
-        for m in micro_batch_candidates(job.global_batch, len(alloc)):
-            ctx = ChainContext.build(topo, clusters, [g for _, g in alloc], job.model,
-                                     micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
-                                     schedule=Schedule.ONE_F_ONE_B)
+        for ctx in _contexts(*_tiny(seed)):
             if no_split_fits(ctx):
                 fired += 1
-                assert brute_force_chain(ctx) is None, (seed, m)
-                assert not level1(ctx).feasible, (seed, m)
+                assert brute_force_chain(ctx) is None, (seed, ctx.m)
+                assert not level1(ctx).feasible, (seed, ctx.m)
     assert fired >= 5
 
 
