@@ -346,6 +346,11 @@ class SchedulingCycle:
                 return max(now, placed + max(0, r.spec.steps - start) * step)
         return now + max(0, r.spec.steps - r.progress.step) * step
 
+    def _service_plans(self, policy: object) -> bool:
+        """Whether the Planner service makes ``policy``'s final plan: one is configured and the policy plans
+        its chain with TPA itself (``tpa_final``)."""
+        return self.finalize is not None and bool(getattr(policy, "tpa_final", False))
+
     async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
         """The policy's decision, from the decision cache when a job of the same shape was decided on the same
         snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
@@ -356,7 +361,7 @@ class SchedulingCycle:
             self.cache_hits += 1
             return hit
         policy = get_policy(policy_name)
-        if self.finalize is not None and getattr(policy, "tpa_final", False):
+        if self._service_plans(policy):
             policy.planner = "fallback"  # type: ignore[attr-defined]  # the Planner service plans the chain
         result = await asyncio.to_thread(policy.place, snap, spec, budget)
         self._decisions[key] = result
@@ -392,7 +397,7 @@ class SchedulingCycle:
                                 seconds=time.perf_counter() - t0)
             assert result.plan is not None
             plan = result.plan
-            if self.finalize is not None and getattr(get_policy(policy_name), "tpa_final", False):
+            if self.finalize is not None and self._service_plans(get_policy(policy_name)):
                 final = await self.finalize(snap, r.spec, plan)
                 if plan_objective(final, budget.objective) <= plan_objective(plan, budget.objective):
                     plan = final
