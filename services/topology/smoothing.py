@@ -16,8 +16,11 @@ Rules, with ``s`` the smoothed value and :class:`SmoothingConfig` ``c``:
    ``pending_mean``).
 3. **Level shift**: when ``c.shift_after`` consecutive outliers agree with each other (each within the
    same test of the previous pending mean), the quantity really changed (a link was re-shaped): ``s`` is
-   reset to the mean of those outliers. With ``shift_after = 2`` a changed link shows its new figure
-   after two probe periods.
+   reset to the newest of those outliers. The earlier ones only prove the change; they may have been
+   taken while it was still settling (a bulk probe just after a link's rate went up runs on a TCP window
+   still sized for the old rate and reads low), so averaging them in would leave ``s`` between the old
+   and the new level. With ``shift_after = 2`` a changed link shows its new figure after two probe
+   periods.
 4. Otherwise ``s ← s + α·(x − s)`` with ``α = c.alpha``, and pending outliers are forgotten.
 
 A sample that is not a finite number ≥ 0 must be rejected by validation before it gets here.
@@ -108,7 +111,7 @@ def observe(series: Series | None, x: float, config: SmoothingConfig, test: Clos
         else:
             n, mean = 1, x
         if n >= config.shift_after:
-            return Series(value=mean, samples=series.samples + 1), Outcome.SHIFTED
+            return Series(value=x, samples=series.samples + 1), Outcome.SHIFTED
         return replace(series, pending=n, pending_mean=mean), Outcome.REJECTED
     value = series.value + config.alpha * (x - series.value)
     return Series(value=value, samples=series.samples + 1), Outcome.SMOOTHED

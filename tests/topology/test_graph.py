@@ -45,7 +45,14 @@ def test_level_shift_after_agreeing_outliers() -> None:
     s, out = observe(s, 50.0, CFG, Closeness.RATIO)
     assert out is Outcome.REJECTED
     s, out = observe(s, 54.0, CFG, Closeness.RATIO)
-    assert out is Outcome.SHIFTED and s.value == pytest.approx(52.0) and s.pending == 0
+    assert out is Outcome.SHIFTED and s.value == pytest.approx(54.0) and s.pending == 0
+    # A link re-shaped from 50 to 200 Mbit/s: the first probe after the change reads low (its TCP window
+    # was sized for the old rate). It proves the change with the next one, but the new level is the newest.
+    s = Series(value=0.0476, samples=9)
+    s, out = observe(s, 0.106, CFG, Closeness.RATIO)
+    assert out is Outcome.REJECTED and s.value == pytest.approx(0.0476)
+    s, out = observe(s, 0.195, CFG, Closeness.RATIO)
+    assert out is Outcome.SHIFTED and s.value == pytest.approx(0.195)
     # Disagreeing outliers do not make a shift: each restarts the pending run.
     s = Series(value=100.0)
     s, _ = observe(s, 10.0, CFG, Closeness.RATIO)
