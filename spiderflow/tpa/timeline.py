@@ -201,32 +201,46 @@ def simulate(
     dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
     # The (kind, micro-batch, virtual stage) an op produces is the integer key ``2·(j·n_virtual + u) + [B]``.
     # Each op is compiled once: (key it waits for or −1, duration, kind, j, chunk, what its end does:
-    # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst).
-    m_keys = 1 + max((op[1] for order in flat for op in order), default=0)
-    n_keys = 2 * m_keys * n_virtual
+    # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst). What an op's end does
+    # depends only on its kind and virtual stage, so it is worked out once per (kind, chunk) of a stage.
+    max_j = 0
     compiled: list[list[tuple[int, float, str, int, int, int, int, int]]] = []
     for e, order in enumerate(flat):
         i = stage_of[e]
         ops_e: list[tuple[int, float, str, int, int, int, int, int]] = []
-        for kind, j, c in order:
-            u = c * n + i
-            if kind == "F":
-                dep = -1 if u == 0 else 2 * (j * n_virtual + u - 1)
-                dst_u = u + 1 if u < last_virtual else u
-                own = 2 * (j * n_virtual + u)
-                dur = dur_f[i]
-            else:
-                dep = 2 * (j * n_virtual + u) if u == last_virtual else 2 * (j * n_virtual + u + 1) + 1
-                dst_u = u - 1
-                own = 2 * (j * n_virtual + u) + 1
-                dur = dur_b[i]
-            if dst_u < 0:
-                mode, dst = 0, -1
-            else:
-                dst = dst_u % n
-                mode = 1 if (dst_u == u or dst == i) else 2
-            ops_e.append((dep, dur, kind, j, c, mode, own, dst))
+        append = ops_e.append
+        # (kind, chunk) → (dep offset or None for "no input", own offset, mode, dst, duration); keys are
+        # ``2·j·n_virtual + offset``.
+        shapes: dict[tuple[str, int], tuple[int | None, int, int, int, float]] = {}
+        for op in order:
+            kind, j, c = op
+            shape = shapes.get((kind, c))
+            if shape is None:
+                u = c * n + i
+                if kind == "F":
+                    dep_off: int | None = None if u == 0 else 2 * (u - 1)
+                    dst_u = u + 1 if u < last_virtual else u
+                    own_off = 2 * u
+                    dur = dur_f[i]
+                else:
+                    dep_off = 2 * u if u == last_virtual else 2 * (u + 1) + 1
+                    dst_u = u - 1
+                    own_off = 2 * u + 1
+                    dur = dur_b[i]
+                if dst_u < 0:
+                    mode, dst = 0, -1
+                else:
+                    dst = dst_u % n
+                    mode = 1 if (dst_u == u or dst == i) else 2
+                shape = (dep_off, own_off, mode, dst, dur)
+                shapes[(kind, c)] = shape
+            dep_off, own_off, mode, dst, dur = shape
+            base = 2 * j * n_virtual
+            append((-1 if dep_off is None else base + dep_off, dur, kind, j, c, mode, base + own_off, dst))
+            if j > max_j:
+                max_j = j
         compiled.append(ops_e)
+    n_keys = 2 * (max_j + 1) * n_virtual
     if not record and len(execs) == n:
         return _simulate_one_replica(stages, compiled, n_keys, serialise_s, latency_s, flat)
     # Arrivals are not events: a transfer's arrival time is known when its sender's op ends, so the op that
