@@ -25,8 +25,9 @@ One cycle, as named extension points (STYLE.md §2–3):
    reason, is not decided again before the time it waits for (unless a cluster it claimed leaves the
    graph or its claimed GPUs are free sooner), its claim shows in the other jobs' releases, and as the
    head it is reserved at that time
-   (:func:`spiderflow.queueing.reserve_at`). Waits live in the leader's memory: a new leader decides
-   every queued job afresh.
+   (:func:`spiderflow.queueing.reserve_at`). Each wait is also recorded in etcd (``waits/<job>``, deleted
+   when it ends or the job is bound): a new leader's first cycle adopts them, so a change of leader neither
+   decides a waiting job afresh before its time nor forgets the GPUs it claimed.
 6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
    start (the *head*), later jobs start only if they do not delay the head's reserved start.
 7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
@@ -43,11 +44,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 import structlog
 
@@ -149,6 +152,25 @@ class _Wait:
     run_s: float
     reason: str
 
+    def to_doc(self) -> dict[str, Any]:
+        """The JSON document stored at ``waits/<job>``."""
+        return {"until": self.until, "gpus": self.gpus, "claim": [[c, g] for c, g in self.claim],
+                "run_s": self.run_s, "reason": self.reason}
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, Any]) -> _Wait | None:
+        """A stored wait, or ``None`` when the document is not one (missing or mistyped fields)."""
+        try:
+            until, run_s, gpus, reason = doc["until"], doc["run_s"], doc["gpus"], doc["reason"]
+            claim = tuple((str(c), int(g)) for c, g in doc["claim"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        numbers_ok = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                         for x in (until, run_s))
+        if not numbers_ok or isinstance(gpus, bool) or not isinstance(gpus, int) or not isinstance(reason, str):
+            return None
+        return cls(until=float(until), gpus=gpus, claim=claim, run_s=float(run_s), reason=reason)
+
 
 def _shape(spec: JobSpec) -> JobSpec:
     """The job without its identity (id, tenant): what a placement decision depends on."""
@@ -183,10 +205,39 @@ class SchedulingCycle:
         self.replan_threshold = replan_threshold
         self.wait_for_releases = wait_for_releases
         self._waits: dict[str, _Wait] = {}
+        self._adopted = False  # whether this term's waits were read from etcd (see ``new_term``)
         self._notes_left = NOTE_WRITES_PER_CYCLE
         self._decisions: OrderedDict[tuple[str, JobSpec, Topology, Budget], PlacementResult] = OrderedDict()
         self.cache_hits = 0
         """Decisions answered by the decision cache (for tests and measurements)."""
+
+    def new_term(self) -> None:
+        """Leadership was (re)gained: the next cycle first adopts the waits recorded in etcd (another leader
+        may have changed them since this process last led)."""
+        self._adopted = False
+
+    async def _adopt_waits(self) -> None:
+        """Replace the in-memory waits with those recorded in etcd; a malformed record is deleted, and so is
+        every record when this scheduler runs without ``wait_for_releases``."""
+        waits: dict[str, _Wait] = {}
+        for job_id, doc in (await self.repo.waits()).items():
+            w = _Wait.from_doc(doc)
+            if w is None or not self.wait_for_releases:
+                why = "malformed wait record" if w is None else "this scheduler does not wait for releases"
+                log.warning("scheduler.wait_dropped", job=job_id, reason=why)
+                await self.repo.delete_wait(job_id)
+                continue
+            waits[job_id] = w
+        self._waits = waits
+        self._adopted = True
+        if waits:
+            log.info("scheduler.waits_adopted", jobs=sorted(waits))
+
+    async def _end_waits(self, job_ids: list[str]) -> None:
+        """Forget the waits of ``job_ids``, in memory and in etcd."""
+        for job_id in job_ids:
+            self._waits.pop(job_id, None)
+            await self.repo.delete_wait(job_id)
 
     def next_wait_end(self) -> float | None:
         """The earliest time (``clock`` seconds) at which a job waiting for releases is due to be decided
@@ -206,6 +257,8 @@ class SchedulingCycle:
             report.seconds = time.perf_counter() - t_start
             return report
         report.topology_revision = topo.revision
+        if not self._adopted:
+            await self._adopt_waits()
         stored, _ = await self.repo.list()
         allocs, alloc_revs, _ = await self.repo.allocations()
         now = self.clock()
@@ -229,6 +282,7 @@ class SchedulingCycle:
         by_id = {sj.record.id: sj for sj in stored}
         queue = [sj for sj in stored if sj.record.state in QUEUED]
         if not queue:
+            await self._end_waits(list(self._waits))
             report.seconds = time.perf_counter() - t_start
             metrics.observe_cycle((), queued=0)
             return report
@@ -242,7 +296,7 @@ class SchedulingCycle:
             for sj in stored if sj.record.state in HOLDING
         ]
         queued_ids = {sj.record.id for sj in queue}
-        self._waits = {k: w for k, w in self._waits.items() if k in queued_ids}
+        await self._end_waits([k for k in self._waits if k not in queued_ids])
         holding = [Holding(job_id=r.id, end_s=r.est_end_s, gpus=tuple(by_id[r.id].record.allocation.items()))
                    for r in running]
         gone = frozenset(c for sj in stored for c in sj.record.allocation if c not in topo.index)
@@ -257,7 +311,7 @@ class SchedulingCycle:
                                      or all(free.get(c, 0) >= g for c, g in wait.claim)):
                 # Its time has come, a cluster it claimed left, or the GPUs it waits for are free already
                 # (a job ended before its estimate): decide again.
-                del self._waits[qj.id]
+                await self._end_waits([qj.id])
                 wait = None
             if wait is not None and not head_seen:
                 decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)
@@ -287,6 +341,8 @@ class SchedulingCycle:
                               for k, w in self._waits.items() if k != qj.id]
                     budget = replace(budget, releases=expected_releases(holding, claims, now, gone=gone))
                 decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs, budget)
+                if decision.kind is DecisionKind.DEFERRED and (new_wait := self._waits.get(qj.id)) is not None:
+                    await self.repo.put_wait(qj.id, new_wait.to_doc())
             report.decisions.append(decision)
             if decision.kind is DecisionKind.CONFLICT:
                 report.conflict = True

@@ -218,6 +218,7 @@ class SchedulerReplica:
                 continue
             log.info("scheduler.leader", address=self.address, lease=lease.id)
             self.is_leader = True
+            self.cycle.new_term()
             try:
                 await self._lead(leadership.lost, stop)
             finally:

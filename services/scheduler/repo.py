@@ -12,6 +12,10 @@ etcd revision, whichever replica wrote and whenever a process died):
 4. Every state change is a compare-and-swap on the job record's ``mod_revision`` (a lost race raises
    :class:`~spiderflow.store.base.CompareFailedError` and writes nothing).
 
+5. A job's ``waits/<job>`` key (its wait for GPUs being released, written by the scheduler leader) is
+   deleted in the transaction that binds the job; a wait of a job that is no longer queued is advisory
+   and removed by the next leader cycle.
+
 Allocation values are JSON ``{"<job>": gpus}``; assignment values are the cluster's stages of the plan
 (``{"job", "attempt", "stages": [...], "plan": {...}, "spec": {...}}``) for its agent to execute.
 """
@@ -223,7 +227,7 @@ class JobRepository:
             puts.append(Put(key=keys.assignment_key(cluster, placed.id),
                             value=_encode(self._assignment(placed, placed.plan, cluster))))
         try:
-            rev = await self.store.commit(compares, puts, [])
+            rev = await self.store.commit(compares, puts, [keys.wait_key(placed.id)])
         except CompareFailedError:
             for cluster in placed.allocation:
                 self._alloc_cache.pop(cluster, None)
@@ -273,6 +277,27 @@ class JobRepository:
                     self._alloc_cache[cluster] = (alloc, rev if alloc else 0)  # deleted or still absent
                 return self.remember(StoredJob(record=new, mod_revision=rev))
         raise CompareFailedError({keys.ALLOCATIONS: 0})
+
+    async def waits(self) -> dict[str, dict[str, Any]]:
+        """Every recorded wait, by job id (the JSON documents as written by :meth:`put_wait`; a value that
+        is not a JSON object is returned as ``{}`` so the caller can drop it)."""
+        kvs, _ = await self.store.get_prefix(keys.WAITS)
+        out: dict[str, dict[str, Any]] = {}
+        for kv in kvs:
+            try:
+                doc = json.loads(kv.value)
+            except ValueError:
+                doc = {}
+            out[keys.name_of(kv.key, keys.WAITS)] = doc if isinstance(doc, dict) else {}
+        return out
+
+    async def put_wait(self, job_id: str, doc: Mapping[str, Any]) -> None:
+        """Record queued job ``job_id``'s wait for GPUs being released (one put)."""
+        await self.store.put(keys.wait_key(job_id), _encode(doc))
+
+    async def delete_wait(self, job_id: str) -> None:
+        """Forget ``job_id``'s wait (absent already is fine)."""
+        await self.store.delete(keys.wait_key(job_id))
 
     def known_allocation(self, cluster: str) -> tuple[dict[str, int], int] | None:
         """``({job: gpus}, mod_revision)`` of a cluster's allocation key as this process last wrote or read it

@@ -18,6 +18,7 @@ key                                                    value                    
 ``assignments/<cluster>/<job>``                        the cluster's stages of a job's plan         no
 ``reports/<job>/<cluster>``                            latest step-time report of a running stage   agent
 ``checkpoints/<job>``                                  last checkpoint (step, location)             no
+``waits/<job>``                                        a queued job's wait for GPUs being released  no
 ``rendezvous/<job>/<attempt>``                         where an attempt's workers meet (host:port)  no
 ``elections/<service>``                                leader election name (etcd Election API)     svc
 =====================================================  ===========================================  =====
@@ -48,6 +49,7 @@ __all__ = [
     "SCHEDULER",
     "TOPOLOGY",
     "TOPOLOGY_REVISION",
+    "WAITS",
     "allocation_key",
     "assignment_key",
     "assignments_prefix",
@@ -65,6 +67,7 @@ __all__ = [
     "report_key",
     "reports_prefix",
     "split",
+    "wait_key",
 ]
 
 ROOT = "/spiderflow/v1/"
@@ -79,6 +82,7 @@ ALLOCATIONS = ROOT + "allocations/"
 ASSIGNMENTS = ROOT + "assignments/"
 REPORTS = ROOT + "reports/"
 CHECKPOINTS = ROOT + "checkpoints/"
+WAITS = ROOT + "waits/"
 ELECTIONS = ROOT + "elections/"
 RENDEZVOUS = ROOT + "rendezvous/"
 
@@ -155,6 +159,12 @@ def report_key(job: str, cluster: str) -> str:
 def reports_prefix(job: str) -> str:
     """Prefix of every report of ``job``."""
     return f"{REPORTS}{_part('job', job)}/"
+
+
+def wait_key(job: str) -> str:
+    """The wait of queued job ``job`` for GPUs being released (the scheduler leader's, so that the next
+    leader honours it)."""
+    return WAITS + _part("job", job)
 
 
 def checkpoint_key(job: str) -> str:

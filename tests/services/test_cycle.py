@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import replace
 from typing import ClassVar
 
 import pytest
 
-from services.scheduler.cycle import DecisionKind, SchedulingCycle
+from services.scheduler.cycle import DecisionKind, SchedulingCycle, _Wait
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology
@@ -16,7 +18,7 @@ from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.placement.base import Release
 from spiderflow.placement.spinsearch import SpinSearch
-from spiderflow.store import MemoryStore
+from spiderflow.store import MemoryStore, keys
 from spiderflow.tpa import plan_chain as tpa_plan_chain
 
 
@@ -300,3 +302,69 @@ async def test_with_a_planner_service_the_other_baselines_keep_their_own_plans()
     await repo.submit(BIG, "r-big")
     assert (await cycle.run()).placed == ["big"]
     assert fin.asked == []
+
+
+async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() -> None:
+    """A wait is recorded at ``waits/<job>``. Another scheduler on the same store (a new leader) adopts it:
+    ``long`` is not decided again before its time (same reason, no decision time) and the wait's end is
+    known; once ``long`` is bound the record is gone. A malformed record and the wait of a job that is no
+    longer queued are deleted by the new leader's first cycle."""
+    clock = [1000.0]
+    store = MemoryStore()
+    repo = JobRepository(store)
+    old = SchedulingCycle(repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                          clock=lambda: clock[0])
+    await repo.submit(SHORT, "r-short")
+    await old.run()
+    await repo.submit(LONG, "r-long")
+    first = (await old.run()).decisions
+    assert [d.kind for d in first] == [DecisionKind.DEFERRED]
+    recorded = await repo.waits()
+    assert set(recorded) == {"long"} and recorded["long"]["until"] == old.next_wait_end()
+    assert recorded["long"]["claim"] == [["fast", 32]] and recorded["long"]["reason"] == first[0].reason
+    await store.put(keys.wait_key("ghost"), b'{"until": 1}')  # malformed: no claim
+    await store.put(keys.wait_key("gone"), json.dumps({**recorded["long"], "reason": "x"}).encode())
+
+    new_repo = JobRepository(store)
+    new = SchedulingCycle(new_repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                          clock=lambda: clock[0])
+    again = (await new.run()).decisions
+    assert [(d.job_id, d.kind, d.reason, d.seconds) for d in again] == [
+        ("long", DecisionKind.DEFERRED, first[0].reason, 0.0)]
+    assert new.next_wait_end() == old.next_wait_end()
+    assert set(await new_repo.waits()) == {"long"}
+    short = (await new_repo.get("short")).record
+    await new_repo.release(await new_repo.get("short"), short.to(JobState.SUCCEEDED, "done", now=clock[0]))
+    clock[0] += 1e6
+    assert (await new.run()).placed == ["long"]
+    assert await new_repo.waits() == {}
+    assert new.next_wait_end() is None
+
+
+def test_a_wait_record_round_trips_and_mistyped_fields_are_rejected() -> None:
+    w = _Wait(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
+    assert _Wait.from_doc(json.loads(json.dumps(w.to_doc()))) == w
+    doc = w.to_doc()
+    for bad in ({"until": "soon"}, {"until": math.inf}, {"gpus": True}, {"gpus": 1.5}, {"claim": [["fast"]]},
+                {"claim": 3}, {"reason": None}, {"run_s": math.nan}):
+        assert _Wait.from_doc({**doc, **bad}) is None, bad
+    assert _Wait.from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
+
+
+async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_drops_them() -> None:
+    """A wait record the leader does not know of (written after it adopted the records) is deleted by the
+    transaction that binds the job; a scheduler without ``wait_for_releases`` deletes the records it finds."""
+    store = MemoryStore()
+    repo = JobRepository(store)
+    cycle = SchedulingCycle(repo, StaticTopologySource(_topo()), wait_for_releases=True)
+    await cycle.run()  # adopts (no records yet)
+    await repo.submit(JOB, "r1")
+    stale = _Wait(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
+    await repo.put_wait("big", stale.to_doc())
+    assert (await cycle.run()).placed == ["big"]
+    assert await repo.waits() == {}
+
+    await repo.put_wait("big", stale.to_doc())
+    plain = SchedulingCycle(JobRepository(store), StaticTopologySource(_topo()))
+    await plain.run()
+    assert await repo.waits() == {} and plain.next_wait_end() is None

@@ -44,10 +44,10 @@ TIMEOUT_S = 15.0
 """Deadline of each wait for a state: cycles run at least every second."""
 
 
-def _replica(etcd: EtcdProcess, tmp_path: Path, *flags: str) -> ManagedProcess:
+def _replica(etcd: EtcdProcess, tmp_path: Path, *flags: str, name: str = "sched") -> ManagedProcess:
     topology = tmp_path / "fast-and-slow.yaml"
     topology.write_text(yaml.safe_dump(FAST_AND_SLOW))
-    return start_replica(etcd.endpoint, tmp_path, "sched", "--executor", "agents", *flags, topology=topology)
+    return start_replica(etcd.endpoint, tmp_path, name, "--executor", "agents", *flags, topology=topology)
 
 
 async def _until(client: AsyncClient, job_id: str, ok: Callable[[Job], bool], what: str) -> Job:
@@ -83,10 +83,15 @@ async def _report(address: str, job: Job, *, done: bool) -> None:
 
 async def _allocations(etcd: EtcdProcess) -> dict[str, dict[str, int]]:
     """GPUs per cluster and job, as stored in etcd."""
+    return await _stored(etcd, keys.ALLOCATIONS)
+
+
+async def _stored(etcd: EtcdProcess, prefix: str) -> dict[str, Any]:
+    """The JSON values under ``prefix`` in etcd, by name."""
     store = EtcdStore(etcd.endpoint)
     try:
-        kvs, _ = await store.get_prefix(keys.ALLOCATIONS)
-        return {keys.name_of(kv.key, keys.ALLOCATIONS): json.loads(kv.value) for kv in kvs}
+        kvs, _ = await store.get_prefix(prefix)
+        return {keys.name_of(kv.key, prefix): json.loads(kv.value) for kv in kvs}
     finally:
         await store.close()
 
@@ -181,3 +186,45 @@ async def test_without_the_flag_the_job_starts_on_the_slow_cluster_at_once(etcd:
             assert _events(proc, "scheduler.waiting") == []
     finally:
         proc.stop()
+
+
+async def test_a_new_leader_honours_the_wait_and_places_the_job_after_the_release(etcd: EtcdProcess,
+                                                                                   tmp_path: Path) -> None:
+    """The leader that decided ``long``'s wait stops during the wait. The next leader adopts the wait
+    recorded in etcd: ``long`` is not decided again (no "waiting" event of its own, the same reason, still
+    PENDING) and not started on the slow cluster; once ``short`` has released the fast cluster, ``long`` is
+    placed there and the wait record is gone."""
+    first = _replica(etcd, tmp_path, "--wait-for-releases", name="sched-a")
+    try:
+        async with AsyncClient(first.address, timeout_s=10) as client:
+            short = await _short_running(client, first.address)
+            submitted = await client.submit(LONG, request_id="r-long")
+            long = await _until(client, "long", lambda j: j.reason != submitted.reason, "decided")
+            assert long.reason.startswith("waiting")
+            reason = long.reason
+            recorded = await _stored(etcd, keys.WAITS)
+            assert set(recorded) == {"long"} and recorded["long"]["claim"] == [["fast", 32]]
+            until = float(recorded["long"]["until"])
+    finally:
+        first.stop()
+    second = _replica(etcd, tmp_path, "--wait-for-releases", name="sched-b")
+    try:
+        async with AsyncClient(second.address, timeout_s=10) as client:
+            cycles: list[dict[str, Any]] = []
+            while len(cycles) < 2:  # two cycles of the new leader during the wait
+                assert time.time() < until, "the new leader ran no second cycle during the wait"
+                long = await client.get("long")
+                assert long.state == JobState.PENDING and long.reason == reason and long.plan is None
+                cycles = _events(second, "scheduler.cycle")
+                await asyncio.sleep(0.1)
+            assert [e["jobs"] for e in _events(second, "scheduler.waits_adopted")] == [["long"]]
+            assert _events(second, "scheduler.waiting") == []
+            assert all(e["placed"] == 0 for e in cycles)
+            assert "long" not in (await _allocations(etcd)).get("slow", {})
+
+            await _report(second.address, short, done=True)
+            long = await _until(client, "long", lambda j: j.state == JobState.PLACED, "placed")
+            assert long.plan is not None and long.plan.gpus_by_cluster().keys() == {"fast"}
+            assert await _stored(etcd, keys.WAITS) == {}
+    finally:
+        second.stop()
