@@ -176,21 +176,20 @@ def stage_ops(
         raise ValidationError("m", f"interleaved 1F1B needs a multiple of n_stages={n_stages} micro-batches", m)
     if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
         raise ValidationError("warmup", "must be an integer ≥ 0", warmup)
-    if schedule is Schedule.INTERLEAVED_1F1B:
-        fwd = _interleaved_order(n_stages, m, chunks, backward=False)
-        bwd = _interleaved_order(n_stages, m, chunks, backward=True)
-    else:
-        fwd = [(j, 0) for j in range(m)]
-        bwd = [(j, 0) for j in range(m)]
+    if chunks > 1:
+        fwd: list[Op] = [("F", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=False)]
+        bwd: list[Op] = [("B", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=True)]
+    else:  # one chunk: every schedule runs the micro-batches in order (interleaving's groups included)
+        fwd = [("F", j, 0) for j in range(m)]
+        bwd = [("B", j, 0) for j in range(m)]
     total = len(fwd)
     w = default_warmup(schedule, n_stages, m, stage, chunks=chunks) if warmup is None else warmup
     w = max(0, min(total, w))
-    ops: list[Op] = [("F", j, c) for j, c in fwd[:w]]
-    for k in range(total - w):
-        ops.append(("F", *fwd[w + k]))
-        ops.append(("B", *bwd[k]))
-    ops.extend(("B", j, c) for j, c in bwd[total - w :])
-    return ops
+    # w forwards, then (forward, backward) pairs, then the remaining backwards.
+    pairs: list[Op] = [fwd[0]] * (2 * (total - w))
+    pairs[0::2] = fwd[w:]
+    pairs[1::2] = bwd[: total - w]
+    return fwd[:w] + pairs + bwd[total - w :]
 
 
 def replica_microbatches(m: int, dp: int, replica: int) -> list[int]:

@@ -39,12 +39,14 @@ need no events: the receiving op is started, and its end queued, as soon as both
 and its executor are known. Equal end times are taken in executor order (stage, then replica), which is
 the order equal-time transfers queue on a shared link.
 
-When no records are asked for and every stage has one replica, each link has a single sender whose
-transfers queue in its program order, so executors are simply advanced until they wait for an input (woken
-when it arrives), without the event queue; the times are the same.
+When no records are asked for, executors are simply advanced until they wait for an input (woken when it
+arrives): a link whose sending stage has one replica has a single sender whose transfers queue in its
+program order. Only the sends of stages with several replicas, which share their links, are taken in time
+order from a queue, once every executor has run as far as it can (this needs every op to last a positive
+time, else the event loop runs). The times are the same as the event loop's.
 
-Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each); ``O(N)``
-on the path without the queue.
+Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each); without
+records ``O(N + X log X)`` for ``X`` sends on shared links.
 Raises :class:`ScheduleDeadlockError` when an op order cannot complete (a malformed order);
 ``stage_ops`` raises ``ValidationError`` on bad arguments (both are ``ValueError``).
 """
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -64,9 +67,9 @@ from spiderflow.schedules import (
     ScheduleDeadlockError,
     default_warmup,
     plan_max_in_flight,
-    replica_ops,
     stage_ops,
 )
+from spiderflow.schedules import stage_warmup as stage_warmup_of
 
 __all__ = [
     "Op",
@@ -86,6 +89,9 @@ __all__ = [
     "window_estimate",
 ]
 
+_MICRO_BATCH = operator.itemgetter(1)
+
+
 def plan_orders(
     schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1, max_in_flight: int | None = None
 ) -> list[list[list[Op]]]:
@@ -94,16 +100,32 @@ def plan_orders(
     ``min(m·v, D·w_i)``, ``D`` the largest dp of the pipeline, restricted to micro-batches ``j ≡ r mod d_i``;
     ``w_i`` capped at ``K − 1`` under an in-flight cap ``K``).
     """
+    schedule = Schedule(schedule)
     n = len(replicas)
     top, low = max(replicas), min(replicas)
     out: list[list[list[Op]]] = []
     for i, d in enumerate(replicas):
         # A replica's order is the sub-sequence ``j ≡ r (mod d)`` of its stage's order, whose warm-up does not
-        # depend on ``d``: the stage order is built once (``dp = 1``) and split.
-        whole = replica_ops(schedule, n, m, i, dp=1, replica=0, max_dp=top, chunks=chunks,
-                            max_in_flight=max_in_flight, min_dp=low)
-        out.append([[op for op in whole if op[1] % d == r] for r in range(d)] if d > 1 else [whole])
+        # depend on ``d``: the stage order is built once (and shared by stages with the same warm-up), then
+        # dealt out to the replicas in one pass.
+        w = m if schedule is Schedule.GPIPE else stage_warmup_of(
+            schedule, n, m, i, max_dp=top, chunks=chunks, max_in_flight=max_in_flight, min_dp=low)
+        whole = _stage_order(schedule, n, m, chunks, w)
+        if d == 1:
+            out.append([list(whole)])
+            continue
+        dealt: list[list[Op]] = [[] for _ in range(d)]
+        for op in whole:
+            dealt[op[1] % d].append(op)
+        out.append(dealt)
     return out
+
+
+@lru_cache(maxsize=256)
+def _stage_order(schedule: Schedule, n: int, m: int, chunks: int, warmup: int) -> tuple[Op, ...]:
+    """:func:`spiderflow.schedules.stage_ops` of a stage with this warm-up (the order depends on the stage
+    only through it)."""
+    return tuple(stage_ops(schedule, n, m, 0, chunks=chunks, warmup=warmup))
 
 
 def stage_warmup(
@@ -199,6 +221,8 @@ def simulate(
     ptr = [0] * len(execs)
     dur_f = [st.compute_s / 3.0 / v for st in stages]
     dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
+    if not record and (len(execs) == n or min(min(dur_f), min(dur_b)) > 0.0):
+        return _simulate_eager(stages, flat, execs, v, dur_f, dur_b, serialise_s, latency_s)
     # The (kind, micro-batch, virtual stage) an op produces is the integer key ``2·(j·n_virtual + u) + [B]``.
     # Each op is compiled once: (key it waits for or −1, duration, kind, j, chunk, what its end does:
     # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst). What an op's end does
@@ -241,8 +265,6 @@ def simulate(
                 max_j = j
         compiled.append(ops_e)
     n_keys = 2 * (max_j + 1) * n_virtual
-    if not record and len(execs) == n:
-        return _simulate_one_replica(stages, compiled, n_keys, serialise_s, latency_s, flat)
     # Arrivals are not events: a transfer's arrival time is known when its sender's op ends, so the op that
     # needs it is started (its end pushed) right then, or as soon as its executor reaches it. Only op ends
     # are events, in time order (ties: executor index), which is the order transfers queue on a link.
@@ -334,77 +356,147 @@ def simulate(
     )
 
 
-def _simulate_one_replica(
+def _op_shape(kind: str, c: int, i: int, n: int, last_virtual: int, dur: float) -> tuple[int, int, int, int, float]:
+    """What an op of ``kind`` on chunk ``c`` of stage ``i`` waits for and does at its end, as offsets of the
+    keys ``2·j·n_virtual + offset``: ``(dep offset or −1 for "no input", own offset, mode, dst, duration)``
+    with mode 0 nothing / 1 release its key here / 2 send it to stage ``dst``."""
+    u = c * n + i
+    if kind == "F":
+        dep_off = -1 if u == 0 else 2 * (u - 1)
+        dst_u = u + 1 if u < last_virtual else u
+        own_off = 2 * u
+    else:
+        dep_off = 2 * u if u == last_virtual else 2 * (u + 1) + 1
+        dst_u = u - 1
+        own_off = 2 * u + 1
+    if dst_u < 0:
+        return dep_off, own_off, 0, -1, dur
+    dst = dst_u % n
+    return dep_off, own_off, 1 if (dst_u == u or dst == i) else 2, dst, dur
+
+
+def _simulate_eager(
     stages: Sequence[StageTiming],
-    compiled: list[list[tuple[int, float, str, int, int, int, int, int]]],
-    n_keys: int,
+    flat: Sequence[Sequence[Op]],
+    execs: Sequence[tuple[int, int]],
+    chunks: int,
+    dur_f: Sequence[float],
+    dur_b: Sequence[float],
     serialise_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
-    flat: Sequence[Sequence[Op]],
 ) -> Timeline:
-    """:func:`simulate` without records when every stage has one replica (executor ``e`` is stage ``e``).
+    """:func:`simulate` without records: executors run ahead, only sends on shared links are time-ordered.
 
-    Then each directed link has a single sender, whose transfers queue in its own program order, so no
-    time order is needed: executors are advanced in any order until they wait for an input that has
-    not been produced yet, and woken when it is. Every op start, op end and arrival is the same
-    expression of the same operands as in the event loop, so the times are identical.
+    An op's start and end depend only on its executor's previous op and its input's arrival, and a
+    transfer's arrival only on the earlier transfers of its link. A link whose sending stage has one
+    replica has one sender, whose transfers queue in its program order, so its ops are advanced in any
+    order until they wait for an input that has not been produced yet (woken when it is). A link whose
+    stage has several replicas queues their transfers in time order (ties: executor order): those sends
+    wait in a queue of ``(end, executor)`` and one is taken only when every executor has run as far as it
+    can. As every op lasts a positive time (the caller's condition when a stage has several replicas),
+    whatever a send at ``t`` leads to ends after ``t``, so when the earliest queued send is taken every send
+    at or before its time is queued. Every op start, op end and arrival is the same expression of the same
+    operands as in the event loop, so the times are identical. Ops are read straight from the orders
+    (their keys worked out once per kind and chunk of a stage).
     """
     n = len(stages)
     inf = math.inf
+    n_exec = len(execs)
+    last_virtual = n * chunks - 1
+    jm = 2 * n * chunks
+    max_j = max((max(map(_MICRO_BATCH, order)) for order in flat if order), default=0)
+    n_keys = jm * (max_j + 1)
     arrival = [inf] * n_keys
     waiter = [-1] * n_keys
     link_free = [0.0] * (n * n)
-    clock = [0.0] * n  # when each executor is free
-    ptr = [0] * n
+    shared = [st.replicas > 1 for st in stages]
+    clock = [0.0] * n_exec  # when each executor is free
+    ptr = [0] * n_exec
     stage_end = [0.0] * n
-    makespan = 0.0
-    todo = list(range(n - 1, -1, -1))
-    while todo:
-        e = todo.pop()
-        ops_e = compiled[e]
-        p = ptr[e]
-        t = clock[e]
-        end = len(ops_e)
-        while p < end:
-            dep, dur, _, _, _, mode, own, dst = ops_e[p]
-            if dep >= 0:
-                at = arrival[dep]
-                if at == inf:
-                    waiter[dep] = e
-                    break
-                if at > t:
-                    t = at
-            t = t + dur
-            p += 1
-            if mode:
-                if mode == 1:
-                    at = t
-                else:
-                    li = e * n + dst
-                    lf = link_free[li]
-                    start_tx = t if t >= lf else lf
-                    ser = serialise_s[e][dst]
-                    link_free[li] = start_tx + ser
-                    at = start_tx + ser + latency_s[e][dst]
-                arrival[own] = at
-                w = waiter[own]
-                if w >= 0:
-                    waiter[own] = -1
-                    todo.append(w)
-        ptr[e] = p
-        clock[e] = t
-        if t > stage_end[e]:
-            stage_end[e] = t
-        if t > makespan:
-            makespan = t
-    stuck = [e for e in range(n) if ptr[e] < len(flat[e])]
+    # Per executor: (kind, chunk) → shape, all of them worked out up front (keyed by kind alone without
+    # interleaving).
+    shapes: list[dict[object, tuple[int, int, int, int, float]]] = []
+    for i, _ in execs:
+        shapes.append({(k if chunks == 1 else (k, c)): _op_shape(k, c, i, n, last_virtual,
+                                                                 dur_f[i] if k == "F" else dur_b[i])
+                       for k in ("F", "B") for c in range(chunks)})
+    one = chunks == 1
+    pending: list[tuple[float, int, int, int]] = []  # sends on shared links: (end, executor, key, dst)
+    push = heapq.heappush
+    pop = heapq.heappop
+    todo = list(range(n_exec - 1, -1, -1))
+    while True:
+        while todo:
+            e = todo.pop()
+            i = execs[e][0]
+            order = flat[e]
+            p = ptr[e]
+            t = clock[e]
+            end = len(order)
+            ser_i = serialise_s[i]
+            lat_i = latency_s[i]
+            many = shared[i]
+            shp = shapes[e]
+            while p < end:
+                kind, j, c = order[p]
+                dep_off, own_off, mode, dst, dur = shp[kind] if one else shp[(kind, c)]
+                base = jm * j
+                if dep_off >= 0:
+                    at = arrival[base + dep_off]
+                    if at == inf:
+                        waiter[base + dep_off] = e
+                        break
+                    if at > t:
+                        t = at
+                t = t + dur
+                p += 1
+                if mode:
+                    own = base + own_off
+                    if mode == 1:
+                        at = t
+                    elif many:
+                        push(pending, (t, e, own, dst))
+                        continue
+                    else:
+                        li = i * n + dst
+                        lf = link_free[li]
+                        start_tx = t if t >= lf else lf
+                        ser = ser_i[dst]
+                        link_free[li] = start_tx + ser
+                        at = start_tx + ser + lat_i[dst]
+                    arrival[own] = at
+                    w = waiter[own]
+                    if w >= 0:
+                        waiter[own] = -1
+                        todo.append(w)
+            ptr[e] = p
+            clock[e] = t
+            if t > stage_end[i]:
+                stage_end[i] = t
+        if not pending:
+            break
+        t, e, own, dst = pop(pending)
+        i = execs[e][0]
+        li = i * n + dst
+        lf = link_free[li]
+        start_tx = t if t >= lf else lf
+        ser = serialise_s[i][dst]
+        link_free[li] = start_tx + ser
+        arrival[own] = start_tx + ser + latency_s[i][dst]
+        w = waiter[own]
+        if w >= 0:
+            waiter[own] = -1
+            todo.append(w)
+    stuck = [e for e in range(n_exec) if ptr[e] < len(flat[e])]
     if stuck:
-        e = stuck[0]
-        raise ScheduleDeadlockError(f"op order deadlocks: stage {e} replica 0 waits at {flat[e][ptr[e]]}")
+        i, r = execs[stuck[0]]
+        raise ScheduleDeadlockError(
+            f"op order deadlocks: stage {i} replica {r} waits at {flat[stuck[0]][ptr[stuck[0]]]}"
+        )
     step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
     return Timeline(
-        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=(), transfers=(), makespan_s=makespan,
-        step_s=step,
+        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=(), transfers=(),
+        makespan_s=max(stage_end, default=0.0), step_s=step,
     )
 
 

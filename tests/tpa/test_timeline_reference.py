@@ -166,3 +166,46 @@ def test_equal_time_transfers_of_two_replicas_queue_in_replica_order() -> None:
     assert fwd == [(0, 1.0, 2.0), (1, 2.0, 3.0)]
     assert not math.isinf(tl.step_s) and tl.step_s == pytest.approx(reference(stages, orders, ser, [[0.0] * 2] * 2,
                                                                                1)[2])  # type: ignore[index]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pipelines(), st.data())
+def test_without_records_zero_length_ops_take_the_event_loop_and_agree(
+        p: tuple[list[StageTiming], list[list[list[Op]]], list[list[float]], list[list[float]], int],
+        data: st.DataObject) -> None:
+    """Ops of zero length (a stage with no compute) make the queue of shared-link sends unsound, so such
+    pipelines run the event loop: the step and makespan still match the reference, replicas or not."""
+    stages, orders, ser, lat, chunks = p
+    zero = data.draw(st.lists(st.booleans(), min_size=len(stages), max_size=len(stages)))
+    stages = [dataclasses.replace(s, compute_s=0.0) if z else s for s, z in zip(stages, zero, strict=True)]
+    want = reference(stages, orders, ser, lat, chunks)
+    if want is None:
+        with pytest.raises(ValueError):
+            simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+        return
+    ops, _, step = want
+    got = simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+    assert got.step_s == step and got.makespan_s == max((o[6] for o in ops), default=0.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    schedule=st.sampled_from(list(Schedule)), n=st.integers(1, 5), m=st.integers(1, 12),
+    reps=st.lists(st.sampled_from([1, 1, 2, 3, 4]), min_size=5, max_size=5),
+    cap=st.sampled_from([None, None, 1, 2, 4]), chunks=st.sampled_from([1, 1, 2]),
+)
+def test_plan_orders_deal_out_exactly_the_replica_orders_execution_runs(
+        schedule: Schedule, n: int, m: int, reps: list[int], cap: int | None, chunks: int) -> None:
+    """Every replica's order is :func:`spiderflow.schedules.replica_ops`' (the order its worker runs)."""
+    from spiderflow.schedules import replica_ops
+
+    if schedule is not Schedule.INTERLEAVED_1F1B:
+        chunks = 1
+    if chunks > 1:
+        m = n * max(1, m // n)
+    replicas = reps[:n]
+    got = plan_orders(schedule, m, replicas, chunks=chunks, max_in_flight=cap)
+    want = [[replica_ops(schedule, n, m, i, dp=d, replica=r, max_dp=max(replicas), chunks=chunks,
+                         max_in_flight=cap, min_dp=min(replicas)) for r in range(d)]
+            for i, d in enumerate(replicas)]
+    assert got == want
