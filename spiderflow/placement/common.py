@@ -250,6 +250,12 @@ def _row_sum(a: FArr) -> FArr:
     return np.asarray(np.cumsum(a, axis=1)[:, -1], dtype=np.float64)
 
 
+_TP_CHOICES = np.array([1, 2, 4, 8], dtype=np.int64)[:, None, None]
+"""The tensor-parallel degrees :func:`score_chains` weighs, along a leading axis."""
+_TP_AR_COEF = 2.0 * (_TP_CHOICES - 1) / _TP_CHOICES
+"""``2(t − 1)/t``: the ring all-reduce factor of each degree."""
+
+
 def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr) -> ChainScores:
     """Closed-form scores of chains (see the module docstring). ``chains``/``gpus``: ``N × K``, ``-1``/0 pad.
 
@@ -300,28 +306,25 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     intra = ta.intra[idx]
     inter = ta.inter[idx]
     params = ell * jc.p_layer + (first + last) * jc.p_embed
-    # Per position the TP degree t | g (power of two ≤ tp_cap) minimising (m−1)·T/d + T + Y.
-    best_local = np.full(g1.shape, np.inf)
-    tp = np.ones_like(g1)
-    d = g1.copy()
-    t_stage = np.zeros(g1.shape)
-    y = np.zeros(g1.shape)
-    for t in (1, 2, 4, 8):
-        ok = (t <= tp_cap) & (g1 % t == 0)
-        if not ok.any():
-            continue
-        d_t = np.maximum(g1 // t, 1)
-        ar_tp = 2.0 * (t - 1) / t * jc.act * 8.0 / (intra * 1e9) if t > 1 else 0.0
-        ts = np.where(valid, ell * (3.0 * jc.f / (t * fl) + 4.0 * ar_tp) + last * 3.0 * jc.head_f / (t * fl), 0.0)
-        b_dp = np.where(t * d_t <= gpn, intra, inter)
-        ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / t) * 8.0 / (b_dp * 1e9), 0.0)
-        local = (jc.m - 1) * ts / d_t + ts + ys
-        better = ok & (local < best_local)
-        best_local = np.where(better, local, best_local)
-        tp = np.where(better, t, tp)
-        d = np.where(better, d_t, d)
-        t_stage = np.where(better, ts, t_stage)
-        y = np.where(better, ys, y)
+    # Per position the TP degree t | g (power of two ≤ tp_cap) minimising (m−1)·T/d + T + Y: every t at once
+    # along a leading axis, then the first t with the least finite value (ties: the smaller t); positions
+    # where none qualifies keep t = 1, d = g, T = Y = 0.
+    tt = _TP_CHOICES
+    ok = (tt <= tp_cap) & (g1 % tt == 0)
+    d_t = np.maximum(g1 // tt, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ar_tp = np.where(tt > 1, _TP_AR_COEF * jc.act * 8.0 / (intra * 1e9), 0.0)
+    ts = np.where(valid, ell * (3.0 * jc.f / (tt * fl) + 4.0 * ar_tp) + last * 3.0 * jc.head_f / (tt * fl), 0.0)
+    b_dp = np.where(tt * d_t <= gpn, intra, inter)
+    ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
+    local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
+    local = np.where(np.isnan(local), np.inf, local)
+    pick = np.argmin(local, axis=0)
+    chosen = np.choose(pick, local) < np.inf
+    tp = np.where(chosen, _TP_CHOICES.ravel()[pick], 1)
+    d = np.where(chosen, np.choose(pick, d_t), g1)
+    t_stage = np.where(chosen, np.choose(pick, ts), 0.0)
+    y = np.where(chosen, np.choose(pick, ys), 0.0)
     bott = (t_stage / d).max(axis=1)
 
     if chains.shape[1] > 1:
