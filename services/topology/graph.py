@@ -80,14 +80,15 @@ class GraphConfig:
 def _series_doc(s: Series | None) -> dict[str, Any] | None:
     if s is None:
         return None
-    return {"value": s.value, "samples": s.samples, "pending": s.pending, "pending_mean": s.pending_mean}
+    return {"value": s.value, "samples": s.samples, "pending": s.pending, "pending_mean": s.pending_mean,
+            "settling": s.settling}
 
 
 def _series_from(doc: Any) -> Series | None:
     if doc is None:
         return None
     return Series(value=float(doc["value"]), samples=int(doc["samples"]), pending=int(doc.get("pending", 0)),
-                  pending_mean=float(doc.get("pending_mean", 0.0)))
+                  pending_mean=float(doc.get("pending_mean", 0.0)), settling=int(doc.get("settling", 0)))
 
 
 def _json(value: bytes, what: str) -> dict[str, Any]:

@@ -21,7 +21,12 @@ Rules, with ``s`` the smoothed value and :class:`SmoothingConfig` ``c``:
    still sized for the old rate and reads low), so averaging them in would leave ``s`` between the old
    and the new level. With ``shift_after = 2`` a changed link shows its new figure after two probe
    periods.
-4. Otherwise ``s ← s + α·(x − s)`` with ``α = c.alpha``, and pending outliers are forgotten.
+4. **Settling**: the first sample after a level shift that is not an outlier and lies further in the
+   shift's direction replaces ``s`` (``s = x``): the newest outlier may itself have been taken while the
+   change settled (a TCP window grows over more than one probe after a rate increase: a 50 → 200 Mbit/s
+   change read 100, 103, then 188 Mbit/s on a loaded testbed). Any other sample is folded in by rule 5.
+   Only that one sample is treated so: in steady state no shift happens and the rule never applies.
+5. Otherwise ``s ← s + α·(x − s)`` with ``α = c.alpha``, and pending outliers are forgotten.
 
 A sample that is not a finite number ≥ 0 must be rejected by validation before it gets here.
 """
@@ -68,13 +73,15 @@ class SmoothingConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Series:
-    """Smoothed state: ``value`` (``s``), ``samples`` folded in since the (re)start, and the pending
-    outliers (``pending`` consecutive ones with mean ``pending_mean``)."""
+    """Smoothed state: ``value`` (``s``), ``samples`` folded in since the (re)start, the pending
+    outliers (``pending`` consecutive ones with mean ``pending_mean``), and ``settling``: the direction
+    of the level shift the last sample made (+1 up, −1 down, 0 none; rule 4)."""
 
     value: float
     samples: int = 1
     pending: int = 0
     pending_mean: float = 0.0
+    settling: int = 0
 
 
 class Outcome(StrEnum):
@@ -111,7 +118,10 @@ def observe(series: Series | None, x: float, config: SmoothingConfig, test: Clos
         else:
             n, mean = 1, x
         if n >= config.shift_after:
-            return Series(value=x, samples=series.samples + 1), Outcome.SHIFTED
-        return replace(series, pending=n, pending_mean=mean), Outcome.REJECTED
+            direction = 1 if x > series.value else -1
+            return Series(value=x, samples=series.samples + 1, settling=direction), Outcome.SHIFTED
+        return replace(series, pending=n, pending_mean=mean, settling=0), Outcome.REJECTED
+    if series.settling and (x - series.value) * series.settling > 0:
+        return Series(value=x, samples=series.samples + 1), Outcome.SHIFTED
     value = series.value + config.alpha * (x - series.value)
     return Series(value=value, samples=series.samples + 1), Outcome.SMOOTHED

@@ -53,6 +53,24 @@ def test_level_shift_after_agreeing_outliers() -> None:
     assert out is Outcome.REJECTED and s.value == pytest.approx(0.0476)
     s, out = observe(s, 0.195, CFG, Closeness.RATIO)
     assert out is Outcome.SHIFTED and s.value == pytest.approx(0.195)
+    # On a loaded testbed two probes read low (100 and 103 Mbit/s) before the window had grown: the shift
+    # lands on 103, and the next sample, further up, is the new level (it is not averaged with 103).
+    s = Series(value=0.0476, samples=9)
+    for x, want in ((0.100, Outcome.REJECTED), (0.1034, Outcome.SHIFTED), (0.1878, Outcome.SHIFTED)):
+        s, out = observe(s, x, CFG, Closeness.RATIO)
+        assert out is want
+    assert s.value == pytest.approx(0.1878) and s.settling == 0
+    s, out = observe(s, 0.1934, CFG, Closeness.RATIO)  # settled: smoothed again
+    assert out is Outcome.SMOOTHED and s.value == pytest.approx((0.1878 + 0.1934) / 2)
+    # After a shift, a sample back toward the old level is smoothed, and only one sample settles.
+    s = Series(value=0.0476, samples=9)
+    s, _ = observe(s, 0.19, CFG, Closeness.RATIO)
+    s, _ = observe(s, 0.20, CFG, Closeness.RATIO)
+    assert s.settling == 1
+    s, out = observe(s, 0.18, CFG, Closeness.RATIO)
+    assert out is Outcome.SMOOTHED and s.value == pytest.approx(0.19) and s.settling == 0
+    s, out = observe(s, 0.21, CFG, Closeness.RATIO)
+    assert out is Outcome.SMOOTHED and s.value == pytest.approx(0.20)
     # Disagreeing outliers do not make a shift: each restarts the pending run.
     s = Series(value=100.0)
     s, _ = observe(s, 10.0, CFG, Closeness.RATIO)
