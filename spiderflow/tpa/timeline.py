@@ -233,34 +233,16 @@ def simulate(
         i = stage_of[e]
         ops_e: list[tuple[int, float, str, int, int, int, int, int]] = []
         append = ops_e.append
-        # (kind, chunk) → (dep offset or None for "no input", own offset, mode, dst, duration); keys are
-        # ``2·j·n_virtual + offset``.
-        shapes: dict[tuple[str, int], tuple[int | None, int, int, int, float]] = {}
+        shapes: dict[tuple[str, int], tuple[int, int, int, int, float]] = {}
         for op in order:
             kind, j, c = op
             shape = shapes.get((kind, c))
             if shape is None:
-                u = c * n + i
-                if kind == "F":
-                    dep_off: int | None = None if u == 0 else 2 * (u - 1)
-                    dst_u = u + 1 if u < last_virtual else u
-                    own_off = 2 * u
-                    dur = dur_f[i]
-                else:
-                    dep_off = 2 * u if u == last_virtual else 2 * (u + 1) + 1
-                    dst_u = u - 1
-                    own_off = 2 * u + 1
-                    dur = dur_b[i]
-                if dst_u < 0:
-                    mode, dst = 0, -1
-                else:
-                    dst = dst_u % n
-                    mode = 1 if (dst_u == u or dst == i) else 2
-                shape = (dep_off, own_off, mode, dst, dur)
-                shapes[(kind, c)] = shape
+                shape = shapes[(kind, c)] = _op_shape(kind, c, i, n, last_virtual,
+                                                      dur_f[i] if kind == "F" else dur_b[i])
             dep_off, own_off, mode, dst, dur = shape
             base = 2 * j * n_virtual
-            append((-1 if dep_off is None else base + dep_off, dur, kind, j, c, mode, base + own_off, dst))
+            append((-1 if dep_off < 0 else base + dep_off, dur, kind, j, c, mode, base + own_off, dst))
             if j > max_j:
                 max_j = j
         compiled.append(ops_e)
