@@ -36,9 +36,10 @@ from typing import Any
 
 import structlog
 
+from spiderflow.cli.common import csv_ints
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
-from spiderflow.placement import load_builtin_policies
+from spiderflow.placement import REGISTRY, load_builtin_policies
 from spiderflow.placement.base import Budget, PlacementResult, get_policy
 from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
 from spiderflow.sim.tracegen import generate_trace
@@ -145,7 +146,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    ap.add_argument("--sizes", default="8,16,32,64", help="cluster counts, comma-separated")
+    ap.add_argument("--sizes", type=csv_ints(minimum=1), default=[8, 16, 32, 64],
+                    help="cluster counts, comma-separated")
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--load", type=float, default=1.0)
@@ -155,9 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
     args = ap.parse_args(argv)
     _quiet()
-    sizes = [8] if args.quick else [int(x) for x in args.sizes.split(",") if x]
+    sizes = [8] if args.quick else args.sizes
+    if not sizes:
+        ap.error("argument --sizes: give at least one cluster count")
     jobs = 20 if args.quick else args.jobs
-    policies = ["spinsearch", *[p for p in args.policies.split(",") if p and p != "spinsearch"]]
+    policies = ["spinsearch", *[p.strip() for p in args.policies.split(",") if p.strip() and p.strip() != "spinsearch"]]
+    unknown = [p for p in policies if p not in REGISTRY]
+    if unknown:
+        ap.error(f"argument --policies: unknown {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY))})")
     results = [run_size(n, jobs, seed=args.seed, load=args.load, time_limit=args.time_limit, policies=policies)
                for n in sizes]
     print(table(results))

@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from spiderflow.cli.common import csv_ints
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -393,7 +394,8 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="8,16,32,64")
+    ap.add_argument("--sizes", type=csv_ints(minimum=1), default=[8, 16, 32, 64],
+                    help="cluster counts, comma-separated")
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--load", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
@@ -401,12 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(ALL_POLICIES))
     ap.add_argument("--quick", action="store_true", help="sizes 8,16; 30 jobs; 1 s limit; small cost run")
     ap.add_argument("--cost", action="store_true", help="also run the cost-objective comparison against bace")
-    ap.add_argument("--cost-seeds", default="1,2,3", help="seeds of the cost run (fixed overhead mode)")
+    ap.add_argument("--cost-seeds", type=csv_ints(minimum=0), default=[1, 2, 3],
+                    help="seeds of the cost run (fixed overhead mode)")
     ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default="measured",
                     help="measured: decisions' wall time delays jobs (default); fixed: 0.01 s each (reproducible)")
     ap.add_argument("--no-isolate", action="store_true",
                     help="run the main comparison's simulations in this process (caches shared across policies)")
-    ap.add_argument("--sweep-seeds", default="", help="also run spinsearch vs bace on these seeds at every size")
+    ap.add_argument("--sweep-seeds", type=csv_ints(minimum=0), default=[],
+                    help="also run spinsearch vs bace on these seeds at every size")
     ap.add_argument("--wait-ablation", action="store_true",
                     help="also run SpinSearch without releases (start-now only) at every size")
     ap.add_argument("--queue-ablation", action="store_true",
@@ -419,10 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/paper-results.json"))
     ap.add_argument("--plots", type=Path)
     args = ap.parse_args(argv)
+    if not args.sizes and not (args.scale_only or args.quick):
+        ap.error("argument --sizes: give at least one cluster count")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     load_builtin_policies()
     if args.quick:
-        args.sizes, args.jobs, args.time_limit, args.cost, args.queue_ablation = "8,16", 30, 1.0, True, True
+        args.sizes, args.jobs, args.time_limit, args.cost, args.queue_ablation = [8, 16], 30, 1.0, True, True
     wanted = [p.strip() for p in args.policies.split(",") if p.strip()]
     policies = [p for p in wanted if p in REGISTRY]
     missing = [p for p in wanted if p not in REGISTRY]
@@ -437,21 +443,18 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed, "load": args.load, "policies": policies, "missing": missing, "sizes": [],
     }
     if not args.scale_only:
-        for n in [int(x) for x in args.sizes.split(",") if x]:
+        for n in args.sizes:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
                                          time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
                                          wait_ablation=args.wait_ablation, isolate=not args.no_isolate))
         if args.cost:
-            n = int(args.sizes.split(",")[0])
-            doc["cost"] = cost_run(n, args.jobs, seeds=[int(x) for x in args.cost_seeds.split(",") if x],
+            doc["cost"] = cost_run(args.sizes[0], args.jobs, seeds=args.cost_seeds,
                                    load=args.load, time_limit=args.time_limit)
         if args.sweep_seeds:
-            doc["sweep"] = seed_sweep([int(x) for x in args.sizes.split(",") if x],
-                                      [int(x) for x in args.sweep_seeds.split(",") if x], args.jobs, load=args.load,
+            doc["sweep"] = seed_sweep(args.sizes, args.sweep_seeds, args.jobs, load=args.load,
                                       time_limit=args.time_limit)
         if args.queue_ablation and "spinsearch" in REGISTRY:
-            n = int(args.sizes.split(",")[0])
-            doc["queue_ablation"] = queue_ablation(n, args.jobs, seed=args.seed, load=args.load,
+            doc["queue_ablation"] = queue_ablation(args.sizes[0], args.jobs, seed=args.seed, load=args.load,
                                                    time_limit=args.time_limit)
     if (args.scale or args.scale_only) and "spinsearch" in REGISTRY:
         doc["scale"] = scale_run(args.scale_clusters, args.scale_jobs, seed=args.seed, load=args.load,

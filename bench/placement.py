@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spiderflow.catalog import model_preset
+from spiderflow.cli.common import csv_ints
 from spiderflow.domain import GpuRange, JobSpec
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -183,7 +184,8 @@ def _table(doc: dict[str, Any], console: Console) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="8 and 16 clusters, two jobs, 5 s limit")
-    ap.add_argument("--sizes", default="8,16,32,64,128,256")
+    ap.add_argument("--sizes", type=csv_ints(minimum=1), default=[8, 16, 32, 64, 128, 256],
+                    help="cluster counts, comma-separated")
     ap.add_argument("--policies", default=None, help="comma-separated subset (default: all)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--slow-repeats", type=int, default=1)
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="take the rows of policies not run now from this earlier result file")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes: list[int] = args.sizes
     jobs = list(JOBS)
     limit = args.limit
     if args.quick:

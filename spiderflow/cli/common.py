@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "CliError",
     "console",
+    "csv_ints",
     "err_console",
     "print_json",
 ]
@@ -54,3 +56,24 @@ def print_json(obj: Any) -> None:
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+
+
+def csv_ints(*, minimum: int) -> Callable[[str], list[int]]:
+    """An argparse ``type`` for a comma-separated list of integers, each at least ``minimum`` (empty items
+    are skipped; an empty list is allowed). A bad item is a usage error naming it, not a traceback."""
+
+    def parse(text: str) -> list[int]:
+        out: list[int] = []
+        for item in (x.strip() for x in text.split(",")):
+            if not item:
+                continue
+            try:
+                value = int(item)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{item!r} is not an integer") from None
+            if value < minimum:
+                raise argparse.ArgumentTypeError(f"{value} is below the minimum {minimum}")
+            out.append(value)
+        return out
+
+    return parse

@@ -1,0 +1,51 @@
+"""Benchmark scripts reject bad lists of integers with a usage error (exit 2) naming the argument."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from spiderflow.cli.common import csv_ints
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_csv_ints_parses_and_skips_empty_items() -> None:
+    assert csv_ints(minimum=1)(" 8, 16,,32 ") == [8, 16, 32]
+    assert csv_ints(minimum=0)("") == []
+
+
+@pytest.mark.parametrize(("text", "why"), [("8,x", "'x' is not an integer"), ("0", "0 is below the minimum 1")])
+def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=why):
+        csv_ints(minimum=1)(text)
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("paper", ["--sizes", "8,x"], "argument --sizes: 'x' is not an integer"),
+    ("paper", ["--sizes", ","], "argument --sizes: give at least one cluster count"),
+    ("paper", ["--cost-seeds", "-1"], "argument --cost-seeds: -1 is below the minimum 0"),
+    ("paired_overhead", ["--sizes", "0"], "argument --sizes: 0 is below the minimum 1"),
+    ("paired_overhead", ["--policies", "ilp,nope"], "argument --policies: unknown nope"),
+    ("placement", ["--sizes", "a"], "argument --sizes: 'a' is not an integer"),
+])
+def test_bench_scripts_exit_2_on_bad_lists(script: str, argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _script(script).main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
