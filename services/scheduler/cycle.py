@@ -26,8 +26,9 @@ One cycle, as named extension points (STYLE.md §2–3):
    graph or its claimed GPUs are free sooner), its claim shows in the other jobs' releases, and as the
    head it is reserved at that time
    (:func:`spiderflow.queueing.reserve_at`). Each wait is also recorded in etcd (``waits/<job>``, deleted
-   when it ends or the job is bound): a new leader's first cycle adopts them, so a change of leader neither
-   decides a waiting job afresh before its time nor forgets the GPUs it claimed.
+   when it ends or the job is bound; written only while the term's election key holds): a new leader's
+   first cycle adopts them, so a change of leader neither decides a waiting job afresh before its time nor
+   forgets the GPUs it claimed.
 6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
    start (the *head*), later jobs start only if they do not delay the head's reserved start.
 7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
@@ -77,7 +78,7 @@ from spiderflow.queueing import (
     reserve_at,
 )
 from spiderflow.store import keys
-from spiderflow.store.base import CompareFailedError
+from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
 
 __all__ = ["CycleReport", "Decision", "DecisionKind", "PlanFinalizer", "SchedulingCycle"]
 
@@ -206,15 +207,31 @@ class SchedulingCycle:
         self.wait_for_releases = wait_for_releases
         self._waits: dict[str, _Wait] = {}
         self._adopted = False  # whether this term's waits were read from etcd (see ``new_term``)
+        self._guard: Compare | None = None  # this term's election-key compare (see ``new_term``)
         self._notes_left = NOTE_WRITES_PER_CYCLE
         self._decisions: OrderedDict[tuple[str, JobSpec, Topology, Budget], PlacementResult] = OrderedDict()
         self.cache_hits = 0
         """Decisions answered by the decision cache (for tests and measurements)."""
 
-    def new_term(self) -> None:
+    def new_term(self, guard: Compare | None = None) -> None:
         """Leadership was (re)gained: the next cycle first adopts the waits recorded in etcd (another leader
-        may have changed them since this process last led)."""
+        may have changed them since this process last led). ``guard`` (the compare of this term's election
+        key) guards every write of a wait record: once it fails, leadership is gone and :meth:`run` raises
+        :class:`~spiderflow.store.base.NotLeaderError` without writing."""
         self._adopted = False
+        self._guard = guard
+
+    async def _put_wait(self, job_id: str, doc: Mapping[str, Any]) -> None:
+        try:
+            await self.repo.put_wait(job_id, doc, guard=self._guard)
+        except CompareFailedError:
+            raise NotLeaderError(f"leadership lost: the wait of {job_id} was not recorded") from None
+
+    async def _delete_wait(self, job_id: str) -> None:
+        try:
+            await self.repo.delete_wait(job_id, guard=self._guard)
+        except CompareFailedError:
+            raise NotLeaderError(f"leadership lost: the wait of {job_id} was not deleted") from None
 
     async def _adopt_waits(self) -> None:
         """Replace the in-memory waits with those recorded in etcd; a malformed record is deleted, and so is
@@ -225,7 +242,7 @@ class SchedulingCycle:
             if w is None or not self.wait_for_releases:
                 why = "malformed wait record" if w is None else "this scheduler does not wait for releases"
                 log.warning("scheduler.wait_dropped", job=job_id, reason=why)
-                await self.repo.delete_wait(job_id)
+                await self._delete_wait(job_id)
                 continue
             waits[job_id] = w
         self._waits = waits
@@ -237,7 +254,7 @@ class SchedulingCycle:
         """Forget the waits of ``job_ids``, in memory and in etcd."""
         for job_id in job_ids:
             self._waits.pop(job_id, None)
-            await self.repo.delete_wait(job_id)
+            await self._delete_wait(job_id)
 
     def next_wait_end(self) -> float | None:
         """The earliest time (``clock`` seconds) at which a job waiting for releases is due to be decided
@@ -342,7 +359,7 @@ class SchedulingCycle:
                     budget = replace(budget, releases=expected_releases(holding, claims, now, gone=gone))
                 decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs, budget)
                 if decision.kind is DecisionKind.DEFERRED and (new_wait := self._waits.get(qj.id)) is not None:
-                    await self.repo.put_wait(qj.id, new_wait.to_doc())
+                    await self._put_wait(qj.id, new_wait.to_doc())
             report.decisions.append(decision)
             if decision.kind is DecisionKind.CONFLICT:
                 report.conflict = True

@@ -39,7 +39,7 @@ from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 from spiderflow.store import keys
-from spiderflow.store.base import CompareFailedError, Store
+from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError, Store
 
 __all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
 
@@ -212,15 +212,22 @@ class SchedulerReplica:
                     return
                 stopper.cancel()
                 leadership = campaign.result()
+                # Wait records are written only while this term's election key is unchanged (deposed: no write).
+                held = await self.store.get(leadership.key)
+                guard = Compare(key=leadership.key, mod_revision=held.mod_revision if held else leadership.revision)
             except (UnavailableError, ConflictError) as e:
                 log.info("scheduler.campaign_retry", error=str(e))
                 await asyncio.sleep(0.5)
                 continue
             log.info("scheduler.leader", address=self.address, lease=lease.id)
             self.is_leader = True
-            self.cycle.new_term()
+            self.cycle.new_term(guard)
             try:
                 await self._lead(leadership.lost, stop)
+            except NotLeaderError as e:  # the election key changed under a guarded write: end this term
+                log.warning("scheduler.deposed", address=self.address, error=str(e))
+                with contextlib.suppress(SpiderFlowError):
+                    await lease.revoke()
             finally:
                 self.is_leader = False
                 if self.executor:

@@ -14,7 +14,8 @@ etcd revision, whichever replica wrote and whenever a process died):
 
 5. A job's ``waits/<job>`` key (its wait for GPUs being released, written by the scheduler leader) is
    deleted in the transaction that binds the job; a wait of a job that is no longer queued is advisory
-   and removed by the next leader cycle.
+   and removed by the next leader cycle. The leader writes and deletes wait keys in transactions that
+   compare its election key, so a deposed leader cannot change them after its successor adopted them.
 
 Allocation values are JSON ``{"<job>": gpus}``; assignment values are the cluster's stages of the plan
 (``{"job", "attempt", "stages": [...], "plan": {...}, "spec": {...}}``) for its agent to execute.
@@ -291,13 +292,14 @@ class JobRepository:
             out[keys.name_of(kv.key, keys.WAITS)] = doc if isinstance(doc, dict) else {}
         return out
 
-    async def put_wait(self, job_id: str, doc: Mapping[str, Any]) -> None:
-        """Record queued job ``job_id``'s wait for GPUs being released (one put)."""
-        await self.store.put(keys.wait_key(job_id), _encode(doc))
+    async def put_wait(self, job_id: str, doc: Mapping[str, Any], *, guard: Compare | None = None) -> None:
+        """Record queued job ``job_id``'s wait for GPUs being released (one transaction). With ``guard``
+        (the leader key's compare) nothing is written unless it holds: :class:`CompareFailedError`."""
+        await self.store.commit([guard] if guard else [], [Put(key=keys.wait_key(job_id), value=_encode(doc))], [])
 
-    async def delete_wait(self, job_id: str) -> None:
-        """Forget ``job_id``'s wait (absent already is fine)."""
-        await self.store.delete(keys.wait_key(job_id))
+    async def delete_wait(self, job_id: str, *, guard: Compare | None = None) -> None:
+        """Forget ``job_id``'s wait (absent already is fine); ``guard`` as in :meth:`put_wait`."""
+        await self.store.commit([guard] if guard else [], [], [keys.wait_key(job_id)])
 
     def known_allocation(self, cluster: str) -> tuple[dict[str, int], int] | None:
         """``({job: gpus}, mod_revision)`` of a cluster's allocation key as this process last wrote or read it

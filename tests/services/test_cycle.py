@@ -19,6 +19,7 @@ from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_pol
 from spiderflow.placement.base import Release
 from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.store import MemoryStore, keys
+from spiderflow.store.base import Compare, NotLeaderError
 from spiderflow.tpa import plan_chain as tpa_plan_chain
 
 
@@ -368,3 +369,31 @@ async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_d
     plain = SchedulingCycle(JobRepository(store), StaticTopologySource(_topo()))
     await plain.run()
     assert await repo.waits() == {} and plain.next_wait_end() is None
+
+
+async def test_a_deposed_leader_records_no_wait_and_a_leader_does() -> None:
+    """Wait records are written in transactions that compare the term's election key: while the key holds
+    the wait is recorded; once the lease behind it is gone (a successor may have adopted the records), the
+    cycle ends with NotLeaderError and writes nothing."""
+    for deposed in (False, True):
+        clock = [1000.0]
+        store = MemoryStore()
+        repo = JobRepository(store)
+        lease = await store.grant(30)
+        leadership = await store.campaign(keys.election_name(keys.SCHEDULER), b"old", lease)
+        held = await store.get(leadership.key)
+        assert held is not None
+        cycle = SchedulingCycle(repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
+                                clock=lambda c=clock: c[0])  # type: ignore[misc]
+        cycle.new_term(Compare(key=leadership.key, mod_revision=held.mod_revision))
+        await repo.submit(SHORT, "r-short")
+        await cycle.run()
+        await repo.submit(LONG, "r-long")
+        if not deposed:
+            assert [d.kind for d in (await cycle.run()).decisions] == [DecisionKind.DEFERRED]
+            assert set(await repo.waits()) == {"long"}
+            continue
+        await lease.revoke()
+        with pytest.raises(NotLeaderError, match="the wait of long was not recorded"):
+            await cycle.run()
+        assert await repo.waits() == {}
