@@ -1,21 +1,27 @@
-"""Scheduling overhead on the same decisions: every policy decides exactly the instances SpinSearch decided.
+"""Scheduling overhead on the same decisions: every policy decides exactly the instances one policy met.
 
 ``bench/paper.py`` times each policy on its own trajectory: a policy's measured decision times delay its
 jobs, so each policy sees other queues and free-GPU states, makes another number of decisions (a GA that
 fails quickly on memory is asked again and again), and its mean moves from run to run with the trajectory.
-This script takes that out. For each cluster count it simulates SpinSearch on the paper's topology and trace
-(same seeds and load as ``bench/paper.py``, a fixed overhead per decision so the instances are
-reproducible) and records every decision it makes: the topology snapshot, the job and the budget (time
-limit, seed, objective, releases). Each policy then decides those instances, in the recorded order, in a
-fresh process (no policy inherits another's caches), and each decision's wall and CPU time is measured.
+This script takes that out. For each cluster count and each *source* policy (``--sources``, default
+SpinSearch) it simulates the source on the paper's topology and trace (same seeds and load as
+``bench/paper.py``; ``--overhead fixed`` by default, so the instances are reproducible; ``measured`` gives
+the trajectory ``bench/paper.py`` times) in a fresh process and records every decision it makes: the
+topology snapshot, the job and the budget (time limit, seed, objective, releases), and the wall and CPU
+time of the source's own decision. Every other policy then decides those instances, in the recorded order,
+in a fresh process (no policy inherits another's caches), and each decision's wall and CPU time is
+measured the same way.
 
-Figures per size and policy ``p``: mean and median wall time per instance, mean CPU time, how many
-instances ``p`` placed, and against SpinSearch on the same instances ``ratio_of_means`` (mean of ``p`` /
-mean of SpinSearch) and ``median_ratio`` (the median over instances of ``p``'s time / SpinSearch's).
+Figures per size, source and policy ``p``: mean and median wall time per instance, mean CPU time, how
+many instances ``p`` placed, and against SpinSearch on the same instances ``ratio_of_means`` (mean of
+``p`` / mean of SpinSearch: the ratio of the total overheads of the same decisions) and ``median_ratio``
+(the median over instances of ``p``'s time / SpinSearch's).
 
 Usage::
 
     .venv/bin/python bench/paired_overhead.py --sizes 8,16,32,64 --time-limit 3 --out bench/results/paired-overhead.json
+    .venv/bin/python bench/paired_overhead.py --sizes 8,16,32,64 --time-limit 3 --sources ilp,genetic \
+        --overhead measured --policies "" --out bench/results/paired-overhead-baseline-instances.json
     .venv/bin/python bench/paired_overhead.py --quick    # 8 clusters, 20 jobs
 
 Writes ``--out`` (JSON) and prints a Markdown table.
@@ -50,20 +56,29 @@ POLICIES = ("spinsearch", "ilp", "genetic")
 Instance = tuple[Topology, JobSpec, Budget]
 
 
+Timing = tuple[float, float, str]
+"""``(wall s, CPU s, status)`` of one decision."""
+
+
 class _Recorder:
-    """A policy that records every decision asked of it and answers with the wrapped policy."""
+    """A policy that records every decision asked of it, with its wall and CPU time, and answers with the
+    wrapped policy."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name = inner.name
         self.seen: list[Instance] = []
+        self.timed: list[Timing] = []
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         self.seen.append((topo, job, budget or Budget()))
+        c0 = time.process_time()
+        t0 = time.perf_counter()
         result: PlacementResult = self.inner.place(topo, job, budget)
+        self.timed.append((time.perf_counter() - t0, time.process_time() - c0, str(result.status)))
         return result
 
 
@@ -72,21 +87,32 @@ def _quiet() -> None:
     load_builtin_policies()
 
 
-def record(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float) -> list[Instance]:
-    """SpinSearch's decisions in the simulation of the paper's topology and trace for ``clusters``."""
+def _record_child(args: tuple[str, int, int, int, float, float, str]) -> tuple[list[Instance], list[Timing]]:
+    _quiet()
+    source, clusters, jobs, seed, load, time_limit, overhead = args
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
-    rec = _Recorder(get_policy("spinsearch"))
-    simulate(topo, trace, rec, SimConfig(seed=seed, time_limit_s=time_limit, overhead=OverheadMode.FIXED))
-    return rec.seen
+    rec = _Recorder(get_policy(source))
+    simulate(topo, trace, rec, SimConfig(seed=seed, time_limit_s=time_limit, overhead=OverheadMode(overhead)))
+    return rec.seen, rec.timed
 
 
-def _time_child(args: tuple[str, list[Instance]]) -> list[tuple[float, float, str]]:
-    """``(wall s, CPU s, status)`` of ``policy`` deciding each instance, in order."""
+def record(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float, source: str = "spinsearch",
+           overhead: OverheadMode = OverheadMode.FIXED) -> tuple[list[Instance], list[Timing]]:
+    """``source``'s decisions in the simulation of the paper's topology and trace for ``clusters``, and the
+    time each took, simulated in a fresh process."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        res: tuple[list[Instance], list[Timing]] = pool.apply(
+            _record_child, ((source, clusters, jobs, seed, load, time_limit, overhead.value),))
+        return res
+
+
+def _time_child(args: tuple[str, list[Instance]]) -> list[Timing]:
+    """The :data:`Timing` of ``policy`` deciding each instance, in order."""
     _quiet()
     name, instances = args
     policy = get_policy(name)
-    out: list[tuple[float, float, str]] = []
+    out: list[Timing] = []
     for topo, job, budget in instances:
         c0 = time.process_time()
         t0 = time.perf_counter()
@@ -98,19 +124,23 @@ def _time_child(args: tuple[str, list[Instance]]) -> list[tuple[float, float, st
     return out
 
 
-def time_policy(name: str, instances: list[Instance]) -> list[tuple[float, float, str]]:
+def time_policy(name: str, instances: list[Instance]) -> list[Timing]:
     """:func:`_time_child` in a fresh process."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        res: list[tuple[float, float, str]] = pool.apply(_time_child, ((name, instances),))
+        res: list[Timing] = pool.apply(_time_child, ((name, instances),))
         return res
 
 
-def run_size(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float,
-             policies: list[str]) -> dict[str, Any]:
-    instances = record(clusters, jobs, seed=seed, load=load, time_limit=time_limit)
-    timed = {p: time_policy(p, instances) for p in policies}
+def run_size(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float, policies: list[str],
+             source: str = "spinsearch", overhead: OverheadMode = OverheadMode.FIXED) -> dict[str, Any]:
+    """The figures of the module docstring for ``policies`` (SpinSearch among them) on ``source``'s
+    instances at ``clusters``; ``source``'s own times are those of its recorded decisions."""
+    instances, own = record(clusters, jobs, seed=seed, load=load, time_limit=time_limit, source=source,
+                            overhead=overhead)
+    timed = {p: own if p == source else time_policy(p, instances) for p in dict.fromkeys([source, *policies])}
     base = [w for w, _, _ in timed["spinsearch"]]
-    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "instances": len(instances), "policies": {}}
+    out: dict[str, Any] = {"clusters": clusters, "jobs": jobs, "source": source, "overhead": overhead.value,
+                           "instances": len(instances), "policies": {}}
     for p, rows in timed.items():
         walls = [w for w, _, _ in rows]
         fig: dict[str, Any] = {
@@ -122,22 +152,23 @@ def run_size(clusters: int, jobs: int, *, seed: int, load: float, time_limit: fl
             fig["ratio_of_means"] = fig["mean_s"] / statistics.fmean(base)
             fig["median_ratio"] = statistics.median(w / max(b, 1e-9) for w, b in zip(walls, base, strict=True))
         out["policies"][p] = fig
-        print(f"  {clusters:>4} clusters {p:>10}: {len(rows)} instances, mean {fig['mean_s'] * 1e3:.1f} ms, "
-              f"median {fig['median_s'] * 1e3:.1f} ms, placed {fig['placed']}"
+        print(f"  {clusters:>4} clusters, {source}'s instances, {p:>10}: {len(rows)} instances, "
+              f"mean {fig['mean_s'] * 1e3:.1f} ms, median {fig['median_s'] * 1e3:.1f} ms, placed {fig['placed']}"
               + (f", {fig['ratio_of_means']:.1f}x mean, {fig['median_ratio']:.1f}x median"
                  if "ratio_of_means" in fig else ""), flush=True)
     return out
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| clusters | instances | spinsearch mean / median ms | policy | mean / median ms | placed | "
-             "ratio of means | median ratio |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| clusters | instances of | instances | spinsearch mean / median ms | policy | mean / median ms | "
+             "placed | ratio of means | median ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ss = r["policies"]["spinsearch"]
         for p, f in r["policies"].items():
             if p == "spinsearch":
                 continue
-            lines.append(f"| {r['clusters']} | {r['instances']} | {ss['mean_s'] * 1e3:.1f} / "
+            lines.append(f"| {r['clusters']} | {r.get('source', 'spinsearch')} | {r['instances']} | "
+                         f"{ss['mean_s'] * 1e3:.1f} / "
                          f"{ss['median_s'] * 1e3:.1f} | {p} | {f['mean_s'] * 1e3:.0f} / {f['median_s'] * 1e3:.0f} | "
                          f"{f['placed']} (spinsearch {ss['placed']}) | {f['ratio_of_means']:.1f}× | "
                          f"{f['median_ratio']:.1f}× |")
@@ -152,7 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--load", type=float, default=1.0)
     ap.add_argument("--time-limit", type=float, default=3.0, help="per-decision limit in every budget (s)")
-    ap.add_argument("--policies", default=",".join(POLICIES[1:]), help="policies timed besides spinsearch")
+    ap.add_argument("--policies", default=",".join(POLICIES[1:]),
+                    help="policies timed besides spinsearch and the source (comma-separated; may be empty)")
+    ap.add_argument("--sources", default="spinsearch",
+                    help="policies whose simulated decisions are the instances (comma-separated)")
+    ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default=OverheadMode.FIXED.value,
+                    help="overhead mode of the recording simulations: fixed (reproducible, default) or measured "
+                         "(the trajectories bench/paper.py times)")
     ap.add_argument("--quick", action="store_true", help="8 clusters, 20 jobs")
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
     args = ap.parse_args(argv)
@@ -162,11 +199,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("argument --sizes: give at least one cluster count")
     jobs = 20 if args.quick else args.jobs
     policies = ["spinsearch", *[p.strip() for p in args.policies.split(",") if p.strip() and p.strip() != "spinsearch"]]
-    unknown = [p for p in policies if p not in REGISTRY]
-    if unknown:
-        ap.error(f"argument --policies: unknown {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY))})")
-    results = [run_size(n, jobs, seed=args.seed, load=args.load, time_limit=args.time_limit, policies=policies)
-               for n in sizes]
+    sources = list(dict.fromkeys(p.strip() for p in args.sources.split(",") if p.strip()))
+    for flag, names in (("--policies", policies), ("--sources", sources)):
+        unknown = [p for p in names if p not in REGISTRY]
+        if unknown:
+            ap.error(f"argument {flag}: unknown {', '.join(unknown)} (known: {', '.join(sorted(REGISTRY))})")
+    if not sources:
+        ap.error("argument --sources: give at least one policy")
+    results = [run_size(n, jobs, seed=args.seed, load=args.load, time_limit=args.time_limit, policies=policies,
+                        source=src, overhead=OverheadMode(args.overhead))
+               for n in sizes for src in sources]
     print(table(results))
     if args.out:
         doc = {"command": "bench/paired_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv),
