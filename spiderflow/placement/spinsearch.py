@@ -259,8 +259,28 @@ def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr,
     return math.inf
 
 
-_SEARCH_CACHE: dict[tuple[object, ...], tuple[object, list[ChainCandidate], dict[str, float]]] = {}
+_SEARCH_CACHE: dict[tuple[object, ...], tuple[weakref.ref[object], list[ChainCandidate], dict[str, float]]] = {}
 _SEARCH_CACHE_MAX = 2048
+_SEARCH_MATRICES: dict[int, weakref.ref[object]] = {}
+"""The path matrices the memoised searches were made on, by id: when one is freed (no snapshot of that
+topology is left), its entries go with it, so the memo never keeps an old topology's matrices alive."""
+
+
+def _forget_matrix(mid: int) -> None:
+    _SEARCH_MATRICES.pop(mid, None)
+    for k in [k for k in _SEARCH_CACHE if k[0] == mid]:
+        del _SEARCH_CACHE[k]
+
+
+def _memoise_search(key: tuple[object, ...], bw: object, cands: list[ChainCandidate], stats: dict[str, float]) -> None:
+    mid = id(bw)
+    ref = _SEARCH_MATRICES.get(mid)
+    if ref is None or ref() is not bw:
+        ref = weakref.ref(bw, lambda _r, m=mid: _forget_matrix(m))
+        _SEARCH_MATRICES[mid] = ref
+    if len(_SEARCH_CACHE) >= _SEARCH_CACHE_MAX:
+        del _SEARCH_CACHE[next(iter(_SEARCH_CACHE))]
+    _SEARCH_CACHE[key] = (ref, list(cands), dict(stats))
 
 
 def search_chains(
@@ -280,25 +300,23 @@ def search_chains(
     """The search of the module docstring (steps 1–4). Returns up to ``keep`` distinct feasible
     candidates, best first (cluster indices into ``topo.clusters``), and search statistics.
 
-    Without a deadline the result is memoised process-wide (bounded): it is a function of the job's
+    A search that ends before ``deadline`` (or has none) is memoised process-wide (bounded), and a later
+    call with the same key returns it, with or without a deadline: the result is a function of the job's
     shape (model, batch, sequence length, GPU range), the free GPUs per cluster, the topology's clusters
     and path matrices (snapshots made by ``Topology.with_free`` share them; the key holds the matrix
-    object and compares it by identity) and the search parameters."""
-    key: tuple[object, ...] | None = None
-    if deadline is None:
-        bw = topo.bandwidth_matrix
-        key = (id(bw), tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
-               objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
-        hit = _SEARCH_CACHE.get(key)
-        if hit is not None and hit[0] is bw:
-            return list(hit[1]), dict(hit[2])
+    object and compares it by identity) and the search parameters, and the deadline only ever cuts a
+    search short. A search cut short (``stats["deadline_hit"]``) is not memoised."""
+    bw = topo.bandwidth_matrix
+    key = (id(bw), tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
+           objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
+    hit = _SEARCH_CACHE.get(key)
+    if hit is not None and hit[0]() is bw:
+        return list(hit[1]), dict(hit[2])
     cands, stats = _search_chains(topo, job, objective=objective, beam_width=beam_width, neighbours=neighbours,
                                   seeds=seeds, stall_factor=stall_factor, refine_top=refine_top,
                                   trim_top=trim_top, keep=keep, deadline=deadline)
-    if key is not None and "deadline_hit" not in stats:
-        if len(_SEARCH_CACHE) >= _SEARCH_CACHE_MAX:
-            del _SEARCH_CACHE[next(iter(_SEARCH_CACHE))]
-        _SEARCH_CACHE[key] = (topo.bandwidth_matrix, list(cands), dict(stats))
+    if "deadline_hit" not in stats:
+        _memoise_search(key, bw, cands, stats)
     return cands, stats
 
 
