@@ -212,16 +212,16 @@ class SchedulerReplica:
                     return
                 stopper.cancel()
                 leadership = campaign.result()
-                # Wait records are written only while this term's election key is unchanged (deposed: no write).
-                held = await self.store.get(leadership.key)
-                guard = Compare(key=leadership.key, mod_revision=held.mod_revision if held else leadership.revision)
             except (UnavailableError, ConflictError) as e:
                 log.info("scheduler.campaign_retry", error=str(e))
                 await asyncio.sleep(0.5)
                 continue
             log.info("scheduler.leader", address=self.address, lease=lease.id)
             self.is_leader = True
-            self.cycle.new_term(guard)
+            # Wait records are written only while this term's election key is unchanged (deposed: no write).
+            # The key is new (a fresh lease per campaign) and never proclaimed: its mod_revision is its
+            # create revision.
+            self.cycle.new_term(Compare(key=leadership.key, mod_revision=leadership.revision))
             try:
                 await self._lead(leadership.lost, stop)
             except NotLeaderError as e:  # the election key changed under a guarded write: end this term
