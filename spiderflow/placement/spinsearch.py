@@ -267,16 +267,21 @@ topology is left), its entries go with it, so the memo never keeps an old topolo
 
 
 def _forget_matrix(mid: int) -> None:
+    # Runs as a weakref callback (at any allocation): iterate over a copy and tolerate entries gone already.
     _SEARCH_MATRICES.pop(mid, None)
-    for k in [k for k in _SEARCH_CACHE if k[0] == mid]:
-        del _SEARCH_CACHE[k]
+    for k in list(_SEARCH_CACHE):
+        if k[0] == mid:
+            _SEARCH_CACHE.pop(k, None)
 
 
 def _memoise_search(key: tuple[object, ...], bw: object, cands: list[ChainCandidate], stats: dict[str, float]) -> None:
     mid = id(bw)
     ref = _SEARCH_MATRICES.get(mid)
     if ref is None or ref() is not bw:
-        ref = weakref.ref(bw, lambda _r, m=mid: _forget_matrix(m))
+        def _gone(_r: weakref.ref[object], m: int = mid) -> None:
+            _forget_matrix(m)
+
+        ref = weakref.ref(bw, _gone)
         _SEARCH_MATRICES[mid] = ref
     if len(_SEARCH_CACHE) >= _SEARCH_CACHE_MAX:
         del _SEARCH_CACHE[next(iter(_SEARCH_CACHE))]
