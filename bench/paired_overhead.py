@@ -37,8 +37,9 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -54,6 +55,8 @@ from spiderflow.topogen import generate_topology
 POLICIES = ("spinsearch", "ilp", "genetic")
 
 Instance = tuple[Topology, JobSpec, Budget]
+A = TypeVar("A")
+R = TypeVar("R")
 
 
 Timing = tuple[float, float, str]
@@ -87,6 +90,13 @@ def _quiet() -> None:
     load_builtin_policies()
 
 
+def _in_fresh_process(fn: Callable[[A], R], arg: A) -> R:
+    """``fn(arg)`` in a freshly spawned process (no caches inherited from this one)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        res: R = pool.apply(fn, (arg,))
+        return res
+
+
 def _record_child(args: tuple[str, int, int, int, float, float, str]) -> tuple[list[Instance], list[Timing]]:
     _quiet()
     source, clusters, jobs, seed, load, time_limit, overhead = args
@@ -101,10 +111,7 @@ def record(clusters: int, jobs: int, *, seed: int, load: float, time_limit: floa
            overhead: OverheadMode = OverheadMode.FIXED) -> tuple[list[Instance], list[Timing]]:
     """``source``'s decisions in the simulation of the paper's topology and trace for ``clusters``, and the
     time each took, simulated in a fresh process."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        res: tuple[list[Instance], list[Timing]] = pool.apply(
-            _record_child, ((source, clusters, jobs, seed, load, time_limit, overhead.value),))
-        return res
+    return _in_fresh_process(_record_child, (source, clusters, jobs, seed, load, time_limit, overhead.value))
 
 
 def _time_child(args: tuple[str, list[Instance]]) -> list[Timing]:
@@ -126,9 +133,7 @@ def _time_child(args: tuple[str, list[Instance]]) -> list[Timing]:
 
 def time_policy(name: str, instances: list[Instance]) -> list[Timing]:
     """:func:`_time_child` in a fresh process."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        res: list[Timing] = pool.apply(_time_child, ((name, instances),))
-        return res
+    return _in_fresh_process(_time_child, (name, instances))
 
 
 def run_size(clusters: int, jobs: int, *, seed: int, load: float, time_limit: float, policies: list[str],
