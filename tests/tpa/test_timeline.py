@@ -188,6 +188,39 @@ def test_step_lower_bound_never_exceeds_the_simulated_step(latency_ms: float, m:
     assert step_lower_bound(plan, topo, job) <= simulate_plan(plan, topo, job).step_s * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("schedule", [Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.INTERLEAVED_1F1B])
+@pytest.mark.parametrize("dp", [1, 2, 4])
+@pytest.mark.parametrize("latency_ms", [0.0, 50.0])
+def test_window_estimate_tracks_the_timeline_with_replicas(schedule: Schedule, dp: int, latency_ms: float) -> None:
+    """The ranking estimate sees each replica's share of the window: with ``d`` replicas a stage holds
+    ``(w + d)/v`` micro-batches in flight, not ``w + 1`` (which made 1F1B with data parallelism look
+    several times slower than it runs), and interleaving's stage-wide warm-up is the one the orders use."""
+    from spiderflow.tpa.timeline import window_estimate
+
+    topo, job = _wan_chain(latency_ms)
+    stages = tuple(Stage(cluster=f"r{i}", first_layer=4 * i, last_layer=4 * i + 3, tp=4 // dp, dp=dp)
+                   for i in range(4))
+    for m in (16, 64):
+        extras = {"chunks": 2.0} if schedule is Schedule.INTERLEAVED_1F1B else {}
+        plan = evaluate(Plan(stages=stages, micro_batches=m, schedule=schedule, extras=extras), topo, job)
+        ratio = window_estimate(plan, topo, job) / simulate_plan(plan, topo, job).step_s
+        assert 0.7 <= ratio <= 1.5, (m, ratio)
+
+
+def test_stage_warmup_is_the_warmup_the_orders_use() -> None:
+    from spiderflow.schedules import stage_ops
+
+    for schedule, chunks in ((Schedule.ONE_F_ONE_B, 1), (Schedule.LATENCY_AWARE, 1), (Schedule.INTERLEAVED_1F1B, 2)):
+        for reps in ([1, 1, 1], [2, 2, 2], [4, 2, 1]):
+            m = 12
+            orders = plan_orders(schedule, m, reps, chunks=chunks)
+            for i in range(len(reps)):
+                w = stage_warmup(schedule, m, reps, i, chunks=chunks)
+                whole = stage_ops(schedule, len(reps), m, 0, chunks=chunks, warmup=w)
+                dealt = [[op for op in whole if op[1] % reps[i] == r] for r in range(reps[i])]
+                assert [list(o) for o in orders[i]] == dealt
+
+
 # --- equal memory: the same in-flight cap K for every schedule ------------------------------------------
 
 def _f1_peak(plan: Plan) -> int:
