@@ -24,6 +24,11 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
   and their mean ± sd;
 - ``--wait-ablation``: SpinSearch again with no releases passed (it always starts on what is free now),
   to show what the start-now-or-wait step contributes.
+- ``--repeats R``: the measured main comparison R times per size. Each policy's trajectory moves with its
+  own measured decision times (they delay its jobs, so it meets other queues), and ``ilp``'s and the GA's
+  decision times move with it: one run is one sample. The table adds every run's time per decision and,
+  against ``ilp`` and ``genetic``, the ratio of the means over the runs with the range of run-by-run
+  ratios. JCT and throughput stay those of the first run.
 
 A separate scale run (``--scale-clusters 256 --scale-jobs 2000``) times the whole simulation of
 SpinSearch alone (wall clock of the run, the 10-minute target).
@@ -92,7 +97,7 @@ def _mean(xs: list[float]) -> float | None:
 
 def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
              objective: Objective = Objective.JCT, overhead: OverheadMode = OverheadMode.MEASURED,
-             wait_ablation: bool = False, isolate: bool = True) -> dict[str, Any]:
+             wait_ablation: bool = False, isolate: bool = True, repeats: int = 1) -> dict[str, Any]:
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
     cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=overhead)
@@ -124,6 +129,16 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
         out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
         out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
     out["ratios"] = ratios(out["policies"])
+    if repeats > 1 and overhead is OverheadMode.MEASURED:
+        runs = {p: [_overhead_of(s)] for p, s in out["policies"].items()}
+        for rep in range(2, repeats + 1):
+            for p in runs:
+                s = summarize(_simulate(topo, trace, p, cfg, isolate=isolate))
+                runs[p].append(_overhead_of(s))
+                print(f"  {clusters:>4} clusters {p:>10}: run {rep}/{repeats}: {s['decisions']} decisions, "
+                      f"{s['overhead_per_decision_mean_s'] or 0:.4f} s/decision, total {s['sched_overhead_s']:.4g} s",
+                      flush=True)
+        out["overhead_repeats"] = overhead_repeats(runs)
     if wait_ablation and "spinsearch" in policies:
         # SpinSearch without the releases (always starts on what is free now), same trace and budgets.
         s = summarize(_simulate(topo, trace, "spinsearch", replace(cfg, releases=False), isolate=isolate))
@@ -165,6 +180,37 @@ def ratios(pol: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if p in base and base[p].get("cpu_per_decision_mean_s") and ss.get("cpu_per_decision_mean_s"):
             r[f"cpu_ratio_{p}"] = base[p]["cpu_per_decision_mean_s"] / ss["cpu_per_decision_mean_s"]
     return r
+
+
+def _overhead_of(s: dict[str, Any]) -> dict[str, Any]:
+    return {"decisions": s["decisions"], "per_decision_s": s["overhead_per_decision_mean_s"],
+            "total_s": s["sched_overhead_s"]}
+
+
+def overhead_repeats(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Overhead over repeated measured runs of the same trace (each policy's trajectory moves with its own
+    measured decision times, so one run is one sample): every run's figures, and for ``ilp`` and
+    ``genetic`` the ratio of their mean over the runs to SpinSearch's (per decision and total) and the
+    range of the run-by-run ratios (run ``i`` of the baseline over run ``i`` of SpinSearch)."""
+    out: dict[str, Any] = {"runs": runs}
+    ss = runs.get("spinsearch")
+    if not ss or any(not r["per_decision_s"] or not r["total_s"] for r in ss):
+        return out
+    for p in ("ilp", "genetic"):
+        rs = runs.get(p)
+        if not rs or any(r["per_decision_s"] is None for r in rs):
+            continue
+        per = [b["per_decision_s"] / a["per_decision_s"] for a, b in zip(ss, rs, strict=True)]
+        tot = [b["total_s"] / a["total_s"] for a, b in zip(ss, rs, strict=True)]
+        out[p] = {
+            "per_decision_ratio_of_means": statistics.fmean(r["per_decision_s"] for r in rs)
+            / statistics.fmean(r["per_decision_s"] for r in ss),
+            "total_ratio_of_means": statistics.fmean(r["total_s"] for r in rs)
+            / statistics.fmean(r["total_s"] for r in ss),
+            "per_decision_ratio_min": min(per), "per_decision_ratio_max": max(per),
+            "total_ratio_min": min(tot), "total_ratio_max": max(tot),
+        }
+    return out
 
 
 def cost_run(clusters: int, jobs: int, *, seeds: list[int], load: float, time_limit: float) -> dict[str, Any]:
@@ -330,6 +376,28 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(r.get('overhead_ratio_ilp'))} | {f(r.get('overhead_ratio_genetic'))} | "
                      f"{f(r.get('cpu_ratio_ilp'))} | {f(r.get('cpu_ratio_genetic'))} | "
                      f"{f(r.get('total_overhead_ratio_ilp'))} | {f(r.get('total_overhead_ratio_genetic'))} |")
+    if any("overhead_repeats" in size for size in doc["sizes"]):
+        lines += ["", "Overhead over repeated measured runs (same trace; ratio of the means over the runs, and the "
+                      "range of run-by-run ratios):", "",
+                  "| clusters | runs | spinsearch s/decision (each run) | baseline | baseline s/decision (each run) | "
+                  "per decision: ratio of means (range) | total: ratio of means (range) |",
+                  "|---|---|---|---|---|---|---|"]
+        for size in doc["sizes"]:
+            rep = size.get("overhead_repeats")
+            if not rep:
+                continue
+            ss_runs = rep["runs"].get("spinsearch", [])
+            for p in ("ilp", "genetic"):
+                if p not in rep:
+                    continue
+                v = rep[p]
+                mine = ", ".join(f"{r['per_decision_s']:.4g}" for r in ss_runs)
+                theirs = ", ".join(f"{r['per_decision_s']:.4g}" for r in rep["runs"][p])
+                lines.append(
+                    f"| {size['clusters']} | {len(ss_runs)} | {mine} | {p} | {theirs} | "
+                    f"{v['per_decision_ratio_of_means']:.3g} ({v['per_decision_ratio_min']:.3g}–"
+                    f"{v['per_decision_ratio_max']:.3g}) | {v['total_ratio_of_means']:.3g} ({v['total_ratio_min']:.3g}–"
+                    f"{v['total_ratio_max']:.3g}) |")
     if doc.get("cost"):
         c = doc["cost"]
         lines += ["", f"Cost run ({c['clusters']} clusters, {c['jobs']} jobs, seeds {c['seeds']}, fixed overhead per "
@@ -407,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seeds of the cost run (fixed overhead mode)")
     ap.add_argument("--overhead", choices=[m.value for m in OverheadMode], default="measured",
                     help="measured: decisions' wall time delays jobs (default); fixed: 0.01 s each (reproducible)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the measured main comparison this many times per size (overhead mean and range)")
     ap.add_argument("--no-isolate", action="store_true",
                     help="run the main comparison's simulations in this process (caches shared across policies)")
     ap.add_argument("--sweep-seeds", type=csv_ints(minimum=0), default=[],
@@ -425,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.sizes and not (args.scale_only or args.quick):
         ap.error("argument --sizes: give at least one cluster count")
+    if args.repeats < 1:
+        ap.error(f"argument --repeats: must be ≥ 1 (got {args.repeats})")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     load_builtin_policies()
     if args.quick:
@@ -446,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.sizes:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
                                          time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
-                                         wait_ablation=args.wait_ablation, isolate=not args.no_isolate))
+                                         wait_ablation=args.wait_ablation, isolate=not args.no_isolate,
+                                         repeats=args.repeats))
         if args.cost:
             doc["cost"] = cost_run(args.sizes[0], args.jobs, seeds=args.cost_seeds,
                                    load=args.load, time_limit=args.time_limit)

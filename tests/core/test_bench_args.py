@@ -37,6 +37,7 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("paper", ["--sizes", "8,x"], "argument --sizes: 'x' is not an integer"),
     ("paper", ["--sizes", ","], "argument --sizes: give at least one cluster count"),
     ("paper", ["--cost-seeds", "-1"], "argument --cost-seeds: -1 is below the minimum 0"),
+    ("paper", ["--repeats", "0"], "argument --repeats: must be ≥ 1 (got 0)"),
     ("paired_overhead", ["--sizes", "0"], "argument --sizes: 0 is below the minimum 1"),
     ("paired_overhead", ["--policies", "ilp,nope"], "argument --policies: unknown nope"),
     ("placement", ["--sizes", "a"], "argument --sizes: 'a' is not an integer"),
@@ -49,3 +50,20 @@ def test_bench_scripts_exit_2_on_bad_lists(script: str, argv: list[str], message
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_overhead_repeats_ratio_of_means_and_run_by_run_range() -> None:
+    paper = _script("paper")
+    runs = {
+        "spinsearch": [{"decisions": 10, "per_decision_s": 0.01, "total_s": 0.1},
+                       {"decisions": 10, "per_decision_s": 0.03, "total_s": 0.3}],
+        "ilp": [{"decisions": 10, "per_decision_s": 0.5, "total_s": 5.0},
+                {"decisions": 20, "per_decision_s": 0.3, "total_s": 6.0}],
+    }
+    out = paper.overhead_repeats(runs)
+    assert out["runs"] is runs and "genetic" not in out
+    ilp = out["ilp"]
+    assert ilp["per_decision_ratio_of_means"] == pytest.approx(0.4 / 0.02)
+    assert ilp["total_ratio_of_means"] == pytest.approx(5.5 / 0.2)
+    assert (ilp["per_decision_ratio_min"], ilp["per_decision_ratio_max"]) == pytest.approx((10.0, 50.0))
+    assert (ilp["total_ratio_min"], ilp["total_ratio_max"]) == pytest.approx((20.0, 50.0))
