@@ -497,6 +497,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("argument --sizes: give at least one cluster count")
     if args.repeats < 1:
         ap.error(f"argument --repeats: must be ≥ 1 (got {args.repeats})")
+    if args.repeats > 1 and args.overhead != OverheadMode.MEASURED.value:
+        ap.error("argument --repeats: repeats apply to --overhead measured only (fixed-overhead runs are identical)")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     load_builtin_policies()
     if args.quick:

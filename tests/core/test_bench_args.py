@@ -38,6 +38,7 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("paper", ["--sizes", ","], "argument --sizes: give at least one cluster count"),
     ("paper", ["--cost-seeds", "-1"], "argument --cost-seeds: -1 is below the minimum 0"),
     ("paper", ["--repeats", "0"], "argument --repeats: must be ≥ 1 (got 0)"),
+    ("paper", ["--repeats", "2", "--overhead", "fixed"], "argument --repeats: repeats apply to --overhead measured"),
     ("paired_overhead", ["--sizes", "0"], "argument --sizes: 0 is below the minimum 1"),
     ("paired_overhead", ["--policies", "ilp,nope"], "argument --policies: unknown nope"),
     ("placement", ["--sizes", "a"], "argument --sizes: 'a' is not an integer"),
