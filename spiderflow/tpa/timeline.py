@@ -102,14 +102,12 @@ def plan_orders(
     """
     schedule = Schedule(schedule)
     n = len(replicas)
-    top, low = max(replicas), min(replicas)
     out: list[list[list[Op]]] = []
     for i, d in enumerate(replicas):
         # A replica's order is the sub-sequence ``j ≡ r (mod d)`` of its stage's order, whose warm-up does not
         # depend on ``d``: the stage order is built once (and shared by stages with the same warm-up), then
         # dealt out to the replicas in one pass.
-        w = m if schedule is Schedule.GPIPE else stage_warmup_of(
-            schedule, n, m, i, max_dp=top, chunks=chunks, max_in_flight=max_in_flight, min_dp=low)
+        w = stage_warmup(schedule, m, replicas, i, chunks=chunks, max_in_flight=max_in_flight)
         whole = _stage_order(schedule, n, m, chunks, w)
         if d == 1:
             out.append([list(whole)])
