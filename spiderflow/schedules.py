@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from spiderflow.domain import Plan, Schedule
 from spiderflow.errors import ValidationError
@@ -176,12 +177,7 @@ def stage_ops(
         raise ValidationError("m", f"interleaved 1F1B needs a multiple of n_stages={n_stages} micro-batches", m)
     if warmup is not None and (isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0):
         raise ValidationError("warmup", "must be an integer ≥ 0", warmup)
-    if chunks > 1:
-        fwd: list[Op] = [("F", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=False)]
-        bwd: list[Op] = [("B", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=True)]
-    else:  # one chunk: every schedule runs the micro-batches in order (interleaving's groups included)
-        fwd = [("F", j, 0) for j in range(m)]
-        bwd = [("B", j, 0) for j in range(m)]
+    fwd, bwd = _directions(n_stages if chunks > 1 else 1, m, chunks)
     total = len(fwd)
     w = default_warmup(schedule, n_stages, m, stage, chunks=chunks) if warmup is None else warmup
     w = max(0, min(total, w))
@@ -189,7 +185,18 @@ def stage_ops(
     pairs: list[Op] = [fwd[0]] * (2 * (total - w))
     pairs[0::2] = fwd[w:]
     pairs[1::2] = bwd[: total - w]
-    return fwd[:w] + pairs + bwd[total - w :]
+    return [*fwd[:w], *pairs, *bwd[total - w :]]
+
+
+@lru_cache(maxsize=64)
+def _directions(n_stages: int, m: int, chunks: int) -> tuple[tuple[Op, ...], tuple[Op, ...]]:
+    """The forwards and the backwards of a stage in the order it meets them (the same on every stage):
+    micro-batches ascending with one chunk (every schedule, interleaving's groups included), Megatron's
+    group order with several. Built once per shape: an order is these two sequences interleaved."""
+    if chunks > 1:
+        return (tuple(("F", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=False)),
+                tuple(("B", j, c) for j, c in _interleaved_order(n_stages, m, chunks, backward=True)))
+    return tuple(("F", j, 0) for j in range(m)), tuple(("B", j, 0) for j in range(m))
 
 
 def replica_microbatches(m: int, dp: int, replica: int) -> list[int]:

@@ -501,6 +501,11 @@ class _ChainEval:
                         else tuple([base] * (pp - rem) + [base + 1] * rem)
                     )
                     tmax = max(sizes[-1] * per_t + head_t, (base + 1 if rem else base) * per_t)
+                    local = (jc.m - 1) * max(tmax / dp, p_int if pp > 1 else 0.0) + tsum
+                    if best is not None and best.excess <= 0.0 and local + 2 * (pp - 1) * p_int >= best.local:
+                        # Its objective without the gradient all-reduce (≥ 0) already ties or loses to a
+                        # configuration that fits: it cannot win, whatever its memory.
+                        continue
                     ymax = 0.0
                     excess = -math.inf
                     for j in {0, rem if big_first else pp - rem, pp - 1}:
@@ -515,7 +520,6 @@ class _ChainEval:
                         inflight = min(per_replica, s_total - (offset + j))
                         act = sz * act_l + (jc.act_head(tp) if is_last else 0.0)
                         excess = max(excess, 16.0 * params / tp + inflight * act - mem)
-                    local = (jc.m - 1) * max(tmax / dp, p_int if pp > 1 else 0.0) + tsum
                     local += 2 * (pp - 1) * p_int + ymax
                     if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
                         best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)

@@ -100,9 +100,17 @@ def plan_orders(
     ``min(m·v, D·w_i)``, ``D`` the largest dp of the pipeline, restricted to micro-batches ``j ≡ r mod d_i``;
     ``w_i`` capped at ``K − 1`` under an in-flight cap ``K``).
     """
-    schedule = Schedule(schedule)
+    frozen = _frozen_orders(Schedule(schedule), m, tuple(replicas), chunks, max_in_flight)
+    return [[list(r) for r in stage] for stage in frozen]
+
+
+@lru_cache(maxsize=1024)
+def _frozen_orders(
+    schedule: Schedule, m: int, replicas: tuple[int, ...], chunks: int, max_in_flight: int | None
+) -> tuple[tuple[tuple[Op, ...], ...], ...]:
+    """:func:`plan_orders` as tuples, memoised (pipelines of the same shape under other timings share them)."""
     n = len(replicas)
-    out: list[list[list[Op]]] = []
+    out: list[tuple[tuple[Op, ...], ...]] = []
     for i, d in enumerate(replicas):
         # A replica's order is the sub-sequence ``j ≡ r (mod d)`` of its stage's order, whose warm-up does not
         # depend on ``d``: the stage order is built once (and shared by stages with the same warm-up), then
@@ -110,13 +118,13 @@ def plan_orders(
         w = stage_warmup(schedule, m, replicas, i, chunks=chunks, max_in_flight=max_in_flight)
         whole = _stage_order(schedule, n, m, chunks, w)
         if d == 1:
-            out.append([list(whole)])
+            out.append((whole,))
             continue
         dealt: list[list[Op]] = [[] for _ in range(d)]
         for op in whole:
             dealt[op[1] % d].append(op)
-        out.append(dealt)
-    return out
+        out.append(tuple(tuple(r) for r in dealt))
+    return tuple(out)
 
 
 @lru_cache(maxsize=256)
@@ -623,14 +631,5 @@ def _simulate_memo(
     schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
     ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...], max_in_flight: int | None = None,
 ) -> Timeline:
-    orders = _orders_memo(schedule, m, tuple(st.replicas for st in stages), chunks, max_in_flight)
+    orders = _frozen_orders(schedule, m, tuple(st.replicas for st in stages), chunks, max_in_flight)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=False)
-
-
-@lru_cache(maxsize=1024)
-def _orders_memo(
-    schedule: Schedule, m: int, replicas: tuple[int, ...], chunks: int, max_in_flight: int | None
-) -> tuple[tuple[tuple[Op, ...], ...], ...]:
-    """:func:`plan_orders` frozen (pipelines of the same shape under other timings share their orders)."""
-    orders = plan_orders(schedule, m, replicas, chunks=chunks, max_in_flight=max_in_flight)
-    return tuple(tuple(tuple(r) for r in stage) for stage in orders)
