@@ -454,9 +454,10 @@ class _ChainEval:
         mem = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
         nl = last - first + 1
         best: _Block | None = None
-        # Pass 1: configurations using all g GPUs (and pp = 1); pass 2, only if nothing fits memory: all.
+        # Pass 1: configurations using all g GPUs (and pp = 1); pass 2, only if nothing fits memory: the others
+        # (with exact GPUs pass 1 already took every configuration there is).
         for exhaustive in (False, True):
-            if exhaustive and best is not None and best.excess <= 0:
+            if exhaustive and (self.exact or (best is not None and best.excess <= 0)):
                 break
             best = self._configs(best, exhaustive, g, c, fl, mem, nl, first, last, offset, total_stages_other)
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
@@ -471,12 +472,15 @@ class _ChainEval:
                  first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
         jc = self.jc
         p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
+        p_layer, p_embed = jc.p_layer, jc.p_embed
+        head = last == jc.layers - 1
         tp = 1
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
             ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
             per_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
             act_l = jc.act_layer(tp)
-            head_t = 3.0 * jc.head_f / (tp * fl) if last == jc.layers - 1 else 0.0
+            act_h = jc.act_head(tp)
+            head_t = 3.0 * jc.head_f / (tp * fl) if head else 0.0
             for pp in _PP_CHOICES:
                 if pp > nl or tp * pp > g:
                     break
@@ -484,8 +488,8 @@ class _ChainEval:
                 if self.exact:
                     if dp * tp * pp < g - self.slack:
                         continue
-                elif not exhaustive and dp * tp * pp != g and pp > 1:
-                    continue
+                elif (dp * tp * pp == g or pp == 1) == exhaustive:
+                    continue  # pass 1 takes these, pass 2 the rest (re-taking pass 1's could not change its best)
                 base, rem = divmod(nl, pp)
                 s_total = total_stages_other + pp
                 bdp = c.intra_node_gbps if tp * dp <= c.gpus_per_node else c.inter_node_gbps
@@ -496,11 +500,10 @@ class _ChainEval:
                 # sub-stage can be the worst for memory and Y.
                 tsum = nl * per_t + head_t
                 for big_first in (False, True) if rem and head_t > 0 else (False,):
-                    sizes = (
-                        tuple([base + 1] * rem + [base] * (pp - rem)) if big_first
-                        else tuple([base] * (pp - rem) + [base + 1] * rem)
-                    )
-                    tmax = max(sizes[-1] * per_t + head_t, (base + 1 if rem else base) * per_t)
+                    # sizes[j]: ``base + 1`` for j < rem (big first) or j ≥ pp − rem (small first), else ``base``.
+                    n_small = pp - rem
+                    last_size = base if big_first else (base + 1 if rem else base)
+                    tmax = max(last_size * per_t + head_t, (base + 1 if rem else base) * per_t)
                     local = (jc.m - 1) * max(tmax / dp, p_int if pp > 1 else 0.0) + tsum
                     if best is not None and best.excess <= 0.0 and local + 2 * (pp - 1) * p_int >= best.local:
                         # Its objective without the gradient all-reduce (≥ 0) already ties or loses to a
@@ -508,20 +511,27 @@ class _ChainEval:
                         continue
                     ymax = 0.0
                     excess = -math.inf
-                    for j in {0, rem if big_first else pp - rem, pp - 1}:
-                        if j >= pp:
-                            continue
-                        sz = sizes[j]
+                    mid = rem if big_first else n_small
+                    for j in (0,) if pp == 1 else ((0, mid, pp - 1) if 0 < mid < pp - 1 else (0, pp - 1)):
+                        sz = (base + 1 if j < rem else base) if big_first else (base if j < n_small else base + 1)
                         is_first = j == 0 and first == 0
-                        is_last = j == pp - 1 and last == jc.layers - 1
-                        params = sz * jc.p_layer + (jc.p_embed if is_first else 0.0) + (
-                            jc.p_embed if is_last else 0.0)
-                        ymax = max(ymax, _ar(2.0 * params / tp, dp, bdp))
+                        is_last = j == pp - 1 and head
+                        params = sz * p_layer + (p_embed if is_first else 0.0) + (p_embed if is_last else 0.0)
+                        if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
+                            y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
+                            if y > ymax:
+                                ymax = y
                         inflight = min(per_replica, s_total - (offset + j))
-                        act = sz * act_l + (jc.act_head(tp) if is_last else 0.0)
-                        excess = max(excess, 16.0 * params / tp + inflight * act - mem)
+                        act = sz * act_l + (act_h if is_last else 0.0)
+                        x = 16.0 * params / tp + inflight * act - mem
+                        if x > excess:
+                            excess = x
                     local += 2 * (pp - 1) * p_int + ymax
                     if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
+                        sizes = (
+                            tuple([base + 1] * rem + [base] * n_small) if big_first
+                            else tuple([base] * n_small + [base + 1] * rem)
+                        )
                         best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)
             tp *= 2
         return best

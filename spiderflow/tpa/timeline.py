@@ -46,7 +46,9 @@ order from a queue, once every executor has run as far as it can (this needs eve
 time, else the event loop runs). The times are the same as the event loop's.
 
 Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each); without
-records ``O(N + X log X)`` for ``X`` sends on shared links.
+records ``O(N + X log X)`` for ``X`` sends on shared links. Without records, :func:`simulate_plan` of a long
+1F1B-family pipeline simulates about ``m/4`` micro-batches when its steady state repeats early enough and
+extrapolates the rest exactly (:func:`_steady_extrapolation`).
 Raises :class:`ScheduleDeadlockError` when an op order cannot complete (a malformed order);
 ``stage_ops`` raises ``ValidationError`` on bad arguments (both are ``ValueError``).
 """
@@ -59,6 +61,8 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+
+import numpy as np
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
@@ -371,6 +375,8 @@ def _simulate_eager(
     dur_b: Sequence[float],
     serialise_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
+    ends: list[float] | None = None,
+    arrivals: list[float] | None = None,
 ) -> Timeline:
     """:func:`simulate` without records: executors run ahead, only sends on shared links are time-ordered.
 
@@ -385,6 +391,9 @@ def _simulate_eager(
     at or before its time is queued. Every op start, op end and arrival is the same expression of the same
     operands as in the event loop, so the times are identical. Ops are read straight from the orders
     (their keys worked out once per kind and chunk of a stage).
+
+    ``ends`` and ``arrivals`` (lists of ``2·(max micro-batch + 1)·n·chunks`` infinities, filled in place) take
+    each op's end time and its output's arrival time, indexed by the op's key (:func:`_op_key`).
     """
     n = len(stages)
     inf = math.inf
@@ -393,7 +402,9 @@ def _simulate_eager(
     jm = 2 * n * chunks
     max_j = max((max(map(_MICRO_BATCH, order)) for order in flat if order), default=0)
     n_keys = jm * (max_j + 1)
-    arrival = [inf] * n_keys
+    arrival = [inf] * n_keys if arrivals is None else arrivals
+    rec = ends is not None
+    end_at: list[float] = ends if ends is not None else []
     waiter = [-1] * n_keys
     link_free = [0.0] * (n * n)
     shared = [st.replicas > 1 for st in stages]
@@ -437,6 +448,8 @@ def _simulate_eager(
                         t = at
                 t = t + dur
                 p += 1
+                if rec:
+                    end_at[base + own_off] = t
                 if mode:
                     own = base + own_off
                     if mode == 1:
@@ -612,7 +625,9 @@ def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = Tr
 
     With ``record=False`` the result is memoised on the simulator's inputs (schedule, ``m``, chunks, the
     in-flight cap, stage timings and the link matrices), so equal pipelines on later topology snapshots are
-    not re-simulated. The plan's in-flight cap (``plan.extras["max_in_flight"]``) caps the warm-ups.
+    not re-simulated, and a long pipeline's step may come from the exact simulation of fewer micro-batches
+    and its steady state (:func:`_steady_extrapolation`; equal to the full simulation up to float rounding,
+    ~1e-14 relative). The plan's in-flight cap (``plan.extras["max_in_flight"]``) caps the warm-ups.
     """
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
     cap = plan_max_in_flight(plan)
@@ -631,5 +646,164 @@ def _simulate_memo(
     schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
     ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...], max_in_flight: int | None = None,
 ) -> Timeline:
+    steady = _steady_extrapolation(schedule, m, chunks, stages, ser, lat, max_in_flight)
+    if steady is not None:
+        return steady
     orders = _frozen_orders(schedule, m, tuple(st.replicas for st in stages), chunks, max_in_flight)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+
+
+STEADY_TOLERANCE = 1e-12
+"""Relative tolerance (of the times compared) within which two periods of the steady state count as equal:
+float rounding of the sums, orders of magnitude above its ~1e-15, far below any real drift."""
+
+
+def _op_key(op: Op, stage: int, n: int, n_virtual: int) -> int:
+    """The key the simulator files ``op`` of ``stage`` under: ``2·(j·n_virtual + u) + [B]``."""
+    kind, j, c = op
+    return 2 * (j * n_virtual + c * n + stage) + (kind == "B")
+
+
+def _steady_extrapolation(
+    schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...],
+    ser: tuple[tuple[float, ...], ...], lat: tuple[tuple[float, ...], ...], max_in_flight: int | None,
+) -> Timeline | None:
+    r"""The step of ``m`` micro-batches from the exact simulation of fewer, ``m'``, or ``None``.
+
+    Orders of the 1F1B family are a warm-up, ``(F, B)`` pairs and a cool-down. With ``c`` the period of the
+    replica layout (``lcm`` of the dps, and of ``S`` with interleaving) and the same warm-ups, the orders of
+    ``m' + p`` micro-batches (``c | p``) are those of ``m'`` with ``p`` more pairs. The simulator is a
+    deterministic, time-invariant system of these orders, and its steady state repeats every ``p = q·c``
+    micro-batches for some ``q`` (the cyclicity of a max-plus system). If every op end and arrival of the
+    micro-batches that make up the state at a cut through the pairs is its counterpart ``p`` micro-batches
+    later shifted back by one ``Δ``, inserting ``p`` pairs at the cut shifts everything after it by ``Δ``:
+    step(``m' + K·p``) = step(``m'``) + ``K·Δ``.
+
+    The check (:func:`_steady_period`) is made on the simulation of ``m'`` itself, on micro-batches whose ops
+    all end before the earliest start of a cool-down op: until then the simulations of ``m'`` and ``m`` are
+    the same event by event (every executor is still in the prefix their orders share). ``m'`` is about
+    ``m/``:data:`TRY_FRACTION` (at least what the check needs), ``≡ m`` modulo ``c``; when the period found
+    does not divide ``m − m'``, ``m'`` is raised to the next value that it does and simulated again. No
+    period (a transient longer than the window, float ties that break differently from period to period)
+    → ``None``: the caller simulates ``m``. Periods count as equal within :data:`STEADY_TOLERANCE` of the
+    times compared.
+    """
+    n = len(stages)
+    if schedule is Schedule.GPIPE or n < 2:
+        return None
+    reps = tuple(st.replicas for st in stages)
+    dur_f = [st.compute_s / 3.0 / chunks for st in stages]
+    dur_b = [st.compute_s * 2.0 / 3.0 / chunks for st in stages]
+    if not (max(reps) == 1 or min(min(dur_f), min(dur_b)) > 0.0):
+        return None  # the event loop's case (zero-length ops with shared links)
+    base = math.lcm(*reps)
+    if chunks > 1:
+        base = math.lcm(base, n)
+    warm = [stage_warmup(schedule, m, reps, i, chunks=chunks, max_in_flight=max_in_flight) for i in range(n)]
+    deepest = -(-max(warm) // chunks)  # micro-batches
+    # The check needs the warm-up, a window of W + 4c + p and the cool-down's reach (≈ W) before m'.
+    need = 3 * deepest + 8 * base
+    if need * MIN_REDUCTION > m:
+        return None  # not worth it: the attempt would cost a large share of simulating m
+    target = max(need, m // TRY_FRACTION)
+    period = base
+    for _ in range(2):
+        small = m - period * ((m - target) // period)
+        if [stage_warmup(schedule, small, reps, i, chunks=chunks, max_in_flight=max_in_flight)
+                for i in range(n)] != warm:
+            return None
+        run = _run_recorded(schedule, small, chunks, stages, reps, dur_f, dur_b, ser, lat, max_in_flight)
+        found = _steady_period(schedule, small, chunks, reps, warm, run, deepest, base)
+        if found is None:
+            return None
+        p, delta = found
+        if (m - small) % p == 0:
+            tl = run[0]
+            k = (m - small) // p
+            return Timeline(
+                n_stages=n, replicas=reps, ops=(), transfers=(), makespan_s=tl.makespan_s + k * delta,
+                step_s=tl.step_s + k * delta,
+            )
+        period = p  # once more with m' ≡ m (mod p)
+    return None
+
+
+MAX_CYCLICITY = 32
+"""The longest steady-state period looked for, in multiples of the replica layout's period."""
+TRY_FRACTION = 4
+"""``m'`` is about ``m / TRY_FRACTION`` micro-batches, or what the check needs when that is more."""
+MIN_REDUCTION = 3
+"""Extrapolate only when the check needs at most ``m / MIN_REDUCTION`` micro-batches (a failed attempt
+costs the simulation of ``m'`` on top of that of ``m``)."""
+
+
+def _run_recorded(
+    schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...], reps: tuple[int, ...],
+    dur_f: list[float], dur_b: list[float], ser: Sequence[Sequence[float]], lat: Sequence[Sequence[float]],
+    max_in_flight: int | None,
+) -> tuple[Timeline, tuple[tuple[tuple[Op, ...], ...], ...], list[float], list[float]]:
+    """The eager simulation of ``m`` micro-batches with every op's end and arrival recorded by key."""
+    n = len(stages)
+    orders = _frozen_orders(schedule, m, reps, chunks, max_in_flight)
+    execs = [(i, r) for i in range(n) for r in range(reps[i])]
+    flat = [orders[i][r] for i, r in execs]
+    ends = [math.inf] * (2 * n * chunks * m)
+    arrivals = [math.inf] * (2 * n * chunks * m)
+    tl = _simulate_eager(stages, flat, execs, chunks, dur_f, dur_b, ser, lat, ends=ends, arrivals=arrivals)
+    return tl, orders, ends, arrivals
+
+
+def _steady_period(
+    schedule: Schedule, m: int, chunks: int, reps: tuple[int, ...], warm: Sequence[int],
+    run: tuple[Timeline, tuple[tuple[tuple[Op, ...], ...], ...], list[float], list[float]],
+    deepest: int, base: int,
+) -> tuple[int, float] | None:
+    """``(p, Δ)``: the shortest period ``p = q·base`` (``q ≤`` :data:`MAX_CYCLICITY`) over which the recorded
+    simulation of ``m`` micro-batches repeats, shifted by ``Δ``, in the prefix it shares with longer ones
+    (:func:`_steady_extrapolation`); ``None`` when there is none."""
+    _, orders, ends, arrivals = run
+    n = len(reps)
+    n_virtual = n * chunks
+    jm = 2 * n_virtual
+    total = m * chunks
+    # The earliest a cool-down op can start: the end of the op before it on its executor.
+    diverge = math.inf
+    for i, d in enumerate(reps):
+        whole = _stage_order(schedule, n, m, chunks, warm[i])
+        cut = 2 * total - min(warm[i], total)  # stage-order position of the first cool-down op
+        counts = [0] * d
+        for op in whole[:cut]:
+            counts[op[1] % d] += 1
+        for r in range(d):
+            order = orders[i][r]
+            if 0 < counts[r] < len(order):
+                diverge = min(diverge, ends[_op_key(order[counts[r] - 1], i, n, n_virtual)])
+    e = np.asarray(ends).reshape(m, jm)
+    a = np.asarray(arrivals).reshape(m, jm)
+    sent = np.isfinite(a)  # ops whose output goes somewhere (the first virtual stage's backward: nowhere)
+    # The last micro-batch before which every op end and arrival lies before the divergence.
+    late = (e >= diverge).any(axis=1) | (sent & (a >= diverge)).any(axis=1)
+    last = int(np.argmax(late)) - 1 if late.any() else m - 1
+    tol = STEADY_TOLERANCE * max(1.0, diverge)
+    for q in range(1, MAX_CYCLICITY + 1):
+        p = q * base
+        # The state at a cut through pair P of every stage: executor clocks and link queues of micro-batches
+        # from P − dp on, arrivals and in-flight micro-batches up to P + W; with two layout periods (≥ dp) of
+        # margin each side (a shared link interleaves its replicas' sends) that is [P − 2c, P + W + 2c],
+        # each compared with its counterpart p later.
+        hi = last - p
+        lo = hi - deepest - 4 * base
+        if lo < deepest + base:
+            return None
+        de = e[lo + p: hi + p + 1] - e[lo: hi + 1]
+        delta = float(de[0, 0])
+        if np.abs(de - delta).max() > tol:
+            continue
+        s0, s1 = sent[lo: hi + 1], sent[lo + p: hi + p + 1]
+        if not np.array_equal(s0, s1):
+            continue
+        da = np.where(s0, a[lo + p: hi + p + 1] - np.where(s0, a[lo: hi + 1], 0.0), delta)
+        if np.abs(da - delta).max() > tol:
+            continue
+        return p, delta
+    return None
