@@ -682,8 +682,9 @@ def _steady_extrapolation(
     The check (:func:`_steady_period`) is made on the simulation of ``m'`` itself, on micro-batches whose ops
     all end before the earliest start of a cool-down op: until then the simulations of ``m'`` and ``m`` are
     the same event by event (every executor is still in the prefix their orders share). ``m'`` is about
-    ``m/``:data:`TRY_FRACTION` (at least what the check needs), ``≡ m`` modulo ``c``; when the period found
-    does not divide ``m − m'``, ``m'`` is raised to the next value that it does and simulated again. No
+    ``m/``:data:`TRY_FRACTION` (at least what the check needs), ``≡ m`` modulo ``12c``, ``6c``, ``4c``, ``2c``
+    or ``c`` (the first that keeps it within ``m/``:data:`MIN_REDUCTION`); when the period found does not
+    divide ``m − m'``, ``m'`` is raised to the next value that it does and simulated again. No
     period (a transient longer than the window, float ties that break differently from period to period)
     → ``None``: the caller simulates ``m``. Periods count as equal within :data:`STEADY_TOLERANCE` of the
     times compared.
@@ -706,7 +707,10 @@ def _steady_extrapolation(
     if need * MIN_REDUCTION > m:
         return None  # not worth it: the attempt would cost a large share of simulating m
     target = max(need, m // TRY_FRACTION)
-    period = base
+    # m' ≡ m modulo the longest multiple of c the budget allows among 12c, 6c, 4c, 2c: a steady state of one
+    # of those periods then needs no second simulation.
+    period = next((k * base for k in (12, 6, 4, 2) if (m - k * base * ((m - target) // (k * base))) * MIN_REDUCTION
+                   <= m), base)
     for _ in range(2):
         small = m - period * ((m - target) // period)
         if [stage_warmup(schedule, small, reps, i, chunks=chunks, max_in_flight=max_in_flight)
@@ -732,9 +736,9 @@ MAX_CYCLICITY = 32
 """The longest steady-state period looked for, in multiples of the replica layout's period."""
 TRY_FRACTION = 4
 """``m'`` is about ``m / TRY_FRACTION`` micro-batches, or what the check needs when that is more."""
-MIN_REDUCTION = 3
-"""Extrapolate only when the check needs at most ``m / MIN_REDUCTION`` micro-batches (a failed attempt
-costs the simulation of ``m'`` on top of that of ``m``)."""
+MIN_REDUCTION = 2.5
+"""Extrapolate only when ``m'`` is at most ``m / MIN_REDUCTION`` micro-batches (a failed attempt costs the
+simulation of ``m'`` on top of that of ``m``)."""
 
 
 def _run_recorded(
