@@ -247,7 +247,7 @@ def _pow2_floor_arr(g: IArr) -> IArr:
 def _row_sum(a: FArr) -> FArr:
     """Row sums added left to right (a cumulative sum): a row's sum does not depend on the other rows or on
     the padding width (``ndarray.sum`` switches to pairwise partial sums on rows of 8 or more)."""
-    return np.asarray(np.cumsum(a, axis=1)[:, -1], dtype=np.float64)
+    return np.asarray(a.cumsum(axis=1)[:, -1], dtype=np.float64)
 
 
 _TP_CHOICES = np.array([1, 2, 4, 8], dtype=np.int64)[:, None, None]
@@ -300,7 +300,9 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
             rest = L - _row_sum(np.where(sat, cap, 0.0))
             lam = rest / _row_sum(np.where(sat, 0.0, r))
         lam = np.where(np.isfinite(lam), lam, np.inf)
-        ell = np.where(valid, np.minimum(cap, np.nan_to_num(lam[:, None] * r, nan=0.0)), 0.0)
+        share = lam[:, None] * r
+        # 0 where the product is undefined (∞·0); an infinite share is capped by the (finite) capacity.
+        ell = np.where(valid, np.minimum(cap, np.where(np.isnan(share), 0.0, share)), 0.0)
 
     ell = np.where(valid, np.maximum(ell, 1.0), 0.0)  # every position runs at least one layer
     intra = ta.intra[idx]
@@ -319,12 +321,12 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
     local = np.where(np.isnan(local), np.inf, local)
-    pick = np.argmin(local, axis=0)
-    chosen = np.choose(pick, local) < np.inf
+    pick = local.argmin(axis=0)
+    chosen = pick.choose(local) < np.inf
     tp = np.where(chosen, _TP_CHOICES.ravel()[pick], 1)
-    d = np.where(chosen, np.choose(pick, d_t), g1)
-    t_stage = np.where(chosen, np.choose(pick, ts), 0.0)
-    y = np.where(chosen, np.choose(pick, ys), 0.0)
+    d = np.where(chosen, pick.choose(d_t), g1)
+    t_stage = np.where(chosen, pick.choose(ts), 0.0)
+    y = np.where(chosen, pick.choose(ys), 0.0)
     bott = (t_stage / d).max(axis=1)
 
     if chains.shape[1] > 1:
@@ -363,8 +365,8 @@ def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
     order = np.argsort(np.where(valid, -ta.flops[idx], np.inf), axis=1, kind="stable")
     rows = np.arange(chains.shape[0])[:, None]
     fs = free[rows, order]
-    before = np.cumsum(fs, axis=1) - fs
-    alloc_sorted = np.clip(gpus_max - before, 0, fs)
+    before = fs.cumsum(axis=1) - fs
+    alloc_sorted = np.minimum(np.maximum(gpus_max - before, 0), fs)
     out = np.zeros_like(free)
     out[rows, order] = alloc_sorted
     return out.astype(np.int64)
