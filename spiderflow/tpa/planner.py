@@ -10,7 +10,8 @@ latency-aware schedule) and whose closed form is no worse than 1F1B's, ranks the
 estimate (:func:`~spiderflow.tpa.timeline.window_estimate`) and scores them in that order with the exact
 event-level timeline (:mod:`spiderflow.tpa.timeline`) within an op budget (the top-ranked one always).
 The schedule with the best simulated objective wins (the closed form cannot tell GPipe, 1F1B and the
-latency-aware schedule apart; the timeline can).
+latency-aware schedule apart; the timeline can); objectives within :data:`SIMULATED_TIE` of each other tie,
+and the better-ranked schedule keeps it.
 
 Contract
     * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 
@@ -42,6 +43,9 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("paired_overhead", ["--sizes", "0"], "argument --sizes: 0 is below the minimum 1"),
     ("paired_overhead", ["--policies", "ilp,nope"], "argument --policies: unknown nope"),
     ("placement", ["--sizes", "a"], "argument --sizes: 'a' is not an integer"),
+    ("timeline", ["--sizes", "8"], "argument --sizes: 8 is below the minimum 16"),
+    ("timeline", ["--sizes", "100"], "argument --sizes: each must be a multiple of 16"),
+    ("timeline", ["--instances", "1"], "argument --instances: at least one per size (3)"),
 ])
 def test_bench_scripts_exit_2_on_bad_lists(script: str, argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -68,3 +72,13 @@ def test_overhead_repeats_ratio_of_means_and_run_by_run_range() -> None:
     assert ilp["total_ratio_of_means"] == pytest.approx(5.5 / 0.2)
     assert (ilp["per_decision_ratio_min"], ilp["per_decision_ratio_max"]) == pytest.approx((10.0, 50.0))
     assert (ilp["total_ratio_min"], ilp["total_ratio_max"]) == pytest.approx((20.0, 50.0))
+
+
+def test_timeline_bench_compares_the_extrapolation_with_the_full_simulation(tmp_path: Path) -> None:
+    out = tmp_path / "timeline.json"
+    assert _script("timeline").main(["--instances", "4", "--sizes", "256,512", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["by_m"]
+    assert set(rows) == {"256", "512"}
+    for r in rows.values():
+        assert 0 <= r["extrapolated"] <= r["pipelines"] <= 2  # two drawn per size
+        assert r["max_rel_diff"] <= 1e-12
