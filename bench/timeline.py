@@ -74,7 +74,21 @@ def draw(rng: random.Random, m: int) -> tuple[Schedule, int, tuple[StageTiming, 
     return schedule, chunks, stages, tuple(map(tuple, ser)), tuple(map(tuple, lat))
 
 
+def _cold() -> None:
+    """Drop the memoised orders, so each path builds the ones it needs, as a first plan of a shape does."""
+    timeline._frozen_orders.cache_clear()
+    timeline._stage_order.cache_clear()
+
+
+def _full(schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...], ser: Links,
+          lat: Links) -> timeline.Timeline:
+    """The full event simulation of all ``m`` micro-batches (orders built, then simulated)."""
+    orders = timeline._frozen_orders(schedule, m, tuple(st.replicas for st in stages), chunks, None)
+    return timeline.simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+
+
 def measure(instances: int, seed: int, sizes: list[int]) -> dict[str, Any]:
+    """Per micro-batch count: ``instances / len(sizes)`` random pipelines timed on both paths."""
     rng = random.Random(seed)
     rows: dict[int, dict[str, Any]] = {}
     for m in sizes:
@@ -83,23 +97,18 @@ def measure(instances: int, seed: int, sizes: list[int]) -> dict[str, Any]:
         worst = 0.0
         for _ in range(instances // len(sizes)):
             schedule, chunks, stages, ser, lat = draw(rng, m)
-            reps = tuple(st.replicas for st in stages)
-            timeline._frozen_orders.cache_clear()
-            timeline._stage_order.cache_clear()
+            _cold()
             t0 = time.perf_counter()
             try:
-                orders = timeline._frozen_orders(schedule, m, reps, chunks, None)
-                want = timeline.simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+                want = _full(schedule, m, chunks, stages, ser, lat)
             except ValueError:
                 continue  # an order that cannot run with this layout
             full_s += time.perf_counter() - t0
-            timeline._frozen_orders.cache_clear()
-            timeline._stage_order.cache_clear()
+            _cold()
             t0 = time.perf_counter()
             got = timeline._steady_extrapolation(schedule, m, chunks, stages, ser, lat, None)
             if got is None:
-                orders = timeline._frozen_orders(schedule, m, reps, chunks, None)
-                got = timeline.simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+                got = _full(schedule, m, chunks, stages, ser, lat)
             else:
                 extrapolated += 1
                 worst = max(worst, abs(got.step_s - want.step_s) / want.step_s)
