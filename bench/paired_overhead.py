@@ -15,7 +15,9 @@ measured the same way.
 Figures per size, source and policy ``p``: mean and median wall time per instance, mean CPU time, how
 many instances ``p`` placed, and against SpinSearch on the same instances ``ratio_of_means`` (mean of
 ``p`` / mean of SpinSearch: the ratio of the total overheads of the same decisions) and ``median_ratio``
-(the median over instances of ``p``'s time / SpinSearch's).
+(the median over instances of ``p``'s time / SpinSearch's), and ``by_outcome``: the same instances grouped by
+the pair of outcomes (``p`` placed / SpinSearch waits, ``p`` finds nothing that fits memory, ...), with each
+group's mean times and share of each policy's total (which decisions the overhead comes from).
 
 Usage::
 
@@ -60,7 +62,13 @@ R = TypeVar("R")
 
 
 Timing = tuple[float, float, str]
-"""``(wall s, CPU s, status)`` of one decision."""
+"""``(wall s, CPU s, outcome)`` of one decision: ``success``, or ``unschedulable:<constraint>`` (e.g.
+``unschedulable:deferred`` for a decision to wait, ``unschedulable:memory``), or the error's type name."""
+
+
+def _outcome(result: PlacementResult) -> str:
+    status = str(result.status)
+    return f"{status}:{result.constraint}" if result.constraint else status
 
 
 class _Recorder:
@@ -81,7 +89,7 @@ class _Recorder:
         c0 = time.process_time()
         t0 = time.perf_counter()
         result: PlacementResult = self.inner.place(topo, job, budget)
-        self.timed.append((time.perf_counter() - t0, time.process_time() - c0, str(result.status)))
+        self.timed.append((time.perf_counter() - t0, time.process_time() - c0, _outcome(result)))
         return result
 
 
@@ -124,7 +132,7 @@ def _time_child(args: tuple[str, list[Instance]]) -> list[Timing]:
         c0 = time.process_time()
         t0 = time.perf_counter()
         try:
-            status = str(policy.place(topo, job, budget).status)
+            status = _outcome(policy.place(topo, job, budget))
         except SpiderFlowError as e:
             status = type(e).__name__
         out.append((time.perf_counter() - t0, time.process_time() - c0, status))
@@ -156,12 +164,33 @@ def run_size(clusters: int, jobs: int, *, seed: int, load: float, time_limit: fl
         if p != "spinsearch":
             fig["ratio_of_means"] = fig["mean_s"] / statistics.fmean(base)
             fig["median_ratio"] = statistics.median(w / max(b, 1e-9) for w, b in zip(walls, base, strict=True))
+            fig["by_outcome"] = by_outcome(rows, timed["spinsearch"])
         out["policies"][p] = fig
         print(f"  {clusters:>4} clusters, {source}'s instances, {p:>10}: {len(rows)} instances, "
               f"mean {fig['mean_s'] * 1e3:.1f} ms, median {fig['median_s'] * 1e3:.1f} ms, placed {fig['placed']}"
               + (f", {fig['ratio_of_means']:.1f}x mean, {fig['median_ratio']:.1f}x median"
                  if "ratio_of_means" in fig else ""), flush=True)
+        for g in fig.get("by_outcome", []):
+            print(f"        {p} {g['policy_outcome']} / spinsearch {g['spinsearch_outcome']}: {g['instances']} "
+                  f"instances, {g['mean_s'] * 1e3:.1f} vs {g['spinsearch_mean_s'] * 1e3:.1f} ms "
+                  f"({g['share']:.0%} of {p}'s time, {g['spinsearch_share']:.0%} of spinsearch's)", flush=True)
     return out
+
+
+def by_outcome(rows: list[Timing], base: list[Timing]) -> list[dict[str, Any]]:
+    """Where the time of one policy (``rows``) and of SpinSearch (``base``) goes on the same instances,
+    grouped by the pair of outcomes (``policy_outcome``, ``spinsearch_outcome``): how many instances, the
+    mean wall time of each, and each group's share of each policy's total; largest share of ``rows`` first."""
+    total = sum(w for w, _, _ in rows) or 1.0
+    total_base = sum(w for w, _, _ in base) or 1.0
+    groups: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for (w, _, o), (wb, _, ob) in zip(rows, base, strict=True):
+        groups.setdefault((o, ob), []).append((w, wb))
+    out = [{"policy_outcome": o, "spinsearch_outcome": ob, "instances": len(ws),
+            "mean_s": statistics.fmean(w for w, _ in ws), "spinsearch_mean_s": statistics.fmean(wb for _, wb in ws),
+            "share": sum(w for w, _ in ws) / total, "spinsearch_share": sum(wb for _, wb in ws) / total_base}
+           for (o, ob), ws in groups.items()]
+    return sorted(out, key=lambda g: (-g["share"], g["policy_outcome"], g["spinsearch_outcome"]))
 
 
 def table(results: list[dict[str, Any]]) -> str:

@@ -74,6 +74,24 @@ def test_overhead_repeats_ratio_of_means_and_run_by_run_range() -> None:
     assert (ilp["total_ratio_min"], ilp["total_ratio_max"]) == pytest.approx((20.0, 50.0))
 
 
+def test_paired_overhead_groups_the_same_instances_by_both_outcomes() -> None:
+    paired = _script("paired_overhead")
+    ilp = [(2.0, 2.0, "unschedulable:memory"), (0.3, 0.6, "success"), (0.5, 1.0, "success"), (0.2, 0.4, "success")]
+    ss = [(0.001, 0.001, "unschedulable:memory"), (0.02, 0.02, "success"), (0.01, 0.01, "success"),
+          (0.004, 0.004, "unschedulable:deferred")]
+    groups = paired.by_outcome(ilp, ss)
+    assert [(g["policy_outcome"], g["spinsearch_outcome"], g["instances"]) for g in groups] == [
+        ("unschedulable:memory", "unschedulable:memory", 1), ("success", "success", 2),
+        ("success", "unschedulable:deferred", 1)]
+    placed = groups[1]
+    assert placed["mean_s"] == pytest.approx(0.4) and placed["spinsearch_mean_s"] == pytest.approx(0.015)
+    assert placed["share"] == pytest.approx(0.8 / 3.0) and placed["spinsearch_share"] == pytest.approx(0.03 / 0.035)
+    assert sum(g["share"] for g in groups) == pytest.approx(1.0)
+    assert sum(g["spinsearch_share"] for g in groups) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        paired.by_outcome(ilp, ss[:3])  # not the same instances
+
+
 def test_timeline_bench_compares_the_extrapolation_with_the_full_simulation(tmp_path: Path) -> None:
     out = tmp_path / "timeline.json"
     assert _script("timeline").main(["--instances", "4", "--sizes", "256,512", "--out", str(out)]) == 0
