@@ -132,10 +132,10 @@ def _time_child(args: tuple[str, list[Instance]]) -> list[Timing]:
         c0 = time.process_time()
         t0 = time.perf_counter()
         try:
-            status = _outcome(policy.place(topo, job, budget))
+            outcome = _outcome(policy.place(topo, job, budget))
         except SpiderFlowError as e:
-            status = type(e).__name__
-        out.append((time.perf_counter() - t0, time.process_time() - c0, status))
+            outcome = type(e).__name__
+        out.append((time.perf_counter() - t0, time.process_time() - c0, outcome))
     return out
 
 
