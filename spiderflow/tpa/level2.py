@@ -335,12 +335,15 @@ def _min_peak_layers(c: _Coeffs, pp: int, layers: int) -> tuple[int, ...]:
 def min_memory_config(p: BlockProblem) -> BlockConfig | None:
     """The configuration with the smallest peak memory per GPU (every candidate with its min-peak split) —
     used to explain infeasibility and to steer level 1 off memory overflows. Memoised on the problem."""
-    best: BlockConfig | None = None
+    best: tuple[float, Degrees, tuple[int, ...]] | None = None
     for k in block_candidates(p):
-        cfg = config_cost(p, k, _min_peak_layers(_coeffs(p, k), k.pp, p.layers))
-        if best is None or max(cfg.memory_gib) < max(best.memory_gib):
-            best = cfg
-    return best
+        c = _coeffs(p, k)
+        layers = _min_peak_layers(c, k.pp, p.layers)
+        # config_cost's memory figures, computed the same way, for the candidates that do not win
+        peak = max((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
+        if best is None or peak < best[0]:
+            best = (peak, k, layers)
+    return None if best is None else config_cost(p, best[1], best[2])
 
 
 def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) -> tuple[list[Degrees], list[_Coeffs]]:
