@@ -24,6 +24,11 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
   and their mean ± sd;
 - ``--wait-ablation``: SpinSearch again with no releases passed (it always starts on what is free now),
   to show what the start-now-or-wait step contributes.
+- ``--tpa-ablation``: SpinSearch again with its chains planned by the level-1 planner only (the job's
+  micro-batch count and 1F1B, no TPA): the planning scope of ``ilp`` and ``genetic``, which place with the
+  job's micro-batch count too. It separates what TPA adds to a decision's time from what it adds to the
+  JCT; its overhead ratios against ``ilp`` and ``genetic`` are reported beside the full system's (and
+  repeated with ``--repeats``). The issue's targets are judged on the full system.
 - ``--repeats R``: the measured main comparison R times per size. Each policy's trajectory moves with its
   own measured decision times (they delay its jobs, so it meets other queues), and ``ilp``'s and the GA's
   decision times move with it: one run is one sample. The table adds every run's time per decision and,
@@ -64,7 +69,8 @@ from spiderflow.cli.common import csv_ints
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
-from spiderflow.placement.base import Objective
+from spiderflow.placement.base import Objective, PlacementPolicy
+from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.queueing import QueuePolicy
 from spiderflow.sim.engine import OverheadMode, SimConfig, SimResult, simulate
 from spiderflow.sim.metrics import summarize
@@ -81,13 +87,21 @@ def _simulate_child(args: tuple[Any, ...]) -> SimResult:
     return simulate(topo, trace, policy, cfg)
 
 
+WITHOUT_TPA = "spinsearch_without_tpa"
+"""The key of the ``--tpa-ablation`` run (SpinSearch with ``planner="fallback"``) in the results."""
+
+
+def _policy(name: str) -> str | PlacementPolicy:
+    return SpinSearch(planner="fallback") if name == WITHOUT_TPA else name
+
+
 def _simulate(topo: Topology, trace: list[JobSpec], policy: str, cfg: SimConfig, *, isolate: bool) -> SimResult:
     """One simulation; with ``isolate`` in a fresh process, so no policy starts with caches another one
     (or an earlier size) warmed: every policy pays its own cold start."""
     if not isolate:
-        return simulate(topo, trace, policy, cfg)
+        return simulate(topo, trace, _policy(policy), cfg)
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        res: SimResult = pool.apply(_simulate_child, ((topo, trace, policy, cfg),))
+        res: SimResult = pool.apply(_simulate_child, ((topo, trace, _policy(policy), cfg),))
         return res
 
 
@@ -97,7 +111,8 @@ def _mean(xs: list[float]) -> float | None:
 
 def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
              objective: Objective = Objective.JCT, overhead: OverheadMode = OverheadMode.MEASURED,
-             wait_ablation: bool = False, isolate: bool = True, repeats: int = 1) -> dict[str, Any]:
+             wait_ablation: bool = False, tpa_ablation: bool = False, isolate: bool = True,
+             repeats: int = 1) -> dict[str, Any]:
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
     cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=overhead)
@@ -129,8 +144,17 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
         out["policies"][p]["mean_jct_common_s"] = _mean([j for j in jcts if j is not None])
         out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
     out["ratios"] = ratios(out["policies"])
+    extra: dict[str, dict[str, Any]] = {}
+    if tpa_ablation and "spinsearch" in policies:
+        res = _simulate(topo, trace, WITHOUT_TPA, cfg, isolate=isolate)
+        s = summarize(res)
+        extra[WITHOUT_TPA] = s
+        out[WITHOUT_TPA] = without_tpa(s, {r.id: r for r in res.records}, out["policies"], records)
+        print(f"  {clusters:>4} clusters spinsearch without TPA: {s['completed']}/{jobs} done, mean JCT "
+              f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['decisions']} decisions, "
+              f"{s['overhead_per_decision_mean_s'] or 0:.4f} s/decision", flush=True)
     if repeats > 1 and overhead is OverheadMode.MEASURED:
-        runs = {p: [_overhead_of(s)] for p, s in out["policies"].items()}
+        runs = {p: [_overhead_of(s)] for p, s in {**out["policies"], **extra}.items()}
         for rep in range(2, repeats + 1):
             for p in runs:
                 s = summarize(_simulate(topo, trace, p, cfg, isolate=isolate))
@@ -147,6 +171,28 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
                                                          "overhead_per_decision_mean_s", "gpu_utilization")}
         print(f"  {clusters:>4} clusters spinsearch without releases: {s['completed']}/{jobs} done, mean JCT "
               f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['throughput_tokens_per_s']:.4g} tok/s", flush=True)
+    return out
+
+
+def without_tpa(s: dict[str, Any], recs: dict[str, Any], pol: dict[str, dict[str, Any]],
+                records: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``--tpa-ablation`` figures: the run's summary fields, its mean JCT against full SpinSearch's
+    over the jobs both completed (``jct_vs_spinsearch`` > 1: slower without TPA), and the overhead ratios
+    of ``ilp`` and ``genetic`` against it (per decision, CPU, total), as :func:`ratios` computes them
+    against the full system."""
+    out: dict[str, Any] = {k: s[k] for k in ("completed", "mean_jct_s", "p95_jct_s", "throughput_tokens_per_s",
+                                             "decisions", "overhead_per_decision_mean_s", "cpu_per_decision_mean_s",
+                                             "sched_overhead_s", "gpu_utilization")}
+    full = records.get("spinsearch", {})
+    both = [k for k, r in recs.items() if r.status == "completed" and k in full and full[k].status == "completed"]
+    if both:
+        mine = _mean([recs[k].jct_s for k in both if recs[k].jct_s is not None])
+        theirs = _mean([full[k].jct_s for k in both if full[k].jct_s is not None])
+        out["jct_vs_spinsearch"] = mine / theirs if mine and theirs else None
+        out["common_with_spinsearch"] = len(both)
+    r = ratios({**{k: v for k, v in pol.items() if k != "spinsearch"}, "spinsearch": s})
+    out["ratios"] = {k: v for k, v in r.items() if k.startswith(("overhead_ratio_", "cpu_ratio_", "total_overhead_"))
+                     and k.endswith(("_ilp", "_genetic"))}
     return out
 
 
@@ -191,9 +237,18 @@ def overhead_repeats(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Overhead over repeated measured runs of the same trace (each policy's trajectory moves with its own
     measured decision times, so one run is one sample): every run's figures, and for ``ilp`` and
     ``genetic`` the ratio of their mean over the runs to SpinSearch's (per decision and total) and the
-    range of the run-by-run ratios (run ``i`` of the baseline over run ``i`` of SpinSearch)."""
+    range of the run-by-run ratios (run ``i`` of the baseline over run ``i`` of SpinSearch). With
+    ``--tpa-ablation`` runs, the same against them under ``out[WITHOUT_TPA]``."""
     out: dict[str, Any] = {"runs": runs}
-    ss = runs.get("spinsearch")
+    out.update(_repeat_ratios(runs, "spinsearch"))
+    if WITHOUT_TPA in runs:
+        out[WITHOUT_TPA] = _repeat_ratios(runs, WITHOUT_TPA)
+    return out
+
+
+def _repeat_ratios(runs: dict[str, list[dict[str, Any]]], reference: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ss = runs.get(reference)
     if not ss or any(not r["per_decision_s"] or not r["total_s"] for r in ss):
         return out
     for p in ("ilp", "genetic"):
@@ -386,18 +441,20 @@ def markdown(doc: dict[str, Any]) -> str:
             rep = size.get("overhead_repeats")
             if not rep:
                 continue
-            ss_runs = rep["runs"].get("spinsearch", [])
-            for p in ("ilp", "genetic"):
-                if p not in rep:
-                    continue
-                v = rep[p]
-                mine = ", ".join(f"{r['per_decision_s']:.4g}" for r in ss_runs)
-                theirs = ", ".join(f"{r['per_decision_s']:.4g}" for r in rep["runs"][p])
-                lines.append(
-                    f"| {size['clusters']} | {len(ss_runs)} | {mine} | {p} | {theirs} | "
-                    f"{v['per_decision_ratio_of_means']:.3g} ({v['per_decision_ratio_min']:.3g}–"
-                    f"{v['per_decision_ratio_max']:.3g}) | {v['total_ratio_of_means']:.3g} ({v['total_ratio_min']:.3g}–"
-                    f"{v['total_ratio_max']:.3g}) |")
+            for ref, label in (("spinsearch", ""), (WITHOUT_TPA, " (without TPA)")):
+                ratios_of = rep if ref == "spinsearch" else rep.get(WITHOUT_TPA, {})
+                ss_runs = rep["runs"].get(ref, [])
+                for p in ("ilp", "genetic"):
+                    if p not in ratios_of:
+                        continue
+                    v = ratios_of[p]
+                    mine = ", ".join(f"{r['per_decision_s']:.4g}" for r in ss_runs)
+                    theirs = ", ".join(f"{r['per_decision_s']:.4g}" for r in rep["runs"][p])
+                    lines.append(
+                        f"| {size['clusters']} | {len(ss_runs)} | {mine}{label} | {p} | {theirs} | "
+                        f"{v['per_decision_ratio_of_means']:.3g} ({v['per_decision_ratio_min']:.3g}–"
+                        f"{v['per_decision_ratio_max']:.3g}) | {v['total_ratio_of_means']:.3g} "
+                        f"({v['total_ratio_min']:.3g}–{v['total_ratio_max']:.3g}) |")
     if doc.get("cost"):
         c = doc["cost"]
         lines += ["", f"Cost run ({c['clusters']} clusters, {c['jobs']} jobs, seeds {c['seeds']}, fixed overhead per "
@@ -414,6 +471,22 @@ def markdown(doc: dict[str, Any]) -> str:
         for key, v in c["runs"].items():
             lines.append(f"| {key} | {pm(v, 'completed')} | {pm(v, 'mean_jct_s', 3600)} | {pm(v, 'cost_usd')} | "
                          f"{pm(v, 'cost_vs_bace', pct=True)} | {pm(v, 'jct_vs_bace', pct=True)} |")
+    if any(WITHOUT_TPA in size for size in doc["sizes"]):
+        lines += ["", "SpinSearch without TPA (level-1 plans with the job's micro-batch count, 1F1B: the planning "
+                      "scope of ilp and genetic; same trace):", "",
+                  "| clusters | done | mean JCT h | JCT vs spinsearch | tokens/s | decisions | s/decision | "
+                  "overhead ilp/it | overhead genetic/it | total overhead ilp/it | total overhead genetic/it |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for size in doc["sizes"]:
+            v = size.get(WITHOUT_TPA)
+            if v:
+                r = v["ratios"]
+                lines.append(f"| {size['clusters']} | {v['completed']}/{size['jobs']} | "
+                             f"{(v['mean_jct_s'] or 0) / 3600:.2f} | {f(v.get('jct_vs_spinsearch'))} | "
+                             f"{v['throughput_tokens_per_s']:.4g} | {v['decisions']} | "
+                             f"{v['overhead_per_decision_mean_s'] or 0:.4g} | {f(r.get('overhead_ratio_ilp'))} | "
+                             f"{f(r.get('overhead_ratio_genetic'))} | {f(r.get('total_overhead_ratio_ilp'))} | "
+                             f"{f(r.get('total_overhead_ratio_genetic'))} |")
     if any("spinsearch_start_now" in size for size in doc["sizes"]):
         lines += ["", "SpinSearch without the start-now-or-wait step (no releases passed; same trace):", "",
                   "| clusters | done | mean JCT h | p95 JCT h | tokens/s | decisions | s/decision |",
@@ -483,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run spinsearch vs bace on these seeds at every size")
     ap.add_argument("--wait-ablation", action="store_true",
                     help="also run SpinSearch without releases (start-now only) at every size")
+    ap.add_argument("--tpa-ablation", action="store_true",
+                    help="also run SpinSearch without TPA (level-1 plans with the job's micro-batch count)")
     ap.add_argument("--queue-ablation", action="store_true",
                     help="also run SpinSearch under a FIFO-by-priority queue without backfilling")
     ap.add_argument("--scale", action="store_true", help="also run the 256-cluster scale run")
@@ -520,7 +595,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.sizes:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
                                          time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
-                                         wait_ablation=args.wait_ablation, isolate=not args.no_isolate,
+                                         wait_ablation=args.wait_ablation, tpa_ablation=args.tpa_ablation,
+                                         isolate=not args.no_isolate,
                                          repeats=args.repeats))
         if args.cost:
             doc["cost"] = cost_run(args.sizes[0], args.jobs, seeds=args.cost_seeds,

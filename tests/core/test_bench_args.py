@@ -74,6 +74,44 @@ def test_overhead_repeats_ratio_of_means_and_run_by_run_range() -> None:
     assert (ilp["total_ratio_min"], ilp["total_ratio_max"]) == pytest.approx((20.0, 50.0))
 
 
+def test_overhead_repeats_also_against_the_run_without_tpa() -> None:
+    paper = _script("paper")
+    runs = {
+        "spinsearch": [{"decisions": 10, "per_decision_s": 0.01, "total_s": 0.1}],
+        paper.WITHOUT_TPA: [{"decisions": 20, "per_decision_s": 0.004, "total_s": 0.08}],
+        "genetic": [{"decisions": 40, "per_decision_s": 0.2, "total_s": 8.0}],
+    }
+    out = paper.overhead_repeats(runs)
+    assert out["genetic"]["per_decision_ratio_of_means"] == pytest.approx(20.0)
+    assert out[paper.WITHOUT_TPA]["genetic"]["per_decision_ratio_of_means"] == pytest.approx(50.0)
+    assert out[paper.WITHOUT_TPA]["genetic"]["total_ratio_of_means"] == pytest.approx(100.0)
+    assert "ilp" not in out[paper.WITHOUT_TPA]
+    md = paper.markdown({"command": "c", "machine": "m", "budgets": {}, "sizes": [
+        {"clusters": 8, "jobs": 1, "policies": {}, "ratios": {}, "common_completed": 0, "overhead_repeats": out}]})
+    assert "| 8 | 1 | 0.004 (without TPA) | genetic | 0.2 | 50 (50–50) | 100 (100–100) |" in md
+
+
+def test_without_tpa_compares_jct_on_the_jobs_both_completed_and_overhead_against_the_baselines() -> None:
+    paper = _script("paper")
+
+    class Rec:
+        def __init__(self, status: str, jct: float | None) -> None:
+            self.status, self.jct_s = status, jct
+
+    summary = {"completed": 2, "mean_jct_s": 150.0, "p95_jct_s": 200.0, "throughput_tokens_per_s": 1.0,
+               "decisions": 4, "overhead_per_decision_mean_s": 0.005, "cpu_per_decision_mean_s": 0.005,
+               "sched_overhead_s": 0.02, "gpu_utilization": 0.5}
+    mine = {"a": Rec("completed", 120.0), "b": Rec("completed", 180.0), "c": Rec("failed", None)}
+    full = {"a": Rec("completed", 100.0), "b": Rec("failed", None), "c": Rec("completed", 50.0)}
+    pol = {"spinsearch": {**summary, "overhead_per_decision_mean_s": 0.01, "sched_overhead_s": 0.04},
+           "ilp": {**summary, "overhead_per_decision_mean_s": 0.3, "cpu_per_decision_mean_s": 0.6,
+                   "sched_overhead_s": 1.5}}
+    out = paper.without_tpa(summary, mine, pol, {"spinsearch": full, "ilp": {}})
+    assert out["common_with_spinsearch"] == 1 and out["jct_vs_spinsearch"] == pytest.approx(1.2)
+    assert out["ratios"] == pytest.approx({"overhead_ratio_ilp": 60.0, "total_overhead_ratio_ilp": 75.0,
+                                           "cpu_ratio_ilp": 120.0})
+
+
 def test_paired_overhead_groups_the_same_instances_by_both_outcomes() -> None:
     paired = _script("paired_overhead")
     ilp = [(2.0, 2.0, "unschedulable:memory"), (0.3, 0.6, "success"), (0.5, 1.0, "success"), (0.2, 0.4, "success")]
