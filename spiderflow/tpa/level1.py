@@ -74,6 +74,7 @@ __all__ = [
     "ChainContext",
     "DpCrossing",
     "SplitEval",
+    "block_bound_cached",  # the level-2 solver level 1 scores with; looked up at call time (replaceable)
     "certify",
     "dp_crossing",
     "evaluate_split",
@@ -208,7 +209,7 @@ BlockSolver = Callable[[BlockProblem], BlockConfig | None]
 
 
 def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int,
-           solver: BlockSolver = block_bound_cached) -> tuple[BlockConfig | None, float, float]:
+           solver: BlockSolver | None = None) -> tuple[BlockConfig | None, float, float]:
     """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1`."""
     key = (c, first, layers, downstream)
     cap = ctx.clusters[c].gpu_memory_gib
@@ -216,7 +217,7 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
         cfg, need = memo[key]
         return cfg, need, cap
     p = ctx.problem(c, first, layers, downstream)
-    cfg = solver(p)
+    cfg = (solver or block_bound_cached)(p)
     need = 0.0
     if cfg is None:
         worst = min_memory_config(p)
@@ -313,10 +314,10 @@ def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int
 
 
 def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None,
-                   solver: BlockSolver = block_bound_cached) -> SplitEval:
+                   solver: BlockSolver | None = None) -> SplitEval:
     """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context and solver;
-    ``solver``: level 2's exact optimum by default, :func:`~spiderflow.tpa.level2.solve_block_cached` for
-    CP-SAT)."""
+    ``solver``: level 2's exact optimum (the module's ``block_bound_cached``, looked up at call time) by
+    default, :func:`~spiderflow.tpa.level2.solve_block_cached` for CP-SAT)."""
     n = len(split)
     firsts = [0] * n
     acc = 0

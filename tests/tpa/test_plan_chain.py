@@ -285,6 +285,29 @@ def test_plan_blocks_are_solved_by_cpsat(three_region_topo: Topology, job_6b7: J
     assert again.stages == plan.stages and again.schedule is plan.schedule
 
 
+def test_level1_scores_its_trial_splits_with_the_solver_the_module_names_at_call_time(
+        three_region_topo: Topology, job_6b7: JobSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench/planner.py --search-solver cpsat`` replaces ``level1.block_bound_cached``: every level-1
+    block score must then go through the replacement (CP-SAT), and the plan stays the same."""
+    import spiderflow.tpa.level1 as l1
+    import spiderflow.tpa.level2 as l2
+
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    l2.cache_clear()
+    exact = plan_chain(three_region_topo, job_6b7, alloc)
+    l2.cache_clear()
+    calls: list[object] = []
+
+    def cpsat(p: l2.BlockProblem) -> l2.BlockConfig | None:
+        calls.append(p)
+        return l2.solve_block_cached(p)
+
+    monkeypatch.setattr(l1, "block_bound_cached", cpsat)
+    plan = plan_chain(three_region_topo, job_6b7, alloc)
+    assert len(calls) > l2.STATS.cpsat_solves > 0  # repeated blocks are answered from the CP-SAT cache
+    assert (plan.stages, plan.micro_batches, plan.schedule) == (exact.stages, exact.micro_batches, exact.schedule)
+
+
 def test_with_in_flight_cap_never_grows_memory_and_caps_every_schedule(
     three_region_topo: Topology, job_6b7: JobSpec
 ) -> None:
