@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -35,7 +35,10 @@ from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
 from spiderflow.errors import ValidationError
 
+T = TypeVar("T")
+
 __all__ = [
+    "in_file",
     "job_from_dict",
     "job_to_dict",
     "load_document",
@@ -151,8 +154,19 @@ def topology_from_dict(raw: Any) -> Topology:
     return Topology(clusters=tuple(clusters), links=tuple(links), revision=doc.get("revision", 0))
 
 
+def in_file(path: str | Path, parse: Callable[[Any], T], doc: Any) -> T:
+    """``parse(doc)`` for a document read from ``path``: a :class:`ValidationError` names the file before
+    the field (``topo.yaml: clusters[2].gpu: ...``; a document that is not an object: ``topo.yaml: must
+    be an object``)."""
+    try:
+        return parse(doc)
+    except ValidationError as e:
+        raise ValidationError(f"{path}: {e.field}" if e.field else str(path), e.reason, e.value) from None
+
+
 def load_topology(path: str | Path) -> Topology:
-    return topology_from_dict(load_document(path))
+    """A topology file (JSON or YAML); errors name the file and the field."""
+    return in_file(path, topology_from_dict, load_document(path))
 
 
 def topology_to_dict(topo: Topology) -> dict[str, Any]:
@@ -234,7 +248,8 @@ def trace_from_dict(raw: Any) -> list[JobSpec]:
 
 
 def load_trace(path: str | Path) -> list[JobSpec]:
-    return trace_from_dict(load_document(path))
+    """A trace file (JSON or YAML); errors name the file and the field."""
+    return in_file(path, trace_from_dict, load_document(path))
 
 
 def trace_to_dict(jobs: list[JobSpec]) -> dict[str, Any]:

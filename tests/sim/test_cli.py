@@ -54,6 +54,29 @@ def test_trace_validate_rejects_bad_field(tmp_path: Path, capsys: pytest.Capture
     assert err.count("\n") == 0 and "jobs[0].gpus.min" in err and "9" in err
 
 
+@pytest.mark.parametrize(("flag", "body", "message"), [
+    ("--topology", '{"clusters": 5}', "top.json: clusters: must be a list (got 5)"),
+    ("--topology", '"vm"', "top.json: must be an object (got 'vm')"),
+    ("--trace", '{"jobs": [{"id": "a"}]}', "trace.json: jobs[0].model: is required"),
+    ("--events", '{"events": [{"t_s": -1}]}', "ev.json: events[0].t_s: must be a number ≥ 0 (got -1)"),
+])
+def test_simulate_input_errors_name_the_file_and_the_field(
+        flag: str, body: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "ok-trace.json"
+    assert main(["trace", "generate", "--jobs", "3", "--seed", "1", "--topology", "aws-10-dtfm",
+                 "--out", str(trace)]) == 0
+    name = {"--topology": "top.json", "--trace": "trace.json", "--events": "ev.json"}[flag]
+    (tmp_path / name).write_text(body)
+    args = {"--topology": "aws-10-dtfm", "--trace": str(trace), flag: str(tmp_path / name)}
+    out = tmp_path / "sim.json"
+    capsys.readouterr()
+    assert main(["simulate", *[x for kv in args.items() for x in kv], "--policies", "greedy-test",
+                 "--json", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {tmp_path / name}: {message.split(': ', 1)[1]}"
+    assert not out.exists()
+
+
 def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.json"
     assert main(["trace", "generate", "--jobs", "15", "--seed", "1", "--topology", "aws-10-dtfm",

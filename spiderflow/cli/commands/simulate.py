@@ -21,7 +21,7 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
                  time_limit: float | None = None, overhead: str = "measured", events: str | None = None,
                  show_progress: bool = True, releases: bool = True) -> dict[str, Any]:
     """Simulate each policy in turn on the same inputs; the JSON document the command writes."""
-    from spiderflow.formats import load_document, load_trace
+    from spiderflow.formats import in_file, load_document, load_trace
     from spiderflow.placement.base import Objective
     from spiderflow.presets import resolve_topology
     from spiderflow.sim.engine import OverheadMode, SimConfig, events_from_dict, simulate
@@ -29,7 +29,7 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
 
     topo = resolve_topology(topology)
     jobs = load_trace(trace)
-    evs = events_from_dict(load_document(events)) if events else []
+    evs = in_file(events, events_from_dict, load_document(events)) if events else []
     cfg = SimConfig(objective=Objective(objective), seed=seed, time_limit_s=time_limit,
                     overhead=OverheadMode(overhead), releases=releases)
     out: dict[str, Any] = {
