@@ -49,7 +49,7 @@ import yaml
 
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnavailableError, ValidationError
-from spiderflow.formats import job_from_dict, job_to_dict, load_document
+from spiderflow.formats import in_file, job_from_dict, job_to_dict, load_document
 from spiderflow.jobs import JobState
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
@@ -187,14 +187,20 @@ def _spec(job: JobSpec | Mapping[str, Any] | str | Path) -> JobSpec:
     if isinstance(job, JobSpec):
         return job
     if isinstance(job, str | Path):
-        doc = load_document(job)
-        if isinstance(doc, dict) and "jobs" in doc:
-            jobs = doc["jobs"]
-            if not isinstance(jobs, list) or len(jobs) != 1:
-                raise ValidationError("jobs", "a job file must hold one job (use a trace for several)", len(jobs))
-            doc = jobs[0]
-        return job_from_dict(doc)
+        return in_file(job, _one_job, load_document(job))
     return job_from_dict(dict(job))
+
+
+def _one_job(doc: Any) -> JobSpec:
+    """A job object, or a trace document holding exactly one job."""
+    if isinstance(doc, dict) and "jobs" in doc:
+        jobs = doc["jobs"]
+        if not isinstance(jobs, list):
+            raise ValidationError("jobs", "must be a list", jobs)
+        if len(jobs) != 1:
+            raise ValidationError("jobs", "a job file must hold one job (use a trace for several)", len(jobs))
+        return job_from_dict(jobs[0], where="jobs[0]")
+    return job_from_dict(doc)
 
 
 def _submit_request(job: JobSpec | Mapping[str, Any] | str | Path, request_id: str | None,
