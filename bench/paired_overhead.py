@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from spiderflow.cli.common import csv_ints
+from spiderflow.cli.common import check_outputs, csv_ints
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="8 clusters, 20 jobs")
     ap.add_argument("--out", type=Path, default=None, help="JSON results")
     args = ap.parse_args(argv)
+    check_outputs(ap, {"--out": args.out})
     _quiet()
     sizes = [8] if args.quick else args.sizes
     if not sizes:

@@ -65,7 +65,7 @@ from typing import Any
 
 import structlog
 
-from spiderflow.cli.common import csv_ints
+from spiderflow.cli.common import check_outputs, csv_ints
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -568,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench/paper-results.json"))
     ap.add_argument("--plots", type=Path)
     args = ap.parse_args(argv)
+    check_outputs(ap, {"--out": args.out}, {"--plots": args.plots})
     if not args.sizes and not (args.scale_only or args.quick):
         ap.error("argument --sizes: give at least one cluster count")
     if args.repeats < 1:

@@ -44,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spiderflow.catalog import model_preset
-from spiderflow.cli.common import csv_ints
+from spiderflow.cli.common import check_outputs, csv_ints
 from spiderflow.domain import GpuRange, JobSpec
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", type=Path, default=None,
                     help="take the rows of policies not run now from this earlier result file")
     args = ap.parse_args(argv)
+    check_outputs(ap, {"--out": args.out})
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     sizes: list[int] = args.sizes
     jobs = list(JOBS)

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import spiderflow.tpa.level1 as level1_mod  # noqa: E402
 from spiderflow.catalog import ModelSpec, model_preset  # noqa: E402
+from spiderflow.cli.common import check_outputs  # noqa: E402
 from spiderflow.costmodel import evaluate  # noqa: E402
 from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology  # noqa: E402
 from spiderflow.errors import SpiderFlowError  # noqa: E402
@@ -317,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="level-1 search scoring for the scale part (default exact; cpsat for comparison)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    check_outputs(ap, {"--out": args.out})
     if args.quick:
         args.sizes, args.limit, args.brute = [8, 16], 10.0, 20
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

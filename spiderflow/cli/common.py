@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -23,9 +25,12 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "CliError",
+    "check_outputs",
     "console",
     "csv_ints",
     "err_console",
+    "output_dir",
+    "output_file",
     "print_json",
 ]
 
@@ -46,6 +51,49 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def output_file(flag: str, path: Path) -> Path:
+    """Check, before any work, that ``path`` can be written as a file (its directory is created): a
+    :class:`CliError` (usage) naming ``flag`` otherwise, so a long run never ends unable to save."""
+    if path.is_dir():
+        raise CliError(f"{flag}: {path} is a directory", EXIT_USAGE)
+    _make_dir(flag, path.parent)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise CliError(f"{flag}: {path} is not writable", EXIT_USAGE)
+    return path
+
+
+def output_dir(flag: str, path: Path) -> Path:
+    """Create the directory ``path`` (and its parents) now, or a :class:`CliError` (usage) naming ``flag``."""
+    if path.exists() and not path.is_dir():
+        raise CliError(f"{flag}: {path} exists and is not a directory", EXIT_USAGE)
+    _make_dir(flag, path)
+    return path
+
+
+def check_outputs(parser: argparse.ArgumentParser, files: dict[str, Path | None],
+                  dirs: dict[str, Path | None] | None = None) -> None:
+    """:func:`output_file` / :func:`output_dir` for a script's arguments (``None``: not given); a failure
+    is the parser's usage error (exit 2), before the script does any work."""
+    try:
+        for flag, path in files.items():
+            if path is not None:
+                output_file(flag, path)
+        for flag, path in (dirs or {}).items():
+            if path is not None:
+                output_dir(flag, path)
+    except CliError as e:
+        parser.error(str(e))
+
+
+def _make_dir(flag: str, d: Path) -> None:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CliError(f"{flag}: cannot create the directory {d}: {e.strerror or e}", EXIT_USAGE) from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise CliError(f"{flag}: the directory {d} is not writable", EXIT_USAGE)
 
 
 def print_json(obj: Any) -> None:

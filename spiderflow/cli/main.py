@@ -89,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpiderFlowError as e:
         _fail(e)
         return EXIT_FAILED
+    except OSError as e:  # a file the command reads or writes: one line, not a traceback
+        _fail(f"{e.filename}: {e.strerror}" if e.filename and e.strerror else e)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         _fail("interrupted")
         return 130

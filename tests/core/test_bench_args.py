@@ -46,6 +46,12 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("timeline", ["--sizes", "8"], "argument --sizes: 8 is below the minimum 16"),
     ("timeline", ["--sizes", "100"], "argument --sizes: each must be a multiple of 16"),
     ("timeline", ["--instances", "1"], "argument --instances: at least one per size (3)"),
+    # outputs are checked before a run of up to half an hour, not when it ends
+    ("paper", ["--out", str(ROOT / "bench")], f"--out: {ROOT / 'bench'} is a directory"),
+    ("paper", ["--plots", str(ROOT / "README.md")], f"--plots: {ROOT / 'README.md'} exists and is not a directory"),
+    ("paired_overhead", ["--out", str(ROOT / "bench")], f"--out: {ROOT / 'bench'} is a directory"),
+    ("placement", ["--out", str(ROOT / "bench")], f"--out: {ROOT / 'bench'} is a directory"),
+    ("planner", ["--out", str(ROOT / "bench")], f"--out: {ROOT / 'bench'} is a directory"),
 ])
 def test_bench_scripts_exit_2_on_bad_lists(script: str, argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

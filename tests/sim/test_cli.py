@@ -77,6 +77,37 @@ def test_simulate_input_errors_name_the_file_and_the_field(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--json", "{tmp}"], "error: --json: {tmp} is a directory"),
+    (["--json", "{tmp}/file/out.json"], "error: --json: cannot create the directory {tmp}/file: File exists"),
+    (["--json", "{tmp}/o.json", "--plots", "{tmp}/file"], "error: --plots: {tmp}/file exists and is not a directory"),
+    (["--json", "{tmp}/o.json", "--plots", "{tmp}/p", "--scaling", "{tmp}/none.json"],
+     "error: --scaling: cannot read {tmp}/none.json: No such file or directory"),
+    (["--json", "{tmp}/o.json", "--plots", "{tmp}/p", "--scaling", "{tmp}/file"],
+     "error: --scaling: {tmp}/file is not a bench/paper.py results file (ValueError: no 'sizes' list)"),
+])
+def test_simulate_checks_its_outputs_before_it_runs(extra: list[str], message: str, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.json"
+    assert main(["trace", "generate", "--jobs", "3", "--seed", "1", "--topology", "aws-10-dtfm",
+                 "--out", str(trace)]) == 0
+    (tmp_path / "file").write_text("{}")
+    _Spy.told.clear()
+    capsys.readouterr()
+    argv = ["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "spy-test",
+            "--no-progress", *[a.format(tmp=tmp_path) for a in extra]]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == message.format(tmp=tmp_path)
+    assert not _Spy.told  # nothing was simulated
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_file_error_anywhere_in_the_cli_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["trace", "generate", "--jobs", "2", "--seed", "1", "--out", str(tmp_path / "file" / "t.json")]) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'file' / 't.json'}: Not a directory\n"
+
+
 def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "t.json"
     assert main(["trace", "generate", "--jobs", "15", "--seed", "1", "--topology", "aws-10-dtfm",

@@ -12,7 +12,7 @@ import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spiderflow.cli.common import EXIT_USAGE, CliError, console, err_console
+from spiderflow.cli.common import EXIT_USAGE, CliError, console, err_console, output_dir, output_file
 
 __all__ = ["register", "run_policies"]
 
@@ -64,20 +64,19 @@ def _simulate(args: argparse.Namespace) -> int:
 
     for p in policies:
         get_policy(p)  # unknown names fail before any simulation runs
+    # Outputs and the scaling input are checked before the simulation: a long run must not end unable to save.
+    output_file("--json", args.json)
+    if args.plots is not None:
+        output_dir("--plots", args.plots)
+    rows = _scaling_rows(args.scaling) if args.scaling is not None else None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
                        time_limit=args.time_limit, overhead=args.overhead, events=args.events,
                        show_progress=not args.no_progress, releases=not args.no_releases)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
 
-        rows = None
-        if args.scaling is not None:
-            bench = json.loads(args.scaling.read_text(encoding="utf-8"))
-            rows = [{"clusters": size["clusters"], "policy": p, **v}
-                    for size in bench.get("sizes", []) for p, v in size["policies"].items()]
         write_plots(doc, args.plots, rows)
     table = Table(title=f"{doc['jobs']} jobs on {doc['clusters']} clusters ({doc['pool_gpus']} GPUs)")
     for col in ("policy", "done", "mean JCT h", "p95 JCT h", "tokens/s", "overhead s", "decisions", "util", "$"):
@@ -93,6 +92,21 @@ def _simulate(args: argparse.Namespace) -> int:
     console.print(table)
     console.print(f"wrote {args.json}" + (f" and plots in {args.plots}" if args.plots else ""))
     return 0
+
+
+def _scaling_rows(path: Path) -> list[dict[str, Any]]:
+    """The per-size, per-policy rows of a ``bench/paper.py`` results file (for the overhead-vs-clusters plot)."""
+    try:
+        bench = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(bench, dict) or not isinstance(bench.get("sizes"), list) or not bench["sizes"]:
+            raise ValueError("no 'sizes' list")
+        return [{"clusters": int(size["clusters"]), "policy": p, **v}
+                for size in bench.get("sizes", []) for p, v in size["policies"].items()]
+    except OSError as e:
+        raise CliError(f"--scaling: cannot read {path}: {e.strerror or e}", EXIT_USAGE) from None
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise CliError(f"--scaling: {path} is not a bench/paper.py results file ({type(e).__name__}: {e})",
+                       EXIT_USAGE) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
