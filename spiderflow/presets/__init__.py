@@ -44,8 +44,12 @@ def preset_source(name: str) -> str:
 
 
 def resolve_topology(arg: str | Path) -> Topology:
-    """Load ``arg`` as a topology file if it exists, else as a preset name."""
+    """Load ``arg`` as a topology file if it exists, else as a preset name. Something that reads as a path
+    (a directory part or a ``.json``/``.yaml``/``.yml`` suffix) and does not exist is "no such file"."""
     p = Path(arg)
-    if p.exists():
+    if p.exists() or (str(arg) not in PRESETS and (len(p.parts) > 1 or p.suffix.lower() in _SUFFIXES)):
         return load_topology(p)
     return load_topology(preset_path(str(arg)))
+
+
+_SUFFIXES = (".json", ".yaml", ".yml")

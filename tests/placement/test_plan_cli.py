@@ -21,6 +21,14 @@ def topo_file(tmp_path: Path) -> Path:
     return path
 
 
+def test_plan_on_a_bundled_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--topology", "aws-10-dtfm", "--model", "gpt3-1.3b", "--gpus", "16", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sum(s["gpus"] for s in doc["stages"]) == 16
+    assert main(["plan", "--topology", "no-such-preset", "--model", "gpt3-1.3b", "--gpus", "16"]) == 2
+    assert "neither a file nor a preset" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("policy", ["spinsearch", "firstfit", "bace", "bruteforce"])
 def test_plan_json(topo_file: Path, policy: str, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["plan", "--topology", str(topo_file), "--model", "gpt3-1.3b", "--gpus", "8:24",

@@ -1,4 +1,5 @@
-"""``spiderflow plan``: place one job on a topology file with a placement policy and show the plan.
+"""``spiderflow plan``: place one job on a topology (a file or a bundled preset) with a placement policy and
+show the plan.
 
 Prints one JSON object with ``--json`` (``policy``, ``status``, ``planning_seconds``, ``step_time_s``,
 ``throughput_tokens_per_s``, ``optimal``, ``stages``, ``micro_batches``, ``schedule``,
@@ -19,8 +20,8 @@ from rich.table import Table
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Topology
-from spiderflow.formats import load_topology
 from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
+from spiderflow.presets import resolve_topology
 
 __all__ = ["parse_gpus", "register", "result_to_dict"]
 
@@ -94,7 +95,7 @@ def _plan(args: argparse.Namespace) -> int:
     configure_logging(level="warning")
     if args.time_limit is not None and not args.time_limit > 0:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
-    topo: Topology = load_topology(args.topology)
+    topo: Topology = resolve_topology(args.topology)
     job = JobSpec(
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
         seq_len=args.seq_len, gpus=parse_gpus(args.gpus),
@@ -127,7 +128,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="place one job on a topology with a placement policy")
-    p.add_argument("--topology", required=True, type=Path, help="topology file (JSON or YAML)")
+    p.add_argument("--topology", required=True, help="topology file (JSON or YAML) or preset name (e.g. aws-10-dtfm)")
     p.add_argument("--model", required=True, help="model preset name (e.g. gpt3-6.7b)")
     p.add_argument("--gpus", required=True, help="GPUs: N (exactly) or MIN:MAX")
     p.add_argument("--policy", default="spinsearch", help="placement policy (default: spinsearch)")
