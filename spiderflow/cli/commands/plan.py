@@ -84,7 +84,8 @@ def _table(doc: dict[str, Any]) -> None:
     console.print(
         f"step {doc['step_time_s']:.3f} s · {doc['throughput_tokens_per_s']:,.0f} tokens/s · "
         f"{doc['gpus']} GPUs · {doc['micro_batches']} micro-batches ({doc['schedule']}) · "
-        f"${doc['usd_per_step']:.6f}/step · optimal: {doc['optimal']}",
+        f"${doc['usd_per_step']:.6f} electricity/step"
+        + {True: " · proven optimal", False: " · not proven optimal (time limit)", None: ""}[doc["optimal"]],
         highlight=False,
     )
 
