@@ -59,6 +59,7 @@ def test_trace_validate_rejects_bad_field(tmp_path: Path, capsys: pytest.Capture
     ("--topology", '"vm"', "top.json: must be an object (got 'vm')"),
     ("--trace", '{"jobs": [{"id": "a"}]}', "trace.json: jobs[0].model: is required"),
     ("--events", '{"events": [{"t_s": -1}]}', "ev.json: events[0].t_s: must be a number ≥ 0 (got -1)"),
+    ("--trace", '{"jobs": []}', "trace.json: jobs: the trace has no jobs"),
 ])
 def test_simulate_input_errors_name_the_file_and_the_field(
         flag: str, body: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,6 +29,8 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
 
     topo = resolve_topology(topology)
     jobs = load_trace(trace)
+    if not jobs:
+        raise CliError(f"{trace}: jobs: the trace has no jobs", EXIT_USAGE)
     evs = in_file(events, events_from_dict, load_document(events)) if events else []
     cfg = SimConfig(objective=Objective(objective), seed=seed, time_limit_s=time_limit,
                     overhead=OverheadMode(overhead), releases=releases)
