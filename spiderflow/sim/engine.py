@@ -82,6 +82,7 @@ __all__ = [
     "SimResult",
     "SimulationError",
     "TopologyEvent",
+    "check_events",
     "events_from_dict",
     "simulate",
 ]
@@ -118,8 +119,9 @@ class TopologyEvent:
     cluster: str = ""
 
 
-def events_from_dict(raw: Any) -> list[TopologyEvent]:
-    """Parse ``{"events": [{"t_s", "kind", ...}]}``; :class:`ValidationError` naming ``events[i].field``."""
+def events_from_dict(raw: Any, topology: Topology | None = None) -> list[TopologyEvent]:
+    """Parse ``{"events": [{"t_s", "kind", ...}]}``, sorted by time; :class:`ValidationError` naming
+    ``events[i].field``. With ``topology``, each event is also checked against it (:func:`check_events`)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("events"), list):
         raise ValidationError("events", "must be an object with an 'events' list", raw)
     unknown = set(raw) - {"events"}
@@ -150,13 +152,37 @@ def events_from_dict(raw: Any) -> list[TopologyEvent]:
             raise ValidationError(f"{where}.a", "link_change needs 'a' and 'b'", e.get("a"))
         if kind is not EventKind.LINK_CHANGE and not e.get("cluster"):
             raise ValidationError(f"{where}.cluster", f"{kind} needs 'cluster'", e.get("cluster"))
+        if kind is EventKind.LINK_CHANGE and e.get("bandwidth_gbps") is None and e.get("latency_ms") is None:
+            raise ValidationError(where, "link_change needs bandwidth_gbps and/or latency_ms (it changes nothing)")
         out.append(TopologyEvent(
             t_s=float(t), kind=kind, a=str(e.get("a", "")), b=str(e.get("b", "")),
             bandwidth_gbps=None if e.get("bandwidth_gbps") is None else float(e["bandwidth_gbps"]),
             latency_ms=None if e.get("latency_ms") is None else float(e["latency_ms"]),
             cluster=str(e.get("cluster", "")),
         ))
+    if topology is not None:
+        check_events(topology, out)
     return sorted(out, key=lambda ev: ev.t_s)
+
+
+def check_events(topo: Topology, events: Sequence[TopologyEvent]) -> None:
+    """Every event names clusters of ``topo`` (``a`` ≠ ``b``), and a ``link_change`` between clusters
+    with no link gives the new link's bandwidth: a :class:`ValidationError` naming ``events[i].field``
+    (``i`` in the given order) before any simulation, not when the event comes."""
+    names = set(topo.names)
+    linked = {frozenset((link.a, link.b)) for link in topo.links}
+    for i, ev in enumerate(events):
+        where = f"events[{i}]"
+        for k in ("a", "b") if ev.kind is EventKind.LINK_CHANGE else ("cluster",):
+            if getattr(ev, k) not in names:
+                raise ValidationError(f"{where}.{k}", "is not a cluster of the topology", getattr(ev, k))
+        if ev.kind is not EventKind.LINK_CHANGE:
+            continue
+        if ev.a == ev.b:
+            raise ValidationError(f"{where}.b", "must differ from 'a'", ev.b)
+        if frozenset((ev.a, ev.b)) not in linked and ev.bandwidth_gbps is None:
+            raise ValidationError(f"{where}.bandwidth_gbps", f"{ev.a}–{ev.b} has no link; a new link needs a bandwidth")
+        linked.add(frozenset((ev.a, ev.b)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -753,8 +779,10 @@ def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | 
         from spiderflow.placement import get_policy
 
         policy = get_policy(policy)
+    evs = list(events)
+    check_events(topo, evs)
     topo.bandwidth_matrix  # noqa: B018 - compute the path matrices once, outside every timed decision
-    sim = _Sim(topo, jobs, policy, cfg, list(events), progress)
+    sim = _Sim(topo, jobs, policy, cfg, evs, progress)
     sim.run()
     records = tuple(sim.jobs[j.id].record for j in jobs)
     ends = [r.end_s for r in records if r.end_s is not None]

@@ -232,6 +232,36 @@ def test_events_file_parsing() -> None:
     assert math.isfinite(evs[1].t_s)
 
 
+@pytest.mark.parametrize(("event", "field", "why"), [
+    ({"kind": "cluster_loss", "cluster": "nope"}, "events[1].cluster", "is not a cluster of the topology"),
+    ({"kind": "link_change", "a": "c0", "b": "c9", "latency_ms": 5}, "events[1].b", "is not a cluster"),
+    ({"kind": "link_change", "a": "c0", "b": "c0", "latency_ms": 5}, "events[1].b", "must differ from 'a'"),
+    ({"kind": "link_change", "a": "c0", "b": "c2", "latency_ms": 5}, "events[1].bandwidth_gbps", "no link"),
+    ({"kind": "link_change", "a": "c0", "b": "c1"}, "events[1]", "changes nothing"),
+])
+def test_events_are_checked_against_the_topology_before_the_simulation(
+        event: dict[str, Any], field: str, why: str) -> None:
+    topo = Topology(clusters=tuple(Cluster(name=f"c{i}", gpu="A100-80G", nodes=1, gpus_per_node=4) for i in range(3)),
+                    links=(Link(a="c0", b="c1", bandwidth_gbps=10.0, latency_ms=5.0),))
+    doc = {"events": [{"t_s": 50, "kind": "cluster_loss", "cluster": "c1"}, {"t_s": 10, **event}]}
+    with pytest.raises(ValidationError) as e:
+        events_from_dict(doc, topo)
+    assert e.value.field == field and why in e.value.reason
+    if field == "events[1]":
+        return  # rejected by the parser alone
+    evs = events_from_dict(doc)  # well formed on its own; the engine checks it before running anything
+    placed: list[str] = []
+
+    class Spy(GreedyPolicy):
+        def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
+            placed.append(job.id)
+            return super().place(topo, job, budget)
+
+    with pytest.raises(ValidationError) as e:
+        simulate(topo, [job("A", 10)], Spy(), FIXED, events=evs)
+    assert e.value.field == "events[0]" + field.removeprefix("events[1]") and not placed  # sorted: [0] is t=10
+
+
 def test_backfilling_in_the_engine_respects_the_head_reservation() -> None:
     """R (4 GPUs) runs until 100.5; urgent H needs all 8 GPUs and becomes the head with a reservation at
     100.5. Short S (4 GPUs, ends at 21.5) is backfilled; long C (4 GPUs, 2000 s) would delay H and must wait."""

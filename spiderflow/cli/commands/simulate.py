@@ -31,7 +31,7 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
     jobs = load_trace(trace)
     if not jobs:
         raise CliError(f"{trace}: jobs: the trace has no jobs", EXIT_USAGE)
-    evs = in_file(events, events_from_dict, load_document(events)) if events else []
+    evs = in_file(events, lambda d: events_from_dict(d, topo), load_document(events)) if events else []
     cfg = SimConfig(objective=Objective(objective), seed=seed, time_limit_s=time_limit,
                     overhead=OverheadMode(overhead), releases=releases)
     out: dict[str, Any] = {
