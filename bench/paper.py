@@ -399,6 +399,11 @@ def scale_run(clusters: int, jobs: int, *, seed: int, load: float, policy: str =
     return out
 
 
+def _section(title: str, columns: list[str]) -> list[str]:
+    """A blank line, ``title``, a blank line and the header of a Markdown table with ``columns``."""
+    return ["", title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = [f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']}  ", f"Budgets: {doc['budgets']}  ",
              f"Overhead mode: {doc.get('overhead', 'measured')}", ""]
@@ -432,11 +437,11 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{f(r.get('cpu_ratio_ilp'))} | {f(r.get('cpu_ratio_genetic'))} | "
                      f"{f(r.get('total_overhead_ratio_ilp'))} | {f(r.get('total_overhead_ratio_genetic'))} |")
     if any("overhead_repeats" in size for size in doc["sizes"]):
-        lines += ["", "Overhead over repeated measured runs (same trace; ratio of the means over the runs, and the "
-                      "range of run-by-run ratios):", "",
-                  "| clusters | runs | spinsearch s/decision (each run) | baseline | baseline s/decision (each run) | "
-                  "per decision: ratio of means (range) | total: ratio of means (range) |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += _section("Overhead over repeated measured runs (same trace; ratio of the means over the runs, and "
+                          "the range of run-by-run ratios):",
+                          ["clusters", "runs", "spinsearch s/decision (each run)", "baseline",
+                           "baseline s/decision (each run)", "per decision: ratio of means (range)",
+                           "total: ratio of means (range)"])
         for size in doc["sizes"]:
             rep = size.get("overhead_repeats")
             if not rep:
@@ -472,11 +477,11 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(f"| {key} | {pm(v, 'completed')} | {pm(v, 'mean_jct_s', 3600)} | {pm(v, 'cost_usd')} | "
                          f"{pm(v, 'cost_vs_bace', pct=True)} | {pm(v, 'jct_vs_bace', pct=True)} |")
     if any(WITHOUT_TPA in size for size in doc["sizes"]):
-        lines += ["", "SpinSearch without TPA (level-1 plans with the job's micro-batch count, 1F1B: the planning "
-                      "scope of ilp and genetic; same trace):", "",
-                  "| clusters | done | mean JCT h | JCT vs spinsearch | tokens/s | decisions | s/decision | "
-                  "overhead ilp/it | overhead genetic/it | total overhead ilp/it | total overhead genetic/it |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += _section("SpinSearch without TPA (level-1 plans with the job's micro-batch count, 1F1B: the planning "
+                          "scope of ilp and genetic; same trace):",
+                          ["clusters", "done", "mean JCT h", "JCT vs spinsearch", "tokens/s", "decisions", "s/decision",
+                           "overhead ilp/it", "overhead genetic/it", "total overhead ilp/it",
+                           "total overhead genetic/it"])
         for size in doc["sizes"]:
             v = size.get(WITHOUT_TPA)
             if v:
