@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +47,12 @@ __all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
+
+CAMPAIGN_RETRY_MIN_S = 0.5
+CAMPAIGN_RETRY_MAX_S = 2.0
+"""A campaign that cannot reach etcd is retried after 0.5 s, doubling to 2 s (so a recovered etcd is seen
+within 2 s)."""
+CAMPAIGN_WARN_EVERY_S = 30.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -196,6 +203,8 @@ class SchedulerReplica:
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases)
 
     async def run(self, stop: asyncio.Event) -> None:
+        delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             try:
                 lease = await self.store.grant(self.lease_ttl)
@@ -213,9 +222,19 @@ class SchedulerReplica:
                 stopper.cancel()
                 leadership = campaign.result()
             except (UnavailableError, ConflictError) as e:
-                log.info("scheduler.campaign_retry", error=str(e))
-                await asyncio.sleep(0.5)
+                # etcd unreachable: retry with backoff; warn at the first failure and then every
+                # CAMPAIGN_WARN_EVERY_S (not at every attempt).
+                now = loop.time()
+                failing_since = now if failing_since is None else failing_since
+                if now - last_warned >= CAMPAIGN_WARN_EVERY_S:
+                    log.warning("scheduler.campaign_retry", error=str(e), failing_for_s=round(now - failing_since, 1),
+                                retry_in_s=delay)
+                    last_warned = now
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+                delay = min(CAMPAIGN_RETRY_MAX_S, delay * 2)
                 continue
+            delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
             log.info("scheduler.leader", address=self.address, lease=lease.id)
             self.is_leader = True
             # Wait records are written only while this term's election key is unchanged (deposed: no write).
