@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import socket
@@ -79,6 +80,8 @@ __all__ = ["VERSION", "Agent", "build_cluster"]
 log = structlog.get_logger(__name__)
 
 VERSION = "0.1.0"
+REGISTER_WARN_EVERY_S = 30.0
+"""While registration keeps failing (retried every second), warn at the first failure and then this often."""
 _WILDCARDS = {"0.0.0.0", "::", ""}
 
 
@@ -310,6 +313,7 @@ class Agent:
                            address=self._address, version=VERSION, pid=os.getpid(), host=socket.gethostname(),
                            started_at=self._started_at)
         key = keys.cluster_key(self.config.cluster)
+        failures, last_warned = 0, -math.inf
         while not stop.is_set():
             lease: Lease | None = None
             try:
@@ -322,13 +326,18 @@ class Agent:
                         await lease.revoke()
                 await asyncio.sleep(1.0)
                 continue
-            except Exception as e:  # keep registering whatever went wrong
-                self.log.warning("agent.register_failed", error=str(e), error_class=type(e).__name__)
+            except Exception as e:  # keep registering whatever went wrong (every second; warn every 30 s)
+                failures += 1
+                if time.monotonic() - last_warned >= REGISTER_WARN_EVERY_S:
+                    self.log.warning("agent.register_failed", error=str(e), error_class=type(e).__name__,
+                                     attempts=failures)
+                    last_warned = time.monotonic()
                 if lease is not None:
                     with contextlib.suppress(SpiderFlowError):
                         await lease.revoke()
                 await asyncio.sleep(1.0)
                 continue
+            failures, last_warned = 0, -math.inf
             self._lease = lease
             self._registered.set()
             self._profile_now.set()

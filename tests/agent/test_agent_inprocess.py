@@ -9,6 +9,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 
 from agent.agent import Agent
 from agent.config import load_config
@@ -19,7 +20,7 @@ from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.server import open_channel, serve
 from spiderflow.store import keys
 from spiderflow.store.etcd import EtcdStore
-from spiderflow.store.process import EtcdProcess
+from spiderflow.store.process import EtcdProcess, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -158,3 +159,20 @@ async def test_agent_registers_again_after_losing_its_lease() -> None:
         with contextlib.suppress(BaseException):
             await run
         await server.stop(grace_s=0)
+
+
+async def test_an_unreachable_etcd_is_retried_every_second_with_one_warning_per_30_s() -> None:
+    cfg = load_config(None, {
+        "cluster": "lonely", "topology_service": f"127.0.0.1:{free_port()}", "etcd": f"127.0.0.1:{free_port()}",
+        "lease_ttl_s": 2, "gpus": {"gpu": "A100-80G", "nodes": 1, "gpus_per_node": 8},
+    })
+    ag = Agent(cfg)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        await ag.start()
+        run = asyncio.create_task(ag.run(stop))
+        await asyncio.sleep(3.5)
+        stop.set()
+        await asyncio.wait_for(run, 10)
+    failed = [e for e in logs if e["event"] == "agent.register_failed"]
+    assert len(failed) == 1 and failed[0]["attempts"] == 1 and not ag.registered.is_set()
