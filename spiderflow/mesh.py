@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Sequence
@@ -64,6 +65,19 @@ def sample_topology(n: int = 3) -> Topology:
     return Topology(clusters=clusters, links=links)
 
 
+def _port_if_free(port: int) -> int:
+    """``port`` when nothing listens on it on loopback now, else 0 (any free port)."""
+    if not port:
+        return 0
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return 0
+    return port
+
+
 class LocalMesh:
     """Start/stop a mesh for ``topology`` with its logs under ``workdir`` (a temp dir when None).
 
@@ -74,7 +88,7 @@ class LocalMesh:
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
                  keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
-                 etcd_tls: bool = False) -> None:
+                 etcd_tls: bool = False, service_ports: dict[str, int] | None = None) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -87,6 +101,8 @@ class LocalMesh:
         self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
         self.etcd_tls = etcd_tls
+        self.service_ports = dict(service_ports or {})
+        """Preferred loopback port per service (e.g. the clients' defaults); a taken one falls back to any."""
         self.etcd_args: list[str] = []
         """``--etcd-tls-dir DIR`` of every component once started with ``etcd_tls`` (else empty)."""
         self.etcd: EtcdProcess | None = None
@@ -119,11 +135,20 @@ class LocalMesh:
         return self
 
     def _service(self, name: str, *args: str) -> ManagedProcess:
-        argv = spiderflow_argv("serve", name, "--listen", "127.0.0.1:0", "--log-format", "json", *args)
-        proc = ManagedProcess(name, argv, log_dir=self.workdir / "logs").start(timeout=60)
+        port = _port_if_free(self.service_ports.get(name, 0))
+        try:
+            proc = self._spawn_service(name, port, args)
+        except UnavailableError:
+            if not port:
+                raise
+            proc = self._spawn_service(name, 0, args)  # the preferred port was taken meanwhile
         self.services[name] = proc
         log.info("mesh.service_started", service=name, address=proc.address, pid=proc.pid)
         return proc
+
+    def _spawn_service(self, name: str, port: int, args: Sequence[str]) -> ManagedProcess:
+        argv = spiderflow_argv("serve", name, "--listen", f"127.0.0.1:{port}", "--log-format", "json", *args)
+        return ManagedProcess(name, argv, log_dir=self.workdir / "logs").start(timeout=60)
 
     def _start(self, timeout: float) -> None:
         host = "127.0.0.1"

@@ -164,6 +164,16 @@ def test_topology_show_png_draws_the_live_map(live: str, tmp_path: Path) -> None
     assert {c["name"] for c in json.loads(r.stdout)["clusters"]} == {"virginia", "ohio", "oregon"}
 
 
+def test_topology_show_finds_the_service_in_the_config_file_spiderflow_up_writes(live: str, tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"topology: {live}\n")
+    env = {k: v for k, v in os.environ.items() if k != "SPIDERFLOW_TOPOLOGY"}
+    r = subprocess.run(spiderflow_argv("topology", "show", "--json"), capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT), "SPIDERFLOW_CONFIG": str(config)})
+    assert r.returncode == 0, r.stderr
+    assert {c["name"] for c in json.loads(r.stdout)["clusters"]} == {"virginia", "ohio", "oregon"}
+
+
 def test_topology_show_errors_are_one_line_with_exit_2(live: str, tmp_path: Path) -> None:
     r = cli("topology", "show", "--topology-service", live, "--png", str(tmp_path / "no" / "such" / "dir.png"))
     assert r.returncode == 2 and r.stderr.startswith("error: --png") and len(r.stderr.strip().splitlines()) == 1

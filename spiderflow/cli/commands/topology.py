@@ -1,7 +1,9 @@
 """``spiderflow topology``: validate, generate and show cluster topologies.
 
 ``show`` reads the live graph from the topology service: ``--topology-service HOST:PORT``, else the
-``SPIDERFLOW_TOPOLOGY`` environment variable, else ``127.0.0.1:50052``. It prints a table of clusters
+``SPIDERFLOW_TOPOLOGY`` environment variable, else the config file ``spiderflow up`` writes
+(:func:`spiderflow.sdk.resolve_address`), else ``127.0.0.1:50052``; with the client TLS directory and token
+the other commands use. It prints a table of clusters
 (GPU type, GPUs free/total, measured TFLOPS, agent) and links (bandwidth, latency, age); ``--json``
 prints the snapshot in the topology file format plus ``"revision"`` (``spiderflow topology validate``
 accepts it). ``--png FILE`` draws the cluster map instead of the table: clusters at their lat/lon when
@@ -94,12 +96,15 @@ async def _fetch(address: str, timeout: float) -> Any:
     from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
     from spiderflow.rpc.errors import domain_errors
     from spiderflow.rpc.server import open_channel
+    from spiderflow.security.auth import bearer_metadata
+    from spiderflow.security.tls import channel_credentials, client_tls_dir, client_token
 
-    channel = open_channel(address)
+    bundle = client_tls_dir(None)
+    channel = open_channel(address, credentials=channel_credentials(bundle) if bundle is not None else None)
     try:
         with domain_errors():
             return await topology_pb2_grpc.TopologyStub(channel).GetTopology(
-                topology_pb2.GetTopologyRequest(), timeout=timeout)
+                topology_pb2.GetTopologyRequest(), timeout=timeout, metadata=bearer_metadata(client_token(None)))
     finally:
         await channel.close()
 
@@ -179,13 +184,13 @@ def _age(now: float, ts: Any) -> str:
 
 def _show(args: argparse.Namespace) -> int:
     import asyncio
-    import os
     import time
 
     from spiderflow.rpc import convert
     from spiderflow.runtime import parse_hostport
+    from spiderflow.sdk import resolve_address
 
-    address = args.topology_service or os.environ.get("SPIDERFLOW_TOPOLOGY") or DEFAULT_TOPOLOGY_SERVICE
+    address = resolve_address("topology", args.topology_service)
     parse_hostport(address, field="--topology-service")
     from spiderflow.errors import UnavailableError
 
@@ -253,7 +258,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     s = tsub.add_parser("show", help="show the live graph from the topology service")
     s.add_argument("--topology-service", metavar="ADDR",
-                   help=f"host:port (default $SPIDERFLOW_TOPOLOGY or {DEFAULT_TOPOLOGY_SERVICE})")
+                   help="host:port (default $SPIDERFLOW_TOPOLOGY, else the config file `spiderflow up` writes, "
+                        f"else {DEFAULT_TOPOLOGY_SERVICE})")
     s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the service")
     s.add_argument("--png", type=Path, metavar="FILE", help="draw the cluster map with link bandwidths into FILE")
     add_json_flag(s)

@@ -41,7 +41,7 @@ from spiderflow.domain import Topology
 from spiderflow.formats import load_topology
 from spiderflow.jobs import JobState
 from spiderflow.mesh import LocalMesh, sample_topology
-from spiderflow.sdk import Client, Job, config_path
+from spiderflow.sdk import DEFAULT_ADDRESSES, Client, Job, config_path
 
 __all__ = ["register", "sample_job"]
 
@@ -101,7 +101,8 @@ def _follow(sf: Client, job_id: str, timeout_s: float) -> tuple[Job, list[float]
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    """SIGTERM behaves like Ctrl-C: the mesh is torn down on the way out."""
+    """SIGTERM and SIGINT behave like Ctrl-C: the mesh is torn down on the way out. (SIGINT is installed
+    explicitly: a shell starts background jobs with it ignored, and ``kill -INT`` must still stop them.)"""
     raise KeyboardInterrupt
 
 
@@ -116,10 +117,14 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("--steps: must be ≥ 1", EXIT_USAGE)
     workdir = Path(args.data_dir) if args.data_dir else None
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     console.print(f"starting a SpiderFlow mesh: etcd, topology, planner, scheduler, {len(topo.clusters)} agent(s)"
                   + (" in the testbed" if args.testbed else ""))
+    # The services take the clients' default ports when those are free (grpcurl and the CLI then need no
+    # address; the config file written below names them either way).
+    ports = {name: int(addr.rsplit(":", 1)[1]) for name, addr in DEFAULT_ADDRESSES.items()}
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
-                     testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls)
+                     testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports)
     code = 0
     try:
         mesh.start(timeout=args.timeout)
