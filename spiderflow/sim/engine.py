@@ -167,11 +167,12 @@ def events_from_dict(raw: Any, topology: Topology | None = None) -> list[Topolog
 
 def check_events(topo: Topology, events: Sequence[TopologyEvent]) -> None:
     """Every event names clusters of ``topo`` (``a`` ≠ ``b``), and a ``link_change`` between clusters
-    with no link gives the new link's bandwidth: a :class:`ValidationError` naming ``events[i].field``
-    (``i`` in the given order) before any simulation, not when the event comes."""
+    with no link yet (none in ``topo`` and none added by an earlier event) gives the new link's bandwidth:
+    a :class:`ValidationError` naming ``events[i].field`` (``i`` in the given order) before any simulation,
+    not when the event comes. Events are taken in time order, as the simulation applies them."""
     names = set(topo.names)
     linked = {frozenset((link.a, link.b)) for link in topo.links}
-    for i, ev in enumerate(events):
+    for i, ev in sorted(enumerate(events), key=lambda item: item[1].t_s):
         where = f"events[{i}]"
         for k in ("a", "b") if ev.kind is EventKind.LINK_CHANGE else ("cluster",):
             if getattr(ev, k) not in names:

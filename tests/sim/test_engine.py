@@ -262,6 +262,17 @@ def test_events_are_checked_against_the_topology_before_the_simulation(
     assert e.value.field == "events[0]" + field.removeprefix("events[1]") and not placed  # sorted: [0] is t=10
 
 
+def test_a_link_added_by_an_event_counts_only_from_its_time_on() -> None:
+    topo = Topology(clusters=tuple(Cluster(name=f"c{i}", gpu="A100-80G", nodes=1, gpus_per_node=4) for i in range(3)),
+                    links=(Link(a="c0", b="c1", bandwidth_gbps=10.0, latency_ms=5.0),))
+    add = {"t_s": 100, "kind": "link_change", "a": "c0", "b": "c2", "bandwidth_gbps": 1.0}
+    tweak = {"t_s": 50, "kind": "link_change", "a": "c2", "b": "c0", "latency_ms": 9.0}
+    with pytest.raises(ValidationError) as e:  # the tweak comes first in time: the link is not there yet
+        events_from_dict({"events": [add, tweak]}, topo)
+    assert e.value.field == "events[1].bandwidth_gbps"
+    events_from_dict({"events": [add, {**tweak, "t_s": 150}]}, topo)  # after the addition: fine
+
+
 def test_backfilling_in_the_engine_respects_the_head_reservation() -> None:
     """R (4 GPUs) runs until 100.5; urgent H needs all 8 GPUs and becomes the head with a reservation at
     100.5. Short S (4 GPUs, ends at 21.5) is backfilled; long C (4 GPUs, 2000 s) would delay H and must wait."""

@@ -103,7 +103,7 @@ def _scaling_rows(path: Path) -> list[dict[str, Any]]:
         if not isinstance(bench, dict) or not isinstance(bench.get("sizes"), list) or not bench["sizes"]:
             raise ValueError("no 'sizes' list")
         return [{"clusters": int(size["clusters"]), "policy": p, **v}
-                for size in bench.get("sizes", []) for p, v in size["policies"].items()]
+                for size in bench["sizes"] for p, v in size["policies"].items()]
     except OSError as e:
         raise CliError(f"--scaling: cannot read {path}: {e.strerror or e}", EXIT_USAGE) from None
     except (ValueError, TypeError, KeyError, AttributeError) as e:
