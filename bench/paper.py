@@ -29,6 +29,9 @@ Figures, each a ratio against the best *baseline* of the same run (a baseline is
   job's micro-batch count too. It separates what TPA adds to a decision's time from what it adds to the
   JCT; its overhead ratios against ``ilp`` and ``genetic`` are reported beside the full system's (and
   repeated with ``--repeats``). The issue's targets are judged on the full system.
+- ``--level2-ablation``: SpinSearch again with TPA's level 2 solved by the CP-SAT model
+  (``level2="cpsat"``: the chosen split's blocks and their re-solves under other schedules) instead of
+  the exact solver, reported and repeated the same way: what the CP-SAT solves cost a decision.
 - ``--repeats R``: the measured main comparison R times per size. Each policy's trajectory moves with its
   own measured decision times (they delay its jobs, so it meets other queues), and ``ilp``'s and the GA's
   decision times move with it: one run is one sample. The table adds every run's time per decision and,
@@ -89,10 +92,19 @@ def _simulate_child(args: tuple[Any, ...]) -> SimResult:
 
 WITHOUT_TPA = "spinsearch_without_tpa"
 """The key of the ``--tpa-ablation`` run (SpinSearch with ``planner="fallback"``) in the results."""
+CPSAT_LEVEL2 = "spinsearch_cpsat_level2"
+"""The key of the ``--level2-ablation`` run (SpinSearch with TPA's level 2 solved by CP-SAT) in the results."""
+VARIANTS = (WITHOUT_TPA, CPSAT_LEVEL2)
+"""SpinSearch variants the ablation flags add, in the order they run."""
+_VARIANT_LABELS = {WITHOUT_TPA: "without TPA", CPSAT_LEVEL2: "CP-SAT level 2"}
 
 
 def _policy(name: str) -> str | PlacementPolicy:
-    return SpinSearch(planner="fallback") if name == WITHOUT_TPA else name
+    if name == WITHOUT_TPA:
+        return SpinSearch(planner="fallback")
+    if name == CPSAT_LEVEL2:
+        return SpinSearch(level2="cpsat")
+    return name
 
 
 def _simulate(topo: Topology, trace: list[JobSpec], policy: str, cfg: SimConfig, *, isolate: bool) -> SimResult:
@@ -111,8 +123,8 @@ def _mean(xs: list[float]) -> float | None:
 
 def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: float, time_limit: float,
              objective: Objective = Objective.JCT, overhead: OverheadMode = OverheadMode.MEASURED,
-             wait_ablation: bool = False, tpa_ablation: bool = False, isolate: bool = True,
-             repeats: int = 1) -> dict[str, Any]:
+             wait_ablation: bool = False, tpa_ablation: bool = False, level2_ablation: bool = False,
+             isolate: bool = True, repeats: int = 1) -> dict[str, Any]:
     topo = generate_topology(clusters, seed, "geo")
     trace = generate_trace(jobs, seed, load, topo)
     cfg = SimConfig(objective=objective, seed=seed, time_limit_s=time_limit, overhead=overhead)
@@ -145,13 +157,14 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
         out["policies"][p]["mean_plan_tokens_per_s_common"] = _mean([records[p][k].plan_tokens_per_s for k in common])
     out["ratios"] = ratios(out["policies"])
     extra: dict[str, dict[str, Any]] = {}
-    if tpa_ablation and "spinsearch" in policies:
-        res = _simulate(topo, trace, WITHOUT_TPA, cfg, isolate=isolate)
+    wanted = {WITHOUT_TPA: tpa_ablation, CPSAT_LEVEL2: level2_ablation}
+    for variant in (v for v in VARIANTS if wanted[v] and "spinsearch" in policies):
+        res = _simulate(topo, trace, variant, cfg, isolate=isolate)
         s = summarize(res)
-        extra[WITHOUT_TPA] = s
-        out[WITHOUT_TPA] = without_tpa(s, {r.id: r for r in res.records}, out["policies"], records)
-        print(f"  {clusters:>4} clusters spinsearch without TPA: {s['completed']}/{jobs} done, mean JCT "
-              f"{(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['decisions']} decisions, "
+        extra[variant] = s
+        out[variant] = without_tpa(s, {r.id: r for r in res.records}, out["policies"], records)
+        print(f"  {clusters:>4} clusters spinsearch, {_VARIANT_LABELS[variant]}: {s['completed']}/{jobs} done, "
+              f"mean JCT {(s['mean_jct_s'] or 0) / 3600:.2f} h, {s['decisions']} decisions, "
               f"{s['overhead_per_decision_mean_s'] or 0:.4f} s/decision", flush=True)
     if repeats > 1 and overhead is OverheadMode.MEASURED:
         runs = {p: [_overhead_of(s)] for p, s in {**out["policies"], **extra}.items()}
@@ -176,10 +189,10 @@ def run_size(clusters: int, jobs: int, policies: list[str], *, seed: int, load: 
 
 def without_tpa(s: dict[str, Any], recs: dict[str, Any], pol: dict[str, dict[str, Any]],
                 records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The ``--tpa-ablation`` figures: the run's summary fields, its mean JCT against full SpinSearch's
-    over the jobs both completed (``jct_vs_spinsearch`` > 1: slower without TPA), and the overhead ratios
-    of ``ilp`` and ``genetic`` against it (per decision, CPU, total), as :func:`ratios` computes them
-    against the full system."""
+    """The figures of a SpinSearch variant (``--tpa-ablation``, ``--level2-ablation``): the run's summary
+    fields, its mean JCT against SpinSearch's over the jobs both completed (``jct_vs_spinsearch`` > 1:
+    slower than SpinSearch), and the overhead ratios of ``ilp`` and ``genetic`` against it (per decision,
+    CPU, total), as :func:`ratios` computes them against SpinSearch."""
     out: dict[str, Any] = {k: s[k] for k in ("completed", "mean_jct_s", "p95_jct_s", "throughput_tokens_per_s",
                                              "decisions", "overhead_per_decision_mean_s", "cpu_per_decision_mean_s",
                                              "sched_overhead_s", "gpu_utilization")}
@@ -237,12 +250,13 @@ def overhead_repeats(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """Overhead over repeated measured runs of the same trace (each policy's trajectory moves with its own
     measured decision times, so one run is one sample): every run's figures, and for ``ilp`` and
     ``genetic`` the ratio of their mean over the runs to SpinSearch's (per decision and total) and the
-    range of the run-by-run ratios (run ``i`` of the baseline over run ``i`` of SpinSearch). With
-    ``--tpa-ablation`` runs, the same against them under ``out[WITHOUT_TPA]``."""
+    range of the run-by-run ratios (run ``i`` of the baseline over run ``i`` of SpinSearch). With a
+    variant's runs (:data:`VARIANTS`), the same against them under ``out[variant]``."""
     out: dict[str, Any] = {"runs": runs}
     out.update(_repeat_ratios(runs, "spinsearch"))
-    if WITHOUT_TPA in runs:
-        out[WITHOUT_TPA] = _repeat_ratios(runs, WITHOUT_TPA)
+    for variant in VARIANTS:
+        if variant in runs:
+            out[variant] = _repeat_ratios(runs, variant)
     return out
 
 
@@ -446,8 +460,8 @@ def markdown(doc: dict[str, Any]) -> str:
             rep = size.get("overhead_repeats")
             if not rep:
                 continue
-            for ref, label in (("spinsearch", ""), (WITHOUT_TPA, " (without TPA)")):
-                ratios_of = rep if ref == "spinsearch" else rep.get(WITHOUT_TPA, {})
+            for ref, label in (("spinsearch", ""), *((v, f" ({_VARIANT_LABELS[v]})") for v in VARIANTS)):
+                ratios_of = rep if ref == "spinsearch" else rep.get(ref, {})
                 ss_runs = rep["runs"].get(ref, [])
                 for p in ("ilp", "genetic"):
                     if p not in ratios_of:
@@ -476,14 +490,19 @@ def markdown(doc: dict[str, Any]) -> str:
         for key, v in c["runs"].items():
             lines.append(f"| {key} | {pm(v, 'completed')} | {pm(v, 'mean_jct_s', 3600)} | {pm(v, 'cost_usd')} | "
                          f"{pm(v, 'cost_vs_bace', pct=True)} | {pm(v, 'jct_vs_bace', pct=True)} |")
-    if any(WITHOUT_TPA in size for size in doc["sizes"]):
-        lines += _section("SpinSearch without TPA (level-1 plans with the job's micro-batch count, 1F1B: the planning "
-                          "scope of ilp and genetic; same trace):",
+    titles = {
+        WITHOUT_TPA: "SpinSearch without TPA (level-1 plans with the job's micro-batch count, 1F1B: the planning "
+                     "scope of ilp and genetic; same trace):",
+        CPSAT_LEVEL2: "SpinSearch with TPA's level 2 solved by CP-SAT (the plan's blocks and their re-solves; same "
+                      "trace):",
+    }
+    for variant in (v for v in VARIANTS if any(v in size for size in doc["sizes"])):
+        lines += _section(titles[variant],
                           ["clusters", "done", "mean JCT h", "JCT vs spinsearch", "tokens/s", "decisions", "s/decision",
                            "overhead ilp/it", "overhead genetic/it", "total overhead ilp/it",
                            "total overhead genetic/it"])
         for size in doc["sizes"]:
-            v = size.get(WITHOUT_TPA)
+            v = size.get(variant)
             if v:
                 r = v["ratios"]
                 lines.append(f"| {size['clusters']} | {v['completed']}/{size['jobs']} | "
@@ -563,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run SpinSearch without releases (start-now only) at every size")
     ap.add_argument("--tpa-ablation", action="store_true",
                     help="also run SpinSearch without TPA (level-1 plans with the job's micro-batch count)")
+    ap.add_argument("--level2-ablation", action="store_true",
+                    help="also run SpinSearch with TPA's level 2 solved by CP-SAT instead of the exact solver")
     ap.add_argument("--queue-ablation", action="store_true",
                     help="also run SpinSearch under a FIFO-by-priority queue without backfilling")
     ap.add_argument("--scale", action="store_true", help="also run the 256-cluster scale run")
@@ -602,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["sizes"].append(run_size(n, args.jobs, policies, seed=args.seed, load=args.load,
                                          time_limit=args.time_limit, overhead=OverheadMode(args.overhead),
                                          wait_ablation=args.wait_ablation, tpa_ablation=args.tpa_ablation,
+                                         level2_ablation=args.level2_ablation,
                                          isolate=not args.no_isolate,
                                          repeats=args.repeats))
         if args.cost:

@@ -14,9 +14,10 @@ Three parts (all figures from the real code on this machine; nothing is a consta
    note) when the ``ilp`` policy is not available.
 3. ``scale``: TPA on a 64-cluster chain of 256 GPUs (4 per cluster, A100/H100-80G, 10–100 Gbit/s,
    5–80 ms links, llama3-70b, batch 512): first call (cold level-2 cache) and a repeat (warm), with the
-   CP-SAT solves, CP-SAT seconds and level-2 lookups of each call (``spiderflow.tpa.level2.STATS``).
-   ``--search-solver cpsat`` also times the variant whose level-1 search scores every trial split with
-   CP-SAT instead of the exact optimum (same plan; shows what the exact bound saves).
+   CP-SAT solves, CP-SAT seconds and level-2 lookups of each call (``spiderflow.tpa.level2.STATS``), for
+   each of ``--scale-solvers``: ``exact`` (the planner's default: every block by the exact solver),
+   ``cpsat`` (``level2="cpsat"``: the plan's blocks solved again with CP-SAT) and ``cpsat-search`` (the
+   level-1 search scores every trial split with CP-SAT too, instead of the exact optimum).
 4. ``level2``: per-call CPU time of the level-2 solvers on random blocks (``--level2`` instances, up to 32
    layers and 16 GPUs, memory often binding): CP-SAT without and with the exact hint, the exact solver,
    and a cached lookup; and the differential count CP-SAT vs the exact optimum (and vs brute force on
@@ -27,7 +28,7 @@ Usage::
     .venv/bin/python bench/planner.py                 # everything, ILP limit 30 s, sizes 8 16 32
     .venv/bin/python bench/planner.py --quick         # sizes 8 16, limit 10 s, 20 brute instances
     .venv/bin/python bench/planner.py --out bench/results/planner.json
-    .venv/bin/python bench/planner.py --parts level2 scale --search-solver cpsat
+    .venv/bin/python bench/planner.py --parts level2 scale --scale-solvers exact cpsat cpsat-search
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def part_level2(instances: int) -> dict[str, Any]:
     return out
 
 
-def part_scale(repeats: int, search_solver: str = "exact") -> dict[str, Any]:
+def part_scale(repeats: int, solver: str = "exact") -> dict[str, Any]:
     rng = np.random.default_rng(0)
     gpus = ["A100-80G", "H100-80G"]
     clusters = tuple(Cluster(name=f"c{i}", gpu=gpus[int(rng.integers(2))], nodes=1, gpus_per_node=4)
@@ -274,13 +275,13 @@ def part_scale(repeats: int, search_solver: str = "exact") -> dict[str, Any]:
     lookups: list[int] = []
     plan = None
     saved = level1_mod.block_bound_cached
-    if search_solver == "cpsat":  # the level-1 search scores trial splits with CP-SAT too
+    if solver == "cpsat-search":  # the level-1 search scores trial splits with CP-SAT too
         level1_mod.block_bound_cached = solve_block_cached
     try:
         for _ in range(repeats):
             n0, s0, l0 = STATS.cpsat_solves, STATS.cpsat_seconds, STATS.lookups
             t0, c0 = time.perf_counter(), time.process_time()
-            plan = plan_chain(topo, job, alloc)
+            plan = plan_chain(topo, job, alloc, level2="exact" if solver == "exact" else "cpsat")
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
             solves.append(STATS.cpsat_solves - n0)
@@ -289,7 +290,7 @@ def part_scale(repeats: int, search_solver: str = "exact") -> dict[str, Any]:
     finally:
         level1_mod.block_bound_cached = saved
     assert plan is not None
-    out = {"clusters": 64, "search_solver": search_solver, "gpus": plan.gpus, "stages": len(plan.stages),
+    out = {"clusters": 64, "solver": solver, "gpus": plan.gpus, "stages": len(plan.stages),
            "m": plan.micro_batches, "schedule": plan.schedule.value, "cold_s": times[0], "cold_cpu_s": cpu[0],
            "cold_cpsat_solves": solves[0], "cold_cpsat_s": solve_s[0], "cold_level2_lookups": lookups[0],
            "warm_s_median": statistics.median(times[1:] or times),
@@ -297,7 +298,7 @@ def part_scale(repeats: int, search_solver: str = "exact") -> dict[str, Any]:
            "warm_cpsat_solves": solves[-1], "load_avg_1min": os.getloadavg()[0],
            "step_s": plan.step_time_s, "timeline_step_s": plan.extras["timeline_step_s"],
            "cpsat_improved_hint": STATS.cpsat_improved_hint}
-    table = Table(title=f"TPA on a 64-cluster chain of 256 GPUs (llama3-70b), search scored by {search_solver}")
+    table = Table(title=f"TPA on a 64-cluster chain of 256 GPUs (llama3-70b), level 2: {solver}")
     for k in out:
         table.add_column(k)
     table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in out.values()))
@@ -314,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parts", nargs="*", default=["brute", "ilp", "scale", "level2"])
     ap.add_argument("--level2", type=int, default=200, help="random blocks for the level-2 solver timings")
-    ap.add_argument("--search-solver", choices=["exact", "cpsat"], nargs="*", default=["exact"],
-                    help="level-1 search scoring for the scale part (default exact; cpsat for comparison)")
+    ap.add_argument("--scale-solvers", choices=["exact", "cpsat", "cpsat-search"], nargs="*",
+                    default=["exact", "cpsat"],
+                    help="level-2 solvers of the scale part: exact (the default planner), cpsat (the plan's blocks "
+                         "by CP-SAT), cpsat-search (every trial split scored by CP-SAT too)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     check_outputs(ap, {"--out": args.out})
@@ -328,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     if "ilp" in args.parts:
         report["ilp"] = part_ilp(args.sizes, args.limit)
     if "scale" in args.parts:
-        report["scale"] = [part_scale(args.repeats, solver) for solver in args.search_solver]
+        report["scale"] = [part_scale(args.repeats, solver) for solver in args.scale_solvers]
     if "level2" in args.parts:
         report["level2"] = part_level2(args.level2)
     if args.out:

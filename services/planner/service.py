@@ -30,6 +30,7 @@ from spiderflow import costmodel, metrics
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
 from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
+from spiderflow.placement.common import Level2, set_level2
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
@@ -74,15 +75,15 @@ def allocation_for_chain(topo: Topology, job: JobSpec, chain: Sequence[str]) -> 
 
 def plan_on_chain(
     topo: Topology, job: JobSpec, chain: Sequence[str], objective: Objective = Objective.JCT,
-    max_in_flight: int | None = None,
+    max_in_flight: int | None = None, level2: Level2 = "exact",
 ) -> PlacementResult:
-    """TPA on a fixed chain (under the in-flight cap ``max_in_flight`` if given), timed; raises
-    :class:`UnschedulableError` when nothing fits."""
+    """TPA on a fixed chain (under the in-flight cap ``max_in_flight`` if given, level 2 solved by
+    ``level2``), timed; raises :class:`UnschedulableError` when nothing fits."""
     from spiderflow.tpa import plan_chain
 
     t0 = time.perf_counter()
     plan = plan_chain(topo, job, allocation_for_chain(topo, job, chain), objective=objective,
-                      max_in_flight=max_in_flight)
+                      max_in_flight=max_in_flight, level2=level2)
     return PlacementResult(
         status=PlacementStatus.SUCCESS, policy="tpa", plan=plan, planning_seconds=time.perf_counter() - t0
     )
@@ -99,8 +100,10 @@ def _force_schedule(plan: Plan, topo: Topology, job: JobSpec, schedule: int) -> 
 class PlannerService(planner_pb2_grpc.PlannerServicer):
     """Stateless; safe to run any number of replicas."""
 
-    def __init__(self, *, default_policy: str = DEFAULT_POLICY) -> None:
+    def __init__(self, *, default_policy: str = DEFAULT_POLICY, level2: Level2 = "exact") -> None:
         self.default_policy = default_policy
+        self.level2: Level2 = level2
+        """TPA's level-2 solver (``"exact"`` or ``"cpsat"``), for chains and for policies that plan with TPA."""
 
     async def Plan(
         self, request: planner_pb2.PlanRequest, context: grpc.aio.ServicerContext
@@ -118,10 +121,11 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         t0 = time.perf_counter()
         if strategy == "chain":
             chain = list(request.chain.clusters)
-            result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective, cap)
+            result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective, cap, self.level2)
         else:
             name = request.policy if strategy == "policy" else self.default_policy
             policy = get_policy(name)
+            set_level2(policy, self.level2)
             result = await asyncio.to_thread(policy.place, topo, job, budget)
         metrics.observe_plan(time.perf_counter() - t0, strategy=strategy or "policy", ok=result.ok)
         if not result.ok:

@@ -62,7 +62,7 @@ from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.common import plan_objective
+from spiderflow.placement.common import Level2, plan_objective, set_level2
 from spiderflow.queueing import (
     Claim,
     Holding,
@@ -194,8 +194,11 @@ class SchedulingCycle:
         on_placed: Callable[[StoredJob], None] | None = None,
         replan_threshold: float = 0.5,
         wait_for_releases: bool = False,
+        level2: Level2 = "exact",
     ) -> None:
         self.repo = repo
+        self.level2: Level2 = level2
+        """TPA's level-2 solver for policies that plan in-process (``"exact"`` or ``"cpsat"``)."""
         self.topology = topology
         self.default_policy = default_policy
         self.finalize = finalize
@@ -434,6 +437,7 @@ class SchedulingCycle:
             self.cache_hits += 1
             return hit
         policy = get_policy(policy_name)
+        set_level2(policy, self.level2)
         if self._service_plans(policy):
             policy.planner = "fallback"  # type: ignore[attr-defined]  # the Planner service plans the chain
         result = await asyncio.to_thread(policy.place, snap, spec, budget)

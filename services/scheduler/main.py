@@ -35,6 +35,7 @@ from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, Una
 from spiderflow.jobs import JobState, Progress
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.placement import Budget
+from spiderflow.placement.common import LEVEL2_CHOICES, Level2
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
@@ -62,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--topology", help="a topology file (static topology, no agents needed)")
     p.add_argument("--planner", help="planner service address for final plans (default: plan in-process)")
     p.add_argument("--policy", default="spinsearch", help="default placement policy")
+    p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
+                   help="TPA's solver for the blocks of an in-process plan: the exact optimum (default) or the "
+                        "CP-SAT model")
     p.add_argument("--executor", choices=["agents", "sim"], default="agents")
     p.add_argument("--sim-time-scale", type=float, default=1e-4, help="wall seconds per predicted second")
     p.add_argument("--sim-min-s", type=float, default=0.05)
@@ -187,7 +191,7 @@ class SchedulerReplica:
                  default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
-                 wait_for_releases: bool = False) -> None:
+                 wait_for_releases: bool = False, level2: Level2 = "exact") -> None:
         self.store = store
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
@@ -200,7 +204,8 @@ class SchedulerReplica:
         self.is_leader = False
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
                                      budget=budget, on_placed=executor.arm if executor else None,
-                                     replan_threshold=replan_threshold, wait_for_releases=wait_for_releases)
+                                     replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
+                                     level2=level2)
 
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
@@ -358,7 +363,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                   else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
-        replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases,
+        replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)

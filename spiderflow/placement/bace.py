@@ -27,6 +27,7 @@ from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import UnschedulableError
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
 from spiderflow.placement.common import (
+    Level2,
     Planner,
     diagnose,
     finalise,
@@ -90,10 +91,12 @@ class Bace:
     name = "bace"
     tpa_final = True
     """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
-    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service)."""
+    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service;
+    ``level2`` is TPA's level-2 solver, ``"exact"`` or ``"cpsat"``)."""
 
-    def __init__(self, *, planner: Planner = "auto") -> None:
+    def __init__(self, *, planner: Planner = "auto", level2: Level2 = "exact") -> None:
         self.planner: Planner = planner
+        self.level2: Level2 = level2
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         budget = budget or Budget()
@@ -106,7 +109,7 @@ class Bace:
             return unschedulable(self.name, UnschedulableError(
                 f"no path of reachable clusters holds {job.gpus.min} free GPUs", constraint="reachability"),
                 time.perf_counter() - t0)
-        fin = finalise(topo, job, [alloc], objective=budget.objective, planner=self.planner)
+        fin = finalise(topo, job, [alloc], objective=budget.objective, planner=self.planner, level2=self.level2)
         elapsed = time.perf_counter() - t0
         if fin.plan is None:
             err = fin.error or UnschedulableError("the chosen path cannot hold the model", constraint="memory")

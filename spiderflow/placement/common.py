@@ -68,6 +68,7 @@ __all__ = [
     "finalise",
     "job_consts",
     "objective_value",
+    "plan_cache_clear",
     "plan_cache_stats",
     "plan_chain",
     "plan_key",
@@ -749,6 +750,19 @@ def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str
 
 
 Planner = Literal["auto", "tpa", "fallback"]
+Level2 = Literal["exact", "cpsat"]
+LEVEL2_CHOICES: tuple[Level2, ...] = ("exact", "cpsat")
+"""TPA's level-2 solvers (the same names as :data:`spiderflow.tpa.level2.LEVEL2_SOLVERS`, which this
+module cannot import: TPA is optional here)."""
+
+
+def set_level2(policy: object, level2: str) -> None:
+    """Give a policy that plans with TPA (one with a ``level2`` attribute: SpinSearch, BACE) TPA's level-2
+    solver; other policies are left as they are. ``ValidationError`` on ``level2`` for an unknown name."""
+    if level2 not in LEVEL2_CHOICES:
+        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
+    if hasattr(policy, "level2"):
+        policy.level2 = level2
 
 
 def tpa_available() -> bool:
@@ -761,24 +775,38 @@ def tpa_available() -> bool:
 
 
 def plan_chain(
-    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
+    level2: Level2 = "exact",
 ) -> Plan:
     """Plan an ordered allocation with the TPA planner when available, else :func:`fallback_plan_chain`.
+    ``level2``: TPA's solver for the plan's blocks (``"exact"`` or ``"cpsat"``, see
+    :func:`spiderflow.tpa.plan_chain`).
 
     Memoised across calls (:func:`cached_plan`): both planners are pure functions of the job's shape,
     the allocation, the allocated clusters' static figures and the paths between them."""
-    return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_uncached)
+    if level2 not in LEVEL2_CHOICES:
+        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
+    if level2 == "exact":
+        return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_uncached)
+    return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_cpsat, variant=level2)
 
 
 def _plan_chain_uncached(
-    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective,
+    level2: Level2 = "exact",
 ) -> Plan:
     try:
         from spiderflow.tpa import plan_chain as tpa_plan_chain
     except ImportError:
         return fallback_plan_chain(topo, job, allocation, objective=objective)
-    plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective)
+    plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective, level2=level2)
     return plan
+
+
+def _plan_chain_cpsat(
+    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective
+) -> Plan:
+    return _plan_chain_uncached(topo, job, allocation, objective, "cpsat")
 
 
 PLAN_CACHE_SIZE = 4096
@@ -830,17 +858,18 @@ def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]]
 
 def cached_plan(
     kind: str, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective,
-    planner: Any,
+    planner: Any, *, variant: str = "",
 ) -> Plan:
     """``planner(topo, job, allocation, objective)`` memoised by :func:`plan_key` (process-wide, at most
-    :data:`PLAN_CACHE_SIZE` entries, oldest dropped first). An :class:`UnschedulableError` is memoised
-    too and raised again; other errors are not memoised."""
+    :data:`PLAN_CACHE_SIZE` entries, oldest dropped first); ``variant`` tells apart planners of the same
+    ``kind`` run with other options. An :class:`UnschedulableError` is memoised too and raised again;
+    other errors are not memoised."""
     key = plan_key(topo, job, [(n, g) for n, g in allocation], objective,
                    tpa_only=kind == "plan_chain" and tpa_available())
     if key is None:
         plan: Plan = planner(topo, job, allocation, objective)
         return plan
-    key = (kind, *key)
+    key = (kind, variant, *key)
     hit = _PLAN_CACHE.get(key)
     if hit is not None:
         _PLAN_CACHE_STATS["hits"] += 1
@@ -858,6 +887,12 @@ def cached_plan(
     if isinstance(out, UnschedulableError):
         raise out
     return out
+
+
+def plan_cache_clear() -> None:
+    """Forget every memoised chain plan and reset the counters (for tests and benchmarks)."""
+    _PLAN_CACHE.clear()
+    _PLAN_CACHE_STATS.update(hits=0, misses=0)
 
 
 def plan_cache_stats() -> dict[str, int]:
@@ -883,10 +918,12 @@ def finalise(
     objective: Objective = Objective.JCT,
     planner: Planner = "auto",
     tolerance: float = 0.0,
+    level2: Level2 = "exact",
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
     ``objective``, then (``planner`` ``auto``/``tpa``, TPA importable) re-plan that chain with
-    :func:`spiderflow.tpa.plan_chain` and keep whichever of the two plans of the chain scores better.
+    :func:`spiderflow.tpa.plan_chain` (its level-2 solver: ``level2``) and keep whichever of the two
+    plans of the chain scores better.
 
     A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
@@ -916,7 +953,7 @@ def finalise(
         target = best_alloc if best is not None else (allocations[0] if allocations else ())
         if target:
             try:
-                tplan = plan_chain(topo, job, target, objective=objective)
+                tplan = plan_chain(topo, job, target, objective=objective, level2=level2)
                 if not check_plan(tplan, topo, job) and (
                     best is None or plan_objective(tplan, objective) <= best_val
                 ):

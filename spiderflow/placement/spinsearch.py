@@ -80,6 +80,7 @@ from spiderflow.placement.common import (
     FArr,
     IArr,
     JobConsts,
+    Level2,
     Planner,
     TopoArrays,
     allocate_greedy,
@@ -692,13 +693,15 @@ class SpinSearch:
     name = "spinsearch"
     tpa_final = True
     """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
-    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service)."""
+    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service;
+    ``level2`` is TPA's level-2 solver, ``"exact"`` or ``"cpsat"``)."""
 
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
-        planner: Planner = "auto",
+        planner: Planner = "auto", level2: Level2 = "exact",
     ) -> None:
         self.planner: Planner = planner
+        self.level2: Level2 = level2
         self.beam_width = beam_width
         self.neighbours = neighbours
         self.seeds = seeds
@@ -726,14 +729,15 @@ class SpinSearch:
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
         first: Planner = "fallback" if weigh else self.planner
-        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE)
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE,
+                       level2=self.level2)
         tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
             allocs = [[(names[u], g) for u, g in zip(c.chain, c.untrimmed or c.gpus, strict=True)]
                       for c in cands[self.finalists :]]
             tol = 0.0
-            fin = finalise(topo, job, allocs, objective=budget.objective, planner=first)
+            fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, level2=self.level2)
         plan_s = fin.plan_seconds
         if fin.plan is not None and weigh:
             wait = wait_or_start(topo, job, fin.plan, budget.releases, objective=budget.objective,
@@ -754,7 +758,8 @@ class SpinSearch:
                     f"{_UNITS[budget.objective]})",
                 )
             if self.planner != "fallback":
-                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol)
+                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
+                               level2=self.level2)
                 plan_s += fin.plan_seconds
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))

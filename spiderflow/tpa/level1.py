@@ -25,12 +25,12 @@ Algorithm
        Stop when no move improves.
     4. Polish (:func:`polish`): re-solve each block with the bottleneck of the rest of the chain as a
        floor, since below the pipeline's bottleneck a faster block gains nothing but its fill and sync do.
-    5. Certify (:func:`certify`): solve the blocks of the returned split with level 2's CP-SAT model
-       (:func:`~spiderflow.tpa.level2.solve_block_cached`, hinted and cached); these are the plan's
-       configurations.
+    5. Certify (:func:`certify`, only when the planner runs with ``level2="cpsat"``): solve the blocks of
+       the returned split with level 2's CP-SAT model (:func:`~spiderflow.tpa.level2.solve_block_cached`,
+       hinted and cached); these are then the plan's configurations.
 
 Steps 2–4 score trial splits with level 2's exact optimum (:func:`~spiderflow.tpa.level2.block_bound_cached`:
-the same optimum as the CP-SAT model, microseconds instead of milliseconds), so CP-SAT only runs on the
+the same optimum as the CP-SAT model, microseconds instead of milliseconds), so CP-SAT runs at most on the
 ``C`` blocks of the chosen split (fewer on repeated block shapes: cache hits).
 
 Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (an exact solve on a miss); at most

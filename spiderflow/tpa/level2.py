@@ -57,11 +57,14 @@ Complexity: ``O(Σ_k p_k) ≤ O(n·σ(n))`` variables after :func:`_prune`; mill
 
 Solvers: :func:`solve_block` is the CP-SAT model above; :func:`solve_block_exact` reaches the same
 optimum without a solver (bottleneck enumeration, microseconds) and :func:`brute_force_block` enumerates
-every composition (tests only). The planner's path (:func:`solve_block_cached`) is CP-SAT, started from the
-exact solution as a hint and cached by the problem — (cluster shape, GPUs, layer block, micro-batch size
-and count, in-flight profile) — so a repeated block is a dictionary lookup. Level 1's search scores its
-many trial splits with the memoised exact optimum (:func:`block_bound_cached`, the same value) and only the
-blocks of the plan it returns are solved with CP-SAT (:func:`spiderflow.tpa.level1.certify`).
+every composition (tests only). Both are memoised by the problem — (cluster shape, GPUs, layer block,
+micro-batch size and count, in-flight profile) — so a repeated block is a dictionary lookup:
+:func:`block_bound_cached` (exact) and :func:`solve_block_cached` (CP-SAT, started from the exact solution
+as a hint). The planner's ``level2`` option (:data:`LEVEL2_SOLVERS`) picks which one gives the plan's
+configurations: ``"exact"`` (the default) or ``"cpsat"``, which solves the blocks of the chosen split with
+CP-SAT (:func:`spiderflow.tpa.level1.certify`). Level 1's search scores its many trial splits with the
+exact optimum either way. CP-SAT optimises times rounded to integer units, so where two configurations
+are within a unit of each other it may return the one the unrounded cost model ranks second.
 
 GPU mapping: ranks are packed node-major on ``⌈n/g⌉`` nodes, tensor rank innermost, then replica, then
 sub-stage: GPU ``(j·d + r)·t + q`` runs tensor rank ``q`` of replica ``r`` of sub-stage ``j``.
@@ -75,6 +78,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Literal
 
 import structlog
 from ortools.sat.python import cp_model
@@ -92,11 +96,13 @@ from spiderflow.costmodel import (
 from spiderflow.domain import Cluster
 
 __all__ = [
+    "LEVEL2_SOLVERS",
     "STATS",
     "BlockConfig",
     "BlockProblem",
     "ClusterShape",
     "Degrees",
+    "Level2Solver",
     "SolveStats",
     "block_bound_cached",
     "block_candidates",
@@ -113,6 +119,11 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
+
+Level2Solver = Literal["exact", "cpsat"]
+LEVEL2_SOLVERS: tuple[Level2Solver, ...] = ("exact", "cpsat")
+"""How the planner solves the blocks of the plan it returns: ``"exact"`` (:func:`block_bound_cached`) or
+``"cpsat"`` (:func:`solve_block_cached`, the CP-SAT model). The first is the default."""
 
 
 class _Model(cp_model.CpModel):

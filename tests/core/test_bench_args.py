@@ -97,6 +97,24 @@ def test_overhead_repeats_also_against_the_run_without_tpa() -> None:
     assert "| 8 | 1 | 0.004 (without TPA) | genetic | 0.2 | 50 (50–50) | 100 (100–100) |" in md
 
 
+def test_overhead_repeats_also_against_the_run_with_cpsat_level2() -> None:
+    paper = _script("paper")
+    runs = {
+        "spinsearch": [{"decisions": 10, "per_decision_s": 0.01, "total_s": 0.1}],
+        paper.CPSAT_LEVEL2: [{"decisions": 10, "per_decision_s": 0.0125, "total_s": 0.125}],
+        "ilp": [{"decisions": 10, "per_decision_s": 0.25, "total_s": 2.5}],
+    }
+    out = paper.overhead_repeats(runs)
+    assert out["ilp"]["per_decision_ratio_of_means"] == pytest.approx(25.0)
+    assert out[paper.CPSAT_LEVEL2]["ilp"]["per_decision_ratio_of_means"] == pytest.approx(20.0)
+    assert paper.WITHOUT_TPA not in out
+    md = paper.markdown({"command": "c", "machine": "m", "budgets": {}, "sizes": [
+        {"clusters": 8, "jobs": 1, "policies": {}, "ratios": {}, "common_completed": 0, "overhead_repeats": out}]})
+    assert "| 8 | 1 | 0.0125 (CP-SAT level 2) | ilp | 0.25 | 20 (20–20) | 20 (20–20) |" in md
+    variant = paper._policy(paper.CPSAT_LEVEL2)
+    assert (variant.name, variant.level2, variant.planner) == ("spinsearch", "cpsat", "auto")
+
+
 def test_without_tpa_compares_jct_on_the_jobs_both_completed_and_overhead_against_the_baselines() -> None:
     paper = _script("paper")
 

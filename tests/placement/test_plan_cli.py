@@ -66,6 +66,7 @@ def test_plan_table(topo_file: Path, capsys: pytest.CaptureFixture[str]) -> None
         ["--model", "gpt-99"],
         ["--policy", "nope"],
         ["--objective", "speed"],
+        ["--level2", "gurobi"],
         ["--time-limit", "-1"],
         ["--global-batch", "7", "--micro-batch", "2"],
     ],
@@ -117,3 +118,18 @@ def test_gantt_without_renderer_or_with_it(topo_file: Path, tmp_path: Path, caps
     else:
         assert code == 0
         assert out.exists()
+
+
+def test_plan_with_the_cpsat_level2_solver(topo_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import spiderflow.tpa.level2 as l2
+    from spiderflow.placement.common import plan_cache_clear
+
+    plan_cache_clear()
+    l2.cache_clear()
+    assert main(["plan", "--topology", str(topo_file), "--model", "gpt3-1.3b", "--gpus", "8:24", "--json",
+                 "--level2", "cpsat"]) == 0
+    cpsat = json.loads(capsys.readouterr().out)
+    assert l2.STATS.cpsat_solves > 0
+    assert main(["plan", "--topology", str(topo_file), "--model", "gpt3-1.3b", "--gpus", "8:24", "--json"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    assert exact["stages"] == cpsat["stages"]

@@ -397,3 +397,18 @@ async def test_a_deposed_leader_records_no_wait_and_a_leader_does() -> None:
         with pytest.raises(NotLeaderError, match="the wait of long was not recorded"):
             await cycle.run()
         assert await repo.waits() == {}
+
+
+@pytest.mark.parametrize("level2", ["exact", "cpsat"])
+async def test_the_cycles_level2_solver_reaches_the_policy_that_plans_in_process(level2: str) -> None:
+    import spiderflow.tpa.level2 as l2
+    from spiderflow.placement.common import plan_cache_clear
+
+    plan_cache_clear()
+    l2.cache_clear()
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, StaticTopologySource(_topo()), default_policy="spinsearch",
+                            level2=level2)  # type: ignore[arg-type]
+    await repo.submit(JOB, "r1")
+    assert (await cycle.run()).placed == ["big"]
+    assert (l2.STATS.cpsat_solves > 0) is (level2 == "cpsat")

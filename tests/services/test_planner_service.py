@@ -142,3 +142,23 @@ async def test_negative_max_in_flight_is_invalid(stub: planner_pb2_grpc.PlannerS
             await stub.Plan(req)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "max_in_flight" in (e.value.details() or "")
+
+
+@pytest.mark.parametrize("level2", ["exact", "cpsat"])
+@pytest.mark.parametrize("strategy", ["chain", "policy"])
+async def test_the_services_level2_solver_plans_chains_and_policies(level2: str, strategy: str) -> None:
+    import spiderflow.tpa.level2 as l2
+    from spiderflow.placement.common import plan_cache_clear
+
+    plan_cache_clear()
+    l2.cache_clear()
+    server: RpcServer = await serve([PlannerService(level2=level2)], port=0)  # type: ignore[arg-type]
+    channel = open_channel(server.address)
+    try:
+        req = _req(chain=["virginia", "ohio"]) if strategy == "chain" else _req(policy="spinsearch")
+        resp = await planner_pb2_grpc.PlannerStub(channel).Plan(req)
+        assert resp.status == types_pb2.PLACEMENT_STATUS_SUCCESS
+    finally:
+        await channel.close()
+        await server.stop(grace_s=0)
+    assert (l2.STATS.cpsat_solves > 0) is (level2 == "cpsat")

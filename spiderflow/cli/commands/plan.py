@@ -21,6 +21,7 @@ from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Topology
 from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
+from spiderflow.placement.common import LEVEL2_CHOICES, set_level2
 from spiderflow.presets import resolve_topology
 
 __all__ = ["parse_gpus", "register", "result_to_dict"]
@@ -109,6 +110,7 @@ def _plan(args: argparse.Namespace) -> int:
         except (ImportError, AttributeError):
             raise CliError("--gantt: the Gantt renderer (spiderflow.viz.gantt) is not available", EXIT_USAGE) from None
     policy = get_policy(args.policy)
+    set_level2(policy, args.level2)
     budget = Budget(time_limit_s=args.time_limit, seed=args.seed, objective=Objective(args.objective))
     res = policy.place(topo, job, budget)
     doc = result_to_dict(res)
@@ -139,6 +141,8 @@ def register(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="search time limit in seconds (ilp, genetic)")
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
     p.add_argument("--objective", choices=[o.value for o in Objective], default="jct", help="what to optimise")
+    p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
+                   help="TPA's solver for the plan's blocks (spinsearch, bace): exact (default) or the CP-SAT model")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart of the pipeline to FILE")
     add_json_flag(p)
     p.set_defaults(func=_plan)
