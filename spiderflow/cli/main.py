@@ -75,6 +75,9 @@ def _name_commands(parser: argparse.ArgumentParser) -> None:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and words[0].startswith("-") and words[0].split("=")[0] not in parser._option_string_actions:
+        parser.error(f"unrecognized arguments: {words[0]} (options go after the command)")
     args, extra = parser.parse_known_args(argv)
     if extra:
         owner: argparse.ArgumentParser = getattr(args, "_parser", parser)

@@ -14,6 +14,11 @@ from spiderflow.cli.main import main
     (["up", "--model", "gpt-tiny"], "error: spiderflow up: unrecognized arguments: --model gpt-tiny "
                                     "(see spiderflow up --help)"),
     (["jobs", "extra"], "error: spiderflow jobs: unrecognized arguments: extra (see spiderflow jobs --help)"),
+    (["--bogus"], "error: spiderflow: unrecognized arguments: --bogus (options go after the command) "
+                  "(see spiderflow --help)"),
+    (["--jobs=3", "simulate"], "error: spiderflow: unrecognized arguments: --jobs=3 (options go after the command) "
+                               "(see spiderflow --help)"),
+    ([], "error: spiderflow: the following arguments are required: COMMAND (see spiderflow --help)"),
     (["trace", "generate", "--jobs", "x"], "error: spiderflow trace generate: argument --jobs: invalid int value: "
                                            "'x' (see spiderflow trace generate --help)"),
 ])
