@@ -118,7 +118,9 @@ def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     token = uuid.uuid4().hex
     monkeypatch.setenv(MARK, token)
-    every, steps = 2, 12
+    # A step of gpt-tiny takes about 50 ms and progress reaches the test 0.25–0.6 s late: the job must have
+    # seconds of training left when its agent is killed, or it may finish first.
+    every, steps = 2, 60
     mesh_dir = tmp_path / "mesh"
     mesh = LocalMesh(sample_topology(3), workdir=mesh_dir, lease_ttl=3,
                      agent_args=["--checkpoint-every", str(every)])
