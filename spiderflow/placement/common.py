@@ -756,11 +756,15 @@ LEVEL2_CHOICES: tuple[Level2, ...] = ("exact", "cpsat")
 module cannot import: TPA is optional here)."""
 
 
+def _check_level2(level2: str) -> None:
+    if level2 not in LEVEL2_CHOICES:
+        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
+
+
 def set_level2(policy: object, level2: str) -> None:
     """Give a policy that plans with TPA (one with a ``level2`` attribute: SpinSearch, BACE) TPA's level-2
     solver; other policies are left as they are. ``ValidationError`` on ``level2`` for an unknown name."""
-    if level2 not in LEVEL2_CHOICES:
-        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
+    _check_level2(level2)
     if hasattr(policy, "level2"):
         policy.level2 = level2
 
@@ -784,11 +788,9 @@ def plan_chain(
 
     Memoised across calls (:func:`cached_plan`): both planners are pure functions of the job's shape,
     the allocation, the allocated clusters' static figures and the paths between them."""
-    if level2 not in LEVEL2_CHOICES:
-        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
-    if level2 == "exact":
-        return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_uncached)
-    return cached_plan("plan_chain", topo, job, allocation, objective, _plan_chain_cpsat, variant=level2)
+    _check_level2(level2)
+    return cached_plan("plan_chain", topo, job, allocation, objective,
+                       lambda t, j, a, o: _plan_chain_uncached(t, j, a, o, level2), variant=level2)
 
 
 def _plan_chain_uncached(
@@ -801,12 +803,6 @@ def _plan_chain_uncached(
         return fallback_plan_chain(topo, job, allocation, objective=objective)
     plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective, level2=level2)
     return plan
-
-
-def _plan_chain_cpsat(
-    topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective
-) -> Plan:
-    return _plan_chain_uncached(topo, job, allocation, objective, "cpsat")
 
 
 PLAN_CACHE_SIZE = 4096
