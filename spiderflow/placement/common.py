@@ -403,6 +403,7 @@ class _Block:
 _BLOCK_CACHE: dict[tuple[Any, ...], _Block] = {}
 _BLOCK_CACHE_MAX = 200_000
 _PREFIX_IDS: dict[tuple[Any, ...], int] = {}
+_DEGREE_CONSTS: dict[int, list[tuple[int, float, float, float, float]]] = {}
 _PREFIX_COUNTER = itertools.count()
 
 
@@ -462,7 +463,8 @@ class _ChainEval:
         for exhaustive in (False, True):
             if exhaustive and (self.exact or (best is not None and best.excess <= 0)):
                 break
-            best = self._configs(best, exhaustive, g, c, fl, mem, nl, first, last, offset, total_stages_other)
+            best = self._configs(self._pid[i], best, exhaustive, g, c, fl, mem, nl, first, last, offset,
+                                 total_stages_other)
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
             best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
                           jc.act * 8.0 / (c.inter_node_gbps * 1e9))
@@ -471,44 +473,66 @@ class _ChainEval:
         self._cache[key] = best
         return best
 
-    def _configs(self, best: _Block | None, exhaustive: bool, g: int, c: Cluster, fl: float, mem: float, nl: int,
-                 first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
+    def _degree_consts(self, pid: int, c: Cluster, g: int, fl: float) -> list[tuple[int, float, float, float, float]]:
+        """Per tensor-parallel degree of a position: ``(tp, T per layer, activation bytes per layer, head
+        activation bytes, head T)``, the same expressions for every block of that position (memoised on the
+        position's key prefix ``pid``: the job's constants, the cluster's figures and its GPUs)."""
+        hit = _DEGREE_CONSTS.get(pid)
+        if hit is not None:
+            return hit
         jc = self.jc
-        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
-        p_layer, p_embed = jc.p_layer, jc.p_embed
-        head = last == jc.layers - 1
+        out: list[tuple[int, float, float, float, float]] = []
         tp = 1
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
             ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
-            per_t = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
-            act_l = jc.act_layer(tp)
-            act_h = jc.act_head(tp)
-            head_t = 3.0 * jc.head_f / (tp * fl) if head else 0.0
+            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp),
+                        3.0 * jc.head_f / (tp * fl)))
+            tp *= 2
+        if len(_DEGREE_CONSTS) >= _BLOCK_CACHE_MAX:
+            _DEGREE_CONSTS.clear()
+        _DEGREE_CONSTS[pid] = out
+        return out
+
+    def _configs(self, pid: int, best: _Block | None, exhaustive: bool, g: int, c: Cluster, fl: float, mem: float,
+                 nl: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
+        jc = self.jc
+        m = jc.m
+        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
+        p_layer, p_embed = jc.p_layer, jc.p_embed
+        gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
+        exact, slack = self.exact, self.slack
+        head = last == jc.layers - 1
+        has_embed = first == 0
+        for tp, per_t, act_l, act_h, head_time in self._degree_consts(pid, c, g, fl):
+            head_t = head_time if head else 0.0
             for pp in _PP_CHOICES:
                 if pp > nl or tp * pp > g:
                     break
                 dp = g // (tp * pp)
-                if self.exact:
-                    if dp * tp * pp < g - self.slack:
+                if exact:
+                    if dp * tp * pp < g - slack:
                         continue
                 elif (dp * tp * pp == g or pp == 1) == exhaustive:
                     continue  # pass 1 takes these, pass 2 the rest (re-taking pass 1's could not change its best)
                 base, rem = divmod(nl, pp)
                 s_total = total_stages_other + pp
-                bdp = c.intra_node_gbps if tp * dp <= c.gpus_per_node else c.inter_node_gbps
-                per_replica = math.ceil(jc.m / dp)
+                bdp = intra if tp * dp <= gpn else inter
+                per_replica = math.ceil(m / dp)
+                p_stage = p_int if pp > 1 else 0.0
+                bounds = 2 * (pp - 1) * p_int
                 # Sub-stages: pp − rem of ``base`` layers and rem of ``base + 1``, small ones first (less memory:
                 # early sub-stages hold more micro-batches) or, when the block ends with the head, big ones
                 # first. Only the first of each size group, the first (embedding) and the last (head)
                 # sub-stage can be the worst for memory and Y.
                 tsum = nl * per_t + head_t
+                top = base + 1 if rem else base
                 for big_first in (False, True) if rem and head_t > 0 else (False,):
                     # sizes[j]: ``base + 1`` for j < rem (big first) or j ≥ pp − rem (small first), else ``base``.
                     n_small = pp - rem
-                    last_size = base if big_first else (base + 1 if rem else base)
-                    tmax = max(last_size * per_t + head_t, (base + 1 if rem else base) * per_t)
-                    local = (jc.m - 1) * max(tmax / dp, p_int if pp > 1 else 0.0) + tsum
-                    if best is not None and best.excess <= 0.0 and local + 2 * (pp - 1) * p_int >= best.local:
+                    last_size = base if big_first else top
+                    tmax = max(last_size * per_t + head_t, top * per_t)
+                    local = (m - 1) * max(tmax / dp, p_stage) + tsum
+                    if best is not None and best.excess <= 0.0 and local + bounds >= best.local:
                         # Its objective without the gradient all-reduce (≥ 0) already ties or loses to a
                         # configuration that fits: it cannot win, whatever its memory.
                         continue
@@ -517,9 +541,9 @@ class _ChainEval:
                     mid = rem if big_first else n_small
                     for j in (0,) if pp == 1 else ((0, mid, pp - 1) if 0 < mid < pp - 1 else (0, pp - 1)):
                         sz = (base + 1 if j < rem else base) if big_first else (base if j < n_small else base + 1)
-                        is_first = j == 0 and first == 0
                         is_last = j == pp - 1 and head
-                        params = sz * p_layer + (p_embed if is_first else 0.0) + (p_embed if is_last else 0.0)
+                        params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
+                            p_embed if is_last else 0.0)
                         if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
                             y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
@@ -529,14 +553,13 @@ class _ChainEval:
                         x = 16.0 * params / tp + inflight * act - mem
                         if x > excess:
                             excess = x
-                    local += 2 * (pp - 1) * p_int + ymax
+                    local += bounds + ymax
                     if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
                         sizes = (
                             tuple([base + 1] * rem + [base] * n_small) if big_first
                             else tuple([base] * n_small + [base + 1] * rem)
                         )
                         best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)
-            tp *= 2
         return best
 
     def evaluate_split(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float, list[_Block]]:

@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import structlog
@@ -459,28 +459,48 @@ def _search_chains(
     refined: dict[Chain, tuple[float, float, tuple[int, ...]]] = {}
     near = {u: [int(v) for v in hops.order[u][: 3 * neighbours] if usable_mask[int(v)]][:neighbours]
             for c in starts for u in c}
-    for c0 in starts:
-        cur = c0
-        raw, _, step, g = scorer.score([cur])
-        cur_score = float(raw[0])
-        for _ in range(6):
-            if deadline is not None and time.perf_counter() > deadline:
-                break
-            moves = _moves(cur, near, hops, usable_mask, neighbours)
-            if not moves:
-                break
-            raw_m, _, step_m, g_m = scorer.score(moves)
-            add_pool(moves, raw_m, step_m, g_m)
-            j = int(np.argmin(raw_m))
-            if raw_m[j] < cur_score * (1 - 1e-9):
-                cur, cur_score = moves[j], float(raw_m[j])
-                for u in cur:
+    # The starts climb in lockstep: each round scores the moves of every start still climbing in one call
+    # (a row's scores depend on that row alone, so each climb takes the steps it would take alone); what
+    # they add to the pool is added afterwards in start order, as if they had climbed one after another.
+    climbs = [_Climb(chain=c0, score=float(scorer.score([c0])[0][0])) for c0 in starts]
+    active = list(climbs)
+    climbed: dict[Chain, _Scored] = {}
+    for _ in range(6):
+        if not active or (deadline is not None and time.perf_counter() > deadline):
+            break
+        # A chain's moves are scored once, however many climbs reach it (one after another, the later climbs
+        # would find them memoised).
+        fresh: dict[Chain, list[Chain]] = {}
+        for climb in active:
+            if climb.chain not in climbed and climb.chain not in fresh:
+                fresh[climb.chain] = _moves(climb.chain, near, hops, usable_mask, neighbours)
+        rows = [mc for mv in fresh.values() for mc in mv]
+        raw_m, _, step_m, g_m = scorer.score(rows) if rows else (_NONE_F, _NONE_F, _NONE_F, _NONE_I)
+        at = 0
+        for c, mv in fresh.items():
+            climbed[c] = (mv, raw_m[at: at + len(mv)], step_m[at: at + len(mv)], g_m[at: at + len(mv)])
+            at += len(mv)
+        moving: list[_Climb] = []
+        for climb in active:
+            scored = climbed[climb.chain]
+            mv, raw_p = scored[0], scored[1]
+            if not mv:
+                continue
+            climb.added.append(scored)
+            j = int(np.argmin(raw_p))
+            if raw_p[j] < climb.score * (1 - 1e-9):
+                climb.chain, climb.score = mv[j], float(raw_p[j])
+                for u in mv[j]:
                     if u not in near:
                         near[u] = [int(v) for v in hops.order[u][: 3 * neighbours] if usable_mask[int(v)]]
                         near[u] = near[u][:neighbours]
-            else:
-                break
-        if math.isfinite(cur_score):
+                moving.append(climb)
+        active = moving
+    for climb in climbs:
+        for mv, raw_p, step_p, g_p in climb.added:
+            add_pool(mv, raw_p, step_p, g_p)
+        if math.isfinite(climb.score):
+            cur = climb.chain
             raw_t, _, step_t, g_t = scorer.score([cur])
             refined[cur] = (float(raw_t[0]), float(step_t[0]), tuple(int(x) for x in g_t[0, : len(cur)]))
     # Candidates: refined chains and the best other pool chains (best GPU vector per chain).
@@ -492,8 +512,8 @@ def _search_chains(
             cand_map[c] = (sc_, st_, gg)
     # GPU tuning of the best candidates (constraint 2).
     before: dict[Chain, tuple[int, ...]] = {}
-    for c in sorted(cand_map, key=lambda c: cand_map[c][0])[:trim_top]:
-        gg = _trim(scorer, c, objective)
+    tune = sorted(cand_map, key=lambda c: cand_map[c][0])[:trim_top]
+    for c, gg in zip(tune, _trim(scorer, tune, objective), strict=True):
         raw_t, _, step_t, _ = scorer.score([c], [gg])
         if float(raw_t[0]) <= cand_map[c][0] * (1 + TRIM_TOLERANCE) and gg != cand_map[c][2]:
             before[c] = cand_map[c][2]
@@ -507,6 +527,23 @@ def _search_chains(
     stats["max_capacity_ratio"] = scorer.max_capacity
     stats["max_gpus"] = float(scorer.max_gpus)
     return uniq[:keep], stats
+
+
+_Scored = tuple[list[Chain], FArr, FArr, IArr]
+"""Chains and their ``(score, step, GPUs)`` rows from one :meth:`_Scorer.score` call."""
+
+
+@dataclass(slots=True)
+class _Climb:
+    """One hill climb of the refinement: where it is, its score, and the moves it scored (in order)."""
+
+    chain: Chain
+    score: float
+    added: list[_Scored] = field(default_factory=list)
+
+
+_NONE_F: FArr = np.zeros(0, dtype=np.float64)
+_NONE_I: IArr = np.zeros((0, 1), dtype=np.int64)
 
 
 def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray, nn: int) -> list[Chain]:
@@ -533,49 +570,71 @@ def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray
     return sorted(out)
 
 
-def _trim(scorer: _Scorer, chain: Chain, objective: Objective) -> tuple[int, ...]:
-    """Tune the GPUs of a chain: moves that lower the estimated objective (shifting 1, 2, 4 or a node's
+def _trim(scorer: _Scorer, chains: list[Chain], objective: Objective) -> list[tuple[int, ...]]:
+    """Tune the GPUs of each chain: moves that lower the estimated objective (shifting 1, 2, 4 or a node's
     worth of GPUs between positions, or removing some) are taken first; then, for ``jct``, removals that
-    stay within ``TRIM_TOLERANCE`` of the untrimmed score (no drift), largest removal first."""
-    _, _, _, g = scorer.score([chain])
-    cur = tuple(int(x) for x in g[0, : len(chain)])
-    raw, _, _, _ = scorer.score([chain], [cur])
-    cur_score = base = float(raw[0])
+    stay within ``TRIM_TOLERANCE`` of the untrimmed score (no drift), largest removal first.
+
+    The chains are tuned in lockstep, each round's candidates of every chain still moving scored in one
+    call; each chain takes the steps it would take alone (a row's scores depend on that row only)."""
     ta = scorer.ta
-    k = len(chain)
-    for _ in range(3 * k):
-        cands: list[tuple[int, ...]] = []
-        for i, u in enumerate(chain):
-            gi = cur[i]
-            step_i = int(ta.tp_cap[u])
-            opts = {gi // 2, gi - int(ta.gpn[u]), gi - step_i, gi - 1, (gi // step_i) * step_i}
-            for o in sorted(opts):
-                if 1 <= o < gi:
-                    cands.append((*cur[:i], o, *cur[i + 1 :]))
-            for j, v in enumerate(chain):
-                if j == i:
+    state: list[tuple[tuple[int, ...], float, float]] = []  # (GPUs, score, untrimmed score)
+    for chain in chains:
+        _, _, _, g = scorer.score([chain])
+        cur = tuple(int(x) for x in g[0, : len(chain)])
+        raw, _, _, _ = scorer.score([chain], [cur])
+        state.append((cur, float(raw[0]), float(raw[0])))
+    rounds = [3 * len(c) for c in chains]
+    active = [i for i, n in enumerate(rounds) if n > 0]
+    while active:
+        batch: list[tuple[int, list[tuple[int, ...]]]] = []
+        for i in active:
+            chain, (cur, _, _) = chains[i], state[i]
+            cands: list[tuple[int, ...]] = []
+            for pos, u in enumerate(chain):
+                gi = cur[pos]
+                step_i = int(ta.tp_cap[u])
+                opts = {gi // 2, gi - int(ta.gpn[u]), gi - step_i, gi - 1, (gi // step_i) * step_i}
+                for o in sorted(opts):
+                    if 1 <= o < gi:
+                        cands.append((*cur[:pos], o, *cur[pos + 1 :]))
+                for j, v in enumerate(chain):
+                    if j == pos:
+                        continue
+                    for delta in {1, 2, 4, step_i}:
+                        if gi - delta >= 1 and cur[j] + delta <= int(ta.free[v]):
+                            new = list(cur)
+                            new[pos] -= delta
+                            new[j] += delta
+                            cands.append(tuple(new))
+            if cands:
+                batch.append((i, cands))
+        if not batch:
+            break
+        raw_all, _, _, _ = scorer.score([chains[i] for i, cands in batch for _ in cands],
+                                        [c for _, cands in batch for c in cands])
+        active = []
+        at = 0
+        for i, cands in batch:
+            raw_c = raw_all[at: at + len(cands)]
+            at += len(cands)
+            cur, cur_score, base = state[i]
+            rounds[i] -= 1
+            j = int(np.argmin(raw_c))
+            if raw_c[j] < cur_score * (1 - 1e-9):
+                state[i] = (cands[j], float(raw_c[j]), base)
+            elif objective is not Objective.JCT:
+                continue
+            else:
+                ok = [k for k in range(len(cands)) if raw_c[k] <= base * (1 + TRIM_TOLERANCE)
+                      and sum(cands[k]) < sum(cur)]
+                if not ok:
                     continue
-                for delta in {1, 2, 4, step_i}:
-                    if gi - delta >= 1 and cur[j] + delta <= int(ta.free[v]):
-                        new = list(cur)
-                        new[i] -= delta
-                        new[j] += delta
-                        cands.append(tuple(new))
-        if not cands:
-            break
-        raw_c, _, _, _ = scorer.score([chain] * len(cands), cands)
-        j = int(np.argmin(raw_c))
-        if raw_c[j] < cur_score * (1 - 1e-9):
-            cur, cur_score = cands[j], float(raw_c[j])
-            continue
-        if objective is not Objective.JCT:
-            break
-        ok = [i for i in range(len(cands)) if raw_c[i] <= base * (1 + TRIM_TOLERANCE) and sum(cands[i]) < sum(cur)]
-        if not ok:
-            break
-        j = min(ok, key=lambda i: (sum(cands[i]), raw_c[i]))
-        cur, cur_score = cands[j], float(raw_c[j])
-    return cur
+                j = min(ok, key=lambda k: (sum(cands[k]), raw_c[k]))
+                state[i] = (cands[j], float(raw_c[j]), base)
+            if rounds[i] > 0:
+                active.append(i)
+    return [cur for cur, _, _ in state]
 
 
 def _job_total(objective: Objective, after: float, steps: int, step: float, usd: float) -> float:

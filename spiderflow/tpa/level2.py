@@ -307,9 +307,10 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     return _Coeffs(tau, eta_head, tuple(mu), tuple(nu), alpha, tuple(beta), p_in)
 
 
-def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...]) -> BlockConfig:
-    """The cost-model figures of candidate ``k`` with the given layers per sub-stage (no feasibility check)."""
-    c = _coeffs(p, k)
+def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _Coeffs | None = None) -> BlockConfig:
+    """The cost-model figures of candidate ``k`` with the given layers per sub-stage (no feasibility check);
+    ``coeffs``: ``k``'s constants for ``p`` when the caller has them already."""
+    c = coeffs if coeffs is not None else _coeffs(p, k)
     compute = tuple(
         c.tau * n + (c.eta_head if (p.has_head and j == k.pp - 1) else 0.0) for j, n in enumerate(layers)
     )
@@ -382,7 +383,7 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         )
         kept.append((k, c, lower))
         if k.pp <= p.layers:
-            balanced = config_cost(p, k, _balanced(p.layers, k.pp))
+            balanced = config_cost(p, k, _balanced(p.layers, k.pp), c)
             if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
                 upper = min(upper, balanced.objective_s)
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
@@ -567,6 +568,21 @@ def _count(slope: float, const: float, level: float, top: int) -> int:
     return n
 
 
+_LEVELS: dict[tuple[float, tuple[float, ...], int], list[float]] = {}
+
+
+def _levels(slope: float, consts: tuple[float, ...], top: int) -> list[float]:
+    """The sorted distinct values ``slope·n + b`` (``b`` in ``consts``, ``1 ≤ n ≤ top``), memoised (bounded):
+    the candidate levels of a bottleneck of increasing linear functions. Callers must not modify them."""
+    key = (slope, consts, top)
+    hit = _LEVELS.get(key)
+    if hit is None:
+        if len(_LEVELS) >= _COEFFS_MAX:
+            _LEVELS.clear()
+        hit = _LEVELS[key] = sorted({slope * n + b for b in consts for n in range(1, top + 1)})
+    return hit
+
+
 def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockConfig | None:
     """The optimal layers per sub-stage for the fixed candidate ``k`` (exact; ``None`` when nothing fits
     memory or nothing beats ``bound``).
@@ -593,15 +609,18 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     const = c.tau * lb + sum(etas) + 2 * (pp - 1) * p_in
 
     # The candidate levels of A and, per level, each sub-stage's layer count under it: the same for every
-    # ``limits`` the search below tries, so computed once (lazily, per level probed).
-    levels = sorted({c.alpha * n + b for b in set(c.beta) for n in range(1, lb + 1)})
+    # ``limits`` the search below tries, so computed once (lazily, per level probed). Sub-stages share
+    # their constants (only the embedding and head sub-stages differ): each count is taken once per value.
+    betas = tuple(dict.fromkeys(c.beta))
+    levels = _levels(c.alpha, betas, lb)
     level_counts: dict[int, list[int]] = {}
 
     def counts_at(i: int) -> list[int]:
         hit = level_counts.get(i)
         if hit is None:
             lvl = levels[i]
-            hit = level_counts[i] = [_count(c.alpha, c.beta[j], lvl, lb) for j in range(pp)]
+            by = {b: _count(c.alpha, b, lvl, lb) for b in betas}
+            hit = level_counts[i] = [by[b] for b in c.beta]
         return hit
 
     def least_a(limits: list[int]) -> float | None:
@@ -621,14 +640,16 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     a_inf = least_a(caps)
     if a_inf is None:
         return None
-    zs = sorted({c.tau * n + e for e in set(etas) for n in range(1, lb + 1)})
+    distinct = tuple(dict.fromkeys(etas))
+    zs = _levels(c.tau, distinct, lb)
     best: tuple[float, float, float] | None = None  # (objective estimate, Z, A)
     for z in zs:
         if (p.m - 1) * max(z / k.dp, flat) + a_inf + const > min(bound, best[0] if best else math.inf) * (
             1.0 + 1e-9
         ):
             break
-        limits = [min(u, _count(c.tau, e, z, lb)) for u, e in zip(caps, etas, strict=True)]
+        under = {e: _count(c.tau, e, z, lb) for e in distinct}
+        limits = [min(u, under[e]) for u, e in zip(caps, etas, strict=True)]
         if min(limits) < 1 or sum(limits) < lb:
             continue
         a = least_a(limits)
@@ -656,7 +677,7 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
         surplus -= 1
         if layers[j] > 1:
             heapq.heappush(heap, (-(c.mu[j] * layers[j] + c.nu[j]), j))
-    return config_cost(p, k, tuple(layers))
+    return config_cost(p, k, tuple(layers), c)
 
 
 def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
