@@ -260,11 +260,10 @@ def layer_caps(ctx: ChainContext) -> list[int]:
     memory is not monotone in ``ℓ`` and no bisection is used. Each block is placed where it holds the least:
     block 0 with the embedding, the last block with the head, the others neither, and one stage per later
     block downstream (more stages downstream only add in-flight micro-batches). ``0`` when no degrees fit
-    even one layer per sub-stage. One single-cluster chain: ``[L]`` (nothing to bound)."""
+    even one layer per sub-stage. A single-cluster chain's one block is exactly the problem level 1
+    solves (all layers, embedding and head, nothing downstream), so its cap is exact."""
     n = len(ctx.clusters)
     L = ctx.model.layers
-    if n == 1:
-        return [L]
     hi = L - (n - 1)
     caps: list[int] = []
     for c in range(n):
@@ -282,11 +281,10 @@ def layer_caps(ctx: ChainContext) -> list[int]:
 def no_split_fits(ctx: ChainContext) -> bool:
     """Whether the chain's :func:`layer_caps` prove that no layer split fits memory: every split gives block
     ``c`` at least one and at most ``caps[c]`` layers if it fits, so ``Σ caps < L`` (or a zero cap) leaves
-    none. Sound, not complete (a split may still fail for other reasons). Level 1 would return an
-    infeasible split; the planner skips it unless no micro-batch count fits, when the least infeasible
+    none. Sound, not complete (a split may still fail for other reasons); exact for a single cluster (its
+    block fits iff some degrees' sub-stage caps hold every layer, level 2's own test). Level 1 would return
+    an infeasible split; the planner skips it unless no micro-batch count fits, when the least infeasible
     split is needed to explain why."""
-    if len(ctx.clusters) == 1:
-        return False
     caps = layer_caps(ctx)
     return min(caps) < 1 or sum(caps) < ctx.model.layers
 

@@ -172,6 +172,38 @@ def test_the_certificate_never_rules_out_what_level1_fits_on_realistic_chains(se
             assert not level1(ctx).feasible, (seed, m)
 
 
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_certificate_is_exact_on_one_cluster(seed: int) -> None:
+    """A single cluster's block is the problem level 1 solves: the certificate fires exactly when level 1
+    finds no feasible split (so the planner skips only the micro-batch counts that cannot fit)."""
+    rng = np.random.default_rng(seed)
+    types = ["T4", "V100-16G", "A100-40G", "RTX4090", "A10G", "H100-80G", "L4"]
+    cluster = Cluster(name="c0", gpu=str(rng.choice(types)), nodes=8, gpus_per_node=8,
+                      free_gpus=int(rng.integers(1, 65)))
+    topo = Topology(clusters=(cluster,), links=())
+    model = model_preset(str(rng.choice(["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "llama3-70b"])))
+    gb = int(rng.choice([64, 128, 256, 512]))
+    for m in micro_batch_candidates(gb, 1):
+        ctx = ChainContext.build(topo, [cluster], [cluster.free], model, micro_batch=gb // m, seq_len=2048, m=m,
+                                 schedule=Schedule.ONE_F_ONE_B)
+        assert no_split_fits(ctx) == (not level1(ctx).feasible), (seed, m)
+
+
+def test_the_certificate_fires_on_one_cluster_too() -> None:
+    """8 T4s (16 GiB) cannot hold a 13B model's states at any degrees: every micro-batch count is ruled out
+    without level 1, and the planner still explains why."""
+    cluster = Cluster(name="c0", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=8)
+    topo = Topology(clusters=(cluster,), links=())
+    job = JobSpec(id="t", model=model_preset("gpt3-13b"), global_batch=64, gpus=GpuRange(min=1, max=8))
+    for m in micro_batch_candidates(64, 1):
+        ctx = ChainContext.build(topo, [cluster], [8], job.model, micro_batch=64 // m, seq_len=job.seq_len, m=m,
+                                 schedule=Schedule.ONE_F_ONE_B)
+        assert no_split_fits(ctx)
+    with pytest.raises(UnschedulableError, match="GiB"):
+        plan_chain(topo, job, [("c0", 8)])
+
+
 def _outcome(topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> object:
     try:
         plan = plan_chain(topo, job, alloc)
