@@ -65,6 +65,7 @@ from spiderflow.tpa.level2 import (
     block_bound_cached,
     block_candidates,
     min_memory_config,
+    min_peak_fits,
     solve_block_cached,
 )
 from spiderflow.tpa.level2 import memory_caps as substage_caps
@@ -241,9 +242,7 @@ def memory_caps(ctx: ChainContext) -> list[int]:
             mid = (lo + hi + 1) // 2
             # Block 0 holds the embedding, the last block the head, the others neither.
             first = 0 if c == 0 else (L - mid if c == n - 1 else 1)
-            p = ctx.problem(c, first, mid, n - 1 - c)
-            worst = min_memory_config(p)
-            if worst is not None and max(worst.memory_gib) <= p.shape.memory_gib:
+            if min_peak_fits(ctx.problem(c, first, mid, n - 1 - c)):
                 lo = mid
             else:
                 hi = mid - 1
