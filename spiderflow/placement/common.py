@@ -26,7 +26,12 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
    ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
 3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
    lexicographically; re-derive the global sub-stage count and repeat until it is stable. The search
-   also starts from the scorer's memory-aware water-filled split and the better result is kept.
+   also starts from the scorer's memory-aware water-filled split and the better result is kept;
+4. memory first (:func:`memory_first_split`): a dynamic programme over the clusters from the last to the
+   first and the stages downstream finds the shallowest structure (degrees and balanced sub-stages per
+   cluster) that holds every layer. When the proportional split starts over memory it runs before the
+   search, and proves at once that nothing fits when no structure holds the layers; when the search ends
+   over memory, its structure is the plan.
 
 The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
 raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``.
@@ -721,6 +726,134 @@ def _finish(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
     return plan
 
 
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One block of a memory-first structure: degrees, sub-stages, the most layers they hold (balanced
+    sizes) and whether the bigger sub-stages come first."""
+
+    tp: int
+    pp: int
+    dp: int
+    cap: int
+    big_first: bool
+
+
+def _balanced_capacity(ev: _ChainEval, i: int, tp: int, pp: int, downstream: int) -> tuple[int, bool]:
+    """The most layers block ``i`` holds at degrees ``(tp, pp, ⌊g/(tp·pp)⌋)`` with balanced sub-stage sizes
+    (as the level-1 planner forms them) and ``downstream`` stages after it, under the cost model's 1F1B
+    memory (exact in-flight counts, embedding on the chain's first sub-stage, head on its last); ``(0, _)``
+    when a sub-stage cannot hold one layer. Second: whether the bigger sub-stages go first (head block)."""
+    jc, c, g = ev.jc, ev.clusters[i], ev.gpus[i]
+    k = len(ev.clusters)
+    room = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
+    w = 16.0 * jc.p_layer / tp
+    act = float(jc.act_layer(tp))
+    per_replica = math.ceil(jc.m / (g // (tp * pp)))
+    held: list[int] = []
+    for j in range(pp):
+        inflight = min(per_replica, pp - j + downstream)
+        extra = 16.0 * jc.p_embed / tp if i == 0 and j == 0 else 0.0
+        if i == k - 1 and j == pp - 1:
+            extra += 16.0 * jc.p_embed / tp + inflight * float(jc.act_head(tp))
+        # 1e-9 relative slack: never below the cost model's count (it sums the terms in another order).
+        n = math.floor((room - extra) / (w + inflight * act) * (1.0 + 1e-9))
+        if n < 1:
+            return 0, False
+        held.append(n)
+    # Balanced sizes: base layers everywhere, one more on ``rem`` sub-stages at the end (or, for the head
+    # block, at the start); each sub-stage within what it holds.
+    low = min(held)
+    tail = 0
+    while tail < pp - 1 and held[pp - 1 - tail] > low:
+        tail += 1
+    head = 0
+    if i == k - 1:
+        while head < pp - 1 and held[head] > low:
+            head += 1
+    return pp * low + max(tail, head), head > tail
+
+
+def memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shape]] | None]:
+    """A layer split and per-block degrees that fit memory, when the level-1 search found none: the
+    shallowest pipeline whose blocks hold every layer.
+
+    Dynamic programme from the last block to the first over the number of stages downstream ``d`` (the
+    in-flight depth of every earlier block): per ``d`` the most layers the blocks from here on hold
+    (:func:`_balanced_capacity`, over the planner's degrees), keeping only states that hold more with more
+    stages (fewer stages downstream never hurt an earlier block). The first structure, by stage count, that
+    holds ``L`` layers gets a split in proportion to ``g·F`` within each block's ``[pp, cap]``.
+
+    Returns the most layers any structure holds and the split (``None`` when no structure holds ``L``).
+    The structures are every plan the level-1 planner can form (degrees, balanced sub-stages), so
+    ``None`` proves that it cannot fit the chain. ``O(C·S·36·16)`` for ``S`` the stage counts kept."""
+    k = len(ev.clusters)
+    L = ev.jc.layers
+    frontier: list[tuple[int, int, tuple[_Shape, ...]]] = [(0, 0, ())]  # (stages, layers held, shapes)
+    for i in range(k - 1, -1, -1):
+        c, g = ev.clusters[i], ev.gpus[i]
+        options: dict[int, tuple[int, tuple[_Shape, ...]]] = {}
+        for d, total, shapes in frontier:
+            tp = 1
+            while tp <= min(_MAX_TP, c.gpus_per_node, g):
+                for pp in _PP_CHOICES:
+                    if tp * pp > g:
+                        break
+                    cap, big_first = _balanced_capacity(ev, i, tp, pp, d)
+                    if cap < pp:
+                        continue
+                    got = options.get(d + pp)
+                    if got is None or total + cap > got[0]:
+                        shape = _Shape(tp=tp, pp=pp, dp=g // (tp * pp), cap=cap, big_first=big_first)
+                        options[d + pp] = (total + cap, (shape, *shapes))
+                tp *= 2
+        frontier = []
+        for d in sorted(options):
+            total, shapes = options[d]
+            if not frontier or total > frontier[-1][1]:
+                frontier.append((d, total, shapes))
+        if not frontier:
+            return 0, None
+    most = frontier[-1][1]
+    fit = next(((d, total, shapes) for d, total, shapes in frontier if total >= L and d <= L), None)
+    if fit is None:
+        return most, None
+    chosen = list(fit[2])
+    low = [sh.pp for sh in chosen]
+    high = [sh.cap for sh in chosen]
+    weights = [g * c.effective_tflops for g, c in zip(ev.gpus, ev.clusters, strict=True)]
+    sizes = list(low)
+    # Water-fill the remaining layers: each block in proportion to its weight, never above its cap.
+    while sum(sizes) < L:
+        room = [i for i in range(k) if sizes[i] < high[i]]
+        left = L - sum(sizes)
+        total_w = sum(weights[i] for i in room) or 1.0
+        step = [min(high[i] - sizes[i], math.floor(left * weights[i] / total_w)) for i in room]
+        if not any(step):
+            best = max(room, key=lambda i: (weights[i] / (sizes[i] + 1), -i))
+            sizes[best] += 1
+            continue
+        for i, add in zip(room, step, strict=True):
+            sizes[i] += add
+    return most, (sizes, chosen)
+
+
+def _memory_first_plan(ev: _ChainEval, allocation: Sequence[tuple[str, int]]) -> Plan | None:
+    """The plan of :func:`memory_first_split` (stages in chain order, each block's balanced sub-stages),
+    unevaluated; ``None`` when there is none."""
+    found = memory_first_split(ev)[1]
+    if found is None:
+        return None
+    stages: list[Stage] = []
+    first = 0
+    for (name, _), nl, sh in zip(allocation, *found, strict=True):
+        base, rem = divmod(nl, sh.pp)
+        sizes = [base + 1] * rem + [base] * (sh.pp - rem) if sh.big_first else [base] * (sh.pp - rem) + [base + 1] * rem
+        for sz in sizes:
+            stages.append(Stage(cluster=name, first_layer=first, last_layer=first + sz - 1, tp=sh.tp, dp=sh.dp))
+            first += sz
+    return Plan(stages=tuple(stages), micro_batches=ev.jc.m, schedule=Schedule.ONE_F_ONE_B)
+
+
 def fallback_plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
     _cache: dict[tuple[Any, ...], _Block] | None = None,
@@ -736,7 +869,15 @@ def fallback_plan_chain(
     _validate_allocation(topo, job, allocation)
     ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
-    sizes, blocks = _optimise_split(ev, _proportional_split(weights, job.model.layers), local_search=True)
+    start = _proportional_split(weights, job.model.layers)
+    if ev.evaluate_split(start, [1] * len(start))[0] > 0:
+        # Over memory from the start: the memory-first structures tell at once whether anything can fit.
+        most = memory_first_split(ev)[0]
+        if most < job.model.layers:
+            raise UnschedulableError(
+                f"no split of {job.model.name}'s {job.model.layers} layers fits the memory of this chain: with "
+                f"the micro-batches in flight its clusters hold at most {most} at any degrees", constraint="memory")
+    sizes, blocks = _optimise_split(ev, start, local_search=True)
     if len(allocation) > 1:
         # Second start: the scorer's memory-aware water-filled split (escapes memory-bound local optima).
         ta = topo_arrays(topo)
@@ -757,7 +898,17 @@ def fallback_plan_chain(
             if sum(b.pp * b.tp * b.dp for b in blocks_x) >= job.gpus.min:
                 break
         sizes, blocks = sizes_x, blocks_x
-    return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
+    try:
+        return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
+    except UnschedulableError:
+        # The search ends over memory; a structure built for memory first may still fit.
+        fallback = _memory_first_plan(_ChainEval(topo, job, allocation, exact_gpus=False), allocation)
+        if fallback is None:
+            raise
+        plan = evaluate(fallback, topo, job)
+        if not fits_memory(plan, topo)[0]:
+            raise
+        return plan
 
 
 def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],
