@@ -64,6 +64,7 @@ __all__ = [
     "Finalised",
     "JobConsts",
     "Planner",
+    "ScoreTables",
     "TopoArrays",
     "allocate_greedy",
     "cached_plan",
@@ -80,6 +81,7 @@ __all__ = [
     "plan_objective",
     "plan_with_split",
     "score_chains",
+    "score_tables",
     "topo_arrays",
     "tpa_available",
     "transfer_matrix",
@@ -262,12 +264,52 @@ _TP_AR_COEF = 2.0 * (_TP_CHOICES - 1) / _TP_CHOICES
 """``2(t − 1)/t``: the ring all-reduce factor of each degree."""
 
 
-def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr) -> ChainScores:
+@dataclass(frozen=True, slots=True)
+class ScoreTables:
+    """Per-cluster and per-degree figures :func:`score_chains` reads, for one topology's arrays and one job:
+    computed once (:func:`score_tables`) and gathered per chain position. Every entry is the expression the
+    scorer would otherwise evaluate per position, on the same operands, so the scores are the same."""
+
+    ta: TopoArrays
+    jc: JobConsts
+    fig: FArr  # (6, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh
+    ints: IArr  # (2, n): GPUs per node, largest TP degree
+    per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) seconds per layer
+    head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F)
+    by_tp: FArr  # (4, 9): indexed by TP degree 1..8: 16·p/t, activation bytes per layer, 16·p_embed/t, head bytes
+
+
+_POW2_UPTO_8 = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8], dtype=np.int64)
+"""The largest power of two ≤ g, for g = 1..8 (index 0 unused)."""
+
+
+def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
+    """The :class:`ScoreTables` of ``ta`` and ``jc``."""
+    fl = ta.flops[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ar_tp = np.where(_TP_CHOICES[:, :, 0] > 1, _TP_AR_COEF[:, :, 0] * jc.act * 8.0 / (ta.intra[None, :] * 1e9), 0.0)
+        per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
+        head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
+    by_tp = np.zeros((4, 9))
+    for t in (1, 2, 4, 8):
+        by_tp[:, t] = (16.0 * jc.p_layer / t, jc.act_layer(t), 16.0 * jc.p_embed / t, jc.act_head(t))
+    return ScoreTables(
+        ta=ta, jc=jc, fig=np.stack([ta.flops, ta.mem, ta.intra, ta.inter, ta.watts, ta.price]),
+        ints=np.stack([ta.gpn, ta.tp_cap]), per_layer_t=np.asarray(per_layer_t, dtype=np.float64),
+        head_t=np.asarray(head_t, dtype=np.float64), by_tp=by_tp,
+    )
+
+
+def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr,
+                 tables: ScoreTables | None = None) -> ChainScores:
     """Closed-form scores of chains (see the module docstring). ``chains``/``gpus``: ``N × K``, ``-1``/0 pad.
 
     Positions are left-aligned (valid positions first). O(N·K) numpy work. Each row's scores depend on that
-    row alone (not on the other chains or the padding width).
+    row alone (not on the other chains or the padding width). ``tables``: :func:`score_tables` of ``ta`` and
+    ``jc`` when the caller scores many batches (else computed here).
     """
+    if tables is None or tables.ta is not ta or tables.jc is not jc:
+        tables = score_tables(ta, jc)
     valid = chains >= 0
     idx = np.where(valid, chains, 0)
     g = np.where(valid, gpus, 0).astype(np.int64)
@@ -275,19 +317,18 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     pos = np.arange(chains.shape[1])[None, :]
     last = valid & (pos == (k - 1)[:, None])
     first = valid & (pos == 0)
-    fl = ta.flops[idx]
-    gpn = ta.gpn[idx]
-    tp_cap = ta.tp_cap[idx]
-    mem = ta.mem[idx]
+    fl, mem, intra, inter, watts, price = tables.fig[:, idx]
+    gpn, tp_cap = tables.ints[:, idx]
     r = np.where(valid, g * fl, 0.0)
     g1 = np.maximum(g, 1)
 
     # Memory capacity in layers (TP groups of tp_m GPUs, one sub-stage per group).
-    tp_m = np.minimum(tp_cap, _pow2_floor_arr(g1))
+    tp_m = np.minimum(tp_cap, _POW2_UPTO_8[np.minimum(g1, 8)])
     groups = g1 // tp_m
     inflight = np.minimum(jc.m, np.maximum(1, k[:, None] - pos))
-    per_layer = 16.0 * jc.p_layer / tp_m + inflight * jc.act_layer(tp_m)
-    extra = (first | last) * 16.0 * jc.p_embed / tp_m + last * inflight * jc.act_head(tp_m)
+    w16, act_l, e16, act_h = tables.by_tp[:, tp_m]
+    per_layer = w16 + inflight * act_l
+    extra = (first | last) * e16 + last * inflight * act_h
     avail = mem - RESERVED_GIB * GIB - extra
     per_group = np.floor(np.maximum(avail, 0.0) / per_layer)
     cap = np.where(valid, groups * per_group, 0.0)
@@ -311,8 +352,6 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
         ell = np.where(valid, np.minimum(cap, np.where(np.isnan(share), 0.0, share)), 0.0)
 
     ell = np.where(valid, np.maximum(ell, 1.0), 0.0)  # every position runs at least one layer
-    intra = ta.intra[idx]
-    inter = ta.inter[idx]
     params = ell * jc.p_layer + (first + last) * jc.p_embed
     # Per position the TP degree t | g (power of two ≤ tp_cap) minimising (m−1)·T/d + T + Y: every t at once
     # along a leading axis, then the first t with the least finite value (ties: the smaller t); positions
@@ -320,9 +359,7 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
     tt = _TP_CHOICES
     ok = (tt <= tp_cap) & (g1 % tt == 0)
     d_t = np.maximum(g1 // tt, 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ar_tp = np.where(tt > 1, _TP_AR_COEF * jc.act * 8.0 / (intra * 1e9), 0.0)
-    ts = np.where(valid, ell * (3.0 * jc.f / (tt * fl) + 4.0 * ar_tp) + last * 3.0 * jc.head_f / (tt * fl), 0.0)
+    ts = np.where(valid, ell * tables.per_layer_t[:, idx] + last * tables.head_t[:, idx], 0.0)
     b_dp = np.where(tt * d_t <= gpn, intra, inter)
     ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
@@ -345,7 +382,7 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
         psum = np.zeros(chains.shape[0])
     step = (jc.m - 1) * np.maximum(bott, pmax) + _row_sum(t_stage) + 2.0 * psum + y.max(axis=1)
     used = np.where(valid, tp * d, 0)
-    watts_price = _row_sum(np.where(valid, used * ta.watts[idx] * ta.price[idx], 0.0))
+    watts_price = _row_sum(np.where(valid, used * watts * price, 0.0))
     usd = step * watts_price / 3.6e6
     gpus_used = used.sum(axis=1)
     feasible = (

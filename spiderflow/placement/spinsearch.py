@@ -88,6 +88,7 @@ from spiderflow.placement.common import (
     finalise,
     job_consts,
     score_chains,
+    score_tables,
     topo_arrays,
     transfer_matrix,
     unschedulable,
@@ -153,6 +154,7 @@ class _Scorer:
 
     def __init__(self, ta: TopoArrays, jc: JobConsts, p: FArr, objective: Objective) -> None:
         self.ta, self.jc, self.p, self.objective = ta, jc, p, objective
+        self.tables = score_tables(ta, jc)
         self.scored = 0
         self.max_capacity = 0.0  # best Σcap/L seen on reachable chains
         self.max_gpus = 0
@@ -187,7 +189,7 @@ class _Scorer:
             if row is not None:
                 return (np.array([row[0]], dtype=np.float64), np.array([row[1]], dtype=np.float64),
                         np.array([row[2]], dtype=np.float64), g)
-        sc = score_chains(self.ta, self.jc, self.p, arr, g)
+        sc = score_chains(self.ta, self.jc, self.p, arr, g, self.tables)
         self.scored += len(chains)
         finite = np.isfinite(sc.step)
         if finite.any():
