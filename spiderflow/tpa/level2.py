@@ -611,6 +611,34 @@ def _levels(slope: float, consts: tuple[float, ...], top: int) -> list[float]:
     return hit
 
 
+def _first_level(levels: list[float], slope: float, const: float, top: int) -> float:
+    """The least of the sorted ``levels`` at which :func:`_count` reaches ``top`` (it is monotone in the level;
+    the last level, ``slope·top + const`` or more, always does)."""
+    lo, hi = 0, len(levels) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _count(slope, const, levels[mid], top) >= top:
+            hi = mid
+        else:
+            lo = mid + 1
+    return levels[lo]
+
+
+def _best_single(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float, eta: float) -> BlockConfig | None:
+    """:func:`_best_split` of a one-sub-stage candidate that holds every layer in memory: the only split is
+    ``(L_b,)``; the scan of ``Z`` there first reaches it at the least level holding ``L_b`` layers, with ``A``
+    at ``A_∞``, and returns it unless its estimate exceeds ``bound`` (the estimate grows with ``Z``, so the
+    scan breaks before that level exactly when it exceeds ``bound`` there). Same answer, two binary
+    searches instead of the scan."""
+    lb = p.layers
+    a_inf = _first_level(_levels(c.alpha, (c.beta[0],), lb), c.alpha, c.beta[0], lb)
+    z = _first_level(_levels(c.tau, (eta,), lb), c.tau, eta, lb)
+    const = c.tau * lb + eta  # the scan's ``τ·L_b + Ση + 2(p − 1)·P_in`` at p = 1
+    if (p.m - 1) * max(z / k.dp, max(0.0, p.floor_s)) + a_inf + const > bound * (1.0 + 1e-9):
+        return None
+    return config_cost(p, k, (lb,), c)
+
+
 def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockConfig | None:
     """The optimal layers per sub-stage for the fixed candidate ``k`` (exact; ``None`` when nothing fits
     memory or nothing beats ``bound``).
@@ -632,6 +660,8 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     caps = list(memory_caps(p, k))
     if min(caps) < 1 or sum(caps) < lb:
         return None
+    if pp == 1:
+        return _best_single(p, k, c, bound, etas[0])
     p_in = c.p_in if pp > 1 else 0.0
     flat = max(p_in, p.floor_s)
     const = c.tau * lb + sum(etas) + 2 * (pp - 1) * p_in
