@@ -991,28 +991,31 @@ def tpa_available() -> bool:
 
 def plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
-    level2: Level2 = "exact",
+    level2: Level2 = "exact", explain: bool = True,
 ) -> Plan:
     """Plan an ordered allocation with the TPA planner when available, else :func:`fallback_plan_chain`.
     ``level2``: TPA's solver for the plan's blocks (``"exact"`` or ``"cpsat"``, see
-    :func:`spiderflow.tpa.plan_chain`).
+    :func:`spiderflow.tpa.plan_chain`); ``explain=False``: a caller that holds another plan of the chain only
+    needs to know that TPA's does not fit (the memory error is then the cheaper one of
+    :func:`spiderflow.tpa.plan_chain`; the plans are the same).
 
     Memoised across calls (:func:`cached_plan`): both planners are pure functions of the job's shape,
     the allocation, the allocated clusters' static figures and the paths between them."""
     _check_level2(level2)
     return cached_plan("plan_chain", topo, job, allocation, objective,
-                       lambda t, j, a, o: _plan_chain_uncached(t, j, a, o, level2), variant=level2)
+                       lambda t, j, a, o: _plan_chain_uncached(t, j, a, o, level2, explain),
+                       variant=level2 if explain else f"{level2}/brief")
 
 
 def _plan_chain_uncached(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], objective: Objective,
-    level2: Level2 = "exact",
+    level2: Level2 = "exact", explain: bool = True,
 ) -> Plan:
     try:
         from spiderflow.tpa import plan_chain as tpa_plan_chain
     except ImportError:
         return fallback_plan_chain(topo, job, allocation, objective=objective)
-    plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective, level2=level2)
+    plan: Plan = tpa_plan_chain(topo, job, allocation, objective=objective, level2=level2, explain=explain)
     return plan
 
 
@@ -1160,7 +1163,7 @@ def finalise(
         target = best_alloc if best is not None else (allocations[0] if allocations else ())
         if target:
             try:
-                tplan = plan_chain(topo, job, target, objective=objective, level2=level2)
+                tplan = plan_chain(topo, job, target, objective=objective, level2=level2, explain=best is None)
                 if not check_plan(tplan, topo, job) and (
                     best is None or plan_objective(tplan, objective) <= best_val
                 ):

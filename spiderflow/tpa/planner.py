@@ -200,6 +200,7 @@ def plan_chain(
     schedules: Sequence[Schedule] | None = None,
     max_in_flight: int | None = None,
     level2: Level2Solver = "exact",
+    explain: bool = True,
 ) -> Plan:
     """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
 
@@ -219,6 +220,10 @@ def plan_chain(
     or ``"cpsat"`` (the CP-SAT model, :func:`~spiderflow.tpa.level2.solve_block_cached`). Both reach the
     optimum of the same model; CP-SAT rounds times to integer units, so on near-ties it may pick another
     configuration. ``"cpsat"`` costs about 2–8 ms more per uncached plan.
+
+    ``explain=False`` is for callers that only need to know that nothing fits (they hold another plan of the
+    chain): the memory error then names the least infeasible split among the micro-batch counts level 1
+    solved, without solving those the memory caps ruled out just to compare them.
 
     Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
     most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
@@ -261,10 +266,16 @@ def plan_chain(
             results.append((ctx, ev))
     if not results:
         for ctx, maybe in tried:
+            if maybe is None and not explain:
+                continue
             ev = maybe if maybe is not None else level1(ctx)
             if least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
                 least_bad = (ctx, ev)
-        assert least_bad is not None
+        if least_bad is None:  # brief, and every count was ruled out by its memory caps
+            raise UnschedulableError(
+                f"{model.name} fits this chain's memory at none of the micro-batch counts "
+                f"{', '.join(str(m) for m in ms)} (the clusters' layer caps hold fewer than its {model.layers} "
+                f"layers)", constraint="memory")
         raise _memory_error(*least_bad)
     results.sort(key=lambda r: r[1].step_s)
     # The finalists are polished; with CP-SAT their blocks are solved again (certify), and a split CP-SAT

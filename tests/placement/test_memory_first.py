@@ -5,6 +5,7 @@ its search ends over memory, and proves infeasibility with them at once when not
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,3 +128,28 @@ def test_nothing_fits_is_proven_before_the_search(monkeypatch: pytest.MonkeyPatc
     with pytest.raises(UnschedulableError, match=r"hold at most [0-9]+ at any degrees") as e:
         fallback_plan_chain(topo, job, [("a", 2)])
     assert e.value.constraint == "memory"
+
+
+def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a level-1 plan of the chain in hand, a TPA failure is not reported (the level-1 plan is kept), so
+    TPA is asked not to explain it; without one (``planner="tpa"``), its explanation is the answer."""
+    import spiderflow.tpa as tpa
+
+    topo, job, alloc = _memory_bound_chain()
+    job = replace(job, gpus=GpuRange(min=1, max=128))  # the memory-first plan leaves 7 of tokyo's GPUs idle
+    seen: list[bool] = []
+
+    def failing(*_a: object, explain: bool = True, **_k: object) -> None:
+        seen.append(explain)
+        raise UnschedulableError("does not fit", constraint="memory")
+
+    monkeypatch.setattr(tpa, "plan_chain", failing)
+    common.plan_cache_clear()
+    fin = common.finalise(topo, job, [alloc])
+    assert fin.plan is not None and fin.planner == "fallback" and seen == [False]
+    small = Topology(clusters=(Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=2),), links=())
+    big = JobSpec(id="j", model=model_preset("llama3-70b"), global_batch=64, gpus=GpuRange(min=1, max=8))
+    fin = common.finalise(small, big, [[("a", 2)]], planner="tpa")
+    assert fin.plan is None and seen == [False, True] and fin.error is not None
+    common.plan_cache_clear()

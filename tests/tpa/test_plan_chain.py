@@ -204,6 +204,31 @@ def test_the_certificate_fires_on_one_cluster_too() -> None:
         plan_chain(topo, job, [("c0", 8)])
 
 
+def test_a_brief_plan_skips_explaining_counts_the_caps_ruled_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``explain=False`` (a caller holding another plan of the chain): the memory error comes without level 1
+    on the micro-batch counts the memory caps ruled out; with ``explain=True`` they are solved to name the
+    least infeasible split."""
+    import spiderflow.tpa.planner as planner_mod
+
+    cluster = Cluster(name="c0", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=8)
+    topo = Topology(clusters=(cluster,), links=())
+    job = JobSpec(id="t", model=model_preset("gpt3-13b"), global_batch=64, gpus=GpuRange(min=1, max=8))
+    calls: list[int] = []
+    real = planner_mod.level1
+
+    def counting(ctx: ChainContext, **kw: object) -> object:
+        calls.append(ctx.m)
+        return real(ctx, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(planner_mod, "level1", counting)
+    with pytest.raises(UnschedulableError, match="none of the micro-batch counts") as brief:
+        plan_chain(topo, job, [("c0", 8)], explain=False)
+    assert brief.value.constraint == "memory" and calls == []
+    with pytest.raises(UnschedulableError, match="GiB") as full:
+        plan_chain(topo, job, [("c0", 8)])
+    assert full.value.constraint == "memory" and sorted(calls) == micro_batch_candidates(64, 1)
+
+
 def _outcome(topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> object:
     try:
         plan = plan_chain(topo, job, alloc)
