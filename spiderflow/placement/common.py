@@ -247,11 +247,6 @@ class ChainScores:
         return np.where(self.feasible, out, np.inf)
 
 
-def _pow2_floor_arr(g: IArr) -> IArr:
-    _, e = np.frexp(g.astype(np.float64))
-    return np.left_shift(1, e.astype(np.int64) - 1)
-
-
 def _row_sum(a: FArr) -> FArr:
     """Row sums added left to right (a cumulative sum): a row's sum does not depend on the other rows or on
     the padding width (``ndarray.sum`` switches to pairwise partial sums on rows of 8 or more)."""
