@@ -482,6 +482,7 @@ class _ChainEval:
         # every lookup dominated the local search).
         self._pid = [_prefix_id((self.jc, shape, g, self.exact, self.slack))
                      for shape, g in zip(self._shapes, self.gpus, strict=True)]
+        self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
 
     def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
         # The block depends on its position only through whether it holds the embedding (first == 0) or the
@@ -817,7 +818,14 @@ def memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shap
 
     Returns the most layers any structure holds and the split (``None`` when no structure holds ``L``).
     The structures are every plan the level-1 planner can form (degrees, balanced sub-stages), so
-    ``None`` proves that it cannot fit the chain. ``O(C·S·36·16)`` for ``S`` the stage counts kept."""
+    ``None`` proves that it cannot fit the chain. ``O(C·S·36·16)`` for ``S`` the stage counts kept; memoised
+    on ``ev`` (it reads only the job, the clusters and their GPUs)."""
+    if ev.memory_first is None:
+        ev.memory_first = _memory_first_split(ev)
+    return ev.memory_first
+
+
+def _memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shape]] | None]:
     k = len(ev.clusters)
     L = ev.jc.layers
     frontier: list[tuple[int, int, tuple[_Shape, ...]]] = [(0, 0, ())]  # (stages, layers held, shapes)
@@ -872,12 +880,12 @@ def memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shap
 def _memory_first_plan(ev: _ChainEval, allocation: Sequence[tuple[str, int]]) -> Plan | None:
     """The plan of :func:`memory_first_split` (stages in chain order, each block's balanced sub-stages),
     unevaluated; ``None`` when there is none."""
-    found = memory_first_split(ev)[1]
-    if found is None:
+    split = memory_first_split(ev)[1]
+    if split is None:
         return None
     stages: list[Stage] = []
     first = 0
-    for (name, _), nl, sh in zip(allocation, *found, strict=True):
+    for (name, _), nl, sh in zip(allocation, *split, strict=True):
         base, rem = divmod(nl, sh.pp)
         sizes = [base + 1] * rem + [base] * (sh.pp - rem) if sh.big_first else [base] * (sh.pp - rem) + [base + 1] * rem
         for sz in sizes:
@@ -902,6 +910,7 @@ def fallback_plan_chain(
     ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
+    first_ev = ev
     if ev.evaluate_split(start, [1] * len(start))[0] > 0:
         # Over memory from the start: the memory-first structures tell at once whether anything can fit.
         most = memory_first_split(ev)[0]
@@ -933,8 +942,9 @@ def fallback_plan_chain(
     try:
         return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
     except UnschedulableError:
-        # The search ends over memory; a structure built for memory first may still fit.
-        fallback = _memory_first_plan(_ChainEval(topo, job, allocation, exact_gpus=False), allocation)
+        # The search ends over memory; a structure built for memory first may still fit (computed once: the
+        # first evaluator keeps the structures it found when the chain started over memory).
+        fallback = _memory_first_plan(first_ev, allocation)
         if fallback is None:
             raise
         plan = evaluate(fallback, topo, job)

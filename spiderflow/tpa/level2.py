@@ -372,7 +372,7 @@ def min_peak_fits(p: BlockProblem) -> bool:
         c = _coeffs(p, k)
         total = 0
         for mu, nu in zip(c.mu, c.nu, strict=True):
-            if (mu * 1 + nu) / GIB > cap:
+            if (mu + nu) / GIB > cap:  # one layer
                 total = -1
                 break
             n = max(1, min(top, math.floor((cap * GIB - nu) / mu)))
