@@ -17,6 +17,7 @@ CORE = [
     "spiderflow/costmodel.py",
     "spiderflow/formats.py",
     "spiderflow/errors.py",
+    "spiderflow/kernels",
     "spiderflow/placement",
     "spiderflow/tpa",
     "spiderflow/schedules.py",

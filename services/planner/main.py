@@ -9,6 +9,7 @@ from pathlib import Path
 import structlog
 
 from services.planner.service import DEFAULT_POLICY, PlannerService
+from spiderflow.kernels import warm
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.placement.common import LEVEL2_CHOICES
 from spiderflow.rpc.server import serve
@@ -32,6 +33,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     host, port = parse_hostport(args.listen, field="--listen")
     security = server_security(args, host=host)
     metrics = start_metrics_server(args.metrics_listen)
+    warm()  # load the compiled kernels before the first request
     server = await serve([PlannerService(default_policy=args.default_policy, level2=args.level2)], host=host, port=port,
                          credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])

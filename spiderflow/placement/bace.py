@@ -25,6 +25,7 @@ import numpy as np
 
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import UnschedulableError
+from spiderflow.kernels import warm
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
 from spiderflow.placement.common import (
     Level2,
@@ -97,6 +98,7 @@ class Bace:
     def __init__(self, *, planner: Planner = "auto", level2: Level2 = "exact") -> None:
         self.planner: Planner = planner
         self.level2: Level2 = level2
+        warm()  # the compiled kernels are loaded now, not in the first decision
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         budget = budget or Budget()

@@ -65,6 +65,7 @@ evaluations (C ≤ 36 configurations each, O(1) per configuration). Polynomial; 
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import weakref
@@ -75,6 +76,8 @@ import structlog
 
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnschedulableError
+from spiderflow.kernels import warm
+from spiderflow.kernels.scorer import estimate_rows
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
 from spiderflow.placement.common import (
     FArr,
@@ -158,66 +161,52 @@ class _Scorer:
         self.scored = 0
         self.max_capacity = 0.0  # best Σcap/L seen on reachable chains
         self.max_gpus = 0
+        self._objective_code = _OBJECTIVE_CODES[objective]
         # Results of earlier calls keyed on the exact (chains, GPU arrays) they scored: a repeated call
         # (refinement and trimming re-score chains the search already scored) returns the same arrays.
         self._memo: dict[tuple[tuple[Chain, ...], bytes], tuple[FArr, FArr, FArr, IArr]] = {}
-        # ``(score, beam_key, step)`` of every (chain, GPUs) scored so far: a row's scores depend on that row
-        # alone (:func:`score_chains`), so a single chain the search scored inside a batch is not re-scored.
-        self._rows: dict[tuple[Chain, tuple[int, ...]], tuple[float, float, float]] = {}
 
-    def _arrays(self, chains: list[Chain]) -> IArr:
-        width = max(len(c) for c in chains)
-        return np.array([(*c, *(-1,) * (width - len(c))) for c in chains], dtype=np.int64).reshape(len(chains), width)
+    @staticmethod
+    def _pack(rows: list[tuple[int, ...]], pad: int) -> IArr:
+        """``rows`` as an ``N × max len`` array, left-aligned, padded with ``pad``."""
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        width = int(lens.max())
+        out = np.full((len(rows), width), pad, dtype=np.int64)
+        out[np.arange(width)[None, :] < lens[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+        return out
 
     def score(
         self, chains: list[Chain], gpus: list[tuple[int, ...]] | None = None
     ) -> tuple[FArr, FArr, FArr, IArr]:
-        """``(score, beam_key, step, gpus array)``; ``score`` is ``inf`` for infeasible chains."""
-        arr = self._arrays(chains)
-        if gpus is None:
-            g = allocate_greedy(self.ta, arr, self.jc.gpus_max)
-        else:
-            g = np.zeros_like(arr)
-            for i, gg in enumerate(gpus):
-                g[i, : len(gg)] = gg
+        """``(score, beam_key, step, gpus array)``; ``score`` is ``inf`` for infeasible chains. The arrays are
+        read-only (a repeated call returns the same ones)."""
+        arr = self._pack(chains, -1)
+        g = allocate_greedy(self.ta, arr, self.jc.gpus_max) if gpus is None else self._pack(gpus, 0)
+        if g.shape != arr.shape:  # GPU vectors shorter than their chains: pad to the chains' width
+            g = np.pad(g, ((0, 0), (0, arr.shape[1] - g.shape[1])))
         key = (tuple(chains), g.tobytes())
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        if len(chains) == 1:
-            row = self._rows.get((chains[0], tuple(g[0].tolist())))
-            if row is not None:
-                return (np.array([row[0]], dtype=np.float64), np.array([row[1]], dtype=np.float64),
-                        np.array([row[2]], dtype=np.float64), g)
         sc = score_chains(self.ta, self.jc, self.p, arr, g, self.tables)
         self.scored += len(chains)
         finite = np.isfinite(sc.step)
         if finite.any():
             self.max_capacity = max(self.max_capacity, float(sc.capacity_ratio[finite].max()))
             self.max_gpus = max(self.max_gpus, int(sc.gpus[finite].max()))
-        raw = np.asarray(sc.score(self.objective), dtype=np.float64)
-        est = np.where(
-            sc.feasible,
-            raw,
-            np.asarray(_objective(sc.step, sc.usd, self.objective), dtype=np.float64)
-            * np.maximum(1.0, 1.0 / np.maximum(sc.capacity_ratio, 1e-9))
-            * np.maximum(1.0, self.jc.gpus_min / np.maximum(sc.gpus, 1)),
-        )
-        est = np.where(np.isfinite(est), est, np.inf)
+        raw = np.empty(len(chains))
+        est = np.empty(len(chains))
+        estimate_rows(sc.step, sc.usd, sc.feasible, sc.capacity_ratio, sc.gpus, self._objective_code,
+                      int(self.jc.gpus_min), raw, est)
         for a in (raw, est, sc.step, g):
             a.setflags(write=False)
         self._memo[key] = (raw, est, sc.step, g)
-        for c, gr, r, e, st in zip(chains, g.tolist(), raw.tolist(), est.tolist(), sc.step.tolist(), strict=True):
-            self._rows[(c, tuple(gr[: len(c)]))] = (r, e, st)
         return raw, est, sc.step, g
 
 
-def _objective(step: FArr, usd: FArr, objective: Objective) -> FArr:
-    if objective is Objective.COST:
-        return usd
-    if objective is Objective.BALANCED:
-        return np.asarray(step * np.sqrt(usd), dtype=np.float64)
-    return step
+_OBJECTIVE_CODES = {Objective.JCT: 0, Objective.COST: 1, Objective.BALANCED: 2}
+"""How :func:`spiderflow.kernels.scorer.estimate_rows` names the objectives."""
 
 
 def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr, nn: int) -> float:
@@ -767,6 +756,7 @@ class SpinSearch:
         self.neighbours = neighbours
         self.seeds = seeds
         self.finalists = finalists
+        warm()  # the compiled kernels are loaded now, not in the first decision
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         budget = budget or Budget()

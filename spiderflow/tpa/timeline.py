@@ -43,7 +43,8 @@ When no records are asked for, executors are simply advanced until they wait for
 arrives): a link whose sending stage has one replica has a single sender whose transfers queue in its
 program order. Only the sends of stages with several replicas, which share their links, are taken in time
 order from a queue, once every executor has run as far as it can (this needs every op to last a positive
-time, else the event loop runs). The times are the same as the event loop's.
+time, else the event loop runs). The times are the same as the event loop's. This pass runs as a compiled
+kernel (:mod:`spiderflow.kernels.timeline`) on the orders packed into integer arrays once per shape.
 
 Complexity: ``O(N log E)`` for ``N = 2·m·v·S`` ops and ``E`` executors (one pending event each); without
 records ``O(N + X log X)`` for ``X`` sends on shared links. Without records, :func:`simulate_plan` of a long
@@ -56,16 +57,20 @@ Raises :class:`ScheduleDeadlockError` when an op order cannot complete (a malfor
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 
 import numpy as np
+import numpy.typing as npt
 
 from spiderflow.costmodel import activation_bytes, breakdown
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
+from spiderflow.errors import ValidationError
+from spiderflow.kernels.timeline import simulate_eager as _eager_kernel
 from spiderflow.schedules import (
     Op,
     ScheduleDeadlockError,
@@ -92,9 +97,6 @@ __all__ = [
     "step_lower_bound",
     "window_estimate",
 ]
-
-_MICRO_BATCH = operator.itemgetter(1)
-
 
 def plan_orders(
     schedule: Schedule, m: int, replicas: Sequence[int], *, chunks: int = 1, max_in_flight: int | None = None
@@ -228,10 +230,9 @@ def simulate(
     flat = [orders[i][r] for i, r in execs]
     stage_of = [i for i, _ in execs]
     ptr = [0] * len(execs)
-    dur_f = [st.compute_s / 3.0 / v for st in stages]
-    dur_b = [st.compute_s * 2.0 / 3.0 / v for st in stages]
-    if not record and (len(execs) == n or min(min(dur_f), min(dur_b)) > 0.0):
-        return _simulate_eager(stages, flat, execs, v, dur_f, dur_b, serialise_s, latency_s)
+    dur_f, dur_b = _durations(stages, v)
+    if not record and _eager_applies(n, len(execs), dur_f, dur_b):
+        return _simulate_eager(stages, _pack_orders(flat, execs, v), dur_f, dur_b, serialise_s, latency_s)
     # The (kind, micro-batch, virtual stage) an op produces is the integer key ``2·(j·n_virtual + u) + [B]``.
     # Each op is compiled once: (key it waits for or −1, duration, kind, j, chunk, what its end does:
     # 0 nothing / 1 release its key here / 2 send it to stage ``dst``, its key, dst). What an op's end does
@@ -366,17 +367,108 @@ def _op_shape(kind: str, c: int, i: int, n: int, last_virtual: int, dur: float) 
     return dep_off, own_off, 1 if (dst_u == u or dst == i) else 2, dst, dur
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _PackedOrders:
+    """Executors' op orders as the eager kernel reads them (:mod:`spiderflow.kernels.timeline`); the arrays
+    are read-only.
+
+    Executor ``e`` is ``execs[e]`` = (stage, replica) and runs ops ``p ∈ [start[e], start[e + 1])``: ``code[p]``
+    is ``2·chunk + [B]`` (chunk ``0`` when ``chunks`` is 1, where the simulator ignores it) and
+    ``micro_batch[p]`` the micro-batch; ``stage[e]`` the executor's stage, ``max_micro_batch`` the largest
+    micro-batch (0 without ops), ``flat[e]`` its order as given (for error messages)."""
+
+    code: npt.NDArray[np.int16]
+    micro_batch: npt.NDArray[np.int32]
+    start: npt.NDArray[np.int64]
+    stage: npt.NDArray[np.int64]
+    execs: tuple[tuple[int, int], ...]
+    flat: tuple[Sequence[Op], ...]
+    chunks: int
+    max_micro_batch: int
+
+
+_KIND = itemgetter(0)
+_MICRO_BATCH = itemgetter(1)
+_CHUNK = itemgetter(2)
+
+
+def _pack_orders(flat: Sequence[Sequence[Op]], execs: Sequence[tuple[int, int]], chunks: int) -> _PackedOrders:
+    """``flat[e]``, the op order of executor ``execs[e]``, packed for the eager kernel. Raises
+    ``ValidationError`` on an op the simulator cannot file: a kind other than ``"F"``/``"B"``, a micro-batch
+    outside ``[0, 2³¹)``, a chunk outside ``[0, chunks)`` (with several chunks)."""
+    ops = list(itertools.chain.from_iterable(flat))
+    total = len(ops)
+    kinds = "".join(map(_KIND, ops))
+    if len(kinds) != total or kinds.count("F") + kinds.count("B") != total:
+        raise ValidationError("orders", "op kinds must be 'F' or 'B'")
+    code = (np.frombuffer(kinds.encode("ascii"), np.uint8) == ord("B")).astype(np.int16)
+    mb = np.fromiter(map(_MICRO_BATCH, ops), np.int64, total)
+    max_j = int(mb.max()) if total else 0
+    if total and (int(mb.min()) < 0 or max_j > np.iinfo(np.int32).max):
+        raise ValidationError("orders", "micro-batches must be integers in [0, 2³¹)")
+    if chunks > 1:
+        c = np.fromiter(map(_CHUNK, ops), np.int64, total)
+        if total and (int(c.min()) < 0 or int(c.max()) >= chunks):
+            raise ValidationError("orders", f"chunks must be in [0, {chunks})")
+        code += (2 * c).astype(np.int16)
+    start = np.zeros(len(flat) + 1, np.int64)
+    np.cumsum([len(order) for order in flat], out=start[1:])
+    arrays = (code, mb.astype(np.int32), start, np.array([i for i, _ in execs], np.int64))
+    for a in arrays:
+        a.flags.writeable = False
+    return _PackedOrders(code=arrays[0], micro_batch=arrays[1], start=arrays[2], stage=arrays[3],
+                         execs=tuple(execs), flat=tuple(flat), chunks=chunks, max_micro_batch=max_j)
+
+
+@lru_cache(maxsize=1024)
+def _frozen_packed(
+    schedule: Schedule, m: int, replicas: tuple[int, ...], chunks: int, max_in_flight: int | None
+) -> _PackedOrders:
+    """:func:`_frozen_orders` packed for the eager kernel, memoised like them (each shape is packed once)."""
+    orders = _frozen_orders(schedule, m, replicas, chunks, max_in_flight)
+    execs = [(i, r) for i, stage in enumerate(orders) for r in range(len(stage))]
+    return _pack_orders([orders[i][r] for i, r in execs], execs, chunks)
+
+
+def _durations(stages: Sequence[StageTiming], chunks: int) -> tuple[list[float], list[float]]:
+    """Seconds of a forward and of a backward on each stage: ``T/3/v`` and ``2T/3/v``."""
+    return ([st.compute_s / 3.0 / chunks for st in stages], [st.compute_s * 2.0 / 3.0 / chunks for st in stages])
+
+
+def _eager_applies(n_stages: int, n_exec: int, dur_f: Sequence[float], dur_b: Sequence[float]) -> bool:
+    """Whether :func:`_simulate_eager` gives the event loop's times: one executor per stage, or every op
+    lasting a positive time."""
+    return n_exec == n_stages or min(min(dur_f), min(dur_b)) > 0.0
+
+
+_NO_ENDS = np.empty(0, np.float64)
+"""The kernel's ``ends`` when op ends are not recorded (never written)."""
+
+
+def _float_matrix(x: Sequence[Sequence[float]], n: int, name: str) -> npt.NDArray[np.float64]:
+    a = np.array(x, dtype=np.float64, order="C")
+    if a.ndim != 2 or a.shape[0] < n or a.shape[1] < n:
+        raise ValidationError(name, f"must be a {n}×{n} matrix")
+    return a
+
+
+def _by_key(out: npt.NDArray[np.float64], n_keys: int, name: str) -> npt.NDArray[np.float64]:
+    if out.dtype != np.float64 or out.ndim != 1 or not out.flags.c_contiguous or not out.flags.writeable \
+            or out.size < n_keys:
+        raise ValidationError(name, f"must be a writeable contiguous float64 array of at least {n_keys} entries")
+    return out
+
+
 def _simulate_eager(
     stages: Sequence[StageTiming],
-    flat: Sequence[Sequence[Op]],
-    execs: Sequence[tuple[int, int]],
-    chunks: int,
+    packed: _PackedOrders,
     dur_f: Sequence[float],
     dur_b: Sequence[float],
     serialise_s: Sequence[Sequence[float]],
     latency_s: Sequence[Sequence[float]],
-    ends: list[float] | None = None,
-    arrivals: list[float] | None = None,
+    *,
+    ends: npt.NDArray[np.float64] | None = None,
+    arrivals: npt.NDArray[np.float64] | None = None,
 ) -> Timeline:
     """:func:`simulate` without records: executors run ahead, only sends on shared links are time-ordered.
 
@@ -389,114 +481,34 @@ def _simulate_eager(
     can. As every op lasts a positive time (the caller's condition when a stage has several replicas),
     whatever a send at ``t`` leads to ends after ``t``, so when the earliest queued send is taken every send
     at or before its time is queued. Every op start, op end and arrival is the same expression of the same
-    operands as in the event loop, so the times are identical. Ops are read straight from the orders
-    (their keys worked out once per kind and chunk of a stage).
+    operands as in the event loop, so the times are identical. The pass runs as a compiled kernel
+    (:func:`spiderflow.kernels.timeline.simulate_eager`) on the packed orders (``packed.chunks`` chunks).
 
-    ``ends`` and ``arrivals`` (lists of ``2·(max micro-batch + 1)·n·chunks`` infinities, filled in place) take
-    each op's end time and its output's arrival time, indexed by the op's key (:func:`_op_key`).
+    ``ends`` and ``arrivals`` (float64 arrays of at least ``2·(max micro-batch + 1)·n·chunks`` infinities,
+    filled in place) take each op's end time and its output's arrival time, indexed by the op's key
+    (:func:`_op_key`). Raises :class:`ScheduleDeadlockError` naming the first executor (stage, then replica)
+    that cannot run its whole order and the op it waits at.
     """
     n = len(stages)
-    inf = math.inf
-    n_exec = len(execs)
-    last_virtual = n * chunks - 1
-    jm = 2 * n * chunks
-    max_j = max((max(map(_MICRO_BATCH, order)) for order in flat if order), default=0)
-    n_keys = jm * (max_j + 1)
-    arrival = [inf] * n_keys if arrivals is None else arrivals
-    rec = ends is not None
-    end_at: list[float] = ends if ends is not None else []
-    waiter = [-1] * n_keys
-    link_free = [0.0] * (n * n)
-    shared = [st.replicas > 1 for st in stages]
-    clock = [0.0] * n_exec  # when each executor is free
-    ptr = [0] * n_exec
-    stage_end = [0.0] * n
-    # Per executor: (kind, chunk) → shape, all of them worked out up front (keyed by kind alone without
-    # interleaving).
-    shapes: list[dict[object, tuple[int, int, int, int, float]]] = []
-    for i, _ in execs:
-        shapes.append({(k if chunks == 1 else (k, c)): _op_shape(k, c, i, n, last_virtual,
-                                                                 dur_f[i] if k == "F" else dur_b[i])
-                       for k in ("F", "B") for c in range(chunks)})
-    one = chunks == 1
-    pending: list[tuple[float, int, int, int]] = []  # sends on shared links: (end, executor, key, dst)
-    push = heapq.heappush
-    pop = heapq.heappop
-    todo = list(range(n_exec - 1, -1, -1))
-    while True:
-        while todo:
-            e = todo.pop()
-            i = execs[e][0]
-            order = flat[e]
-            p = ptr[e]
-            t = clock[e]
-            end = len(order)
-            ser_i = serialise_s[i]
-            lat_i = latency_s[i]
-            many = shared[i]
-            shp = shapes[e]
-            while p < end:
-                kind, j, c = order[p]
-                dep_off, own_off, mode, dst, dur = shp[kind] if one else shp[(kind, c)]
-                base = jm * j
-                if dep_off >= 0:
-                    at = arrival[base + dep_off]
-                    if at == inf:
-                        waiter[base + dep_off] = e
-                        break
-                    if at > t:
-                        t = at
-                t = t + dur
-                p += 1
-                if rec:
-                    end_at[base + own_off] = t
-                if mode:
-                    own = base + own_off
-                    if mode == 1:
-                        at = t
-                    elif many:
-                        push(pending, (t, e, own, dst))
-                        continue
-                    else:
-                        li = i * n + dst
-                        lf = link_free[li]
-                        start_tx = t if t >= lf else lf
-                        ser = ser_i[dst]
-                        link_free[li] = start_tx + ser
-                        at = start_tx + ser + lat_i[dst]
-                    arrival[own] = at
-                    w = waiter[own]
-                    if w >= 0:
-                        waiter[own] = -1
-                        todo.append(w)
-            ptr[e] = p
-            clock[e] = t
-            if t > stage_end[i]:
-                stage_end[i] = t
-        if not pending:
-            break
-        t, e, own, dst = pop(pending)
-        i = execs[e][0]
-        li = i * n + dst
-        lf = link_free[li]
-        start_tx = t if t >= lf else lf
-        ser = serialise_s[i][dst]
-        link_free[li] = start_tx + ser
-        arrival[own] = start_tx + ser + latency_s[i][dst]
-        w = waiter[own]
-        if w >= 0:
-            waiter[own] = -1
-            todo.append(w)
-    stuck = [e for e in range(n_exec) if ptr[e] < len(flat[e])]
-    if stuck:
-        i, r = execs[stuck[0]]
-        raise ScheduleDeadlockError(
-            f"op order deadlocks: stage {i} replica {r} waits at {flat[stuck[0]][ptr[stuck[0]]]}"
-        )
-    step = max((stage_end[i] + stages[i].allreduce_s for i in range(n)), default=0.0)
+    replicas = tuple(st.replicas for st in stages)
+    if n == 0:
+        return Timeline(n_stages=0, replicas=(), ops=(), transfers=(), makespan_s=0.0, step_s=0.0)
+    n_keys = 2 * n * packed.chunks * (packed.max_micro_batch + 1)
+    arrival = np.full(n_keys, math.inf) if arrivals is None else _by_key(arrivals, n_keys, "arrivals")
+    stuck, at, stage_end = _eager_kernel(
+        packed.code, packed.micro_batch, packed.start, packed.stage, packed.chunks,
+        np.array(dur_f, dtype=np.float64), np.array(dur_b, dtype=np.float64),
+        _float_matrix(serialise_s, n, "serialise_s"), _float_matrix(latency_s, n, "latency_s"),
+        np.array([d > 1 for d in replicas], dtype=np.bool_), arrival,
+        _NO_ENDS if ends is None else _by_key(ends, n_keys, "ends"), ends is not None,
+    )
+    if stuck >= 0:
+        i, r = packed.execs[stuck]
+        raise ScheduleDeadlockError(f"op order deadlocks: stage {i} replica {r} waits at {packed.flat[stuck][at]}")
+    stage_end_s: list[float] = stage_end.tolist()
+    step = max(stage_end_s[i] + stages[i].allreduce_s for i in range(n))
     return Timeline(
-        n_stages=n, replicas=tuple(st.replicas for st in stages), ops=(), transfers=(),
-        makespan_s=max(stage_end, default=0.0), step_s=step,
+        n_stages=n, replicas=replicas, ops=(), transfers=(), makespan_s=max(stage_end_s), step_s=step,
     )
 
 
@@ -649,7 +661,12 @@ def _simulate_memo(
     steady = _steady_extrapolation(schedule, m, chunks, stages, ser, lat, max_in_flight)
     if steady is not None:
         return steady
-    orders = _frozen_orders(schedule, m, tuple(st.replicas for st in stages), chunks, max_in_flight)
+    reps = tuple(st.replicas for st in stages)
+    dur_f, dur_b = _durations(stages, chunks)
+    if _eager_applies(len(stages), sum(reps), dur_f, dur_b):  # simulate(record=False) on packed orders
+        return _simulate_eager(stages, _frozen_packed(schedule, m, reps, chunks, max_in_flight), dur_f, dur_b,
+                               ser, lat)
+    orders = _frozen_orders(schedule, m, reps, chunks, max_in_flight)
     return simulate(stages, orders, ser, lat, chunks=chunks, record=False)
 
 
@@ -693,8 +710,7 @@ def _steady_extrapolation(
     if schedule is Schedule.GPIPE or n < 2:
         return None
     reps = tuple(st.replicas for st in stages)
-    dur_f = [st.compute_s / 3.0 / chunks for st in stages]
-    dur_b = [st.compute_s * 2.0 / 3.0 / chunks for st in stages]
+    dur_f, dur_b = _durations(stages, chunks)
     if not (max(reps) == 1 or min(min(dur_f), min(dur_b)) > 0.0):
         return None  # the event loop's case (zero-length ops with shared links)
     base = math.lcm(*reps)
@@ -741,26 +757,29 @@ MIN_REDUCTION = 2.5
 simulation of ``m'`` on top of that of ``m``)."""
 
 
+_Recorded = tuple[Timeline, tuple[tuple[tuple[Op, ...], ...], ...], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+"""A recorded eager simulation: its timeline, orders, and every op's end and output's arrival by key."""
+
+
 def _run_recorded(
     schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...], reps: tuple[int, ...],
     dur_f: list[float], dur_b: list[float], ser: Sequence[Sequence[float]], lat: Sequence[Sequence[float]],
     max_in_flight: int | None,
-) -> tuple[Timeline, tuple[tuple[tuple[Op, ...], ...], ...], list[float], list[float]]:
-    """The eager simulation of ``m`` micro-batches with every op's end and arrival recorded by key."""
+) -> _Recorded:
+    """The eager simulation of ``m`` micro-batches with every op's end and arrival recorded by key (arrays of
+    ``2·n·chunks·m`` entries; ``inf`` where nothing is recorded)."""
     n = len(stages)
     orders = _frozen_orders(schedule, m, reps, chunks, max_in_flight)
-    execs = [(i, r) for i in range(n) for r in range(reps[i])]
-    flat = [orders[i][r] for i, r in execs]
-    ends = [math.inf] * (2 * n * chunks * m)
-    arrivals = [math.inf] * (2 * n * chunks * m)
-    tl = _simulate_eager(stages, flat, execs, chunks, dur_f, dur_b, ser, lat, ends=ends, arrivals=arrivals)
+    ends = np.full(2 * n * chunks * m, math.inf)
+    arrivals = np.full(2 * n * chunks * m, math.inf)
+    tl = _simulate_eager(stages, _frozen_packed(schedule, m, reps, chunks, max_in_flight), dur_f, dur_b, ser, lat,
+                         ends=ends, arrivals=arrivals)
     return tl, orders, ends, arrivals
 
 
 def _steady_period(
     schedule: Schedule, m: int, chunks: int, reps: tuple[int, ...], warm: Sequence[int],
-    run: tuple[Timeline, tuple[tuple[tuple[Op, ...], ...], ...], list[float], list[float]],
-    deepest: int, base: int,
+    run: _Recorded, deepest: int, base: int,
 ) -> tuple[int, float] | None:
     """``(p, Δ)``: the shortest period ``p = q·base`` (``q ≤`` :data:`MAX_CYCLICITY`) over which the recorded
     simulation of ``m`` micro-batches repeats, shifted by ``Δ``, in the prefix it shares with longer ones
@@ -781,9 +800,9 @@ def _steady_period(
         for r in range(d):
             order = orders[i][r]
             if 0 < counts[r] < len(order):
-                diverge = min(diverge, ends[_op_key(order[counts[r] - 1], i, n, n_virtual)])
-    e = np.asarray(ends).reshape(m, jm)
-    a = np.asarray(arrivals).reshape(m, jm)
+                diverge = min(diverge, float(ends[_op_key(order[counts[r] - 1], i, n, n_virtual)]))
+    e = ends.reshape(m, jm)
+    a = arrivals.reshape(m, jm)
     sent = np.isfinite(a)  # ops whose output goes somewhere (the first virtual stage's backward: nowhere)
     # The last micro-batch before which every op end and arrival lies before the divergence.
     late = (e >= diverge).any(axis=1) | (sent & (a >= diverge)).any(axis=1)

@@ -1,0 +1,102 @@
+"""The compiled chain scorer and greedy allocation equal their numpy reference bit for bit, row by row, on
+random topologies, jobs, chains and GPU vectors (padding, idle positions, unreachable hops included), and
+SpinSearch's search returns the same candidates with either."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from reference_scorer import allocate_greedy_reference, score_chains_reference
+
+from spiderflow.catalog import MODEL_PRESETS
+from spiderflow.domain import GpuRange, JobSpec
+from spiderflow.placement import spinsearch
+from spiderflow.placement.base import Objective
+from spiderflow.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
+from spiderflow.topogen import generate_topology
+
+MODELS = sorted(m for m in MODEL_PRESETS if m != "gpt-tiny")
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> tuple[object, ...]:
+    n = draw(st.integers(2, 12))
+    topo = generate_topology(n, draw(st.integers(0, 50)), draw(st.sampled_from(["geo", "hub", "mesh"])))
+    if draw(st.booleans()):  # some clusters busy or empty
+        topo = topo.with_free({c.name: draw(st.integers(0, c.total_gpus)) for c in topo.clusters})
+    batch = draw(st.sampled_from([8, 32, 128, 512]))
+    micro = draw(st.sampled_from([d for d in (1, 2, 4, 8) if batch % d == 0]))
+    lo = draw(st.integers(1, 64))
+    job = JobSpec(id="j", model=MODEL_PRESETS[draw(st.sampled_from(MODELS))], global_batch=batch, micro_batch=micro,
+                  seq_len=draw(st.sampled_from([512, 2048])), steps=10,
+                  gpus=GpuRange(min=lo, max=lo + draw(st.integers(0, 256))))
+    rows = draw(st.integers(1, 12))
+    width = draw(st.integers(1, min(n, 6)))
+    chains = np.full((rows, width + draw(st.integers(0, 2))), -1, dtype=np.int64)
+    for r in range(rows):
+        k = draw(st.integers(1, width))
+        chains[r, :k] = draw(st.permutations(range(n)))[:k]
+    return topo, job, chains, draw(st.booleans()), draw(st.booleans()), draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_kernel_scores_equal_the_numpy_reference(case: tuple[object, ...]) -> None:
+    topo, job, chains, greedy, cut_links, seed = case
+    ta = topo_arrays(topo)  # type: ignore[arg-type]
+    jc = job_consts(job)  # type: ignore[arg-type]
+    assert isinstance(chains, np.ndarray)
+    rng = np.random.default_rng(int(seed))  # type: ignore[call-overload]
+    p = spinsearch.transfer_matrix(ta, jc)
+    if cut_links:  # unreachable hops
+        p = np.where(rng.random(p.shape) < 0.3, np.inf, p)
+        np.fill_diagonal(p, 0.0)
+    if greedy:
+        gpus = allocate_greedy(ta, chains, jc.gpus_max)
+        assert np.array_equal(gpus, allocate_greedy_reference(ta, chains, jc.gpus_max))
+    else:  # any GPU count up to the free ones, zero included
+        gpus = np.where(chains >= 0, rng.integers(0, np.maximum(ta.free[np.maximum(chains, 0)], 0) + 1), 0)
+    tables = score_tables(ta, jc)
+    got = score_chains(ta, jc, p, chains, gpus, tables)
+    with np.errstate(all="ignore"):
+        want = score_chains_reference(ta, jc, p, chains, gpus, tables)
+    for name in ("step", "usd", "gpus", "feasible", "capacity_ratio", "layers"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert np.array_equal(a, b, equal_nan=True), (name, a, b)
+
+
+def test_greedy_allocation_fills_fastest_first_and_ties_in_chain_order() -> None:
+    topo = generate_topology(6, 4, "geo")
+    ta = topo_arrays(topo)
+    chain = np.array([list(np.argsort(ta.flops, kind="stable"))], dtype=np.int64)  # slowest first
+    rates = ta.flops[chain[0]]
+    first = int(np.flatnonzero(rates == rates.max())[0])  # the fastest position, first among equals
+    want = int(ta.free[chain[0, first]]) + 1
+    out = allocate_greedy(ta, chain, want)
+    assert out[0, first] == ta.free[chain[0, first]]  # takes all it has
+    assert out.sum() == want
+    assert np.array_equal(out, allocate_greedy_reference(ta, chain, want))
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+@pytest.mark.parametrize(("clusters", "seed", "model", "lo", "hi"),
+                         [(8, 1, "gpt3-6.7b", 16, 64), (16, 2, "llama3-70b", 64, 256), (12, 3, "gpt3-1.3b", 8, 32)])
+def test_search_returns_the_same_candidates_with_the_reference_scorer(
+    monkeypatch: pytest.MonkeyPatch, objective: Objective, clusters: int, seed: int, model: str, lo: int, hi: int,
+) -> None:
+    topo = generate_topology(clusters, seed, "geo")
+    job = JobSpec(id="j", model=MODEL_PRESETS[model], global_batch=256, seq_len=2048, steps=10,
+                  gpus=GpuRange(min=lo, max=hi))
+
+    def search() -> tuple[list[spinsearch.ChainCandidate], dict[str, float]]:
+        spinsearch._SEARCH_CACHE.clear()
+        return spinsearch.search_chains(topo, job, objective=objective)
+
+    fast = search()
+    monkeypatch.setattr(spinsearch, "score_chains", score_chains_reference)
+    monkeypatch.setattr(spinsearch, "allocate_greedy", allocate_greedy_reference)
+    assert search() == fast
+    assert fast[0], "the instance has candidates"
