@@ -220,23 +220,6 @@ def greedy_rows(chains: IArr, free: IArr, flops: FArr, gpus_max: int, out: IArr)
             before += f
 
 
-@register_warmup
-def _warm() -> None:
-    chains = np.array([[0, 1], [1, -1]], dtype=np.int64)
-    free = np.array([4, 8], dtype=np.int64)
-    flops = np.array([1e14, 2e14])
-    g = np.zeros_like(chains)
-    greedy_rows(chains, free, flops, 8, g)
-    fig = np.ones((6, 2))
-    ints = np.full((2, 2), 8, dtype=np.int64)
-    pl = np.ones((4, 2))
-    by_tp = np.ones((4, 9))
-    p = np.zeros((2, 2))
-    score_rows(chains, g, fig, ints, pl, pl, by_tp, p, 4, 8, 1.0, 1.0, 1, 8, 0.0,
-               np.empty(2), np.empty(2), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.bool_), np.empty(2),
-               np.empty((2, 2)))
-
-
 @kernel
 def estimate_rows(
     step: FArr, usd: FArr, feasible: BArr, capacity: FArr, gpus: IArr, objective: int, gpus_min: int,
@@ -263,3 +246,165 @@ def estimate_rows(
             ratio = gpus_min / (gpus[row] if gpus[row] > 1 else 1)
             est = value * (short if (short > 1.0 or short != short) else 1.0) * (ratio if ratio > 1.0 else 1.0)
         est_out[row] = est if math.isfinite(est) else math.inf
+
+
+@kernel
+def trim_rows(
+    chains: IArr, start: IArr, free: IArr, tp_cap: IArr, gpn: IArr, fig: FArr, ints: IArr, per_layer_t: FArr,
+    head_t: FArr, by_tp: FArr, p: FArr, m: int, layers: int, p_layer: float, p_embed: float, gpus_min: int,
+    gpus_max: int, reserved: float, objective: int, tolerance: float, out: IArr,
+) -> tuple[float, int, int]:
+    """Tune the GPUs of each chain (row of ``chains``, starting from ``start``) into ``out``.
+
+    Per round, the candidates of a chain at GPUs ``g`` are, position by position: ``g_i`` lowered to each of
+    ``{⌊g_i/2⌋, g_i − GPUs per node, g_i − s, g_i − 1, ⌊g_i/s⌋·s}`` in ascending order (``s`` the largest TP
+    degree of the cluster; values in ``[1, g_i)``), then ``δ`` GPUs shifted from ``i`` to each other position
+    ``j`` for ``δ`` in ``(8, 1, 2, 4)`` when ``s = 8`` else ``(1, 2, 4)`` (kept when ``g_i − δ ≥ 1`` and
+    ``g_j + δ`` is free). The best candidate (first of equals) is taken if its score is below the current
+    one by more than a relative ``1e-9``; otherwise, for ``jct`` (``objective`` 0), the candidate with the
+    fewest GPUs (then the lowest score, then the first) among those with fewer GPUs than now and a score
+    within ``tolerance`` (relative) of the starting score; else the chain stops. At most ``3·k`` rounds for
+    a chain of ``k`` clusters. Scores are :func:`score_rows`' objective (``raw`` of :func:`estimate_rows`).
+
+    Returns ``(max Σcap/L, max GPUs, rows scored)`` over the scored rows with a finite step (``(0, 0, n)``
+    when none), for the caller's search statistics.
+    """
+    n_rows, width = chains.shape
+    max_cap = 0.0
+    max_gpus = 0
+    scored = 0
+    one = np.empty((1, width), dtype=np.int64)
+    s1 = np.empty(1)
+    u1 = np.empty(1)
+    g1 = np.empty(1, dtype=np.int64)
+    f1 = np.empty(1, dtype=np.bool_)
+    c1 = np.empty(1)
+    l1 = np.empty((1, width))
+    r1 = np.empty(1)
+    e1 = np.empty(1)
+    for row in range(n_rows):
+        k = 0
+        for q in range(width):
+            if chains[row, q] >= 0:
+                k += 1
+        cur = np.zeros(width, dtype=np.int64)
+        for q in range(k):
+            cur[q] = start[row, q]
+        one[0, :] = cur
+        score_rows(chains[row: row + 1], one, fig, ints, per_layer_t, head_t, by_tp, p, m, layers, p_layer, p_embed,
+                   gpus_min, gpus_max, reserved, s1, u1, g1, f1, c1, l1)
+        estimate_rows(s1, u1, f1, c1, g1, objective, gpus_min, r1, e1)
+        scored += 1
+        if math.isfinite(s1[0]):
+            max_cap = c1[0] if c1[0] > max_cap else max_cap
+            max_gpus = g1[0] if g1[0] > max_gpus else max_gpus
+        cur_score = r1[0]
+        base = r1[0]
+        rounds = 3 * k
+        while rounds > 0:
+            most = k * (5 + 4 * (k - 1))
+            cands = np.zeros((most, width), dtype=np.int64)
+            n_c = 0
+            total = 0
+            for q in range(k):
+                total += cur[q]
+            for pos in range(k):
+                u = chains[row, pos]
+                gi = cur[pos]
+                s = tp_cap[u]
+                opts = np.array([gi // 2, gi - gpn[u], gi - s, gi - 1, (gi // s) * s])
+                opts.sort()
+                last = -1
+                for o in opts:
+                    if o == last:
+                        continue
+                    last = o
+                    if 1 <= o < gi:
+                        cands[n_c, :] = cur
+                        cands[n_c, pos] = o
+                        n_c += 1
+                deltas = (8, 1, 2, 4) if s == 8 else (1, 2, 4, 0)
+                for j in range(k):
+                    if j == pos:
+                        continue
+                    for delta in deltas:
+                        if delta == 0:
+                            continue
+                        if gi - delta >= 1 and cur[j] + delta <= free[chains[row, j]]:
+                            cands[n_c, :] = cur
+                            cands[n_c, pos] -= delta
+                            cands[n_c, j] += delta
+                            n_c += 1
+            if n_c == 0:
+                break
+            rep = np.empty((n_c, width), dtype=np.int64)
+            for c in range(n_c):
+                rep[c, :] = chains[row]
+            st = np.empty(n_c)
+            us = np.empty(n_c)
+            gs = np.empty(n_c, dtype=np.int64)
+            fs = np.empty(n_c, dtype=np.bool_)
+            cs = np.empty(n_c)
+            ls = np.empty((n_c, width))
+            raw = np.empty(n_c)
+            est = np.empty(n_c)
+            score_rows(rep, cands[:n_c], fig, ints, per_layer_t, head_t, by_tp, p, m, layers, p_layer, p_embed,
+                       gpus_min, gpus_max, reserved, st, us, gs, fs, cs, ls)
+            estimate_rows(st, us, fs, cs, gs, objective, gpus_min, raw, est)
+            scored += n_c
+            for c in range(n_c):
+                if math.isfinite(st[c]):
+                    max_cap = cs[c] if cs[c] > max_cap else max_cap
+                    max_gpus = gs[c] if gs[c] > max_gpus else max_gpus
+            rounds -= 1
+            best = 0
+            for c in range(1, n_c):
+                if raw[c] < raw[best]:
+                    best = c
+            if raw[best] < cur_score * (1 - 1e-9):
+                pick = best
+            elif objective != 0:
+                break
+            else:
+                pick = -1
+                pick_sum = 0
+                for c in range(n_c):
+                    c_sum = 0
+                    for q in range(k):
+                        c_sum += cands[c, q]
+                    if raw[c] <= base * (1 + tolerance) and c_sum < total and (
+                            pick < 0 or c_sum < pick_sum or (c_sum == pick_sum and raw[c] < raw[pick])):
+                        pick = c
+                        pick_sum = c_sum
+                if pick < 0:
+                    break
+            for q in range(width):
+                cur[q] = cands[pick, q]
+            cur_score = raw[pick]
+        for q in range(width):
+            out[row, q] = cur[q]
+    return max_cap, max_gpus, scored
+
+
+@register_warmup
+def _warm() -> None:
+    chains = np.array([[0, 1], [1, -1]], dtype=np.int64)
+    free = np.array([4, 8], dtype=np.int64)
+    flops = np.array([1e14, 2e14])
+    g = np.zeros_like(chains)
+    greedy_rows(chains, free, flops, 8, g)
+    fig = np.ones((6, 2))
+    ints = np.full((2, 2), 8, dtype=np.int64)
+    pl = np.ones((4, 2))
+    by_tp = np.ones((4, 9))
+    p = np.zeros((2, 2))
+    score_rows(chains, g, fig, ints, pl, pl, by_tp, p, 4, 8, 1.0, 1.0, 1, 8, 0.0,
+               np.empty(2), np.empty(2), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.bool_), np.empty(2),
+               np.empty((2, 2)))
+    raw = np.empty(2)
+    est = np.empty(2)
+    estimate_rows(np.ones(2), np.ones(2), np.ones(2, dtype=np.bool_), np.ones(2), np.ones(2, dtype=np.int64), 0, 1,
+                  raw, est)
+    out = np.empty_like(chains)
+    trim_rows(chains, g, free, np.full(2, 8, dtype=np.int64), np.full(2, 8, dtype=np.int64), fig, ints, pl, pl, by_tp,
+              p, 4, 8, 1.0, 1.0, 1, 8, 0.0, 0, 1e-3, out)

@@ -69,15 +69,17 @@ import itertools
 import math
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import structlog
 
+from spiderflow.costmodel import GIB, RESERVED_GIB
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnschedulableError
 from spiderflow.kernels import warm
-from spiderflow.kernels.scorer import estimate_rows
+from spiderflow.kernels.scorer import estimate_rows, trim_rows
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
 from spiderflow.placement.common import (
     FArr,
@@ -169,11 +171,14 @@ class _Scorer:
     @staticmethod
     def _pack(rows: list[tuple[int, ...]], pad: int) -> IArr:
         """``rows`` as an ``N × max len`` array, left-aligned, padded with ``pad``."""
-        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
-        width = int(lens.max())
-        out = np.full((len(rows), width), pad, dtype=np.int64)
-        out[np.arange(width)[None, :] < lens[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+        n = len(rows)
+        flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64)
+        width = max(map(len, rows))
+        if flat.size == n * width:  # rows of one length (a beam level, single chains)
+            return flat.reshape(n, width)
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        out = np.full((n, width), pad, dtype=np.int64)
+        out[np.arange(width)[None, :] < lens[:, None]] = flat
         return out
 
     def score(
@@ -206,6 +211,7 @@ class _Scorer:
 
 
 _OBJECTIVE_CODES = {Objective.JCT: 0, Objective.COST: 1, Objective.BALANCED: 2}
+_RESERVED_BYTES = RESERVED_GIB * GIB
 """How :func:`spiderflow.kernels.scorer.estimate_rows` names the objectives."""
 
 
@@ -345,13 +351,8 @@ def _search_chains(
     if len(usable) == 0:
         return [], stats
 
-    pool: dict[tuple[Chain, tuple[int, ...]], tuple[float, float]] = {}
-
-    def add_pool(chains: list[Chain], raw: FArr, step: FArr, g: IArr) -> None:
-        g_rows, raw_l, step_l = g.tolist(), raw.tolist(), step.tolist()
-        for i in np.flatnonzero(np.isfinite(raw)).tolist():
-            c = chains[i]
-            pool[(c, tuple(g_rows[i][: len(c)]))] = (raw_l[i], step_l[i])
+    pool = _Pool()
+    add_pool = pool.add
 
     # 1. singles (the incumbent).
     singles: list[Chain] = [(int(u),) for u in usable]
@@ -393,7 +394,7 @@ def _search_chains(
             return hit
 
         beam: list[Chain] = [(s,) for s in seed_list]
-        best = min((v[0] for v in pool.values()), default=math.inf)
+        best = pool.best()
         stale = 0
         depth = 1
         while beam and depth < max_depth:
@@ -435,14 +436,13 @@ def _search_chains(
 
     theta = min(theta_stall, theta_bound)
     beam_search(theta)
-    if not pool or not math.isfinite(min(v[0] for v in pool.values())):
+    if not math.isfinite(pool.best()):
         stats["relaxed"] = 1.0
         beam_search(theta_bound)
 
     # 4. refinement: hill climbing on the best chains, then GPU trimming.
-    ranked = sorted(pool.items(), key=lambda kv: kv[1][0])  # before refinement
     starts: list[Chain] = []
-    for (c, _), _v in ranked:
+    for c, _, _, _ in pool.ranked():  # before refinement
         if c not in starts:
             starts.append(c)
         if len(starts) >= refine_top:
@@ -496,10 +496,10 @@ def _search_chains(
             refined[cur] = (float(raw_t[0]), float(step_t[0]), tuple(int(x) for x in g_t[0, : len(cur)]))
     # Candidates: refined chains and the best other pool chains (best GPU vector per chain).
     cand_map: dict[Chain, tuple[float, float, tuple[int, ...]]] = dict(refined)
-    for (c, gg), (sc_, st_) in sorted(pool.items(), key=lambda kv: kv[1][0]):
+    for c, gg, sc_, st_ in pool.ranked():
         if len(cand_map) >= keep + trim_top + len(refined):
             break
-        if c not in cand_map and math.isfinite(sc_):
+        if c not in cand_map:
             cand_map[c] = (sc_, st_, gg)
     # GPU tuning of the best candidates (constraint 2).
     before: dict[Chain, tuple[int, ...]] = {}
@@ -518,6 +518,48 @@ def _search_chains(
     stats["max_capacity_ratio"] = scorer.max_capacity
     stats["max_gpus"] = float(scorer.max_gpus)
     return uniq[:keep], stats
+
+
+class _Pool:
+    """Every feasible ``(chain, GPUs)`` the search scored, with its score and step.
+
+    Batches are kept as scored; :meth:`ranked` orders them by score only when asked (ties: first scored
+    first), and a ``(chain, GPUs)`` scored again counts once, where it was first scored (its scores are the
+    same: a row's scores depend on that row alone)."""
+
+    def __init__(self) -> None:
+        self._batches: list[tuple[list[Chain], IArr, FArr, FArr, IArr]] = []  # chains, rows, score, step, GPUs
+
+    def add(self, chains: list[Chain], raw: FArr, step: FArr, g: IArr) -> None:
+        """Add the rows of one :meth:`_Scorer.score` call whose score is finite."""
+        rows = np.flatnonzero(np.isfinite(raw))
+        if rows.size:
+            self._batches.append((chains, rows, raw[rows], step[rows], g))
+
+    def best(self) -> float:
+        """The least score (``inf`` when empty)."""
+        return min((float(b[2].min()) for b in self._batches), default=math.inf)
+
+    def ranked(self) -> Iterator[tuple[Chain, tuple[int, ...], float, float]]:
+        """``(chain, GPUs, score, step)`` by ascending score, each ``(chain, GPUs)`` once; lazy."""
+        if not self._batches:
+            return
+        scores = np.concatenate([b[2] for b in self._batches])
+        sizes = [len(b[1]) for b in self._batches]
+        batch_of = np.repeat(np.arange(len(sizes)), sizes).tolist()
+        starts = np.cumsum([0, *sizes]).tolist()
+        seen: set[tuple[Chain, tuple[int, ...]]] = set()
+        for i in np.argsort(scores, kind="stable").tolist():
+            b = batch_of[i]
+            chains, rows, raw, step, g = self._batches[b]
+            k = i - starts[b]
+            row = int(rows[k])
+            c = chains[row]
+            key = (c, tuple(g[row, : len(c)].tolist()))
+            if key in seen:
+                continue
+            seen.add(key)
+            yield c, key[1], float(raw[k]), float(step[k])
 
 
 _Scored = tuple[list[Chain], FArr, FArr, IArr]
@@ -562,70 +604,24 @@ def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray
 
 
 def _trim(scorer: _Scorer, chains: list[Chain], objective: Objective) -> list[tuple[int, ...]]:
-    """Tune the GPUs of each chain: moves that lower the estimated objective (shifting 1, 2, 4 or a node's
-    worth of GPUs between positions, or removing some) are taken first; then, for ``jct``, removals that
-    stay within ``TRIM_TOLERANCE`` of the untrimmed score (no drift), largest removal first.
-
-    The chains are tuned in lockstep, each round's candidates of every chain still moving scored in one
-    call; each chain takes the steps it would take alone (a row's scores depend on that row only)."""
-    ta = scorer.ta
-    state: list[tuple[tuple[int, ...], float, float]] = []  # (GPUs, score, untrimmed score)
-    for chain in chains:
-        _, _, _, g = scorer.score([chain])
-        cur = tuple(int(x) for x in g[0, : len(chain)])
-        raw, _, _, _ = scorer.score([chain], [cur])
-        state.append((cur, float(raw[0]), float(raw[0])))
-    rounds = [3 * len(c) for c in chains]
-    active = [i for i, n in enumerate(rounds) if n > 0]
-    while active:
-        batch: list[tuple[int, list[tuple[int, ...]]]] = []
-        for i in active:
-            chain, (cur, _, _) = chains[i], state[i]
-            cands: list[tuple[int, ...]] = []
-            for pos, u in enumerate(chain):
-                gi = cur[pos]
-                step_i = int(ta.tp_cap[u])
-                opts = {gi // 2, gi - int(ta.gpn[u]), gi - step_i, gi - 1, (gi // step_i) * step_i}
-                for o in sorted(opts):
-                    if 1 <= o < gi:
-                        cands.append((*cur[:pos], o, *cur[pos + 1 :]))
-                for j, v in enumerate(chain):
-                    if j == pos:
-                        continue
-                    for delta in {1, 2, 4, step_i}:
-                        if gi - delta >= 1 and cur[j] + delta <= int(ta.free[v]):
-                            new = list(cur)
-                            new[pos] -= delta
-                            new[j] += delta
-                            cands.append(tuple(new))
-            if cands:
-                batch.append((i, cands))
-        if not batch:
-            break
-        raw_all, _, _, _ = scorer.score([chains[i] for i, cands in batch for _ in cands],
-                                        [c for _, cands in batch for c in cands])
-        active = []
-        at = 0
-        for i, cands in batch:
-            raw_c = raw_all[at: at + len(cands)]
-            at += len(cands)
-            cur, cur_score, base = state[i]
-            rounds[i] -= 1
-            j = int(np.argmin(raw_c))
-            if raw_c[j] < cur_score * (1 - 1e-9):
-                state[i] = (cands[j], float(raw_c[j]), base)
-            elif objective is not Objective.JCT:
-                continue
-            else:
-                ok = [k for k in range(len(cands)) if raw_c[k] <= base * (1 + TRIM_TOLERANCE)
-                      and sum(cands[k]) < sum(cur)]
-                if not ok:
-                    continue
-                j = min(ok, key=lambda k: (sum(cands[k]), raw_c[k]))
-                state[i] = (cands[j], float(raw_c[j]), base)
-            if rounds[i] > 0:
-                active.append(i)
-    return [cur for cur, _, _ in state]
+    """Tune the GPUs of each chain, starting from the greedy allocation: moves that lower the estimated
+    objective (shifting 1, 2, 4 or a node's worth of GPUs between positions, or removing some) are taken
+    first; then, for ``jct``, removals that stay within ``TRIM_TOLERANCE`` of the untrimmed score (no drift),
+    largest removal first (:func:`spiderflow.kernels.scorer.trim_rows` states the moves and the rule). Each
+    chain is tuned on its own (a row's scores depend on that row only)."""
+    if not chains:
+        return []
+    ta, jc, t = scorer.ta, scorer.jc, scorer.tables
+    arr = scorer._pack(chains, -1)
+    out = np.empty_like(arr)
+    cap, gpus, n = trim_rows(
+        arr, allocate_greedy(ta, arr, jc.gpus_max), ta.free, ta.tp_cap, ta.gpn, t.fig, t.ints, t.per_layer_t,
+        t.head_t, t.by_tp, scorer.p, int(jc.m), int(jc.layers), float(jc.p_layer), float(jc.p_embed),
+        int(jc.gpus_min), int(jc.gpus_max), _RESERVED_BYTES, _OBJECTIVE_CODES[objective], TRIM_TOLERANCE, out)
+    scorer.scored += n
+    scorer.max_capacity = max(scorer.max_capacity, cap)
+    scorer.max_gpus = max(scorer.max_gpus, gpus)
+    return [tuple(out[i, : len(c)].tolist()) for i, c in enumerate(chains)]
 
 
 def _job_total(objective: Objective, after: float, steps: int, step: float, usd: float) -> float:

@@ -1,14 +1,18 @@
 """The compiled chain scorer and greedy allocation equal their numpy reference bit for bit, row by row, on
-random topologies, jobs, chains and GPU vectors (padding, idle positions, unreachable hops included), and
-SpinSearch's search returns the same candidates with either."""
+random topologies, jobs, chains and GPU vectors (padding, idle positions, unreachable hops included);
+SpinSearch's search returns the same candidates with either; the compiled GPU tuning ends where the Python
+one ends."""
 
 from __future__ import annotations
+
+import random
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from reference_scorer import allocate_greedy_reference, score_chains_reference
+from reference_trim import trim_reference
 
 from spiderflow.catalog import MODEL_PRESETS
 from spiderflow.domain import GpuRange, JobSpec
@@ -100,3 +104,29 @@ def test_search_returns_the_same_candidates_with_the_reference_scorer(
     monkeypatch.setattr(spinsearch, "allocate_greedy", allocate_greedy_reference)
     assert search() == fast
     assert fast[0], "the instance has candidates"
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(2, 16), st.integers(0, 40), st.sampled_from(list(Objective)), st.sampled_from(MODELS),
+       st.integers(1, 64), st.integers(0, 192), st.booleans(), st.randoms(use_true_random=False))
+def test_kernel_trim_equals_the_python_reference(
+    n: int, seed: int, objective: Objective, model: str, lo: int, extra: int, busy: bool, rnd: random.Random,
+) -> None:
+    topo = generate_topology(n, seed, "geo")
+    if busy:
+        topo = topo.with_free({c.name: rnd.randint(0, c.total_gpus) for c in topo.clusters})
+    job = JobSpec(id="j", model=MODEL_PRESETS[model], global_batch=256, seq_len=2048, steps=10,
+                  gpus=GpuRange(min=lo, max=lo + extra))
+    ta, jc = topo_arrays(topo), job_consts(job)
+    usable = [i for i in range(n) if ta.free[i] > 0]
+    if not usable:
+        return
+    chains = [tuple(rnd.sample(usable, rnd.randint(1, min(len(usable), 5)))) for _ in range(rnd.randint(1, 6))]
+    hops = spinsearch._hops(topo, ta, jc)
+
+    def scorer() -> spinsearch._Scorer:
+        return spinsearch._Scorer(ta, jc, hops.p, objective)
+
+    fast, ref = scorer(), scorer()
+    assert spinsearch._trim(fast, chains, objective) == trim_reference(ref, chains, objective)
+    assert (fast.max_capacity, fast.max_gpus) == (ref.max_capacity, ref.max_gpus)
