@@ -80,6 +80,7 @@ from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnschedulableError
 from spiderflow.kernels import warm
 from spiderflow.kernels.scorer import estimate_rows, trim_rows
+from spiderflow.kernels.search import extend_beam, neighbour_table
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
 from spiderflow.placement.common import (
     FArr,
@@ -194,25 +195,35 @@ class _Scorer:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        out = self._evaluate(arr, g)
+        for a in out:
+            a.setflags(write=False)
+        self._memo[key] = out
+        return out
+
+    def score_array(self, chains: IArr) -> tuple[FArr, FArr, FArr, IArr]:
+        """:meth:`score` of the rows of ``chains`` (``N × K``, ``-1`` padded) with the greedy allocation, not
+        memoised (a beam level's extensions are new chains)."""
+        return self._evaluate(chains, allocate_greedy(self.ta, chains, self.jc.gpus_max))
+
+    def _evaluate(self, arr: IArr, g: IArr) -> tuple[FArr, FArr, FArr, IArr]:
         sc = score_chains(self.ta, self.jc, self.p, arr, g, self.tables)
-        self.scored += len(chains)
+        n = arr.shape[0]
+        self.scored += n
         finite = np.isfinite(sc.step)
         if finite.any():
             self.max_capacity = max(self.max_capacity, float(sc.capacity_ratio[finite].max()))
             self.max_gpus = max(self.max_gpus, int(sc.gpus[finite].max()))
-        raw = np.empty(len(chains))
-        est = np.empty(len(chains))
+        raw = np.empty(n)
+        est = np.empty(n)
         estimate_rows(sc.step, sc.usd, sc.feasible, sc.capacity_ratio, sc.gpus, self._objective_code,
                       int(self.jc.gpus_min), raw, est)
-        for a in (raw, est, sc.step, g):
-            a.setflags(write=False)
-        self._memo[key] = (raw, est, sc.step, g)
         return raw, est, sc.step, g
 
 
 _OBJECTIVE_CODES = {Objective.JCT: 0, Objective.COST: 1, Objective.BALANCED: 2}
-_RESERVED_BYTES = RESERVED_GIB * GIB
 """How :func:`spiderflow.kernels.scorer.estimate_rows` names the objectives."""
+_RESERVED_BYTES = RESERVED_GIB * GIB
 
 
 def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr, nn: int) -> float:
@@ -376,53 +387,22 @@ def _search_chains(
     max_depth = min(len(usable), jc.layers)
 
     def beam_search(theta: float) -> None:
-        nbr_cache: dict[int, list[int]] = {}
-
-        def nbrs(u: int) -> list[int]:
-            hit = nbr_cache.get(u)
-            if hit is None:
-                hit = []
-                for v in hops.order[u]:
-                    v = int(v)
-                    if hops.p[u, v] > theta:
-                        break
-                    if usable_mask[v]:
-                        hit.append(v)
-                        if len(hit) >= neighbours:
-                            break
-                nbr_cache[u] = hit
-            return hit
-
-        beam: list[Chain] = [(s,) for s in seed_list]
+        table = neighbour_table(hops.order, hops.p, usable_mask, theta, neighbours)
+        beam: IArr = np.array(seed_list, dtype=np.int64)[:, None]
         best = pool.best()
         stale = 0
         depth = 1
-        while beam and depth < max_depth:
+        while len(beam) and depth < max_depth:
             if deadline is not None and time.perf_counter() > deadline:
                 stats["deadline_hit"] = 1.0
                 break
-            seen: set[Chain] = set()
-            cands: list[Chain] = []
-            for c in beam:
-                members = set(c)
-                for v in nbrs(c[-1]):
-                    if v not in members:
-                        n = (*c, v)
-                        if n not in seen:
-                            seen.add(n)
-                            cands.append(n)
-                for v in nbrs(c[0]):
-                    if v not in members:
-                        n = (v, *c)
-                        if n not in seen:
-                            seen.add(n)
-                            cands.append(n)
-            if not cands:
+            cands = extend_beam(beam, table)
+            if not len(cands):
                 break
-            raw, est, step, g = scorer.score(cands)
+            raw, est, step, g = scorer.score_array(cands)
             add_pool(cands, raw, step, g)
             order = np.argsort(est, kind="stable")[:beam_width]
-            beam = [cands[int(i)] for i in order if np.isfinite(est[int(i)])]
+            beam = cands[order[np.isfinite(est[order])]]
             level_best = float(np.min(raw))
             all_feasible = bool(np.all(np.isfinite(raw[order])))
             if level_best < best * (1 - 1e-9):
@@ -528,10 +508,12 @@ class _Pool:
     same: a row's scores depend on that row alone)."""
 
     def __init__(self) -> None:
-        self._batches: list[tuple[list[Chain], IArr, FArr, FArr, IArr]] = []  # chains, rows, score, step, GPUs
+        # chains (tuples, or an array of chains of one length), finite rows, their score, step, all GPUs
+        self._batches: list[tuple[list[Chain] | IArr, IArr, FArr, FArr, IArr]] = []
 
-    def add(self, chains: list[Chain], raw: FArr, step: FArr, g: IArr) -> None:
-        """Add the rows of one :meth:`_Scorer.score` call whose score is finite."""
+    def add(self, chains: list[Chain] | IArr, raw: FArr, step: FArr, g: IArr) -> None:
+        """Add the rows of one :meth:`_Scorer.score` (or :meth:`_Scorer.score_array`) call whose score is
+        finite."""
         rows = np.flatnonzero(np.isfinite(raw))
         if rows.size:
             self._batches.append((chains, rows, raw[rows], step[rows], g))
@@ -554,7 +536,7 @@ class _Pool:
             chains, rows, raw, step, g = self._batches[b]
             k = i - starts[b]
             row = int(rows[k])
-            c = chains[row]
+            c = tuple(chains[row].tolist()) if isinstance(chains, np.ndarray) else chains[row]
             key = (c, tuple(g[row, : len(c)].tolist()))
             if key in seen:
                 continue

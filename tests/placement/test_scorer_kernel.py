@@ -1,7 +1,7 @@
 """The compiled chain scorer and greedy allocation equal their numpy reference bit for bit, row by row, on
 random topologies, jobs, chains and GPU vectors (padding, idle positions, unreachable hops included);
 SpinSearch's search returns the same candidates with either; the compiled GPU tuning ends where the Python
-one ends."""
+one ends; the beam's next hops and extensions equal the Python ones."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_beam import extend_reference, neighbours_reference
 from reference_scorer import allocate_greedy_reference, score_chains_reference
 from reference_trim import trim_reference
 
@@ -130,3 +131,32 @@ def test_kernel_trim_equals_the_python_reference(
     fast, ref = scorer(), scorer()
     assert spinsearch._trim(fast, chains, objective) == trim_reference(ref, chains, objective)
     assert (fast.max_capacity, fast.max_gpus) == (ref.max_capacity, ref.max_gpus)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 40), st.integers(0, 40), st.sampled_from(["geo", "hub", "mesh"]), st.integers(1, 12),
+       st.floats(0.0, 1.0), st.integers(1, 6), st.randoms(use_true_random=False))
+def test_beam_kernels_equal_the_python_reference(
+    n: int, seed: int, kind: str, neighbours: int, quantile: float, depth: int, rnd: random.Random,
+) -> None:
+    topo = generate_topology(n, seed, kind)  # type: ignore[arg-type]
+    topo = topo.with_free({c.name: rnd.choice([0, c.total_gpus]) for c in topo.clusters})
+    job = JobSpec(id="j", model=MODEL_PRESETS["gpt3-6.7b"], global_batch=256, seq_len=2048, steps=10,
+                  gpus=GpuRange(min=8, max=64))
+    ta, jc = topo_arrays(topo), job_consts(job)
+    hops = spinsearch._hops(topo, ta, jc)
+    usable = ta.free > 0
+    finite = hops.p[np.isfinite(hops.p)]
+    theta = float(np.quantile(finite, quantile)) if rnd.random() < 0.8 else float("inf")
+    table = spinsearch.neighbour_table(hops.order, hops.p, usable, theta, neighbours)
+    nbrs = {u: neighbours_reference(hops.order, hops.p, usable, theta, neighbours, u) for u in range(n)}
+    for u in range(n):
+        assert [int(v) for v in table[u] if v >= 0] == nbrs[u]
+    pool = [u for u in range(n) if usable[u]]
+    if len(pool) < depth:
+        return
+    beam = list(dict.fromkeys(tuple(rnd.sample(pool, depth)) for _ in range(rnd.randint(1, 8))))
+    got = spinsearch.extend_beam(np.array(beam, dtype=np.int64), table)
+    want = extend_reference(beam, nbrs)
+    assert [tuple(int(x) for x in row) for row in got] == want
+    assert got.shape == (len(want), depth + 1)
