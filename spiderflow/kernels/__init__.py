@@ -49,7 +49,13 @@ def warm() -> None:
     global _WARM
     if _WARM:
         return
-    from spiderflow.kernels import scorer, timeline  # noqa: F401  (each registers its warm-up)
+    from spiderflow.kernels import (  # noqa: F401  (each registers its warm-up)
+        fallback,
+        level2,
+        scorer,
+        search,
+        timeline,
+    )
 
     for fn in _WARMUPS:
         fn()

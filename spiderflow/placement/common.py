@@ -34,7 +34,10 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
    over memory, its structure is the plan.
 
 The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
-raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``.
+raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``. Steps 2-3 (the block
+search, the chain's step time and the boundary search, one compiled call per start, blocks memoised per
+chain) and the dynamic programme of step 4 run compiled (:mod:`spiderflow.kernels.fallback`: the same
+expressions on the same operands in the same order, so bitwise the same plans).
 
 :func:`plan_chain` dispatches to the TPA planner when ``spiderflow.tpa.plan_chain`` is importable and
 to the fallback otherwise, so every policy's final plan goes through the same planner.
@@ -57,6 +60,10 @@ import structlog
 from spiderflow.costmodel import GIB, RESERVED_GIB, activation_bytes, evaluate, fits_memory, layer_fwd_flops
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
+from spiderflow.kernels.fallback import POS_WIDTH, new_memo
+from spiderflow.kernels.fallback import evaluate_split as evaluate_split_kernel
+from spiderflow.kernels.fallback import memory_first as memory_first_kernel
+from spiderflow.kernels.fallback import optimise_split as optimise_split_kernel
 from spiderflow.kernels.scorer import greedy_rows, score_rows
 from spiderflow.placement.base import Objective, PlacementResult, PlacementStatus
 
@@ -326,7 +333,7 @@ def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
 
 
 # --------------------------------------------------------------------------------------------------
-# Level-1 fallback planner (exact cost model formulas, pure Python for small chains)
+# Level-1 fallback planner (exact cost model formulas; the split search runs compiled)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -352,30 +359,46 @@ class _Block:
     p_int: float  # internal boundary time
 
 
-_BLOCK_CACHE: dict[tuple[Any, ...], _Block] = {}
-_BLOCK_CACHE_MAX = 200_000
-_PREFIX_IDS: dict[tuple[Any, ...], int] = {}
-_DEGREE_CONSTS: dict[int, list[tuple[int, float, float, float, float]]] = {}
-_PREFIX_COUNTER = itertools.count()
+_POSITIONS: dict[tuple[Any, ...], tuple[tuple[float, ...], tuple[int, ...]]] = {}
+_POSITIONS_MAX = 50_000
 
 
-def _prefix_id(prefix: tuple[Any, ...]) -> int:
-    """A process-unique int for a block-key prefix. Ids are never reused (a counter), so clearing the map
-    can never make two prefixes share an id."""
-    pid = _PREFIX_IDS.get(prefix)
-    if pid is None:
-        if len(_PREFIX_IDS) >= _BLOCK_CACHE_MAX:
-            _PREFIX_IDS.clear()
-        pid = _PREFIX_IDS[prefix] = next(_PREFIX_COUNTER)
-    return pid
+def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """One chain position's row of the kernels' ``pos`` and ``pos_i`` (:mod:`spiderflow.kernels.fallback`):
+    memory bytes per GPU left after the reserve, intra- and inter-node Gbit/s, ``P_int``, then per tensor
+    degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
+    activation bytes and head ``T`` (zeros for the degrees not tried); ``(g, GPUs per node, degrees tried)``.
+    Memoised process-wide (bounded) on the job's constants, the cluster's figures and ``g``."""
+    fl = c.effective_tflops * 1e12
+    gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
+    key = (jc, fl, c.gpu_memory_gib, gpn, intra, inter, g)
+    hit = _POSITIONS.get(key)
+    if hit is not None:
+        return hit
+    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, jc.act * 8.0 / (inter * 1e9)]
+    tp = 1
+    while tp <= min(_MAX_TP, gpn, g):
+        ar_tp = _ar(jc.act, tp, intra if tp <= gpn else inter)
+        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), 3.0 * jc.head_f / (tp * fl)]
+        tp *= 2
+    n = (len(row) - 4) // 4
+    row += [0.0] * (POS_WIDTH - len(row))
+    out = (tuple(row), (g, gpn, n))
+    if len(_POSITIONS) >= _POSITIONS_MAX:
+        _POSITIONS.clear()
+    _POSITIONS[key] = out
+    return out
 
 
 class _ChainEval:
-    """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
+    """Evaluates layer splits of one ordered allocation with the exact cost-model formulas, compiled
+    (:mod:`spiderflow.kernels.fallback`). A block depends only on its position, its layer count and the
+    stages downstream of its start; the blocks chosen are memoised per evaluator."""
 
     def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
                  cache: dict[tuple[Any, ...], _Block] | None = None, slack: int = 0):
-        self.jc = job_consts(job)
+        del cache  # accepted for interface parity
+        self.jc = jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
         self.exact = exact_gpus
@@ -383,199 +406,59 @@ class _ChainEval:
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
-            self.hops.append(math.inf if bw <= 0 else self.jc.act * 8.0 / (bw * 1e9) + lat)
-        # A block depends only on the job's constants, the cluster's shape and these figures: shared
-        # process-wide (bounded), across chains, jobs and topology snapshots; ``cache`` is accepted for
-        # interface parity.
-        del cache
-        self._cache = _BLOCK_CACHE
-        self._shapes = [
-            (c.effective_tflops, c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps)
-            for c in self.clusters
-        ]
-        # Everything a block key shares per position, interned to one int (hashing the job's constants on
-        # every lookup dominated the local search).
-        self._pid = [_prefix_id((self.jc, shape, g, self.exact, self.slack))
-                     for shape, g in zip(self._shapes, self.gpus, strict=True)]
+            self.hops.append(math.inf if bw <= 0 else jc.act * 8.0 / (bw * 1e9) + lat)
+        rows = [_position(jc, c, g) for c, g in zip(self.clusters, self.gpus, strict=True)]
+        k = len(rows)
+        self.pos = np.array([x for r in rows for x in r[0]], dtype=np.float64).reshape(k, POS_WIDTH)
+        self.pos_i = np.array([x for r in rows for x in r[1]], dtype=np.int64).reshape(k, 3)
+        self.job_f = np.array([jc.p_layer, jc.p_embed], dtype=np.float64)
+        self.job_i = np.array([jc.m, jc.layers, int(exact_gpus), self.slack], dtype=np.int64)
+        self.hop_arr = np.array(self.hops, dtype=np.float64)
+        self.memo = new_memo(k, jc.layers)
         self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
 
-    def block(self, i: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block:
-        # The block depends on its position only through whether it holds the embedding (first == 0) or the
-        # head (last == L − 1), its layer count and the stages downstream of its start (the in-flight depth).
-        key = (self._pid[i], first == 0, last == self.jc.layers - 1, last - first, total_stages_other - offset)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        jc, c, g = self.jc, self.clusters[i], self.gpus[i]
-        fl = c.effective_tflops * 1e12
-        mem = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
-        nl = last - first + 1
-        best: _Block | None = None
-        # Pass 1: configurations using all g GPUs (and pp = 1); pass 2, only if nothing fits memory: the others
-        # (with exact GPUs pass 1 already took every configuration there is).
-        for exhaustive in (False, True):
-            if exhaustive and (self.exact or (best is not None and best.excess <= 0)):
-                break
-            best = self._configs(self._pid[i], best, exhaustive, g, c, fl, mem, nl, first, last, offset,
-                                 total_stages_other)
-        if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
-            best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
-                          jc.act * 8.0 / (c.inter_node_gbps * 1e9))
-        if len(self._cache) >= _BLOCK_CACHE_MAX:
-            self._cache.clear()
-        self._cache[key] = best
-        return best
+    def _blocks(self, sizes: Sequence[int], out_f: FArr, out_i: IArr) -> list[_Block]:
+        blocks: list[_Block] = []
+        for nl, (excess, local, tmax, tsum, y), (pp, tp, dp, big), p_int in zip(
+                sizes, out_f.tolist(), out_i.tolist(), self.pos[:, 3].tolist(), strict=True):
+            base, rem = divmod(nl, pp)
+            shape = (base + 1,) * rem + (base,) * (pp - rem) if big else (base,) * (pp - rem) + (base + 1,) * rem
+            blocks.append(_Block(excess, local, pp, tp, dp, shape, tmax, tsum, y, p_int))
+        return blocks
 
-    def _degree_consts(self, pid: int, c: Cluster, g: int, fl: float) -> list[tuple[int, float, float, float, float]]:
-        """Per tensor-parallel degree of a position: ``(tp, T per layer, activation bytes per layer, head
-        activation bytes, head T)``, the same expressions for every block of that position (memoised on the
-        position's key prefix ``pid``: the job's constants, the cluster's figures and its GPUs)."""
-        hit = _DEGREE_CONSTS.get(pid)
-        if hit is not None:
-            return hit
-        jc = self.jc
-        out: list[tuple[int, float, float, float, float]] = []
-        tp = 1
-        while tp <= min(_MAX_TP, c.gpus_per_node, g):
-            ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
-            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp),
-                        3.0 * jc.head_f / (tp * fl)))
-            tp *= 2
-        if len(_DEGREE_CONSTS) >= _BLOCK_CACHE_MAX:
-            _DEGREE_CONSTS.clear()
-        _DEGREE_CONSTS[pid] = out
-        return out
-
-    def _configs(self, pid: int, best: _Block | None, exhaustive: bool, g: int, c: Cluster, fl: float, mem: float,
-                 nl: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
-        jc = self.jc
-        m = jc.m
-        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
-        p_layer, p_embed = jc.p_layer, jc.p_embed
-        gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
-        exact, slack = self.exact, self.slack
-        head = last == jc.layers - 1
-        has_embed = first == 0
-        for tp, per_t, act_l, act_h, head_time in self._degree_consts(pid, c, g, fl):
-            head_t = head_time if head else 0.0
-            for pp in _PP_CHOICES:
-                if pp > nl or tp * pp > g:
-                    break
-                dp = g // (tp * pp)
-                if exact:
-                    if dp * tp * pp < g - slack:
-                        continue
-                elif (dp * tp * pp == g or pp == 1) == exhaustive:
-                    continue  # pass 1 takes these, pass 2 the rest (re-taking pass 1's could not change its best)
-                base, rem = divmod(nl, pp)
-                s_total = total_stages_other + pp
-                bdp = intra if tp * dp <= gpn else inter
-                per_replica = math.ceil(m / dp)
-                p_stage = p_int if pp > 1 else 0.0
-                bounds = 2 * (pp - 1) * p_int
-                # Sub-stages: pp − rem of ``base`` layers and rem of ``base + 1``, small ones first (less memory:
-                # early sub-stages hold more micro-batches) or, when the block ends with the head, big ones
-                # first. Only the first of each size group, the first (embedding) and the last (head)
-                # sub-stage can be the worst for memory and Y.
-                tsum = nl * per_t + head_t
-                top = base + 1 if rem else base
-                for big_first in (False, True) if rem and head_t > 0 else (False,):
-                    # sizes[j]: ``base + 1`` for j < rem (big first) or j ≥ pp − rem (small first), else ``base``.
-                    n_small = pp - rem
-                    last_size = base if big_first else top
-                    tmax = max(last_size * per_t + head_t, top * per_t)
-                    local = (m - 1) * max(tmax / dp, p_stage) + tsum
-                    if best is not None and best.excess <= 0.0 and local + bounds >= best.local:
-                        # Its objective without the gradient all-reduce (≥ 0) already ties or loses to a
-                        # configuration that fits: it cannot win, whatever its memory.
-                        continue
-                    ymax = 0.0
-                    excess = -math.inf
-                    mid = rem if big_first else n_small
-                    for j in (0,) if pp == 1 else ((0, mid, pp - 1) if 0 < mid < pp - 1 else (0, pp - 1)):
-                        sz = (base + 1 if j < rem else base) if big_first else (base if j < n_small else base + 1)
-                        is_last = j == pp - 1 and head
-                        params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
-                            p_embed if is_last else 0.0)
-                        if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
-                            y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
-                            if y > ymax:
-                                ymax = y
-                        inflight = min(per_replica, s_total - (offset + j))
-                        act = sz * act_l + (act_h if is_last else 0.0)
-                        x = 16.0 * params / tp + inflight * act - mem
-                        if x > excess:
-                            excess = x
-                    local += bounds + ymax
-                    if best is None or (max(excess, 0.0), local) < (best.excess, best.local):
-                        sizes = (
-                            tuple([base + 1] * rem + [base] * n_small) if big_first
-                            else tuple([base] * n_small + [base + 1] * rem)
-                        )
-                        best = _Block(max(excess, 0.0), local, pp, tp, dp, sizes, tmax, tsum, ymax, p_int)
-        return best
+    def excess_step(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float]:
+        """``(memory excess, step time)`` of a layer split (every block ≥ 1 layer) given assumed sub-stage
+        counts."""
+        return self._evaluate(sizes, pps)[:2]
 
     def evaluate_split(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float, list[_Block]]:
-        """``(memory excess, step time, blocks)`` of a layer split given assumed sub-stage counts."""
-        blocks: list[_Block] = []
-        total = sum(pps)
-        offset = 0
-        first = 0
-        for i, sz in enumerate(sizes):
-            blk = self.block(i, first, first + sz - 1, offset, total - pps[i])
-            blocks.append(blk)
-            offset += pps[i]
-            first += sz
-        excess, step = self.aggregate(blocks)
-        return excess, step, blocks
+        """``(memory excess, step time, blocks)`` of a layer split (every block ≥ 1 layer) given assumed
+        sub-stage counts. The step is the cost model's ``(m − 1)·max(beat, boundaries) + Σ T + 2·Σ boundaries
+        + max Y``, summed in chain order."""
+        excess, step, out_f, out_i = self._evaluate(sizes, pps)
+        return excess, step, self._blocks(sizes, out_f, out_i)
 
-    def aggregate(self, blocks: Sequence[_Block]) -> tuple[float, float]:
-        """``(memory excess, step time)`` of a chain of chosen blocks (the cost model's step formula:
-        ``(m − 1)·max(beat, boundaries) + Σ T + 2·Σ boundaries + max Y``, summed in chain order)."""
-        bott = -math.inf
-        tsum = 0.0
-        excess = 0.0
-        y = -math.inf
-        bound_max = -math.inf
-        bound_sum = 0.0
-        for b in blocks:
-            r = b.tmax / b.dp
-            if r > bott:
-                bott = r
-            tsum += b.tsum
-            excess += b.excess
-            if b.y > y:
-                y = b.y
-            if b.pp > 1:
-                p = b.p_int
-                if p > bound_max:
-                    bound_max = p
-                for _ in range(b.pp - 1):
-                    bound_sum += p
-        for p in self.hops:
-            if p > bound_max:
-                bound_max = p
-            bound_sum += p
-        if bound_max == -math.inf:
-            bound_max = 0.0
-        step = (self.jc.m - 1) * (bott if bott >= bound_max else bound_max) + tsum
-        step += 2.0 * bound_sum + y
-        return excess, step
+    def _evaluate(self, sizes: Sequence[int], pps: Sequence[int]) -> tuple[float, float, FArr, IArr]:
+        k = len(self.gpus)
+        out_f = np.empty((k, 5))
+        out_i = np.empty((k, 4), dtype=np.int64)
+        excess, step = evaluate_split_kernel(
+            np.array(sizes, dtype=np.int64), np.array(pps, dtype=np.int64), self.pos, self.pos_i,
+            self.hop_arr, self.job_f, self.job_i, *self.memo, out_f, out_i)
+        return excess, step, out_f, out_i
 
-    def neighbour(self, sizes: Sequence[int], pps: Sequence[int], blocks: Sequence[_Block], j: int,
-                  delta: int) -> tuple[float, float, list[_Block]]:
-        """:meth:`evaluate_split` of ``sizes`` with ``delta`` layers moved from block ``j + 1`` to block
-        ``j``, given ``blocks`` of ``sizes`` under the same ``pps``: only blocks ``j`` and ``j + 1`` change."""
-        total = sum(pps)
-        offset = sum(pps[:j])
-        first = sum(sizes[:j])
-        a = sizes[j] + delta
-        b = sizes[j + 1] - delta
-        bj = self.block(j, first, first + a - 1, offset, total - pps[j])
-        bk = self.block(j + 1, first + a, first + a + b - 1, offset + pps[j], total - pps[j + 1])
-        new = [*blocks[:j], bj, bk, *blocks[j + 2:]]
-        excess, step = self.aggregate(new)
-        return excess, step, new
+    def optimise(self, sizes: Sequence[int], *, local_search: bool) -> tuple[list[int], list[_Block],
+                                                                             tuple[float, float]]:
+        """The split search of the module docstring from ``sizes`` (step 3, one start): the final split, its
+        blocks and ``(memory excess, step time)`` of that split under the blocks' own sub-stage counts."""
+        k = len(self.gpus)
+        arr = np.array(sizes, dtype=np.int64)
+        out_f = np.empty((k, 5))
+        out_i = np.empty((k, 4), dtype=np.int64)
+        key = optimise_split_kernel(arr, local_search, self.pos, self.pos_i, self.hop_arr, self.job_f,
+                                    self.job_i, *self.memo, out_f, out_i)
+        final = arr.tolist()
+        return final, self._blocks(final, out_f, out_i), key
 
 
 def _proportional_split(weights: Sequence[float], layers: int) -> list[int]:
@@ -592,41 +475,10 @@ def _proportional_split(weights: Sequence[float], layers: int) -> list[int]:
     return sizes
 
 
-def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block]]:
-    k = len(sizes)
-    pps = [1] * k
-    blocks: list[_Block] = []
-    for _ in range(4):
-        cur = ev.evaluate_split(sizes, pps)
-        if local_search:
-            improved = True
-            while improved:
-                improved = False
-                best = cur
-                best_sizes = sizes
-                for j in range(k - 1):
-                    for delta in (-4, -1, 1, 4):
-                        new = list(sizes)
-                        new[j] += delta
-                        new[j + 1] -= delta
-                        if new[j] < 1 or new[j + 1] < 1:
-                            continue
-                        res = ev.neighbour(sizes, pps, cur[2], j, delta)
-                        if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
-                            best, best_sizes = res, new
-                if best is not cur:
-                    cur, sizes, improved = best, best_sizes, True
-        blocks = cur[2]
-        new_pps = [b.pp for b in blocks]
-        if new_pps == pps:
-            break
-        pps = new_pps
-    return sizes, blocks
-
-
-def _split_key(ev: _ChainEval, sizes: Sequence[int], blocks: Sequence[_Block]) -> tuple[float, float]:
-    excess, step, _ = ev.evaluate_split(sizes, [b.pp for b in blocks])
-    return excess, step
+def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block],
+                                                                                     tuple[float, float]]:
+    """:meth:`_ChainEval.optimise`: the split, its blocks and the split's ``(memory excess, step time)``."""
+    return ev.optimise(sizes, local_search=local_search)
 
 
 def _blocks_to_plan(ev: _ChainEval, alloc: Sequence[tuple[str, int]], sizes: Sequence[int],
@@ -686,50 +538,18 @@ class _Shape:
     big_first: bool
 
 
-def _balanced_capacity(ev: _ChainEval, i: int, tp: int, pp: int, downstream: int) -> tuple[int, bool]:
-    """The most layers block ``i`` holds at degrees ``(tp, pp, ⌊g/(tp·pp)⌋)`` with balanced sub-stage sizes
-    (as the level-1 planner forms them) and ``downstream`` stages after it, under the cost model's 1F1B
-    memory (exact in-flight counts, embedding on the chain's first sub-stage, head on its last); ``(0, _)``
-    when a sub-stage cannot hold one layer. Second: whether the bigger sub-stages go first (head block)."""
-    jc, c, g = ev.jc, ev.clusters[i], ev.gpus[i]
-    k = len(ev.clusters)
-    room = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
-    w = 16.0 * jc.p_layer / tp
-    act = float(jc.act_layer(tp))
-    per_replica = math.ceil(jc.m / (g // (tp * pp)))
-    held: list[int] = []
-    for j in range(pp):
-        inflight = min(per_replica, pp - j + downstream)
-        extra = 16.0 * jc.p_embed / tp if i == 0 and j == 0 else 0.0
-        if i == k - 1 and j == pp - 1:
-            extra += 16.0 * jc.p_embed / tp + inflight * float(jc.act_head(tp))
-        # 1e-9 relative slack: never below the cost model's count (it sums the terms in another order).
-        n = math.floor((room - extra) / (w + inflight * act) * (1.0 + 1e-9))
-        if n < 1:
-            return 0, False
-        held.append(n)
-    # Balanced sizes: base layers everywhere, one more on ``rem`` sub-stages at the end (or, for the head
-    # block, at the start); each sub-stage within what it holds.
-    low = min(held)
-    tail = 0
-    while tail < pp - 1 and held[pp - 1 - tail] > low:
-        tail += 1
-    head = 0
-    if i == k - 1:
-        while head < pp - 1 and held[head] > low:
-            head += 1
-    return pp * low + max(tail, head), head > tail
-
-
 def memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shape]] | None]:
     """A layer split and per-block degrees that fit memory, when the level-1 search found none: the
     shallowest pipeline whose blocks hold every layer.
 
     Dynamic programme from the last block to the first over the number of stages downstream ``d`` (the
-    in-flight depth of every earlier block): per ``d`` the most layers the blocks from here on hold
-    (:func:`_balanced_capacity`, over the planner's degrees), keeping only states that hold more with more
-    stages (fewer stages downstream never hurt an earlier block). The first structure, by stage count, that
-    holds ``L`` layers gets a split in proportion to ``g·F`` within each block's ``[pp, cap]``.
+    in-flight depth of every earlier block): per ``d`` the most layers the blocks from here on hold (over the
+    planner's degrees: the most layers a block holds at degrees ``(tp, pp, ⌊g/(tp·pp)⌋)`` with balanced
+    sub-stage sizes, as the planner forms them, under the cost model's 1F1B memory with exact in-flight
+    counts, the embedding on the chain's first sub-stage and the head on its last), keeping only states that
+    hold more with more stages (fewer stages downstream never hurt an earlier block). The first structure, by
+    stage count, that holds ``L`` layers gets a split in proportion to ``g·F`` within each block's
+    ``[pp, cap]``. Compiled (:func:`spiderflow.kernels.fallback.memory_first`).
 
     Returns the most layers any structure holds and the split (``None`` when no structure holds ``L``).
     The structures are every plan the level-1 planner can form (degrees, balanced sub-stages), so
@@ -743,36 +563,11 @@ def memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shap
 def _memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Shape]] | None]:
     k = len(ev.clusters)
     L = ev.jc.layers
-    frontier: list[tuple[int, int, tuple[_Shape, ...]]] = [(0, 0, ())]  # (stages, layers held, shapes)
-    for i in range(k - 1, -1, -1):
-        c, g = ev.clusters[i], ev.gpus[i]
-        options: dict[int, tuple[int, tuple[_Shape, ...]]] = {}
-        for d, total, shapes in frontier:
-            tp = 1
-            while tp <= min(_MAX_TP, c.gpus_per_node, g):
-                for pp in _PP_CHOICES:
-                    if tp * pp > g:
-                        break
-                    cap, big_first = _balanced_capacity(ev, i, tp, pp, d)
-                    if cap < pp:
-                        continue
-                    got = options.get(d + pp)
-                    if got is None or total + cap > got[0]:
-                        shape = _Shape(tp=tp, pp=pp, dp=g // (tp * pp), cap=cap, big_first=big_first)
-                        options[d + pp] = (total + cap, (shape, *shapes))
-                tp *= 2
-        frontier = []
-        for d in sorted(options):
-            total, shapes = options[d]
-            if not frontier or total > frontier[-1][1]:
-                frontier.append((d, total, shapes))
-        if not frontier:
-            return 0, None
-    most = frontier[-1][1]
-    fit = next(((d, total, shapes) for d, total, shapes in frontier if total >= L and d <= L), None)
-    if fit is None:
+    found = np.empty((k, 5), dtype=np.int64)
+    most, fits = memory_first_kernel(ev.pos, ev.pos_i, ev.job_f, ev.job_i, found)
+    if not fits:
         return most, None
-    chosen = list(fit[2])
+    chosen = [_Shape(tp=tp, pp=pp, dp=dp, cap=cap, big_first=big == 1) for tp, pp, dp, cap, big in found.tolist()]
     low = [sh.pp for sh in chosen]
     high = [sh.cap for sh in chosen]
     weights = [g * c.effective_tflops for g, c in zip(ev.gpus, ev.clusters, strict=True)]
@@ -826,14 +621,14 @@ def fallback_plan_chain(
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev
-    if ev.evaluate_split(start, [1] * len(start))[0] > 0:
+    if ev.excess_step(start, [1] * len(start))[0] > 0:
         # Over memory from the start: the memory-first structures tell at once whether anything can fit.
         most = memory_first_split(ev)[0]
         if most < job.model.layers:
             raise UnschedulableError(
                 f"no split of {job.model.name}'s {job.model.layers} layers fits the memory of this chain: with "
                 f"the micro-batches in flight its clusters hold at most {most} at any degrees", constraint="memory")
-    sizes, blocks = _optimise_split(ev, start, local_search=True)
+    sizes, blocks, key = _optimise_split(ev, start, local_search=True)
     if len(allocation) > 1:
         # Second start: the scorer's memory-aware water-filled split (escapes memory-bound local optima).
         ta = topo_arrays(topo)
@@ -842,15 +637,15 @@ def fallback_plan_chain(
         filled = score_chains(ta, ev.jc, transfer_matrix(ta, ev.jc), chain, gpus).layers[0]
         start = _proportional_split([float(x) for x in filled], job.model.layers)
         if start != sizes:
-            sizes2, blocks2 = _optimise_split(ev, start, local_search=True)
-            if _split_key(ev, sizes2, blocks2) < _split_key(ev, sizes, blocks):
+            sizes2, blocks2, key2 = _optimise_split(ev, start, local_search=True)
+            if key2 < key:
                 sizes, blocks = sizes2, blocks2
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min
         for sl in ((slack, 0) if slack > 0 else (0,)):
             ev = _ChainEval(topo, job, allocation, exact_gpus=True, cache=_cache, slack=sl)
-            sizes_x, blocks_x = _optimise_split(ev, sizes, local_search=True)
+            sizes_x, blocks_x, _ = _optimise_split(ev, sizes, local_search=True)
             if sum(b.pp * b.tp * b.dp for b in blocks_x) >= job.gpus.min:
                 break
         sizes, blocks = sizes_x, blocks_x
@@ -876,7 +671,7 @@ def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str
         raise ValidationError("sizes", f"must be {len(allocation)} positive counts summing to "
                               f"{job.model.layers}", list(sizes))
     ev = _ChainEval(topo, job, allocation, exact_gpus=False)
-    sizes, blocks = _optimise_split(ev, list(sizes), local_search=False)
+    sizes, blocks, _ = _optimise_split(ev, list(sizes), local_search=False)
     return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
 
 

@@ -72,7 +72,6 @@ sub-stage: GPU ``(j·d + r)·t + q`` runs tensor rank ``q`` of replica ``r`` of 
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from collections.abc import Callable
@@ -80,20 +79,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 from ortools.sat.python import cp_model
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import (
-    BYTES_PER_PARAM,
-    GIB,
-    RESERVED_GIB,
-    activation_bytes,
-    allreduce_time,
-    layer_fwd_flops,
-    transfer_time,
-)
+from spiderflow.costmodel import BYTES_PER_PARAM, GIB, RESERVED_GIB
 from spiderflow.domain import Cluster
+from spiderflow.kernels import level2 as kernels
 
 __all__ = [
     "LEVEL2_SOLVERS",
@@ -226,19 +220,62 @@ def _divisors(n: int) -> list[int]:
 
 def block_candidates(p: BlockProblem) -> list[Degrees]:
     """Every admissible ``(t, p, d)`` (module docstring), ordered by ``(t, p)``."""
-    g = p.shape.gpus_per_node
+    return list(_candidates(p.gpus, p.shape.gpus_per_node, p.model.heads, p.model.hidden, p.layers, p.m))
+
+
+@lru_cache(maxsize=65536)
+def _candidates(gpus: int, g: int, heads: int, hidden: int, layers: int, m: int) -> tuple[Degrees, ...]:
     out: list[Degrees] = []
-    for tp in _divisors(p.gpus):
+    for tp in _divisors(gpus):
         if not (g % tp == 0 or tp % g == 0):
             continue
-        if p.model.heads % tp or p.model.hidden % tp:
+        if heads % tp or hidden % tp:
             continue
-        for pp in _divisors(p.gpus // tp):
-            dp = p.gpus // (tp * pp)
-            if pp > p.layers or dp > p.m:
+        for pp in _divisors(gpus // tp):
+            dp = gpus // (tp * pp)
+            if pp > layers or dp > m:
                 continue
             out.append(Degrees(tp=tp, pp=pp, dp=dp))
-    return out
+    return tuple(out)
+
+
+FArray = npt.NDArray[np.float64]
+IArray = npt.NDArray[np.int64]
+
+
+def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
+    """``p`` as the kernels' problem vectors (:mod:`spiderflow.kernels.level2`: ``fl`` and ``it``)."""
+    sh, model = p.shape, p.model
+    fl = np.array(
+        (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB),
+        dtype=np.float64,
+    )
+    it = np.array(
+        (p.gpus, p.layers, sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch,
+         p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
+         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, BYTES_PER_PARAM),
+        dtype=np.int64,
+    )
+    return fl, it
+
+
+def _solved(p: BlockProblem, solve: Callable[[FArray, IArray, IArray, FArray], tuple[int, int, int, float, float]]
+            ) -> BlockConfig | None:
+    """Run ``solve`` (:func:`spiderflow.kernels.level2.solve_exact` or a kernel with its signature) on ``p``
+    and build the configuration it picks (``None`` when it picks none)."""
+    fl, it = _vectors(p)
+    width = max(1, min(p.layers, p.gpus))
+    lay = np.empty(width, np.int64)
+    figs = np.empty((3, width), np.float64)
+    tp, pp, dp, obj, p_in = solve(fl, it, lay, figs)
+    if tp == 0:
+        return None
+    compute, mem, ar = figs[:, :pp].tolist()
+    return BlockConfig(
+        tp=tp, pp=pp, dp=dp, layers=tuple(lay[:pp].tolist()), compute_s=tuple(compute), memory_gib=tuple(mem),
+        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,42 +307,13 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
 
 
 def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
-    model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
-    h, a, v = model.hidden, model.heads, model.vocab
-    f_layer = layer_fwd_flops(model, b, s)
-    flops_rate = k.tp * sh.effective_tflops * 1e12
-    tp_bw = sh.intra_node_gbps if k.tp <= sh.gpus_per_node else sh.inter_node_gbps
-    tau = (3.0 * f_layer / flops_rate + sh.layer_overhead_s
-           + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw))
-    eta_head = 3.0 * 2.0 * b * s * h * v / flops_rate
-    act_layer = s * b * h * (10.0 + 24.0 / k.tp + 5.0 * a * s / (h * k.tp))
-    per_replica = math.ceil(p.m / k.dp)
-    mu: list[float] = []
-    nu: list[float] = []
-    beta: list[float] = []
-    stage_gpus = k.tp * k.dp
-    dp_bw = sh.intra_node_gbps if stage_gpus <= sh.gpus_per_node else sh.inter_node_gbps
-    # Gradient all-reduce plus the optimizer step, per layer (the cost model's T_dp term).
-    alpha = allreduce_time(2.0 * model.params_per_layer / k.tp, k.dp, dp_bw) + sh.optimizer_s
-    for j in range(k.pp):
-        inflight = (
-            per_replica
-            if p.downstream is None
-            else max(1, min(per_replica, p.depth_factor * (p.downstream + k.pp - j)))
-        )
-        if p.max_in_flight is not None and p.downstream is not None:
-            inflight = min(inflight, p.max_in_flight)
-        embed = p.has_embed and j == 0
-        head = p.has_head and j == k.pp - 1
-        extra_params = (model.embedding_params if embed else 0) + (model.embedding_params if head else 0)
-        mu.append(BYTES_PER_PARAM * model.params_per_layer / k.tp + inflight * act_layer)
-        const = BYTES_PER_PARAM * extra_params / k.tp + RESERVED_GIB * GIB
-        if head:
-            const += inflight * 4.0 * b * s * v / k.tp
-        nu.append(const)
-        beta.append(allreduce_time(2.0 * extra_params / k.tp, k.dp, dp_bw) if extra_params else 0.0)
-    p_in = transfer_time(activation_bytes(model, b, s, sh.wire_bytes), sh.inter_node_gbps, 0.0)
-    return _Coeffs(tau, eta_head, tuple(mu), tuple(nu), alpha, tuple(beta), p_in)
+    """The module docstring's constants of candidate ``k`` (:func:`spiderflow.kernels.level2.coefficients`)."""
+    fl, it = _vectors(p)
+    mu = np.empty(k.pp, np.float64)
+    nu = np.empty(k.pp, np.float64)
+    beta = np.empty(k.pp, np.float64)
+    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, mu, nu, beta)
+    return _Coeffs(tau, eta_head, tuple(mu.tolist()), tuple(nu.tolist()), alpha, tuple(beta.tolist()), p_in)
 
 
 def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _Coeffs | None = None) -> BlockConfig:
@@ -330,33 +338,16 @@ def _balanced(n_layers: int, parts: int) -> tuple[int, ...]:
     return tuple(q + (1 if j < r else 0) for j in range(parts))
 
 
-def _min_peak_layers(c: _Coeffs, pp: int, layers: int) -> tuple[int, ...]:
-    """The split of ``layers`` over ``pp`` sub-stages (each ≥ 1) minimising the peak ``μ_j·ℓ_j + ν_j``:
-    greedy, one layer at a time to the sub-stage whose memory grows least — exact for a bottleneck of
-    increasing linear functions. ``O(L log p)``."""
-    alloc = [1] * pp
-    heap = [(c.mu[j] * 2 + c.nu[j], j) for j in range(pp)]
-    heapq.heapify(heap)
-    for _ in range(layers - pp):
-        _, j = heapq.heappop(heap)
-        alloc[j] += 1
-        heapq.heappush(heap, (c.mu[j] * (alloc[j] + 1) + c.nu[j], j))
-    return tuple(alloc)
-
-
 @lru_cache(maxsize=65536)
 def min_memory_config(p: BlockProblem) -> BlockConfig | None:
     """The configuration with the smallest peak memory per GPU (every candidate with its min-peak split) —
-    used to explain infeasibility and to steer level 1 off memory overflows. Memoised on the problem."""
-    best: tuple[float, Degrees, tuple[int, ...]] | None = None
-    for k in block_candidates(p):
-        c = _coeffs(p, k)
-        layers = _min_peak_layers(c, k.pp, p.layers)
-        # config_cost's memory figures, computed the same way, for the candidates that do not win
-        peak = max((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
-        if best is None or peak < best[0]:
-            best = (peak, k, layers)
-    return None if best is None else config_cost(p, best[1], best[2])
+    used to explain infeasibility and to steer level 1 off memory overflows. Memoised on the problem.
+
+    The min-peak split of ``L_b`` layers over ``p`` sub-stages (each ≥ 1) is greedy: one layer at a time
+    to the sub-stage whose memory ``μ_j·ℓ_j + ν_j`` grows least (ties: the first) — exact for a bottleneck
+    of increasing linear functions. The least peak wins, ties keep the first candidate in ``(t, p)``
+    order (:func:`spiderflow.kernels.level2.min_memory_config`)."""
+    return _solved(p, kernels.min_memory_config)
 
 
 def min_peak_fits(p: BlockProblem) -> bool:
@@ -365,25 +356,9 @@ def min_peak_fits(p: BlockProblem) -> bool:
     ``μ_j·n + ν_j`` (every sub-stage starts at one layer), so its peak is within the capacity iff every
     sub-stage holds one layer and the most layers each holds within it, ``u_j``, add up to ``L_b``. Each
     ``u_j`` is tested with the same expression as the configuration's memory (``(μ_j·n + ν_j)/GiB``).
-    ``O(p)`` per candidate instead of ``O(L_b log p)``."""
-    cap = p.shape.memory_gib
-    top = p.layers
-    for k in block_candidates(p):
-        c = _coeffs(p, k)
-        total = 0
-        for mu, nu in zip(c.mu, c.nu, strict=True):
-            if (mu + nu) / GIB > cap:  # one layer
-                total = -1
-                break
-            n = max(1, min(top, math.floor((cap * GIB - nu) / mu)))
-            while n < top and (mu * (n + 1) + nu) / GIB <= cap:
-                n += 1
-            while n > 1 and (mu * n + nu) / GIB > cap:
-                n -= 1
-            total += n
-        if total >= top:
-            return True
-    return False
+    ``O(p)`` per candidate instead of ``O(L_b log p)`` (:func:`spiderflow.kernels.level2.min_peak_fits`)."""
+    fl, it = _vectors(p)
+    return bool(kernels.min_peak_fits(fl, it))
 
 
 def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) -> tuple[list[Degrees], list[_Coeffs]]:
@@ -421,23 +396,29 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
 def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
     """``u_{k,j}``: the most layers sub-stage ``j`` of candidate ``k`` holds within GPU memory (the exact
     test :func:`config_cost` and the plan checks apply; ``L_b`` for every sub-stage when constraint (4) is
-    off)."""
+    off): the largest ``ℓ ≤ L_b`` with ``(μ_{k,j}·ℓ + ν_{k,j})/GiB ≤ C``, 0 if none. Memoised on the problem
+    (every candidate's caps at once)."""
     if not p.memory_bound:
         return (p.layers,) * k.pp
-    return _memory_caps(p, k)
+    hit = _memory_caps(p).get((k.tp, k.pp, k.dp))
+    if hit is None:  # not one of p's candidates
+        fl, it = _vectors(p)
+        out = np.empty(k.pp, np.int64)
+        kernels.memory_caps(fl, it, k.tp, k.pp, k.dp, out)
+        hit = tuple(out.tolist())
+    return hit
 
 
-@lru_cache(maxsize=65536)
-def _memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
-    c = _coeffs(p, k)
-    cap = p.shape.memory_gib
-    caps = []
-    for j in range(k.pp):
-        u = _count(c.mu[j] / GIB, c.nu[j] / GIB, cap, p.layers)
-        while u > 0 and (c.mu[j] * u + c.nu[j]) / GIB > cap:
-            u -= 1
-        caps.append(u)
-    return tuple(caps)
+@lru_cache(maxsize=8192)  # an entry holds every candidate's caps
+def _memory_caps(p: BlockProblem) -> dict[tuple[int, int, int], tuple[int, ...]]:
+    """:func:`memory_caps` of each of ``p``'s candidates, by ``(t, p, d)``."""
+    fl, it = _vectors(p)
+    cands, start, caps = kernels.memory_caps_all(fl, it)
+    flat: list[int] = caps.tolist()
+    bounds: list[int] = start.tolist()
+    return {
+        (t, q, d): tuple(flat[bounds[i]:bounds[i + 1]]) for i, (t, q, d) in enumerate(cands.tolist())
+    }
 
 
 def symmetric_pairs(p: BlockProblem, k: Degrees) -> list[int]:
@@ -584,179 +565,32 @@ def _ordered(p: BlockProblem, k: Degrees, layers: list[int]) -> list[int]:
     return out
 
 
-def _count(slope: float, const: float, level: float, top: int) -> int:
-    """The largest ``ℓ ≤ top`` with ``slope·ℓ + const ≤ level`` (0 if none; ``top`` if ``slope`` is 0)."""
-    if slope <= 0.0:
-        return top if const <= level * (1.0 + 1e-12) + 1e-300 else 0
-    n = min(top, max(0, math.floor((level - const) / slope)))
-    while n < top and slope * (n + 1) + const <= level * (1.0 + 1e-12):
-        n += 1
-    while n > 0 and slope * n + const > level * (1.0 + 1e-12):
-        n -= 1
-    return n
-
-
-_LEVELS: dict[tuple[float, tuple[float, ...], int], list[float]] = {}
-
-
-def _levels(slope: float, consts: tuple[float, ...], top: int) -> list[float]:
-    """The sorted distinct values ``slope·n + b`` (``b`` in ``consts``, ``1 ≤ n ≤ top``), memoised (bounded):
-    the candidate levels of a bottleneck of increasing linear functions. Callers must not modify them."""
-    key = (slope, consts, top)
-    hit = _LEVELS.get(key)
-    if hit is None:
-        if len(_LEVELS) >= _COEFFS_MAX:
-            _LEVELS.clear()
-        hit = _LEVELS[key] = sorted({slope * n + b for b in consts for n in range(1, top + 1)})
-    return hit
-
-
-def _first_level(levels: list[float], slope: float, const: float, top: int) -> float:
-    """The least of the sorted ``levels`` at which :func:`_count` reaches ``top`` (it is monotone in the level;
-    the last level, ``slope·top + const`` or more, always does)."""
-    lo, hi = 0, len(levels) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _count(slope, const, levels[mid], top) >= top:
-            hi = mid
-        else:
-            lo = mid + 1
-    return levels[lo]
-
-
-def _best_single(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float, eta: float) -> BlockConfig | None:
-    """:func:`_best_split` of a one-sub-stage candidate that holds every layer in memory: the only split is
-    ``(L_b,)``; the scan of ``Z`` there first reaches it at the least level holding ``L_b`` layers, with ``A``
-    at ``A_∞``, and returns it unless its estimate exceeds ``bound`` (the estimate grows with ``Z``, so the
-    scan breaks before that level exactly when it exceeds ``bound`` there). Same answer, two binary
-    searches instead of the scan."""
-    lb = p.layers
-    a_inf = _first_level(_levels(c.alpha, (c.beta[0],), lb), c.alpha, c.beta[0], lb)
-    z = _first_level(_levels(c.tau, (eta,), lb), c.tau, eta, lb)
-    const = c.tau * lb + eta  # the scan's ``τ·L_b + Ση + 2(p − 1)·P_in`` at p = 1
-    if (p.m - 1) * max(z / k.dp, max(0.0, p.floor_s)) + a_inf + const > bound * (1.0 + 1e-9):
-        return None
-    return config_cost(p, k, (lb,), c)
-
-
-def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockConfig | None:
-    """The optimal layers per sub-stage for the fixed candidate ``k`` (exact; ``None`` when nothing fits
-    memory or nothing beats ``bound``).
-
-    For a fixed ``k`` the objective is ``(m−1)·max(Z/d, P_in, Z_floor) + A + const`` with
-    ``Z = max_j (τ·ℓ_j + η_j)`` and ``A = max_j (α·ℓ_j + β_j)``, both maxima of increasing functions of the
-    ``ℓ_j``. For a threshold ``Z`` each sub-stage may hold at most ``v_j(Z) = min(u_j, max{ℓ : τℓ + η_j ≤ Z})``
-    layers (``u_j`` its memory cap, constraint (4)); the least ``A`` is then the smallest level with
-    ``Σ_j min(v_j, max{ℓ : αℓ + β_j ≤ A}) ≥ L_b`` (water-filling, exact for a bottleneck of increasing
-    linear functions). ``Z`` runs over the values ``τℓ + η_j`` in increasing order, starting at the least
-    one that holds every layer; it stops once ``(m−1)·max(Z/d, …) + A_∞ + const`` (``A_∞`` the least ``A``
-    under the memory caps only) cannot beat the best found. ``O(L_b·p·log L_b)`` in the worst case.
-    """
-    lb, pp = p.layers, k.pp
-    if pp > lb:
-        return None
-    head = p.has_head
-    etas = [c.eta_head if (head and j == pp - 1) else 0.0 for j in range(pp)]
-    caps = list(memory_caps(p, k))
-    if min(caps) < 1 or sum(caps) < lb:
-        return None
-    if pp == 1:
-        return _best_single(p, k, c, bound, etas[0])
-    p_in = c.p_in if pp > 1 else 0.0
-    flat = max(p_in, p.floor_s)
-    const = c.tau * lb + sum(etas) + 2 * (pp - 1) * p_in
-
-    # The candidate levels of A and, per level, each sub-stage's layer count under it: the same for every
-    # ``limits`` the search below tries, so computed once (lazily, per level probed). Sub-stages share
-    # their constants (only the embedding and head sub-stages differ): each count is taken once per value.
-    betas = tuple(dict.fromkeys(c.beta))
-    levels = _levels(c.alpha, betas, lb)
-    level_counts: dict[int, list[int]] = {}
-
-    def counts_at(i: int) -> list[int]:
-        hit = level_counts.get(i)
-        if hit is None:
-            lvl = levels[i]
-            by = {b: _count(c.alpha, b, lvl, lb) for b in betas}
-            hit = level_counts[i] = [by[b] for b in c.beta]
-        return hit
-
-    def least_a(limits: list[int]) -> float | None:
-        lo, hi = 0, len(levels) - 1
-        if sum(min(v, n) for v, n in zip(limits, counts_at(hi), strict=True)) < lb:
-            return None
-        while lo < hi:
-            mid = (lo + hi) // 2
-            cnt = counts_at(mid)
-            ok = min(cnt) >= 1 and sum(min(v, n) for v, n in zip(limits, cnt, strict=True)) >= lb
-            if ok:
-                hi = mid
-            else:
-                lo = mid + 1
-        return levels[lo]
-
-    a_inf = least_a(caps)
-    if a_inf is None:
-        return None
-    distinct = tuple(dict.fromkeys(etas))
-    zs = _levels(c.tau, distinct, lb)
-    best: tuple[float, float, float] | None = None  # (objective estimate, Z, A)
-    for z in zs:
-        if (p.m - 1) * max(z / k.dp, flat) + a_inf + const > min(bound, best[0] if best else math.inf) * (
-            1.0 + 1e-9
-        ):
-            break
-        under = {e: _count(c.tau, e, z, lb) for e in distinct}
-        limits = [min(u, under[e]) for u, e in zip(caps, etas, strict=True)]
-        if min(limits) < 1 or sum(limits) < lb:
-            continue
-        a = least_a(limits)
-        if a is None:
-            continue
-        val = (p.m - 1) * max(z / k.dp, flat) + a + const
-        if best is None or val < best[0]:
-            best = (val, z, a)
-        if a <= a_inf:
-            break  # larger Z cannot lower A any more
-    if best is None:
-        return None
-    _, z, a = best
-    layers = [
-        min(u, _count(c.tau, e, z, lb), _count(c.alpha, c.beta[j], a, lb))
-        for j, (u, e) in enumerate(zip(caps, etas, strict=True))
-    ]
-    # Give back the surplus from the sub-stages with the highest memory (every term only shrinks).
-    heap = [(-(c.mu[j] * n + c.nu[j]), j) for j, n in enumerate(layers) if n > 1]
-    heapq.heapify(heap)
-    surplus = sum(layers) - lb
-    while surplus > 0:
-        _, j = heapq.heappop(heap)
-        layers[j] -= 1
-        surplus -= 1
-        if layers[j] > 1:
-            heapq.heappush(heap, (-(c.mu[j] * layers[j] + c.nu[j]), j))
-    return config_cost(p, k, tuple(layers), c)
-
-
 def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
-    """The optimum of the module docstring's model without a solver: :func:`_prune`, then each surviving
-    candidate's best split (:func:`_best_split`) in order of its lower bound, skipping candidates whose
-    lower bound cannot beat the best so far. Same optimum as :func:`solve_block` (which rounds times to
-    integer units) and :func:`brute_force_block`; ``None`` when no candidate fits in memory. Ties keep the
-    first candidate in ``(t, p)`` order."""
-    cands, coeffs = _prune(p, block_candidates(p))
-    if not cands or p.layers < 1:
-        return None
-    best: BlockConfig | None = None
-    for k, c in zip(cands, coeffs, strict=True):
-        cfg = _best_split(p, k, c, best.objective_s if best is not None else math.inf)
-        if cfg is None:
-            continue
-        if p.memory_bound and max(cfg.memory_gib) > p.shape.memory_gib:
-            continue
-        if best is None or cfg.objective_s < best.objective_s * (1.0 - 1e-12):
-            best = cfg
-    return best
+    """The optimum of the module docstring's model without a solver; ``None`` when no candidate fits in
+    memory. Same optimum as :func:`solve_block` (which rounds times to integer units) and
+    :func:`brute_force_block`. Runs as one kernel call (:func:`spiderflow.kernels.level2.solve_exact`).
+
+    First :func:`_prune`'s tests drop candidates that cannot be optimal; then each survivor, in ``(t, p)``
+    order, gets its best split under the best objective so far (a candidate whose best split does not beat
+    it gives none). Ties keep the first candidate in ``(t, p)`` order (a later one must be better by a
+    relative ``10⁻¹²``).
+
+    Best split of a fixed candidate ``k`` (exact): the objective is
+    ``(m−1)·max(Z/d, P_in, Z_floor) + A + const`` with ``Z = max_j (τ·ℓ_j + η_j)`` and
+    ``A = max_j (α·ℓ_j + β_j)``, both maxima of increasing functions of the ``ℓ_j``. For a threshold ``Z``
+    each sub-stage may hold at most ``v_j(Z) = min(u_j, max{ℓ : τℓ + η_j ≤ Z})`` layers (``u_j`` its memory
+    cap, :func:`memory_caps`); the least ``A`` is then the smallest level with
+    ``Σ_j min(v_j, max{ℓ : αℓ + β_j ≤ A}) ≥ L_b`` (water-filling, exact for a bottleneck of increasing
+    linear functions; a binary search over the sorted distinct levels ``αℓ + β_j``). ``Z`` runs over the
+    values ``τℓ + η_j`` in increasing order; it stops once ``(m−1)·max(Z/d, …) + A_∞ + const`` (``A_∞`` the
+    least ``A`` under the memory caps only) cannot beat the best found (relative slack ``10⁻⁹``), or once
+    ``A`` reaches ``A_∞``. The split at the best ``(Z, A)`` takes ``min(u_j, v_j(Z), max{ℓ : αℓ + β_j ≤ A})``
+    layers per sub-stage and gives the surplus back one layer at a time from the sub-stage with the
+    highest memory (ties: the first; every term only shrinks). A one-sub-stage candidate has one split,
+    ``(L_b,)``: two binary searches give its ``Z`` and ``A``. Counts ``max{ℓ ≤ L_b : sℓ + b ≤ level}``
+    accept a relative ``10⁻¹²`` above the level. ``O(L_b·p·log L_b)`` per candidate in the worst case.
+    """
+    return _solved(p, kernels.solve_exact)
 
 
 @lru_cache(maxsize=65536)
@@ -869,6 +703,7 @@ def cache_clear() -> None:
     min_memory_config.cache_clear()
     _COEFFS.clear()
     _memory_caps.cache_clear()
+    _candidates.cache_clear()
     STATS.cpsat_solves = 0
     STATS.cpsat_seconds = 0.0
     STATS.cpsat_improved_hint = 0

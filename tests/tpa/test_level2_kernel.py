@@ -1,0 +1,216 @@
+"""Level 2's compiled exact solver and memory tests (:mod:`spiderflow.kernels.level2` behind
+:mod:`spiderflow.tpa.level2`) against their plain Python formulation (:mod:`.level2_reference`) on random
+blocks: the same configurations, bitwise the same figures, the same memory caps and verdicts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
+
+from spiderflow.catalog import MODEL_PRESETS, ModelSpec
+from spiderflow.kernels import level2 as kernels
+from spiderflow.tpa import level2 as l2
+from spiderflow.tpa.level2 import BlockConfig, BlockProblem, ClusterShape, Degrees
+
+from . import level2_reference as ref
+
+_MODELS = tuple(MODEL_PRESETS.values())
+
+
+def _same(got: object, want: object) -> None:
+    """Equal, and bitwise so (``repr`` tells ``-0.0`` from ``0.0`` and shows every float's digits)."""
+    assert got == want
+    assert repr(got) == repr(want)
+
+
+@st.composite
+def problems(draw: st.DrawFn) -> BlockProblem:
+    """A block of a preset model on 1–64 GPUs (1–8 per node), 1–80 layers, any in-flight profile, with
+    calibrated or zero fixed times, and GPU memory from below the least any configuration needs to ample
+    (so that infeasible, one-sub-stage and many-sub-stage optima all occur), or not binding."""
+    model = draw(st.sampled_from(_MODELS))
+    shape = ClusterShape(
+        effective_tflops=draw(st.sampled_from([125.0, 312.0, 989.0]) | st.floats(5.0, 1000.0)),
+        memory_gib=1e9,
+        gpus_per_node=draw(st.integers(1, 8)),
+        intra_node_gbps=draw(st.sampled_from([600.0, 900.0, math.inf]) | st.floats(10.0, 1000.0)),
+        inter_node_gbps=draw(st.sampled_from([25.0, 100.0]) | st.floats(1.0, 400.0)),
+        layer_overhead_s=draw(st.sampled_from([0.0]) | st.floats(0.0, 0.02)),
+        optimizer_s=draw(st.sampled_from([0.0]) | st.floats(0.0, 0.05)),
+        wire_bytes=draw(st.sampled_from([2, 4])),
+    )
+    p = BlockProblem(
+        shape=shape,
+        gpus=draw(st.integers(1, 64)),
+        layers=draw(st.integers(1, 80)),
+        has_embed=draw(st.booleans()),
+        has_head=draw(st.booleans()),
+        model=model,
+        micro_batch=draw(st.sampled_from([1, 2, 4, 8])),
+        seq_len=draw(st.sampled_from([512, 1024, 2048, 4096])),
+        m=draw(st.integers(1, 64)),
+        downstream=draw(st.none() | st.integers(0, 16)),
+        depth_factor=draw(st.sampled_from([1, 2])),
+        memory_bound=draw(st.booleans() | st.just(True)),
+        floor_s=draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0)),
+        max_in_flight=draw(st.none() | st.integers(1, 8)),
+    )
+    worst = ref.min_memory_config(p)  # with ample memory: the least peak any configuration needs
+    need = max(worst.memory_gib) if worst is not None else 40.0
+    factor = draw(st.sampled_from([1.0, 0.9, 1.5]) | st.floats(0.5, 4.0))
+    return replace(p, shape=replace(shape, memory_gib=need * factor))
+
+
+def _check(p: BlockProblem) -> None:
+    """Every kernel-backed output of ``p`` equals the reference's."""
+    fl, it = l2._vectors(p)
+    assert (fl.size, it.size) == (kernels.F_SIZE, kernels.I_SIZE)
+    _same(l2.block_candidates(p), ref.block_candidates(p))
+    _same(l2.solve_block_exact(p), ref.solve_block_exact(p))
+    assert l2.min_peak_fits(p) is ref.min_peak_fits(p)
+    _same(l2.min_memory_config.__wrapped__(p), ref.min_memory_config.__wrapped__(p))
+    for k in ref.block_candidates(p):
+        _same(l2.memory_caps(p, k), ref.memory_caps(p, k))
+        _same(l2._compute_coeffs(p, k), ref._compute_coeffs(p, k))
+
+
+@settings(max_examples=250, deadline=None)
+@given(p=problems())
+def test_kernels_match_the_reference(p: BlockProblem) -> None:
+    _check(p)
+    cfg = ref.solve_block_exact(p)
+    event("infeasible" if cfg is None else "one sub-stage" if cfg.pp == 1 else "several sub-stages")
+
+
+@settings(max_examples=60, deadline=None)
+@given(p=problems(), data=st.data())
+def test_costs_and_caps_of_any_degrees_match(p: BlockProblem, data: st.DataObject) -> None:
+    """Memory caps of degrees outside the candidates, and the figures of arbitrary splits (costed with the
+    compiled constants)."""
+    k = Degrees(tp=data.draw(st.integers(1, 8)), pp=data.draw(st.integers(1, 8)), dp=data.draw(st.integers(1, 8)))
+    _same(l2.memory_caps(p, k), ref.memory_caps(p, k))
+    layers = tuple(data.draw(st.lists(st.integers(1, 12), min_size=k.pp, max_size=k.pp)))
+    _same(l2.config_cost(p, k, layers), ref.config_cost(p, k, layers))
+
+
+@settings(max_examples=40, deadline=None)
+@given(p=problems())
+def test_memoised_solves_match(p: BlockProblem) -> None:
+    """The memoised path (:class:`~spiderflow.tpa.level2._Cached`) over the compiled and the reference
+    solver, on a problem and its other in-flight profiles."""
+    ours = l2._Cached(l2.solve_block_exact)
+    theirs = l2._Cached(ref.solve_block_exact)
+    variants = [p, replace(p, downstream=None), replace(p, depth_factor=3 - p.depth_factor),
+                replace(p, downstream=(p.downstream or 0) + 3, max_in_flight=None)]
+    for q in variants:
+        _same(ours(q), theirs(q))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    slope=st.sampled_from([0.0, 1.0, 0.1]) | st.floats(0.0, 1e3) | st.floats(1e-280, 1e-200),
+    const=st.sampled_from([0.0, 1.0]) | st.floats(-1e3, 1e6),
+    level=st.floats(-1e3, 1e20),
+    top=st.integers(0, 120),
+)
+def test_layer_counts_match(slope: float, const: float, level: float, top: int) -> None:
+    """The count ``max{ℓ ≤ top : slope·ℓ + const ≤ level}``, including quotients beyond any integer type."""
+    assume(slope <= 0.0 or math.isfinite((level - const) / slope))  # else Python's floor raises
+    assert kernels._count(slope, const, level, top) == ref._count(slope, const, level, top)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    slope=st.floats(1e-6, 1e3),
+    level=st.floats(1e-3, 1e6),
+    n=st.integers(0, 80),
+    ulps=st.integers(-3, 3),
+    top=st.integers(1, 80),
+)
+def test_layer_counts_at_the_slack_boundary_match(slope: float, level: float, n: int, ulps: int, top: int) -> None:
+    """Counts whose next layer lands within a few ulps of the level's ``10⁻¹²`` slack."""
+    const = level * (1.0 + 1e-12) - slope * (n + 1)
+    for _ in range(abs(ulps)):
+        const = float(np.nextafter(const, math.copysign(math.inf, ulps)))
+    assert kernels._count(slope, const, level, top) == ref._count(slope, const, level, top)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    slope=st.sampled_from([0.0, 0.5]) | st.floats(0.0, 10.0) | st.floats(-10.0, 0.0),
+    consts=st.lists(st.sampled_from([0.0, 1.0, 2.5]) | st.floats(-1e3, 1e3), min_size=1, max_size=3),
+    top=st.integers(1, 80),
+)
+def test_levels_match(slope: float, consts: list[float], top: int) -> None:
+    """The sorted distinct levels, merged (``slope ≥ 0``) or sorted."""
+    c = np.array(consts, np.float64)
+    want = ref._levels(slope, tuple(consts), top)
+    assert kernels._levels(slope, c, top, np.empty(c.size * top, np.float64)).tolist() == want
+    assert kernels._levels(slope, c, top, np.empty(0, np.float64)).tolist() == want  # a buffer too short
+
+
+def _preset(name: str, **kw: object) -> BlockProblem:
+    shape = ClusterShape(effective_tflops=312.0, memory_gib=80.0, gpus_per_node=8, intra_node_gbps=600.0,
+                         inter_node_gbps=100.0)
+    fields: dict[str, object] = dict(shape=shape, gpus=64, layers=80, has_embed=True, has_head=True,
+                                     model=MODEL_PRESETS[name], micro_batch=1, seq_len=2048, m=32, downstream=3)
+    fields.update(kw)
+    return BlockProblem(**fields)  # type: ignore[arg-type]
+
+
+_TINY = ModelSpec(name="t", layers=8, hidden=1024, heads=8, vocab=8192)
+
+_ODD_HEADS = ModelSpec(name="odd", layers=2, hidden=384, heads=3, vocab=1000)
+
+_CASES = {
+    "70b-whole-cluster": _preset("llama3-70b"),
+    "70b-tight-many-sub-stages": _preset("llama3-70b", shape=ClusterShape(
+        effective_tflops=125.0, memory_gib=24.0, gpus_per_node=4, intra_node_gbps=300.0, inter_node_gbps=25.0)),
+    "70b-infeasible": _preset("llama3-70b", gpus=8, shape=ClusterShape(
+        effective_tflops=125.0, memory_gib=16.0, gpus_per_node=8, intra_node_gbps=300.0, inter_node_gbps=25.0)),
+    "13b-gpipe-calibrated": _preset("gpt3-13b", gpus=24, layers=40, downstream=None, m=48, shape=ClusterShape(
+        effective_tflops=150.0, memory_gib=40.0, gpus_per_node=8, intra_node_gbps=600.0, inter_node_gbps=50.0,
+        layer_overhead_s=0.004, optimizer_s=0.002)),
+    "8b-latency-aware-capped-floor": _preset("llama3-8b", gpus=16, layers=20, has_embed=False, downstream=5,
+                                             depth_factor=2, max_in_flight=4, floor_s=0.3),
+    "memory-free-twin": _preset("gpt3-6.7b", gpus=12, layers=32, memory_bound=False, downstream=0),
+    "one-layer-many-gpus": _preset("gpt3-2.7b", gpus=64, layers=1, has_embed=False),
+    "tiny-equal-sub-stages": BlockProblem(
+        shape=ClusterShape(effective_tflops=20.0, memory_gib=2.0, gpus_per_node=2, intra_node_gbps=600.0,
+                           inter_node_gbps=25.0),
+        gpus=8, layers=8, has_embed=False, has_head=False, model=_TINY, micro_batch=1, seq_len=512, m=8,
+        downstream=None),
+    # (1, 1, 2) and (1, 2, 1) tie exactly (free links, no head, no optimizer): the first in (t, p) order wins.
+    "tie": BlockProblem(
+        shape=ClusterShape(effective_tflops=100.0, memory_gib=80.0, gpus_per_node=2, intra_node_gbps=math.inf,
+                           inter_node_gbps=math.inf),
+        gpus=2, layers=2, has_embed=False, has_head=False, model=_ODD_HEADS, micro_batch=1, seq_len=512, m=4,
+        downstream=0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_fixed_cases_match(name: str) -> None:
+    _check(_CASES[name])
+
+
+def test_a_tie_keeps_the_first_candidate() -> None:
+    p = _CASES["tie"]
+    cfg = l2.solve_block_exact(p)
+    assert cfg is not None and (cfg.tp, cfg.pp, cfg.dp) == (1, 1, 2)
+    k = Degrees(tp=1, pp=2, dp=1)
+    other = ref._best_split(p, k, ref._coeffs(p, k), math.inf)
+    assert other is not None and other.objective_s == cfg.objective_s
+
+
+def test_fixed_cases_cover_every_outcome() -> None:
+    """The fixed cases hold an infeasible block, a one-sub-stage optimum and a many-sub-stage one."""
+    got: list[BlockConfig | None] = [l2.solve_block_exact(p) for p in _CASES.values()]
+    assert any(c is None for c in got)
+    assert any(c is not None and c.pp == 1 for c in got)
+    assert any(c is not None and c.pp > 2 for c in got)
