@@ -10,10 +10,12 @@ Policies: every registered one (``spinsearch`` = SpinSearch + the TPA planner wh
 at these sizes) plus ``spinsearch-l1`` (the same search with the level-1 planner only, to show the search's
 own cost). ``ilp`` and ``genetic`` get ``--limit`` seconds per instance (default 20); the others take no
 limit. Planning time is the policy's own ``planning_seconds`` (wall time inside ``place``), median over
-``--repeats`` runs (``ilp``/``genetic``: ``--slow-repeats``, default 1); ``cpu_seconds`` is the median
-process CPU time of the same calls (less sensitive to other load on a shared machine; CP-SAT's worker
-threads count in it). The topology's all-pairs widest-path matrices are computed once per topology
-before timing (a property of the snapshot, cached per revision, shared by all policies).
+``--repeats`` runs (``ilp``/``genetic``: ``--slow-repeats``, default 1), each from cold memos
+(:func:`spiderflow.placement.clear_memos`: no search, plan or solve remembered from the run before);
+``cpu_seconds`` is the median process CPU time of the same calls (less sensitive to other load on a
+shared machine; CP-SAT's worker threads count in it). The topology's all-pairs widest-path matrices are
+computed once per topology before timing (a property of the snapshot, cached per revision, shared by all
+policies).
 
 Ratios are against ``spinsearch``: ``time_ratio = t_policy / t_spinsearch`` and
 ``tput_ratio = throughput_spinsearch / throughput_policy`` (> 1: SpinSearch's plan is faster).
@@ -47,7 +49,7 @@ from spiderflow.catalog import model_preset
 from spiderflow.cli.common import check_outputs, csv_ints
 from spiderflow.domain import GpuRange, JobSpec
 from spiderflow.errors import SpiderFlowError
-from spiderflow.placement import REGISTRY, load_builtin_policies
+from spiderflow.placement import REGISTRY, clear_memos, load_builtin_policies
 from spiderflow.placement.base import Budget, PlacementPolicy
 from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.topogen import generate_topology
@@ -91,6 +93,7 @@ def run(sizes: list[int], jobs: list[tuple[str, int, int]], *, policies: list[st
                 error = ""
                 cpu: list[float] = []
                 for _ in range(reps):
+                    clear_memos()  # every repeat is a cold decision (no memoised search, plan or solve)
                     c0 = time.process_time()
                     try:
                         res = pol.place(topo, job, budget)

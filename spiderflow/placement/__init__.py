@@ -22,6 +22,7 @@ __all__ = [
     "PlacementPolicy",
     "PlacementResult",
     "PlacementStatus",
+    "clear_memos",
     "get_policy",
     "load_builtin_policies",
     "register_policy",
@@ -44,3 +45,23 @@ def load_builtin_policies() -> None:
         except ModuleNotFoundError as e:
             if e.name != f"spiderflow.placement.{mod}":
                 raise
+
+
+def clear_memos() -> None:
+    """Forget every process-wide memo of the placement and planning code: SpinSearch's searches and hop
+    orders, the chain plans, the level-1 planner's per-cluster figures, level 2's solves and the timeline's
+    orders and simulations. Decisions after it are computed from scratch (benchmarks time cold decisions
+    this way); the per-topology arrays, which a topology snapshot computes once, are kept."""
+    from spiderflow import schedules
+    from spiderflow.placement import common, spinsearch
+    from spiderflow.tpa import level2, timeline
+
+    spinsearch._SEARCH_CACHE.clear()
+    spinsearch._HOP_CACHE.clear()
+    common.plan_cache_clear()
+    common._POSITIONS.clear()
+    level2.cache_clear()
+    for fn in (timeline._simulate_memo, timeline._frozen_orders, timeline._stage_order, timeline._frozen_packed):
+        fn.cache_clear()
+    schedules._directions.cache_clear()
+

@@ -51,3 +51,23 @@ def test_the_memo_forgets_a_topology_that_is_gone() -> None:
     gc.collect()
     assert not any(k[0] == mid for k in spinsearch._SEARCH_CACHE)
     assert mid not in spinsearch._SEARCH_MATRICES
+
+
+def test_clear_memos_forgets_searches_plans_and_solves_and_the_decision_is_recomputed_the_same() -> None:
+    from spiderflow.placement import clear_memos
+    from spiderflow.placement.common import plan_cache_stats
+    from spiderflow.placement.spinsearch import SpinSearch
+    from spiderflow.tpa import level2, timeline
+
+    topo = generate_topology(12, 7, "geo")
+    policy = SpinSearch()
+    first = policy.place(topo, _job())
+    assert first.plan is not None
+    assert spinsearch._SEARCH_CACHE and plan_cache_stats()["size"] > 0 and level2._EXACT._answers
+    assert timeline._simulate_memo.cache_info().currsize > 0
+    clear_memos()
+    assert not spinsearch._SEARCH_CACHE and plan_cache_stats()["size"] == 0 and not level2._EXACT._answers
+    assert timeline._simulate_memo.cache_info().currsize == 0
+    again = policy.place(topo, _job())
+    assert again.plan == first.plan and again.reason == first.reason
+    assert spinsearch._SEARCH_CACHE  # computed afresh and remembered again
