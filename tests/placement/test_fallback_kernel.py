@@ -12,6 +12,7 @@ from typing import Any
 import fallback_reference as ref
 import numpy as np
 import pytest
+from chains import memory_bound_chain
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
@@ -84,20 +85,6 @@ def _same(got: Any, want: Any) -> None:
         assert got == want
 
 
-def _memory_bound_chain() -> Case:
-    """llama3-8b on one RTX 3090 and 15 V100-32G: the search ends over memory, the memory-first plan fits."""
-    clusters = (
-        Cluster(name="montreal", gpu="RTX3090", nodes=6, gpus_per_node=4, intra_node_gbps=128.0, inter_node_gbps=25.0,
-                free_gpus=1),
-        Cluster(name="tokyo", gpu="V100-32G", nodes=5, gpus_per_node=8, intra_node_gbps=1200.0, inter_node_gbps=100.0,
-                free_gpus=15),
-    )
-    topo = Topology(clusters=clusters, links=(Link(a="montreal", b="tokyo", bandwidth_gbps=1.13, latency_ms=149.0),))
-    job = JobSpec(id="j", model=model_preset("llama3-8b"), global_batch=512, micro_batch=2, seq_len=2048,
-                  gpus=GpuRange(min=16, max=128))
-    return topo, job, [("montreal", 1), ("tokyo", 15)]
-
-
 def _check_plans(case: Case) -> None:
     topo, job, alloc = case
     _same(_outcome(common.fallback_plan_chain, topo, job, alloc), _outcome(ref.fallback_plan_chain, topo, job, alloc))
@@ -105,7 +92,7 @@ def _check_plans(case: Case) -> None:
 
 @settings(max_examples=150, deadline=None)
 @given(generated())
-@example(_memory_bound_chain())
+@example(memory_bound_chain())
 def test_plans_and_errors_equal_the_reference(case: Case) -> None:
     _check_plans(case)
 
@@ -226,7 +213,7 @@ def test_memory_first_ties_are_broken_as_the_reference_breaks_them(layers: int, 
 def test_the_memory_paths_run_and_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """The memory-first plan after a search that ends over memory; the search's own memory error when there
     is no such plan; the bound named before any search when nothing fits."""
-    topo, job, alloc = _memory_bound_chain()
+    topo, job, alloc = memory_bound_chain()
     plan = common.fallback_plan_chain(topo, job, alloc)
     assert [(st.cluster, st.layers) for st in plan.stages] == [("montreal", 1), ("tokyo", 31)]
     _same(plan, ref.fallback_plan_chain(topo, job, alloc))
@@ -243,7 +230,7 @@ def test_the_memory_paths_run_and_equal_the_reference(monkeypatch: pytest.Monkey
 
 
 def test_an_invalid_split_is_refused() -> None:
-    topo, job, alloc = _memory_bound_chain()
+    topo, job, alloc = memory_bound_chain()
     ev = common._ChainEval(topo, job, alloc, exact_gpus=False)
     with pytest.raises(ValueError, match="at least one layer"):
         ev.evaluate_split([0, 32], [1, 1])

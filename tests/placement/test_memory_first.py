@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from chains import memory_bound_chain
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate, fits_memory
@@ -89,23 +90,8 @@ def test_instances_cover_both_outcomes() -> None:
     assert outcomes == {True, False}
 
 
-def _memory_bound_chain() -> tuple[Topology, JobSpec, list[tuple[str, int]]]:
-    """One free RTX 3090 and 15 V100-32G across a slow link: llama3-8b's 32 layers fit only as a 1 + 31 split
-    with the V100s at tensor degree 8; the planner's search from proportional splits ends over memory."""
-    clusters = (
-        Cluster(name="montreal", gpu="RTX3090", nodes=6, gpus_per_node=4, intra_node_gbps=128.0, inter_node_gbps=25.0,
-                free_gpus=1),
-        Cluster(name="tokyo", gpu="V100-32G", nodes=5, gpus_per_node=8, intra_node_gbps=1200.0, inter_node_gbps=100.0,
-                free_gpus=15),
-    )
-    topo = Topology(clusters=clusters, links=(Link(a="montreal", b="tokyo", bandwidth_gbps=1.13, latency_ms=149.0),))
-    job = JobSpec(id="j", model=model_preset("llama3-8b"), global_batch=512, micro_batch=2, seq_len=2048,
-                  gpus=GpuRange(min=16, max=128))
-    return topo, job, [("montreal", 1), ("tokyo", 15)]
-
-
 def test_the_planner_falls_back_to_the_memory_first_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    topo, job, alloc = _memory_bound_chain()
+    topo, job, alloc = memory_bound_chain()
     plan = fallback_plan_chain(topo, job, alloc)
     assert fits_memory(plan, topo)[0]
     assert [(st.cluster, st.layers) for st in plan.stages] == [("montreal", 1), ("tokyo", 31)]
@@ -136,7 +122,7 @@ def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
     TPA is asked not to explain it; without one (``planner="tpa"``), its explanation is the answer."""
     import spiderflow.tpa as tpa
 
-    topo, job, alloc = _memory_bound_chain()
+    topo, job, alloc = memory_bound_chain()
     job = replace(job, gpus=GpuRange(min=1, max=128))  # the memory-first plan leaves 7 of tokyo's GPUs idle
     seen: list[bool] = []
 
