@@ -16,7 +16,9 @@ Life cycle (:meth:`Agent.run`):
 5. **Probe** every ``probe.period_s`` (with a per-agent jitter of up to 10 %): peers are the other
    registrations in etcd; each is probed in turn (:mod:`agent.probe`), then all measurements go to the
    topology service in one ReportLinks. A target the service does not know (its lease just expired) is
-   dropped and the report retried once.
+   dropped and the report retried once. A peer that registers between rounds (watched in etcd) and that
+   this agent holds no measurement of is probed and reported at once, so a joining cluster's links reach
+   the graph within a probe of its registration rather than up to a period later.
 
 Identity: a certificate (``tls_dir``) and/or a bearer ``token`` (sent with every ReportProfile and
 ReportLinks). When the topology service refuses the agent's identity (UNAUTHENTICATED: no or an unknown
@@ -176,6 +178,7 @@ class Agent:
         self._topology_channel: grpc.aio.Channel | None = None
         self._topology: topology_pb2_grpc.TopologyStub | None = None
         self._profile_now = asyncio.Event()
+        self._new_peer = asyncio.Event()
         self._ingress = Ingress()
         self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
         self._metadata = bearer_metadata(config.token)
@@ -275,6 +278,7 @@ class Agent:
             asyncio.create_task(self._register_loop(stop), name="agent-register"),
             asyncio.create_task(self._profile_loop(stop), name="agent-profile"),
             asyncio.create_task(self._probe_loop(stop), name="agent-probe"),
+            asyncio.create_task(self._peer_watch_loop(stop), name="agent-peer-watch"),
         ]
         try:
             await stop.wait()
@@ -448,10 +452,13 @@ class Agent:
                 del self._probes[name]
         return sorted(regs.values(), key=lambda r: r.cluster)
 
-    async def probe_round(self) -> list[ProbeResult]:
-        """Probe every peer once (in a shuffled order) and report the results; returns them."""
+    async def probe_round(self, *, new_only: bool = False) -> list[ProbeResult]:
+        """Probe every peer once (in a shuffled order) and report the results; returns them. With
+        ``new_only`` only the peers this agent holds no measurement of are probed."""
         cfg = self.config.probe
         peers = await self.discover()
+        if new_only:
+            peers = [r for r in peers if r.cluster not in self._probes]
         self._rng.shuffle(peers)
         results: list[ProbeResult] = []
         for reg in peers:
@@ -507,19 +514,47 @@ class Agent:
 
     async def _probe_loop(self, stop: asyncio.Event) -> None:
         period = self.config.probe.period_s
+        next_full = time.monotonic()
         while not stop.is_set():
             await self._registered.wait()
             t0 = time.monotonic()
+            full = t0 >= next_full
+            if full:
+                next_full = t0 + period + self._rng.uniform(0, 0.1 * period)
+            self._new_peer.clear()
             if not (self._busy and self.config.probe.busy_mode == "pause"):
                 try:
-                    await self.probe_round()
+                    await self.probe_round(new_only=not full)
                 except (UnauthenticatedError, PermissionDeniedError) as e:
                     self._refuse(e, stop, "ReportLinks")
                     return
                 except Exception as e:  # keep probing whatever went wrong
                     self.log.warning("agent.probe_round_failed", error=str(e), error_class=type(e).__name__)
-            delay = max(0.0, period - (time.monotonic() - t0)) + self._rng.uniform(0, 0.1 * period)
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_peer.wait(), max(0.0, next_full - time.monotonic()))
+
+    async def _peer_watch_loop(self, stop: asyncio.Event) -> None:
+        """Wake the probe loop when a peer registers that this agent has not measured yet, so a cluster
+        that joins gets its links within a probe of joining instead of at the next full round."""
+        assert self._store is not None
+        store = self._store
+        while not stop.is_set():
+            await self._registered.wait()
+            try:
+                async with store.watch_prefix(keys.CLUSTERS) as watch:
+                    self._new_peer.set()  # a peer that registered before the watch began is not missed
+                    async for event in watch:
+                        if event.type is not EventType.PUT:
+                            continue
+                        try:
+                            peer = Registration.decode(event.value).cluster
+                        except ValidationError:
+                            continue
+                        if peer != self.config.cluster and peer not in self._probes:
+                            self._new_peer.set()
+            except Exception as e:  # the full rounds go on without the watch; retried every second
+                self.log.info("agent.peer_watch_failed", error=str(e), error_class=type(e).__name__)
+            await asyncio.sleep(1.0)
 
 
 async def _cancel_all(tasks: list[asyncio.Task[Any]], *, patience_s: float = 1.0) -> None:

@@ -63,6 +63,7 @@ async def test_probe_rounds_and_busy_hook(topology: tuple[str, TopologyRepo], et
                 break
             await asyncio.sleep(0.1)
         assert snap.topology.names == ("a", "b")
+        await _links_appear(repo, {("a", "b"), ("b", "a")})  # the automatic probes of a new peer, done first
         results = await a.probe_round()
         assert [r.peer for r in results] == ["b"] and results[0].bandwidth_gbps and results[0].probe_bytes > 0
         await b.probe_round()
@@ -92,6 +93,45 @@ async def test_probe_rounds_and_busy_hook(topology: tuple[str, TopologyRepo], et
     # Stopping revokes the leases: the registrations are gone at once.
     assert await repo.store.get(keys.cluster_key("a")) is None
     assert await repo.store.get(keys.cluster_key("b")) is None
+
+
+async def _links_appear(repo: TopologyRepo, links: set[tuple[str, str]], within_s: float = 10.0) -> float:
+    """Seconds until the graph holds every directed link of ``links`` (fails after ``within_s``)."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while loop.time() - t0 < within_s:
+        if links <= set((await repo.snapshot()).topology.direct):
+            return loop.time() - t0
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"links {sorted(links)} not in the graph within {within_s} s: "
+                         f"{sorted((await repo.snapshot()).topology.direct)}")
+
+
+async def test_a_peer_that_registers_later_is_probed_at_once(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    """The probe period is 60 s: a's link to b can appear within seconds only because a probes a peer it
+    has no measurement of as soon as that peer registers (b's first round covers b → a)."""
+    address, repo = topology
+    a, b = _agent("a", address, etcd), _agent("b", address, etcd)
+    stop = asyncio.Event()
+    runs = []
+    try:
+        await a.start()
+        runs.append(asyncio.create_task(a.run(stop)))
+        await asyncio.wait_for(a.registered.wait(), 10)
+        await asyncio.sleep(1.0)  # a's first full round found no peer; the next is 60 s away
+        assert not (await repo.snapshot()).topology.direct
+        await b.start()
+        runs.append(asyncio.create_task(b.run(stop)))
+        await asyncio.wait_for(b.registered.wait(), 10)
+        assert await _links_appear(repo, {("a", "b"), ("b", "a")}) < 10.0
+        assert a.status().probes[0].peer == "b"
+    finally:
+        stop.set()
+        for t in runs:
+            with contextlib.suppress(BaseException):
+                await t
 
 
 async def test_agent_registers_again_when_its_registration_disappears(
