@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -135,20 +136,38 @@ class LocalMesh:
         return self
 
     def _service(self, name: str, *args: str) -> ManagedProcess:
-        port = _port_if_free(self.service_ports.get(name, 0))
+        return self._services((name, args))[0]
+
+    def _services(self, *specs: tuple[str, Sequence[str]]) -> list[ManagedProcess]:
+        """Start services ``(name, args)`` side by side (their imports overlap); each listens on its
+        preferred port when that is free, else (or if it was taken meanwhile) on any port."""
+        spawned = []
+        for name, args in specs:
+            port = _port_if_free(self.service_ports.get(name, 0))
+            spawned.append((name, args, port, self._spawn_service(name, port, args)))
+        started: list[ManagedProcess] = []
         try:
-            proc = self._spawn_service(name, port, args)
-        except UnavailableError:
-            if not port:
-                raise
-            proc = self._spawn_service(name, 0, args)  # the preferred port was taken meanwhile
-        self.services[name] = proc
-        log.info("mesh.service_started", service=name, address=proc.address, pid=proc.pid)
-        return proc
+            for name, args, port, proc in spawned:
+                try:
+                    proc.wait_ready(timeout=60)
+                except UnavailableError:
+                    if not port:
+                        raise
+                    proc = self._spawn_service(name, 0, args).wait_ready(timeout=60)  # port taken meanwhile
+                self.services[name] = proc
+                log.info("mesh.service_started", service=name, address=proc.address, pid=proc.pid)
+                started.append(proc)
+        except BaseException:
+            for name, _, _, proc in spawned:
+                if name not in self.services:  # the registered ones go with the mesh's stop()
+                    with contextlib.suppress(Exception):
+                        proc.stop(grace_s=5)
+            raise
+        return started
 
     def _spawn_service(self, name: str, port: int, args: Sequence[str]) -> ManagedProcess:
         argv = spiderflow_argv("serve", name, "--listen", f"127.0.0.1:{port}", "--log-format", "json", *args)
-        return ManagedProcess(name, argv, log_dir=self.workdir / "logs").start(timeout=60)
+        return ManagedProcess(name, argv, log_dir=self.workdir / "logs").spawn()
 
     def _start(self, timeout: float) -> None:
         host = "127.0.0.1"
@@ -172,8 +191,8 @@ class LocalMesh:
             self.etcd_args = ["--etcd-tls-dir", str(certs / "etcd-client")]
         self.etcd = EtcdProcess(data_dir=data, tls=tls)
         self.etcd.start()
-        topo = self._service("topology", "--etcd", self.etcd_endpoint, *self.etcd_args)
-        planner = self._service("planner")
+        topo, planner = self._services(("topology", ("--etcd", self.etcd_endpoint, *self.etcd_args)),
+                                       ("planner", ()))
         self._service("scheduler", "--etcd", self.etcd_endpoint, *self.etcd_args, "--topology-service", topo.address,
                       "--planner", planner.address, *self.scheduler_args)
         for c in self.topology.clusters:  # spawned side by side (imports and profiling overlap), then awaited
@@ -247,6 +266,9 @@ class LocalMesh:
         if self._stopped:
             return
         self._stopped = True
+        for proc in self.agents.values():  # agents deregister side by side; then each is awaited
+            with contextlib.suppress(Exception):
+                proc.signal(signal.SIGTERM)
         for name, proc in list(self.agents.items()):
             with contextlib.suppress(Exception):
                 proc.stop(grace_s=10)

@@ -33,13 +33,50 @@ def test_a_service_falls_back_to_any_port_when_its_preferred_one_is_taken(
     class Proc:
         address, pid = "127.0.0.1:1", 1
 
+        def __init__(self, port: int) -> None:
+            self.port = port
+
+        def wait_ready(self, timeout: float) -> Proc:
+            if race and self.port:
+                raise UnavailableError("scheduler exited with 1 before it was ready: address in use")
+            return self
+
+        def stop(self, grace_s: float) -> None:
+            pass
+
     def spawn(self: LocalMesh, name: str, port: int, args: Sequence[str]) -> Proc:
         tried.append(port)
-        if race and port:
-            raise UnavailableError("scheduler exited with 1 before it was ready: address in use")
-        return Proc()
+        return Proc(port)
 
     monkeypatch.setattr(LocalMesh, "_spawn_service", spawn)
     m = LocalMesh(sample_topology(1), workdir=tmp_path, service_ports={"scheduler": 7})
     m._service("scheduler")
     assert tried == ports and "scheduler" in m.services
+
+
+def test_services_started_side_by_side_are_stopped_when_one_of_them_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped: list[str] = []
+
+    class Proc:
+        address, pid = "127.0.0.1:1", 1
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_ready(self, timeout: float) -> Proc:
+            if self.name == "topology":
+                raise UnavailableError("topology exited with 1 before it was ready")
+            return self
+
+        def stop(self, grace_s: float) -> None:
+            stopped.append(self.name)
+
+    def spawn(self: LocalMesh, name: str, port: int, args: Sequence[str]) -> Proc:
+        return Proc(name)
+
+    monkeypatch.setattr(LocalMesh, "_spawn_service", spawn)
+    m = LocalMesh(sample_topology(1), workdir=tmp_path)
+    with pytest.raises(UnavailableError, match="topology exited"):
+        m._services(("topology", ()), ("planner", ()))
+    assert m.services == {} and stopped == ["topology", "planner"]
