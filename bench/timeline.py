@@ -86,13 +86,7 @@ def _full(schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ..
           lat: Links) -> timeline.Timeline:
     """The full event simulation of all ``m`` micro-batches (orders built and packed, then simulated: the
     path :func:`~spiderflow.tpa.timeline.simulate_plan` takes when it does not extrapolate)."""
-    reps = tuple(st.replicas for st in stages)
-    dur_f, dur_b = timeline._durations(stages, chunks)
-    if timeline._eager_applies(len(stages), sum(reps), dur_f, dur_b):
-        return timeline._simulate_eager(stages, timeline._frozen_packed(schedule, m, reps, chunks, None), dur_f,
-                                        dur_b, ser, lat)
-    orders = timeline._frozen_orders(schedule, m, reps, chunks, None)
-    return timeline.simulate(stages, orders, ser, lat, chunks=chunks, record=False)
+    return timeline._simulate_frozen(schedule, m, chunks, stages, ser, lat, None)
 
 
 def measure(instances: int, seed: int, sizes: list[int]) -> dict[str, Any]:

@@ -396,8 +396,7 @@ class _ChainEval:
     stages downstream of its start; the blocks chosen are memoised per evaluator."""
 
     def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
-                 cache: dict[tuple[Any, ...], _Block] | None = None, slack: int = 0):
-        del cache  # accepted for interface parity
+                 slack: int = 0):
         self.jc = jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
@@ -473,12 +472,6 @@ def _proportional_split(weights: Sequence[float], layers: int) -> list[int]:
         j = max(range(k), key=lambda i: raw[i] - sizes[i])
         sizes[j] += 1
     return sizes
-
-
-def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block],
-                                                                                     tuple[float, float]]:
-    """:meth:`_ChainEval.optimise`: the split, its blocks and the split's ``(memory excess, step time)``."""
-    return ev.optimise(sizes, local_search=local_search)
 
 
 def _blocks_to_plan(ev: _ChainEval, alloc: Sequence[tuple[str, int]], sizes: Sequence[int],
@@ -606,7 +599,6 @@ def _memory_first_plan(ev: _ChainEval, allocation: Sequence[tuple[str, int]]) ->
 
 def fallback_plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
-    _cache: dict[tuple[Any, ...], _Block] | None = None,
 ) -> Plan:
     """The level-1 planner of the module docstring for an ordered ``allocation`` of ``(cluster, gpus)``.
 
@@ -617,7 +609,7 @@ def fallback_plan_chain(
     """
     del objective
     _validate_allocation(topo, job, allocation)
-    ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False)
     weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev
@@ -628,7 +620,7 @@ def fallback_plan_chain(
             raise UnschedulableError(
                 f"no split of {job.model.name}'s {job.model.layers} layers fits the memory of this chain: with "
                 f"the micro-batches in flight its clusters hold at most {most} at any degrees", constraint="memory")
-    sizes, blocks, key = _optimise_split(ev, start, local_search=True)
+    sizes, blocks, key = ev.optimise(start, local_search=True)
     if len(allocation) > 1:
         # Second start: the scorer's memory-aware water-filled split (escapes memory-bound local optima).
         ta = topo_arrays(topo)
@@ -637,15 +629,15 @@ def fallback_plan_chain(
         filled = score_chains(ta, ev.jc, transfer_matrix(ta, ev.jc), chain, gpus).layers[0]
         start = _proportional_split([float(x) for x in filled], job.model.layers)
         if start != sizes:
-            sizes2, blocks2, key2 = _optimise_split(ev, start, local_search=True)
+            sizes2, blocks2, key2 = ev.optimise(start, local_search=True)
             if key2 < key:
                 sizes, blocks = sizes2, blocks2
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min
         for sl in ((slack, 0) if slack > 0 else (0,)):
-            ev = _ChainEval(topo, job, allocation, exact_gpus=True, cache=_cache, slack=sl)
-            sizes_x, blocks_x, _ = _optimise_split(ev, sizes, local_search=True)
+            ev = _ChainEval(topo, job, allocation, exact_gpus=True, slack=sl)
+            sizes_x, blocks_x, _ = ev.optimise(sizes, local_search=True)
             if sum(b.pp * b.tp * b.dp for b in blocks_x) >= job.gpus.min:
                 break
         sizes, blocks = sizes_x, blocks_x
@@ -671,7 +663,7 @@ def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str
         raise ValidationError("sizes", f"must be {len(allocation)} positive counts summing to "
                               f"{job.model.layers}", list(sizes))
     ev = _ChainEval(topo, job, allocation, exact_gpus=False)
-    sizes, blocks, _ = _optimise_split(ev, list(sizes), local_search=False)
+    sizes, blocks, _ = ev.optimise(list(sizes), local_search=False)
     return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
 
 
@@ -860,11 +852,10 @@ def finalise(
     best_alloc: Sequence[tuple[str, int]] = ()
     best_val = math.inf
     err: UnschedulableError | None = None
-    cache: dict[tuple[Any, ...], _Block] = {}
     for alloc in allocations:
         try:
             plan = cached_plan("fallback", topo, job, alloc, objective,
-                               lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o, _cache=cache))
+                               lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o))
         except UnschedulableError as e:
             err = e
             continue

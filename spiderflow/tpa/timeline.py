@@ -661,9 +661,18 @@ def _simulate_memo(
     steady = _steady_extrapolation(schedule, m, chunks, stages, ser, lat, max_in_flight)
     if steady is not None:
         return steady
+    return _simulate_frozen(schedule, m, chunks, stages, ser, lat, max_in_flight)
+
+
+def _simulate_frozen(
+    schedule: Schedule, m: int, chunks: int, stages: Sequence[StageTiming], ser: Sequence[Sequence[float]],
+    lat: Sequence[Sequence[float]], max_in_flight: int | None,
+) -> Timeline:
+    """:func:`simulate` without records of all ``m`` micro-batches on the memoised orders of this shape: the
+    eager pass on the orders packed once per shape when it applies, else the event loop."""
     reps = tuple(st.replicas for st in stages)
     dur_f, dur_b = _durations(stages, chunks)
-    if _eager_applies(len(stages), sum(reps), dur_f, dur_b):  # simulate(record=False) on packed orders
+    if _eager_applies(len(stages), sum(reps), dur_f, dur_b):
         return _simulate_eager(stages, _frozen_packed(schedule, m, reps, chunks, max_in_flight), dur_f, dur_b,
                                ser, lat)
     orders = _frozen_orders(schedule, m, reps, chunks, max_in_flight)
@@ -711,7 +720,7 @@ def _steady_extrapolation(
         return None
     reps = tuple(st.replicas for st in stages)
     dur_f, dur_b = _durations(stages, chunks)
-    if not (max(reps) == 1 or min(min(dur_f), min(dur_b)) > 0.0):
+    if not _eager_applies(n, sum(reps), dur_f, dur_b):
         return None  # the event loop's case (zero-length ops with shared links)
     base = math.lcm(*reps)
     if chunks > 1:

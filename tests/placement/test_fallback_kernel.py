@@ -182,7 +182,7 @@ def test_ties_are_broken_as_the_reference_breaks_them(case: Case, jc: JobConsts,
             sizes = _split(data.draw, jc.layers, k)
             pps = data.draw(st.lists(st.sampled_from(common._PP_CHOICES), min_size=k, max_size=k))
             _same(ev.evaluate_split(sizes, pps), want.evaluate_split(sizes, pps))
-            _same(common._optimise_split(ev, sizes, local_search=True)[:2],
+            _same(ev.optimise(sizes, local_search=True)[:2],
                   ref._optimise_split(want, sizes, local_search=True))
         with np.errstate(all="ignore"):
             _same(_outcome(common.fallback_plan_chain, topo, job, alloc),

@@ -110,7 +110,7 @@ def test_nothing_fits_is_proven_before_the_search(monkeypatch: pytest.MonkeyPatc
     def no_search(*_a: object, **_k: object) -> None:
         raise AssertionError("searched")
 
-    monkeypatch.setattr(common, "_optimise_split", no_search)
+    monkeypatch.setattr(common._ChainEval, "optimise", no_search)
     with pytest.raises(UnschedulableError, match=r"hold at most [0-9]+ at any degrees") as e:
         fallback_plan_chain(topo, job, [("a", 2)])
     assert e.value.constraint == "memory"
