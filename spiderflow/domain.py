@@ -55,7 +55,9 @@ __all__ = [
     "JobSpec",
     "Link",
     "Plan",
+    "Precision",
     "Schedule",
+    "Sharding",
     "Stage",
     "Topology",
 ]
@@ -344,6 +346,24 @@ class GpuRange:
             raise ValidationError("gpus.min", f"must be ≤ gpus.max ({self.max})", self.min)
 
 
+class Precision(StrEnum):
+    """Numeric precision of training: the compute dtype of matmuls and of the values that cross links.
+
+    ``BF16`` (default) and ``FP16`` keep fp32 master weights and optimizer state (``FP16`` with dynamic
+    loss scaling); ``FP32`` trains in fp32 throughout; ``TF32`` keeps fp32 tensors and lets matmuls run
+    on TF32 tensor cores."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    TF32 = "tf32"
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one activation or gradient value sent between stages in this precision."""
+        return 2 if self in (Precision.BF16, Precision.FP16) else 4
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """A training job, as in the trace file format (field names match the proto and the file)."""
@@ -358,6 +378,7 @@ class JobSpec:
     arrival_s: float = 0.0
     priority: int = 0
     tenant: str = "default"
+    precision: Precision = Precision.BF16
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id or len(self.id) > 128:
@@ -376,6 +397,13 @@ class JobSpec:
             raise ValidationError("priority", "must be ≤ 1000", self.priority)
         if not isinstance(self.tenant, str) or not self.tenant or len(self.tenant) > 63:
             raise ValidationError("tenant", "must be a non-empty string of ≤ 63 characters", self.tenant)
+        if self.precision.__class__ is not Precision:
+            try:
+                object.__setattr__(self, "precision", Precision(self.precision))
+            except ValueError:
+                raise ValidationError(
+                    "precision", f"must be one of {', '.join(p.value for p in Precision)}", self.precision
+                ) from None
 
     @property
     def tokens_per_step(self) -> int:
@@ -396,21 +424,46 @@ class Schedule(StrEnum):
     LATENCY_AWARE = "latency-aware"
 
 
+class Sharding(StrEnum):
+    """How a stage's data-parallel replicas hold parameters, gradients and optimizer state.
+
+    ``REPLICATE``: every replica holds all of them and gradients are all-reduced (DDP-style).
+    ``FSDP``: parameters, gradients and optimizer state are sharded over the stage's ``dp`` ranks
+    (FSDP2 ``fully_shard``); parameters are all-gathered for compute, gradients reduce-scattered."""
+
+    REPLICATE = "replicate"
+    FSDP = "fsdp"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stage:
-    """One pipeline stage (see the glossary). ``gpus == tp × dp``."""
+    """One pipeline stage (see the glossary). ``gpus == tp × dp``.
+
+    ``sharding`` says how the ``dp`` replicas share state (:class:`Sharding`); ``recompute`` turns on
+    activation checkpointing of the stage's blocks (forward activations are recomputed in backward)."""
 
     cluster: str
     first_layer: int
     last_layer: int
     tp: int = 1
     dp: int = 1
+    sharding: Sharding = Sharding.REPLICATE
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         _int("stage.first_layer", self.first_layer, minimum=0)
         _int("stage.last_layer", self.last_layer, minimum=self.first_layer)
         _int("stage.tp", self.tp, minimum=1)
         _int("stage.dp", self.dp, minimum=1)
+        if self.sharding.__class__ is not Sharding:
+            try:
+                object.__setattr__(self, "sharding", Sharding(self.sharding))
+            except ValueError:
+                raise ValidationError(
+                    "stage.sharding", f"must be one of {', '.join(v.value for v in Sharding)}", self.sharding
+                ) from None
+        if self.recompute is not False and self.recompute is not True:
+            raise ValidationError("stage.recompute", "must be true or false", self.recompute)
 
     @property
     def gpus(self) -> int:

@@ -60,7 +60,7 @@ _CLUSTER_FIELDS = {
 _LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float, "directed": bool}
 _JOB_FIELDS = {
     "id": str, "model": object, "global_batch": int, "micro_batch": int, "seq_len": int, "steps": int,
-    "gpus": dict, "arrival_s": float, "priority": int, "tenant": str,
+    "gpus": dict, "arrival_s": float, "priority": int, "tenant": str, "precision": str,
 }
 _MODEL_FIELDS = {"name": str, "layers": int, "hidden": int, "heads": int, "vocab": int}
 
@@ -233,6 +233,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         "id": job.id, "model": model, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
         "seq_len": job.seq_len, "steps": job.steps, "gpus": {"min": job.gpus.min, "max": job.gpus.max},
         "arrival_s": job.arrival_s, "priority": job.priority, "tenant": job.tenant,
+        "precision": job.precision.value,
     }
 
 

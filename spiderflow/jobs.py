@@ -184,7 +184,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "stages": [
             {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
-             "tp": s.tp, "dp": s.dp}
+             "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
             for s in plan.stages
         ],
         "micro_batches": plan.micro_batches,
@@ -201,7 +201,7 @@ def plan_from_dict(doc: dict[str, Any]) -> Plan:
     return Plan(
         stages=tuple(
             Stage(cluster=s["cluster"], first_layer=s["first_layer"], last_layer=s["last_layer"], tp=s["tp"],
-                  dp=s["dp"])
+                  dp=s["dp"], sharding=s.get("sharding", "replicate"), recompute=s.get("recompute", False))
             for s in doc["stages"]
         ),
         micro_batches=doc["micro_batches"],

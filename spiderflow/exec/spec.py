@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Plan, Schedule, Stage
+from spiderflow.domain import Plan, Schedule, Sharding, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import model_from_value
 from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
@@ -238,6 +238,11 @@ def check_runnable(spec: TrainSpec) -> None:
                 f"plan.stages[{i}].tp = {st.tp}: tensor parallelism is not supported by the gloo executor; "
                 "re-plan with tp = 1"
             )
+        if st.sharding is not Sharding.REPLICATE or st.recompute:
+            raise PreconditionError(
+                f"plan.stages[{i}]: sharding {st.sharding.value!r} / recompute {st.recompute} is not supported "
+                "by the gloo executor; re-plan with replicated stages without recomputation"
+            )
     if plan_chunks(plan) > 1:
         if plan.micro_batches % len(plan.stages):
             raise PreconditionError(
@@ -345,7 +350,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "stages": [
             {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "tp": s.tp,
-             "dp": s.dp}
+             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
             for s in plan.stages
         ],
         "micro_batches": plan.micro_batches,
@@ -366,6 +371,7 @@ def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
         stages.append(Stage(
             cluster=_get(s, "cluster", w, str, "local"), first_layer=_get(s, "first_layer", w, int),
             last_layer=_get(s, "last_layer", w, int), tp=_get(s, "tp", w, int, 1), dp=_get(s, "dp", w, int, 1),
+            sharding=_get(s, "sharding", w, str, "replicate"), recompute=_get(s, "recompute", w, bool, False),
         ))
     try:
         schedule = Schedule(_get(raw, "schedule", where, str, Schedule.ONE_F_ONE_B.value))

@@ -22,7 +22,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
 
 from spiderflow.catalog import MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, Schedule, Sharding, Stage, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict, model_from_value, topology_from_dict
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
@@ -226,7 +226,7 @@ def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
         id=job.id, model=model_to_proto_value(job.model), global_batch=job.global_batch,
         micro_batch=job.micro_batch, seq_len=job.seq_len, steps=job.steps,
         gpus=types_pb2.GpuRange(min=job.gpus.min, max=job.gpus.max), arrival_s=job.arrival_s,
-        priority=job.priority, tenant=job.tenant,
+        priority=job.priority, tenant=job.tenant, precision=job.precision.value,
     )
 
 
@@ -238,6 +238,8 @@ def job_from_proto(msg: types_pb2.JobSpec, *, field: str = "job") -> JobSpec:
         raw["id"] = msg.id
     if msg.tenant:
         raw["tenant"] = msg.tenant
+    if msg.precision:
+        raw["precision"] = msg.precision
     if msg.HasField("model") and msg.model.WhichOneof("kind") not in (None, "null_value"):
         raw["model"] = _model_raw(msg.model, _join(field, "model"))
     if msg.HasField("gpus"):
@@ -277,7 +279,7 @@ def schedule_from_proto(
 
 def stage_to_proto(stage: Stage) -> types_pb2.Stage:
     return types_pb2.Stage(cluster=stage.cluster, first_layer=stage.first_layer, last_layer=stage.last_layer,
-                           tp=stage.tp, dp=stage.dp)
+                           tp=stage.tp, dp=stage.dp, sharding=stage.sharding.value, recompute=stage.recompute)
 
 
 def stage_from_proto(msg: types_pb2.Stage, *, field: str = "stage") -> Stage:
@@ -286,7 +288,8 @@ def stage_from_proto(msg: types_pb2.Stage, *, field: str = "stage") -> Stage:
         raise ValidationError(_join(field, "cluster"), "is required")
     try:
         return Stage(cluster=msg.cluster, first_layer=msg.first_layer, last_layer=msg.last_layer,
-                     tp=msg.tp or 1, dp=msg.dp or 1)
+                     tp=msg.tp or 1, dp=msg.dp or 1, sharding=msg.sharding or Sharding.REPLICATE,
+                     recompute=msg.recompute)
     except ValidationError as e:
         raise _rebased(e, field, drop_first=True) from None
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spiderflow.catalog import GPU_CATALOG, MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Precision, Schedule, Sharding, Stage, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict, topology_from_dict, topology_to_dict
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
@@ -80,7 +80,7 @@ def jobs(draw: st.DrawFn) -> JobSpec:
         seq_len=draw(st.integers(1, 8192)), steps=draw(st.integers(1, 10**6)),
         gpus=GpuRange(min=lo, max=lo + draw(st.integers(0, 64))),
         arrival_s=draw(st.floats(0, 1e6, allow_nan=False)), priority=draw(st.integers(-1000, 1000)),
-        tenant=draw(names),
+        tenant=draw(names), precision=draw(st.sampled_from(list(Precision))),
     )
 
 
@@ -90,7 +90,8 @@ def plans(draw: st.DrawFn) -> Plan:
     stages, first = [], 0
     for size in sizes:
         stages.append(Stage(cluster=draw(names), first_layer=first, last_layer=first + size - 1,
-                            tp=draw(st.integers(1, 8)), dp=draw(st.integers(1, 8))))
+                            tp=draw(st.integers(1, 8)), dp=draw(st.integers(1, 8)),
+                            sharding=draw(st.sampled_from(list(Sharding))), recompute=draw(st.booleans())))
         first += size
     return Plan(
         stages=tuple(stages), micro_batches=draw(st.integers(1, 512)), schedule=draw(st.sampled_from(list(Schedule))),
@@ -225,7 +226,7 @@ def test_trace_job_json_parses_as_proto() -> None:
     assert cv.job_from_proto(msg) == job_from_dict(TRACE_JOB)
     # The server's JSON uses the file's names (json_name), so it is a trace job again.
     out = json_format.MessageToDict(cv.job_to_proto(job_from_dict(TRACE_JOB)))
-    assert out == {**TRACE_JOB, "arrival_s": 0.0}
+    assert out == {**TRACE_JOB, "arrival_s": 0.0, "precision": "bf16"}
 
 
 def test_inline_model_json() -> None:

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
+from spiderflow.domain import Precision
 from spiderflow.jobs import JobState
 from spiderflow.sdk import Client, Job
 
@@ -50,7 +51,7 @@ def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "id": args.id or f"{args.model.replace('.', '-')}-{uuid.uuid4().hex[:8]}", "model": args.model,
         "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
         "steps": args.steps, "gpus": args.gpus or {"min": 1, "max": 8}, "priority": args.priority,
-        "tenant": args.tenant,
+        "tenant": args.tenant, "precision": args.precision,
     }
     return job
 
@@ -194,6 +195,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gpus", type=parse_gpus, help="N or MIN:MAX (default 1:8)")
     p.add_argument("--priority", type=int, default=0)
     p.add_argument("--tenant", default="default")
+    p.add_argument("--precision", choices=[v.value for v in Precision], default=Precision.BF16.value,
+                   help="training precision (default bf16: fp32 master weights and optimizer state)")
     p.add_argument("--policy", help="placement policy (default: the scheduler's, spinsearch)")
     p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing")
     p.add_argument("--watch", action="store_true", help="follow the job until it ends")

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
-from spiderflow.domain import GpuRange, JobSpec, Plan, Topology
+from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
 from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
 from spiderflow.placement.common import LEVEL2_CHOICES, set_level2
 from spiderflow.presets import resolve_topology
@@ -100,7 +100,7 @@ def _plan(args: argparse.Namespace) -> int:
     topo: Topology = resolve_topology(args.topology)
     job = JobSpec(
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
-        seq_len=args.seq_len, gpus=parse_gpus(args.gpus),
+        seq_len=args.seq_len, gpus=parse_gpus(args.gpus), precision=args.precision,
     )
     render: Any = None
     if args.gantt is not None:
@@ -138,6 +138,8 @@ def register(sub: Any) -> None:
     p.add_argument("--global-batch", type=int, default=256, help="samples per step (default 256)")
     p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sample (default 2048)")
+    p.add_argument("--precision", choices=[v.value for v in Precision], default=Precision.BF16.value,
+                   help="training precision (default bf16)")
     p.add_argument("--time-limit", type=float, default=None, help="search time limit in seconds (ilp, genetic)")
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
     p.add_argument("--objective", choices=[o.value for o in Objective], default="jct", help="what to optimise")

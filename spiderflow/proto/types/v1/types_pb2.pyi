@@ -150,7 +150,7 @@ class GpuRange(_message.Message):
     def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant")
+    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class JobSpec(_message.Message):
     ARRIVAL_S_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    PRECISION_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: _struct_pb2.Value
     global_batch: int
@@ -171,21 +172,26 @@ class JobSpec(_message.Message):
     arrival_s: float
     priority: int
     tenant: str
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    precision: str
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ...) -> None: ...
 
 class Stage(_message.Message):
-    __slots__ = ("cluster", "first_layer", "last_layer", "tp", "dp")
+    __slots__ = ("cluster", "first_layer", "last_layer", "tp", "dp", "sharding", "recompute")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
     LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
     TP_FIELD_NUMBER: _ClassVar[int]
     DP_FIELD_NUMBER: _ClassVar[int]
+    SHARDING_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     first_layer: int
     last_layer: int
     tp: int
     dp: int
-    def __init__(self, cluster: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ...) -> None: ...
+    sharding: str
+    recompute: bool
+    def __init__(self, cluster: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., sharding: _Optional[str] = ..., recompute: _Optional[bool] = ...) -> None: ...
 
 class Predictions(_message.Message):
     __slots__ = ("step_time_s", "throughput_tokens_per_s", "memory_gib_per_gpu", "usd_per_step", "extras")
