@@ -76,7 +76,7 @@ import numpy as np
 import structlog
 
 from spiderflow.costmodel import GIB, RESERVED_GIB
-from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.domain import JobSpec, Plan, Topology, Wait
 from spiderflow.errors import UnschedulableError
 from spiderflow.kernels import warm
 from spiderflow.kernels.scorer import estimate_rows, trim_rows
@@ -779,12 +779,10 @@ class SpinSearch:
                           value_wait=v_wait, value_now=v_now, revision=topo.revision, seconds=elapsed)
                 stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after,
                              defer_gpus=float(later.gpus))
+                reason = _wait_reason(after, v_wait, v_now, budget.objective)
                 return PlacementResult(
-                    status=PlacementStatus.UNSCHEDULABLE, policy=self.name, plan=later, planning_seconds=elapsed,
-                    constraint="deferred", stats=stats,
-                    reason=f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of "
-                    f"{v_now:.4g} when starting now ({budget.objective} of the whole job: "
-                    f"{_UNITS[budget.objective]})",
+                    status=PlacementStatus.WAIT, policy=self.name, plan=later, planning_seconds=elapsed,
+                    stats=stats, reason=reason, wait=Wait(after_s=after, plan=later, reason=reason),
                 )
             if self.planner != "fallback":
                 fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
@@ -801,6 +799,21 @@ class SpinSearch:
             status=PlacementStatus.SUCCESS, policy=self.name, plan=fin.plan, planning_seconds=elapsed,
             optimal=None, stats={**stats, "tpa": 1.0 if fin.planner == "tpa" else 0.0},
         )
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        """Start on ``now`` or wait for ``budget.releases`` (:func:`wait_or_start` with this policy's search
+        settings): the wait when it scores better, else ``None``."""
+        w = wait_or_start(topo, job, now, budget.releases, objective=budget.objective, beam_width=self.beam_width,
+                          neighbours=self.neighbours, seeds=self.seeds, finalists=self.finalists)
+        if w is None:
+            return None
+        after, v_wait, v_now, later = w
+        return Wait(after_s=after, plan=later, reason=_wait_reason(after, v_wait, v_now, budget.objective))
+
+
+def _wait_reason(after: float, v_wait: float, v_now: float, objective: Objective) -> str:
+    return (f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of {v_now:.4g} when "
+            f"starting now ({objective} of the whole job: {_UNITS[objective]})")
 
 
 def _search_failure(stats: dict[str, float], job: JobSpec) -> UnschedulableError:

@@ -36,9 +36,9 @@ def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None
     assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and later.gpus >= 8
     assert later.chain == ("big",) and f_wait == after + job.steps * later.step_time_s
     res = SpinSearch().place(topo, job, Budget(releases=soon))
-    assert res.status is PlacementStatus.UNSCHEDULABLE and res.constraint == "deferred"
-    assert res.stats["defer_s"] == after and res.plan is not None and not res.ok
-    assert res.plan.gpus_by_cluster() == later.gpus_by_cluster() and res.stats["defer_gpus"] == later.gpus
+    assert res.status is PlacementStatus.WAIT and res.wait is not None and not res.ok
+    assert res.wait.after_s == after and res.plan is not None and res.wait.plan == res.plan
+    assert res.plan.gpus_by_cluster() == later.gpus_by_cluster()
     # Released too late to finish earlier, or a cost objective: start now.
     late = (Release(after_s=0.9 * f_now, gpus=(("big", 32),)),)
     assert wait_or_start(topo, job, now.plan, late) is None
