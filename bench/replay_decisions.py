@@ -80,8 +80,8 @@ def record(name: str) -> dict[str, Any]:
     decisions: list[dict[str, Any]] = []
     inner: Callable[..., PlacementResult] = policy.place
 
-    def place(snap: Topology, job: JobSpec, budget: Budget = Budget()) -> PlacementResult:
-        result = inner(snap, job, budget)
+    def place(snap: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        result = inner(snap, job, budget or Budget())
         outcome, delay = _outcome(result)
         decisions.append({"job": job.id, "steps": job.steps, "outcome": outcome, "reason": result.reason,
                           "constraint": "" if outcome == "wait" else result.constraint, "delay_s": delay,

@@ -100,6 +100,7 @@ __all__ = [
     "Outcome",
     "QueueEntry",
     "WaitState",
+    "decide",
     "link_gbps",
     "network_share",
     "network_utilization",
@@ -387,10 +388,12 @@ def _queued(e: QueueEntry) -> QueuedJob:
     return queued_job(e.spec, e.enqueued_s, steps_left=e.steps_left, network_share=e.network_share)
 
 
-def _ask(policy: PlacementPolicy, snap: Topology, spec: JobSpec, budget: Budget, *,
-         prices_itself: bool) -> PlacementResult:
-    """The policy's answer; a policy that does not price waits itself is asked without the releases, and
-    the cycle prices a later start for it (:func:`price_wait`) when the budget has releases."""
+def decide(policy: PlacementPolicy, snap: Topology, spec: JobSpec, budget: Budget) -> PlacementResult:
+    """One decision: the policy's answer on ``snap``. A policy that prices waits itself
+    (:class:`~spiderflow.placement.base.WaitPricer`) gets the budget's releases; any other is asked without
+    them, and a later start is priced for it with its own placement (:func:`price_wait`) when the budget has
+    releases. An :class:`UnschedulableError` or other :class:`SpiderFlowError` becomes the answer."""
+    prices_itself = isinstance(policy, WaitPricer)
     try:
         result = policy.place(snap, spec, budget if prices_itself or not budget.releases
                               else replace(budget, releases=()))
@@ -466,13 +469,12 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
             budget = options.budget
             if options.vary_seed:
                 budget = replace(budget, seed=options.budget.seed * 1_000_003 + seq)
-            prices_itself = isinstance(pol, WaitPricer)
             if options.wait:
                 budget = replace(budget, releases=_releases(st, clock, jid, state.gone))
             total_before = st.total
             c0 = time.process_time()
             w0 = time.perf_counter()
-            result = _ask(pol, st.snap, e.remaining_spec(), budget, prices_itself=prices_itself)
+            result = decide(pol, st.snap, e.remaining_spec(), budget)
             measured = time.perf_counter() - w0
             cpu = time.process_time() - c0
             fed = measured if options.advance is Advance.MEASURED else (

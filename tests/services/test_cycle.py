@@ -9,10 +9,11 @@ from typing import ClassVar
 
 import pytest
 
-from services.scheduler.cycle import DecisionKind, SchedulingCycle, _Wait
+from services.scheduler.cycle import DecisionKind, SchedulingCycle, _wait_doc, _wait_from_doc
+from spiderflow.cycle import WaitState
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology, Wait
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
@@ -214,6 +215,9 @@ class _Recording:
         self.seen[job.id] = budget.releases
         return SpinSearch().place(topo, job, budget)
 
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return SpinSearch().price_wait(topo, job, now, budget)
+
 
 async def test_a_waiting_jobs_claim_is_in_the_next_jobs_releases_and_a_lost_cluster_ends_the_wait() -> None:
     if "test-recording" not in REGISTRY:
@@ -343,13 +347,13 @@ async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() 
 
 
 def test_a_wait_record_round_trips_and_mistyped_fields_are_rejected() -> None:
-    w = _Wait(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
-    assert _Wait.from_doc(json.loads(json.dumps(w.to_doc()))) == w
-    doc = w.to_doc()
+    w = WaitState(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
+    assert _wait_from_doc(json.loads(json.dumps(_wait_doc(w)))) == w
+    doc = _wait_doc(w)
     for bad in ({"until": "soon"}, {"until": math.inf}, {"gpus": True}, {"gpus": 1.5}, {"claim": [["fast"]]},
                 {"claim": 3}, {"reason": None}, {"run_s": math.nan}):
-        assert _Wait.from_doc({**doc, **bad}) is None, bad
-    assert _Wait.from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
+        assert _wait_from_doc({**doc, **bad}) is None, bad
+    assert _wait_from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
 
 
 async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_drops_them() -> None:
@@ -360,12 +364,12 @@ async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_d
     cycle = SchedulingCycle(repo, StaticTopologySource(_topo()), wait_for_releases=True)
     await cycle.run()  # adopts (no records yet)
     await repo.submit(JOB, "r1")
-    stale = _Wait(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
-    await repo.put_wait("big", stale.to_doc())
+    stale = WaitState(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
+    await repo.put_wait("big", _wait_doc(stale))
     assert (await cycle.run()).placed == ["big"]
     assert await repo.waits() == {}
 
-    await repo.put_wait("big", stale.to_doc())
+    await repo.put_wait("big", _wait_doc(stale))
     plain = SchedulingCycle(JobRepository(store), StaticTopologySource(_topo()))
     await plain.run()
     assert await repo.waits() == {} and plain.next_wait_end() is None
