@@ -10,9 +10,9 @@ from typing import ClassVar
 import pytest
 
 from services.scheduler.cycle import DecisionKind, SchedulingCycle, _wait_doc, _wait_from_doc
-from spiderflow.cycle import WaitState
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
+from spiderflow.cycle import WaitState
 from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology, Wait
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
