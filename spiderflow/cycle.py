@@ -109,8 +109,8 @@ __all__ = [
     "worth_trying",
 ]
 
-DEFER_MARGIN = 0.02
-"""A later start must beat starting now by this fraction of the objective to wait (as SpinSearch's own step)."""
+DEFER_MARGIN = 0.25
+"""A later start must beat starting now by this fraction of the objective to wait (SpinSearch's own margin)."""
 MAX_LOOKAHEAD = 4
 """Release points a generic wait pricing plans at, soonest first (each is one decision of the policy)."""
 

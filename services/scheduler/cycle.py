@@ -48,7 +48,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -77,13 +77,13 @@ from spiderflow.domain import JobSpec, Plan, Topology, Wait
 from spiderflow.errors import SpiderFlowError, ValidationError
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.base import PlacementPolicy
-from spiderflow.placement.common import Level2, plan_objective, set_level2
+from spiderflow.placement.base import PlacementPolicy, Planner
+from spiderflow.placement.common import Level2, LocalPlanner
 from spiderflow.queueing import QueuePolicy
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
 
-__all__ = ["CycleReport", "Decision", "DecisionKind", "PlanFinalizer", "SchedulingCycle"]
+__all__ = ["CycleReport", "Decision", "DecisionKind", "SchedulingCycle"]
 
 log = structlog.get_logger(__name__)
 
@@ -108,8 +108,6 @@ shape and the budget only (it reads no job id or tenant but in its logs), so a q
 one training run, a sweep) costs one search per distinct free-GPU state instead of one per job. The key holds
 the whole snapshot (topology, revision, free GPUs): a changed topology or allocation never hits a stale entry."""
 
-PlanFinalizer = Callable[[Topology, JobSpec, Plan], Coroutine[Any, Any, Plan]]
-"""Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
 
 
 class DecisionKind(StrEnum):
@@ -214,7 +212,7 @@ class SchedulingCycle:
         topology: TopologySource,
         *,
         default_policy: str = "spinsearch",
-        finalize: PlanFinalizer | None = None,
+        planner: Planner | None = None,
         queue_policy: QueuePolicy | None = None,
         budget: Budget | None = None,
         clock: Callable[[], float] = time.time,
@@ -224,11 +222,11 @@ class SchedulingCycle:
         level2: Level2 = "exact",
     ) -> None:
         self.repo = repo
-        self.level2: Level2 = level2
-        """TPA's level-2 solver for policies that plan in-process (``"exact"`` or ``"cpsat"``)."""
+        self.planner: Planner = planner if planner is not None else LocalPlanner(level2=level2)
+        """What the policies that plan their chains (SpinSearch, ``bace``) plan them with: the Planner
+        service (:class:`services.planner.client.RemotePlanner`) or in process (TPA's level 2: ``level2``)."""
         self.topology = topology
         self.default_policy = default_policy
-        self.finalize = finalize
         self.queue_policy = queue_policy or QueuePolicy()
         self.budget = budget or Budget(time_limit_s=30.0)
         self.clock = clock
@@ -241,7 +239,7 @@ class SchedulingCycle:
         self._pool_revision = -1
         self._holders: set[str] = set()
         self._policies: dict[str, PlacementPolicy] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+
         self._adopted = False  # whether this term's waits were read from etcd (see ``new_term``)
         self._guard: Compare | None = None  # this term's election-key compare (see ``new_term``)
         self._notes_left = NOTE_WRITES_PER_CYCLE
@@ -351,7 +349,6 @@ class SchedulingCycle:
         holding = [Holder(job_id=sj.record.id, end_s=self._est_end(sj, now), gpus=tuple(sj.record.allocation.items()),
                           link_gbps=(link_gbps(sj.record.plan, sj.record.spec, sj.record.plan.step_time_s)
                                      if sj.record.plan is not None else 0.0)) for sj in holders]
-        self._loop = asyncio.get_running_loop()
         try:
             # In a worker thread: building a policy may load compiled kernels, and deciding takes CPU time;
             # the event loop keeps the lease alive meanwhile.
@@ -423,18 +420,13 @@ class SchedulingCycle:
         return pol
 
     def build_policy(self, name: str) -> PlacementPolicy:
-        """A new instance of the named policy, configured for this scheduler."""
-        inner = get_policy(name)
-        set_level2(inner, self.level2)
-        if self._service_plans(inner):
-            inner.planner = "fallback"  # type: ignore[attr-defined]  # the Planner service plans the chain
-        return inner
+        """A new instance of the named policy, with this scheduler's planner."""
+        return get_policy(name, planner=self.planner)
 
     def place_cached(self, name: str, inner: PlacementPolicy, snap: Topology, spec: JobSpec,
                      budget: Budget) -> PlacementResult:
         """The policy's decision, from the decision cache when a job of the same shape was decided on the same
-        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before; with a
-        Planner service, a policy that plans its chain with TPA gets its final plan from the service."""
+        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
         key = (name, _shape(spec), snap, budget)
         hit = self._decisions.get(key)
         if hit is not None:
@@ -442,12 +434,6 @@ class SchedulingCycle:
             self.cache_hits += 1
             return hit
         result = decide(inner, snap, spec, budget)
-        if result.ok and result.plan is not None and self.finalize is not None and self._service_plans(inner):
-            plan = result.plan
-            assert self._loop is not None
-            final: Plan = asyncio.run_coroutine_threadsafe(self.finalize(snap, spec, plan), self._loop).result()
-            if plan_objective(final, budget.objective) <= plan_objective(plan, budget.objective):
-                result = replace(result, plan=final)
         self._decisions[key] = result
         if len(self._decisions) > DECISION_CACHE_SIZE:
             self._decisions.popitem(last=False)
@@ -491,11 +477,6 @@ class SchedulingCycle:
                 start = r.progress.checkpoint_step or 0
                 return max(now, placed + max(0, r.spec.steps - start) * step)
         return now + max(0, r.spec.steps - r.progress.step) * step
-
-    def _service_plans(self, policy: object) -> bool:
-        """Whether the Planner service makes ``policy``'s final plan: one is configured and the policy plans
-        its chain with TPA itself (``tpa_final``)."""
-        return self.finalize is not None and bool(getattr(policy, "tpa_final", False))
 
     async def _bind_placed(self, sj: StoredJob, d: CycleDecision, topo: Topology, free: dict[str, int],
                            allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int]) -> Decision:

@@ -89,22 +89,31 @@ class Planner(Protocol):
 
 
 REGISTRY: dict[str, Callable[[], PlacementPolicy]] = {}
+PLANNED: dict[str, Callable[[Planner | None], PlacementPolicy]] = {}
+"""Factories of the registered policies that plan their chains with a :class:`Planner` (by name)."""
 
 
-def register_policy(name: str, factory: Callable[[], PlacementPolicy]) -> None:
-    """Register a policy factory; a second registration of ``name`` raises ``ValueError``."""
+def register_policy(name: str, factory: Callable[..., PlacementPolicy], *, with_planner: bool = False) -> None:
+    """Register a policy factory; a second registration of ``name`` raises ``ValueError``. With
+    ``with_planner`` the factory takes ``planner=`` (a :class:`Planner`, or ``None`` for level-1 plans only)
+    and :func:`get_policy` passes the one it is given."""
     if name in REGISTRY:
         raise ValueError(f"placement policy {name!r} is already registered")
     REGISTRY[name] = factory
+    if with_planner:
+        PLANNED[name] = lambda planner: factory(planner=planner)
 
 
-def get_policy(name: str) -> PlacementPolicy:
-    """Instantiate a registered policy; ``ValidationError`` on ``policy`` for an unknown name."""
+def get_policy(name: str, *, planner: Planner | None = None) -> PlacementPolicy:
+    """Instantiate a registered policy; ``ValidationError`` on ``policy`` for an unknown name. A policy that
+    plans its chains gets ``planner`` (default: its own default, the in-process planner); the others ignore
+    it."""
     from spiderflow.errors import ValidationError
     from spiderflow.placement import load_builtin_policies
 
     load_builtin_policies()
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise ValidationError("policy", f"unknown policy; known: {', '.join(sorted(REGISTRY))}", name) from None
+    if name not in REGISTRY:
+        raise ValidationError("policy", f"unknown policy; known: {', '.join(sorted(REGISTRY))}", name)
+    if planner is not None and name in PLANNED:
+        return PLANNED[name](planner)
+    return REGISTRY[name]()

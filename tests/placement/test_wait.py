@@ -114,7 +114,7 @@ def test_plan_cache_matches_the_planner_and_keys_on_what_the_plan_depends_on() -
     assert plan_key(_topo(8), job, alloc, Objective.JCT) is None  # more GPUs than free: not cacheable
     p1, p2 = plan_chain(a, job, alloc), plan_chain(b, job, alloc)
     assert p1.stages == p2.stages and p1.step_time_s == p2.step_time_s
-    f = finalise(slower, job, [alloc], planner="fallback")
+    f = finalise(slower, job, [alloc], planner=None)
     assert f.plan is not None and f.plan.step_time_s > plan_chain(a, job, alloc).step_time_s * 0.999
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import ClassVar
 
@@ -13,7 +14,7 @@ from services.scheduler.cycle import DecisionKind, SchedulingCycle, _wait_doc, _
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.cycle import WaitState
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology, Wait
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, PlanOptions, Topology, Wait
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
@@ -264,49 +265,51 @@ BIG = job_from_dict({"id": "big", "model": "gpt3-6.7b", "global_batch": 64, "ste
                      "gpus": {"min": 8, "max": 32}})
 
 
-class _Finalizer:
-    """Stands in for the Planner service: TPA in-process on the chosen chain (the service runs the same
-    function), optionally made worse; records what it was asked."""
+class _Planner:
+    """Stands in for the Planner service (a :class:`~spiderflow.placement.base.Planner`): TPA in process on
+    the allocation it is given (the service runs the same function), optionally made worse; records what
+    it was asked."""
+
+    name = "test"
 
     def __init__(self, *, worse: bool = False) -> None:
         self.worse = worse
-        self.asked: list[Plan] = []
+        self.asked: list[list[tuple[str, int]]] = []
 
-    async def __call__(self, topo: Topology, job: JobSpec, plan: Plan) -> Plan:
-        self.asked.append(plan)
-        gpus = plan.gpus_by_cluster()
-        final = tpa_plan_chain(topo, job, [(c, gpus[c]) for c in plan.chain])
+    def plan(self, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], options: PlanOptions) -> Plan:
+        self.asked.append(list(allocation))
+        final = tpa_plan_chain(topo, job, allocation, objective=options.objective)
         return replace(final, step_time_s=final.step_time_s * 10, extras={"worse": 1.0}) if self.worse else final
 
 
 @pytest.mark.parametrize("policy", ["spinsearch", "bace"])
 async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_better_plan_is_kept(policy: str) -> None:
-    """SpinSearch and ``bace`` only choose the chain and its level-1 plan; the Planner service's TPA plan of
-    that chain is kept when it is no worse, else the level-1 plan is (a worse answer never replaces it)."""
+    """SpinSearch and ``bace`` choose the chain with its level-1 plan and ask their planner (the Planner
+    service) for the plan of exactly that allocation; its plan is kept when it is no worse, else the level-1
+    plan is (a worse answer never replaces it)."""
     for worse in (False, True):
         repo = JobRepository(MemoryStore())
-        fin = _Finalizer(worse=worse)
-        cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy=policy)
+        planner = _Planner(worse=worse)
+        cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), planner=planner, default_policy=policy)
         await repo.submit(BIG, "r-big")
         assert (await cycle.run()).placed == ["big"]
-        assert len(fin.asked) == 1 and fin.asked[0].extras.get("timeline_step_s") is None  # not a TPA plan
+        assert len(planner.asked) == 1
         plan = (await repo.get("big")).record.plan
-        assert plan is not None
+        assert plan is not None and plan.gpus_by_cluster() == dict(planner.asked[0])
         if worse:
-            assert "worse" not in plan.extras and plan.chain == fin.asked[0].chain
-            assert plan.step_time_s == pytest.approx(fin.asked[0].step_time_s)
+            assert "worse" not in plan.extras and "timeline_step_s" not in plan.extras  # the level-1 plan
         else:
-            assert "timeline_step_s" in plan.extras and plan.step_time_s <= fin.asked[0].step_time_s
+            assert "timeline_step_s" in plan.extras
 
 
 async def test_with_a_planner_service_the_other_baselines_keep_their_own_plans() -> None:
     """``firstfit`` (like ``ilp`` and ``genetic``) plans as its paper does; the Planner service is not asked."""
     repo = JobRepository(MemoryStore())
-    fin = _Finalizer()
-    cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy="firstfit")
+    planner = _Planner()
+    cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), planner=planner, default_policy="firstfit")
     await repo.submit(BIG, "r-big")
     assert (await cycle.run()).placed == ["big"]
-    assert fin.asked == []
+    assert planner.asked == []
 
 
 async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() -> None:
