@@ -137,6 +137,8 @@ class CycleReport:
     rescheduled: list[str] = field(default_factory=list)
     conflict: bool = False
     seconds: float = 0.0
+    cycle: CycleResult | None = None
+    """The pure cycle's result this report applied (``None`` when no cycle ran: nothing queued)."""
 
     @property
     def placed(self) -> list[str]:
@@ -357,6 +359,7 @@ class SchedulingCycle:
             log.error("scheduler.invalid_placement", error=str(e))
             report.seconds = time.perf_counter() - t_start
             return report
+        report.cycle = result
         # 8. bind the placements in order with compare-and-swap; write the waits and the notes
         for d in result.decisions:
             sj = by_id[d.job_id]

@@ -58,6 +58,7 @@ from spiderflow.cycle import (
     Advance,
     CycleInput,
     CycleOptions,
+    CycleResult,
     Holder,
     InvalidPlacementError,
     Outcome,
@@ -305,7 +306,9 @@ def _usd_per_s(plan: Plan, topo: Topology) -> float:
 
 class _Sim:
     def __init__(self, topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy, config: SimConfig,
-                 events: Sequence[TopologyEvent], progress: Callable[[int, int], None] | None) -> None:
+                 events: Sequence[TopologyEvent], progress: Callable[[int, int], None] | None,
+                 on_cycle: Callable[[CycleResult], None] | None = None) -> None:
+        self.on_cycle = on_cycle
         self.cfg = config
         self.policy = policy
         self.options = CycleOptions(
@@ -624,6 +627,8 @@ class _Sim:
         except InvalidPlacementError as e:
             raise SimulationError(str(e)) from None
         self.queue_overhead += result.queue_seconds
+        if self.on_cycle is not None:
+            self.on_cycle(result)
         for d in result.decisions:
             if not d.tried:
                 continue
@@ -671,10 +676,12 @@ class _Sim:
 
 
 def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | str, config: SimConfig | None = None,
-             *, events: Iterable[TopologyEvent] = (), progress: Callable[[int, int], None] | None = None) -> SimResult:
+             *, events: Iterable[TopologyEvent] = (), progress: Callable[[int, int], None] | None = None,
+             on_cycle: Callable[[CycleResult], None] | None = None) -> SimResult:
     """Run one policy over a trace. ``policy`` is an instance or a registered name.
 
-    ``progress(done, total)`` is called whenever a job completes or is given up. Raises
+    ``progress(done, total)`` is called whenever a job completes or is given up; ``on_cycle(result)`` with
+    every scheduling cycle's :class:`~spiderflow.cycle.CycleResult` before it is applied. Raises
     :class:`SimulationError` if the policy returns a plan that exceeds the GPUs free in a cluster.
     """
     cfg = config or SimConfig()
@@ -685,7 +692,7 @@ def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | 
     evs = list(events)
     check_events(topo, evs)
     topo.bandwidth_matrix  # noqa: B018 - compute the path matrices once, outside every timed decision
-    sim = _Sim(topo, jobs, policy, cfg, evs, progress)
+    sim = _Sim(topo, jobs, policy, cfg, evs, progress, on_cycle)
     sim.run()
     records = tuple(sim.jobs[j.id].record for j in jobs)
     ends = [r.end_s for r in records if r.end_s is not None]
