@@ -50,8 +50,9 @@ Search:
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
      :data:`DEFER_MARGIN`, the answer is
-     ``UNSCHEDULABLE`` with ``constraint="deferred"``, ``stats["defer_s"] = a_i`` and ``plan`` the plan it
-     waits for (the scheduler asks again then, and shows the plan's GPUs to other jobs as claimed).
+     ``WAIT`` with a :class:`~spiderflow.domain.Wait` (``after_s = a_i`` and the plan it waits for; the
+     scheduling cycle asks again then, and shows the plan's GPUs to other jobs as claimed). SpinSearch is a
+     :class:`~spiderflow.placement.base.WaitPricer`: the cycle hands it the releases.
      Release points are searched best-first by a lower bound on the finish time there. Greedy "start now
      on whatever is free" strands a job for hours on a few slow GPUs spread over several clusters when a
      fast cluster frees up minutes later.

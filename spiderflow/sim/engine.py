@@ -4,21 +4,17 @@ Events (processed in time order; at equal times: completions, then topology even
 scheduling cycles; then insertion order):
 
 - **arrival**: the job joins the queue (:mod:`spiderflow.queueing`).
-- **cycle**: the scheduler orders the queue and makes placement *decisions*, one after another. Each
-  decision calls the real policy (``policy.place(snapshot, job, Budget(...))``) on an immutable topology
-  snapshot whose ``free_gpus`` are the GPUs not held by running jobs. Its wall time is measured with
-  :func:`time.perf_counter` and advances the scheduler's clock: a job placed by the k-th decision of a
-  cycle starts after the first k decisions' overhead, and the next cycle cannot start before the
-  scheduler is free. The first job that cannot start becomes the head with a reservation; up to
-  ``queue.backfill_depth`` later jobs are tried as backfill (:func:`spiderflow.queueing.admits`).
-  Each decision's :class:`~spiderflow.placement.base.Budget` lists the running jobs' GPUs and estimated
-  ends (``releases``; :attr:`SimConfig.releases`). A policy may answer ``constraint="deferred"`` with
-  ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens or the
-  GPUs of the plan it waits for are all free sooner), and
-  as the head its reservation is on ``stats["defer_gpus"]`` GPUs at that time instead of its minimum now.
-  When the answer carries the plan it waits for, the other jobs' releases show that claim (a negative
-  release of its GPUs at its start, given back at its estimated end), so two waiting jobs do not both
-  count on the same GPUs.
+- **cycle**: one :func:`spiderflow.cycle.run_cycle` (the scheduler service runs the same function) on an
+  immutable topology snapshot whose ``free_gpus`` are the GPUs not held by running jobs, with the real
+  policy; its decisions are applied in order (starts, waits, give-ups). Each decision's wall time is
+  measured with :func:`time.perf_counter` and advances the scheduler's clock: a job placed by the k-th
+  decision of a cycle starts after the first k decisions' overhead, and the next cycle cannot start before
+  the scheduler is free. With :attr:`SimConfig.releases` (``simulate --wait``, the default) the cycle offers
+  every policy to wait for GPUs being released (:mod:`spiderflow.cycle`): a waiting job is not asked again
+  before the time it waits for (unless a topology event happens or the GPUs of the plan it waits for are
+  all free sooner), as the head its reservation is on that plan's GPUs at that time, and the other jobs'
+  releases show its claim. A job the policy calls unresolvable is given up (``unresolvable``); so is one
+  that does not fit the idle pool when no topology event is left.
 - **completion**: the job's GPUs are released.
 - **topology events** (:class:`TopologyEvent`): a link's bandwidth/latency changes, a cluster is lost or
   restored. Every running job's step time is re-evaluated with :func:`spiderflow.costmodel.evaluate`
@@ -189,8 +185,8 @@ def check_events(topo: Topology, events: Sequence[TopologyEvent]) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """One simulation run. ``time_limit_s`` and ``objective`` go to the policy's :class:`Budget`; with
-    ``releases`` the budget also lists the running jobs' GPUs and estimated ends (:class:`Release`), as
-    the scheduler knows them, for policies that weigh starting now against waiting."""
+    ``releases`` the cycle offers waiting for GPUs being released to every policy (the running jobs' GPUs
+    at their estimated ends, as the scheduler knows them: :mod:`spiderflow.cycle`)."""
 
     objective: Objective = Objective.JCT
     seed: int = 0
