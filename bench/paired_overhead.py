@@ -63,7 +63,7 @@ R = TypeVar("R")
 
 Timing = tuple[float, float, str]
 """``(wall s, CPU s, outcome)`` of one decision: ``success``, or ``unschedulable:<constraint>`` (e.g.
-``unschedulable:deferred`` for a decision to wait, ``unschedulable:memory``), or the error's type name."""
+``wait`` for a decision to wait, ``unschedulable:memory``), or the error's type name."""
 
 
 def _outcome(result: PlacementResult) -> str:

@@ -73,6 +73,7 @@ from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import SpiderFlowError
 from spiderflow.placement import REGISTRY, load_builtin_policies
 from spiderflow.placement.base import Objective, PlacementPolicy
+from spiderflow.placement.common import LocalPlanner
 from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.queueing import QueuePolicy
 from spiderflow.sim.engine import OverheadMode, SimConfig, SimResult, simulate
@@ -91,7 +92,7 @@ def _simulate_child(args: tuple[Any, ...]) -> SimResult:
 
 
 WITHOUT_TPA = "spinsearch_without_tpa"
-"""The key of the ``--tpa-ablation`` run (SpinSearch with ``planner="fallback"``) in the results."""
+"""The key of the ``--tpa-ablation`` run (SpinSearch with ``planner=None``: level-1 plans only) in the results."""
 CPSAT_LEVEL2 = "spinsearch_cpsat_level2"
 """The key of the ``--level2-ablation`` run (SpinSearch with TPA's level 2 solved by CP-SAT) in the results."""
 VARIANTS = (WITHOUT_TPA, CPSAT_LEVEL2)
@@ -101,9 +102,9 @@ _VARIANT_LABELS = {WITHOUT_TPA: "without TPA", CPSAT_LEVEL2: "CP-SAT level 2"}
 
 def _policy(name: str) -> str | PlacementPolicy:
     if name == WITHOUT_TPA:
-        return SpinSearch(planner="fallback")
+        return SpinSearch(planner=None)
     if name == CPSAT_LEVEL2:
-        return SpinSearch(level2="cpsat")
+        return SpinSearch(planner=LocalPlanner(level2="cpsat"))
     return name
 
 

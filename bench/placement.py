@@ -71,7 +71,7 @@ def _policies(names: list[str] | None) -> dict[str, PlacementPolicy]:
             continue
         out[name] = REGISTRY[name]()
     if not names or "spinsearch-l1" in names:
-        out["spinsearch-l1"] = SpinSearch(planner="fallback")
+        out["spinsearch-l1"] = SpinSearch(planner=None)
     return out
 
 

@@ -521,3 +521,100 @@ class Plan:
         for s in self.stages:
             out[s.cluster] = out.get(s.cluster, 0) + s.gpus
         return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Placement and planning vocabulary: what a decision is asked under (Objective, Budget, Release, PlanOptions)
+# and what it answers (PlacementStatus, Wait, PlacementResult). The policies (spiderflow.placement), the
+# planners (spiderflow.tpa, the Planner service) and the scheduling cycle (spiderflow.cycle) share them.
+
+__all__ += ["Budget", "Objective", "PlacementResult", "PlacementStatus", "PlanOptions", "Release", "Wait"]
+
+
+class Objective(StrEnum):
+    """What a policy optimises: step time (``jct``), dollars per step (``cost``), or their product-like
+    blend (``balanced``: minimise step_time × usd_per_step^0.5)."""
+
+    JCT = "jct"
+    COST = "cost"
+    BALANCED = "balanced"
+
+
+class PlacementStatus(StrEnum):
+    """``SUCCESS``; ``WAIT`` (starting later, on GPUs being released, is better than starting now: the
+    result's :class:`Wait` says until when and on which plan); ``UNSCHEDULABLE`` (may fit later, e.g. when
+    GPUs free up); ``UNRESOLVABLE`` (can never fit this topology, e.g. the model exceeds total memory);
+    ``ERROR`` (the policy itself failed)."""
+
+    SUCCESS = "success"
+    WAIT = "wait"
+    UNSCHEDULABLE = "unschedulable"
+    UNRESOLVABLE = "unschedulable-and-unresolvable"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Release:
+    """GPUs the scheduler expects back ``after_s`` seconds from the decision (a running job's estimated
+    end): ``gpus`` is ``((cluster, count), ...)``. A negative count is a reservation: GPUs another job,
+    waiting for earlier releases, will take from then on (it gives them back in a later release)."""
+
+    after_s: float
+    gpus: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Budget:
+    """Search limits. ``time_limit_s`` caps wall time where the policy supports it (ILP, genetic);
+    ``seed`` seeds the policy's own ``numpy.random.Generator``; ``objective`` selects the score.
+
+    ``releases`` (sorted by ``after_s``) is what the scheduler knows about GPUs coming back; it is given
+    only to a policy that prices waiting itself, which may answer :attr:`PlacementStatus.WAIT` when
+    starting later on the released GPUs scores better than starting now. Empty: no such information."""
+
+    time_limit_s: float | None = None
+    seed: int = 0
+    objective: Objective = Objective.JCT
+    releases: tuple[Release, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanOptions:
+    """How a planner plans one allocation: the ``objective``; ``explain=False`` when the caller holds
+    another plan of the chain and only needs to know that this one does not fit (the error may then be
+    the cheaper one; the plans are the same); ``max_in_flight`` caps the micro-batches in flight per stage
+    replica (``None``: no cap)."""
+
+    objective: Objective = Objective.JCT
+    explain: bool = True
+    max_in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wait:
+    """A decision to wait: start ``after_s`` seconds from the decision on ``plan`` (planned on the GPUs
+    expected free then), because ``reason`` (the scores of waiting and starting now)."""
+
+    after_s: float
+    plan: Plan
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlacementResult:
+    """A policy's answer. ``plan`` is set on ``SUCCESS``; on ``WAIT`` ``wait`` says until when and
+    ``plan`` is the plan it waits for (``wait.plan``), which the scheduler may reserve for it."""
+
+    status: PlacementStatus
+    policy: str
+    plan: Plan | None = None
+    planning_seconds: float = 0.0
+    optimal: bool | None = None
+    reason: str = ""
+    constraint: str = ""
+    stats: dict[str, float] = field(default_factory=dict)
+    wait: Wait | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PlacementStatus.SUCCESS and self.plan is not None

@@ -39,7 +39,7 @@ end ``e`` may start now iff (:func:`admits`)
 With exact estimates the head's shadow time never moves later (tests check this). Cross-cluster
 placement needs GPUs in particular clusters, so counting GPUs in aggregate is an approximation: the
 head's reservation is on the pool, not on named clusters. A head whose policy chose to wait for GPUs
-being released (SpinSearch's start-now-or-wait step) is reserved at the time it waits for instead
+being released (the scheduling cycle's start-now-or-wait step) is reserved at the time it waits for instead
 (:func:`reserve_at`).
 
 Waiting for releases

@@ -22,6 +22,7 @@ CORE = [
     "spiderflow/tpa",
     "spiderflow/schedules.py",
     "spiderflow/queueing.py",
+    "spiderflow/cycle.py",
     "spiderflow/sim",
     "spiderflow/store",
     "spiderflow/topogen.py",

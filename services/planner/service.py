@@ -27,10 +27,10 @@ import grpc.aio
 import structlog
 
 from spiderflow import costmodel, metrics
-from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.domain import JobSpec, Plan, PlanOptions, Topology
 from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
 from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.common import Level2, set_level2
+from spiderflow.placement.common import Level2, LocalPlanner
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
@@ -39,7 +39,7 @@ from spiderflow.security.authz import authorize_plan
 from spiderflow.security.identity import current_principal
 from spiderflow.tpa.planner import with_in_flight_cap
 
-__all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_on_chain"]
+__all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_allocation", "plan_on_chain"]
 
 log = structlog.get_logger(__name__)
 
@@ -89,6 +89,18 @@ def plan_on_chain(
     )
 
 
+def plan_allocation(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], options: PlanOptions,
+                    level2: Level2 = "exact") -> PlacementResult:
+    """The in-process planner's plan of exactly ``allocation`` (:class:`LocalPlanner`), timed: what a policy
+    planning through this service gets, equal to what it gets in process; raises
+    :class:`UnschedulableError` when nothing fits."""
+    t0 = time.perf_counter()
+    plan = LocalPlanner(level2=level2).plan(topo, job, allocation, options)
+    return PlacementResult(
+        status=PlacementStatus.SUCCESS, policy="tpa", plan=plan, planning_seconds=time.perf_counter() - t0
+    )
+
+
 def _force_schedule(plan: Plan, topo: Topology, job: JobSpec, schedule: int) -> Plan:
     if schedule == types_pb2.SCHEDULE_UNSPECIFIED:
         return plan
@@ -119,13 +131,16 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         cap = convert.max_in_flight_from_proto(request.max_in_flight)
         strategy = request.WhichOneof("strategy")
         t0 = time.perf_counter()
-        if strategy == "chain":
+        if strategy == "allocation":
+            alloc = convert.allocation_from_proto(request.allocation)
+            options = PlanOptions(objective=budget.objective, explain=not request.brief, max_in_flight=cap)
+            result = await asyncio.to_thread(plan_allocation, topo, job, alloc, options, self.level2)
+        elif strategy == "chain":
             chain = list(request.chain.clusters)
             result = await asyncio.to_thread(plan_on_chain, topo, job, chain, budget.objective, cap, self.level2)
         else:
             name = request.policy if strategy == "policy" else self.default_policy
-            policy = get_policy(name)
-            set_level2(policy, self.level2)
+            policy = get_policy(name, planner=LocalPlanner(level2=self.level2))
             result = await asyncio.to_thread(policy.place, topo, job, budget)
         metrics.observe_plan(time.perf_counter() - t0, strategy=strategy or "policy", ok=result.ok)
         if not result.ok:

@@ -48,7 +48,7 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -58,29 +58,32 @@ import structlog
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
 from spiderflow import costmodel, metrics
-from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import SpiderFlowError, UnavailableError, UnschedulableError, ValidationError
+from spiderflow.cycle import (
+    CycleDecision,
+    CycleInput,
+    CycleOptions,
+    CycleResult,
+    Holder,
+    InvalidPlacementError,
+    Outcome,
+    QueueEntry,
+    WaitState,
+    decide,
+    link_gbps,
+    network_share,
+    run_cycle,
+)
+from spiderflow.domain import JobSpec, Plan, Topology, Wait
+from spiderflow.errors import SpiderFlowError, ValidationError
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.common import Level2, plan_objective, set_level2
-from spiderflow.queueing import (
-    Claim,
-    Holding,
-    QueuePolicy,
-    Reservation,
-    RunningJob,
-    admits,
-    after_admit,
-    expected_releases,
-    order,
-    queued_job,
-    reserve,
-    reserve_at,
-)
+from spiderflow.placement.base import PlacementPolicy, Planner
+from spiderflow.placement.common import Level2, LocalPlanner
+from spiderflow.queueing import QueuePolicy
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
 
-__all__ = ["CycleReport", "Decision", "DecisionKind", "PlanFinalizer", "SchedulingCycle"]
+__all__ = ["CycleReport", "Decision", "DecisionKind", "SchedulingCycle"]
 
 log = structlog.get_logger(__name__)
 
@@ -105,8 +108,6 @@ shape and the budget only (it reads no job id or tenant but in its logs), so a q
 one training run, a sweep) costs one search per distinct free-GPU state instead of one per job. The key holds
 the whole snapshot (topology, revision, free GPUs): a changed topology or allocation never hits a stale entry."""
 
-PlanFinalizer = Callable[[Topology, JobSpec, Plan], Awaitable[Plan]]
-"""Turns a policy's plan into the final plan (the Planner service's TPA plan of the same chain)."""
 
 
 class DecisionKind(StrEnum):
@@ -136,41 +137,67 @@ class CycleReport:
     rescheduled: list[str] = field(default_factory=list)
     conflict: bool = False
     seconds: float = 0.0
+    cycle: CycleResult | None = None
+    """The pure cycle's result this report applied (``None`` when no cycle ran: nothing queued)."""
 
     @property
     def placed(self) -> list[str]:
         return [d.job_id for d in self.decisions if d.kind is DecisionKind.PLACED]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Wait:
-    """A queued job whose policy chose to wait for releases: until when, the plan's GPUs it claims then and
-    that plan's estimated run time, and the policy's reason."""
+def _wait_doc(w: WaitState) -> dict[str, Any]:
+    """The JSON document stored at ``waits/<job>``."""
+    return {"until": w.until, "gpus": w.gpus, "claim": [[c, g] for c, g in w.claim], "run_s": w.run_s,
+            "reason": w.reason}
 
-    until: float
-    gpus: int
-    claim: tuple[tuple[str, int], ...]
-    run_s: float
-    reason: str
 
-    def to_doc(self) -> dict[str, Any]:
-        """The JSON document stored at ``waits/<job>``."""
-        return {"until": self.until, "gpus": self.gpus, "claim": [[c, g] for c, g in self.claim],
-                "run_s": self.run_s, "reason": self.reason}
+def _wait_from_doc(doc: Mapping[str, Any]) -> WaitState | None:
+    """A stored wait, or ``None`` when the document is not one (missing or mistyped fields)."""
+    try:
+        until, run_s, gpus, reason = doc["until"], doc["run_s"], doc["gpus"], doc["reason"]
+        claim = tuple((str(c), int(g)) for c, g in doc["claim"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    numbers_ok = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+                     for x in (until, run_s))
+    if not numbers_ok or isinstance(gpus, bool) or not isinstance(gpus, int) or not isinstance(reason, str):
+        return None
+    return WaitState(until=float(until), gpus=gpus, claim=claim, run_s=float(run_s), reason=reason)
 
-    @classmethod
-    def from_doc(cls, doc: Mapping[str, Any]) -> _Wait | None:
-        """A stored wait, or ``None`` when the document is not one (missing or mistyped fields)."""
-        try:
-            until, run_s, gpus, reason = doc["until"], doc["run_s"], doc["gpus"], doc["reason"]
-            claim = tuple((str(c), int(g)) for c, g in doc["claim"])
-        except (KeyError, TypeError, ValueError):
-            return None
-        numbers_ok = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                         for x in (until, run_s))
-        if not numbers_ok or isinstance(gpus, bool) or not isinstance(gpus, int) or not isinstance(reason, str):
-            return None
-        return cls(until=float(until), gpus=gpus, claim=claim, run_s=float(run_s), reason=reason)
+
+def _kind(d: CycleDecision) -> DecisionKind:
+    """How the service reports a decision that placed nothing."""
+    if d.outcome is Outcome.REJECT:
+        return DecisionKind.UNRESOLVABLE
+    if d.outcome is Outcome.WAIT or d.constraint in ("queue", "backfill"):
+        return DecisionKind.DEFERRED
+    if d.result is not None and d.result.status is PlacementStatus.ERROR:
+        return DecisionKind.ERROR
+    return DecisionKind.UNSCHEDULABLE
+
+
+class _Cached:
+    """A policy behind the scheduler's decision cache (:meth:`SchedulingCycle.place_cached`), built on its
+    first decision (in the cycle's worker thread: building one may load compiled kernels). It answers waits
+    as the cycle would (:func:`spiderflow.cycle.decide`): the policy's own pricing, or the cycle's."""
+
+    def __init__(self, owner: SchedulingCycle, name: str) -> None:
+        self.owner = owner
+        self.name = name
+        self._inner: PlacementPolicy | None = None
+
+    @property
+    def inner(self) -> PlacementPolicy:
+        if self._inner is None:
+            self._inner = self.owner.build_policy(self.name)
+        return self._inner
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget = Budget()) -> PlacementResult:  # noqa: B008
+        return self.owner.place_cached(self.name, self.inner, topo, job, budget)
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        """Never called: :meth:`place` already prices the wait (this makes the cycle hand it the releases)."""
+        return None
 
 
 def _shape(spec: JobSpec) -> JobSpec:
@@ -187,7 +214,7 @@ class SchedulingCycle:
         topology: TopologySource,
         *,
         default_policy: str = "spinsearch",
-        finalize: PlanFinalizer | None = None,
+        planner: Planner | None = None,
         queue_policy: QueuePolicy | None = None,
         budget: Budget | None = None,
         clock: Callable[[], float] = time.time,
@@ -197,18 +224,24 @@ class SchedulingCycle:
         level2: Level2 = "exact",
     ) -> None:
         self.repo = repo
-        self.level2: Level2 = level2
-        """TPA's level-2 solver for policies that plan in-process (``"exact"`` or ``"cpsat"``)."""
+        self.planner: Planner = planner if planner is not None else LocalPlanner(level2=level2)
+        """What the policies that plan their chains (SpinSearch, ``bace``) plan them with: the Planner
+        service (:class:`services.planner.client.RemotePlanner`) or in process (TPA's level 2: ``level2``)."""
         self.topology = topology
         self.default_policy = default_policy
-        self.finalize = finalize
         self.queue_policy = queue_policy or QueuePolicy()
         self.budget = budget or Budget(time_limit_s=30.0)
         self.clock = clock
         self.on_placed = on_placed
         self.replan_threshold = replan_threshold
         self.wait_for_releases = wait_for_releases
-        self._waits: dict[str, _Wait] = {}
+        self._waits: dict[str, WaitState] = {}
+        self._failed: dict[str, tuple[int, int]] = {}  # job -> (pool version, free GPUs) of its last failure
+        self._version = 0
+        self._pool_revision = -1
+        self._holders: set[str] = set()
+        self._policies: dict[str, PlacementPolicy] = {}
+
         self._adopted = False  # whether this term's waits were read from etcd (see ``new_term``)
         self._guard: Compare | None = None  # this term's election-key compare (see ``new_term``)
         self._notes_left = NOTE_WRITES_PER_CYCLE
@@ -239,9 +272,9 @@ class SchedulingCycle:
     async def _adopt_waits(self) -> None:
         """Replace the in-memory waits with those recorded in etcd; a malformed record is deleted, and so is
         every record when this scheduler runs without ``wait_for_releases``."""
-        waits: dict[str, _Wait] = {}
+        waits: dict[str, WaitState] = {}
         for job_id, doc in (await self.repo.waits()).items():
-            w = _Wait.from_doc(doc)
+            w = _wait_from_doc(doc)
             if w is None or not self.wait_for_releases:
                 why = "malformed wait record" if w is None else "this scheduler does not wait for releases"
                 log.warning("scheduler.wait_dropped", job=job_id, reason=why)
@@ -307,81 +340,107 @@ class SchedulingCycle:
             metrics.observe_cycle((), queued=0)
             return report
 
-        # 3. sort
-        ordered = order(
-            [queued_job(sj.record.spec, sj.record.created_at) for sj in queue], now, self.queue_policy
-        )
-        running = [
-            RunningJob(id=sj.record.id, gpus=sum(sj.record.allocation.values()), est_end_s=self._est_end(sj, now))
-            for sj in stored if sj.record.state in HOLDING
-        ]
+        # 3–7. one pure cycle (spiderflow.cycle): order, filter, place, wait, admit, reserve
+        holders = [sj for sj in stored if sj.record.state in HOLDING]
+        self._bump_version(topo.revision, {sj.record.id for sj in holders})
         queued_ids = {sj.record.id for sj in queue}
-        await self._end_waits([k for k in self._waits if k not in queued_ids])
-        holding = [Holding(job_id=r.id, end_s=r.est_end_s, gpus=tuple(by_id[r.id].record.allocation.items()))
-                   for r in running]
+        stale = [k for k, w in self._waits.items() if k not in queued_ids or w.until <= now
+                 or any(c not in topo.index for c, _ in w.claim)]
+        await self._end_waits(stale)
         gone = frozenset(c for sj in stored for c in sj.record.allocation if c not in topo.index)
-        res: Reservation | None = None
-        head_seen = False
-        behind_head = 0
-        for qj in ordered:
-            sj = by_id[qj.id]
-            total_free = sum(free.values())
-            wait = self._waits.get(qj.id)
-            if wait is not None and (wait.until <= now or any(c not in topo.index for c, _ in wait.claim)
-                                     or all(free.get(c, 0) >= g for c, g in wait.claim)):
-                # Its time has come, a cluster it claimed left, or the GPUs it waits for are free already
-                # (a job ended before its estimate): decide again.
-                await self._end_waits([qj.id])
-                wait = None
-            if wait is not None and not head_seen:
-                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)
+        holding = [Holder(job_id=sj.record.id, end_s=self._est_end(sj, now), gpus=tuple(sj.record.allocation.items()),
+                          link_gbps=(link_gbps(sj.record.plan, sj.record.spec, sj.record.plan.step_time_s)
+                                     if sj.record.plan is not None else 0.0)) for sj in holders]
+        try:
+            # In a worker thread: building a policy may load compiled kernels, and deciding takes CPU time;
+            # the event loop keeps the lease alive meanwhile.
+            result = await asyncio.to_thread(self._decide, topo, free, queue, holding, now, gone)
+        except InvalidPlacementError as e:
+            log.error("scheduler.invalid_placement", error=str(e))
+            report.seconds = time.perf_counter() - t_start
+            return report
+        report.cycle = result
+        # 8. bind the placements in order with compare-and-swap; write the waits and the notes
+        for d in result.decisions:
+            sj = by_id[d.job_id]
+            if d.tried and d.outcome is not Outcome.PLACE:
+                self._failed[d.job_id] = (self._version, d.total_free)
+            if d.outcome is Outcome.PLACE:
+                decision = await self._bind_placed(sj, d, topo, free, allocs, alloc_revs)
                 report.decisions.append(decision)
-                await self._note(sj, decision)
-                head_seen = True
-                res = reserve_at(qj.id, wait.gpus, wait.until, total_free, running, now)
+                if decision.kind is DecisionKind.CONFLICT:
+                    report.conflict = True
+                    break  # later decisions assumed this placement: decide again on a fresh snapshot
+                self._failed.pop(d.job_id, None)
+                await self._end_waits([d.job_id] if d.job_id in self._waits else [])
                 continue
-            if head_seen and (not self.queue_policy.backfill or behind_head >= self.queue_policy.backfill_depth):
-                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED,
-                                    reason=f"queued behind {res.job_id if res else 'the head job'}")
-                await self._note(sj, decision)
-                report.decisions.append(decision)
-                continue
-            if head_seen:
-                behind_head += 1
-            # 4. filter
-            if total_free < sj.record.spec.gpus.min:
-                decision = Decision(job_id=qj.id, kind=DecisionKind.UNSCHEDULABLE,
-                                    reason=f"needs at least {sj.record.spec.gpus.min} GPUs, {total_free} free")
-            elif wait is not None:  # waiting behind the head: it is not asked again before its time
-                decision = Decision(job_id=qj.id, kind=DecisionKind.DEFERRED, reason=wait.reason)
-            else:
-                budget = self.budget
-                if self.wait_for_releases:
-                    claims = [Claim(job_id=k, start_s=w.until, run_s=w.run_s, gpus=w.claim)
-                              for k, w in self._waits.items() if k != qj.id]
-                    budget = replace(budget, releases=expected_releases(holding, claims, now, gone=gone))
-                decision = await self._place_one(sj, topo, free, now, res, allocs, alloc_revs, budget)
-                if decision.kind is DecisionKind.DEFERRED and (new_wait := self._waits.get(qj.id)) is not None:
-                    await self._put_wait(qj.id, new_wait.to_doc())
+            if d.outcome is Outcome.WAIT and d.tried and d.wait is not None:
+                self._waits[d.job_id] = d.wait
+                await self._put_wait(d.job_id, _wait_doc(d.wait))
+                log.info("scheduler.waiting", job=d.job_id, until=d.wait.until, reason=d.reason)
+            decision = Decision(job_id=d.job_id, kind=_kind(d), reason=d.reason, seconds=d.seconds)
             report.decisions.append(decision)
-            if decision.kind is DecisionKind.CONFLICT:
-                report.conflict = True
-                break
-            if decision.kind is DecisionKind.PLACED:
-                res = after_admit(res, decision.gpus, decision.est_end_s)
-                continue
             await self._note(sj, decision)
-            if not head_seen:
-                head_seen = True
-                w = self._waits.get(qj.id)
-                res = (reserve_at(qj.id, w.gpus, w.until, total_free, running, now) if w is not None
-                       else reserve(qj.id, sj.record.spec.gpus.min, total_free, running, now))
         report.seconds = time.perf_counter() - t_start
         metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
                  seconds=round(report.seconds, 4), conflict=report.conflict, cached=self.cache_hits - hits_before,
                  notes=NOTE_WRITES_PER_CYCLE - self._notes_left)
         return report
+
+    def _decide(self, topo: Topology, free: dict[str, int], queue: list[StoredJob], holding: list[Holder],
+                now: float, gone: frozenset[str]) -> CycleResult:
+        """One pure cycle (:func:`spiderflow.cycle.run_cycle`) on this snapshot."""
+        state = CycleInput(topology=topo.with_free(free), now=now, version=self._version, gone=gone,
+                           queue=[self._entry(sj, topo) for sj in queue], holding=holding)
+        options = CycleOptions(queue=self.queue_policy, budget=self.budget, wait=self.wait_for_releases)
+        return run_cycle(state, self._policy(self.default_policy), options)
+
+    def _bump_version(self, revision: int, holders: set[str]) -> None:
+        """The pool version grows when the topology changes or a job gave its GPUs back (as in the simulator:
+        a failed decision is retried only then, or when more GPUs are free)."""
+        if revision != self._pool_revision or not self._holders <= holders:
+            self._version += 1
+        self._pool_revision, self._holders = revision, set(holders)
+
+    def _entry(self, sj: StoredJob, topo: Topology) -> QueueEntry:
+        """The cycle's view of a queued job: its remaining steps from its last checkpoint, the network share
+        of its last plan (re-placed jobs) on the current topology, its wait and its last failure."""
+        r = sj.record
+        share = None
+        if r.plan is not None and all(c in topo.index for c in r.plan.chain):
+            share = network_share(r.plan, topo, r.spec)
+        return QueueEntry(spec=r.spec, enqueued_s=r.created_at, steps_done=float(r.progress.checkpoint_step or 0),
+                          network_share=share, wait=self._waits.get(r.id), failed_at=self._failed.get(r.id),
+                          policy=self._policy(r.policy) if r.policy and r.policy != self.default_policy
+                          else None)
+
+    def _policy(self, name: str) -> PlacementPolicy:
+        """The named policy, built once per scheduler, behind the decision cache (and the Planner service)."""
+        pol = self._policies.get(name)
+        if pol is None:
+            pol = self._policies[name] = _Cached(self, name)
+        return pol
+
+    def build_policy(self, name: str) -> PlacementPolicy:
+        """A new instance of the named policy, with this scheduler's planner."""
+        return get_policy(name, planner=self.planner)
+
+    def place_cached(self, name: str, inner: PlacementPolicy, snap: Topology, spec: JobSpec,
+                     budget: Budget) -> PlacementResult:
+        """The policy's decision, from the decision cache when a job of the same shape was decided on the same
+        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
+        key = (name, _shape(spec), snap, budget)
+        hit = self._decisions.get(key)
+        if hit is not None:
+            self._decisions.move_to_end(key)
+            self.cache_hits += 1
+            return hit
+        result = decide(inner, snap, spec, budget)
+        self._decisions[key] = result
+        if len(self._decisions) > DECISION_CACHE_SIZE:
+            self._decisions.popitem(last=False)
+        return result
 
     def _material_change(self, sj: StoredJob, topo: Topology) -> str:
         """Why a job holding GPUs must be re-placed on ``topo`` ("" when it need not): one of its clusters
@@ -422,107 +481,38 @@ class SchedulingCycle:
                 return max(now, placed + max(0, r.spec.steps - start) * step)
         return now + max(0, r.spec.steps - r.progress.step) * step
 
-    def _service_plans(self, policy: object) -> bool:
-        """Whether the Planner service makes ``policy``'s final plan: one is configured and the policy plans
-        its chain with TPA itself (``tpa_final``)."""
-        return self.finalize is not None and bool(getattr(policy, "tpa_final", False))
-
-    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
-        """The policy's decision, from the decision cache when a job of the same shape was decided on the same
-        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
-        key = (policy_name, _shape(spec), snap, budget)
-        hit = self._decisions.get(key)
-        if hit is not None:
-            self._decisions.move_to_end(key)
-            self.cache_hits += 1
-            return hit
-        policy = get_policy(policy_name)
-        set_level2(policy, self.level2)
-        if self._service_plans(policy):
-            policy.planner = "fallback"  # type: ignore[attr-defined]  # the Planner service plans the chain
-        result = await asyncio.to_thread(policy.place, snap, spec, budget)
-        self._decisions[key] = result
-        if len(self._decisions) > DECISION_CACHE_SIZE:
-            self._decisions.popitem(last=False)
-        return result
-
-    async def _place_one(
-        self, sj: StoredJob, topo: Topology, free: dict[str, int], now: float, res: Reservation | None,
-        allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int], budget: Budget,
-    ) -> Decision:
+    async def _bind_placed(self, sj: StoredJob, d: CycleDecision, topo: Topology, free: dict[str, int],
+                           allocs: dict[str, dict[str, int]], alloc_revs: dict[str, int]) -> Decision:
+        """Bind one placement of the cycle (one etcd transaction compared on the revisions read)."""
         r = sj.record
-        policy_name = r.policy or self.default_policy
-        snap = topo.with_free(free)
-        t0 = time.perf_counter()
-        try:
-            result = await self._decide(r.spec, policy_name, snap, budget)
-            if result.constraint == "deferred" and result.plan is not None and budget.releases:
-                later = result.plan
-                left = max(1, r.spec.steps - r.progress.step)
-                self._waits[r.id] = _Wait(
-                    until=now + float(result.stats.get("defer_s", 0.0)), gpus=later.gpus,
-                    claim=tuple(sorted(later.gpus_by_cluster().items())), run_s=left * later.step_time_s,
-                    reason=result.reason)
-                log.info("scheduler.waiting", job=r.id, until=self._waits[r.id].until, chain=list(later.chain),
-                         reason=result.reason)
-                return Decision(job_id=r.id, kind=DecisionKind.DEFERRED, reason=result.reason,
-                                seconds=time.perf_counter() - t0)
-            if not result.ok:
-                kind = DecisionKind.UNRESOLVABLE if result.status is PlacementStatus.UNRESOLVABLE else \
-                    DecisionKind.UNSCHEDULABLE
-                return Decision(job_id=r.id, kind=kind, reason=result.reason or "no feasible placement",
-                                seconds=time.perf_counter() - t0)
-            assert result.plan is not None
-            plan = result.plan
-            if self.finalize is not None and self._service_plans(get_policy(policy_name)):
-                final = await self.finalize(snap, r.spec, plan)
-                if plan_objective(final, budget.objective) <= plan_objective(plan, budget.objective):
-                    plan = final
-        except UnschedulableError as e:
-            return Decision(job_id=r.id, kind=DecisionKind.UNSCHEDULABLE, reason=str(e),
-                            seconds=time.perf_counter() - t0)
-        except UnavailableError as e:
-            return Decision(job_id=r.id, kind=DecisionKind.ERROR, reason=f"planner unavailable: {e}",
-                            seconds=time.perf_counter() - t0)
-        except SpiderFlowError as e:
-            return Decision(job_id=r.id, kind=DecisionKind.ERROR, reason=str(e), seconds=time.perf_counter() - t0)
-        seconds = time.perf_counter() - t0
+        assert d.plan is not None and d.result is not None
+        plan = d.plan
         allocation = plan.gpus_by_cluster()
         # Remember the closed-form prediction on this snapshot: later snapshots are compared against it.
         plan = replace(plan, extras={**plan.extras,
-                                     PLACED_STEP_KEY: costmodel.evaluate(plan, snap, r.spec).step_time_s})
-        # 6. admit (EASY backfilling)
-        total_free = sum(free.values())
-        est_end = now + r.spec.steps * plan.step_time_s
-        if any(free.get(c, 0) < g for c, g in allocation.items()) or not admits(res, plan.gpus, est_end, total_free):
-            return Decision(job_id=r.id, kind=DecisionKind.DEFERRED, reason="starting it now would delay the "
-                            f"reserved start of job {res.job_id if res else '?'}", seconds=seconds)
-        # 7. reserve (assume)
-        for c, g in allocation.items():
-            free[c] -= g
-        # 8. bind
+                                     PLACED_STEP_KEY: costmodel.evaluate(plan, topo, r.spec).step_time_s})
+        policy_name = r.policy or self.default_policy
         chain = ",".join(plan.chain)
         placed = r.to(
-            JobState.PLACED, f"placed on {chain} by {result.policy}", now=self.clock(), plan=plan,
+            JobState.PLACED, f"placed on {chain} by {d.result.policy}", now=self.clock(), plan=plan,
             allocation=allocation, attempt=r.attempt + 1, policy=policy_name, topology_revision=topo.revision,
         )
         bound = await self._bind(sj, placed, topo, allocs, alloc_revs)
         if bound is None:
-            for c, g in allocation.items():
-                free[c] += g  # unreserve
             log.info("scheduler.bind_conflict", job=r.id, chain=list(plan.chain))
             return Decision(job_id=r.id, kind=DecisionKind.CONFLICT, reason="state changed; retrying",
-                            seconds=seconds)
+                            seconds=d.seconds)
         for c, g in allocation.items():
+            free[c] -= g
             allocs.setdefault(c, {})[r.id] = g
             alloc_revs[c] = bound.mod_revision
-        log.info("scheduler.placed", job=r.id, chain=list(plan.chain), gpus=plan.gpus, policy=result.policy,
-                 step_time_s=round(plan.step_time_s, 6), decision_s=round(seconds, 4), attempt=placed.attempt,
+        log.info("scheduler.placed", job=r.id, chain=list(plan.chain), gpus=plan.gpus, policy=d.result.policy,
+                 step_time_s=round(plan.step_time_s, 6), decision_s=round(d.seconds, 4), attempt=placed.attempt,
                  topology_revision=topo.revision)
         if self.on_placed is not None:
             self.on_placed(bound)
         return Decision(job_id=r.id, kind=DecisionKind.PLACED, reason=placed.reason, chain=plan.chain,
-                        seconds=seconds, gpus=plan.gpus, est_end_s=est_end)
+                        seconds=d.seconds, gpus=plan.gpus, est_end_s=d.est_end_s)
 
     async def _bind(self, sj: StoredJob, placed: JobRecord, topo: Topology, allocs: dict[str, dict[str, int]],
                     alloc_revs: dict[str, int]) -> StoredJob | None:

@@ -23,18 +23,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
 import structlog
 
-from services.scheduler.cycle import PlanFinalizer, SchedulingCycle
+from services.planner.client import RemotePlanner
+from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
-from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
 from spiderflow.jobs import JobState, Progress
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.placement import Budget
+from spiderflow.placement.base import Planner
 from spiderflow.placement.common import LEVEL2_CHOICES, Level2
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--topology-service", help="topology service address (live topology)")
     src.add_argument("--topology", help="a topology file (static topology, no agents needed)")
-    p.add_argument("--planner", help="planner service address for final plans (default: plan in-process)")
+    p.add_argument("--planner", help="planner service address: SpinSearch and bace plan their chosen chains through "
+                                     "it (default: plan in-process; the plans are the same)")
     p.add_argument("--policy", default="spinsearch", help="default placement policy")
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
                    help="TPA's solver for the blocks of an in-process plan: the exact optimum (default) or the "
@@ -188,7 +189,7 @@ class SchedulerReplica:
     """One scheduler process: campaigns, and while leader runs cycles until leadership is lost."""
 
     def __init__(self, store: Store, repo: JobRepository, topology: TopologySource, *, address: str,
-                 default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
+                 default_policy: str, planner: Planner | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
                  wait_for_releases: bool = False, level2: Level2 = "exact") -> None:
@@ -202,7 +203,7 @@ class SchedulerReplica:
         self.cycle_interval = cycle_interval
         self.lease_ttl = lease_ttl
         self.is_leader = False
-        self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
+        self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, planner=planner,
                                      budget=budget, on_placed=executor.arm if executor else None,
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
                                      level2=level2)
@@ -313,30 +314,6 @@ class SchedulerReplica:
                 self.wake.set()
 
 
-def planner_finalizer(address: str, *, credentials: grpc.ChannelCredentials | None = None,
-                      timeout_s: float = 30.0) -> PlanFinalizer:
-    """The final plan of the policy's chain from the Planner service at ``address`` (TLS with
-    ``credentials``; every call has a deadline of ``timeout_s``)."""
-    from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
-    from spiderflow.rpc import convert
-    from spiderflow.rpc.errors import domain_errors
-    from spiderflow.rpc.server import open_channel
-
-    stub = planner_pb2_grpc.PlannerStub(open_channel(address, credentials=credentials))
-
-    async def finalize(topo: Topology, job: JobSpec, plan: Plan) -> Plan:
-        req = planner_pb2.PlanRequest(topology=convert.topology_to_proto(topo), job=convert.job_to_proto(job))
-        req.chain.clusters.extend(plan.chain)
-        with domain_errors():
-            resp = await stub.Plan(req, timeout=timeout_s)
-        final = convert.plan_from_proto(resp.plan)
-        # The planner may use a chain cluster's GPUs up to the job maximum; never beyond the policy's choice.
-        return final if all(final.gpus_by_cluster().get(c, 0) <= g for c, g in plan.gpus_by_cluster().items()) \
-            else plan
-
-    return finalize
-
-
 async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     from spiderflow.store.etcd import EtcdStore
 
@@ -359,8 +336,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,
-        finalize=(planner_finalizer(args.planner, credentials=security.client_credentials) if args.planner
-                  else None), executor=executor, wake=wake,
+        planner=(RemotePlanner(args.planner, credentials=security.client_credentials) if args.planner
+                 else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,

@@ -26,10 +26,9 @@ import numpy as np
 from spiderflow.domain import JobSpec, Topology
 from spiderflow.errors import UnschedulableError
 from spiderflow.kernels import warm
-from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
+from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, Planner, register_policy
 from spiderflow.placement.common import (
-    Level2,
-    Planner,
+    LOCAL_PLANNER,
     diagnose,
     finalise,
     job_consts,
@@ -89,15 +88,13 @@ def bace_allocation(topo: Topology, job: JobSpec) -> list[tuple[str, int]]:
 
 
 class Bace:
-    name = "bace"
-    tpa_final = True
-    """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
-    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service;
-    ``level2`` is TPA's level-2 solver, ``"exact"`` or ``"cpsat"``)."""
+    """BACE's path, planned by the level-1 planner; its final plan is ``planner``'s plan of that path when
+    it is better (in process by default, or the Planner service; ``None``: the level-1 plan)."""
 
-    def __init__(self, *, planner: Planner = "auto", level2: Level2 = "exact") -> None:
-        self.planner: Planner = planner
-        self.level2: Level2 = level2
+    name = "bace"
+
+    def __init__(self, *, planner: Planner | None = LOCAL_PLANNER) -> None:
+        self.planner = planner
         warm()  # the compiled kernels are loaded now, not in the first decision
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
@@ -111,7 +108,7 @@ class Bace:
             return unschedulable(self.name, UnschedulableError(
                 f"no path of reachable clusters holds {job.gpus.min} free GPUs", constraint="reachability"),
                 time.perf_counter() - t0)
-        fin = finalise(topo, job, [alloc], objective=budget.objective, planner=self.planner, level2=self.level2)
+        fin = finalise(topo, job, [alloc], objective=budget.objective, planner=self.planner)
         elapsed = time.perf_counter() - t0
         if fin.plan is None:
             err = fin.error or UnschedulableError("the chosen path cannot hold the model", constraint="memory")
@@ -121,4 +118,4 @@ class Bace:
                                stats={"tpa": 1.0 if fin.planner == "tpa" else 0.0})
 
 
-register_policy("bace", Bace)
+register_policy("bace", Bace, with_planner=True)

@@ -13,12 +13,21 @@ Policies are pure: no I/O, no global RNG (a seeded ``numpy.random.Generator`` is
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
-from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.domain import (
+    Budget,
+    JobSpec,
+    Objective,
+    PlacementResult,
+    PlacementStatus,
+    Plan,
+    PlanOptions,
+    Release,
+    Topology,
+    Wait,
+)
 
 __all__ = [
     "REGISTRY",
@@ -27,74 +36,14 @@ __all__ = [
     "PlacementPolicy",
     "PlacementResult",
     "PlacementStatus",
+    "PlanOptions",
+    "Planner",
     "Release",
+    "Wait",
+    "WaitPricer",
     "get_policy",
     "register_policy",
 ]
-
-
-class PlacementStatus(StrEnum):
-    """``SUCCESS``; ``UNSCHEDULABLE`` (may fit later, e.g. when GPUs free up); ``UNRESOLVABLE`` (can never
-    fit this topology, e.g. the model exceeds total memory); ``ERROR`` (the policy itself failed)."""
-
-    SUCCESS = "success"
-    UNSCHEDULABLE = "unschedulable"
-    UNRESOLVABLE = "unschedulable-and-unresolvable"
-    ERROR = "error"
-
-
-class Objective(StrEnum):
-    """What a policy optimises: step time (``jct``), dollars per step (``cost``), or their product-like
-    blend (``balanced``: minimise step_time × usd_per_step^0.5)."""
-
-    JCT = "jct"
-    COST = "cost"
-    BALANCED = "balanced"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Release:
-    """GPUs the scheduler expects back ``after_s`` seconds from the decision (a running job's estimated
-    end): ``gpus`` is ``((cluster, count), ...)``. A negative count is a reservation: GPUs another job,
-    waiting for earlier releases, will take from then on (it gives them back in a later release)."""
-
-    after_s: float
-    gpus: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Budget:
-    """Search limits. ``time_limit_s`` caps wall time where the policy supports it (ILP, genetic);
-    ``seed`` seeds the policy's own ``numpy.random.Generator``; ``objective`` selects the score.
-
-    ``releases`` (sorted by ``after_s``) is what the scheduler knows about GPUs coming back; a policy may
-    use it to answer "wait" (``UNSCHEDULABLE`` with ``constraint="deferred"``) when starting later on
-    the released GPUs finishes the job earlier than starting now. Empty: no such information."""
-
-    time_limit_s: float | None = None
-    seed: int = 0
-    objective: Objective = Objective.JCT
-    releases: tuple[Release, ...] = ()
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PlacementResult:
-    """A policy's answer. ``plan`` is set on ``SUCCESS``; on ``UNSCHEDULABLE`` with
-    ``constraint="deferred"`` it may hold the plan the policy expects to run once the releases it waits
-    for have come (``stats["defer_s"]`` seconds from now), which the scheduler may reserve for it."""
-
-    status: PlacementStatus
-    policy: str
-    plan: Plan | None = None
-    planning_seconds: float = 0.0
-    optimal: bool | None = None
-    reason: str = ""
-    constraint: str = ""
-    stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status is PlacementStatus.SUCCESS and self.plan is not None
 
 
 class PlacementPolicy(Protocol):
@@ -105,23 +54,66 @@ class PlacementPolicy(Protocol):
     def place(self, topo: Topology, job: JobSpec, budget: Budget = ...) -> PlacementResult: ...
 
 
+@runtime_checkable
+class WaitPricer(Protocol):
+    """A policy that prices waiting itself: given ``Budget.releases`` its :meth:`place` may answer
+    :attr:`~spiderflow.domain.PlacementStatus.WAIT` (SpinSearch weighs the future with the same search,
+    which is cheaper than asking it once per release point). For every other policy the scheduling cycle
+    prices a later start with the policy's own placement (:func:`spiderflow.cycle.price_wait`)."""
+
+    name: str
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget = ...) -> PlacementResult: ...
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        """Start on ``now`` or wait for ``budget.releases``: the wait when it scores better."""
+        ...
+
+
+class Planner(Protocol):
+    """Plans one ordered allocation of ``(cluster, GPUs)`` on a topology for a job: the layer split, the
+    per-cluster degrees, the micro-batch count and the schedule; the plan uses exactly the allocation's GPUs
+    and is evaluated by the shared cost model. Raises
+    :class:`~spiderflow.errors.UnschedulableError` (naming the binding constraint) when nothing fits and
+    :class:`~spiderflow.errors.ValidationError` for a malformed allocation. Implementations: in process
+    (:class:`spiderflow.tpa.planner.LocalPlanner`) and through the Planner service
+    (``services.planner.client.RemotePlanner``); both give the same plan for the same inputs."""
+
+    @property
+    def name(self) -> str:
+        """Identifies the planner and its settings (memo keys of plans it made include it)."""
+        ...
+
+    def plan(self, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]],
+             options: PlanOptions) -> Plan: ...
+
+
 REGISTRY: dict[str, Callable[[], PlacementPolicy]] = {}
+PLANNED: dict[str, Callable[[Planner | None], PlacementPolicy]] = {}
+"""Factories of the registered policies that plan their chains with a :class:`Planner` (by name)."""
 
 
-def register_policy(name: str, factory: Callable[[], PlacementPolicy]) -> None:
-    """Register a policy factory; a second registration of ``name`` raises ``ValueError``."""
+def register_policy(name: str, factory: Callable[..., PlacementPolicy], *, with_planner: bool = False) -> None:
+    """Register a policy factory; a second registration of ``name`` raises ``ValueError``. With
+    ``with_planner`` the factory takes ``planner=`` (a :class:`Planner`, or ``None`` for level-1 plans only)
+    and :func:`get_policy` passes the one it is given."""
     if name in REGISTRY:
         raise ValueError(f"placement policy {name!r} is already registered")
     REGISTRY[name] = factory
+    if with_planner:
+        PLANNED[name] = lambda planner: factory(planner=planner)
 
 
-def get_policy(name: str) -> PlacementPolicy:
-    """Instantiate a registered policy; ``ValidationError`` on ``policy`` for an unknown name."""
+def get_policy(name: str, *, planner: Planner | None = None) -> PlacementPolicy:
+    """Instantiate a registered policy; ``ValidationError`` on ``policy`` for an unknown name. A policy that
+    plans its chains gets ``planner`` (default: its own default, the in-process planner); the others ignore
+    it."""
     from spiderflow.errors import ValidationError
     from spiderflow.placement import load_builtin_policies
 
     load_builtin_policies()
-    try:
-        return REGISTRY[name]()
-    except KeyError:
-        raise ValidationError("policy", f"unknown policy; known: {', '.join(sorted(REGISTRY))}", name) from None
+    if name not in REGISTRY:
+        raise ValidationError("policy", f"unknown policy; known: {', '.join(sorted(REGISTRY))}", name)
+    if planner is not None and name in PLANNED:
+        return PLANNED[name](planner)
+    return REGISTRY[name]()

@@ -58,20 +58,21 @@ import numpy.typing as npt
 import structlog
 
 from spiderflow.costmodel import GIB, RESERVED_GIB, activation_bytes, evaluate, fits_memory, layer_fwd_flops
-from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.domain import Cluster, JobSpec, Plan, PlanOptions, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.kernels.fallback import POS_WIDTH, new_memo
 from spiderflow.kernels.fallback import evaluate_split as evaluate_split_kernel
 from spiderflow.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.kernels.fallback import optimise_split as optimise_split_kernel
 from spiderflow.kernels.scorer import greedy_rows, score_rows
-from spiderflow.placement.base import Objective, PlacementResult, PlacementStatus
+from spiderflow.placement.base import Objective, PlacementResult, PlacementStatus, Planner
 
 __all__ = [
+    "LOCAL_PLANNER",
     "ChainScores",
     "Finalised",
     "JobConsts",
-    "Planner",
+    "LocalPlanner",
     "ScoreTables",
     "TopoArrays",
     "allocate_greedy",
@@ -667,7 +668,6 @@ def plan_with_split(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str
     return _finish(topo, job, _blocks_to_plan(ev, allocation, sizes, blocks))
 
 
-Planner = Literal["auto", "tpa", "fallback"]
 Level2 = Literal["exact", "cpsat"]
 LEVEL2_CHOICES: tuple[Level2, ...] = ("exact", "cpsat")
 """TPA's level-2 solvers (the same names as :data:`spiderflow.tpa.level2.LEVEL2_SOLVERS`, which this
@@ -679,12 +679,35 @@ def _check_level2(level2: str) -> None:
         raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_CHOICES)}", level2)
 
 
-def set_level2(policy: object, level2: str) -> None:
-    """Give a policy that plans with TPA (one with a ``level2`` attribute: SpinSearch, BACE) TPA's level-2
-    solver; other policies are left as they are. ``ValidationError`` on ``level2`` for an unknown name."""
-    _check_level2(level2)
-    if hasattr(policy, "level2"):
-        policy.level2 = level2
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LocalPlanner:
+    """The in-process :class:`~spiderflow.placement.base.Planner`: TPA (:func:`spiderflow.tpa.plan_chain`,
+    level 2 solved by ``level2``) when importable, else the level-1 planner; memoised (:func:`plan_chain`).
+    The Planner service runs the same code for the same inputs (``services.planner.client.RemotePlanner``)."""
+
+    level2: Level2 = "exact"
+
+    def __post_init__(self) -> None:
+        _check_level2(self.level2)
+
+    @property
+    def name(self) -> str:
+        return f"local/{self.level2}"
+
+    def plan(self, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], options: PlanOptions) -> Plan:
+        """The plan of ``allocation`` (see :class:`~spiderflow.placement.base.Planner`)."""
+        if options.max_in_flight is not None:
+            from spiderflow.tpa import plan_chain as tpa_plan_chain
+
+            capped: Plan = tpa_plan_chain(topo, job, allocation, objective=options.objective, level2=self.level2,
+                                          max_in_flight=options.max_in_flight, explain=options.explain)
+            return capped
+        return plan_chain(topo, job, allocation, objective=options.objective, level2=self.level2,
+                          explain=options.explain)
+
+
+LOCAL_PLANNER = LocalPlanner()
+"""The default planner of the policies that plan their chains (SpinSearch, BACE)."""
 
 
 def tpa_available() -> bool:
@@ -833,14 +856,15 @@ def finalise(
     allocations: Sequence[Sequence[tuple[str, int]]],
     *,
     objective: Objective = Objective.JCT,
-    planner: Planner = "auto",
+    planner: Planner | None = LOCAL_PLANNER,
     tolerance: float = 0.0,
-    level2: Level2 = "exact",
+    force: bool = False,
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
-    ``objective``, then (``planner`` ``auto``/``tpa``, TPA importable) re-plan that chain with
-    :func:`spiderflow.tpa.plan_chain` (its level-2 solver: ``level2``) and keep whichever of the two
-    plans of the chain scores better.
+    ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan that chain
+    with it and keep whichever of the two plans of the chain scores better. ``force``: ask the planner for
+    the first allocation even when the level-1 planner found no plan (its error then names the binding
+    constraint); ``planner=None``: the level-1 plans only.
 
     A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
@@ -865,11 +889,11 @@ def finalise(
         if val < best_val * (1 - tolerance) or best is None:
             best, best_val, best_alloc = plan, val, alloc
     used = "fallback"
-    if planner != "fallback" and (best is not None or planner == "tpa") and tpa_available():
+    if planner is not None and (best is not None or force) and tpa_available():
         target = best_alloc if best is not None else (allocations[0] if allocations else ())
         if target:
             try:
-                tplan = plan_chain(topo, job, target, objective=objective, level2=level2, explain=best is None)
+                tplan = planner.plan(topo, job, target, PlanOptions(objective=objective, explain=best is None))
                 if not check_plan(tplan, topo, job) and (
                     best is None or plan_objective(tplan, objective) <= best_val
                 ):

@@ -50,8 +50,9 @@ Search:
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
      :data:`DEFER_MARGIN`, the answer is
-     ``UNSCHEDULABLE`` with ``constraint="deferred"``, ``stats["defer_s"] = a_i`` and ``plan`` the plan it
-     waits for (the scheduler asks again then, and shows the plan's GPUs to other jobs as claimed).
+     ``WAIT`` with a :class:`~spiderflow.domain.Wait` (``after_s = a_i`` and the plan it waits for; the
+     scheduling cycle asks again then, and shows the plan's GPUs to other jobs as claimed). SpinSearch is a
+     :class:`~spiderflow.placement.base.WaitPricer`: the cycle hands it the releases.
      Release points are searched best-first by a lower bound on the finish time there. Greedy "start now
      on whatever is free" strands a job for hours on a few slow GPUs spread over several clusters when a
      fast cluster frees up minutes later.
@@ -76,18 +77,25 @@ import numpy as np
 import structlog
 
 from spiderflow.costmodel import GIB, RESERVED_GIB
-from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.domain import JobSpec, Plan, Topology, Wait
 from spiderflow.errors import UnschedulableError
 from spiderflow.kernels import warm
 from spiderflow.kernels.scorer import estimate_rows, trim_rows
 from spiderflow.kernels.search import extend_beam, neighbour_table
-from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus, Release, register_policy
+from spiderflow.placement.base import (
+    Budget,
+    Objective,
+    PlacementResult,
+    PlacementStatus,
+    Planner,
+    Release,
+    register_policy,
+)
 from spiderflow.placement.common import (
+    LOCAL_PLANNER,
     FArr,
     IArr,
     JobConsts,
-    Level2,
-    Planner,
     TopoArrays,
     allocate_greedy,
     diagnose,
@@ -629,7 +637,7 @@ def wait_or_start(
     when it starts ``a`` seconds from now. Starting now scores ``V_0 = V(0, step_0, usd_0)`` with the plan
     chosen now (``now``). Waiting for the releases up to ``a_i`` (cumulative, soonest first) scores
     ``V_i = V(a_i, step_i, usd_i)`` with the exact plan (level-1 planner on the cost model,
-    :func:`~spiderflow.placement.common.finalise` with ``planner="fallback"``, the planner ``now`` came
+    :func:`~spiderflow.placement.common.finalise` with ``planner=None``, the planner ``now`` came
     from) of the best of :func:`search_chains`' finalists on the GPUs free now plus those released by
     ``a_i`` (for ``jct`` a lighter search than a decision's: one chain refined, no GPU trimming — it only
     prices the future; the job is decided afresh when its time comes; dollars need the trimming).
@@ -702,7 +710,7 @@ def wait_or_start(
             continue
         fnames = future.names
         allocs = [[(fnames[u], g) for u, g in zip(c.chain, c.gpus, strict=True)] for c in cands[:finalists]]
-        fin = finalise(future, job, allocs, objective=objective, planner="fallback")
+        fin = finalise(future, job, allocs, objective=objective, planner=None)
         if fin.plan is None:
             continue
         v_i = _job_total(objective, after, job.steps, fin.plan.step_time_s, fin.plan.usd_per_step)
@@ -719,17 +727,14 @@ class SpinSearch:
     :func:`~spiderflow.placement.common.plan_chain` (TPA when available)."""
 
     name = "spinsearch"
-    tpa_final = True
-    """Its final plan is TPA's plan of the chosen chain when that is better (``planner`` selects the
-    planner; a scheduler with a Planner service sets it to ``"fallback"`` and asks the service;
-    ``level2`` is TPA's level-2 solver, ``"exact"`` or ``"cpsat"``)."""
 
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
-        planner: Planner = "auto", level2: Level2 = "exact",
+        planner: Planner | None = LOCAL_PLANNER,
     ) -> None:
-        self.planner: Planner = planner
-        self.level2: Level2 = level2
+        """``planner`` plans the chosen chain (in process by default, or the Planner service) and its plan
+        is kept when better than the level-1 plan; ``None``: the level-1 plans only."""
+        self.planner = planner
         self.beam_width = beam_width
         self.neighbours = neighbours
         self.seeds = seeds
@@ -757,16 +762,15 @@ class SpinSearch:
         # With releases to weigh, the level-1 plans decide between starting now and waiting (the same
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
-        first: Planner = "fallback" if weigh else self.planner
-        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE,
-                       level2=self.level2)
+        first = None if weigh else self.planner
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE)
         tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
             allocs = [[(names[u], g) for u, g in zip(c.chain, c.untrimmed or c.gpus, strict=True)]
                       for c in cands[self.finalists :]]
             tol = 0.0
-            fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, level2=self.level2)
+            fin = finalise(topo, job, allocs, objective=budget.objective, planner=first)
         plan_s = fin.plan_seconds
         if fin.plan is not None and weigh:
             wait = wait_or_start(topo, job, fin.plan, budget.releases, objective=budget.objective,
@@ -779,16 +783,13 @@ class SpinSearch:
                           value_wait=v_wait, value_now=v_now, revision=topo.revision, seconds=elapsed)
                 stats.update(search_seconds=search_s, plan_seconds=plan_s, defer_s=after,
                              defer_gpus=float(later.gpus))
+                reason = _wait_reason(after, v_wait, v_now, budget.objective)
                 return PlacementResult(
-                    status=PlacementStatus.UNSCHEDULABLE, policy=self.name, plan=later, planning_seconds=elapsed,
-                    constraint="deferred", stats=stats,
-                    reason=f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of "
-                    f"{v_now:.4g} when starting now ({budget.objective} of the whole job: "
-                    f"{_UNITS[budget.objective]})",
+                    status=PlacementStatus.WAIT, policy=self.name, plan=later, planning_seconds=elapsed,
+                    stats=stats, reason=reason, wait=Wait(after_s=after, plan=later, reason=reason),
                 )
-            if self.planner != "fallback":
-                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
-                               level2=self.level2)
+            if self.planner is not None:
+                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol)
                 plan_s += fin.plan_seconds
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))
@@ -801,6 +802,21 @@ class SpinSearch:
             status=PlacementStatus.SUCCESS, policy=self.name, plan=fin.plan, planning_seconds=elapsed,
             optimal=None, stats={**stats, "tpa": 1.0 if fin.planner == "tpa" else 0.0},
         )
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        """Start on ``now`` or wait for ``budget.releases`` (:func:`wait_or_start` with this policy's search
+        settings): the wait when it scores better, else ``None``."""
+        w = wait_or_start(topo, job, now, budget.releases, objective=budget.objective, beam_width=self.beam_width,
+                          neighbours=self.neighbours, seeds=self.seeds, finalists=self.finalists)
+        if w is None:
+            return None
+        after, v_wait, v_now, later = w
+        return Wait(after_s=after, plan=later, reason=_wait_reason(after, v_wait, v_now, budget.objective))
+
+
+def _wait_reason(after: float, v_wait: float, v_now: float, objective: Objective) -> str:
+    return (f"waiting {after:.0f} s for GPUs being released scores {v_wait:.4g} instead of {v_now:.4g} when "
+            f"starting now ({objective} of the whole job: {_UNITS[objective]})")
 
 
 def _search_failure(stats: dict[str, float], job: JobSpec) -> UnschedulableError:
@@ -823,4 +839,4 @@ def _with_time(res: PlacementResult, seconds: float) -> PlacementResult:
     return replace(res, planning_seconds=seconds)
 
 
-register_policy("spinsearch", SpinSearch)
+register_policy("spinsearch", SpinSearch, with_planner=True)

@@ -17,6 +17,7 @@ The module is pure (no I/O, no grpc import); it only needs the generated message
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
@@ -414,10 +415,39 @@ _STATUSES: dict[PlacementStatus, types_pb2.PlacementStatus] = {
 _STATUSES_BACK: dict[int, PlacementStatus] = {int(v): k for k, v in _STATUSES.items()}
 
 
+def allocation_to_proto(allocation: Sequence[tuple[str, int]]) -> planner_pb2.Allocation:
+    """An ordered allocation ``((cluster, GPUs), ...)`` as the planner's ``Allocation``."""
+    return planner_pb2.Allocation(clusters=[planner_pb2.ClusterGpus(cluster=c, gpus=g) for c, g in allocation])
+
+
+def allocation_from_proto(msg: planner_pb2.Allocation, *, field: str = "allocation") -> list[tuple[str, int]]:
+    """The ordered allocation; ``ValidationError`` naming ``allocation.clusters[i].field`` for an empty name,
+    a GPU count < 1 or a repeated cluster, and ``allocation.clusters`` when it is empty."""
+    if not msg.clusters:
+        raise ValidationError(_join(field, "clusters"), "needs at least one (cluster, gpus) entry", [])
+    out: list[tuple[str, int]] = []
+    seen: set[str] = set()
+    for i, e in enumerate(msg.clusters):
+        where = _join(field, f"clusters[{i}]")
+        if not e.cluster:
+            raise ValidationError(_join(where, "cluster"), "is required", e.cluster)
+        if e.cluster in seen:
+            raise ValidationError(_join(where, "cluster"), "a cluster may appear once", e.cluster)
+        if e.gpus < 1:
+            raise ValidationError(_join(where, "gpus"), "must be ≥ 1", e.gpus)
+        seen.add(e.cluster)
+        out.append((e.cluster, int(e.gpus)))
+    return out
+
+
 def placement_result_to_proto(result: PlacementResult) -> planner_pb2.PlanResponse:
+    """A policy's answer; a wait (never the answer of a request without releases) travels as UNSCHEDULABLE
+    with constraint ``wait``."""
+    waits = result.status is PlacementStatus.WAIT
     msg = planner_pb2.PlanResponse(
-        status=_STATUSES[result.status], reason=result.reason,
-        constraint=result.constraint, policy=result.policy, planning_seconds=result.planning_seconds,
+        status=_STATUSES[PlacementStatus.UNSCHEDULABLE if waits else result.status], reason=result.reason,
+        constraint="wait" if waits else result.constraint, policy=result.policy,
+        planning_seconds=result.planning_seconds,
         stats=dict(result.stats),
     )
     if result.plan is not None:

@@ -4,21 +4,17 @@ Events (processed in time order; at equal times: completions, then topology even
 scheduling cycles; then insertion order):
 
 - **arrival**: the job joins the queue (:mod:`spiderflow.queueing`).
-- **cycle**: the scheduler orders the queue and makes placement *decisions*, one after another. Each
-  decision calls the real policy (``policy.place(snapshot, job, Budget(...))``) on an immutable topology
-  snapshot whose ``free_gpus`` are the GPUs not held by running jobs. Its wall time is measured with
-  :func:`time.perf_counter` and advances the scheduler's clock: a job placed by the k-th decision of a
-  cycle starts after the first k decisions' overhead, and the next cycle cannot start before the
-  scheduler is free. The first job that cannot start becomes the head with a reservation; up to
-  ``queue.backfill_depth`` later jobs are tried as backfill (:func:`spiderflow.queueing.admits`).
-  Each decision's :class:`~spiderflow.placement.base.Budget` lists the running jobs' GPUs and estimated
-  ends (``releases``; :attr:`SimConfig.releases`). A policy may answer ``constraint="deferred"`` with
-  ``stats["defer_s"]``: the job is not asked again before then (unless a topology event happens or the
-  GPUs of the plan it waits for are all free sooner), and
-  as the head its reservation is on ``stats["defer_gpus"]`` GPUs at that time instead of its minimum now.
-  When the answer carries the plan it waits for, the other jobs' releases show that claim (a negative
-  release of its GPUs at its start, given back at its estimated end), so two waiting jobs do not both
-  count on the same GPUs.
+- **cycle**: one :func:`spiderflow.cycle.run_cycle` (the scheduler service runs the same function) on an
+  immutable topology snapshot whose ``free_gpus`` are the GPUs not held by running jobs, with the real
+  policy; its decisions are applied in order (starts, waits, give-ups). Each decision's wall time is
+  measured with :func:`time.perf_counter` and advances the scheduler's clock: a job placed by the k-th
+  decision of a cycle starts after the first k decisions' overhead, and the next cycle cannot start before
+  the scheduler is free. With :attr:`SimConfig.releases` (``simulate --wait``, the default) the cycle offers
+  every policy to wait for GPUs being released (:mod:`spiderflow.cycle`): a waiting job is not asked again
+  before the time it waits for (unless a topology event happens or the GPUs of the plan it waits for are
+  all free sooner), as the head its reservation is on that plan's GPUs at that time, and the other jobs'
+  releases show its claim. A job the policy calls unresolvable is given up (``unresolvable``); so is one
+  that does not fit the idle pool when no topology event is left.
 - **completion**: the job's GPUs are released.
 - **topology events** (:class:`TopologyEvent`): a link's bandwidth/latency changes, a cluster is lost or
   restored. Every running job's step time is re-evaluated with :func:`spiderflow.costmodel.evaluate`
@@ -46,7 +42,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
@@ -54,25 +49,26 @@ from typing import Any
 
 import structlog
 
-from spiderflow.costmodel import activation_bytes, evaluate
-from spiderflow.domain import JobSpec, Link, Plan, Topology
-from spiderflow.errors import SpiderFlowError, UnschedulableError, ValidationError
-from spiderflow.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus, Release
-from spiderflow.queueing import (
-    Claim,
-    Holding,
-    QueuedJob,
-    QueuePolicy,
-    Reservation,
-    RunningJob,
-    admits,
-    after_admit,
-    expected_releases,
-    order,
-    queued_job,
-    reserve,
-    reserve_at,
+from spiderflow.costmodel import evaluate
+from spiderflow.cycle import (
+    Advance,
+    CycleInput,
+    CycleOptions,
+    CycleResult,
+    Holder,
+    InvalidPlacementError,
+    Outcome,
+    QueueEntry,
+    WaitState,
+    link_gbps,
+    network_share,
+    run_cycle,
+    worth_trying,
 )
+from spiderflow.domain import JobSpec, Link, Plan, Topology
+from spiderflow.errors import SpiderFlowError, ValidationError
+from spiderflow.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus
+from spiderflow.queueing import QueuedJob, QueuePolicy, queued_job
 
 __all__ = [
     "EventKind",
@@ -189,8 +185,8 @@ def check_events(topo: Topology, events: Sequence[TopologyEvent]) -> None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """One simulation run. ``time_limit_s`` and ``objective`` go to the policy's :class:`Budget`; with
-    ``releases`` the budget also lists the running jobs' GPUs and estimated ends (:class:`Release`), as
-    the scheduler knows them, for policies that weigh starting now against waiting."""
+    ``releases`` the cycle offers waiting for GPUs being released to every policy (the running jobs' GPUs
+    at their estimated ends, as the scheduler knows them: :mod:`spiderflow.cycle`)."""
 
     objective: Objective = Objective.JCT
     seed: int = 0
@@ -304,31 +300,18 @@ def _usd_per_s(plan: Plan, topo: Topology) -> float:
     return rate
 
 
-def _network_share(plan: Plan, topo: Topology, job: JobSpec) -> float:
-    """Share of the step spent on cross-cluster boundaries, from the plan's boundary figures."""
-    if len(plan.chain) < 2 or plan.step_time_s <= 0:
-        return 0.0
-    a = activation_bytes(job.model, max(1, job.global_batch // plan.micro_batches), job.seq_len)
-    t = 0.0
-    for x, y in zip(plan.chain, plan.chain[1:], strict=False):
-        bw = topo.bandwidth_gbps(x, y)
-        t += 2.0 * plan.micro_batches * a * 8.0 / (bw * 1e9) if bw > 0 else math.inf
-    return min(1.0, t / plan.step_time_s) if math.isfinite(t) else 1.0
-
-
-def _link_gbps(plan: Plan, job: JobSpec, step_time: float) -> float:
-    """Gbit/s a running plan pushes across cluster boundaries (forward activations + backward gradients)."""
-    if len(plan.chain) < 2 or step_time <= 0 or not math.isfinite(step_time):
-        return 0.0
-    a = activation_bytes(job.model, max(1, job.global_batch // plan.micro_batches), job.seq_len)
-    return (len(plan.chain) - 1) * 2.0 * plan.micro_batches * a * 8.0 / 1e9 / step_time
-
-
 class _Sim:
     def __init__(self, topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy, config: SimConfig,
-                 events: Sequence[TopologyEvent], progress: Callable[[int, int], None] | None) -> None:
+                 events: Sequence[TopologyEvent], progress: Callable[[int, int], None] | None,
+                 on_cycle: Callable[[CycleResult], None] | None = None) -> None:
+        self.on_cycle = on_cycle
         self.cfg = config
         self.policy = policy
+        self.options = CycleOptions(
+            queue=config.queue, budget=Budget(time_limit_s=config.time_limit_s, seed=config.seed,
+                                              objective=config.objective),
+            vary_seed=True, wait=config.releases, fixed_overhead_s=config.fixed_overhead_s,
+            advance=Advance.MEASURED if config.overhead is OverheadMode.MEASURED else Advance.FIXED)
         self.base = topo
         self.topo = topo
         self.capacity: dict[str, int] = {c.name: c.free for c in topo.clusters}
@@ -350,7 +333,6 @@ class _Sim:
         self.snapshot: Topology | None = None
         self.free_cache: dict[str, int] | None = None
         self.snap_base: Topology | None = None
-        self.net_cache: float | None = None
         self.total_free_cache = 0
         self.qcache: dict[str, tuple[tuple[float, int, float | None], QueuedJob]] = {}
         self.decision_times: list[float] = []
@@ -424,7 +406,6 @@ class _Sim:
     def _changed(self) -> None:
         self.snapshot = None
         self.free_cache = None
-        self.net_cache = None
 
     def _snapshot(self) -> Topology:
         """The topology the next decision sees; only clusters whose free GPUs changed are rebuilt."""
@@ -499,7 +480,7 @@ class _Sim:
         j.seg_start = j.run_start
         j.seg_steps = 0.0
         j.usd_per_s = _usd_per_s(plan, self.topo)
-        j.network_share = _network_share(plan, self.topo, j.spec)
+        j.network_share = network_share(plan, self.topo, j.spec)
         rec = j.record
         if rec.first_start_s is None:
             rec.first_start_s = now
@@ -597,60 +578,29 @@ class _Sim:
             self._schedule_completion(j)
 
     # -- scheduling cycle -----------------------------------------------------------------------------
-    def _network_utilization(self) -> float:
-        """Cross-cluster Gbit/s of running plans / total link capacity, clipped to [0, 1]."""
-        if self.net_cache is not None:
-            return self.net_cache
-        cap = sum(link.bandwidth_gbps * (1 if link.directed else 2) for link in self.topo.links)
-        load = 0.0
+    def _entry(self, j: _Job) -> QueueEntry:
+        wait = (WaitState(until=j.defer_until, gpus=j.defer_gpus, claim=j.defer_claim, run_s=j.defer_run_s)
+                if j.defer_until > 0.0 or j.defer_claim else None)
+        return QueueEntry(spec=j.spec, enqueued_s=j.enqueued_s, steps_done=j.steps_done,
+                          network_share=j.network_share, restart_delay_s=j.pending_delay_s, wait=wait,
+                          failed_at=j.failed_at)
+
+    def _queued(self, e: QueueEntry) -> QueuedJob:
+        key = (e.enqueued_s, e.steps_left, e.network_share)
+        hit = self.qcache.get(e.spec.id)
+        if hit is None or hit[0] != key:
+            hit = (key, queued_job(e.spec, e.enqueued_s, steps_left=e.steps_left, network_share=e.network_share))
+            self.qcache[e.spec.id] = hit
+        return hit[1]
+
+    def _holders(self) -> list[Holder]:
+        out: list[Holder] = []
         for jid in self.running:
             j = self.jobs[jid]
             assert j.plan is not None
-            load += _link_gbps(j.plan, j.spec, j.plan.step_time_s)
-        self.net_cache = min(1.0, load / cap) if cap > 0 else 0.0
-        return self.net_cache
-
-    def _remaining_spec(self, j: _Job) -> JobSpec:
-        left = max(1, j.spec.steps - math.floor(j.steps_done))
-        return j.spec if left == j.spec.steps else replace(j.spec, steps=left)
-
-    def _decide(self, j: _Job, clock: float) -> tuple[Any, float]:
-        spec = self._remaining_spec(j)
-        snap = self._snapshot()
-        self.decision_seq += 1
-        budget = Budget(time_limit_s=self.cfg.time_limit_s, seed=self.cfg.seed * 1_000_003 + self.decision_seq,
-                        objective=self.cfg.objective,
-                        releases=self._releases(clock, j.spec.id) if self.cfg.releases else ())
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        status = PlacementStatus.ERROR
-        try:
-            result = self.policy.place(snap, spec, budget)
-        except UnschedulableError as e:
-            result, err, status = None, str(e), PlacementStatus.UNSCHEDULABLE
-        except SpiderFlowError as e:
-            result, err = None, str(e)
-        else:
-            err = ""
-        measured = time.perf_counter() - t0
-        self.decision_cpu.append(time.process_time() - c0)
-        self.decision_times.append(measured)
-        fed = measured if self.cfg.overhead is OverheadMode.MEASURED else self.cfg.fixed_overhead_s
-        self.sim_overhead += fed
-        j.record.decisions += 1
-        j.record.overhead_s += measured
-        if result is None:
-            return (status, err), fed
-        return result, fed
-
-    def _releases(self, clock: float, asking: str) -> tuple[Release, ...]:
-        """Running jobs' GPUs (on clusters not lost) at their estimated ends, and the claims of the other
-        jobs waiting for releases (:func:`spiderflow.queueing.expected_releases`)."""
-        holding = [Holding(job_id=jid, end_s=self._est_end(self.jobs[jid]), gpus=tuple(self.jobs[jid].alloc.items()))
-                   for jid in self.running]
-        claims = [Claim(job_id=jid, start_s=w.defer_until, run_s=w.defer_run_s, gpus=w.defer_claim)
-                  for jid in self.queue if jid != asking and (w := self.jobs[jid]).defer_claim]
-        return expected_releases(holding, claims, clock, gone=frozenset(self.lost))
+            out.append(Holder(job_id=jid, end_s=self._est_end(j), gpus=tuple(j.alloc.items()),
+                              link_gbps=link_gbps(j.plan, j.spec, j.plan.step_time_s)))
+        return out
 
     def _drop(self, j: _Job, status: str, reason: str) -> None:
         self.queue.pop(j.spec.id, None)
@@ -659,82 +609,46 @@ class _Sim:
         self._tick()
 
     def _cycle(self, now: float) -> None:
+        """One :func:`spiderflow.cycle.run_cycle` on the current state, its result applied in order."""
         if not self.queue:
             return
         clock = max(now, self.sched_free_s)
-        t0 = time.perf_counter()
-        qjobs: list[QueuedJob] = []
-        for jid in self.queue:
-            j = self.jobs[jid]
-            left = max(1, j.spec.steps - math.floor(j.steps_done))
-            key = (j.enqueued_s, left, j.network_share)
-            hit = self.qcache.get(jid)
-            if hit is None or hit[0] != key:
-                hit = (key, queued_job(j.spec, j.enqueued_s, steps_left=left, network_share=j.network_share))
-                self.qcache[jid] = hit
-            qjobs.append(hit[1])
-        ordered = order(qjobs, clock, self.cfg.queue, self._network_utilization())
-        q_elapsed = time.perf_counter() - t0
-        self.queue_overhead += q_elapsed
-        if self.cfg.overhead is OverheadMode.MEASURED:
-            clock += q_elapsed
-
-        res: Reservation | None = None
-        head_seen = False
-        tries_behind_head = 0
-        for qj in ordered:
-            j = self.jobs[qj.id]
-            total_free = self._total_free()
-            if head_seen and (not self.cfg.queue.backfill or tries_behind_head >= self.cfg.queue.backfill_depth):
-                break
-            # Cheap filters first: they are not decisions and cost no scheduler time.
-            can_try = self._worth_trying(j, total_free, clock)
-            placed = False
-            if can_try:
-                if head_seen:
-                    tries_behind_head += 1
-                result, fed = self._decide(j, clock)
-                decided_at = clock
-                clock += fed
-                if isinstance(result, tuple):
-                    status, reason = result
-                    plan = None
-                else:
-                    status, reason, plan = result.status, result.reason, result.plan
-                    if result.constraint == "deferred":
-                        j.defer_until = decided_at + float(result.stats.get("defer_s", 0.0))
-                        j.defer_gpus = int(result.stats.get("defer_gpus", j.spec.gpus.min))
-                        later = result.plan
-                        j.defer_claim = tuple(sorted(later.gpus_by_cluster().items())) if later else ()
-                        j.defer_run_s = (j.spec.steps - j.steps_done) * later.step_time_s if later else 0.0
-                if status is PlacementStatus.SUCCESS and plan is not None:
-                    self._check_fits(j, plan.gpus_by_cluster())
-                    est_end = clock + j.pending_delay_s + (j.spec.steps - j.steps_done) * plan.step_time_s
-                    if admits(res, plan.gpus, est_end, total_free):
-                        self._start(j, plan, clock)
-                        res = after_admit(res, plan.gpus, est_end)
-                        placed = True
-                    else:
-                        reason = "backfill would delay the reserved head job"
-                elif status is PlacementStatus.UNRESOLVABLE:
-                    self._drop(j, "unresolvable", reason or "the policy reports it can never fit")
-                    continue
-                elif not self.running and not self.lost and total_free == sum(self.capacity.values()) \
-                        and self.pending_topology == 0:
-                    self._drop(j, "unschedulable", reason or "does not fit the idle pool")
-                    continue
-                if not placed:
-                    j.failed_at = (self.version, total_free)
-                    j.record.reason = str(reason)
-            if not placed and not head_seen:
-                head_seen = True
-                running = [RunningJob(id=r, gpus=sum(self.jobs[r].alloc.values()),
-                                      est_end_s=self._est_end(self.jobs[r])) for r in self.running]
-                if j.defer_until > clock:
-                    res = reserve_at(j.spec.id, j.defer_gpus, j.defer_until, total_free, running, clock)
-                else:
-                    res = reserve(j.spec.id, j.spec.gpus.min, total_free, running, clock)
-        self.sched_free_s = clock
+        state = CycleInput(
+            topology=self._snapshot(), queue=[self._entry(self.jobs[jid]) for jid in self.queue],
+            holding=self._holders(), now=clock, version=self.version, gone=frozenset(self.lost),
+            topology_may_change=self.pending_topology > 0, decisions_before=self.decision_seq,
+        )
+        try:
+            result = run_cycle(state, self.policy, self.options, queued=self._queued)
+        except InvalidPlacementError as e:
+            raise SimulationError(str(e)) from None
+        self.queue_overhead += result.queue_seconds
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        for d in result.decisions:
+            if not d.tried:
+                continue
+            j = self.jobs[d.job_id]
+            self.decision_seq += 1
+            self.decision_cpu.append(d.cpu_seconds)
+            self.decision_times.append(d.seconds)
+            self.sim_overhead += d.fed_s
+            j.record.decisions += 1
+            j.record.overhead_s += d.seconds
+            if d.outcome is Outcome.WAIT and d.wait is not None:
+                j.defer_until, j.defer_gpus = d.wait.until, d.wait.gpus
+                j.defer_claim, j.defer_run_s = d.wait.claim, d.wait.run_s
+            if d.outcome is Outcome.PLACE and d.plan is not None:
+                self._start(j, d.plan, d.start_s)
+            elif d.outcome is Outcome.REJECT:
+                status = "unresolvable" if d.result is not None and \
+                    d.result.status is PlacementStatus.UNRESOLVABLE else "unschedulable"
+                self._drop(j, status, d.reason)
+            else:
+                j.failed_at = (self.version, d.total_free)
+                j.record.reason = d.reason
+        self.snapshot = self.snap_base = result.topology
+        self.sched_free_s = clock = result.clock
         # A job that could not be tried because nothing changed waits for the next event; if nothing is
         # running and no event can change the pool, whatever is left can never start.
         if self.queue and not self.running and not any(k in (_Ev.COMPLETE, _Ev.TOPOLOGY, _Ev.ARRIVAL)
@@ -742,25 +656,14 @@ class _Sim:
             for jid in self.queue:  # nothing left to wait for
                 self.jobs[jid].defer_until = 0.0
             total_free = self._total_free()
-            if any(self._worth_trying(self.jobs[jid], total_free, clock) for jid in self.queue):
+            free = self._free()
+            if any(worth_trying(self._entry(self.jobs[jid]), free, total_free, clock, self.version)
+                   for jid in self.queue):
                 self._request_cycle(clock)
                 return
             for jid in list(self.queue):
                 j = self.jobs[jid]
                 self._drop(j, "unschedulable", j.record.reason or "needs more GPUs than the pool has")
-
-    def _worth_trying(self, j: _Job, total_free: int, now: float) -> bool:
-        """A decision can only change its answer if the pool grew or changed since the last failure; a job
-        whose policy chose to wait for releases is not asked again before then (the releases it weighed
-        come at their estimated ends; a topology event clears the wait), unless the GPUs it claimed are all
-        free already (as in the scheduler service)."""
-        if total_free < j.spec.gpus.min:
-            return False
-        if j.defer_until > now + 1e-6:
-            free = self._free()
-            if not j.defer_claim or any(free.get(c, 0) < g for c, g in j.defer_claim):
-                return False
-        return j.failed_at is None or j.failed_at[0] != self.version or total_free > j.failed_at[1]
 
     def _est_end(self, j: _Job) -> float:
         assert j.plan is not None
@@ -769,10 +672,12 @@ class _Sim:
 
 
 def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | str, config: SimConfig | None = None,
-             *, events: Iterable[TopologyEvent] = (), progress: Callable[[int, int], None] | None = None) -> SimResult:
+             *, events: Iterable[TopologyEvent] = (), progress: Callable[[int, int], None] | None = None,
+             on_cycle: Callable[[CycleResult], None] | None = None) -> SimResult:
     """Run one policy over a trace. ``policy`` is an instance or a registered name.
 
-    ``progress(done, total)`` is called whenever a job completes or is given up. Raises
+    ``progress(done, total)`` is called whenever a job completes or is given up; ``on_cycle(result)`` with
+    every scheduling cycle's :class:`~spiderflow.cycle.CycleResult` before it is applied. Raises
     :class:`SimulationError` if the policy returns a plan that exceeds the GPUs free in a cluster.
     """
     cfg = config or SimConfig()
@@ -783,7 +688,7 @@ def simulate(topo: Topology, jobs: Sequence[JobSpec], policy: PlacementPolicy | 
     evs = list(events)
     check_events(topo, evs)
     topo.bandwidth_matrix  # noqa: B018 - compute the path matrices once, outside every timed decision
-    sim = _Sim(topo, jobs, policy, cfg, evs, progress)
+    sim = _Sim(topo, jobs, policy, cfg, evs, progress, on_cycle)
     sim.run()
     records = tuple(sim.jobs[j.id].record for j in jobs)
     ends = [r.end_s for r in records if r.end_s is not None]

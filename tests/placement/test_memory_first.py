@@ -119,7 +119,7 @@ def test_nothing_fits_is_proven_before_the_search(monkeypatch: pytest.MonkeyPatc
 def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a level-1 plan of the chain in hand, a TPA failure is not reported (the level-1 plan is kept), so
-    TPA is asked not to explain it; without one (``planner="tpa"``), its explanation is the answer."""
+    TPA is asked not to explain it; without one (``force=True``), its explanation is the answer."""
     import spiderflow.tpa as tpa
 
     topo, job, alloc = memory_bound_chain()
@@ -136,6 +136,6 @@ def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
     assert fin.plan is not None and fin.planner == "fallback" and seen == [False]
     small = Topology(clusters=(Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=2),), links=())
     big = JobSpec(id="j", model=model_preset("llama3-70b"), global_batch=64, gpus=GpuRange(min=1, max=8))
-    fin = common.finalise(small, big, [[("a", 2)]], planner="tpa")
+    fin = common.finalise(small, big, [[("a", 2)]], force=True)
     assert fin.plan is None and seen == [False, True] and fin.error is not None
     common.plan_cache_clear()

@@ -18,7 +18,7 @@ from spiderflow.placement.firstfit import FirstFit
 from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.topogen import generate_topology
 
-POLICIES = (SpinSearch(planner="fallback"), FirstFit(), Bace(planner="fallback"))
+POLICIES = (SpinSearch(planner=None), FirstFit(), Bace(planner=None))
 
 
 @st.composite

@@ -36,9 +36,9 @@ def test_waits_for_a_soon_released_fast_cluster_and_not_for_a_late_one() -> None
     assert after == soon[0].after_s and f0 == f_now and f_wait < (1 - DEFER_MARGIN) * f_now and later.gpus >= 8
     assert later.chain == ("big",) and f_wait == after + job.steps * later.step_time_s
     res = SpinSearch().place(topo, job, Budget(releases=soon))
-    assert res.status is PlacementStatus.UNSCHEDULABLE and res.constraint == "deferred"
-    assert res.stats["defer_s"] == after and res.plan is not None and not res.ok
-    assert res.plan.gpus_by_cluster() == later.gpus_by_cluster() and res.stats["defer_gpus"] == later.gpus
+    assert res.status is PlacementStatus.WAIT and res.wait is not None and not res.ok
+    assert res.wait.after_s == after and res.plan is not None and res.wait.plan == res.plan
+    assert res.plan.gpus_by_cluster() == later.gpus_by_cluster()
     # Released too late to finish earlier, or a cost objective: start now.
     late = (Release(after_s=0.9 * f_now, gpus=(("big", 32),)),)
     assert wait_or_start(topo, job, now.plan, late) is None
@@ -114,7 +114,7 @@ def test_plan_cache_matches_the_planner_and_keys_on_what_the_plan_depends_on() -
     assert plan_key(_topo(8), job, alloc, Objective.JCT) is None  # more GPUs than free: not cacheable
     p1, p2 = plan_chain(a, job, alloc), plan_chain(b, job, alloc)
     assert p1.stages == p2.stages and p1.step_time_s == p2.step_time_s
-    f = finalise(slower, job, [alloc], planner="fallback")
+    f = finalise(slower, job, [alloc], planner=None)
     assert f.plan is not None and f.plan.step_time_s > plan_chain(a, job, alloc).step_time_s * 0.999
 
 

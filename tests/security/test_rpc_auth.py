@@ -161,7 +161,7 @@ async def test_every_rpc_refuses_unauthenticated_calls(mesh: Mesh, other_ca: Pat
 
 async def _place(mesh: Mesh) -> None:
     cycle = SchedulingCycle(mesh.repo, StaticTopologySource.from_file(TOPOLOGY), default_policy="spinsearch",
-                            finalize=None, budget=Budget(time_limit_s=5.0))
+                            budget=Budget(time_limit_s=5.0))
     await cycle.run()
 
 

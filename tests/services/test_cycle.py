@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 import pytest
 
-from services.scheduler.cycle import DecisionKind, SchedulingCycle, _Wait
+from services.scheduler.cycle import DecisionKind, SchedulingCycle, _wait_doc, _wait_from_doc
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology
+from spiderflow.cycle import WaitState
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, PlanOptions, Topology, Wait
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
@@ -214,6 +216,9 @@ class _Recording:
         self.seen[job.id] = budget.releases
         return SpinSearch().place(topo, job, budget)
 
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return SpinSearch().price_wait(topo, job, now, budget)
+
 
 async def test_a_waiting_jobs_claim_is_in_the_next_jobs_releases_and_a_lost_cluster_ends_the_wait() -> None:
     if "test-recording" not in REGISTRY:
@@ -260,49 +265,51 @@ BIG = job_from_dict({"id": "big", "model": "gpt3-6.7b", "global_batch": 64, "ste
                      "gpus": {"min": 8, "max": 32}})
 
 
-class _Finalizer:
-    """Stands in for the Planner service: TPA in-process on the chosen chain (the service runs the same
-    function), optionally made worse; records what it was asked."""
+class _Planner:
+    """Stands in for the Planner service (a :class:`~spiderflow.placement.base.Planner`): TPA in process on
+    the allocation it is given (the service runs the same function), optionally made worse; records what
+    it was asked."""
+
+    name = "test"
 
     def __init__(self, *, worse: bool = False) -> None:
         self.worse = worse
-        self.asked: list[Plan] = []
+        self.asked: list[list[tuple[str, int]]] = []
 
-    async def __call__(self, topo: Topology, job: JobSpec, plan: Plan) -> Plan:
-        self.asked.append(plan)
-        gpus = plan.gpus_by_cluster()
-        final = tpa_plan_chain(topo, job, [(c, gpus[c]) for c in plan.chain])
+    def plan(self, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], options: PlanOptions) -> Plan:
+        self.asked.append(list(allocation))
+        final = tpa_plan_chain(topo, job, allocation, objective=options.objective)
         return replace(final, step_time_s=final.step_time_s * 10, extras={"worse": 1.0}) if self.worse else final
 
 
 @pytest.mark.parametrize("policy", ["spinsearch", "bace"])
 async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_better_plan_is_kept(policy: str) -> None:
-    """SpinSearch and ``bace`` only choose the chain and its level-1 plan; the Planner service's TPA plan of
-    that chain is kept when it is no worse, else the level-1 plan is (a worse answer never replaces it)."""
+    """SpinSearch and ``bace`` choose the chain with its level-1 plan and ask their planner (the Planner
+    service) for the plan of exactly that allocation; its plan is kept when it is no worse, else the level-1
+    plan is (a worse answer never replaces it)."""
     for worse in (False, True):
         repo = JobRepository(MemoryStore())
-        fin = _Finalizer(worse=worse)
-        cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy=policy)
+        planner = _Planner(worse=worse)
+        cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), planner=planner, default_policy=policy)
         await repo.submit(BIG, "r-big")
         assert (await cycle.run()).placed == ["big"]
-        assert len(fin.asked) == 1 and fin.asked[0].extras.get("timeline_step_s") is None  # not a TPA plan
+        assert len(planner.asked) == 1
         plan = (await repo.get("big")).record.plan
-        assert plan is not None
+        assert plan is not None and plan.gpus_by_cluster() == dict(planner.asked[0])
         if worse:
-            assert "worse" not in plan.extras and plan.chain == fin.asked[0].chain
-            assert plan.step_time_s == pytest.approx(fin.asked[0].step_time_s)
+            assert "worse" not in plan.extras and "timeline_step_s" not in plan.extras  # the level-1 plan
         else:
-            assert "timeline_step_s" in plan.extras and plan.step_time_s <= fin.asked[0].step_time_s
+            assert "timeline_step_s" in plan.extras
 
 
 async def test_with_a_planner_service_the_other_baselines_keep_their_own_plans() -> None:
     """``firstfit`` (like ``ilp`` and ``genetic``) plans as its paper does; the Planner service is not asked."""
     repo = JobRepository(MemoryStore())
-    fin = _Finalizer()
-    cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), finalize=fin, default_policy="firstfit")
+    planner = _Planner()
+    cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), planner=planner, default_policy="firstfit")
     await repo.submit(BIG, "r-big")
     assert (await cycle.run()).placed == ["big"]
-    assert fin.asked == []
+    assert planner.asked == []
 
 
 async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() -> None:
@@ -343,13 +350,13 @@ async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() 
 
 
 def test_a_wait_record_round_trips_and_mistyped_fields_are_rejected() -> None:
-    w = _Wait(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
-    assert _Wait.from_doc(json.loads(json.dumps(w.to_doc()))) == w
-    doc = w.to_doc()
+    w = WaitState(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
+    assert _wait_from_doc(json.loads(json.dumps(_wait_doc(w)))) == w
+    doc = _wait_doc(w)
     for bad in ({"until": "soon"}, {"until": math.inf}, {"gpus": True}, {"gpus": 1.5}, {"claim": [["fast"]]},
                 {"claim": 3}, {"reason": None}, {"run_s": math.nan}):
-        assert _Wait.from_doc({**doc, **bad}) is None, bad
-    assert _Wait.from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
+        assert _wait_from_doc({**doc, **bad}) is None, bad
+    assert _wait_from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
 
 
 async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_drops_them() -> None:
@@ -360,12 +367,12 @@ async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_d
     cycle = SchedulingCycle(repo, StaticTopologySource(_topo()), wait_for_releases=True)
     await cycle.run()  # adopts (no records yet)
     await repo.submit(JOB, "r1")
-    stale = _Wait(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
-    await repo.put_wait("big", stale.to_doc())
+    stale = WaitState(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
+    await repo.put_wait("big", _wait_doc(stale))
     assert (await cycle.run()).placed == ["big"]
     assert await repo.waits() == {}
 
-    await repo.put_wait("big", stale.to_doc())
+    await repo.put_wait("big", _wait_doc(stale))
     plain = SchedulingCycle(JobRepository(store), StaticTopologySource(_topo()))
     await plain.run()
     assert await repo.waits() == {} and plain.next_wait_end() is None

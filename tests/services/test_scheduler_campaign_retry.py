@@ -33,7 +33,7 @@ async def test_campaign_retries_back_off_warn_rarely_and_recover(monkeypatch: py
     monkeypatch.setattr(store, "grant", grant)
     topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
     replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
-                               default_policy="firstfit", finalize=None, executor=None, wake=asyncio.Event(),
+                               default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
                                cycle_interval=0.05, lease_ttl=2, budget=Budget())
     stop = asyncio.Event()
     with structlog.testing.capture_logs() as logs:
@@ -62,7 +62,7 @@ async def test_a_replica_asked_to_stop_while_backing_off_stops_at_once() -> None
     store.set_available(False)
     topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
     replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
-                               default_policy="firstfit", finalize=None, executor=None, wake=asyncio.Event(),
+                               default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
                                cycle_interval=0.05, lease_ttl=2, budget=Budget())
     stop = asyncio.Event()
     task = asyncio.create_task(replica.run(stop))

@@ -10,6 +10,7 @@ from spiderflow.domain import Cluster, JobSpec, Link, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import Budget, PlacementResult
+from spiderflow.placement.base import PlacementPolicy
 from spiderflow.store import MemoryStore
 
 
@@ -27,9 +28,10 @@ def _job(i: int, *, tenant: str = "t", steps: int = 5, model: str = "gpt-tiny", 
 class CountingCycle(SchedulingCycle):
     searches = 0
 
-    async def _decide(self, spec: JobSpec, policy_name: str, snap: Topology, budget: Budget) -> PlacementResult:
+    def place_cached(self, name: str, inner: PlacementPolicy, snap: Topology, spec: JobSpec,
+                     budget: Budget) -> PlacementResult:
         before = self.cache_hits
-        result = await super()._decide(spec, policy_name, snap, budget)
+        result = super().place_cached(name, inner, snap, spec, budget)
         if self.cache_hits == before:
             self.searches += 1
         return result

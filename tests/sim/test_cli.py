@@ -9,7 +9,7 @@ from typing import ClassVar
 import pytest
 
 from spiderflow.cli.main import main
-from spiderflow.domain import JobSpec, Topology
+from spiderflow.domain import JobSpec, Plan, Topology, Wait
 from spiderflow.placement.base import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.presets import PRESETS, preset_source, resolve_topology
 
@@ -17,13 +17,16 @@ from .helpers import GreedyPolicy
 
 
 class _Spy(GreedyPolicy):
-    """Records the most releases each job was told about."""
+    """Records the most releases each job was told about (it prices waits itself, so it is told them)."""
 
     told: ClassVar[dict[str, int]] = {}
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         self.told[job.id] = max(self.told.get(job.id, 0), len(budget.releases) if budget else 0)
         return super().place(topo, job, budget or Budget())
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return None
 
 
 if "greedy-test" not in REGISTRY:
@@ -137,12 +140,13 @@ def test_simulate_writes_json_and_plots(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_simulate_no_releases_reaches_the_policies(tmp_path: Path) -> None:
-    """``--no-releases``: no decision is told about GPUs coming back (recorded in the JSON too)."""
+    """``--no-wait`` (and its old name ``--no-releases``): no decision is told about GPUs coming back
+    (recorded in the JSON too)."""
     trace = tmp_path / "t.json"
     assert main(["trace", "generate", "--jobs", "12", "--seed", "2", "--topology", "aws-10-dtfm", "--load", "3",
                  "--out", str(trace)]) == 0
     told = _Spy.told
-    for flag, expect_any in (([], True), (["--no-releases"], False)):
+    for flag, expect_any in (([], True), (["--wait"], True), (["--no-wait"], False), (["--no-releases"], False)):
         told.clear()
         out = tmp_path / "o.json"
         assert main(["simulate", "--topology", "aws-10-dtfm", "--trace", str(trace), "--policies", "spy-test",

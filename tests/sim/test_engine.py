@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology, Wait
 from spiderflow.errors import ValidationError
 from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus
 from spiderflow.sim.engine import (
@@ -114,7 +114,8 @@ def test_conservation_and_completion_on_a_random_trace() -> None:
         TopologyEvent(t_s=jobs[80].arrival_s, kind=EventKind.CLUSTER_RESTORE, cluster=topo.names[0]),
     ]
     policy = GreedyPolicy()
-    res = simulate(topo, jobs, policy, FIXED, events=events)
+    # Without waiting: every policy call is a decision (with it, the cycle prices later starts with more calls).
+    res = simulate(topo, jobs, policy, replace(FIXED, releases=False), events=events)
     assert res.violations == ()
     cap = {c.name: c.free for c in topo.clusters}
     assert all(res.max_gpus_in_use[c] <= cap[c] for c in cap)
@@ -333,10 +334,20 @@ class WaitingPolicy(FixedStepPolicy):
         self.seen += [(r.after_s, r.gpus) for r in budget.releases]
         res = super().place(topo, job, budget)
         if not res.ok and budget.releases:
-            return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, constraint="deferred",
-                                   reason="wait", stats={"defer_s": budget.releases[0].after_s,
-                                                         "defer_gpus": float(job.gpus.max)})
+            later = Plan(stages=(Stage(cluster=budget.releases[0].gpus[0][0], first_layer=0,
+                                       last_layer=job.model.layers - 1, tp=1, dp=job.gpus.max),),
+                         micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+            return _waits(self.name, budget.releases[0].after_s, later)
         return res
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return None  # it prices waits in place()
+
+
+def _waits(policy: str, after: float, plan: Plan) -> PlacementResult:
+    """The typed answer "wait ``after`` seconds, then run ``plan``"."""
+    return PlacementResult(status=PlacementStatus.WAIT, policy=policy, plan=plan, reason="wait",
+                           wait=Wait(after_s=after, plan=plan, reason="wait"))
 
 
 def test_releases_reach_the_policy_and_a_deferred_job_is_asked_again_at_the_release() -> None:
@@ -376,9 +387,10 @@ class ClaimingPolicy(FixedStepPolicy):
         cluster = gives[0].gpus[0][0]
         later = Plan(stages=(Stage(cluster=cluster, first_layer=0, last_layer=job.model.layers - 1, tp=1,
                                    dp=job.gpus.max),), micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
-        return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, constraint="deferred",
-                               plan=later, reason="wait", stats={"defer_s": gives[0].after_s,
-                                                                  "defer_gpus": float(job.gpus.max)})
+        return _waits(self.name, gives[0].after_s, later)
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return None  # it prices waits in place()
 
 
 def test_a_waiting_jobs_claim_shows_in_the_other_jobs_releases() -> None:
@@ -411,8 +423,10 @@ class PessimisticWaitPolicy(FixedStepPolicy):
             return res
         later = Plan(stages=(Stage(cluster="c0", first_layer=0, last_layer=job.model.layers - 1, tp=1, dp=8),),
                      micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
-        return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, constraint="deferred",
-                               plan=later, reason="wait", stats={"defer_s": 100.0, "defer_gpus": 8.0})
+        return _waits(self.name, 100.0, later)
+
+    def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
+        return None  # it prices waits in place()
 
 
 def test_a_wait_ends_when_the_claimed_gpus_are_free() -> None:

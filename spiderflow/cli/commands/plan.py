@@ -21,7 +21,7 @@ from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
 from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
-from spiderflow.placement.common import LEVEL2_CHOICES, set_level2
+from spiderflow.placement.common import LEVEL2_CHOICES, LocalPlanner
 from spiderflow.presets import resolve_topology
 
 __all__ = ["parse_gpus", "register", "result_to_dict"]
@@ -109,8 +109,7 @@ def _plan(args: argparse.Namespace) -> int:
             render = gantt.render_gantt
         except (ImportError, AttributeError):
             raise CliError("--gantt: the Gantt renderer (spiderflow.viz.gantt) is not available", EXIT_USAGE) from None
-    policy = get_policy(args.policy)
-    set_level2(policy, args.level2)
+    policy = get_policy(args.policy, planner=LocalPlanner(level2=args.level2))
     budget = Budget(time_limit_s=args.time_limit, seed=args.seed, objective=Objective(args.objective))
     res = policy.place(topo, job, budget)
     doc = result_to_dict(res)

@@ -74,7 +74,7 @@ def _simulate(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
                        time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress, releases=not args.no_releases)
+                       show_progress=not args.no_progress, releases=args.wait)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
@@ -127,8 +127,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--overhead", choices=["measured", "fixed"], default="measured",
                    help="feed measured decision times into simulated time (default) or a fixed 10 ms")
     p.add_argument("--events", help="topology events file ({\"events\": [...]})")
-    p.add_argument("--no-releases", action="store_true",
-                   help="do not tell policies which GPUs come back when (SpinSearch then never waits; the "
-                        "scheduler service without --wait-for-releases)")
+    p.add_argument("--wait", dest="wait", action=argparse.BooleanOptionalAction, default=True,
+                   help="offer every policy to wait for GPUs being released when starting later scores better "
+                        "(default; SpinSearch prices it itself, the cycle prices it with any other policy's own "
+                        "placement); --no-wait: every job starts on what is free now (the scheduler service "
+                        "without --wait-for-releases)")
+    p.add_argument("--no-releases", dest="wait", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_simulate)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from spiderflow.proto.types.v1 import types_pb2 as spiderflow_dot_proto_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)spiderflow/proto/planner/v1/planner.proto\x12\x15spiderflow.planner.v1\x1a%spiderflow/proto/types/v1/types.proto\"\x19\n\x05\x43hain\x12\x10\n\x08\x63lusters\x18\x01 \x03(\t\"\xab\x02\n\x0bPlanRequest\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\x12)\n\x03job\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.JobSpec\x12-\n\x05\x63hain\x18\x03 \x01(\x0b\x32\x1c.spiderflow.planner.v1.ChainH\x00\x12\x10\n\x06policy\x18\x04 \x01(\tH\x00\x12+\n\x06\x62udget\x18\x05 \x01(\x0b\x32\x1b.spiderflow.types.v1.Budget\x12/\n\x08schedule\x18\x06 \x01(\x0e\x32\x1d.spiderflow.types.v1.Schedule\x12\x15\n\rmax_in_flight\x18\x07 \x01(\x05\x42\n\n\x08strategy\"\xca\x02\n\x0cPlanResponse\x12\x34\n\x06status\x18\x01 \x01(\x0e\x32$.spiderflow.types.v1.PlacementStatus\x12\'\n\x04plan\x18\x02 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nconstraint\x18\x04 \x01(\t\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x18\n\x10planning_seconds\x18\x06 \x01(\x01\x12\x14\n\x07optimal\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12=\n\x05stats\x18\x08 \x03(\x0b\x32..spiderflow.planner.v1.PlanResponse.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_optimal\"\x96\x01\n\x0f\x45stimateRequest\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\x12)\n\x03job\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.JobSpec\x12\'\n\x04plan\x18\x03 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\"y\n\x10\x45stimateResponse\x12\'\n\x04plan\x18\x01 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\x12\x13\n\x0b\x66its_memory\x18\x02 \x01(\x08\x12\x13\n\x0bworst_stage\x18\x03 \x01(\x05\x12\x12\n\nexcess_gib\x18\x04 \x01(\x01\x32\xb7\x01\n\x07Planner\x12O\n\x04Plan\x12\".spiderflow.planner.v1.PlanRequest\x1a#.spiderflow.planner.v1.PlanResponse\x12[\n\x08\x45stimate\x12&.spiderflow.planner.v1.EstimateRequest\x1a\'.spiderflow.planner.v1.EstimateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)spiderflow/proto/planner/v1/planner.proto\x12\x15spiderflow.planner.v1\x1a%spiderflow/proto/types/v1/types.proto\"\x19\n\x05\x43hain\x12\x10\n\x08\x63lusters\x18\x01 \x03(\t\",\n\x0b\x43lusterGpus\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x01(\x05\"B\n\nAllocation\x12\x34\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\".spiderflow.planner.v1.ClusterGpus\"\xf3\x02\n\x0bPlanRequest\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\x12)\n\x03job\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.JobSpec\x12-\n\x05\x63hain\x18\x03 \x01(\x0b\x32\x1c.spiderflow.planner.v1.ChainH\x00\x12\x10\n\x06policy\x18\x04 \x01(\tH\x00\x12\x37\n\nallocation\x18\x08 \x01(\x0b\x32!.spiderflow.planner.v1.AllocationH\x00\x12+\n\x06\x62udget\x18\x05 \x01(\x0b\x32\x1b.spiderflow.types.v1.Budget\x12/\n\x08schedule\x18\x06 \x01(\x0e\x32\x1d.spiderflow.types.v1.Schedule\x12\x15\n\rmax_in_flight\x18\x07 \x01(\x05\x12\r\n\x05\x62rief\x18\t \x01(\x08\x42\n\n\x08strategy\"\xca\x02\n\x0cPlanResponse\x12\x34\n\x06status\x18\x01 \x01(\x0e\x32$.spiderflow.types.v1.PlacementStatus\x12\'\n\x04plan\x18\x02 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x12\n\nconstraint\x18\x04 \x01(\t\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x18\n\x10planning_seconds\x18\x06 \x01(\x01\x12\x14\n\x07optimal\x18\x07 \x01(\x08H\x00\x88\x01\x01\x12=\n\x05stats\x18\x08 \x03(\x0b\x32..spiderflow.planner.v1.PlanResponse.StatsEntry\x1a,\n\nStatsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\n\n\x08_optimal\"\x96\x01\n\x0f\x45stimateRequest\x12/\n\x08topology\x18\x01 \x01(\x0b\x32\x1d.spiderflow.types.v1.Topology\x12)\n\x03job\x18\x02 \x01(\x0b\x32\x1c.spiderflow.types.v1.JobSpec\x12\'\n\x04plan\x18\x03 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\"y\n\x10\x45stimateResponse\x12\'\n\x04plan\x18\x01 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\x12\x13\n\x0b\x66its_memory\x18\x02 \x01(\x08\x12\x13\n\x0bworst_stage\x18\x03 \x01(\x05\x12\x12\n\nexcess_gib\x18\x04 \x01(\x01\x32\xb7\x01\n\x07Planner\x12O\n\x04Plan\x12\".spiderflow.planner.v1.PlanRequest\x1a#.spiderflow.planner.v1.PlanResponse\x12[\n\x08\x45stimate\x12&.spiderflow.planner.v1.EstimateRequest\x1a\'.spiderflow.planner.v1.EstimateResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,16 +36,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANRESPONSE_STATSENTRY']._serialized_options = b'8\001'
   _globals['_CHAIN']._serialized_start=107
   _globals['_CHAIN']._serialized_end=132
-  _globals['_PLANREQUEST']._serialized_start=135
-  _globals['_PLANREQUEST']._serialized_end=434
-  _globals['_PLANRESPONSE']._serialized_start=437
-  _globals['_PLANRESPONSE']._serialized_end=767
-  _globals['_PLANRESPONSE_STATSENTRY']._serialized_start=711
-  _globals['_PLANRESPONSE_STATSENTRY']._serialized_end=755
-  _globals['_ESTIMATEREQUEST']._serialized_start=770
-  _globals['_ESTIMATEREQUEST']._serialized_end=920
-  _globals['_ESTIMATERESPONSE']._serialized_start=922
-  _globals['_ESTIMATERESPONSE']._serialized_end=1043
-  _globals['_PLANNER']._serialized_start=1046
-  _globals['_PLANNER']._serialized_end=1229
+  _globals['_CLUSTERGPUS']._serialized_start=134
+  _globals['_CLUSTERGPUS']._serialized_end=178
+  _globals['_ALLOCATION']._serialized_start=180
+  _globals['_ALLOCATION']._serialized_end=246
+  _globals['_PLANREQUEST']._serialized_start=249
+  _globals['_PLANREQUEST']._serialized_end=620
+  _globals['_PLANRESPONSE']._serialized_start=623
+  _globals['_PLANRESPONSE']._serialized_end=953
+  _globals['_PLANRESPONSE_STATSENTRY']._serialized_start=897
+  _globals['_PLANRESPONSE_STATSENTRY']._serialized_end=941
+  _globals['_ESTIMATEREQUEST']._serialized_start=956
+  _globals['_ESTIMATEREQUEST']._serialized_end=1106
+  _globals['_ESTIMATERESPONSE']._serialized_start=1108
+  _globals['_ESTIMATERESPONSE']._serialized_end=1229
+  _globals['_PLANNER']._serialized_start=1232
+  _globals['_PLANNER']._serialized_end=1415
 # @@protoc_insertion_point(module_scope)

@@ -13,23 +13,41 @@ class Chain(_message.Message):
     clusters: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, clusters: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ClusterGpus(_message.Message):
+    __slots__ = ("cluster", "gpus")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    gpus: int
+    def __init__(self, cluster: _Optional[str] = ..., gpus: _Optional[int] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("clusters",)
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    clusters: _containers.RepeatedCompositeFieldContainer[ClusterGpus]
+    def __init__(self, clusters: _Optional[_Iterable[_Union[ClusterGpus, _Mapping]]] = ...) -> None: ...
+
 class PlanRequest(_message.Message):
-    __slots__ = ("topology", "job", "chain", "policy", "budget", "schedule", "max_in_flight")
+    __slots__ = ("topology", "job", "chain", "policy", "allocation", "budget", "schedule", "max_in_flight", "brief")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
     CHAIN_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SCHEDULE_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BRIEF_FIELD_NUMBER: _ClassVar[int]
     topology: _types_pb2.Topology
     job: _types_pb2.JobSpec
     chain: Chain
     policy: str
+    allocation: Allocation
     budget: _types_pb2.Budget
     schedule: _types_pb2.Schedule
     max_in_flight: int
-    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., chain: _Optional[_Union[Chain, _Mapping]] = ..., policy: _Optional[str] = ..., budget: _Optional[_Union[_types_pb2.Budget, _Mapping]] = ..., schedule: _Optional[_Union[_types_pb2.Schedule, str]] = ..., max_in_flight: _Optional[int] = ...) -> None: ...
+    brief: bool
+    def __init__(self, topology: _Optional[_Union[_types_pb2.Topology, _Mapping]] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., chain: _Optional[_Union[Chain, _Mapping]] = ..., policy: _Optional[str] = ..., allocation: _Optional[_Union[Allocation, _Mapping]] = ..., budget: _Optional[_Union[_types_pb2.Budget, _Mapping]] = ..., schedule: _Optional[_Union[_types_pb2.Schedule, str]] = ..., max_in_flight: _Optional[int] = ..., brief: _Optional[bool] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("status", "plan", "reason", "constraint", "policy", "planning_seconds", "optimal", "stats")
