@@ -81,6 +81,7 @@ from spiderflow.formats import job_from_dict
 from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.security import ids
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
 
@@ -427,7 +428,7 @@ class Executor:
         except SpiderFlowError as e:
             await self._report_outcomes(run, {st: f"cannot run the plan: {e}" for st in a.stages}, bound)
             return
-        run_dir = s.work_dir / a.job / f"attempt-{a.attempt}"
+        run_dir = ids.inside(s.work_dir, a.job, f"attempt-{a.attempt}")  # ValidationError if it would escape
         run_dir.mkdir(parents=True, exist_ok=True)
         doc = spec_to_dict(spec)
         doc["rendezvous"] = {"host": info.host, "port": info.port, "world_size": len(layout), "rank": 0,
@@ -455,7 +456,7 @@ class Executor:
         server = await asyncio.to_thread(_serve_store, s.host, world, s.rendezvous_timeout_s)
         info = RendezvousInfo(
             host=s.host, port=int(server.port),
-            checkpoint_dir=str((s.checkpoint_dir / a.job / f"attempt-{a.attempt}").resolve()),
+            checkpoint_dir=str(ids.inside(s.checkpoint_dir, a.job, f"attempt-{a.attempt}").resolve()),
             checkpoint_every=s.checkpoint_every, resume=resume,
         )
         await self.store.put(key, info.encode())

@@ -77,6 +77,7 @@ from spiderflow.queueing import (
     reserve,
     reserve_at,
 )
+from spiderflow.security.tenancy import Entry, TenantQuota, arrange
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
 
@@ -195,8 +196,11 @@ class SchedulingCycle:
         replan_threshold: float = 0.5,
         wait_for_releases: bool = False,
         level2: Level2 = "exact",
+        tenant_quota: TenantQuota | None = None,
     ) -> None:
         self.repo = repo
+        self.tenant_quota = tenant_quota
+        """Per-tenant GPU quota applied when the queue is arranged (:func:`spiderflow.security.tenancy.arrange`)."""
         self.level2: Level2 = level2
         """TPA's level-2 solver for policies that plan in-process (``"exact"`` or ``"cpsat"``)."""
         self.topology = topology
@@ -311,6 +315,22 @@ class SchedulingCycle:
         ordered = order(
             [queued_job(sj.record.spec, sj.record.created_at) for sj in queue], now, self.queue_policy
         )
+        # fair share between tenants; jobs that can never fit the pool or are over their tenant's GPU quota
+        # are parked with their reason, never becoming the head (spiderflow.security.tenancy)
+        held: dict[str, int] = {}
+        for sj in stored:
+            if sj.record.state in HOLDING:
+                held[sj.record.spec.tenant] = held.get(sj.record.spec.tenant, 0) + sum(sj.record.allocation.values())
+        arranged = arrange([Entry(job_id=q.id, tenant=by_id[q.id].record.spec.tenant,
+                                  min_gpus=by_id[q.id].record.spec.gpus.min) for q in ordered],
+                           held=held, capacity=sum(c.free for c in topo.clusters), quota=self.tenant_quota)
+        for job_id, why in arranged.parked.items():
+            kind = DecisionKind.UNRESOLVABLE if job_id in arranged.unresolvable else DecisionKind.DEFERRED
+            decision = Decision(job_id=job_id, kind=kind, reason=why)
+            report.decisions.append(decision)
+            await self._note(by_id[job_id], decision)
+        by_qid = {q.id: q for q in ordered}
+        ordered = [by_qid[i] for i in arranged.order]
         running = [
             RunningJob(id=sj.record.id, gpus=sum(sj.record.allocation.values()), est_end_s=self._est_end(sj, now))
             for sj in stored if sj.record.state in HOLDING
@@ -371,7 +391,7 @@ class SchedulingCycle:
                 res = after_admit(res, decision.gpus, decision.est_end_s)
                 continue
             await self._note(sj, decision)
-            if not head_seen:
+            if not head_seen and decision.kind is not DecisionKind.UNRESOLVABLE:  # it would block the queue for ever
                 head_seen = True
                 w = self._waits.get(qj.id)
                 res = (reserve_at(qj.id, w.gpus, w.until, total_free, running, now) if w is not None

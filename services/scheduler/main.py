@@ -39,6 +39,7 @@ from spiderflow.placement.common import LEVEL2_CHOICES, Level2
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
+from spiderflow.security.tenancy import TenantQuota
 from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError, Store
@@ -85,6 +86,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
     p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
+    p.add_argument("--tenant-max-queued", type=int, default=None,
+                   help="queued jobs per tenant at most (default: only --max-queued)")
+    p.add_argument("--tenant-max-gpus", type=int, default=None,
+                   help="GPUs held by one tenant's running jobs at most (default: unbounded)")
+    p.add_argument("--tenant-max-watches", type=int, default=None,
+                   help="open WatchJob streams per caller at most (default: only --max-watches)")
     add_server_arguments(p)
     add_etcd_arguments(p)
     add_metrics_argument(p)
@@ -191,7 +198,8 @@ class SchedulerReplica:
                  default_policy: str, finalize: PlanFinalizer | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
-                 wait_for_releases: bool = False, level2: Level2 = "exact") -> None:
+                 wait_for_releases: bool = False, level2: Level2 = "exact",
+                 tenant_quota: TenantQuota | None = None) -> None:
         self.store = store
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
@@ -205,7 +213,7 @@ class SchedulerReplica:
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
                                      budget=budget, on_placed=executor.arm if executor else None,
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
-                                     level2=level2)
+                                     level2=level2, tenant_quota=tenant_quota)
 
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
@@ -352,8 +360,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     executor = (SimExecutor(repo, scale=args.sim_time_scale, min_s=args.sim_min_s, max_s=args.sim_max_s,
                             on_done=wake) if args.executor == "sim" else None)
     limiter = RateLimiter(rate=args.submit_rate, burst=max(1.0, args.submit_burst))
+    quota = TenantQuota(max_queued=args.tenant_max_queued, max_gpus=args.tenant_max_gpus,
+                        max_watches=args.tenant_max_watches)
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
-                               max_watches=args.max_watches)
+                               max_watches=args.max_watches, tenant_quota=quota)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
@@ -364,6 +374,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
+        tenant_quota=quota,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)
