@@ -246,8 +246,13 @@ class Agent:
         """Serve, profile, connect; returns once the Agent service is up (registration follows in
         :meth:`run`)."""
         host, port = parse_hostport(self.config.listen, field="listen")
+        interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+        if self._server_credentials is not None:  # mTLS: every caller is authenticated and its role checked
+            from spiderflow.security.auth import Authenticator, AuthInterceptor
+
+            interceptors.append(AuthInterceptor(Authenticator(certificates=True)))
         self._server = await serve([AgentService(self)], host=host, port=port, credentials=self._server_credentials,
-                                   interceptors=[metrics.RpcMetricsInterceptor()])
+                                   interceptors=interceptors)
         if self.config.advertise:
             self._address = self.config.advertise
         elif host in _WILDCARDS:

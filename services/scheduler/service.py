@@ -9,12 +9,15 @@ Any replica answers every RPC (all state is in etcd; writes are compare-and-swap
   ALREADY_EXISTS; a full queue, or a tenant at its queued-jobs quota → RESOURCE_EXHAUSTED. Ids follow the
   grammar of :mod:`spiderflow.security.ids`; on an authenticating server a job is stored under its
   tenant-qualified id (``alice~train``) and request ids are scoped per tenant, so nothing a tenant
-  submits reveals or touches another tenant's jobs. Validation happens before anything is written (INVALID_ARGUMENT naming the
-  field), so etcd never holds a part of a malformed job.
+  submits reveals or touches another tenant's jobs. Validation happens before anything is written
+  (INVALID_ARGUMENT naming the field), so etcd never holds a part of a malformed job.
 - GetJob / ListJobs (state and tenant filters, pages in submission order) / WatchJob (the record, then
   every state change and, on request, progress, until a terminal state) / CancelJob (releases GPUs;
   FAILED_PRECONDITION for a finished job).
-- ReportProgress: agents report steps and worker outcomes; stale attempts are ignored.
+- ReportProgress: agents report steps and worker outcomes; stale attempts are ignored. Reports are
+  validated against the job (steps within the job's, finite numbers) and an agent reports outcomes only
+  for the stages its cluster runs in the current attempt; the last stage's success counts only once the
+  last step was reported, and a job ends once (later outcomes get ``accepted=false, stop=true``).
 
 Security (:mod:`spiderflow.security`): when the server authenticates, every RPC runs with the caller's
 principal and obeys :mod:`spiderflow.security.authz` (tenants see and cancel only their own jobs; another
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -388,6 +392,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
             if request.cluster and request.cluster not in r.allocation:
                 raise NotFoundError(f"cluster {request.cluster!r} runs no stage of job {r.id}")
+            final_step = _check_report(request, r, principal.name if principal is not None else request.cluster)
             new = r
             if request.progress:
                 ev = max(request.progress, key=lambda e: e.step)
@@ -402,6 +407,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                              now=self.repo.clock())
             elif request.outcomes and r.plan is not None and any(
                     o.stage == len(r.plan.stages) - 1 for o in request.outcomes):
+                if max(final_step, r.progress.step) < r.spec.steps:
+                    raise PreconditionError(f"the last stage of job {r.id} reported success at step "
+                                            f"{max(final_step, r.progress.step)} of {r.spec.steps}; a job "
+                                            "succeeds only once its last step is reported")
                 new = new.to(JobState.SUCCEEDED, f"trained {r.spec.steps} steps", now=self.repo.clock())
             if new == r:
                 return scheduler_pb2.ReportProgressResponse(accepted=True, stop=False)
@@ -413,6 +422,55 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 self._poke()
             return scheduler_pb2.ReportProgressResponse(accepted=True, stop=new.terminal)
         raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
+
+
+MAX_EVENTS = 10_000
+"""Progress events in one report at most."""
+MAX_ERROR = 4096
+"""Longest worker error of an outcome (characters)."""
+
+
+def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cluster: str) -> int:
+    """Validate a progress report against the job it is about and return its highest step.
+
+    INVALID_ARGUMENT naming the field: a step outside ``0..steps``, another ``steps_total``, a loss, speed
+    or step time that is not a finite number ≥ 0 (loss: finite), another job's or attempt's event, more
+    than :data:`MAX_EVENTS` events, an outcome's stage outside the plan or repeated, an error longer than
+    :data:`MAX_ERROR`. PERMISSION_DENIED: an outcome for a stage that ``cluster`` (the caller's cluster)
+    does not run in this attempt."""
+    if len(request.progress) > MAX_EVENTS:
+        raise ValidationError("progress", f"at most {MAX_EVENTS} events per report", len(request.progress))
+    top = 0
+    for i, ev in enumerate(request.progress):
+        where = f"progress[{i}]"
+        if not 0 <= ev.step <= r.spec.steps:
+            raise ValidationError(f"{where}.step", f"must be in 0..{r.spec.steps} (the job's steps)", ev.step)
+        if ev.steps_total not in (0, r.spec.steps):
+            raise ValidationError(f"{where}.steps_total", f"must be 0 or the job's {r.spec.steps}", ev.steps_total)
+        if ev.job_id and ev.job_id != r.id:
+            raise ValidationError(f"{where}.job_id", f"must be empty or {r.id!r}", ev.job_id[:80])
+        if ev.attempt and ev.attempt != r.attempt:
+            raise ValidationError(f"{where}.attempt", f"must be 0 or the report's attempt {r.attempt}", ev.attempt)
+        if not math.isfinite(ev.loss):
+            raise ValidationError(f"{where}.loss", "must be a finite number", ev.loss)
+        for name in ("tokens_per_s", "step_time_s"):
+            v = getattr(ev, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValidationError(f"{where}.{name}", "must be a finite number ≥ 0", v)
+        top = max(top, ev.step)
+    stages = r.plan.stages if r.plan is not None else ()
+    seen: set[int] = set()
+    for i, o in enumerate(request.outcomes):
+        if not 0 <= o.stage < len(stages) or o.stage in seen:
+            raise ValidationError(f"outcomes[{i}].stage", f"must be a stage of the plan (0..{len(stages) - 1}), "
+                                  "each once", o.stage)
+        seen.add(o.stage)
+        if cluster and stages[o.stage].cluster != cluster:
+            raise PermissionDeniedError(f"cluster {cluster!r} does not run stage {o.stage} of job {r.id} "
+                                        f"(attempt {r.attempt}); it may report only its own stages")
+        if len(o.error) > MAX_ERROR:
+            raise ValidationError(f"outcomes[{i}].error", f"must be at most {MAX_ERROR} characters", len(o.error))
+    return top
 
 
 def _clusters(r: JobRecord) -> set[str]:
