@@ -82,6 +82,7 @@ from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.security import ids
+from spiderflow.security.secrets import worker_environment
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
 
@@ -509,7 +510,7 @@ class Executor:
             self.on_busy(after)
 
     async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo) -> _Worker:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = worker_environment(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # none of the agent's secrets
         if "GLOO_SOCKET_IFNAME" not in env and self.settings.host.startswith("127."):
             env["GLOO_SOCKET_IFNAME"] = "lo"
         err_path = run_dir / f"rank-{info.rank}.log"
