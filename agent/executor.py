@@ -734,8 +734,10 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
     )
-    reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
-                                 token=getattr(config, "token", None))
+    from agent.control import ReplicaReporter  # reports reach any live scheduler replica
+
+    reporter = ReplicaReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
+                               token=getattr(config, "token", None))
     ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy)
     ex.owns_clients = True
     return ex

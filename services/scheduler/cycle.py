@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from services.scheduler.liveness import DEFAULT_STALE_S, stale_reason
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
 from spiderflow import costmodel, metrics
@@ -197,8 +198,11 @@ class SchedulingCycle:
         wait_for_releases: bool = False,
         level2: Level2 = "exact",
         tenant_quota: TenantQuota | None = None,
+        stale_s: float = DEFAULT_STALE_S,
     ) -> None:
         self.repo = repo
+        self.stale_s = stale_s
+        """Silence after which a job holding GPUs is re-placed (:mod:`services.scheduler.liveness`)."""
         self.tenant_quota = tenant_quota
         """Per-tenant GPU quota applied when the queue is arranged (:func:`spiderflow.security.tenancy.arrange`)."""
         self.level2: Level2 = level2
@@ -289,7 +293,7 @@ class SchedulingCycle:
 
         # 2. reconcile
         for sj in stored:
-            why = self._material_change(sj, topo)
+            why = self._material_change(sj, topo) or stale_reason(sj.record, now, stale_s=self.stale_s)
             if why:
                 try:
                     await self.repo.transition(sj, sj.record.to(JobState.RESCHEDULING, why, now=now))

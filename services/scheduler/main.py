@@ -27,6 +27,7 @@ import grpc
 import structlog
 
 from services.scheduler.cycle import PlanFinalizer, SchedulingCycle
+from services.scheduler.liveness import DEFAULT_STALE_S
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
@@ -86,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
     p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
+    p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_S,
+                   help="re-place a placed/running job whose agents sent no report for this many seconds plus "
+                        "3 predicted step times (0: never)")
     p.add_argument("--tenant-max-queued", type=int, default=None,
                    help="queued jobs per tenant at most (default: only --max-queued)")
     p.add_argument("--tenant-max-gpus", type=int, default=None,
@@ -199,7 +203,7 @@ class SchedulerReplica:
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
                  wait_for_releases: bool = False, level2: Level2 = "exact",
-                 tenant_quota: TenantQuota | None = None) -> None:
+                 tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S) -> None:
         self.store = store
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
@@ -213,7 +217,7 @@ class SchedulerReplica:
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, finalize=finalize,
                                      budget=budget, on_placed=executor.arm if executor else None,
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
-                                     level2=level2, tenant_quota=tenant_quota)
+                                     level2=level2, tenant_quota=tenant_quota, stale_s=stale_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
@@ -374,7 +378,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
-        tenant_quota=quota,
+        tenant_quota=quota, stale_s=args.stale_after,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)
