@@ -121,3 +121,51 @@ async def test_a_job_whose_agents_stopped_reporting_is_re_placed(repo: JobReposi
     assert any(t.to_state is JobState.RESCHEDULING and "no report from its agents" in t.reason
                for t in record.history)
     assert (await repo.get(alive)).record.state is JobState.RUNNING
+
+
+async def test_an_etcd_blip_does_not_evict_a_healthy_cluster() -> None:
+    """etcd stops for longer than the agent's lease TTL and comes back: etcd still holds the lease (it
+    extends every lease when it elects a leader again), and the agent keeps its registration (moved to a new
+    lease) instead of revoking it, so the cluster never leaves the topology."""
+    import asyncio
+    import contextlib
+
+    from agent.agent import Agent
+    from agent.config import load_config
+    from services.topology.graph import GraphConfig
+    from services.topology.repo import TopologyRepo
+    from services.topology.service import TopologyService
+
+    etcd = EtcdProcess()
+    etcd.start()
+    store = EtcdStore(etcd.endpoint)
+    server = await serve([TopologyService(store, TopologyRepo(store, GraphConfig()))])
+    cfg = load_config(None, {"cluster": "blip", "topology_service": server.address, "etcd": etcd.endpoint,
+                             "lease_ttl_s": 2, "gpus": {"gpu": "A100-80G", "nodes": 1, "gpus_per_node": 8},
+                             "probe": {"period_s": 60.0}})
+    agent = Agent(cfg)
+    stop = asyncio.Event()
+    await agent.start()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await asyncio.wait_for(agent.registered.wait(), 20)
+        first = await store.get(keys.cluster_key("blip"))
+        assert first is not None
+        etcd.stop()
+        for _ in range(200):  # the agent notices (its keep-alive is not acknowledged within the TTL)
+            if not agent.registered.is_set():
+                break
+            await asyncio.sleep(0.05)
+        assert not agent.registered.is_set()
+        etcd.start()
+        await asyncio.wait_for(agent.registered.wait(), 30)
+        now = await store.get(keys.cluster_key("blip"))
+        # the same key all along (never deleted and created again), now under a new lease
+        assert now is not None and now.create_revision == first.create_revision and now.lease != first.lease
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+        await server.stop(grace_s=0)
+        await store.close()
+        etcd.close()
