@@ -75,7 +75,7 @@ from spiderflow.rpc.server import RpcServer, open_channel, serve
 from spiderflow.runtime import parse_hostport
 from spiderflow.security.auth import bearer_metadata
 from spiderflow.store import keys
-from spiderflow.store.base import EventType, Lease, Store
+from spiderflow.store.base import Compare, CompareFailedError, EventType, Lease, Put, Store
 
 __all__ = ["VERSION", "Agent", "build_cluster"]
 
@@ -246,8 +246,13 @@ class Agent:
         """Serve, profile, connect; returns once the Agent service is up (registration follows in
         :meth:`run`)."""
         host, port = parse_hostport(self.config.listen, field="listen")
+        interceptors: list[grpc.aio.ServerInterceptor] = [metrics.RpcMetricsInterceptor()]
+        if self._server_credentials is not None:  # mTLS: every caller is authenticated and its role checked
+            from spiderflow.security.auth import Authenticator, AuthInterceptor
+
+            interceptors.append(AuthInterceptor(Authenticator(certificates=True)))
         self._server = await serve([AgentService(self)], host=host, port=port, credentials=self._server_credentials,
-                                   interceptors=[metrics.RpcMetricsInterceptor()])
+                                   interceptors=interceptors)
         if self.config.advertise:
             self._address = self.config.advertise
         elif host in _WILDCARDS:
@@ -318,11 +323,18 @@ class Agent:
                            started_at=self._started_at)
         key = keys.cluster_key(self.config.cluster)
         failures, last_warned = 0, -math.inf
+        kept: Lease | None = None  # a lease this agent lost track of, whose registration may still be alive
         while not stop.is_set():
             lease: Lease | None = None
             try:
                 lease = await self._store.grant(self.config.lease_ttl_s)
-                revision = await self._store.put_if_absent(key, reg.encode(), lease=lease)
+                revision = await self._keep_registration(key, reg, kept, lease) if kept is not None else None
+                if revision is None:
+                    revision = await self._store.put_if_absent(key, reg.encode(), lease=lease)
+                if kept is not None:  # the registration moved to the new lease (or is gone): drop the old one
+                    with contextlib.suppress(SpiderFlowError):
+                        await kept.revoke()
+                    kept = None
             except AlreadyExistsError:
                 self.log.info("agent.registration_taken", key=key)
                 if lease is not None:
@@ -350,8 +362,31 @@ class Agent:
             self._registered.clear()
             self._lease = None
             self.log.warning("agent.registration_lost", reason=reason)
-            with contextlib.suppress(SpiderFlowError):
-                await lease.revoke()
+            if lease.lost.is_set():
+                # Lost on this side only (etcd unreachable for a TTL): etcd may still hold the lease (it
+                # extends every lease when it elects a leader again), so the registration is kept if it is
+                # still there, moved to a new lease, instead of being revoked: a blip of etcd does not make
+                # a healthy cluster leave the topology.
+                kept = lease
+            else:
+                with contextlib.suppress(SpiderFlowError):
+                    await lease.revoke()
+
+    async def _keep_registration(self, key: str, reg: Registration, old: Lease, lease: Lease) -> int | None:
+        """Move this agent's registration from ``old`` (lost on this side) to ``lease`` when etcd still
+        holds it under ``old``: one compare-and-swap on the key's revision, so the key never disappears.
+        Returns the new revision, or None when there is nothing to keep (then register afresh)."""
+        assert self._store is not None
+        kv = await self._store.get(key)
+        if kv is None or kv.lease != old.id:
+            return None
+        try:
+            revision = await self._store.commit([Compare(key=key, mod_revision=kv.mod_revision)],
+                                                [Put(key=key, value=reg.encode(), lease=lease)], [])
+        except CompareFailedError:
+            return None
+        self.log.info("agent.registration_kept", old_lease=old.id, lease=lease.id)
+        return revision
 
     async def _until_lost(self, lease: Lease, key: str, revision: int) -> str:
         """Wait until the lease is lost or the registration key is deleted or overwritten by someone

@@ -5,7 +5,8 @@ File format (every key optional except where the command line provides it)::
     cluster: virginia
     topology_service: 127.0.0.1:50052
     etcd: 127.0.0.1:2379
-    scheduler: 127.0.0.1:50051     # optional: where stage execution reports (not used for probing)
+    scheduler: 127.0.0.1:50051     # optional: where stage execution reports (not used for probing);
+                                   # several replicas comma-separated: reports go to any that answers
     work_dir: /var/lib/spiderflow  # worker specs and logs (default: a directory under the system temp dir)
     checkpoint_dir: /mnt/shared/ckpt  # checkpoint root every agent mounts at the same path (default:
                                    # <work_dir>/checkpoints, enough when all agents share one machine)
@@ -172,8 +173,10 @@ class AgentConfig:
         parse_hostport(self.topology_service, field="topology_service")
         parse_hostport(self.etcd, field="etcd")
         parse_hostport(self.listen, field="listen")
-        if self.scheduler is not None:
-            parse_hostport(self.scheduler, field="scheduler")
+        if self.scheduler is not None:  # one address, or every replica's, comma-separated
+            from agent.control import parse_replicas
+
+            parse_replicas(self.scheduler, field="scheduler")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValidationError("checkpoint_every", "must be an integer ≥ 0 (0: no checkpoints)",

@@ -81,6 +81,8 @@ from spiderflow.formats import job_from_dict
 from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
+from spiderflow.security import ids
+from spiderflow.security.secrets import worker_environment
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
 
@@ -427,7 +429,7 @@ class Executor:
         except SpiderFlowError as e:
             await self._report_outcomes(run, {st: f"cannot run the plan: {e}" for st in a.stages}, bound)
             return
-        run_dir = s.work_dir / a.job / f"attempt-{a.attempt}"
+        run_dir = ids.inside(s.work_dir, a.job, f"attempt-{a.attempt}")  # ValidationError if it would escape
         run_dir.mkdir(parents=True, exist_ok=True)
         doc = spec_to_dict(spec)
         doc["rendezvous"] = {"host": info.host, "port": info.port, "world_size": len(layout), "rank": 0,
@@ -455,7 +457,7 @@ class Executor:
         server = await asyncio.to_thread(_serve_store, s.host, world, s.rendezvous_timeout_s)
         info = RendezvousInfo(
             host=s.host, port=int(server.port),
-            checkpoint_dir=str((s.checkpoint_dir / a.job / f"attempt-{a.attempt}").resolve()),
+            checkpoint_dir=str(ids.inside(s.checkpoint_dir, a.job, f"attempt-{a.attempt}").resolve()),
             checkpoint_every=s.checkpoint_every, resume=resume,
         )
         await self.store.put(key, info.encode())
@@ -508,7 +510,7 @@ class Executor:
             self.on_busy(after)
 
     async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo) -> _Worker:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        env = worker_environment(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # none of the agent's secrets
         if "GLOO_SOCKET_IFNAME" not in env and self.settings.host.startswith("127."):
             env["GLOO_SOCKET_IFNAME"] = "lo"
         err_path = run_dir / f"rank-{info.rank}.log"
@@ -732,8 +734,10 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
     )
-    reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
-                                 token=getattr(config, "token", None))
+    from agent.control import ReplicaReporter  # reports reach any live scheduler replica
+
+    reporter = ReplicaReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
+                               token=getattr(config, "token", None))
     ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy)
     ex.owns_clients = True
     return ex

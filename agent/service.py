@@ -11,6 +11,10 @@
   of each peer.
 
 Stage control (StartStages, StopStages, WatchWorkers) is not served by this class (UNIMPLEMENTED).
+
+Callers (when the server authenticates, i.e. serves mTLS): the probes only peer agents, the control-plane
+services and the admin; GetStatus only the control plane and the admin. A tenant's certificate is
+PERMISSION_DENIED on every RPC (:func:`require_caller`).
 """
 
 from __future__ import annotations
@@ -22,11 +26,23 @@ from typing import Protocol
 import grpc.aio
 
 from agent.probe import Ingress
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.errors import PermissionDeniedError, UnavailableError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
+from spiderflow.security.identity import Role, current_principal
 
-__all__ = ["MAX_CHUNK_BYTES", "MAX_ECHO_BYTES", "AgentService", "AgentState"]
+__all__ = ["MAX_CHUNK_BYTES", "MAX_ECHO_BYTES", "AgentService", "AgentState", "require_caller"]
+
+PROBE_CALLERS = frozenset({Role.AGENT, Role.SERVICE, Role.ADMIN})
+STATUS_CALLERS = frozenset({Role.SERVICE, Role.ADMIN})
+
+
+def require_caller(roles: frozenset[Role], what: str) -> None:
+    """PERMISSION_DENIED unless the caller's role is one of ``roles`` (anyone when the server does not
+    authenticate)."""
+    principal = current_principal()
+    if principal is not None and principal.role not in roles:
+        raise PermissionDeniedError(f"{principal} may not call {what} on an agent")
 
 MAX_ECHO_BYTES = 64 * 1024
 DEFAULT_CHUNK_BYTES = 256 * 1024
@@ -58,6 +74,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def ProbeEcho(
         self, request: agent_pb2.ProbeEchoRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.ProbeEchoResponse:
+        require_caller(PROBE_CALLERS, "ProbeEcho")
         if len(request.payload) > MAX_ECHO_BYTES:
             raise ValidationError("payload", f"must be ≤ {MAX_ECHO_BYTES} bytes", len(request.payload))
         return agent_pb2.ProbeEchoResponse(payload=request.payload, sequence=request.sequence)
@@ -65,6 +82,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def ProbeUpload(
         self, request_iterator: AsyncIterator[agent_pb2.ProbeUploadRequest], context: grpc.aio.ServicerContext
     ) -> agent_pb2.ProbeUploadResponse:
+        require_caller(PROBE_CALLERS, "ProbeUpload")
         cap = self.state.serve_cap_bytes
         received = 0
         first = last = 0.0
@@ -84,6 +102,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def ProbeDownload(
         self, request: agent_pb2.ProbeDownloadRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[agent_pb2.ProbeDownloadResponse]:
+        require_caller(PROBE_CALLERS, "ProbeDownload")
         cap = self.state.serve_cap_bytes
         if not 0 < request.total_bytes <= cap:
             raise ValidationError("total_bytes", f"must be in 1..{cap}", request.total_bytes)
@@ -102,4 +121,5 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     async def GetStatus(
         self, request: agent_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> agent_pb2.GetStatusResponse:
+        require_caller(STATUS_CALLERS, "GetStatus")
         return self.state.status()

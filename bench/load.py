@@ -143,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await store.close()
         ids = sorted(r.id for r in stored)
-        expected = [f"load-{i:05d}" for i in range(args.jobs)]
+        expected = sorted(f"{tenants[i % args.clients]}~load-{i:05d}" for i in range(args.jobs))  # ids per tenant
         succeeded = sum(1 for r in stored if r.state is JobState.SUCCEEDED)
         complete = args.profile or args.submit_only or (len(jobs) == args.jobs and succeeded == args.jobs)
         lat = np.array(latencies) * 1000.0

@@ -88,6 +88,7 @@ from spiderflow.queueing import (
     reserve,
     reserve_at,
 )
+from spiderflow.tenancy import Entry, TenantQuota, arrange
 
 __all__ = [
     "Advance",
@@ -181,13 +182,18 @@ class Holder:
     end_s: float
     gpus: tuple[tuple[str, int], ...]
     link_gbps: float = 0.0
+    tenant: str = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CycleOptions:
     """``budget`` is every decision's search budget (``vary_seed``: decision ``k`` of the run gets seed
     ``budget.seed · 1000003 + k``); ``wait`` offers waiting for releases to every policy; ``advance`` and
-    ``fixed_overhead_s``: how the clock moves on per decision (module docstring)."""
+    ``fixed_overhead_s``: how the clock moves on per decision (module docstring); ``tenant_quota``: the GPUs a
+    tenant may hold (:mod:`spiderflow.tenancy`; ``None``: unbounded); ``fair_share``: interleave the order
+    between tenants by max-min share of GPUs (:func:`spiderflow.tenancy.arrange`; the scheduler service's
+    default), else keep the queue policy's order. Jobs that can never fit the pool or are over their
+    tenant's quota are parked either way."""
 
     queue: QueuePolicy = field(default_factory=QueuePolicy)
     budget: Budget = field(default_factory=Budget)
@@ -195,6 +201,8 @@ class CycleOptions:
     wait: bool = True
     advance: Advance = Advance.NONE
     fixed_overhead_s: float = 0.01
+    tenant_quota: TenantQuota | None = None
+    fair_share: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -425,6 +433,29 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
     view = queued or _queued
     ordered = order([view(e) for e in state.queue], clock, options.queue,
                     network_utilization(state.topology, state.holding))
+    # Fair share between tenants; park the jobs that can never fit the pool or are over their tenant's quota
+    # (spiderflow.tenancy): they never become the head nor take a backfill slot.
+    held: dict[str, int] = {}
+    for h in state.holding:
+        held[h.tenant] = held.get(h.tenant, 0) + sum(g for _, g in h.gpus)
+    capacity = state.topology.total_free_gpus + sum(held.values())
+    arranged = arrange([Entry(job_id=q.id, tenant=entries[q.id].spec.tenant, min_gpus=entries[q.id].spec.gpus.min)
+                        for q in ordered], held=held, capacity=capacity, quota=options.tenant_quota)
+    parked: list[CycleDecision] = []
+    free_now = state.topology.total_free_gpus
+    final = not state.gone and not state.topology_may_change
+    for jid, why in arranged.parked.items():
+        if jid in arranged.unresolvable:
+            parked.append(CycleDecision(job_id=jid, outcome=Outcome.REJECT if final else Outcome.PENDING,
+                                        constraint="capacity", reason=why, at=clock, total_free=free_now))
+        else:
+            parked.append(CycleDecision(job_id=jid, outcome=Outcome.PENDING, constraint="quota", reason=why,
+                                        at=clock, total_free=free_now))
+    if options.fair_share:
+        by_qid = {q.id: q for q in ordered}
+        ordered = [by_qid[i] for i in arranged.order]
+    elif parked:
+        ordered = [q for q in ordered if q.id not in arranged.parked]
     q_elapsed = time.perf_counter() - t0
     if options.advance is Advance.MEASURED:
         clock += q_elapsed
@@ -433,7 +464,7 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
                 holding=list(state.holding),
                 waits={e.spec.id: e.wait for e in state.queue if e.wait is not None})
     seq = state.decisions_before
-    out: list[CycleDecision] = []
+    out: list[CycleDecision] = parked
     res: Reservation | None = None
     head: str | None = None
     tries_behind = 0
@@ -507,7 +538,8 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
                     st.total -= plan.gpus
                     st.snap = st.snap.with_free({c: st.free[c] for c in alloc})
                     st.holding.append(Holder(job_id=jid, end_s=est_end, gpus=tuple(alloc.items()),
-                                             link_gbps=link_gbps(plan, e.spec, plan.step_time_s)))
+                                             link_gbps=link_gbps(plan, e.spec, plan.step_time_s),
+                                             tenant=e.spec.tenant))
                     st.waits.pop(jid, None)
                     res = after_admit(res, plan.gpus, est_end)
                     out.append(replace(base, outcome=Outcome.PLACE, reason=result.reason, plan=plan, est_end_s=est_end))

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 from spiderflow.catalog import GpuType, ModelSpec, gpu_type
 from spiderflow.errors import ValidationError
+from spiderflow.security import ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -381,8 +382,8 @@ class JobSpec:
     precision: Precision = Precision.BF16
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id or len(self.id) > 128:
-            raise ValidationError("id", "must be a non-empty string of ≤ 128 characters", self.id)
+        # ids: the grammar of spiderflow.security.ids; a stored job's id is qualified by its own tenant
+        tenant, _ = ids.split_job_id("id", self.id)
         _int("global_batch", self.global_batch, minimum=1)
         _int("micro_batch", self.micro_batch, minimum=1)
         if self.global_batch % self.micro_batch:
@@ -395,8 +396,9 @@ class JobSpec:
         _int("priority", self.priority, minimum=-1000)
         if self.priority > 1000:
             raise ValidationError("priority", "must be ≤ 1000", self.priority)
-        if not isinstance(self.tenant, str) or not self.tenant or len(self.tenant) > 63:
-            raise ValidationError("tenant", "must be a non-empty string of ≤ 63 characters", self.tenant)
+        ids.check_tenant("tenant", self.tenant)
+        if ids.SEP in self.id and tenant != self.tenant:
+            raise ValidationError("id", f"is qualified by tenant {tenant!r}, not by the job's tenant", self.id)
         if self.precision.__class__ is not Precision:
             try:
                 object.__setattr__(self, "precision", Precision(self.precision))

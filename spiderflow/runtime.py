@@ -72,8 +72,12 @@ def write_ready_file(path: Path | None, **doc: Any) -> None:
     if path is None:
         return
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"pid": os.getpid(), **doc}))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps({"pid": os.getpid(), **doc}))
+        tmp.replace(path)
+    except BaseException:  # a full disk: no partial temporary file is left
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def run_until_signalled(main: Callable[[asyncio.Event], Awaitable[None]]) -> int:

@@ -55,6 +55,7 @@ from typing import Any
 
 import structlog
 
+from services.scheduler.liveness import DEFAULT_STALE_S, stale_reason
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
 from spiderflow import costmodel, metrics
@@ -82,6 +83,7 @@ from spiderflow.placement.common import Level2, LocalPlanner
 from spiderflow.queueing import QueuePolicy
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
+from spiderflow.tenancy import TenantQuota
 
 __all__ = ["CycleReport", "Decision", "DecisionKind", "SchedulingCycle"]
 
@@ -167,7 +169,7 @@ def _wait_from_doc(doc: Mapping[str, Any]) -> WaitState | None:
 
 def _kind(d: CycleDecision) -> DecisionKind:
     """How the service reports a decision that placed nothing."""
-    if d.outcome is Outcome.REJECT:
+    if d.outcome is Outcome.REJECT or d.constraint == "capacity":
         return DecisionKind.UNRESOLVABLE
     if d.outcome is Outcome.WAIT or d.constraint in ("queue", "backfill"):
         return DecisionKind.DEFERRED
@@ -222,11 +224,20 @@ class SchedulingCycle:
         replan_threshold: float = 0.5,
         wait_for_releases: bool = False,
         level2: Level2 = "exact",
+        tenant_quota: TenantQuota | None = None,
+        stale_s: float = DEFAULT_STALE_S,
+        fair_share: bool = True,
     ) -> None:
         self.repo = repo
         self.planner: Planner = planner if planner is not None else LocalPlanner(level2=level2)
         """What the policies that plan their chains (SpinSearch, ``bace``) plan them with: the Planner
         service (:class:`services.planner.client.RemotePlanner`) or in process (TPA's level 2: ``level2``)."""
+        self.stale_s = stale_s
+        """Silence after which a job holding GPUs is re-placed (:mod:`services.scheduler.liveness`)."""
+        self.tenant_quota = tenant_quota
+        self.fair_share = fair_share
+        """Interleave the queue between tenants by max-min share of GPUs (:func:`spiderflow.tenancy.arrange`)."""
+        """Per-tenant GPU quota applied when the queue is arranged (:func:`spiderflow.tenancy.arrange`)."""
         self.topology = topology
         self.default_policy = default_policy
         self.queue_policy = queue_policy or QueuePolicy()
@@ -318,7 +329,7 @@ class SchedulingCycle:
 
         # 2. reconcile
         for sj in stored:
-            why = self._material_change(sj, topo)
+            why = self._material_change(sj, topo) or stale_reason(sj.record, now, stale_s=self.stale_s)
             if why:
                 try:
                     await self.repo.transition(sj, sj.record.to(JobState.RESCHEDULING, why, now=now))
@@ -349,6 +360,7 @@ class SchedulingCycle:
         await self._end_waits(stale)
         gone = frozenset(c for sj in stored for c in sj.record.allocation if c not in topo.index)
         holding = [Holder(job_id=sj.record.id, end_s=self._est_end(sj, now), gpus=tuple(sj.record.allocation.items()),
+                          tenant=sj.record.spec.tenant,
                           link_gbps=(link_gbps(sj.record.plan, sj.record.spec, sj.record.plan.step_time_s)
                                      if sj.record.plan is not None else 0.0)) for sj in holders]
         try:
@@ -393,7 +405,8 @@ class SchedulingCycle:
         """One pure cycle (:func:`spiderflow.cycle.run_cycle`) on this snapshot."""
         state = CycleInput(topology=topo.with_free(free), now=now, version=self._version, gone=gone,
                            queue=[self._entry(sj, topo) for sj in queue], holding=holding)
-        options = CycleOptions(queue=self.queue_policy, budget=self.budget, wait=self.wait_for_releases)
+        options = CycleOptions(queue=self.queue_policy, budget=self.budget, wait=self.wait_for_releases,
+                               tenant_quota=self.tenant_quota, fair_share=self.fair_share)
         return run_cycle(state, self._policy(self.default_policy), options)
 
     def _bump_version(self, revision: int, holders: set[str]) -> None:

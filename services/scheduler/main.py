@@ -27,6 +27,7 @@ import structlog
 
 from services.planner.client import RemotePlanner
 from services.scheduler.cycle import SchedulingCycle
+from services.scheduler.liveness import DEFAULT_STALE_S
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
@@ -42,6 +43,7 @@ from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError, Store
+from spiderflow.tenancy import TenantQuota
 
 __all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
 
@@ -86,6 +88,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SubmitJob calls per second per client (token bucket; 0 = unlimited)")
     p.add_argument("--submit-burst", type=float, default=400.0, help="SubmitJob burst per client")
     p.add_argument("--max-watches", type=int, default=1000, help="open WatchJob streams at most")
+    p.add_argument("--stale-after", type=float, default=DEFAULT_STALE_S,
+                   help="re-place a placed/running job whose agents sent no report for this many seconds plus "
+                        "3 predicted step times (0: never)")
+    p.add_argument("--tenant-max-queued", type=int, default=None,
+                   help="queued jobs per tenant at most (default: only --max-queued)")
+    p.add_argument("--tenant-max-gpus", type=int, default=None,
+                   help="GPUs held by one tenant's running jobs at most (default: unbounded)")
+    p.add_argument("--tenant-max-watches", type=int, default=None,
+                   help="open WatchJob streams per caller at most (default: only --max-watches)")
     add_server_arguments(p)
     add_etcd_arguments(p)
     add_metrics_argument(p)
@@ -192,7 +203,8 @@ class SchedulerReplica:
                  default_policy: str, planner: Planner | None, executor: SimExecutor | None,
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
-                 wait_for_releases: bool = False, level2: Level2 = "exact") -> None:
+                 wait_for_releases: bool = False, level2: Level2 = "exact",
+                 tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S) -> None:
         self.store = store
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
@@ -206,7 +218,7 @@ class SchedulerReplica:
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, planner=planner,
                                      budget=budget, on_placed=executor.arm if executor else None,
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
-                                     level2=level2)
+                                     level2=level2, tenant_quota=tenant_quota, stale_s=stale_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
@@ -329,8 +341,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     executor = (SimExecutor(repo, scale=args.sim_time_scale, min_s=args.sim_min_s, max_s=args.sim_max_s,
                             on_done=wake) if args.executor == "sim" else None)
     limiter = RateLimiter(rate=args.submit_rate, burst=max(1.0, args.submit_burst))
+    quota = TenantQuota(max_queued=args.tenant_max_queued, max_gpus=args.tenant_max_gpus,
+                        max_watches=args.tenant_max_watches)
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
-                               max_watches=args.max_watches)
+                               max_watches=args.max_watches, tenant_quota=quota)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
@@ -341,6 +355,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
+        tenant_quota=quota, stale_s=args.stale_after,
     )
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
                      metrics=metrics.address if metrics else None)

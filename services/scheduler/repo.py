@@ -32,9 +32,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import AlreadyExistsError, NotFoundError, ValidationError
+from spiderflow.errors import AlreadyExistsError, NotFoundError
 from spiderflow.formats import job_to_dict
 from spiderflow.jobs import TERMINAL, JobRecord, JobState, plan_to_dict
+from spiderflow.security import ids
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store, WatchEvent
 
@@ -43,11 +44,14 @@ __all__ = ["REQUESTS", "JobRepository", "StoredJob", "request_key"]
 REQUESTS = keys.ROOT + "requests/"
 
 
-def request_key(request_id: str) -> str:
-    """Idempotency record of a submission (value: the job id)."""
-    if not request_id or len(request_id) > 128 or "/" in request_id:
-        raise ValidationError("request_id", "must be 1–128 characters without '/'", request_id)
-    return REQUESTS + request_id
+def request_key(request_id: str, tenant: str = ids.DEFAULT_TENANT) -> str:
+    """Idempotency record of tenant ``tenant``'s submission (value: the job id). Request ids are scoped
+    by tenant (``requests/<tenant>/<request_id>``; the default tenant's directly under ``requests/``), so
+    a tenant reusing another tenant's request id creates its own job and learns nothing."""
+    ids.check_id("request_id", request_id)
+    if tenant == ids.DEFAULT_TENANT:
+        return REQUESTS + request_id
+    return f"{REQUESTS}{ids.check_tenant('tenant', tenant)}/{request_id}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +134,22 @@ class JobRepository:
             n += state in wanted
         return n
 
+    async def count_by_tenant(self, states: Iterable[JobState]) -> dict[str, int]:
+        """How many jobs of each tenant are in one of ``states`` (tenants with none are absent)."""
+        wanted = {s.value for s in states}
+        items, _ = await self.store.get_prefix(keys.JOBS)
+        out: dict[str, int] = {}
+        for kv in items:
+            hit = self._decoded.get(kv.key)
+            if hit is not None and hit[0] == kv.mod_revision:
+                state, tenant = hit[1].state.value, hit[1].spec.tenant
+            else:
+                doc = json.loads(kv.value)
+                state, tenant = doc.get("state"), str(doc.get("spec", {}).get("tenant", ""))
+            if state in wanted:
+                out[tenant] = out.get(tenant, 0) + 1
+        return out
+
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
         """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""
         items, rev = await self.store.get_prefix(keys.ALLOCATIONS)
@@ -154,14 +174,14 @@ class JobRepository:
 
     def new_record(self, spec: JobSpec, request_id: str, *, policy: str = "") -> JobRecord:
         """The PENDING record a submission writes (validates ``request_id`` first)."""
-        request_key(request_id)
+        request_key(request_id, spec.tenant)
         return replace(JobRecord.new(spec, request_id=request_id, now=self.clock()), policy=policy)
 
     @staticmethod
     def submit_ops(record: JobRecord) -> SubmitOps:
         """The compares and puts of creating ``record``: its request key and job key must both be absent,
         and both are written (invariant 1)."""
-        rkey = request_key(record.request_id)
+        rkey = request_key(record.request_id, record.spec.tenant)
         jkey = keys.job_key(record.id)
         return ([Compare(key=rkey, mod_revision=0), Compare(key=jkey, mod_revision=0)],
                 [Put(key=rkey, value=record.id.encode()), Put(key=jkey, value=record.to_json())])
@@ -191,7 +211,7 @@ class JobRepository:
         """After creating ``record`` lost a compare: the job its request id created before (same spec), or
         :class:`AlreadyExistsError` when the request id was used for another job or spec, or the job id is
         taken by another request. ``None`` when neither key exists (any more): the caller may retry."""
-        existing = await self.store.get(request_key(record.request_id))
+        existing = await self.store.get(request_key(record.request_id, record.spec.tenant))
         if existing is not None:
             job_id = existing.value.decode()
             stored = await self.get(job_id)

@@ -5,20 +5,28 @@ Any replica answers every RPC (all state is in etcd; writes are compare-and-swap
 (:mod:`services.scheduler.cycle`). The servicer converts, validates, and delegates:
 
 - SubmitJob: the job spec is the trace file's job object; ``request_id`` makes it idempotent (a retry
-  returns the same job, ``created=false``); a job id taken by another request → ALREADY_EXISTS; a full
-  queue → RESOURCE_EXHAUSTED. Validation happens before anything is written (INVALID_ARGUMENT naming the
-  field), so etcd never holds a part of a malformed job.
+  returns the same job, ``created=false``); a job id taken by another request of the same tenant →
+  ALREADY_EXISTS; a full queue, or a tenant at its queued-jobs quota → RESOURCE_EXHAUSTED. Ids follow the
+  grammar of :mod:`spiderflow.security.ids`; on an authenticating server a job is stored under its
+  tenant-qualified id (``alice~train``) and request ids are scoped per tenant, so nothing a tenant
+  submits reveals or touches another tenant's jobs. Validation happens before anything is written
+  (INVALID_ARGUMENT naming the field), so etcd never holds a part of a malformed job.
 - GetJob / ListJobs (state and tenant filters, pages in submission order) / WatchJob (the record, then
   every state change and, on request, progress, until a terminal state) / CancelJob (releases GPUs;
   FAILED_PRECONDITION for a finished job).
-- ReportProgress: agents report steps and worker outcomes; stale attempts are ignored.
+- ReportProgress: agents report steps and worker outcomes; stale attempts are ignored. Reports are
+  validated against the job (steps within the job's, finite numbers) and an agent reports outcomes only
+  for the stages its cluster runs in the current attempt; the last stage's success counts only once the
+  last step was reported, and a job ends once (later outcomes get ``accepted=false, stop=true``).
 
 Security (:mod:`spiderflow.security`): when the server authenticates, every RPC runs with the caller's
 principal and obeys :mod:`spiderflow.security.authz` (tenants see and cancel only their own jobs; another
 tenant's job is NOT_FOUND; only the agent of a cluster running a stage reports progress). SubmitJob is
 rate-limited per caller (token bucket: RESOURCE_EXHAUSTED with ``retry_after_s`` in the error metadata),
 and at most ``max_watches`` WatchJob streams are open at once (RESOURCE_EXHAUSTED beyond), so many idle
-or never-reading watchers cannot exhaust etcd watches or memory.
+or never-reading watchers cannot exhaust etcd watches or memory; :class:`TenantQuota` bounds the same per
+caller (``max_watches``) and the queued jobs per tenant (``max_queued``), so one tenant cannot exhaust a
+bound for the others.
 
 Deadlines: a unary call with a deadline is answered before it (UNAVAILABLE, :data:`DEADLINE_MARGIN_S`
 early) when etcd does not answer in time, so a client sees the meaning of the failure instead of its own
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -42,6 +51,7 @@ from services.scheduler.batching import SubmitBatcher
 from services.scheduler.repo import JobRepository, StoredJob
 from spiderflow.errors import (
     NotFoundError,
+    PermissionDeniedError,
     PreconditionError,
     ResourceExhaustedError,
     UnavailableError,
@@ -52,12 +62,13 @@ from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
-from spiderflow.security import authz
+from spiderflow.security import authz, ids
 from spiderflow.security.auth import client_key
-from spiderflow.security.identity import current_principal
+from spiderflow.security.identity import Principal, Role, current_principal
 from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.store import keys
 from spiderflow.store.base import CompareFailedError, EventType
+from spiderflow.tenancy import TenantQuota
 
 __all__ = ["SchedulerService", "job_to_proto"]
 
@@ -69,6 +80,8 @@ MAX_REVISION = 2**62
 """WatchJob's ``from_revision`` bound: etcd revisions are int64; a watch starts one past the revision."""
 QUEUE_RECOUNT_S = 2.0
 """Longest time the queue bound relies on an estimate (last count + own submissions since)."""
+MAX_REASON = 1024
+"""Longest cancellation reason (characters)."""
 DEADLINE_MARGIN_S = 0.5
 """How long before a call's deadline the service gives up and answers UNAVAILABLE."""
 
@@ -143,8 +156,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
 
     def __init__(self, repo: JobRepository, *, max_queued: int = 10_000, wake: asyncio.Event | None = None,
                  known_policies: frozenset[str] | None = None, limiter: RateLimiter | None = None,
-                 max_watches: int = 1000, group_commit: bool = True) -> None:
+                 max_watches: int = 1000, group_commit: bool = True,
+                 tenant_quota: TenantQuota | None = None) -> None:
         self.repo = repo
+        self.tenant_quota = tenant_quota or TenantQuota()
+        self._watches_by: dict[str, int] = {}
+        self._queued_by: dict[str, int] = {}  # per tenant, at the last recount
+        self._created_by: dict[str, int] = {}  # per tenant, created by this replica since the last recount
         self.batcher = SubmitBatcher(repo) if group_commit else None
         self.max_queued = max_queued
         self.wake = wake
@@ -157,8 +175,15 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._recount = asyncio.Lock()
 
     async def _get_visible(self, job_id: str, *, write: bool = False) -> StoredJob:
-        stored = await self.repo.get(job_id)
-        authz.require_visible(current_principal(), job_id, stored.record.spec.tenant, _clusters(stored.record),
+        """The job the caller names ``job_id`` (a tenant names its own jobs by their bare or qualified id),
+        NOT_FOUND when it does not exist or the caller may not see it (the same answer: no oracle)."""
+        principal = current_principal()
+        stored_id = resolve_job_id(principal, job_id)
+        try:
+            stored = await self.repo.get(stored_id)
+        except NotFoundError:
+            raise NotFoundError(f"job {job_id!r} not found") from None
+        authz.require_visible(principal, job_id, stored.record.spec.tenant, _clusters(stored.record),
                               write=write)
         return stored
 
@@ -178,10 +203,29 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             if self._queued_cache[0] != at:  # recounted while this call waited
                 return self._queued_cache[1] + self._created_since
             created_before = self._created_since
-            n = await self.repo.count_in((JobState.PENDING, JobState.RESCHEDULING))
+            created_by_before = dict(self._created_by)
+            by_tenant = await self.repo.count_by_tenant((JobState.PENDING, JobState.RESCHEDULING))
+            n = sum(by_tenant.values())
             self._created_since -= created_before
+            for t, k in created_by_before.items():
+                self._created_by[t] -= k
+                if not self._created_by[t]:
+                    del self._created_by[t]
+            self._queued_by = by_tenant
             self._queued_cache = (time.monotonic(), n)
             return n + self._created_since
+
+    async def _queued_of(self, tenant: str) -> int:
+        """Queued jobs of ``tenant`` (the same estimate as :meth:`_queued`, recounted when it reaches the
+        tenant's bound)."""
+        limit = self.tenant_quota.max_queued
+        assert limit is not None
+        estimate = self._queued_by.get(tenant, 0) + self._created_by.get(tenant, 0)
+        if estimate < limit and time.monotonic() - self._queued_cache[0] < QUEUE_RECOUNT_S:
+            return estimate
+        self._queued_cache = (-QUEUE_RECOUNT_S, self._queued_cache[1])  # force a recount
+        await self._queued()
+        return self._queued_by.get(tenant, 0) + self._created_by.get(tenant, 0)
 
     @within_deadline
     async def SubmitJob(
@@ -197,21 +241,31 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             if wait > 0:
                 raise ResourceExhaustedError(f"submission rate limit reached; retry in {wait:.2f} s",
                                              retry_after_s=wait)
+        ids.check_id("request_id", request.request_id)
         spec = convert.job_from_proto(request.job)
         if tenant not in authz.UNSET_TENANTS and tenant != spec.tenant:
             spec = replace(spec, tenant=tenant)
+        if current_principal() is not None and ids.SEP not in spec.id:
+            # job ids are namespaced per tenant (spiderflow.security.ids); a server that does not
+            # authenticate has no tenants to tell apart and keeps ids as given
+            spec = replace(spec, id=ids.qualify(spec.tenant, spec.id))
         if request.policy:
             from spiderflow.placement import get_policy
 
             get_policy(request.policy)  # ValidationError(policy) for an unknown name
         if await self._queued() >= self.max_queued:
             raise ResourceExhaustedError(f"the queue holds {self.max_queued} jobs; retry later")
+        if self.tenant_quota.max_queued is not None and \
+                await self._queued_of(spec.tenant) >= self.tenant_quota.max_queued:
+            raise ResourceExhaustedError(f"tenant {spec.tenant} has {self.tenant_quota.max_queued} queued jobs "
+                                         "(its quota); retry when some have started")
         if self.batcher is not None:
             stored, created = await self.batcher.submit(spec, request.request_id, policy=request.policy)
         else:
             stored, created = await self.repo.submit(spec, request.request_id, policy=request.policy)
         if created:
             self._created_since += 1
+            self._created_by[spec.tenant] = self._created_by.get(spec.tenant, 0) + 1
             log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
             self._poke()
         return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)
@@ -255,12 +309,21 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         current = await self._get_visible(request.job_id)
         if self.watches >= self.max_watches:
             raise ResourceExhaustedError(f"{self.max_watches} job watches are open; retry later", retry_after_s=1.0)
+        who = str(current_principal() or "")
+        limit = self.tenant_quota.max_watches
+        if limit is not None and self._watches_by.get(who, 0) >= limit:
+            raise ResourceExhaustedError(f"{who or 'this caller'} has {limit} job watches open (its quota); "
+                                         "retry later", retry_after_s=1.0)
         self.watches += 1
+        self._watches_by[who] = self._watches_by.get(who, 0) + 1
         try:
             async for msg in self._watch(request, current):
                 yield msg
         finally:
             self.watches -= 1
+            self._watches_by[who] -= 1
+            if not self._watches_by[who]:
+                del self._watches_by[who]
 
     async def _watch(self, request: scheduler_pb2.WatchJobRequest,
                      current: StoredJob) -> AsyncIterator[scheduler_pb2.WatchJobResponse]:
@@ -269,10 +332,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return
         last = current.record
         start = max(request.from_revision, current.mod_revision) + 1
-        watch = self.repo.store.watch_prefix(keys.job_key(request.job_id), start_revision=start)
+        jkey = keys.job_key(current.record.id)
+        watch = self.repo.store.watch_prefix(jkey, start_revision=start)
         try:
             async for ev in watch:
-                if ev.key != keys.job_key(request.job_id):
+                if ev.key != jkey:
                     continue
                 if ev.type is EventType.DELETE:
                     return
@@ -293,6 +357,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self, request: scheduler_pb2.CancelJobRequest, context: grpc.aio.ServicerContext
     ) -> scheduler_pb2.CancelJobResponse:
         _require_id(request.job_id)
+        if len(request.reason) > MAX_REASON:
+            raise ValidationError("reason", f"must be at most {MAX_REASON} characters",
+                                  f"{len(request.reason)} characters")
         for _ in range(10):
             stored = await self._get_visible(request.job_id, write=True)
             if stored.record.terminal:
@@ -314,6 +381,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     ) -> scheduler_pb2.ReportProgressResponse:
         _require_id(request.job_id)
         principal = current_principal()
+        if principal is not None and principal.role is not Role.AGENT:
+            raise PermissionDeniedError(f"{principal} is not an agent; only agents report progress")
         for _ in range(10):
             stored = await self.repo.get(request.job_id)
             r = stored.record
@@ -323,6 +392,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
             if request.cluster and request.cluster not in r.allocation:
                 raise NotFoundError(f"cluster {request.cluster!r} runs no stage of job {r.id}")
+            final_step = _check_report(request, r, principal.name if principal is not None else request.cluster)
             new = r
             if request.progress:
                 ev = max(request.progress, key=lambda e: e.step)
@@ -337,6 +407,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                              now=self.repo.clock())
             elif request.outcomes and r.plan is not None and any(
                     o.stage == len(r.plan.stages) - 1 for o in request.outcomes):
+                if max(final_step, r.progress.step) < r.spec.steps:
+                    raise PreconditionError(f"the last stage of job {r.id} reported success at step "
+                                            f"{max(final_step, r.progress.step)} of {r.spec.steps}; a job "
+                                            "succeeds only once its last step is reported")
                 new = new.to(JobState.SUCCEEDED, f"trained {r.spec.steps} steps", now=self.repo.clock())
             if new == r:
                 return scheduler_pb2.ReportProgressResponse(accepted=True, stop=False)
@@ -350,6 +424,55 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
 
 
+MAX_EVENTS = 10_000
+"""Progress events in one report at most."""
+MAX_ERROR = 4096
+"""Longest worker error of an outcome (characters)."""
+
+
+def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cluster: str) -> int:
+    """Validate a progress report against the job it is about and return its highest step.
+
+    INVALID_ARGUMENT naming the field: a step outside ``0..steps``, another ``steps_total``, a loss, speed
+    or step time that is not a finite number ≥ 0 (loss: finite), another job's or attempt's event, more
+    than :data:`MAX_EVENTS` events, an outcome's stage outside the plan or repeated, an error longer than
+    :data:`MAX_ERROR`. PERMISSION_DENIED: an outcome for a stage that ``cluster`` (the caller's cluster)
+    does not run in this attempt."""
+    if len(request.progress) > MAX_EVENTS:
+        raise ValidationError("progress", f"at most {MAX_EVENTS} events per report", len(request.progress))
+    top = 0
+    for i, ev in enumerate(request.progress):
+        where = f"progress[{i}]"
+        if not 0 <= ev.step <= r.spec.steps:
+            raise ValidationError(f"{where}.step", f"must be in 0..{r.spec.steps} (the job's steps)", ev.step)
+        if ev.steps_total not in (0, r.spec.steps):
+            raise ValidationError(f"{where}.steps_total", f"must be 0 or the job's {r.spec.steps}", ev.steps_total)
+        if ev.job_id and ev.job_id != r.id:
+            raise ValidationError(f"{where}.job_id", f"must be empty or {r.id!r}", ev.job_id[:80])
+        if ev.attempt and ev.attempt != r.attempt:
+            raise ValidationError(f"{where}.attempt", f"must be 0 or the report's attempt {r.attempt}", ev.attempt)
+        if not math.isfinite(ev.loss):
+            raise ValidationError(f"{where}.loss", "must be a finite number", ev.loss)
+        for name in ("tokens_per_s", "step_time_s"):
+            v = getattr(ev, name)
+            if not math.isfinite(v) or v < 0:
+                raise ValidationError(f"{where}.{name}", "must be a finite number ≥ 0", v)
+        top = max(top, ev.step)
+    stages = r.plan.stages if r.plan is not None else ()
+    seen: set[int] = set()
+    for i, o in enumerate(request.outcomes):
+        if not 0 <= o.stage < len(stages) or o.stage in seen:
+            raise ValidationError(f"outcomes[{i}].stage", f"must be a stage of the plan (0..{len(stages) - 1}), "
+                                  "each once", o.stage)
+        seen.add(o.stage)
+        if cluster and stages[o.stage].cluster != cluster:
+            raise PermissionDeniedError(f"cluster {cluster!r} does not run stage {o.stage} of job {r.id} "
+                                        f"(attempt {r.attempt}); it may report only its own stages")
+        if len(o.error) > MAX_ERROR:
+            raise ValidationError(f"outcomes[{i}].error", f"must be at most {MAX_ERROR} characters", len(o.error))
+    return top
+
+
 def _clusters(r: JobRecord) -> set[str]:
     """Clusters that run (or ran) a stage of the job: its allocation and its plan's stages."""
     return set(r.allocation) | ({st.cluster for st in r.plan.stages} if r.plan is not None else set())
@@ -358,6 +481,19 @@ def _clusters(r: JobRecord) -> set[str]:
 def _require_id(job_id: str) -> None:
     if not job_id:
         raise ValidationError("job_id", "is required")
+    ids.check_job_id("job_id", job_id)
+
+
+def resolve_job_id(principal: Principal | None, job_id: str) -> str:
+    """The stored id of the job a caller names. A tenant names its own jobs by their bare id (qualified
+    here) or their qualified id; a qualified id of another tenant raises NOT_FOUND, the answer for a job
+    that does not exist. Other callers name jobs by their stored (qualified) id."""
+    tenant, bare = ids.split_job_id("job_id", job_id)
+    if principal is None or principal.role is not Role.TENANT:
+        return job_id
+    if ids.SEP in job_id and tenant != principal.name:
+        raise NotFoundError(f"job {job_id!r} not found")
+    return ids.qualify(principal.name, bare)
 
 
 def _with_progress(r: JobRecord, ev: types_pb2.ProgressEvent, *, now: float) -> JobRecord:

@@ -42,15 +42,43 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 from services.topology.graph import Change, ChangeKind, Measurement, Snapshot, diff
 from services.topology.identity import IdentityResolver, authorize_cluster, caller_from_request
 from services.topology.repo import RawState, TopologyRepo, record_of
+from spiderflow.domain import Cluster
 from spiderflow.errors import ValidationError
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.runtime import parse_hostport
+from spiderflow.security import ids
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, EventType, Store, Watch, WatchEvent
 
-__all__ = ["TopologyService", "change_from_proto", "change_to_proto", "snapshot_to_proto", "timestamp"]
+PROFILE_BOUNDS: dict[str, float] = {
+    "nodes": 100_000, "gpus_per_node": 64, "intra_node_gbps": 100_000.0, "inter_node_gbps": 100_000.0,
+    "tflops": 100_000.0, "memory_gib": 10_000.0, "layer_overhead_ms": 60_000.0, "optimizer_ms_per_layer": 60_000.0,
+}
+"""Largest value an agent may report for each profile field: a profile is measured hardware, so a cluster
+of 2^31 nodes or a GPU of 10^9 TFLOPS is a forged or broken report (INVALID_ARGUMENT naming the field)."""
+
+
+def check_profile_bounds(cluster: Cluster) -> None:
+    """Refuse a reported profile with a field beyond :data:`PROFILE_BOUNDS` or a name outside the id
+    grammar (cluster names become etcd keys)."""
+    ids.check_id("cluster.name", cluster.name, max_len=63)
+    for name, bound in PROFILE_BOUNDS.items():
+        v = getattr(cluster, name)
+        if v is not None and v > bound:
+            raise ValidationError(f"cluster.{name}", f"must be at most {bound:g}", v)
+
+
+__all__ = [
+    "PROFILE_BOUNDS",
+    "TopologyService",
+    "change_from_proto",
+    "change_to_proto",
+    "check_profile_bounds",
+    "snapshot_to_proto",
+    "timestamp",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -154,6 +182,7 @@ class TopologyService(topology_pb2_grpc.TopologyServicer):
         if not request.HasField("cluster"):
             raise ValidationError("cluster", "is required")
         cluster = convert.cluster_from_proto(request.cluster, field="cluster")
+        check_profile_bounds(cluster)
         authorize_cluster(caller, cluster.name)
         if request.agent_address:
             parse_hostport(request.agent_address, field="agent_address")

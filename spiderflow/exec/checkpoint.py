@@ -75,8 +75,12 @@ def load_optimizer_state_by_name(
 def _atomic_write_bytes(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk (ENOSPC) or any failure: leave no partial temporary file behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_shard(

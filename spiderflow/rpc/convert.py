@@ -288,9 +288,13 @@ def stage_from_proto(msg: types_pb2.Stage, *, field: str = "stage") -> Stage:
     if not msg.cluster:
         raise ValidationError(_join(field, "cluster"), "is required")
     try:
+        sharding = Sharding(msg.sharding or Sharding.REPLICATE)
+    except ValueError:
+        raise ValidationError(_join(field, "sharding"), f"must be one of {', '.join(v.value for v in Sharding)}",
+                              msg.sharding) from None
+    try:
         return Stage(cluster=msg.cluster, first_layer=msg.first_layer, last_layer=msg.last_layer,
-                     tp=msg.tp or 1, dp=msg.dp or 1, sharding=msg.sharding or Sharding.REPLICATE,
-                     recompute=msg.recompute)
+                     tp=msg.tp or 1, dp=msg.dp or 1, sharding=sharding, recompute=msg.recompute)
     except ValidationError as e:
         raise _rebased(e, field, drop_first=True) from None
 

@@ -191,7 +191,11 @@ async def serve(
         ("grpc.http2.max_ping_strikes", 0),
     ]
     server_options = [*channel_options(max_message_bytes), *keepalive_policy, ("grpc.so_reuseport", 0), *options]
-    server = grpc.aio.server(options=server_options, interceptors=list(interceptors) or None)
+    # DecodeGuard last, closest to the servicers: undecodable requests are INVALID_ARGUMENT (not UNKNOWN),
+    # after the interceptors before it (authentication) have run
+    from spiderflow.security.guard import DecodeGuard
+
+    server = grpc.aio.server(options=server_options, interceptors=[*interceptors, DecodeGuard()])
     for s in services:
         s.register(s.servicer, server)
     health = HealthServicer()

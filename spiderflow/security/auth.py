@@ -18,6 +18,10 @@ Tokens file (YAML or JSON): a mapping ``token -> principal``, e.g.::
       c2e8f0...47: agent:virginia
 
 Tokens must be at least 16 characters; only their SHA-256 digests are kept in memory.
+
+A call refused from its metadata alone (no or an unknown token on a server without certificates) is
+refused before its request is parsed: an unauthenticated client cannot make the server decode a large
+message (with mTLS, the TLS handshake authenticates before any byte of a request arrives).
 """
 
 from __future__ import annotations
@@ -115,6 +119,22 @@ class Authenticator:
         self.tokens = tokens
         self.certificates = certificates
 
+    def refuse_early(self, metadata: Sequence[tuple[str, Any]] | None) -> UnauthenticatedError | None:
+        """Why a call is refused from its metadata alone (before its request is read or parsed), or None
+        when only its certificate can tell (mTLS: the TLS handshake already verified it)."""
+        try:
+            token = _bearer(metadata)
+        except UnauthenticatedError as e:
+            return e
+        if token is None:
+            return None if self.certificates else \
+                UnauthenticatedError("no credentials: present a client certificate or a bearer token")
+        if self.tokens is None:
+            return UnauthenticatedError("this server accepts no bearer tokens (use a client certificate)")
+        if self.tokens.lookup(token) is None:
+            return UnauthenticatedError("unknown bearer token")
+        return None
+
     def authenticate(self, metadata: Sequence[tuple[str, Any]] | None,
                      auth_context: Mapping[str, Sequence[bytes]] | None) -> Principal:
         """The caller's principal; raises :class:`UnauthenticatedError`."""
@@ -134,6 +154,32 @@ class Authenticator:
                     raise UnauthenticatedError("the client certificate names no SpiderFlow role (OU)")
                 return principal
         raise UnauthenticatedError("no credentials: present a client certificate or a bearer token")
+
+
+def _skip(data: bytes) -> None:
+    """The deserializer of a refused call: the request's bytes are never parsed."""
+    return None
+
+
+def _refusing(handler: grpc.RpcMethodHandler, method: str, error: UnauthenticatedError) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that answers UNAUTHENTICATED without parsing the request."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        log.info("auth.refused", method=method, peer=context.peer(), error=str(error))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(error))
+
+    async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        await refuse(request, context)
+        yield None  # unreachable: abort raises
+
+    ser = handler.response_serializer
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(refuse, request_deserializer=_skip, response_serializer=ser)
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(refuse_stream, request_deserializer=_skip, response_serializer=ser)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(refuse, request_deserializer=_skip, response_serializer=ser)
+    return grpc.stream_stream_rpc_method_handler(refuse_stream, request_deserializer=_skip, response_serializer=ser)
 
 
 def client_key(context: grpc.aio.ServicerContext) -> str:
@@ -193,6 +239,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(EXEMPT_PREFIXES):
             return handler
+        refused = self.authenticator.refuse_early(handler_call_details.invocation_metadata)
+        if refused is not None:
+            return _refusing(handler, handler_call_details.method, refused)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 self._unary(handler_call_details, handler.unary_unary),

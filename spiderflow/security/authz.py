@@ -3,18 +3,24 @@
 ``None`` as the principal means the server does not authenticate (development mode): everything is
 allowed. Otherwise (roles: :class:`~spiderflow.security.identity.Role`):
 
+Roles are not interchangeable: a service certificate is not an operator's. The job API is for tenants,
+the agents (their own reports) and the admin; no service acts on it (the scheduler's own replicas read
+etcd, and the planner and topology services never call it), so a stolen planner or topology certificate
+cannot list, submit or cancel anything.
+
 - **Submit**: tenants submit for themselves: an unset tenant in the job (empty, or the placeholder
   ``default`` that job files and the SDK fill in) becomes the caller's; another tenant's name is
-  PERMISSION_DENIED. Admins and services submit for any tenant; agents may not submit.
+  PERMISSION_DENIED. Admins submit for any tenant; agents and services may not submit.
 - **See / watch / cancel a job**: tenants only their own jobs; a job of another tenant is reported as
   NOT_FOUND, exactly like a job that does not exist, so tenants cannot probe each other's job ids.
-  Agents may see (not cancel) the jobs whose plan has a stage on their cluster. Admins and services: all.
-- **List jobs**: tenants see only their own (asking for another tenant is PERMISSION_DENIED); agents may
-  not list; admins and services list all.
+  Agents may see (not cancel) the jobs whose plan has a stage on their cluster. Admins: all; services:
+  none (NOT_FOUND).
+- **List jobs**: tenants see only their own (asking for another tenant is PERMISSION_DENIED); agents and
+  services may not list; admins list all.
 - **Report progress**: only an agent, only for its own cluster, only for a job whose plan has a stage on
   that cluster (PERMISSION_DENIED otherwise).
-- **Plan / Estimate** (planner): services and admins for any job; tenants only for their own tenant's
-  jobs; agents are PERMISSION_DENIED.
+- **Plan / Estimate** (planner): the scheduler service (:data:`PLANNER_CLIENTS`) and admins for any job;
+  tenants only for their own tenant's jobs; agents and the other services are PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -24,10 +30,13 @@ from collections.abc import Iterable
 from spiderflow.errors import NotFoundError, PermissionDeniedError
 from spiderflow.security.identity import Principal, Role
 
+PLANNER_CLIENTS = frozenset({"scheduler"})
+"""Services that call the planner on behalf of any tenant (the scheduler's final plans)."""
 UNSET_TENANTS = frozenset({"", "default"})
 """Tenant values that mean "not given" (``default`` is :class:`~spiderflow.domain.JobSpec`'s default)."""
 
 __all__ = [
+    "PLANNER_CLIENTS",
     "UNSET_TENANTS",
     "authorize_list",
     "authorize_plan",
@@ -41,7 +50,7 @@ __all__ = [
 def submit_tenant(principal: Principal | None, requested: str) -> str:
     """The tenant a submission is recorded under (``requested`` empty = not given); raises
     PermissionDeniedError."""
-    if principal is None or principal.privileged:
+    if principal is None or principal.role is Role.ADMIN:
         return requested
     if principal.role is not Role.TENANT:
         raise PermissionDeniedError(f"{principal} may not submit jobs")
@@ -52,11 +61,13 @@ def submit_tenant(principal: Principal | None, requested: str) -> str:
 
 def can_see(principal: Principal | None, tenant: str, clusters: Iterable[str]) -> bool:
     """Whether the caller may read a job of ``tenant`` whose plan runs on ``clusters``."""
-    if principal is None or principal.privileged:
+    if principal is None or principal.role is Role.ADMIN:
         return True
     if principal.role is Role.TENANT:
         return tenant == principal.name
-    return principal.name in set(clusters)
+    if principal.role is Role.AGENT:
+        return principal.name in set(clusters)
+    return False
 
 
 def require_visible(principal: Principal | None, job_id: str, tenant: str, clusters: Iterable[str], *,
@@ -71,7 +82,7 @@ def require_visible(principal: Principal | None, job_id: str, tenant: str, clust
 
 def authorize_list(principal: Principal | None, requested_tenant: str) -> str:
     """The tenant filter a ListJobs call is answered with ("" = all tenants)."""
-    if principal is None or principal.privileged:
+    if principal is None or principal.role is Role.ADMIN:
         return requested_tenant
     if principal.role is not Role.TENANT:
         raise PermissionDeniedError(f"{principal} may not list jobs")
@@ -98,7 +109,8 @@ def authorize_report(principal: Principal | None, claimed_cluster: str, job_id: 
 def authorize_plan(principal: Principal | None, job_tenant: str) -> None:
     """Raise PermissionDeniedError unless the caller may plan a job of ``job_tenant`` (see
     :data:`UNSET_TENANTS`)."""
-    if principal is None or principal.privileged:
+    if principal is None or principal.role is Role.ADMIN or \
+            (principal.role is Role.SERVICE and principal.name in PLANNER_CLIENTS):
         return
     if principal.role is not Role.TENANT:
         raise PermissionDeniedError(f"{principal} may not call the planner")

@@ -12,11 +12,12 @@ One bundle per component, so every ``--tls-dir`` points at exactly one bundle:
 bundle                 subject (OU / CN)      used by
 =====================  =====================  ==============================================
 ``scheduler``          service / scheduler    ``spiderflow serve scheduler`` (server + client)
-``planner``            service / planner      ``spiderflow serve planner``
-``topology``           service / topology     ``spiderflow serve topology``
-``agent-<cluster>``    agent / <cluster>      the agent of that cluster (server + client)
-``tenant-<tenant>``    tenant / <tenant>      the CLI/SDK of that tenant
-``admin``              admin / admin          the operator's CLI
+``planner``            service / planner      ``spiderflow serve planner`` (server + client)
+``topology``           service / topology     ``spiderflow serve topology`` (server + client)
+``agent-<cluster>``    agent / <cluster>      the agent of that cluster: ``tls.crt`` client only, and
+                                              ``server.crt``/``server.key`` for its own server
+``tenant-<tenant>``    tenant / <tenant>      the CLI/SDK of that tenant (client only)
+``admin``              admin / admin          the operator's CLI (client only)
 ``etcd-server``        etcd / etcd            etcd's client URL (``--cert-file``, ``--key-file``)
 ``etcd-client``        etcd / spiderflow      services and agents connecting to etcd
 =====================  =====================  ==============================================
@@ -27,17 +28,27 @@ certificate does not open etcd, and an etcd client certificate names no SpiderFl
 ``etcd``), so it opens no SpiderFlow service. With etcd authentication on, etcd takes the client
 certificate's CN (``spiderflow``) as the user when a request carries no user/password token.
 
-Every certificate is valid for both TLS server and client authentication and names ``localhost``,
-``127.0.0.1``, ``::1``, its component name and the extra ``hosts`` as subject alternative names, so any
-component can serve on loopback or under its compose service name. Keys are ECDSA P-256. The subject's
-OU and CN make the caller's :class:`~spiderflow.security.identity.Principal`; the same principal is also
-written as a ``spiderflow:<role>:<name>`` URI SAN.
+Certificates by role (extended key usage and names):
+
+- a **service** certificate is valid for TLS server and client authentication and names ``localhost``,
+  ``127.0.0.1``, ``::1``, the service name and the extra ``hosts``;
+- **tenant**, **admin** and **agent** certificates (``tls.crt``) are valid for client authentication only
+  and name no host, so none of them can serve as a SpiderFlow service: a fake scheduler holding a tenant's
+  certificate fails the TLS handshake of every client;
+- the agent's own server presents ``server.crt`` (server authentication only, named ``agent-<cluster>``,
+  ``localhost``, the loopback addresses and ``hosts``), which cannot authenticate a client.
+
+Keys are ECDSA P-256, written with mode 0600 from their creation (never readable by others, not even
+for an instant). The subject's OU and CN make the caller's :class:`~spiderflow.security.identity.Principal`;
+the same principal is written as a ``spiderflow:<role>:<name>`` URI SAN, and a certificate whose URI SAN
+disagrees with its subject names no principal.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -58,11 +69,14 @@ __all__ = [
     "ETCD_CLIENT",
     "ETCD_SERVER",
     "KEY",
+    "SERVER_CERT",
+    "SERVER_KEY",
     "SERVICES",
     "Bundle",
     "bundle_name",
     "init_certs",
     "issue",
+    "issue_agent_server",
     "principal_of_pem",
 ]
 
@@ -71,6 +85,9 @@ log = structlog.get_logger(__name__)
 CA_CERT = "ca.crt"
 CERT = "tls.crt"
 KEY = "tls.key"
+SERVER_CERT = "server.crt"
+"""The agent's serving certificate (server authentication only) next to its client ``tls.crt``."""
+SERVER_KEY = "server.key"
 SERVICES = ("scheduler", "planner", "topology")
 ETCD_SERVER = "etcd-server"
 ETCD_CLIENT = "etcd-client"
@@ -109,8 +126,19 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    path.write_bytes(data)
-    path.chmod(0o600)
+    """Write a private key atomically with mode 0600 from its creation: a temporary file created 0600
+    (``O_EXCL``) in the same directory, fsynced, then renamed over ``path``."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _new_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -134,14 +162,25 @@ def _new_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certific
 
 def issue(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, principal: Principal, *,
           hosts: Sequence[str] = ()) -> tuple[bytes, bytes]:
-    """A certificate for ``principal`` signed by the CA: ``(cert_pem, key_pem)``."""
+    """A certificate for ``principal`` signed by the CA: ``(cert_pem, key_pem)``. Services get server and
+    client authentication and their host names; every other role client authentication only, no host."""
+    service = principal.role is Role.SERVICE
     return _issue(ca_key, ca_cert, ou=str(principal.role), cn=principal.name,
-                  dns=["localhost", principal.name, bundle_name(principal), *hosts],
-                  uri=f"spiderflow:{principal.role}:{principal.name}", server=True)
+                  dns=["localhost", principal.name, *hosts] if service else [],
+                  uri=f"spiderflow:{principal.role}:{principal.name}", server=service, client=True)
+
+
+def issue_agent_server(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, cluster: str, *,
+                       hosts: Sequence[str] = ()) -> tuple[bytes, bytes]:
+    """The serving certificate of ``cluster``'s agent (server authentication only)."""
+    principal = Principal(role=Role.AGENT, name=cluster)
+    return _issue(ca_key, ca_cert, ou=str(Role.AGENT), cn=cluster,
+                  dns=["localhost", bundle_name(principal), *hosts],
+                  uri=f"spiderflow:{principal.role}:{principal.name}", server=True, client=False)
 
 
 def _issue(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, *, ou: str, cn: str,
-           dns: Sequence[str], uri: str | None, server: bool) -> tuple[bytes, bytes]:
+           dns: Sequence[str], uri: str | None, server: bool, client: bool = True) -> tuple[bytes, bytes]:
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "SpiderFlow"),
                          x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ou),
@@ -152,11 +191,12 @@ def _issue(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, *, ou:
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    sans += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
+    if server:
+        sans += [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.IPAddress(ipaddress.ip_address("::1"))]
     if uri:
         sans.append(x509.UniformResourceIdentifier(uri))
-    usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH] if server \
-        else [ExtendedKeyUsageOID.CLIENT_AUTH]
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
+        ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
     now = _now()
     cert = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(ca_cert.subject).public_key(key.public_key())
@@ -212,6 +252,10 @@ def init_certs(directory: Path, *, clusters: Sequence[str] = (), tenants: Sequen
         (bdir / CA_CERT).write_bytes(ca_pem)
         (bdir / CERT).write_bytes(cert_pem)
         _write_private(bdir / KEY, key_pem)
+        if p.role is Role.AGENT:
+            server_pem, server_key = issue_agent_server(ca_key, ca_cert, p.name, hosts=hosts)
+            (bdir / SERVER_CERT).write_bytes(server_pem)
+            _write_private(bdir / SERVER_KEY, server_key)
         written.append(Bundle(path=bdir, principal=p, subject=f"{p.role}/{p.name}"))
     if etcd:
         written += _etcd_bundles(directory, hosts=hosts, force=force)
@@ -241,14 +285,23 @@ def _etcd_bundles(directory: Path, *, hosts: Sequence[str], force: bool) -> list
 
 @lru_cache(maxsize=4096)
 def principal_of_pem(pem: bytes) -> Principal | None:
-    """The principal a (verified) certificate names: subject OU = role, CN = name; ``None`` when the
-    certificate carries no SpiderFlow role."""
+    """The principal a (verified) certificate names: subject OU = role, CN = name, confirmed by its
+    ``spiderflow:<role>:<name>`` URI SAN; ``None`` when the certificate carries no SpiderFlow role or the
+    two disagree."""
     try:
         cert = x509.load_pem_x509_certificate(pem)
         ous = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)
         cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         if not ous or not cns:
             return None
-        return Principal(role=Role(str(ous[0].value)), name=str(cns[0].value))
+        principal = Principal(role=Role(str(ous[0].value)), name=str(cns[0].value))
+        try:
+            uris = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value \
+                .get_values_for_type(x509.UniformResourceIdentifier)
+        except x509.ExtensionNotFound:
+            return None
+        if f"spiderflow:{principal.role}:{principal.name}" not in uris:
+            return None
+        return principal
     except (ValueError, ValidationError):
         return None

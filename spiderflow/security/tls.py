@@ -40,7 +40,7 @@ import grpc.aio
 
 from spiderflow.errors import ValidationError
 from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable
-from spiderflow.security.certs import CA_CERT, CERT, KEY
+from spiderflow.security.certs import CA_CERT, CERT, KEY, SERVER_CERT, SERVER_KEY
 from spiderflow.store.tls import EtcdTLS
 
 __all__ = [
@@ -79,9 +79,11 @@ def _read(directory: Path, name: str) -> bytes:
 
 
 def server_credentials(tls_dir: Path) -> grpc.ServerCredentials:
-    """mTLS server credentials: DIR's certificate, client certificates required and verified against
+    """mTLS server credentials: DIR's serving certificate (``server.crt``/``server.key`` when the bundle
+    has them, as an agent's does; else ``tls.crt``), client certificates required and verified against
     DIR's CA."""
-    return grpc.ssl_server_credentials([(_read(tls_dir, KEY), _read(tls_dir, CERT))],
+    cert, key = (SERVER_CERT, SERVER_KEY) if (tls_dir / SERVER_CERT).exists() else (CERT, KEY)
+    return grpc.ssl_server_credentials([(_read(tls_dir, key), _read(tls_dir, cert))],
                                        root_certificates=_read(tls_dir, CA_CERT), require_client_auth=True)
 
 

@@ -598,7 +598,7 @@ class _Sim:
         for jid in self.running:
             j = self.jobs[jid]
             assert j.plan is not None
-            out.append(Holder(job_id=jid, end_s=self._est_end(j), gpus=tuple(j.alloc.items()),
+            out.append(Holder(job_id=jid, end_s=self._est_end(j), gpus=tuple(j.alloc.items()), tenant=j.spec.tenant,
                               link_gbps=link_gbps(j.plan, j.spec, j.plan.step_time_s)))
         return out
 

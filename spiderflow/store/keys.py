@@ -1,7 +1,7 @@
 """The etcd key layout of the whole system: every key SpiderFlow reads or writes is built here.
 
 All keys live under :data:`ROOT` (``/spiderflow/v1/``). Name components (cluster names, job ids,
-tenants) must be non-empty and contain no ``/``; the builders reject anything else with a
+tenants) follow the id grammar of :mod:`spiderflow.security.ids`; the builders reject anything else with a
 :class:`~spiderflow.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
 
 =====================================================  ===========================================  =====
@@ -31,6 +31,7 @@ its plan, the allocations and the assignments together (STYLE.md §3: decide on 
 from __future__ import annotations
 
 from spiderflow.errors import ValidationError
+from spiderflow.security import ids
 
 __all__ = [
     "ALLOCATIONS",
@@ -92,9 +93,11 @@ TOPOLOGY = "topology"
 
 
 def _part(fieldname: str, value: str) -> str:
-    if not isinstance(value, str) or not value or "/" in value or value.strip() != value:
-        raise ValidationError(fieldname, "must be a non-empty name without '/' or surrounding spaces", value)
-    return value
+    """A name component: an id of :mod:`spiderflow.security.ids`' grammar (a job id may be qualified by
+    its tenant), so no key component is empty, ``.``/``..``, or holds ``/``, NUL or a newline."""
+    if fieldname == "job":
+        return ids.check_job_id(fieldname, value)
+    return ids.check_id(fieldname, value)
 
 
 def cluster_key(cluster: str) -> str:

@@ -25,13 +25,16 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from agent.probe import Ingress
 from agent.registration import Registration
+from agent.service import AgentService
 from services.planner.service import PlannerService
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.topology.graph import GraphConfig
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
+from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.proto.planner.v1 import planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2_grpc
@@ -45,7 +48,18 @@ T = TypeVar("T")
 Code = grpc.StatusCode
 ALLOWED = frozenset({Code.OK, Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.ALREADY_EXISTS,
                      Code.FAILED_PRECONDITION, Code.PERMISSION_DENIED, Code.RESOURCE_EXHAUSTED, Code.ABORTED})
-STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology"})
+STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology", "Agent/ProbeDownload"})
+
+
+class _AgentState:
+    """An idle agent for :class:`~agent.service.AgentService` (bulk probes up to 1 MiB)."""
+
+    busy = False
+    serve_cap_bytes = 1 << 20
+    ingress = Ingress()
+
+    def status(self) -> agent_pb2.GetStatusResponse:
+        return agent_pb2.GetStatusResponse()
 
 
 class FuzzTarget:
@@ -75,7 +89,7 @@ class FuzzTarget:
         reg = Registration(cluster="fz", agent_id="fz-agent", principal="fz-agent", address="127.0.0.1:1")
         await self._store.put(keys.cluster_key("fz"), reg.encode(), lease=lease)
         return await serve([SchedulerService(repo, max_watches=64), PlannerService(),
-                            TopologyService(self._store, topo_repo, tick_s=0.2)])
+                            TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState())])
 
     def start(self) -> FuzzTarget:
         self._thread.start()
@@ -83,7 +97,8 @@ class FuzzTarget:
         self._channel = grpc.insecure_channel(self._server.address, options=channel_options())
         self._stubs = {"Scheduler": scheduler_pb2_grpc.SchedulerStub(self._channel),
                        "Planner": planner_pb2_grpc.PlannerStub(self._channel),
-                       "Topology": topology_pb2_grpc.TopologyStub(self._channel)}
+                       "Topology": topology_pb2_grpc.TopologyStub(self._channel),
+                       "Agent": agent_pb2_grpc.AgentStub(self._channel)}
         return self
 
     def close(self) -> None:

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 
 from spiderflow.formats import job_from_dict, load_topology
+from spiderflow.proto.agent.v1 import agent_pb2
 from spiderflow.proto.planner.v1 import planner_pb2
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.topology.v1 import topology_pb2
@@ -205,6 +206,13 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
         return topology_pb2.GetTopologyRequest()
     if rpc == "Topology/WatchTopology":
         return topology_pb2.WatchTopologyRequest()
+    if rpc == "Agent/ProbeEcho":
+        return agent_pb2.ProbeEchoRequest(payload=draw(st.binary(max_size=64)), sequence=draw(st.integers(0, 9)))
+    if rpc == "Agent/ProbeDownload":
+        return agent_pb2.ProbeDownloadRequest(total_bytes=draw(st.integers(1, 1 << 16)),
+                                              chunk_bytes=draw(st.integers(0, 1 << 14)))
+    if rpc == "Agent/GetStatus":
+        return agent_pb2.GetStatusRequest()
     raise KeyError(rpc)
 
 
@@ -255,6 +263,9 @@ RPCS: dict[str, type[Message]] = {
     "Topology/ReportLinks": topology_pb2.ReportLinksRequest,
     "Topology/GetTopology": topology_pb2.GetTopologyRequest,
     "Topology/WatchTopology": topology_pb2.WatchTopologyRequest,
+    "Agent/ProbeEcho": agent_pb2.ProbeEchoRequest,
+    "Agent/ProbeDownload": agent_pb2.ProbeDownloadRequest,
+    "Agent/GetStatus": agent_pb2.GetStatusRequest,
 }
 """Every RPC (``Service/Method``) and its request type."""
 

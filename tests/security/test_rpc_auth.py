@@ -156,7 +156,7 @@ async def test_every_rpc_refuses_unauthenticated_calls(mesh: Mesh, other_ca: Pat
         async with open_channel(mesh.mtls.address, credentials=creds) as ch:
             for rpc, req in _every_rpc("a-1", "alice"):
                 assert await _code(ch, rpc, req) is Code.UNAVAILABLE, rpc
-    assert [j.record.id for j in (await mesh.repo.list())[0]] == ["a-1"]  # nothing written by a refused call
+    assert [j.record.id for j in (await mesh.repo.list())[0]] == ["alice~a-1"]  # nothing written by a refused call
 
 
 async def _place(mesh: Mesh) -> None:
@@ -186,17 +186,17 @@ async def test_every_rpc_refuses_the_wrong_tenant(mesh: Mesh) -> None:
             assert await _code(bob, rpc, req) is expected[rpc], rpc
         # Bob's own view: only his job; Alice's job untouched.
         listed = await _call(bob, "Scheduler/ListJobs", scheduler_pb2.ListJobsRequest())
-        assert [j.spec.id for j in listed.jobs] == ["b-1"]
+        assert [j.spec.id for j in listed.jobs] == ["bob~b-1"]
         got = await _call(alice, "Scheduler/GetJob", scheduler_pb2.GetJobRequest(job_id="a-1"))
         assert got.job.state == types_pb2.JOB_STATE_PENDING
         # Alice may use the planner for her own jobs; the admin sees everything.
         assert (await _call(alice, "Planner/Plan", _plan_request(""))).plan.stages
         listed = await _call(admin, "Scheduler/ListJobs", scheduler_pb2.ListJobsRequest())
-        assert sorted(j.spec.id for j in listed.jobs) == ["a-1", "b-1"]
+        assert sorted(j.spec.id for j in listed.jobs) == ["alice~a-1", "bob~b-1"]
         # A token over an mTLS connection acts as the token's principal.
         tok = await _call(admin, "Scheduler/ListJobs", scheduler_pb2.ListJobsRequest(),
                           bearer_metadata("bob-token-000123456789"))
-        assert [j.spec.id for j in tok.jobs] == ["b-1"]
+        assert [j.spec.id for j in tok.jobs] == ["bob~b-1"]
 
 
 async def test_progress_only_from_an_agent_running_a_stage(mesh: Mesh) -> None:
@@ -204,12 +204,12 @@ async def test_progress_only_from_an_agent_running_a_stage(mesh: Mesh) -> None:
         await _call(alice, "Scheduler/SubmitJob",
                     scheduler_pb2.SubmitJobRequest(request_id="r-1", job=_job("a-1")))
     await _place(mesh)
-    record = (await mesh.repo.get("a-1")).record
+    record = (await mesh.repo.get("alice~a-1")).record
     assert record.plan is not None
     running = {s.cluster for s in record.plan.stages}
     idle = sorted({"virginia", "ohio", "oregon"} - running)
     on, off = sorted(running)[0], idle[0]
-    report = scheduler_pb2.ReportProgressRequest(job_id="a-1", attempt=record.attempt,
+    report = scheduler_pb2.ReportProgressRequest(job_id="alice~a-1", attempt=record.attempt,
                                                  progress=[types_pb2.ProgressEvent(step=2, steps_total=5)])
     async with mesh.channel(f"agent-{off}") as stranger, mesh.channel(f"agent-{on}") as agent, \
             mesh.channel("admin") as admin:
@@ -219,17 +219,18 @@ async def test_progress_only_from_an_agent_running_a_stage(mesh: Mesh) -> None:
         claimed.cluster = off
         assert await _code(agent, "Scheduler/ReportProgress", claimed) is Code.PERMISSION_DENIED
         assert await _code(admin, "Scheduler/ReportProgress", report) is Code.PERMISSION_DENIED
-        assert await _code(stranger, "Scheduler/GetJob", scheduler_pb2.GetJobRequest(job_id="a-1")) is Code.NOT_FOUND
+        assert await _code(stranger, "Scheduler/GetJob",
+                           scheduler_pb2.GetJobRequest(job_id="alice~a-1")) is Code.NOT_FOUND
         resp = await _call(agent, "Scheduler/ReportProgress", report)
         assert resp.accepted and not resp.stop
         # The agent sees the job it runs, but may not cancel it or submit or list.
-        seen = await _call(agent, "Scheduler/GetJob", scheduler_pb2.GetJobRequest(job_id="a-1"))
+        seen = await _call(agent, "Scheduler/GetJob", scheduler_pb2.GetJobRequest(job_id="alice~a-1"))
         assert seen.job.progress.step == 2
         assert await _code(agent, "Scheduler/CancelJob",
-                           scheduler_pb2.CancelJobRequest(job_id="a-1")) is Code.PERMISSION_DENIED
+                           scheduler_pb2.CancelJobRequest(job_id="alice~a-1")) is Code.PERMISSION_DENIED
         assert await _code(agent, "Scheduler/ListJobs", scheduler_pb2.ListJobsRequest()) is Code.PERMISSION_DENIED
         assert await _code(agent, "Planner/Plan", _plan_request("")) is Code.PERMISSION_DENIED
-    assert (await mesh.repo.get("a-1")).record.progress.step == 2
+    assert (await mesh.repo.get("alice~a-1")).record.progress.step == 2
 
 
 async def test_submit_rate_limit_per_client(mesh: Mesh) -> None:
@@ -253,7 +254,7 @@ async def test_submit_rate_limit_per_client(mesh: Mesh) -> None:
         assert await _code(alice, "Scheduler/SubmitJob",
                            scheduler_pb2.SubmitJobRequest(request_id="r-y", job=_job("a-y"))) is Code.OK
     ids = sorted(j.record.id for j in (await mesh.repo.list())[0])
-    assert ids == sorted([f"a-{i}" for i in range(8) if codes[i] is Code.OK] + ["b-1", "a-y"])
+    assert ids == sorted([f"alice~a-{i}" for i in range(8) if codes[i] is Code.OK] + ["bob~b-1", "alice~a-y"])
 
 
 async def test_watchers_that_never_read_cannot_stall_the_service(mesh: Mesh) -> None:
@@ -264,7 +265,7 @@ async def test_watchers_that_never_read_cannot_stall_the_service(mesh: Mesh) -> 
         idle = [stub.WatchJob(scheduler_pb2.WatchJobRequest(job_id="w-1")) for _ in range(4)]
         for call in idle:
             first = await call.read()
-            assert first.job.spec.id == "w-1"
+            assert first.job.spec.id == "w-1"  # the admin submitted it for the default tenant
         with pytest.raises(grpc.aio.AioRpcError) as over:
             await _call(admin, "Scheduler/WatchJob", scheduler_pb2.WatchJobRequest(job_id="w-1"))
         assert over.value.code() is Code.RESOURCE_EXHAUSTED

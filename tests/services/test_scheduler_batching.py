@@ -112,7 +112,7 @@ async def test_same_job_id_from_two_requests_in_one_burst() -> None:
     assert not isinstance(out[0], BaseException) and out[0][1]
     assert isinstance(out[1], AlreadyExistsError) and "taken by another request" in str(out[1])
     reqs, _ = await store.get_prefix(REQUESTS)
-    assert [kv.key for kv in reqs] == [REQUESTS + "a"]  # the refused request wrote nothing
+    assert [kv.key for kv in reqs] == [REQUESTS + "t/a"]  # the refused request wrote nothing (scoped by tenant)
     await _check_whole(store)
 
 
