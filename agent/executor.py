@@ -10,7 +10,12 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Ranks.** :func:`spiderflow.exec.spec.rank_layout` numbers the plan's ranks; this agent starts
   :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
   rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
-  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``.
+  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``. The workers start through
+  the cluster's launcher (:mod:`agent.launchers`: local subprocesses, one Slurm batch job or one Kubernetes
+  Job per group of consecutive ranks). A launcher that cannot start fails the stages with the workload
+  manager's message; workers the workload manager stopped (preemption, node failure, time limit, an
+  operator's cancel) are reported as ``preempted`` and the scheduler re-places the job, which resumes from
+  its last complete checkpoint.
 - **Rendezvous.** The agent hosting rank 0 serves the attempt's ``torch.distributed`` TCPStore itself
   (on its own address, a port the kernel picks: no port race; keys prefixed ``<job>/attempt-<n>/``; torch
   is imported by the agent on first use), chooses the checkpoint to resume from (``checkpoints/<job>``,
@@ -41,8 +46,8 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Busy.** ``on_busy(True)`` while any worker of this agent runs, ``on_busy(False)`` after the last
   one exited (the agent pauses bulk probes meanwhile: :meth:`agent.agent.Agent.set_busy`).
 
-Workers die with their agent (``setpriv --pdeathsig KILL``): an agent killed by SIGKILL takes its ranks
-with it, as a lost cluster does. Inside the emulated testbed the rendezvous host is the agent's namespace
+Local workers die with their agent (``setpriv --pdeathsig KILL``): an agent killed by SIGKILL takes its
+ranks with it, as a lost cluster does. Inside the emulated testbed the rendezvous host is the agent's namespace
 address and gloo binds the interface named by ``GLOO_SOCKET_IFNAME`` (set by the testbed, inherited by the
 workers); on loopback ``GLOO_SOCKET_IFNAME=lo`` is set when the environment does not name one.
 """
@@ -697,10 +702,12 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
     """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
     set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
     owns the etcd client (``etcd_tls_dir``/``etcd_user`` of the config) and the scheduler channel (``tls_dir``,
-    ``token``) it creates here and closes them when :meth:`Executor.run` returns."""
+    ``token``) it creates here and closes them when :meth:`Executor.run` returns. Workers start through the
+    launcher the config names (:func:`agent.launchers.launcher_for`)."""
     import tempfile
 
     from agent.config import etcd_options
+    from agent.launchers import launcher_for
     from spiderflow.runtime import parse_hostport
     from spiderflow.store.etcd import EtcdStore
 
@@ -713,9 +720,11 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         cluster=config.cluster, host=host, work_dir=work,
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
+        gpus_per_node=config.gpus.gpus_per_node if config.gpus is not None else 1,
     )
     reporter = SchedulerReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
                                  token=getattr(config, "token", None))
-    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy)
+    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy,
+                  launcher=launcher_for(config, host=host))
     ex.owns_clients = True
     return ex
