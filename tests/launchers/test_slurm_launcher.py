@@ -89,7 +89,7 @@ def _config(slurm: SlurmCluster, **kw: object) -> SlurmConfig:
 
 
 async def test_a_stage_group_trains_as_a_slurm_job(slurm: SlurmCluster, tmp_path: Path) -> None:
-    async with _executor(tmp_path, _config(slurm, time_limit="10")) as (ex, store, rec):
+    async with _executor(tmp_path, _config(slurm, time_limit="10")) as (_, store, rec):
         await store.put(keys.assignment_key(CLUSTER, "s1"), _assignment("s1", steps=4))
         await asyncio.wait_for(rec.outcome.wait(), 150)
         final = rec.requests[-1]
