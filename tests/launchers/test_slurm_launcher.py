@@ -4,8 +4,7 @@ recording reporter): the worker runs as a task of an ``sbatch`` job.
 - a one-rank gpt-tiny assignment trains to the end through ``sbatch``/``srun``: progress and the
   checkpoint come back from the rank's output file, the stage succeeds, and no Slurm job is left;
 - ``sbatch`` refusing the job (a partition that does not exist) fails the stage with Slurm's own message;
-- a job ``scancel``-ed by someone else is reported as preempted (the scheduler re-places the job);
-- a deleted assignment cancels its Slurm job;
+(a job ``scancel``-ed mid-run and ``spiderflow cancel`` are covered end to end in ``test_slurm_e2e.py``);
 - the batch script and command line (pure): ranks from ``SLURM_PROCID`` plus the group's offset, nodes
   and tasks per node from the group, the configured partition/account/QoS/time/constraint.
 """
@@ -112,35 +111,6 @@ async def test_sbatch_refusing_the_job_fails_the_stage_with_slurms_message(slurm
         [outcome] = rec.requests[-1].outcomes
         assert not outcome.succeeded and not outcome.preempted
         assert "slurm launcher" in outcome.error and "Invalid partition name specified" in outcome.error
-
-
-async def test_a_job_cancelled_by_slurm_is_reported_preempted(slurm: SlurmCluster, tmp_path: Path) -> None:
-    async with _executor(tmp_path, _config(slurm)) as (_, store, rec):
-        await store.put(keys.assignment_key(CLUSTER, "s3"), _assignment("s3", steps=10_000))
-        await asyncio.wait_for(rec.progress.wait(), 150)
-        [job_id] = slurm.jobs()
-        slurm.scancel(job_id)
-        await asyncio.wait_for(rec.outcome.wait(), 60)
-        [outcome] = rec.requests[-1].outcomes
-        assert not outcome.succeeded and outcome.preempted
-        assert f"Slurm job {job_id} CANCELLED" in outcome.error
-    assert slurm.jobs() == []
-
-
-async def test_a_deleted_assignment_cancels_its_slurm_job(slurm: SlurmCluster, tmp_path: Path) -> None:
-    async with _executor(tmp_path, _config(slurm)) as (ex, store, rec):
-        key = keys.assignment_key(CLUSTER, "s4")
-        await store.put(key, _assignment("s4", steps=10_000))
-        await asyncio.wait_for(rec.progress.wait(), 150)
-        assert len(slurm.jobs()) == 1
-        await store.delete(key)
-        for _ in range(150):
-            if not ex.runs:
-                break
-            await asyncio.sleep(0.1)
-        assert not ex.runs
-        assert slurm.jobs() == []
-        assert not any(r.outcomes for r in rec.requests)
 
 
 def test_batch_job_for_a_multi_node_group() -> None:
