@@ -168,7 +168,8 @@ class SlurmConfig:
     workers' interpreter on the compute nodes (default: the agent's); ``slurm_conf``: ``SLURM_CONF`` of
     the Slurm commands; ``bin_dir``: where ``sbatch``/``srun``/``squeue``/``sacct``/``scancel`` are (default:
     ``PATH``); ``poll_s``: seconds between ``squeue`` polls; ``kill_wait_s``: how long a cancelled job may
-    take to end before ``scancel --signal=KILL``."""
+    take to end before ``scancel --signal=KILL``; ``unreachable_s``: how long the Slurm controller may fail to
+    answer ``squeue`` before the job is given up (cancelled, its stages failed)."""
 
     partition: str | None = None
     account: str | None = None
@@ -183,6 +184,7 @@ class SlurmConfig:
     bin_dir: str | None = None
     poll_s: float = 1.0
     kill_wait_s: float = 30.0
+    unreachable_s: float = 300.0
 
     def __post_init__(self) -> None:
         for f in ("partition", "account", "qos", "time_limit", "constraint", "python", "slurm_conf", "bin_dir"):
@@ -194,6 +196,7 @@ class SlurmConfig:
         object.__setattr__(self, "sbatch_args", _str_list("slurm.sbatch_args", self.sbatch_args))
         _pos("slurm.poll_s", self.poll_s)
         _pos("slurm.kill_wait_s", self.kill_wait_s)
+        _pos("slurm.unreachable_s", self.unreachable_s)
 
     def command(self, name: str) -> str:
         """The path of Slurm command ``name`` (``bin_dir``/name, else the name for ``PATH``)."""

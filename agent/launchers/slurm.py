@@ -13,8 +13,9 @@ TCPStore the rank-0 agent serves, so the agent's address must be reachable from 
 
 Following a job (:class:`SlurmHandle`): the rank files are read as they grow (each new line goes to the
 executor: progress, checkpoints, errors); the state comes from ``squeue`` (``-t all``, so a finished job
-is still seen for ``MinJobAge``) and, once ``squeue`` forgets it, from ``sacct``. A job that ends
-CANCELLED (not by this agent), PREEMPTED, NODE_FAIL, TIMEOUT, BOOT_FAIL or DEADLINE was stopped by the
+is still seen for ``MinJobAge``) and, once ``squeue`` forgets it, from ``sacct``; while the controller does
+not answer, the job is assumed to run (for up to ``unreachable_s``; then it is cancelled and fails). A job
+that ends CANCELLED (not by this agent), PREEMPTED, NODE_FAIL, TIMEOUT, BOOT_FAIL or DEADLINE was stopped by the
 workload manager: the group's result is ``preempted`` and the job is re-placed from its checkpoint. A job
 pending for a reason that waiting cannot fix (an invalid account or QoS, a partition's limits) is cancelled
 and fails with that reason; ``sbatch`` refusing the job raises :class:`LaunchError` with its message.
@@ -163,22 +164,28 @@ class SlurmHandle:
         return f"slurm job {self.job_id}"
 
     async def poll(self) -> tuple[str, str]:
-        """``(state, reason)`` now: from ``squeue``, else ``sacct``; ``("UNKNOWN", why)`` when neither knows."""
+        """``(state, reason)`` now: from ``squeue``, else ``sacct``; ``("UNKNOWN", why)`` when the controller
+        answers that it no longer knows the job and ``sacct`` does not either; ``("", error)`` when the
+        controller did not answer (a transient failure: ask again)."""
         code, out, err = await _command([self.config.command("squeue"), "-h", "-t", "all", "-j", self.job_id,
                                          "-o", "%T|%r"], self._env)
         if code == 0 and out:
             state, _, reason = out.splitlines()[0].partition("|")
             return state.strip(), reason.strip()
-        code, out, err2 = await _command([self.config.command("sacct"), "-n", "-P", "-X", "-j", self.job_id,
-                                          "-o", "State"], self._env)
-        if code == 0 and out:
-            return out.splitlines()[0].split()[0].strip(), ""
-        return "UNKNOWN", err or err2 or "the job is no longer known to squeue or sacct"
+        forgotten = code == 0 or "invalid job id" in err.lower()
+        code2, out2, err2 = await _command([self.config.command("sacct"), "-n", "-P", "-X", "-j", self.job_id,
+                                            "-o", "State"], self._env)
+        if code2 == 0 and out2:
+            return out2.splitlines()[0].split()[0].strip(), ""
+        if forgotten:
+            return "UNKNOWN", err or err2 or "the job is no longer known to squeue or sacct"
+        return "", err or f"squeue exited with {code}"
 
     async def run(self, on_line: LineSink) -> GroupResult:
         g = self.group
         followers = [_Follower(r.rank, g.run_dir / f"rank-{r.rank}.out") for r in g.ranks]
         next_poll = 0.0
+        failures = 0
         hopeless = ""
         while True:
             for f in followers:
@@ -186,12 +193,24 @@ class SlurmHandle:
             now = time.monotonic()
             if now >= next_poll:
                 next_poll = now + self.config.poll_s
-                self.state, self.reason = await self.poll()
-                if self.state in _TERMINAL or self.state == "UNKNOWN":
-                    break
-                if self.state == "PENDING" and self.reason in HOPELESS_REASONS and not self._stopping:
-                    hopeless = f"Slurm job {self.job_id} cannot start: pending ({self.reason})"
-                    await self._scancel()
+                state, reason = await self.poll()
+                if not state:
+                    failures += 1
+                    if failures * self.config.poll_s >= self.config.unreachable_s:
+                        self.state, self.reason = "UNKNOWN", f"the Slurm controller did not answer: {reason}"
+                        hopeless = f"Slurm job {self.job_id}: {self.reason}"
+                        await self._scancel()
+                        break
+                    log.info("slurm.poll_failed", job_id=self.job_id, error=reason, failures=failures)
+                else:
+                    failures = 0
+                    self.state, self.reason = state, reason
+                    if self.state in _TERMINAL or self.state == "UNKNOWN":
+                        break
+                    if self.state == "PENDING" and self.reason in HOPELESS_REASONS and not self._stopping \
+                            and not hopeless:
+                        hopeless = f"Slurm job {self.job_id} cannot start: pending ({self.reason})"
+                        await self._scancel()
             await asyncio.sleep(0.1)
         self._ended = True
         for f in followers:
@@ -228,6 +247,9 @@ class SlurmHandle:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             state, _ = await self.poll()
+            if not state:
+                await asyncio.sleep(0.2)
+                continue
             if state in _TERMINAL or state == "UNKNOWN":
                 return
             await asyncio.sleep(0.2)

@@ -131,3 +131,33 @@ def test_batch_job_for_a_multi_node_group() -> None:
     assert script.rstrip().endswith("/opt/sf/bin/python /shared/w/spec.json /shared/w")
     cpu = batch_script(group, SlurmConfig(gpus=False, cpus_per_task=2))
     assert "--cpus-per-task=2" in cpu and "--gpus-per-task" not in cpu
+
+
+async def test_state_polls_tell_a_forgotten_job_from_an_unreachable_controller(tmp_path: Path) -> None:
+    """``squeue``/``sacct`` stand-ins (real processes): a controller that does not answer is asked again, a
+    job it no longer knows (and accounting does not either) has ended."""
+    from agent.launchers.slurm import SlurmHandle
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    mode = tmp_path / "mode"
+
+    def tool(name: str, body: str) -> None:
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+    tool("squeue", f'case "$(cat {mode})" in\n  running) echo "RUNNING|None";;\n'
+                   '  down) echo "slurm_load_jobs error: Unable to contact slurm controller" >&2; exit 1;;\n'
+                   '  gone) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;;\nesac')
+    tool("sacct", 'echo "Slurm accounting storage is disabled" >&2; exit 1')
+    group = StageGroup(job="j", attempt=1, ranks=(RankInfo(rank=0, stage=0, replica=0, cluster=CLUSTER),),
+                       spec_path=tmp_path / "spec.json", run_dir=tmp_path)
+    handle = SlurmHandle(group, SlurmConfig(bin_dir=str(bin_dir)), "42", {})
+    expected = {"running": ("RUNNING", "None"), "down": ("", "slurm_load_jobs error: Unable to contact slurm "
+                                                              "controller")}
+    for m, want in expected.items():
+        mode.write_text(m)
+        assert await handle.poll() == want
+    mode.write_text("gone")
+    state, why = await handle.poll()
+    assert state == "UNKNOWN" and "Invalid job id" in why
