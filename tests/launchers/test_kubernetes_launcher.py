@@ -5,6 +5,9 @@
 - a bad toleration in the config is refused naming the field;
 - the pod-side node supervisor (a real process) starts its node's ranks and multiplexes their output,
   exit statuses included, into the pod log's line format;
+- the handle (against an in-memory API answering with the client's models): a completed Job's pod log is
+  split into the ranks' lines, stderr and exit statuses; an image that cannot be pulled fails the group
+  with Kubernetes' message and deletes the Job; an evicted pod makes the group preempted;
 - marked ``kubernetes``: the same one-rank job as the Slurm test against a real cluster, where a kubeconfig
   and an image are given (``SPIDERFLOW_K8S_IMAGE``, ``SPIDERFLOW_K8S_AGENT_HOST``); skipped here.
 """
@@ -17,11 +20,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.config import KubernetesConfig
-from agent.launchers.base import StageGroup
+from agent.launchers.base import GroupResult, StageGroup
 from agent.launchers.kubernetes import config_map, headless_service, indexed_job, validate
 from agent.launchers.node import decode_line, encode_line, node_ranks
 from spiderflow.errors import ValidationError
@@ -180,3 +184,118 @@ def test_a_stage_group_trains_as_a_kubernetes_job(tmp_path: Path) -> None:
             await asyncio.wait_for(task, 60)
 
     asyncio.run(scenario())
+
+
+class _Stream:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, n: int) -> list[bytes]:
+        return [self.data[i:i + n] for i in range(0, len(self.data), n)]
+
+
+class _FakeApi:
+    """The calls of the Batch and Core APIs the handle makes, answered with the client's own models
+    (an in-memory stand-in for the API server: the handle's logic, not the transport, is under test)."""
+
+    def __init__(self, pods: list[Any], logs: dict[str, bytes], job_conditions: list[Any],
+                 events: list[Any] | None = None) -> None:
+        self.pods, self.logs, self.job_conditions, self.events = pods, logs, job_conditions, events or []
+        self.deleted: list[tuple[str, str]] = []
+
+    def read_namespaced_job_status(self, name: str, namespace: str) -> object:
+        from kubernetes import client
+
+        return client.V1Job(metadata=client.V1ObjectMeta(name=name),
+                            status=client.V1JobStatus(conditions=self.job_conditions or None))
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> object:
+        from kubernetes import client
+
+        return client.V1PodList(items=self.pods)
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, **_: object) -> _Stream:
+        return _Stream(self.logs.get(name, b""))
+
+    def list_namespaced_event(self, namespace: str, field_selector: str) -> object:
+        from kubernetes import client
+
+        return client.CoreV1EventList(items=self.events)
+
+    def delete_namespaced_job(self, name: str, namespace: str, **_: object) -> None:
+        self.deleted.append(("job", name))
+
+    def delete_namespaced_service(self, name: str, namespace: str) -> None:
+        self.deleted.append(("service", name))
+
+    def delete_namespaced_config_map(self, name: str, namespace: str) -> None:
+        self.deleted.append(("configmap", name))
+
+
+def _pod(name: str, phase: str, *, waiting: tuple[str, str] | None = None,
+         disrupted: str | None = None) -> Any:
+    from kubernetes import client
+
+    statuses = None
+    if waiting is not None:
+        statuses = [client.V1ContainerStatus(
+            name="workers", image="sf:dev", image_id="", ready=False, restart_count=0,
+            state=client.V1ContainerState(waiting=client.V1ContainerStateWaiting(reason=waiting[0],
+                                                                                  message=waiting[1])))]
+    conditions = [client.V1PodCondition(type="DisruptionTarget", status="True", reason="EvictionByEvictionAPI",
+                                        message=disrupted)] if disrupted else None
+    return client.V1Pod(metadata=client.V1ObjectMeta(name=name),
+                        status=client.V1PodStatus(phase=phase, container_statuses=statuses, conditions=conditions))
+
+
+async def _follow(tmp_path: Path, api: _FakeApi) -> tuple[GroupResult, list[tuple[int, str]]]:
+    from agent.launchers.kubernetes import KubernetesHandle
+
+    ranks = tuple(RankInfo(rank=r, stage=0, replica=r, cluster="k8s") for r in (0, 1))
+    group = StageGroup(job="j", attempt=1, ranks=ranks, spec_path=tmp_path / "spec.json", run_dir=tmp_path,
+                       gpus_per_node=2)
+    handle = KubernetesHandle(group, KubernetesConfig(image="sf:dev", poll_s=0.05), api, api)
+    lines: list[tuple[int, str]] = []
+
+    async def on_line(rank: int, line: str) -> None:
+        lines.append((rank, line))
+
+    result = await asyncio.wait_for(handle.run(on_line), 30)
+    await handle.cleanup()
+    return result, lines
+
+
+async def test_a_completed_job_yields_its_ranks_lines_and_statuses(tmp_path: Path) -> None:
+    from kubernetes import client
+
+    log = (encode_line(0, "out", '{"event": "step", "step": 1}') + encode_line(1, "err", "warming up")
+           + encode_line(1, "out", '{"event": "done"}') + encode_line(0, "exit", "0") + encode_line(1, "exit", "0"))
+    api = _FakeApi([_pod("p-0", "Succeeded")], {"p-0": log.encode()},
+                   [client.V1JobCondition(type="Complete", status="True")])
+    result, lines = await _follow(tmp_path, api)
+    assert lines == [(0, '{"event": "step", "step": 1}\n'), (1, '{"event": "done"}\n')]
+    assert result.exit_codes == {0: 0, 1: 0} and not result.preempted
+    assert (tmp_path / "rank-1.log").read_text() == "warming up\n"
+    assert (tmp_path / "rank-0.out").read_text() == '{"event": "step", "step": 1}\n'
+    assert sorted(api.deleted) == [("configmap", "sf-j-a1-r0"), ("job", "sf-j-a1-r0"), ("service", "sf-j-a1-r0")]
+
+
+async def test_an_image_that_cannot_be_pulled_fails_with_kubernetes_message(tmp_path: Path) -> None:
+    api = _FakeApi([_pod("p-0", "Pending", waiting=("ErrImagePull", 'pull access denied for "sf:dev"'))], {}, [])
+    result, lines = await _follow(tmp_path, api)
+    assert lines == [] and result.exit_codes == {0: None, 1: None}
+    assert not result.preempted
+    assert result.errors[0] == 'pod p-0 cannot start: ErrImagePull: pull access denied for "sf:dev"'
+    assert ("job", "sf-j-a1-r0") in api.deleted
+
+
+async def test_an_evicted_pod_makes_the_group_preempted(tmp_path: Path) -> None:
+    from kubernetes import client
+
+    log = encode_line(0, "out", '{"event": "step", "step": 1}').encode()
+    api = _FakeApi([_pod("p-0", "Failed", disrupted="Eviction API: evicting")], {"p-0": log},
+                   [client.V1JobCondition(type="Failed", status="True", reason="BackoffLimitExceeded")])
+    result, lines = await _follow(tmp_path, api)
+    assert lines == [(0, '{"event": "step", "step": 1}\n')]
+    assert result.preempted == "pod p-0 was stopped by Kubernetes: Eviction API: evicting"
+    assert result.exit_codes == {0: None, 1: None}
