@@ -569,7 +569,7 @@ class Executor:
                 cancelled.cancel()
                 with contextlib.suppress(BaseException):
                     await reporter
-            if run.cancelled.is_set() and not all_run.done():
+            if run.cancelled.is_set():
                 for h in handles:
                     await h.stop(s.stop_grace_s)
                 with contextlib.suppress(BaseException):
