@@ -43,6 +43,14 @@ File format (every key optional except where the command line provides it)::
       timeout_s: 5.0
       serve_cap_bytes: 67108864
       busy_mode: latency           # or "pause"
+    launcher: local                # how workers start: local | slurm | kubernetes (agent.launchers)
+    slurm:                         # with launcher: slurm (see SlurmConfig; docs/operations.md)
+      partition: gpu
+      account: ml-team
+      time_limit: "04:00:00"
+    kubernetes:                    # with launcher: kubernetes (see KubernetesConfig; docs/operations.md)
+      image: registry.example.com/spiderflow:0.1.0
+      namespace: training
 
 Probe traffic per period: each agent probes each of its ``N − 1`` peers once (one at a time), so with
 ``N`` agents a period moves at most ``N·(N−1)·(bulk_bytes + 2·echo_count·echo_bytes)`` bytes plus gRPC
@@ -63,7 +71,7 @@ the cluster) and/or the bearer ``token``; with either, the services bind the age
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -72,9 +80,11 @@ from spiderflow.errors import ValidationError
 from spiderflow.formats import load_document
 from spiderflow.runtime import parse_hostport
 
-__all__ = ["AgentConfig", "GpuDeclaration", "ProbeConfig", "etcd_options", "load_config"]
+__all__ = ["AgentConfig", "GpuDeclaration", "KubernetesConfig", "ProbeConfig", "SlurmConfig", "etcd_options",
+           "load_config"]
 
 BusyMode = Literal["latency", "pause"]
+LauncherName = Literal["local", "slurm", "kubernetes"]
 
 
 def _pos(name: str, value: float, *, zero: bool = False) -> None:
@@ -138,6 +148,108 @@ class GpuDeclaration:
             _pos("gpus.memory_gib", self.memory_gib)
 
 
+def _opt_str(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValidationError(name, "must be a non-empty string", value)
+
+
+def _str_list(name: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) and v for v in value):
+        raise ValidationError(name, "must be a list of non-empty strings", value)
+    return tuple(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlurmConfig:
+    """The ``slurm`` launcher (:mod:`agent.launchers.slurm`): where and how batch jobs are submitted.
+
+    ``partition``/``account``/``qos``/``time_limit`` (Slurm's formats, e.g. ``"04:00:00"``)/``constraint``
+    go to ``sbatch`` when set; ``gpus``: one GPU per worker (``--gpus-per-task=1``), else
+    ``cpus_per_task`` CPUs; ``sbatch_args``: more ``sbatch`` options (``["--exclusive"]``); ``python``: the
+    workers' interpreter on the compute nodes (default: the agent's); ``slurm_conf``: ``SLURM_CONF`` of
+    the Slurm commands; ``bin_dir``: where ``sbatch``/``srun``/``squeue``/``sacct``/``scancel`` are (default:
+    ``PATH``); ``poll_s``: seconds between ``squeue`` polls; ``kill_wait_s``: how long a cancelled job may
+    take to end before ``scancel --signal=KILL``; ``unreachable_s``: how long the Slurm controller may fail to
+    answer ``squeue`` before the job is given up (cancelled, its stages failed)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None
+    constraint: str | None = None
+    gpus: bool = True
+    cpus_per_task: int = 1
+    sbatch_args: tuple[str, ...] = ()
+    python: str | None = None
+    slurm_conf: str | None = None
+    bin_dir: str | None = None
+    poll_s: float = 1.0
+    kill_wait_s: float = 30.0
+    unreachable_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for f in ("partition", "account", "qos", "time_limit", "constraint", "python", "slurm_conf", "bin_dir"):
+            _opt_str(f"slurm.{f}", getattr(self, f))
+        if not isinstance(self.gpus, bool):
+            raise ValidationError("slurm.gpus", "must be true or false", self.gpus)
+        if isinstance(self.cpus_per_task, bool) or not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 1:
+            raise ValidationError("slurm.cpus_per_task", "must be an integer ≥ 1", self.cpus_per_task)
+        object.__setattr__(self, "sbatch_args", _str_list("slurm.sbatch_args", self.sbatch_args))
+        _pos("slurm.poll_s", self.poll_s)
+        _pos("slurm.kill_wait_s", self.kill_wait_s)
+        _pos("slurm.unreachable_s", self.unreachable_s)
+
+    def command(self, name: str) -> str:
+        """The path of Slurm command ``name`` (``bin_dir``/name, else the name for ``PATH``)."""
+        return str(Path(self.bin_dir) / name) if self.bin_dir else name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubernetesConfig:
+    """The ``kubernetes`` launcher (:mod:`agent.launchers.kubernetes`): an indexed Job per stage group.
+
+    ``image``: the workers' image (SpiderFlow installed; ``python`` runs in it); ``namespace``,
+    ``service_account``, ``node_selector``, ``tolerations`` (Kubernetes ``Toleration`` objects) go to
+    every pod; ``gpu_resource``: the extended resource of one GPU (``nvidia.com/gpu``; with ``gpus: false``
+    the pods ask for ``cpu_per_worker`` CPUs per worker instead); ``checkpoint_claim``: a
+    PersistentVolumeClaim mounted at the agent's ``checkpoint_dir`` in every pod (the shared checkpoint
+    file system); ``kubeconfig``/``context``: the API server (default: in-cluster configuration when the
+    agent runs in a pod, else ``~/.kube/config``); ``poll_s``: seconds between state polls."""
+
+    image: str
+    namespace: str = "default"
+    service_account: str | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    gpu_resource: str = "nvidia.com/gpu"
+    gpus: bool = True
+    cpu_per_worker: str = "1"
+    python: str = "python3"
+    checkpoint_claim: str | None = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    poll_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for f in ("image", "namespace", "gpu_resource", "cpu_per_worker", "python"):
+            _opt_str(f"kubernetes.{f}", getattr(self, f))
+        for f in ("service_account", "checkpoint_claim", "kubeconfig", "context"):
+            _opt_str(f"kubernetes.{f}", getattr(self, f))
+        if not isinstance(self.gpus, bool):
+            raise ValidationError("kubernetes.gpus", "must be true or false", self.gpus)
+        if not isinstance(self.node_selector, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.node_selector.items()):
+            raise ValidationError("kubernetes.node_selector", "must map label names to strings", self.node_selector)
+        if not isinstance(self.tolerations, list | tuple):
+            raise ValidationError("kubernetes.tolerations", "must be a list of tolerations", self.tolerations)
+        tolerations = tuple(self.tolerations)
+        for i, t in enumerate(tolerations):
+            if not isinstance(t, dict):
+                raise ValidationError(f"kubernetes.tolerations[{i}]", "must be a mapping", t)
+        object.__setattr__(self, "tolerations", tolerations)
+        _pos("kubernetes.poll_s", self.poll_s)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AgentConfig:
     """Everything an agent needs (see the module docstring)."""
@@ -166,8 +278,15 @@ class AgentConfig:
     intra_node_gbps: float | None = None
     inter_node_gbps: float | None = None
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    launcher: LauncherName = "local"
+    slurm: SlurmConfig | None = None
+    kubernetes: KubernetesConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.launcher not in ("local", "slurm", "kubernetes"):
+            raise ValidationError("launcher", "must be 'local', 'slurm' or 'kubernetes'", self.launcher)
+        if self.launcher == "kubernetes" and self.kubernetes is None:
+            raise ValidationError("kubernetes", "is required with launcher: kubernetes (at least its image)")
         if not self.cluster or "/" in self.cluster or len(self.cluster) > 63:
             raise ValidationError("cluster", "must be a name of 1..63 characters without '/'", self.cluster)
         parse_hostport(self.topology_service, field="topology_service")
@@ -217,6 +336,9 @@ def _section(cls: type, raw: Any, where: str) -> Any:
     for k in raw:
         if k not in known:
             raise ValidationError(f"{where}.{k}", "unknown key")
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in raw:
+            raise ValidationError(f"{where}.{f.name}", "is required")
     return cls(**raw)
 
 
@@ -235,6 +357,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConf
     gover = {k: v for k, v in (overrides.pop("gpus", None) or {}).items() if v is not None}
     if gover:
         gpus = {**(gpus or {}), **gover}
+    slurm = raw.pop("slurm", None)
+    kube = raw.pop("kubernetes", None)
     raw.update({k: v for k, v in overrides.items() if v is not None})
     for required in ("cluster", "topology_service", "etcd"):
         if not raw.get(required):
@@ -243,9 +367,13 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConf
     for k in raw:
         if k not in known:
             raise ValidationError(f"config.{k}", "unknown key")
+    launcher = raw.pop("launcher", "local")
     cfg = AgentConfig(**raw)
     return replace(
         cfg,
         probe=_section(ProbeConfig, probe, "probe"),
         gpus=_section(GpuDeclaration, gpus, "gpus") if gpus else None,
+        slurm=_section(SlurmConfig, slurm, "slurm") if slurm is not None else None,
+        kubernetes=_section(KubernetesConfig, kube, "kubernetes") if kube is not None else None,
+        launcher=launcher,
     )

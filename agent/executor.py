@@ -10,7 +10,12 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Ranks.** :func:`spiderflow.exec.spec.rank_layout` numbers the plan's ranks; this agent starts
   :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
   rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
-  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``.
+  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``. The workers start through
+  the cluster's launcher (:mod:`agent.launchers`: local subprocesses, one Slurm batch job or one Kubernetes
+  Job per group of consecutive ranks). A launcher that cannot start fails the stages with the workload
+  manager's message; workers the workload manager stopped (preemption, node failure, time limit, an
+  operator's cancel) are reported as ``preempted`` and the scheduler re-places the job, which resumes from
+  its last complete checkpoint.
 - **Rendezvous.** The agent hosting rank 0 serves the attempt's ``torch.distributed`` TCPStore itself
   (on its own address, a port the kernel picks: no port race; keys prefixed ``<job>/attempt-<n>/``; torch
   is imported by the agent on first use), chooses the checkpoint to resume from (``checkpoints/<job>``,
@@ -41,8 +46,8 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Busy.** ``on_busy(True)`` while any worker of this agent runs, ``on_busy(False)`` after the last
   one exited (the agent pauses bulk probes meanwhile: :meth:`agent.agent.Agent.set_busy`).
 
-Workers die with their agent (``setpriv --pdeathsig KILL``): an agent killed by SIGKILL takes its ranks
-with it, as a lost cluster does. Inside the emulated testbed the rendezvous host is the agent's namespace
+Local workers die with their agent (``setpriv --pdeathsig KILL``): an agent killed by SIGKILL takes its
+ranks with it, as a lost cluster does. Inside the emulated testbed the rendezvous host is the agent's namespace
 address and gloo binds the interface named by ``GLOO_SOCKET_IFNAME`` (set by the testbed, inherited by the
 workers); on loopback ``GLOO_SOCKET_IFNAME=lo`` is set when the environment does not name one.
 """
@@ -52,9 +57,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -64,6 +66,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
+from agent.launchers.local import LocalLauncher
 from spiderflow.domain import JobSpec, Plan
 from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.spec import (
@@ -82,7 +86,6 @@ from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.security import ids
-from spiderflow.security.secrets import worker_environment
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
 
@@ -168,7 +171,8 @@ class ExecutorSettings:
     """``host``: the address this agent's ranks bind and the rank-0 store listens on (the agent's
     advertised host). ``work_dir``: worker specs and logs. ``checkpoint_dir``: the shared checkpoint root.
     ``checkpoint_every``: steps between checkpoints (0: none). ``failure_grace_s``: how long a peer-looking
-    failure waits for a re-placement before it is reported."""
+    failure waits for a re-placement before it is reported. ``python``: the interpreter of the workers (on the
+    compute nodes); ``gpus_per_node``: ranks per node of a multi-node launch (Slurm, Kubernetes)."""
 
     cluster: str
     host: str
@@ -180,11 +184,14 @@ class ExecutorSettings:
     report_interval_s: float = 0.25
     stop_grace_s: float = 3.0
     python: str = sys.executable
+    gpus_per_node: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValidationError("checkpoint_every", "must be an integer ≥ 0", self.checkpoint_every)
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ValidationError("gpus_per_node", "must be an integer ≥ 1", self.gpus_per_node)
         for name in ("rendezvous_timeout_s", "failure_grace_s", "report_interval_s", "stop_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValidationError(name, "must be > 0", getattr(self, name))
@@ -230,11 +237,6 @@ class SchedulerReporter:
         await self._channel.close()
 
 
-def _pdeathsig_prefix() -> list[str]:
-    setpriv = shutil.which("setpriv")
-    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv and sys.platform.startswith("linux") else []
-
-
 def _serve_store(host: str, world: int, timeout_s: float) -> Any:
     """A ``torch.distributed`` TCPStore server on a free port (torch is imported on first use only)."""
     import datetime
@@ -245,21 +247,9 @@ def _serve_store(host: str, world: int, timeout_s: float) -> Any:
                          wait_for_workers=False)
 
 
-def _tail(path: Path, lines: int = 12, limit: int = 1500) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    out = "\n".join(text[-lines:])
-    return out[-limit:]
-
-
 @dataclass
-class _Worker:
+class _RankState:
     info: RankInfo
-    proc: asyncio.subprocess.Process
-    out_path: Path
-    err_path: Path
     error: str = ""
     done: bool = False
 
@@ -285,8 +275,9 @@ class Executor:
     """Runs this cluster's assignments (see the module docstring)."""
 
     def __init__(self, settings: ExecutorSettings, store: Store, reporter: Reporter, *,
-                 on_busy: Callable[[bool], None] | None = None) -> None:
+                 on_busy: Callable[[bool], None] | None = None, launcher: Launcher | None = None) -> None:
         self.settings = settings
+        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(host=settings.host)
         self.store = store
         self.reporter = reporter
         self.on_busy = on_busy
@@ -509,127 +500,120 @@ class Executor:
         if before != after and self.on_busy is not None:
             self.on_busy(after)
 
-    async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo) -> _Worker:
-        env = worker_environment(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # none of the agent's secrets
-        if "GLOO_SOCKET_IFNAME" not in env and self.settings.host.startswith("127."):
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-        err_path = run_dir / f"rank-{info.rank}.log"
-        out_path = run_dir / f"rank-{info.rank}.out"
-        argv = [*_pdeathsig_prefix(), self.settings.python, "-m", "spiderflow.exec.worker", "--spec", str(spec_path),
-                "--rank", str(info.rank)]
-        with err_path.open("ab") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL, env=env,
-                cwd=str(run_dir), limit=16 * 1024 * 1024,
-            )
-        return _Worker(info=info, proc=proc, out_path=out_path, err_path=err_path)
-
     async def _supervise(self, run: _Run, spec: TrainSpec, spec_path: Path, run_dir: Path,
                          ranks: tuple[RankInfo, ...], bound: Any) -> None:
         a = run.assignment
+        s = self.settings
         last_stage = len(a.plan.stages) - 1
         pending: list[types_pb2.ProgressEvent] = []
         new_progress = asyncio.Event()
-        workers: list[_Worker] = []
+        state = {r.rank: _RankState(info=r) for r in ranks}
+        handles: list[LaunchHandle] = []
+
+        async def on_line(rank: int, text: str) -> None:
+            w = state.get(rank)
+            if w is None:
+                return
+            try:
+                ev = json.loads(text)
+            except ValueError:
+                return
+            if not isinstance(ev, dict):
+                return
+            kind = ev.get("event")
+            if kind == "step" and w.info.stage == last_stage and w.info.replica == 0:
+                pending.append(types_pb2.ProgressEvent(
+                    job_id=a.job, attempt=a.attempt, step=int(ev["step"]), steps_total=spec.steps,
+                    loss=float(ev.get("loss") or 0.0), tokens_per_s=float(ev["tokens_per_s"]),
+                    step_time_s=float(ev["step_time_s"]),
+                ))
+                new_progress.set()
+            elif kind == "checkpoint":
+                await self._record_checkpoint(run, ev.get("manifest"), bound)
+            elif kind == "error":
+                w.error = f"{ev.get('type', 'Error')}: {ev.get('message', '')}"
+            elif kind == "done":
+                w.done = True
+
+        results: list[GroupResult] = []
+        launch_error = ""
         self._set_busy(+1)
         try:
-            for info in ranks:
-                workers.append(await self._spawn(spec_path, run_dir, info))
-            bound.info("executor.workers_started", pids=[w.proc.pid for w in workers],
-                       ranks=[w.info.rank for w in workers], resume_step=spec.resume_from.step if spec.resume_from
-                       else None)
+            for members in stage_groups(ranks):
+                group = StageGroup(job=a.job, attempt=a.attempt, ranks=members, spec_path=spec_path, run_dir=run_dir,
+                                   gpus_per_node=s.gpus_per_node, python=s.python)
+                try:
+                    handles.append(await self.launcher.launch(group))
+                except LaunchError as e:
+                    launch_error = str(e)
+                    bound.warning("executor.launch_failed", launcher=self.launcher.kind.value, error=launch_error,
+                                  ranks=[r.rank for r in members])
+                    break
+            if launch_error:
+                for h in handles:
+                    await h.stop(s.stop_grace_s)
+                await self._report_outcomes(run, {st: f"{self.launcher.kind.value} launcher: {launch_error}"
+                                                  for st in a.stages}, bound)
+                return
+            bound.info("executor.workers_started", launcher=self.launcher.kind.value, groups=[h.ident for h in handles],
+                       ranks=[r.rank for r in ranks],
+                       resume_step=spec.resume_from.step if spec.resume_from else None)
 
-            async def read(w: _Worker) -> None:
-                assert w.proc.stdout is not None
-                with w.out_path.open("a") as out:
-                    while True:
-                        line = await w.proc.stdout.readline()
-                        if not line:
-                            break
-                        text = line.decode(errors="replace")
-                        out.write(text)
-                        out.flush()
-                        try:
-                            ev = json.loads(text)
-                        except ValueError:
-                            continue
-                        if not isinstance(ev, dict):
-                            continue
-                        kind = ev.get("event")
-                        if kind == "step" and w.info.stage == last_stage and w.info.replica == 0:
-                            pending.append(types_pb2.ProgressEvent(
-                                job_id=a.job, attempt=a.attempt, step=int(ev["step"]), steps_total=spec.steps,
-                                loss=float(ev.get("loss") or 0.0), tokens_per_s=float(ev["tokens_per_s"]),
-                                step_time_s=float(ev["step_time_s"]),
-                            ))
-                            new_progress.set()
-                        elif kind == "checkpoint":
-                            await self._record_checkpoint(run, ev.get("manifest"), bound)
-                        elif kind == "error":
-                            w.error = f"{ev.get('type', 'Error')}: {ev.get('message', '')}"
-                        elif kind == "done":
-                            w.done = True
-                await w.proc.wait()
-
-            readers = [asyncio.create_task(read(w)) for w in workers]
-            all_read: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*readers))
+            all_run: asyncio.Future[list[GroupResult]] = asyncio.ensure_future(
+                asyncio.gather(*(h.run(on_line) for h in handles)))
             reporter = asyncio.create_task(self._progress_loop(run, pending, new_progress, bound))
             cancelled = asyncio.create_task(run.cancelled.wait())
             try:
-                await asyncio.wait([all_read, cancelled], return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait([all_run, cancelled], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]
             finally:
                 reporter.cancel()
                 cancelled.cancel()
                 with contextlib.suppress(BaseException):
                     await reporter
             if run.cancelled.is_set():
-                await self._stop_workers(workers)
-                all_read.cancel()
+                for h in handles:
+                    await h.stop(s.stop_grace_s)
                 with contextlib.suppress(BaseException):
-                    await all_read
+                    await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
                 raise _Cancelled
-            await all_read
+            results = await all_run
         finally:
-            await self._stop_workers(workers)
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    await h.cleanup()
             self._set_busy(-1)
 
         errors: dict[int, str] = {}
-        for w in workers:
-            code = w.proc.returncode
-            if code == 0 and w.done:
-                continue
-            err = w.error or f"worker exited with {code}"
-            tail = _tail(w.err_path)
-            text = f"rank {w.info.rank}: {err}" + (f"\n{tail}" if tail and tail not in err else "")
-            errors.setdefault(w.info.stage, text)
+        preempted: set[int] = set()
+        for res in results:
+            for rank, code in res.exit_codes.items():
+                w = state[rank]
+                if code == 0 and w.done:
+                    continue
+                if res.preempted and not w.error:
+                    err = f"stopped by the workload manager: {res.preempted}"
+                else:
+                    err = w.error or ("worker exited with " + (str(code) if code is not None else "no status"))
+                tail = res.errors.get(rank, "")
+                text = f"rank {rank}: {err}" + (f"\n{tail}" if tail and tail not in err else "")
+                errors.setdefault(w.info.stage, text)
+                if res.preempted:
+                    preempted.add(w.info.stage)
         outcomes = {st: errors.get(st, "") for st in a.stages}
         if errors:
-            bound.warning("executor.workers_failed", stages=sorted(errors),
+            bound.warning("executor.workers_failed", stages=sorted(errors), preempted=sorted(preempted),
                           error=next(iter(errors.values())).splitlines()[0][:300])
-            if all(is_peer_error(e) for e in errors.values()) \
+            if not preempted and all(is_peer_error(e) for e in errors.values()) \
                     and await self._wait_cancelled(run, self.settings.failure_grace_s):
                 raise _Cancelled
         else:
             bound.info("executor.workers_succeeded", stages=list(a.stages))
-        await self._report_outcomes(run, outcomes, bound, progress=pending)
+        await self._report_outcomes(run, outcomes, bound, progress=pending, preempted=preempted)
 
     async def _wait_cancelled(self, run: _Run, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(run.cancelled.wait(), seconds)
         return run.cancelled.is_set()
-
-    async def _stop_workers(self, workers: list[_Worker]) -> None:
-        alive = [w for w in workers if w.proc.returncode is None]
-        for w in alive:
-            with contextlib.suppress(ProcessLookupError):
-                w.proc.send_signal(signal.SIGTERM)
-        for w in alive:
-            try:
-                await asyncio.wait_for(w.proc.wait(), self.settings.stop_grace_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    w.proc.kill()
-                await w.proc.wait()
 
     # -- reports ----------------------------------------------------------------------------------------
 
@@ -661,11 +645,13 @@ class Executor:
             await asyncio.sleep(self.settings.report_interval_s)
 
     async def _report_outcomes(self, run: _Run, outcomes: dict[int, str], bound: Any,
-                               progress: list[types_pb2.ProgressEvent] | None = None) -> None:
+                               progress: list[types_pb2.ProgressEvent] | None = None,
+                               preempted: set[int] | frozenset[int] = frozenset()) -> None:
         a = run.assignment
         req = scheduler_pb2.ReportProgressRequest(
             cluster=self.settings.cluster, job_id=a.job, attempt=a.attempt, progress=list(progress or []),
-            outcomes=[scheduler_pb2.WorkerOutcome(stage=st, succeeded=not err, error=err)
+            outcomes=[scheduler_pb2.WorkerOutcome(stage=st, succeeded=not err, error=err, preempted=bool(err)
+                                                  and st in preempted)
                       for st, err in sorted(outcomes.items())],
         )
         for attempt in range(8):
@@ -717,10 +703,12 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
     """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
     set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
     owns the etcd client (``etcd_tls_dir``/``etcd_user`` of the config) and the scheduler channel (``tls_dir``,
-    ``token``) it creates here and closes them when :meth:`Executor.run` returns."""
+    ``token``) it creates here and closes them when :meth:`Executor.run` returns. Workers start through the
+    launcher the config names (:func:`agent.launchers.launcher_for`)."""
     import tempfile
 
     from agent.config import etcd_options
+    from agent.launchers import launcher_for
     from spiderflow.runtime import parse_hostport
     from spiderflow.store.etcd import EtcdStore
 
@@ -733,11 +721,13 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
         cluster=config.cluster, host=host, work_dir=work,
         checkpoint_dir=Path(config.checkpoint_dir) if config.checkpoint_dir else work / "checkpoints",
         checkpoint_every=config.checkpoint_every, failure_grace_s=2.0 * config.lease_ttl_s + 10.0,
+        gpus_per_node=config.gpus.gpus_per_node if config.gpus is not None else 1,
     )
     from agent.control import ReplicaReporter  # reports reach any live scheduler replica
 
     reporter = ReplicaReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
                                token=getattr(config, "token", None))
-    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy)
+    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy,
+                  launcher=launcher_for(config, host=host))
     ex.owns_clients = True
     return ex

@@ -13,6 +13,11 @@ command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # Validates deploy/compose files in the tests (no Docker engine needed).
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+# A real single-node Slurm cluster for the slurm launcher's tests (tests/launchers: munge, slurmctld, slurmd).
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need_apt+=(munge)
+command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need_apt+=(slurmctld)
+command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need_apt+=(slurmd)
+command -v sbatch >/dev/null 2>&1 || need_apt+=(slurm-client)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_apt[*]}" >&2

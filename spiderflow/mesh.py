@@ -24,7 +24,7 @@ import signal
 import socket
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -89,7 +89,8 @@ class LocalMesh:
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
                  keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
-                 etcd_tls: bool = False, service_ports: dict[str, int] | None = None) -> None:
+                 etcd_tls: bool = False, service_ports: dict[str, int] | None = None,
+                 cluster_args: Mapping[str, Sequence[str]] | None = None) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -98,6 +99,8 @@ class LocalMesh:
         self.testbed_prefix = testbed_prefix
         self.scheduler_args = list(scheduler_args)
         self.agent_args = list(agent_args)
+        self.cluster_args = {name: list(args) for name, args in (cluster_args or {}).items()}
+        """More agent arguments for one cluster's agent (e.g. ``--config`` naming its launcher)."""
         self.lease_ttl = lease_ttl
         self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
@@ -214,6 +217,7 @@ class LocalMesh:
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
             "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
             "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.etcd_args, *self.agent_args,
+            *self.cluster_args.get(c.name, ()),
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:
             argv += ["--free-gpus", str(c.free_gpus)]

@@ -17,7 +17,9 @@ Any replica answers every RPC (all state is in etcd; writes are compare-and-swap
 - ReportProgress: agents report steps and worker outcomes; stale attempts are ignored. Reports are
   validated against the job (steps within the job's, finite numbers) and an agent reports outcomes only
   for the stages its cluster runs in the current attempt; the last stage's success counts only once the
-  last step was reported, and a job ends once (later outcomes get ``accepted=false, stop=true``).
+  last step was reported, and a job ends once (later outcomes get ``accepted=false, stop=true``). A failed
+  outcome fails the job unless every failed outcome is ``preempted`` (the cluster's workload manager stopped
+  the workers): the job then goes RESCHEDULING and resumes from its last complete checkpoint.
 
 Security (:mod:`spiderflow.security`): when the server authenticates, every RPC runs with the caller's
 principal and obeys :mod:`spiderflow.security.authz` (tenants see and cancel only their own jobs; another
@@ -402,7 +404,11 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             if new.state is JobState.PLACED and (request.progress or request.outcomes):
                 new = new.to(JobState.RUNNING, "workers started", now=self.repo.clock())
             failed = [o for o in request.outcomes if not o.succeeded]
-            if failed:
+            if failed and all(o.preempted for o in failed):
+                new = new.to(JobState.RESCHEDULING, f"stage {failed[0].stage} was stopped by {request.cluster or 'its'}"
+                             f" workload manager: {failed[0].error}".strip(), now=self.repo.clock())
+            elif failed:
+                failed = [o for o in failed if not o.preempted]
                 new = new.to(JobState.FAILED, f"stage {failed[0].stage} failed: {failed[0].error}".strip(),
                              now=self.repo.clock())
             elif request.outcomes and r.plan is not None and any(

@@ -137,14 +137,16 @@ class CancelJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class WorkerOutcome(_message.Message):
-    __slots__ = ("stage", "succeeded", "error")
+    __slots__ = ("stage", "succeeded", "error", "preempted")
     STAGE_FIELD_NUMBER: _ClassVar[int]
     SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     stage: int
     succeeded: bool
     error: str
-    def __init__(self, stage: _Optional[int] = ..., succeeded: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    preempted: bool
+    def __init__(self, stage: _Optional[int] = ..., succeeded: _Optional[bool] = ..., error: _Optional[str] = ..., preempted: _Optional[bool] = ...) -> None: ...
 
 class ReportProgressRequest(_message.Message):
     __slots__ = ("cluster", "job_id", "attempt", "progress", "outcomes")
