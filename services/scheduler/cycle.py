@@ -1,44 +1,33 @@
-"""The scheduling cycle (leader only): decide on one snapshot, then bind with compare-and-swap.
-
-One cycle, as named extension points (STYLE.md §2–3):
+"""The scheduling cycle (leader only): read one snapshot, decide with the pure cycle, bind with compare-and-swap.
 
 1. **snapshot** – one topology snapshot (with its etcd revision) from the :class:`TopologySource`, every
    job record and every allocation key, each with the revision it was read at.
 2. **reconcile** – jobs holding GPUs on a cluster that left the graph, or whose plan's predicted step time
    grew by more than ``replan_threshold`` on the current snapshot (a link or cluster degraded), go
    RESCHEDULING (GPUs released, the reason says why); a RESCHEDULING job is queued again like a pending one.
-3. **sort** – queued jobs (PENDING, RESCHEDULING) ordered by :func:`spiderflow.queueing.order`:
-   priorities, BACE-Pipe-style dynamic prioritisation (remaining work, network share × link utilisation),
-   aging so nothing starves.
-4. **filter** – clusters with no free GPU left are dropped from the snapshot the policy sees; a job whose
-   minimum exceeds all free GPUs is not even tried (its reason says so).
-5. **place** – the job's policy (default SpinSearch) on ``topology.with_free(free)`` (a job shaped like one
-   already decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`). With a Planner
-   service configured (``finalize``), the policies that plan their chain with TPA themselves (SpinSearch,
-   ``bace``: ``tpa_final``) only choose the chain and its level-1 plan here, the Planner service plans that
-   chain with TPA, and the better of the two plans by the objective is kept — the same rule as
-   in-process (:func:`spiderflow.placement.common.finalise`); the other baselines keep their own plans, as
-   in the simulator. With ``wait_for_releases``
-   the policy is also told which GPUs come back when (:func:`spiderflow.queueing.expected_releases`: jobs
-   holding GPUs at their estimated ends, and the claims of jobs already waiting) and may answer "wait"
-   (SpinSearch's start-now-or-wait step, as in the simulator): the job stays PENDING with the policy's
-   reason, is not decided again before the time it waits for (unless a cluster it claimed leaves the
-   graph or its claimed GPUs are free sooner), its claim shows in the other jobs' releases, and as the
-   head it is reserved at that time
-   (:func:`spiderflow.queueing.reserve_at`). Each wait is also recorded in etcd (``waits/<job>``, deleted
-   when it ends or the job is bound; written only while the term's election key holds): a new leader's
-   first cycle adopts them, so a change of leader neither decides a waiting job afresh before its time nor
-   forgets the GPUs it claimed.
-6. **admit** – EASY backfilling (:func:`spiderflow.queueing.admits`): once the first job in order cannot
-   start (the *head*), later jobs start only if they do not delay the head's reserved start.
-7. **reserve** – the placement's GPUs are subtracted from the in-memory free map (the *assumed* state).
-8. **bind** – one etcd transaction (:meth:`JobRepository.bind`) comparing the job record and every
-   allocation key it changes on the revisions read in step 1. If it loses, the reservation is undone and
-   the cycle ends early (a new one starts from a fresh snapshot), so no GPU is ever given to two jobs.
+3. **decide** – :func:`spiderflow.cycle.run_cycle` (the simulator runs the same function), in a worker
+   thread, on ``topology.with_free(free)``: it orders the queued jobs (PENDING, RESCHEDULING) by remaining
+   steps, network share and aging, asks each job's policy (default SpinSearch; a job shaped like one already
+   decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`), offers waiting for
+   releases with ``wait_for_releases`` (jobs holding GPUs at their estimated ends, and the claims of jobs
+   already waiting), backfills behind the head (EASY) and reserves. The policies that plan their chains
+   (SpinSearch, ``bace``) are built with this scheduler's ``planner``: in process, or the Planner service
+   (:class:`services.planner.client.RemotePlanner`), which plans the exact allocation the policy chose.
+   A failed decision is retried only once the pool changed (a job gave its GPUs back, the topology changed)
+   or more GPUs are free.
+4. **bind** – the placements in the order they were decided, each one etcd transaction
+   (:meth:`JobRepository.bind`) comparing the job record and every allocation key it changes on the
+   revisions read in step 1. If one loses, the cycle ends there (the later decisions assumed it; a new cycle
+   starts from a fresh snapshot), so no GPU is ever given to two jobs.
+5. **record** – a job that waits stays PENDING with the policy's reason; its wait is recorded in etcd
+   (``waits/<job>``, deleted when it ends or the job is bound; written only while the term's election key
+   holds): a new leader's first cycle adopts them, so a change of leader neither decides a waiting job
+   afresh before its time nor forgets the GPUs it claimed. Any other job left queued stays PENDING with a
+   reason that says why (the policy's reason naming the binding constraint, the backfilling rule, "queued
+   behind <head>"); a job that can never fit this topology keeps PENDING with "cannot fit this topology".
 
-A job that cannot be placed stays PENDING with a reason that says why (the policy's reason naming the
-binding constraint, or the backfilling rule). Decisions are logged as one structlog event each with the
-job id, the chain, the topology revision and the decision's wall time.
+Decisions are logged as one structlog event each with the job id, the chain, the topology revision and the
+decision's wall time.
 """
 
 from __future__ import annotations

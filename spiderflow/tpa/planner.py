@@ -43,9 +43,8 @@ from dataclasses import replace
 import structlog
 
 from spiderflow.costmodel import evaluate, fits_memory, in_flight_microbatches
-from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.domain import Cluster, JobSpec, Objective, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.placement.base import Objective
 from spiderflow.schedules import MAX_IN_FLIGHT_KEY
 from spiderflow.tpa.level1 import (
     ChainContext,

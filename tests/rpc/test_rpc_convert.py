@@ -11,7 +11,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spiderflow.catalog import GPU_CATALOG, MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Precision, Schedule, Sharding, Stage, Topology
+from spiderflow.domain import (
+    Cluster,
+    GpuRange,
+    JobSpec,
+    Link,
+    Plan,
+    Precision,
+    Schedule,
+    Sharding,
+    Stage,
+    Topology,
+    Wait,
+)
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict, topology_from_dict, topology_to_dict
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
@@ -192,7 +204,8 @@ def test_budget_defaults_and_errors() -> None:
 
 
 @SETTINGS
-@given(plans(), st.sampled_from(list(PlacementStatus)), st.none() | st.booleans())
+@given(plans(), st.sampled_from([s for s in PlacementStatus if s is not PlacementStatus.WAIT]),
+       st.none() | st.booleans())
 def test_placement_result_roundtrip(plan: Plan, status: PlacementStatus, optimal: bool | None) -> None:
     result = PlacementResult(
         status=status, policy="spinsearch", plan=plan if status is PlacementStatus.SUCCESS else None,
@@ -202,6 +215,16 @@ def test_placement_result_roundtrip(plan: Plan, status: PlacementStatus, optimal
     msg = _wire(cv.placement_result_to_proto(result))
     assert isinstance(msg, planner_pb2.PlanResponse)
     assert cv.placement_result_from_proto(msg) == result
+
+
+def test_a_wait_travels_as_unschedulable_with_constraint_wait() -> None:
+    """The Planner service answers requests without releases, so it never waits; a wait that reached the
+    wire would read back as UNSCHEDULABLE with constraint ``wait``."""
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=1, tp=1, dp=1),), micro_batches=1)
+    result = PlacementResult(status=PlacementStatus.WAIT, policy="spinsearch", plan=plan, reason="waiting",
+                             wait=Wait(after_s=5.0, plan=plan, reason="waiting"))
+    back = cv.placement_result_from_proto(_wire(cv.placement_result_to_proto(result)))
+    assert (back.status, back.constraint, back.reason) == (PlacementStatus.UNSCHEDULABLE, "wait", "waiting")
 
 
 # ---------------------------------------------------------------------------------------------- file JSON
