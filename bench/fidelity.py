@@ -30,8 +30,8 @@ Predicted: :func:`spiderflow.costmodel.evaluate` (the closed form the planner's 
 ``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the table's
 ``ratio`` is the timeline's (what the planner reports), with the closed form's alongside. The topology of a
 GPU record is one cluster of ``nodes × gpus_per_node`` of the stated GPU type, the stated device memory and
-the inter-node bandwidth the source states (per GPU × GPUs per node); the intra-node bandwidth is the
-cluster default.
+the inter-node bandwidth the source states (per GPU × GPUs per node); the intra-node bandwidth is the GPU's
+NVLink figure from its datasheet (cited in the record).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ from spiderflow.domain import (  # noqa: E402
     Cluster,
     GpuRange,
     JobSpec,
-    Link,
     Plan,
     Precision,
     Schedule,
@@ -71,8 +70,8 @@ CLUSTER = "gpu"
 
 def megatron_flops(model: dict[str, int], batch: int, seq: int) -> float:
     """Model FLOPs of one step (Narayanan et al. 2021, without recomputation)."""
-    l, h, v = model["layers"], model["hidden"], model["vocab"]
-    return 72.0 * batch * seq * l * h * h * (1.0 + seq / (6.0 * h) + v / (12.0 * l * h))
+    n, h, v = model["layers"], model["hidden"], model["vocab"]
+    return 72.0 * batch * seq * n * h * h * (1.0 + seq / (6.0 * h) + v / (12.0 * n * h))
 
 
 def gpu_case(rec: dict[str, Any], profile: Any = None) -> tuple[Plan, Topology, JobSpec]:
@@ -82,6 +81,7 @@ def gpu_case(rec: dict[str, Any], profile: Any = None) -> tuple[Plan, Topology, 
     gpn = int(hw["gpus_per_node"])
     cluster = Cluster(
         name=CLUSTER, gpu=hw["gpu"], nodes=int(hw["nodes"]), gpus_per_node=gpn,
+        intra_node_gbps=float(hw.get("intra_node_gbps", 600.0)),
         inter_node_gbps=float(hw["inter_node_gbps_per_gpu"]) * gpn, memory_gib=float(hw["memory_gib"]),
     )
     topo = Topology(clusters=(cluster,), links=())
