@@ -74,15 +74,15 @@ def megatron_flops(model: dict[str, int], batch: int, seq: int) -> float:
     return 72.0 * batch * seq * n * h * h * (1.0 + seq / (6.0 * h) + v / (12.0 * n * h))
 
 
-def gpu_case(rec: dict[str, Any], profile: Any = None) -> tuple[Plan, Topology, JobSpec]:
-    """The plan, topology and job of one published record."""
+def gpu_case(rec: dict[str, Any], profile: Any = None, mfu: float | None = None) -> tuple[Plan, Topology, JobSpec]:
+    """The plan, topology and job of one published record (``mfu``: override the GPU type's default)."""
     hw, p, m = rec["hardware"], rec["plan"], rec["model"]
     model = ModelSpec(name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"], vocab=m["vocab"])
     gpn = int(hw["gpus_per_node"])
     cluster = Cluster(
         name=CLUSTER, gpu=hw["gpu"], nodes=int(hw["nodes"]), gpus_per_node=gpn,
         intra_node_gbps=float(hw.get("intra_node_gbps", 600.0)),
-        inter_node_gbps=float(hw["inter_node_gbps_per_gpu"]) * gpn, memory_gib=float(hw["memory_gib"]),
+        inter_node_gbps=float(hw["inter_node_gbps_per_gpu"]) * gpn, memory_gib=float(hw["memory_gib"]), mfu=mfu,
     )
     topo = Topology(clusters=(cluster,), links=())
     if profile is not None:
@@ -120,11 +120,11 @@ def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, flo
     return ev.step_time_s, tl, max(ev.memory_gib_per_gpu)
 
 
-def gpu_rows(profile: Any = None) -> list[dict[str, Any]]:
+def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, Any]]:
     data = json.loads(RECORDS.read_text())
     rows = []
     for rec in data["records"]:
-        plan, topo, job = gpu_case(rec, profile)
+        plan, topo, job = gpu_case(rec, profile, mfu)
         closed, tl, mem = predict(plan, topo, job)
         meas = measured_step(rec, plan.gpus)
         row: dict[str, Any] = {
@@ -260,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="write the records and summary as JSON")
     ap.add_argument("--md", type=Path, help="write the table as Markdown")
     ap.add_argument("--profile", type=Path, help="price the GPU records with this profile (docs/profiles.md)")
+    ap.add_argument("--mfu", type=float, help="price the GPU records with this mfu instead of the catalog default "
+                    "(what-if; the fitted default is the catalog's)")
+    ap.add_argument("--no-testbed", action="store_true", help="GPU records only")
     args = ap.parse_args(argv)
     profile = None
     if args.profile is not None:
         from spiderflow.profile import load_profile
 
         profile = load_profile(args.profile)
-    rows = gpu_rows(profile) + testbed_rows()
+    rows = gpu_rows(profile, args.mfu) + ([] if args.no_testbed else testbed_rows())
     summ = summary(rows)
     title = "Fidelity" + (f" with profile {args.profile}" if args.profile else " (defaults, no profile)")
     md = markdown(rows, summ, title)

@@ -43,7 +43,7 @@ Gradient synchronisation and the optimizer step, after the pipeline drains, stag
 Memory per GPU of stage ``s`` (bytes):
 
     M_s = 16·params_s / t_s  +  k_s · act_s  +  R
-    act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation)
+    act_s = |ℓ_s| · s·b·h·(10 + 24/t)     (Korthikanti et al. without stored attention scores: fused attention)
     k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages);
           min(⌈m/d_s⌉, 2(S − i_s)) for the latency-aware schedule; under a plan's in-flight cap ``K``
           (``plan.extras["max_in_flight"]``, :func:`spiderflow.schedules.plan_max_in_flight`) 1F1B and the
@@ -55,7 +55,22 @@ Memory per GPU of stage ``s`` (bytes):
 
 Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
 
+Precision, sharding and recomputation (the formulas above are the bf16, replicated, no-recompute case):
+
+- precision ``p`` (the job's): ``F_c`` scales by the GPU type's datasheet ratio of ``p``'s dense peak to the
+  bf16 peak (:func:`compute_rate_tflops`); activation, TP all-reduce and gradient values take
+  ``value_bytes(p)`` (2 for bf16/fp16, 4 for fp32/tf32); replicated state is 20 bytes/parameter in
+  fp32/tf32 (:func:`state_bytes_per_param`).
+- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
+  parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
+  (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
+  (``AG_d`` of the gradient bytes) instead of all-reduced.
+- ``recompute`` stages: 4 forward-equivalents per block instead of 3 (6 TP all-reduces instead of 4);
+  activations held per in-flight micro-batch are the blocks' inputs (``v·s·b·h`` per block), plus one
+  block's full activations rebuilt during backward.
+
 ``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
+Fidelity against published GPU measurements and our executed runs: ``bench/fidelity.py`` (BENCHMARKS.md).
 Everything here is pure: no I/O, no randomness.
 """
 
