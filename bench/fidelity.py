@@ -26,6 +26,8 @@ Measured step time: ``tokens_per_step / (tokens/s per GPU × GPUs)`` for torchti
 its MFU column implies — the same count the cost model prices (``3·(24·b·s·h² + 4·b·s²·h)`` per layer plus
 ``6·b·s·h·V`` for the head), so the ratio does not depend on the FLOPs convention.
 
+Memory is priced with ``fused_attention`` (no stored attention scores: torchtitan and Megatron-LM run
+flash attention; the planner's default still charges the scores).
 Predicted: :func:`spiderflow.costmodel.evaluate` (the closed form the planner's searches and
 ``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the table's
 ``ratio`` is the timeline's (what the planner reports), with the closed form's alongside. The topology of a
@@ -115,7 +117,7 @@ def measured_step(rec: dict[str, Any], gpus: int) -> float:
 
 def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, float]:
     """(closed-form step, timeline step, max memory GiB per GPU)."""
-    ev = evaluate(plan, topo, job)
+    ev = evaluate(plan, topo, job, fused_attention=True)  # every framework here runs fused attention
     tl = simulate_plan(plan, topo, job, record=False).step_s
     return ev.step_time_s, tl, max(ev.memory_gib_per_gpu)
 

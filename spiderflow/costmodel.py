@@ -43,7 +43,8 @@ Gradient synchronisation and the optimizer step, after the pipeline drains, stag
 Memory per GPU of stage ``s`` (bytes):
 
     M_s = 16·params_s / t_s  +  k_s · act_s  +  R
-    act_s = |ℓ_s| · s·b·h·(10 + 24/t)     (Korthikanti et al. without stored attention scores: fused attention)
+    act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation; without the
+                                                        last term under ``fused_attention``)
     k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages);
           min(⌈m/d_s⌉, 2(S − i_s)) for the latency-aware schedule; under a plan's in-flight cap ``K``
           (``plan.extras["max_in_flight"]``, :func:`spiderflow.schedules.plan_max_in_flight`) 1F1B and the
@@ -95,6 +96,7 @@ __all__ = [
     "evaluate",
     "grad_bytes_per_value",
     "in_flight_microbatches",
+    "layer_activation_bytes",
     "layer_fwd_flops",
     "pipeline_step_time",
     "stage_activation_bytes_per_microbatch",
@@ -247,22 +249,26 @@ def stage_compute_time(
     return t
 
 
-def layer_activation_bytes(model: ModelSpec, tp: int, b: int, s: int) -> float:
-    """Activation bytes one block keeps for backward per micro-batch on one GPU: ``s·b·h·(10 + 24/t)``
-    (Korthikanti et al. 2022 without the ``5·a·s/(h·t)`` term of the stored attention scores: every executor
-    priced here runs fused attention — PyTorch's ``scaled_dot_product_attention``, flash/memory-efficient on
-    GPUs — which keeps no ``s×s`` matrix; the fidelity benchmark's measured peaks agree, see BENCHMARKS.md)."""
-    return s * b * model.hidden * (10.0 + 24.0 / tp)
+def layer_activation_bytes(model: ModelSpec, tp: int, b: int, s: int, *, fused_attention: bool = False) -> float:
+    """Activation bytes one block keeps for backward per micro-batch on one GPU:
+    ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (Korthikanti et al. 2022, no recomputation). With
+    ``fused_attention`` the ``5·a·s/(h·t)`` term of the stored attention scores is dropped: fused attention
+    (PyTorch's ``scaled_dot_product_attention``, flash/memory-efficient on GPUs) keeps no ``s×s`` matrix.
+    The fidelity benchmark's measured peaks agree with the fused form (BENCHMARKS.md); the planner's searches
+    and kernels still restate the unfused form, so it is the default until they change together."""
+    h = model.hidden
+    scores = 0.0 if fused_attention else 5.0 * model.heads * s / (h * tp)
+    return s * b * h * (10.0 + 24.0 / tp + scores)
 
 
 def stage_activation_bytes_per_microbatch(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, *,
-    recompute: bool = False, precision: Precision = Precision.BF16,
+    recompute: bool = False, precision: Precision = Precision.BF16, fused_attention: bool = False,
 ) -> float:
     """Activation memory one in-flight micro-batch pins on one GPU of the stage. With ``recompute`` each block
     keeps only its input (``value_bytes·s·b·h``) and the backward rebuilds one block's activations at a time
     (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`)."""
-    per_layer = layer_activation_bytes(model, tp, b, s)
+    per_layer = layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     kept = float(precision.value_bytes) * s * b * model.hidden if recompute else per_layer
     act = (last - first + 1) * kept
     if last == model.layers - 1:
@@ -273,7 +279,7 @@ def stage_activation_bytes_per_microbatch(
 def stage_memory_bytes(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int, *,
     precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE, dp: int = 1,
-    recompute: bool = False,
+    recompute: bool = False, fused_attention: bool = False,
 ) -> float:
     """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
 
@@ -287,10 +293,10 @@ def stage_memory_bytes(
     if fsdp:
         state += 2.0 * 2.0 * precision.value_bytes * model.params_per_layer / tp
     act = in_flight * stage_activation_bytes_per_microbatch(
-        model, first, last, tp, b, s, recompute=recompute, precision=precision
+        model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention
     )
     if recompute:
-        act += layer_activation_bytes(model, tp, b, s)
+        act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     return state + act + RESERVED_GIB * GIB
 
 
@@ -362,7 +368,7 @@ def _dp_sync_time(model: ModelSpec, st: Stage, c: Cluster, precision: Precision)
 
 def breakdown(
     plan: Plan, topo: Topology, model: ModelSpec, *, micro_batch: int, seq_len: int,
-    precision: Precision = Precision.BF16,
+    precision: Precision = Precision.BF16, fused_attention: bool = False,
 ) -> Breakdown:
     """Compute every term of the module docstring for ``plan`` (in ``precision``; each stage's ``sharding``
     and ``recompute`` priced as :func:`stage_compute_time` and :func:`stage_memory_bytes` say)."""
@@ -388,6 +394,7 @@ def breakdown(
             model, st.first_layer, st.last_layer, st.tp, b, s,
             in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
             precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
+            fused_attention=fused_attention,
         ) / GIB
         for i, st in enumerate(stages)
     )
@@ -397,13 +404,15 @@ def breakdown(
     )
 
 
-def evaluate(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
+def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False) -> Plan:
     """Return ``plan`` with its predictions filled in (step time, throughput, memory, $ per step).
+    ``fused_attention``: activation memory without stored attention scores (:func:`layer_activation_bytes`).
 
     The micro-batch size is ``job.global_batch / plan.micro_batches``.
     """
     micro_batch = max(1, job.global_batch // plan.micro_batches)
-    bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len, precision=job.precision)
+    bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len, precision=job.precision,
+                   fused_attention=fused_attention)
     step = bd.pipeline_s + bd.dp_sync_s
     usd = 0.0
     for st in plan.stages:

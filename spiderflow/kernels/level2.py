@@ -173,7 +173,7 @@ def coefficients(
     * ``τ = 3·f/(t·F) + o + 4·AR_t(2·b·s·h, B_tp)`` with ``f = 24·b·s·h² + 4·b·s²·h``;
       ``η_head = 3·2·b·s·h·V/(t·F)``;
     * ``κ_j = ⌈m/d⌉`` (GPipe) or ``max(1, min(⌈m/d⌉, φ·(R + p − j)))``, then ``min(κ_j, K)`` under a cap;
-    * ``μ_j = 16·P/t + κ_j·s·b·h·(10 + 24/t)``;
+    * ``μ_j = 16·P/t + κ_j·s·b·h·(10 + 24/t + 5·a·s/(h·t))``;
       ``ν_j = 16·E_j/t + reserve`` plus ``κ_j·4·b·s·V/t`` (fp32 logits) on the head sub-stage, ``E_j`` the
       embedding's (sub-stage 0 of an embedding block) and the head's (the last of a head block) parameters;
     * ``α = AR_d(2·P/t, B_dp) + u``; ``β_j = AR_d(2·E_j/t, B_dp)`` (0 when ``E_j = 0``);
@@ -181,6 +181,7 @@ def coefficients(
 
     ``B_tp`` is the intra-node bandwidth when ``t ≤ g``, ``B_dp`` when ``t·d ≤ g``, else the inter-node one."""
     h = it[I_HIDDEN]
+    a = it[I_HEADS]
     v = it[I_VOCAB]
     b = it[I_MICRO_BATCH]
     s = it[I_SEQ_LEN]
@@ -196,7 +197,7 @@ def coefficients(
     tau = (3.0 * f_layer / flops_rate + fl[F_LAYER_OVERHEAD_S]
            + 4 * _allreduce_time(2.0 * b * s * h, tp, tp_bw, 0.0))
     eta_head = 6.0 * b * s * h * v / flops_rate  # 3·2·b·s·h·V / rate (3.0 * 2.0 is exactly 6.0)
-    act_layer = s * b * h * (10.0 + 24.0 / tp)
+    act_layer = s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp))
     per_replica = math.ceil(m / dp)
     stage_gpus = tp * dp
     dp_bw = intra if stage_gpus <= g else inter

@@ -190,7 +190,7 @@ class JobConsts:
 
     def act_layer(self, tp: float | FArr) -> Any:
         """Activation bytes one in-flight micro-batch pins per layer on one GPU at TP degree ``tp``."""
-        return self.s * self.b * self.h * (10.0 + 24.0 / tp)
+        return self.s * self.b * self.h * (10.0 + 24.0 / tp + 5.0 * self.heads * self.s / (self.h * tp))
 
     def act_head(self, tp: float | FArr) -> Any:
         return 4.0 * self.b * self.s * self.vocab / tp

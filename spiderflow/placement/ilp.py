@@ -171,7 +171,8 @@ def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: 
     free = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
     free -= BYTES_PER_PARAM * mdl.embedding_params * (int(first) + int(last)) / t
     free -= k * 4.0 * b * s * mdl.vocab / t if last else 0.0
-    per_layer = BYTES_PER_PARAM * mdl.params_per_layer / t + k * s * b * mdl.hidden * (10.0 + 24.0 / t)
+    per_layer = BYTES_PER_PARAM * mdl.params_per_layer / t + k * s * b * mdl.hidden * (
+        10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))
     return max(0, int(free // per_layer))
 
 
@@ -587,7 +588,7 @@ class _Model:
             beta=ticks(3.0 * head / (t * F)),
             mem_layer=math.ceil(BYTES_PER_PARAM * mdl.params_per_layer / t),
             mem_embed=math.ceil(BYTES_PER_PARAM * mdl.embedding_params / t),
-            act_layer=math.ceil(s * b * mdl.hidden * (10.0 + 24.0 / t)),
+            act_layer=math.ceil(s * b * mdl.hidden * (10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))),
             logits=math.ceil(4.0 * b * s * mdl.vocab / t),
         )
 

@@ -71,10 +71,9 @@ def test_pipeline_step_closed_form_by_hand() -> None:
 
 
 def test_memory_by_hand() -> None:
-    # stage with layers 1..2, tp=1: 16 B/param · 2·12h² + in-flight · activation + reserve (fused attention:
-    # no stored s×s scores)
+    # stage with layers 1..2, tp=1: 16 B/param · 2·12h² + in-flight · activation + reserve
     params = 2 * 12 * 1024**2
-    act = 2 * (512 * 2 * 1024 * (10 + 24))
+    act = 2 * (512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024))
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, in_flight=3)
     assert got == pytest.approx(16 * params + 3 * act + cm.RESERVED_GIB * cm.GIB)
 
@@ -197,8 +196,8 @@ def test_evaluate_charges_memory_under_the_plans_in_flight_cap_by_hand() -> None
     stages = (Stage(cluster="a", first_layer=0, last_layer=1), Stage(cluster="b", first_layer=2, last_layer=3))
     la = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE)
     capped = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE, extras={"max_in_flight": 2.0})
-    # Activation bytes per micro-batch and layer (tp=1): s·b·h·(10 + 24) = 512·2·1024·34
-    act = 512 * 2 * 1024 * (10 + 24)
+    # Activation bytes per micro-batch and layer (tp=1): s·b·h·(10 + 24 + 5·a·s/h) = 512·2·1024·54
+    act = 512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024)
     logits = 4 * 2 * 512 * 1000
     fixed0 = 16 * (2 * 12 * 1024**2 + 1000 * 1024) + cm.RESERVED_GIB * cm.GIB
     fixed1 = fixed0

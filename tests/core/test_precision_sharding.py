@@ -54,7 +54,7 @@ def test_recompute_by_hand() -> None:
     # memory: inputs (2 bytes·s·b·h) per layer and in-flight micro-batch + one layer's activations
     params = 2 * 12 * 1024**2
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 3, recompute=True)
-    act_layer = S * B * 1024 * (10 + 24)
+    act_layer = S * B * 1024 * (10 + 24 + 5 * 8 * S / 1024)
     assert got == pytest.approx(16 * params + 3 * 2 * (2 * S * B * 1024) + act_layer + cm.RESERVED_GIB * cm.GIB)
 
 
@@ -63,8 +63,10 @@ def test_fsdp_by_hand() -> None:
     params = 2 * 12 * 1024**2
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4)
     work = 2 * 2 * 2 * 12 * 1024**2  # two blocks, params + grads, bf16
-    act = 2 * S * B * 1024 * (10 + 24)
+    act = 2 * S * B * 1024 * (10 + 24 + 5 * 8 * S / 1024)
     assert got == pytest.approx(16 * params / 4 + work + act + cm.RESERVED_GIB * cm.GIB)
+    fused = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4, fused_attention=True)
+    assert got - fused == pytest.approx(2 * S * B * 1024 * 5 * 8 * S / 1024)  # no stored s×s scores
     # the gather of a big stage on a slow network bounds the stage; a small one hides under compute
     slow = _h100(inter_node_gbps=1.0)
     t = cm.stage_compute_time(M, slow, 1, 2, 1, B, S, fsdp_dp=16)

@@ -138,7 +138,7 @@ def test_memory_binds_and_forces_a_longer_chain() -> None:
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     topo = Topology(clusters=cs, links=links)
-    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=800, gpus=GpuRange(min=1, max=4))
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
     res = IlpPolicy().place(topo, job, Budget(time_limit_s=20))
     best = _brute_force(topo, job)
     assert best is not None and len(best.stages) >= 2
@@ -221,7 +221,7 @@ def test_memory_fit_needing_busy_gpus_is_unschedulable() -> None:
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3, free_gpus=f)
                for i, f in enumerate((1, 1, 0, 0)))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
-    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=800, gpus=GpuRange(min=1, max=4))
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
     res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNSCHEDULABLE
     assert res.constraint == "memory" and "more GPUs were free" in res.reason
@@ -232,7 +232,7 @@ def test_activation_memory_proven_infeasible_is_unresolvable() -> None:
     """Model states fit the two GPUs the job may use, activations and reserves do not: CP-SAT proves it."""
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
-    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=800, gpus=GpuRange(min=1, max=2))
+    job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
     res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "memory" and "tiny6" in res.reason

@@ -63,14 +63,14 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
 
 def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
-    h, v = model.hidden, model.vocab
+    h, a, v = model.hidden, model.heads, model.vocab
     f_layer = layer_fwd_flops(model, b, s)
     flops_rate = k.tp * sh.effective_tflops * 1e12
     tp_bw = sh.intra_node_gbps if k.tp <= sh.gpus_per_node else sh.inter_node_gbps
     tau = (3.0 * f_layer / flops_rate + sh.layer_overhead_s
            + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw))
     eta_head = 3.0 * 2.0 * b * s * h * v / flops_rate
-    act_layer = s * b * h * (10.0 + 24.0 / k.tp)
+    act_layer = s * b * h * (10.0 + 24.0 / k.tp + 5.0 * a * s / (h * k.tp))
     per_replica = math.ceil(p.m / k.dp)
     mu: list[float] = []
     nu: list[float] = []

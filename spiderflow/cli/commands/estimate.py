@@ -63,8 +63,9 @@ def plan_from_dict(doc: Any) -> Plan:
                 extras={str(k): float(v) for k, v in extras.items()})
 
 
-def estimate_plan(plan: Plan, topo: Topology, job: JobSpec) -> dict[str, Any]:
-    """The estimate document of the module docstring."""
+def estimate_plan(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False) -> dict[str, Any]:
+    """The estimate document of the module docstring (``fused_attention``: memory without stored attention
+    scores, :func:`spiderflow.costmodel.layer_activation_bytes`)."""
     from spiderflow.costmodel import breakdown, evaluate
     from spiderflow.tpa import simulate_plan
 
@@ -74,7 +75,7 @@ def estimate_plan(plan: Plan, topo: Topology, job: JobSpec) -> dict[str, Any]:
     if plan.stages[-1].last_layer != job.model.layers - 1:
         raise ValidationError("plan.stages", f"must cover the model's {job.model.layers} layers",
                               plan.stages[-1].last_layer + 1)
-    ev = evaluate(plan, topo, job)
+    ev = evaluate(plan, topo, job, fused_attention=fused_attention)
     b = max(1, job.global_batch // plan.micro_batches)
     bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len, precision=job.precision)
     tl = simulate_plan(plan, topo, job, record=False)
@@ -119,7 +120,7 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.profile is not None:
         topo = apply_profile(topo, load_profile(args.profile), model=job.model, precision=job.precision,
                              micro_batch=job.micro_batch, seq_len=job.seq_len)
-    out = estimate_plan(plan, topo, job)
+    out = estimate_plan(plan, topo, job, fused_attention=args.fused_attention)
     if args.json:
         print_json(out)
         return 0
@@ -149,5 +150,7 @@ def register(sub: Any) -> None:
     p.add_argument("--precision", choices=[v.value for v in Precision], default=Precision.BF16.value,
                    help="training precision (default bf16)")
     p.add_argument("--profile", type=Path, default=None, help="hardware profile (docs/profiles.md)")
+    p.add_argument("--fused-attention", action="store_true",
+                   help="memory without stored attention scores (flash/SDPA attention)")
     add_json_flag(p)
     p.set_defaults(func=_estimate)
