@@ -399,3 +399,135 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
              tflops=prof.tflops, mfu=prof.mfu, layer_overhead_ms=prof.layer_overhead_ms,
              optimizer_ms_per_layer=prof.optimizer_ms_per_layer, device=prof.device_name)
     return prof
+
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+
+
+def time_block(
+    *, hidden: int, heads: int, micro_batch: int, seq_len: int, precision: str = "bf16", device: str = "cpu",
+    repeats: int = 3,
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)`` of one real transformer block (:class:`spiderflow.exec.model.Block`, the
+    executor's module) on ``device`` in ``precision`` at ``micro_batch × seq_len``: medians of ``repeats``
+    timed runs after one warm-up (CUDA runs are synchronised around each phase). ``tf32`` enables TF32
+    matmuls for the duration."""
+    import torch
+
+    from spiderflow.exec.model import Block
+
+    dtype = getattr(torch, _DTYPES[precision])
+    cuda = device.startswith("cuda")
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if cuda else False
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        block = Block(hidden, heads, device=device).to(dtype)
+        x = torch.randn(micro_batch, seq_len, hidden, device=device, dtype=dtype, requires_grad=True)
+
+        def sync() -> None:
+            if cuda:
+                torch.cuda.synchronize(device)
+
+        fwd, bwd = [], []
+        for i in range(repeats + 1):
+            sync()
+            t0 = time.perf_counter()
+            y = block(x)
+            sync()
+            t1 = time.perf_counter()
+            y.float().sum().backward()
+            sync()
+            t2 = time.perf_counter()
+            block.zero_grad(set_to_none=True)
+            x.grad = None
+            if i:  # the first run warms up
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        return 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
+    finally:
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+
+
+def measure_collectives(*, nbytes: int = 1 << 24, repeats: int = 5, device: str = "cpu") -> dict[str, float]:
+    """All-reduce bus bandwidth and point-to-point bandwidth of the initialised default process group (NCCL on
+    GPUs, gloo on CPUs), in Gbit/s, and the small-message all-reduce latency in µs. Every rank calls it;
+    figures are medians over ``repeats`` after a warm-up. All-reduce bus bandwidth is
+    ``2(n−1)/n · bytes / time`` (the figure the cost model's ring formula divides by); point-to-point is
+    rank 0 → rank 1 (``p2p_gbps`` is 0 on a one-rank group)."""
+    import torch
+    import torch.distributed as dist
+
+    n = dist.get_world_size()
+    rank = dist.get_rank()
+    buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    small = torch.ones(1, dtype=torch.float32, device=device)
+
+    def timed(fn: Callable[[], object]) -> float:
+        ts = []
+        for i in range(repeats + 1):
+            dist.barrier()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize(device)
+            if i:
+                ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    t_ar = timed(lambda: dist.all_reduce(buf))
+    t_lat = timed(lambda: dist.all_reduce(small))
+    ar_gbps = (2.0 * (n - 1) / n * nbytes * 8.0 / t_ar / 1e9) if n > 1 else 0.0
+    p2p_gbps = 0.0
+    if n > 1:
+        def p2p() -> None:
+            if rank == 0:
+                dist.send(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+
+        t_p2p = timed(p2p)
+        p2p_gbps = nbytes * 8.0 / t_p2p / 1e9
+    return {"allreduce_gbps": ar_gbps, "p2p_gbps": p2p_gbps, "latency_us": 1e6 * t_lat}
+
+
+def build_profile(
+    *, blocks: list[tuple[int, int]], micro_batches: list[int], seq_lens: list[int], precision: str = "bf16",
+    seconds: float = 0.5, repeats: int = 3, collectives: dict[str, dict[str, float]] | None = None,
+) -> dict[str, object]:
+    """A profile document (``docs/profiles.md``) of this machine: on CPU the agent's calibration
+    (:func:`profile_cpu`: matmul TFLOPS, mfu, per-layer and optimizer times) and the named blocks
+    (``(hidden, heads)``) timed at every micro-batch × sequence length; on a CUDA device its matmul TFLOPS
+    (:func:`measure_matmul_tflops`) and the blocks timed on ``cuda:0`` in ``precision``. ``collectives``
+    (from :func:`measure_collectives`, keyed ``intra_node``/``inter_node``) become the ``nccl`` entry."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        props = torch.cuda.get_device_properties(0)
+        mem = props.total_memory / 2**30
+        gpu = catalog_name(props.name, mem)
+        device = "cuda:0"
+        entry: dict[str, object] = {
+            "matmul_tflops": {precision: measure_matmul_tflops(device=device, size=4096, seconds=seconds)},
+        }
+    else:
+        prof = profile_cpu(seconds=seconds)
+        gpu, device, precision = "cpu", "cpu", "fp32"  # the CPU executor trains in fp32
+        entry = {"matmul_tflops": {"fp32": prof.tflops}, "mfu": prof.mfu,
+                 "layer_overhead_ms": prof.layer_overhead_ms, "optimizer_ms_per_layer": prof.optimizer_ms_per_layer}
+    timed = []
+    for hidden, heads in blocks:
+        for b in micro_batches:
+            for s in seq_lens:
+                f, bw = time_block(hidden=hidden, heads=heads, micro_batch=b, seq_len=s, precision=precision,
+                                   device=device, repeats=repeats)
+                timed.append({"hidden": hidden, "heads": heads, "precision": precision, "micro_batch": b,
+                              "seq_len": s, "tp": 1, "forward_ms": f, "backward_ms": bw})
+    if timed:
+        entry["blocks"] = timed
+    if collectives:
+        entry["nccl"] = collectives
+    return {"version": 1, "gpus": {gpu: entry}}

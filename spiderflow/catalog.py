@@ -22,6 +22,9 @@ class GpuType:
     ``peak_tflops``: dense bf16/fp16 TFLOPS; ``memory_gib``: device memory; ``power_w``: board power;
     ``default_mfu``: model-FLOPs utilisation assumed until measured; ``wire_bytes``: bytes per activation
     value sent between pipeline stages (2 = bf16 on GPUs; 4 on ``cpu``, where the executor trains in fp32).
+    ``fp32_tflops``: dense fp32 (CUDA-core) TFLOPS and ``tf32_tflops``: dense TF32 tensor-core TFLOPS from the
+    same datasheets (``None``: no TF32 tensor cores, TF32 runs at the fp32 rate; both ``None``: the type's
+    rate does not depend on precision, as for ``cpu``, whose rate is measured in fp32).
     """
 
     name: str
@@ -30,21 +33,35 @@ class GpuType:
     power_w: float
     default_mfu: float = 0.40
     wire_bytes: int = 2
+    fp32_tflops: float | None = None
+    tf32_tflops: float | None = None
+
+    def precision_tflops(self, precision: str) -> float:
+        """Dense peak TFLOPS of matmuls in ``precision`` (``bf16``/``fp16`` = :attr:`peak_tflops`)."""
+        if precision in ("bf16", "fp16") or self.fp32_tflops is None:
+            return self.peak_tflops
+        if precision == "tf32" and self.tf32_tflops is not None:
+            return self.tf32_tflops
+        return self.fp32_tflops
 
 
 GPU_CATALOG: dict[str, GpuType] = {
     g.name: g
     for g in (
-        GpuType(name="H100-80G", peak_tflops=989.0, memory_gib=80, power_w=700),
-        GpuType(name="A100-80G", peak_tflops=312.0, memory_gib=80, power_w=400),
-        GpuType(name="A100-40G", peak_tflops=312.0, memory_gib=40, power_w=400),
-        GpuType(name="V100-32G", peak_tflops=125.0, memory_gib=32, power_w=300),
-        GpuType(name="V100-16G", peak_tflops=125.0, memory_gib=16, power_w=300),
-        GpuType(name="A10G", peak_tflops=70.0, memory_gib=24, power_w=300),
-        GpuType(name="L4", peak_tflops=121.0, memory_gib=24, power_w=72),
-        GpuType(name="T4", peak_tflops=65.0, memory_gib=16, power_w=70),
-        GpuType(name="RTX3090", peak_tflops=71.0, memory_gib=24, power_w=350, default_mfu=0.35),
-        GpuType(name="RTX4090", peak_tflops=165.0, memory_gib=24, power_w=450, default_mfu=0.35),
+        GpuType(name="H100-80G", peak_tflops=989.0, memory_gib=80, power_w=700, fp32_tflops=67.0, tf32_tflops=494.5),
+        GpuType(name="H200-141G", peak_tflops=989.0, memory_gib=141, power_w=700, fp32_tflops=67.0,
+                tf32_tflops=494.5),
+        GpuType(name="A100-80G", peak_tflops=312.0, memory_gib=80, power_w=400, fp32_tflops=19.5, tf32_tflops=156.0),
+        GpuType(name="A100-40G", peak_tflops=312.0, memory_gib=40, power_w=400, fp32_tflops=19.5, tf32_tflops=156.0),
+        GpuType(name="V100-32G", peak_tflops=125.0, memory_gib=32, power_w=300, fp32_tflops=15.7),
+        GpuType(name="V100-16G", peak_tflops=125.0, memory_gib=16, power_w=300, fp32_tflops=15.7),
+        GpuType(name="A10G", peak_tflops=70.0, memory_gib=24, power_w=300, fp32_tflops=31.2, tf32_tflops=35.0),
+        GpuType(name="L4", peak_tflops=121.0, memory_gib=24, power_w=72, fp32_tflops=30.3, tf32_tflops=60.0),
+        GpuType(name="T4", peak_tflops=65.0, memory_gib=16, power_w=70, fp32_tflops=8.1),
+        GpuType(name="RTX3090", peak_tflops=71.0, memory_gib=24, power_w=350, default_mfu=0.35,
+                fp32_tflops=35.6, tf32_tflops=35.6),
+        GpuType(name="RTX4090", peak_tflops=165.0, memory_gib=24, power_w=450, default_mfu=0.35,
+                fp32_tflops=82.6, tf32_tflops=82.6),
         # Local runs: the agent measures matmul TFLOPS and host memory; these are only defaults.
         # The CPU executor (gloo) sends fp32 activations: 4 bytes per value on the wire.
         GpuType(name="cpu", peak_tflops=0.05, memory_gib=16, power_w=65, default_mfu=0.5, wire_bytes=4),

@@ -67,7 +67,7 @@ from operator import itemgetter
 import numpy as np
 import numpy.typing as npt
 
-from spiderflow.costmodel import activation_bytes, breakdown
+from spiderflow.costmodel import activation_bytes, breakdown, wire_bytes
 from spiderflow.domain import JobSpec, Plan, Schedule, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.kernels.timeline import simulate_eager as _eager_kernel
@@ -521,7 +521,7 @@ def plan_stage_timing(
     interleaving wrap; activations in the sending cluster's wire format), chunks."""
     m = plan.micro_batches
     b = max(1, job.global_batch // m)
-    bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len)
+    bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len, precision=job.precision)
     n = len(plan.stages)
     # The stage's work after the drain: gradient all-reduce plus the optimizer step (the cost model's T_dp).
     opt = bd.optimizer_s or (0.0,) * n
@@ -538,7 +538,7 @@ def plan_stage_timing(
         if a != c:
             ca, cb = plan.stages[a].cluster, plan.stages[c].cluster
             # activations travel in the sending cluster's wire format, as the cost model charges them
-            nbytes = activation_bytes(job.model, b, job.seq_len, topo.cluster(ca).gpu_type.wire_bytes)
+            nbytes = activation_bytes(job.model, b, job.seq_len, wire_bytes(topo.cluster(ca), job.precision))
             if ca == cb:
                 gbps = topo.cluster(ca).inter_node_gbps
                 lms = 0.0

@@ -102,6 +102,11 @@ def _plan(args: argparse.Namespace) -> int:
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
         seq_len=args.seq_len, gpus=parse_gpus(args.gpus), precision=args.precision,
     )
+    if args.profile is not None:
+        from spiderflow.profile import apply_profile, load_profile
+
+        topo = apply_profile(topo, load_profile(args.profile), model=job.model, precision=job.precision,
+                             micro_batch=job.micro_batch, seq_len=job.seq_len)
     render: Any = None
     if args.gantt is not None:
         try:
@@ -145,5 +150,7 @@ def register(sub: Any) -> None:
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
                    help="TPA's solver for the plan's blocks (spinsearch, bace): exact (default) or the CP-SAT model")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart of the pipeline to FILE")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="hardware profile (docs/profiles.md): measured rates and bandwidths replace the catalog's")
     add_json_flag(p)
     p.set_defaults(func=_plan)

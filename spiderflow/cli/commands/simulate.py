@@ -19,8 +19,9 @@ __all__ = ["register", "run_policies"]
 
 def run_policies(topology: str, trace: str, policies: list[str], *, objective: str = "jct", seed: int = 0,
                  time_limit: float | None = None, overhead: str = "measured", events: str | None = None,
-                 show_progress: bool = True, releases: bool = True) -> dict[str, Any]:
-    """Simulate each policy in turn on the same inputs; the JSON document the command writes."""
+                 show_progress: bool = True, releases: bool = True, profile: str | None = None) -> dict[str, Any]:
+    """Simulate each policy in turn on the same inputs; the JSON document the command writes. ``profile``:
+    a hardware profile file (``docs/profiles.md``) folded into the topology (rates, bandwidths, memory)."""
     from spiderflow.formats import in_file, load_document, load_trace
     from spiderflow.placement.base import Objective
     from spiderflow.presets import resolve_topology
@@ -28,6 +29,10 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
     from spiderflow.sim.metrics import summarize
 
     topo = resolve_topology(topology)
+    if profile is not None:
+        from spiderflow.profile import apply_profile, load_profile
+
+        topo = apply_profile(topo, load_profile(profile))
     jobs = load_trace(trace)
     if not jobs:
         raise CliError(f"{trace}: jobs: the trace has no jobs", EXIT_USAGE)
@@ -74,7 +79,7 @@ def _simulate(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
                        time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress, releases=args.wait)
+                       show_progress=not args.no_progress, releases=args.wait, profile=args.profile)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
@@ -134,4 +139,5 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "without --wait-for-releases)")
     p.add_argument("--no-releases", dest="wait", action="store_false", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--profile", help="hardware profile (docs/profiles.md) applied to the topology")
     p.set_defaults(func=_simulate)

@@ -1,0 +1,287 @@
+"""Predicted vs measured: the cost model against published GPU training measurements and our own executed runs.
+
+::
+
+    .venv/bin/python bench/fidelity.py                                   # table + summary
+    .venv/bin/python bench/fidelity.py --out bench/results/fidelity.json --md bench/results/fidelity.md
+
+Records:
+
+- ``bench/fidelity_records.json``: published, citable measurements, each copied with its exact source (URL
+  pinned to a commit, document, table and row) — torchtitan's ``benchmarks/`` documents (tokens/s per GPU
+  and peak memory of Llama 3.1 8B/70B on H100 with FSDP/TP) and Megatron-LM's README model table (per-GPU
+  model teraFLOP/s of GPT models from 1.7B to 462B on H100 with TP/PP/DP). Configuration the source does
+  not state is listed per record under ``assumed``.
+- ``bench/results/testbed_exec*.json``: our executed runs on the CPU testbed (``bench/testbed_exec.py``),
+  re-predicted from the calibration the run stored and the links it configured.
+
+Per record: measured and predicted step time (s), their ratio ``predicted / measured`` and the absolute
+error ``|predicted − measured| / measured``; memory likewise where the source gives it. Summary: median and
+worst absolute error (GPU records and testbed runs separately), memory error and the worst
+under-prediction, and the rank correlation (Spearman) between predicted and measured per-GPU throughput
+across the plans of one job (records sharing a ``group``; each testbed file is one job with two plans).
+
+Measured step time: ``tokens_per_step / (tokens/s per GPU × GPUs)`` for torchtitan; for Megatron-LM
+``F / (GPUs × TFLOP/s per GPU)`` with ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, the model-FLOPs count
+its MFU column implies — the same count the cost model prices (``3·(24·b·s·h² + 4·b·s²·h)`` per layer plus
+``6·b·s·h·V`` for the head), so the ratio does not depend on the FLOPs convention.
+
+Memory is priced with ``fused_attention`` (no stored attention scores: torchtitan and Megatron-LM run
+flash attention; the planner's default still charges the scores).
+Predicted: :func:`spiderflow.costmodel.evaluate` (the closed form the planner's searches and
+``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the table's
+``ratio`` is the timeline's (what the planner reports), with the closed form's alongside. The topology of a
+GPU record is one cluster of ``nodes × gpus_per_node`` of the stated GPU type, the stated device memory and
+the inter-node bandwidth the source states (per GPU × GPUs per node); the intra-node bandwidth is the GPU's
+NVLink figure from its datasheet (cited in the record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from spiderflow.catalog import ModelSpec  # noqa: E402
+from spiderflow.costmodel import evaluate  # noqa: E402
+from spiderflow.domain import (  # noqa: E402
+    Cluster,
+    GpuRange,
+    JobSpec,
+    Plan,
+    Precision,
+    Schedule,
+    Sharding,
+    Stage,
+    Topology,
+)
+from spiderflow.tpa import simulate_plan  # noqa: E402
+
+RECORDS = ROOT / "bench" / "fidelity_records.json"
+TESTBED = sorted((ROOT / "bench" / "results").glob("testbed_exec*.json"))
+CLUSTER = "gpu"
+
+
+def megatron_flops(model: dict[str, int], batch: int, seq: int) -> float:
+    """Model FLOPs of one step (Narayanan et al. 2021, without recomputation)."""
+    n, h, v = model["layers"], model["hidden"], model["vocab"]
+    return 72.0 * batch * seq * n * h * h * (1.0 + seq / (6.0 * h) + v / (12.0 * n * h))
+
+
+def gpu_case(rec: dict[str, Any], profile: Any = None, mfu: float | None = None) -> tuple[Plan, Topology, JobSpec]:
+    """The plan, topology and job of one published record (``mfu``: override the GPU type's default)."""
+    hw, p, m = rec["hardware"], rec["plan"], rec["model"]
+    model = ModelSpec(name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"], vocab=m["vocab"])
+    gpn = int(hw["gpus_per_node"])
+    cluster = Cluster(
+        name=CLUSTER, gpu=hw["gpu"], nodes=int(hw["nodes"]), gpus_per_node=gpn,
+        intra_node_gbps=float(hw.get("intra_node_gbps", 600.0)),
+        inter_node_gbps=float(hw["inter_node_gbps_per_gpu"]) * gpn, memory_gib=float(hw["memory_gib"]), mfu=mfu,
+    )
+    topo = Topology(clusters=(cluster,), links=())
+    if profile is not None:
+        from spiderflow.profile import apply_profile
+
+        topo = apply_profile(topo, profile)
+    pp, tp, dp = int(p["pp"]), int(p["tp"]), int(p["dp"])
+    per = model.layers // pp
+    if per * pp != model.layers:
+        raise ValueError(f"{rec['id']}: {model.layers} layers do not split into {pp} equal stages")
+    stages = tuple(
+        Stage(cluster=CLUSTER, first_layer=i * per, last_layer=(i + 1) * per - 1, tp=tp, dp=dp,
+              sharding=Sharding(p["sharding"]), recompute=p["activation_checkpointing"] == "full")
+        for i in range(pp)
+    )
+    gb = int(rec["global_batch"])
+    plan = Plan(stages=stages, micro_batches=gb // int(p["micro_batch"]), schedule=Schedule(p["schedule"]))
+    job = JobSpec(id=rec["id"], model=model, global_batch=gb, micro_batch=int(p["micro_batch"]),
+                  seq_len=int(rec["seq_len"]), gpus=GpuRange(min=1, max=plan.gpus),
+                  precision=Precision(rec.get("precision", "bf16")))
+    return plan, topo, job
+
+
+def measured_step(rec: dict[str, Any], gpus: int) -> float:
+    meas = rec["measured"]
+    if "tokens_per_s_per_gpu" in meas:
+        return rec["global_batch"] * rec["seq_len"] / (float(meas["tokens_per_s_per_gpu"]) * gpus)
+    return megatron_flops(rec["model"], rec["global_batch"], rec["seq_len"]) / (gpus * meas["tflops_per_gpu"] * 1e12)
+
+
+def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, float]:
+    """(closed-form step, timeline step, max memory GiB per GPU)."""
+    ev = evaluate(plan, topo, job, fused_attention=True)  # every framework here runs fused attention
+    tl = simulate_plan(plan, topo, job, record=False).step_s
+    return ev.step_time_s, tl, max(ev.memory_gib_per_gpu)
+
+
+def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, Any]]:
+    data = json.loads(RECORDS.read_text())
+    rows = []
+    for rec in data["records"]:
+        plan, topo, job = gpu_case(rec, profile, mfu)
+        closed, tl, mem = predict(plan, topo, job)
+        meas = measured_step(rec, plan.gpus)
+        row: dict[str, Any] = {
+            "id": rec["id"], "kind": "gpu", "source": rec["source"]["url"],
+            "table": f"{rec['source']['table']} / {rec['source']['row']}", "group": rec.get("group"),
+            "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl, "predicted_closed_s": closed,
+            "ratio": tl / meas, "ratio_closed": closed / meas, "abs_err": abs(tl - meas) / meas,
+            "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
+        }
+        if "memory_gib" in rec["measured"]:
+            mm = float(rec["measured"]["memory_gib"])
+            row.update(measured_mem_gib=mm, predicted_mem_gib=mem, mem_err=(mem - mm) / mm)
+        rows.append(row)
+    return rows
+
+
+def testbed_rows() -> list[dict[str, Any]]:
+    from testbed_exec import topology as testbed_topology
+
+    rows = []
+    for path in TESTBED:
+        d = json.loads(path.read_text())
+        t = d["topology"]
+        topo = testbed_topology(slow_mbit=t["slow_mbit"], slow_ms=t["slow_ms"], fast_mbit=t["fast_mbit"],
+                                fast_ms=t["fast_ms"], gpus=t["gpus_per_cluster"])
+        cal = d["calibration"]
+        clusters = tuple(
+            Cluster(name=c.name, gpu=c.gpu, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
+                    tflops=cal[c.name]["tflops"], mfu=cal[c.name]["mfu"],
+                    layer_overhead_ms=cal[c.name]["layer_overhead_ms"],
+                    optimizer_ms_per_layer=cal[c.name]["optimizer_ms_per_layer"])
+            for c in topo.clusters
+        )
+        topo = Topology(clusters=clusters, links=topo.links)
+        j = d["job"]
+        model = ModelSpec(name="testbed", **j["model"])
+        for run in d["runs"]:
+            if run.get("measured_step_s") is None:
+                continue
+            stages = tuple(Stage(cluster=s["cluster"], first_layer=s["layers"][0], last_layer=s["layers"][1],
+                                 dp=s["gpus"]) for s in run["stages"])
+            plan = Plan(stages=stages, micro_batches=int(run["micro_batches"]), schedule=Schedule(run["schedule"]))
+            job = JobSpec(id=run["job"], model=model, global_batch=j["global_batch"], micro_batch=j["micro_batch"],
+                          seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus))
+            closed, tl, _ = predict(plan, topo, job)
+            meas = float(run["measured_step_s"])
+            rows.append({
+                "id": f"{path.stem}/{run['policy']}", "kind": "testbed", "source": str(path.relative_to(ROOT)),
+                "table": f"runs[{run['policy']}] {run['schedule']} m={run['micro_batches']}",
+                "group": path.stem, "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl,
+                "predicted_closed_s": closed, "ratio": tl / meas, "ratio_closed": closed / meas,
+                "abs_err": abs(tl - meas) / meas,
+                "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
+            })
+    return rows
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2.0
+        i = j + 1
+    return r
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN for fewer than two distinct values."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sx = math.sqrt(sum((a - mx) ** 2 for a in rx))
+    sy = math.sqrt(sum((b - my) ** 2 for b in ry))
+    return sxy / (sx * sy) if sx > 0 and sy > 0 else math.nan
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in ("gpu", "testbed"):
+        sel = [r for r in rows if r["kind"] == kind]
+        if sel:
+            errs = [r["abs_err"] for r in sel]
+            worst = max(sel, key=lambda r: r["abs_err"])
+            out[kind] = {"n": len(sel), "median_abs_err": statistics.median(errs), "worst_abs_err": worst["abs_err"],
+                         "worst_id": worst["id"], "median_ratio": statistics.median(r["ratio"] for r in sel),
+                         "median_abs_err_closed": statistics.median(abs(r["ratio_closed"] - 1) for r in sel)}
+    mem = [r for r in rows if "mem_err" in r]
+    if mem:
+        out["memory"] = {"n": len(mem), "median_abs_err": statistics.median(abs(r["mem_err"]) for r in mem),
+                         "worst_under": min(r["mem_err"] for r in mem)}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("group"):
+            groups.setdefault(r["group"], []).append(r)
+    out["rank"] = {
+        g: {"n": len(rs), "spearman": spearman([r["measured_per_gpu_tput"] for r in rs],
+                                               [r["predicted_per_gpu_tput"] for r in rs])}
+        for g, rs in sorted(groups.items()) if len(rs) >= 2
+    }
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> str:
+    lines = [f"### {title}", "", "| record | GPUs | measured s | predicted s (timeline) | ratio | closed-form ratio "
+             "| memory GiB meas / pred |", "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        mem = (f"{r['measured_mem_gib']:.1f} / {r['predicted_mem_gib']:.1f}" if "mem_err" in r else "")
+        lines.append(f"| {r['id']} | {r['gpus']} | {r['measured_s']:.4g} | {r['predicted_s']:.4g} | "
+                     f"{r['ratio']:.3f} | {r['ratio_closed']:.3f} | {mem} |")
+    lines.append("")
+    for kind in ("gpu", "testbed"):
+        if kind in summ:
+            s = summ[kind]
+            lines.append(f"- {kind}: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst "
+                         f"{s['worst_abs_err']:.1%} ({s['worst_id']}), median ratio {s['median_ratio']:.3f}; closed "
+                         f"form median |error| {s['median_abs_err_closed']:.1%}")
+    if "memory" in summ:
+        s = summ["memory"]
+        lines.append(f"- memory: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst signed "
+                     f"{s['worst_under']:+.1%}")
+    for g, s in summ["rank"].items():
+        lines.append(f"- rank correlation {g} (n={s['n']}): {s['spearman']:+.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="write the records and summary as JSON")
+    ap.add_argument("--md", type=Path, help="write the table as Markdown")
+    ap.add_argument("--profile", type=Path, help="price the GPU records with this profile (docs/profiles.md)")
+    ap.add_argument("--mfu", type=float, help="price the GPU records with this mfu instead of the catalog default "
+                    "(what-if; the fitted default is the catalog's)")
+    ap.add_argument("--no-testbed", action="store_true", help="GPU records only")
+    args = ap.parse_args(argv)
+    profile = None
+    if args.profile is not None:
+        from spiderflow.profile import load_profile
+
+        profile = load_profile(args.profile)
+    rows = gpu_rows(profile, args.mfu) + ([] if args.no_testbed else testbed_rows())
+    summ = summary(rows)
+    title = "Fidelity" + (f" with profile {args.profile}" if args.profile else " (defaults, no profile)")
+    md = markdown(rows, summ, title)
+    print(md)
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rows, "summary": summ}, indent=1) + "\n")
+    if args.md:
+        args.md.write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
