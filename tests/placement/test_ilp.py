@@ -173,7 +173,12 @@ def test_plans_respect_constraints_on_a_generated_topology() -> None:
         assert res.ok and res.plan is not None, res.reason
         _assert_valid(res.plan, topo, job)
         assert res.optimal in (True, False)
-        assert set(res.stats) >= {"cp_status", "objective_s", "bound_s", "wall_s"}
+        assert set(res.stats) >= {"cp_status", "wall_s", "hint_step_s", "hint_s", "hint_in_model"}
+        if res.stats["cp_status"] in (2.0, 4.0):  # a solution: its objective, bound and gap are reported
+            assert set(res.stats) >= {"objective_s", "bound_s", "gap"} and 0 <= res.stats["gap"] <= 1
+        else:  # no solution within the limit: the warm start is returned
+            assert res.stats["from_hint"] == 1.0
+        assert res.plan.step_time_s <= res.stats["hint_step_s"] * (1 + 1e-9) or res.stats["hint_source"] >= 0
 
 
 def test_time_limit_is_honoured_on_64_clusters() -> None:
@@ -260,3 +265,26 @@ def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, 
         assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
         assert res.reason and res.constraint
         assert _brute_force(topo, job) is None
+
+
+def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance() -> None:
+    """``--hint``: the best baseline plan warm-starts the model and is no better than the ILP's answer;
+    ``ilp-decomposed`` keeps the hinted chain and solves split and degrees; SpinSearch's plan as a hint."""
+    from spiderflow.errors import ValidationError
+    from spiderflow.placement.ilp import BASELINE_HINTS, parse_hint
+
+    assert parse_hint("baselines") == BASELINE_HINTS and parse_hint("own") == ()
+    for bad in ("ilp", "nosuch", ","):
+        with pytest.raises(ValidationError):
+            parse_hint(bad)
+    topo, job = _random_instance(3)
+    base = IlpPolicy(hint="baselines").place(topo, job, Budget(time_limit_s=10))
+    assert base.ok and base.plan is not None
+    _assert_valid(base.plan, topo, job)
+    if base.stats["cp_status"] in (2.0, 4.0) and base.stats["hint_in_model"] in (1.0, 2.0):
+        assert base.plan.step_time_s <= base.stats["hint_step_s"] * (1 + 1e-6)
+    dec = get_policy("ilp-decomposed").place(topo, job, Budget(time_limit_s=10))
+    assert dec.ok and dec.plan is not None and dec.policy == "ilp-decomposed" and dec.stats["decomposed"] == 1.0
+    _assert_valid(dec.plan, topo, job)
+    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=10))
+    assert ref.ok and ref.plan is not None and ref.stats["hint_source"] in (-1.0, 0.0)
