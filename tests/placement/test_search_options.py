@@ -27,7 +27,7 @@ def test_make_policy_applies_options_where_a_policy_takes_them() -> None:
 
 
 def test_plan_json_reports_what_the_genetic_search_did(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["plan", "--topology", "aws-10-dtfm", "--model", "gpt3-1.3b", "--gpus", "4:8", "--policy", "genetic",
+    assert main(["plan", "--topology", "aws-10-dtfm", "--model", "gpt3-1.3b", "--gpus", "4", "--policy", "genetic",
                  "--trials", "6", "--population", "4", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["search"]["trials"] == 6 and doc["search"]["population"] == 4
