@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 # Modules that register a policy on import. A module that does not exist yet is skipped.
-_BUILTIN = ("spinsearch", "firstfit", "bace", "ilp", "genetic", "bruteforce")
+_BUILTIN = ("spinsearch", "firstfit", "bace", "ilp", "genetic", "bruteforce", "greedy")
 _loaded = False
 
 

@@ -103,6 +103,8 @@ from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus, 
 from spiderflow.placement.common import check_plan, diagnose
 
 __all__ = [
+    "BASELINE_HINTS",
+    "DEFAULT_HINT",
     "DEFAULT_TIME_LIMIT_S",
     "DEFAULT_WORKERS",
     "MAX_PP_PER_CLUSTER",
@@ -111,10 +113,36 @@ __all__ = [
     "block_stages",
     "degree_options",
     "greedy_plan",
+    "parse_hint",
     "tp_options",
 ]
 
 DEFAULT_TIME_LIMIT_S = 60.0
+#: The baselines whose best plan hints the ILP by default (each is fast; ``genetic`` may be named).
+BASELINE_HINTS = ("firstfit", "bace", "greedy")
+DEFAULT_HINT = "baselines"
+
+
+def parse_hint(hint: str) -> tuple[str, ...]:
+    """Policies named by a ``hint`` option: ``own`` (only the greedy construction below), ``baselines``
+    (:data:`BASELINE_HINTS`), or comma-separated registered policy names (``spinsearch`` gives the
+    upper reference). ``ValidationError`` on ``hint`` for an unknown or ILP name."""
+    from spiderflow.errors import ValidationError
+    from spiderflow.placement import load_builtin_policies
+    from spiderflow.placement.base import REGISTRY
+
+    if hint == "own":
+        return ()
+    names = BASELINE_HINTS if hint == "baselines" else tuple(n.strip() for n in hint.split(",") if n.strip())
+    if not names:
+        raise ValidationError("hint", "name at least one policy, 'baselines' or 'own'", hint)
+    load_builtin_policies()
+    for n in names:
+        if n.startswith("ilp") or n == "bruteforce":
+            raise ValidationError("hint", f"{n!r} cannot hint the ILP", hint)
+        if n not in REGISTRY:
+            raise ValidationError("hint", f"unknown policy {n!r}; known: {', '.join(sorted(REGISTRY))}", hint)
+    return names
 DEFAULT_WORKERS = 2
 MAX_PP_PER_CLUSTER = 8
 #: Above this many Booleans CP-SAT's presolve alone outlasts typical time limits (measured: > 20 s at 32
@@ -314,15 +342,21 @@ class IlpPolicy:
     name = "ilp"
 
     def __init__(self, *, workers: int = DEFAULT_WORKERS, default_time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 use_hint: bool = True) -> None:
+                 use_hint: bool = True, hint: str = DEFAULT_HINT, decomposed: bool = False) -> None:
         self.workers = workers
         self.default_time_limit_s = default_time_limit_s
         self.use_hint = use_hint
+        self.hint_policies = parse_hint(hint)
+        self.hint = hint
+        self.decomposed = decomposed
+        if decomposed:
+            self.name = "ilp-decomposed"
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
         budget = budget if budget is not None else Budget()
         t0 = time.perf_counter()
         res = self._place(topo, job, budget, t0)
+        res = replace(res, planning_seconds=time.perf_counter() - t0)  # hint policies' time included
         _log.info(
             "placement.ilp", job=job.id, revision=topo.revision, status=str(res.status),
             optimal=res.optimal, seconds=round(res.planning_seconds, 4),
@@ -343,7 +377,22 @@ class IlpPolicy:
             return replace(early, planning_seconds=time.perf_counter() - t0)
         limit = budget.time_limit_s if budget.time_limit_s is not None else self.default_time_limit_s
         hint = greedy_plan(topo, job) if self.use_hint else None
-        built = _Model(topo, job, hint)
+        th = time.perf_counter()
+        foreign, source = self._foreign_hint(topo, job, budget)
+        hint_s = time.perf_counter() - th
+        t0 += hint_s  # the hint policies' own time is reported (``hint_s``), not taken from the solver's limit
+        better = foreign is not None and (hint is None or foreign.step_time_s < hint.step_time_s)
+        best = foreign if better else hint
+        built = _Model(topo, job, best, symmetry=foreign is None and not self.decomposed)
+        if hint is not None and best is not hint:
+            built.model.clear_hints()  # type: ignore[no-untyped-call]
+            built._hint(hint)
+        chain = built.chain_of(best) if self.decomposed and best is not None else None
+        if self.decomposed:
+            if chain is None:
+                return self._fail(PlacementStatus.UNSCHEDULABLE, "no searched chain to fix (no hint plan within "
+                                  "this model's space)", "hint", t0)
+            built.fix_chain(chain)
         build_s = time.perf_counter() - t0
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.05, limit - build_s)
@@ -351,8 +400,20 @@ class IlpPolicy:
         solver.parameters.random_seed = budget.seed
         if built.booleans > PRESOLVE_MAX_BOOLEANS:
             solver.parameters.cp_model_presolve = False
-        if hint is not None:
-            built.complete_hint(max(0.05, min(5.0, (limit - build_s) / 4)))
+        in_model = 0.0
+        if best is not None:
+            slot = max(0.05, min(5.0, (limit - build_s) / 4))
+            if better and foreign is not None:
+                for layers in (True, False):
+                    if built.hint_structure(foreign, layers=layers) and built.complete_hint(slot):
+                        in_model = 2.0 if layers else 1.0
+                        break
+                else:
+                    built.model.clear_hints()  # type: ignore[no-untyped-call]
+                    if hint is not None:
+                        built._hint(hint)
+            if not in_model and hint is not None:
+                in_model = 3.0 if built.complete_hint(slot) else 0.0
             build_s = time.perf_counter() - t0
             solver.parameters.max_time_in_seconds = max(0.05, limit - build_s)
         status = solver.solve(built.model)
@@ -360,7 +421,12 @@ class IlpPolicy:
             "cp_status": float(int(status)),
             "wall_s": solver.wall_time,
             "build_s": build_s,
-            "hint_step_s": hint.step_time_s if hint is not None else math.inf,
+            "hint_step_s": best.step_time_s if best is not None else math.inf,
+            "own_hint_step_s": hint.step_time_s if hint is not None else math.inf,
+            "hint_source": source if better else -1.0,
+            "hint_in_model": in_model,
+            "decomposed": 1.0 if self.decomposed else 0.0,
+            "hint_s": hint_s,
             "from_hint": 0.0,
             "booleans": float(built.booleans),
             "conflicts": float(solver.num_conflicts),
@@ -370,6 +436,8 @@ class IlpPolicy:
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             stats["objective_s"] = solver.objective_value * built.tick
             stats["bound_s"] = solver.best_objective_bound * built.tick
+            obj = stats["objective_s"]
+            stats["gap"] = max(0.0, (obj - stats["bound_s"]) / obj) if obj > 0 else 0.0
             plan = evaluate(built.decode(solver), topo, job)
             if status == cp_model.FEASIBLE and hint is not None and hint.step_time_s < plan.step_time_s:
                 # The warm start is a solution of the model too; CP-SAT's workers may lose it.
@@ -390,6 +458,21 @@ class IlpPolicy:
         return self._fail(PlacementStatus.UNSCHEDULABLE if status == cp_model.UNKNOWN else PlacementStatus.ERROR,
                           f"CP-SAT ended with {solver.status_name(status)} and no plan within {limit:g} s",
                           "time_limit", t0, stats)
+
+    def _foreign_hint(self, topo: Topology, job: JobSpec, budget: Budget) -> tuple[Plan | None, float]:
+        """The best (least step time) valid plan of the hint policies and its index in
+        :attr:`hint_policies` (``(None, -1)`` when none places the job)."""
+        from spiderflow.placement.base import get_policy
+
+        best: Plan | None = None
+        source = -1.0
+        sub = Budget(seed=budget.seed, objective=budget.objective)
+        for k, name in enumerate(self.hint_policies):
+            res = get_policy(name).place(topo, job, sub)
+            if res.ok and res.plan is not None and not check_plan(res.plan, topo, job) and (
+                    best is None or res.plan.step_time_s < best.step_time_s):
+                best, source = res.plan, float(k)
+        return best, source
 
     def _infeasible(self, topo: Topology, job: JobSpec, t0: float, stats: dict[str, float],
                     limit: float) -> PlacementResult:
@@ -421,7 +504,7 @@ class IlpPolicy:
 class _Model:
     """The CP-SAT model of the module docstring, built for one (topology, job, hint)."""
 
-    def __init__(self, topo: Topology, job: JobSpec, hint: Plan | None) -> None:
+    def __init__(self, topo: Topology, job: JobSpec, hint: Plan | None, *, symmetry: bool = True) -> None:
         self.topo, self.job = topo, job
         model = cp_model.CpModel()
         self.model = model
@@ -569,7 +652,7 @@ class _Model:
                     obj_terms.append(2 * ptick[(i, j)] * a)
         model.add_circuit(circuit)
         # (11) symmetry breaking between interchangeable clusters
-        for i, j in _identical_pairs(topo, cand):
+        for i, j in _identical_pairs(topo, cand) if symmetry else ():
             model.add(self.u[i] >= self.u[j])
         self.booleans = sum(len(v) for v in self.x.values()) + len(self.arc) + 3 * len(cand)
         # Objective: (m − 1)·Z + Σ T + 2·Σ P·a + 2·Σ I·(p − 1) + Y
@@ -622,7 +705,52 @@ class _Model:
         for key, a in self.arc.items():
             model.add_hint(a, key in on)
 
-    def complete_hint(self, time_limit_s: float) -> None:
+    def chain_of(self, plan: Plan) -> list[int] | None:
+        """The plan's clusters in pipeline order (indices), ``None`` when a cluster is visited twice or
+        is not a candidate of this model."""
+        chain: list[int] = []
+        for st in plan.stages:
+            ci = self.topo.index[st.cluster]
+            if not chain or chain[-1] != ci:
+                chain.append(ci)
+        if len(set(chain)) != len(chain) or any(i not in self.u for i in chain):
+            return None
+        return chain
+
+    def hint_structure(self, plan: Plan, *, layers: bool) -> bool:
+        """Hint another policy's plan by its structure only: used clusters, chain arcs, first and last,
+        and (``layers``) the layers per cluster; the degrees and ranks are left to the completion.
+        ``False`` when the chain is outside this model's space."""
+        chain = self.chain_of(plan)
+        if chain is None:
+            return False
+        per = {ci: 0 for ci in chain}
+        for st in plan.stages:
+            per[self.topo.index[st.cluster]] += st.layers
+        model = self.model
+        model.clear_hints()  # type: ignore[no-untyped-call]
+        for i in self.cand:
+            model.add_hint(self.u[i], i in per)
+            model.add_hint(self.first[i], i == chain[0])
+            model.add_hint(self.last[i], i == chain[-1])
+            if layers:
+                model.add_hint(self.n[i], per.get(i, 0))
+        on = set(itertools.pairwise(chain))
+        for key, a in self.arc.items():
+            model.add_hint(a, key in on)
+        return True
+
+    def fix_chain(self, chain: Sequence[int]) -> None:
+        """Constrain the model to ``chain`` (used clusters, their order): split and degrees stay free."""
+        on = set(itertools.pairwise(chain))
+        for i in self.cand:
+            self.model.add(self.u[i] == int(i in chain))
+            self.model.add(self.first[i] == int(i == chain[0]))
+            self.model.add(self.last[i] == int(i == chain[-1]))
+        for key, a in self.arc.items():
+            self.model.add(a == int(key in on))
+
+    def complete_hint(self, time_limit_s: float) -> bool:
         """Extend the hint to every variable: solve with the hinted variables fixed, then hint the whole
         solution (CP-SAT then starts from a complete feasible assignment). No-op if that fails."""
         solver = cp_model.CpSolver()
@@ -630,11 +758,12 @@ class _Model:
         solver.parameters.max_time_in_seconds = time_limit_s
         solver.parameters.num_workers = 1
         if solver.solve(self.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return
+            return False
         values = list(solver.response_proto.solution)
         self.model.clear_hints()  # type: ignore[no-untyped-call]
         for index, value in enumerate(values):
             self.model.add_hint(self.model.get_int_var_from_proto_index(index), value)
+        return True
 
     def decode(self, solver: cp_model.CpSolver) -> Plan:
         """The chain, blocks and degrees of the solver's solution as an (unevaluated) plan."""
@@ -653,3 +782,4 @@ class _Model:
 
 
 register_policy("ilp", IlpPolicy)
+register_policy("ilp-decomposed", lambda: IlpPolicy(decomposed=True))

@@ -118,7 +118,7 @@ def _assert_valid(plan: Plan, topo: Topology, job: JobSpec) -> None:
 def test_ilp_proves_optimality_and_matches_exhaustive_enumeration(seed: int) -> None:
     topo, job = _random_instance(seed)
     best = _brute_force(topo, job)
-    res = IlpPolicy().place(topo, job, Budget(time_limit_s=30, seed=seed))
+    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=30, seed=seed))
     if best is None:
         assert not res.ok
         assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
@@ -139,7 +139,7 @@ def test_memory_binds_and_forces_a_longer_chain() -> None:
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     topo = Topology(clusters=cs, links=links)
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy().place(topo, job, Budget(time_limit_s=20))
+    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=20))
     best = _brute_force(topo, job)
     assert best is not None and len(best.stages) >= 2
     assert res.ok and res.plan is not None and res.optimal
@@ -152,7 +152,7 @@ def test_greedy_hint_is_feasible_and_never_better_than_the_optimum() -> None:
     for seed in range(3):
         topo, job = _random_instance(seed + 10)
         hint = greedy_plan(topo, job)
-        res = IlpPolicy().place(topo, job, Budget(time_limit_s=20))
+        res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=20))
         if hint is not None:
             _assert_valid(hint, topo, job)
             assert res.ok and res.plan is not None
@@ -173,7 +173,12 @@ def test_plans_respect_constraints_on_a_generated_topology() -> None:
         assert res.ok and res.plan is not None, res.reason
         _assert_valid(res.plan, topo, job)
         assert res.optimal in (True, False)
-        assert set(res.stats) >= {"cp_status", "objective_s", "bound_s", "wall_s"}
+        assert set(res.stats) >= {"cp_status", "wall_s", "hint_step_s", "hint_s", "hint_in_model"}
+        if res.stats["cp_status"] in (2.0, 4.0):  # a solution: its objective, bound and gap are reported
+            assert set(res.stats) >= {"objective_s", "bound_s", "gap"} and 0 <= res.stats["gap"] <= 1
+        else:  # no solution within the limit: the warm start is returned
+            assert res.stats["from_hint"] == 1.0
+        assert res.plan.step_time_s <= res.stats["hint_step_s"] * (1 + 1e-9) or res.stats["hint_source"] >= 0
 
 
 def test_time_limit_is_honoured_on_64_clusters() -> None:
@@ -181,7 +186,7 @@ def test_time_limit_is_honoured_on_64_clusters() -> None:
     topo = _generated(64)
     job = JobSpec(id="big", model=model_preset("llama3-70b"), global_batch=256, seq_len=2048,
                   gpus=GpuRange(min=64, max=256))
-    res = IlpPolicy(workers=2).place(topo, job, Budget(time_limit_s=3))
+    res = IlpPolicy(workers=2, hint="own").place(topo, job, Budget(time_limit_s=3))
     assert res.ok and res.plan is not None, res.reason
     _assert_valid(res.plan, topo, job)
     assert res.stats["wall_s"] <= 3 + 1.0  # CP-SAT's own clock, within its limit
@@ -194,7 +199,7 @@ def test_time_limit_is_honoured_on_64_clusters() -> None:
 def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
     topo, job = _random_instance(1)
     job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=100, max=200))
-    res = IlpPolicy().place(topo, job)
+    res = IlpPolicy(hint="own").place(topo, job)
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "gpus.min" and "100" in res.reason
     assert res.planning_seconds >= 0
@@ -203,7 +208,7 @@ def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
 def test_too_few_free_gpus_is_unschedulable() -> None:
     cs = (Cluster(name="a", gpu="H100-80G", nodes=2, gpus_per_node=8, free_gpus=4),)
     job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=8, max=16))
-    res = IlpPolicy().place(Topology(clusters=cs), job)
+    res = IlpPolicy(hint="own").place(Topology(clusters=cs), job)
     assert res.status is PlacementStatus.UNSCHEDULABLE
     assert res.constraint == "free_gpus" and "4 are free" in res.reason
 
@@ -212,7 +217,7 @@ def test_model_larger_than_all_memory_is_unresolvable_with_reason() -> None:
     cs = (Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=2), Cluster(name="b", gpu="T4", nodes=1, gpus_per_node=2))
     topo = Topology(clusters=cs, links=(Link(a="a", b="b", bandwidth_gbps=5, latency_ms=2),))
     job = JobSpec(id="x", model=model_preset("llama3-70b"), global_batch=8, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy().place(topo, job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "memory" and "GiB" in res.reason
 
@@ -222,7 +227,7 @@ def test_memory_fit_needing_busy_gpus_is_unschedulable() -> None:
                for i, f in enumerate((1, 1, 0, 0)))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own").place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNSCHEDULABLE
     assert res.constraint == "memory" and "more GPUs were free" in res.reason
     assert res.stats["cp_status"] == 3.0  # proven infeasible by CP-SAT, not by the quick pre-check
@@ -233,7 +238,7 @@ def test_activation_memory_proven_infeasible_is_unresolvable() -> None:
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
-    res = IlpPolicy().place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own").place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "memory" and "tiny6" in res.reason
     assert res.stats["cp_status"] == 3.0
@@ -252,7 +257,7 @@ def test_registered_and_deterministic_objective() -> None:
 def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, lo: int, width: int) -> None:
     topo, job = _random_instance(seed, clusters=3)
     job = JobSpec(id="h", model=TINY_MODEL, global_batch=16, seq_len=1024, gpus=GpuRange(min=lo, max=lo + width))
-    res = IlpPolicy().place(topo, job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=10))
     if res.ok:
         assert res.plan is not None
         _assert_valid(res.plan, topo, job)
@@ -260,3 +265,26 @@ def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, 
         assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
         assert res.reason and res.constraint
         assert _brute_force(topo, job) is None
+
+
+def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance() -> None:
+    """``--hint``: the best baseline plan warm-starts the model and is no better than the ILP's answer;
+    ``ilp-decomposed`` keeps the hinted chain and solves split and degrees; SpinSearch's plan as a hint."""
+    from spiderflow.errors import ValidationError
+    from spiderflow.placement.ilp import BASELINE_HINTS, parse_hint
+
+    assert parse_hint("baselines") == BASELINE_HINTS and parse_hint("own") == ()
+    for bad in ("ilp", "nosuch", ","):
+        with pytest.raises(ValidationError):
+            parse_hint(bad)
+    topo, job = _random_instance(3)
+    base = IlpPolicy(hint="baselines").place(topo, job, Budget(time_limit_s=10))
+    assert base.ok and base.plan is not None
+    _assert_valid(base.plan, topo, job)
+    if base.stats["cp_status"] in (2.0, 4.0) and base.stats["hint_in_model"] in (1.0, 2.0):
+        assert base.plan.step_time_s <= base.stats["hint_step_s"] * (1 + 1e-6)
+    dec = get_policy("ilp-decomposed").place(topo, job, Budget(time_limit_s=10))
+    assert dec.ok and dec.plan is not None and dec.policy == "ilp-decomposed" and dec.stats["decomposed"] == 1.0
+    _assert_valid(dec.plan, topo, job)
+    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=10))
+    assert ref.ok and ref.plan is not None and ref.stats["hint_source"] in (-1.0, 0.0)

@@ -3,7 +3,9 @@ show the plan.
 
 Prints one JSON object with ``--json`` (``policy``, ``status``, ``planning_seconds``, ``step_time_s``,
 ``throughput_tokens_per_s``, ``optimal``, ``stages``, ``micro_batches``, ``schedule``,
-``memory_gib_per_gpu``, ``usd_per_step``, ``chain``, ``gpus``, ``stats``), else a table. An unschedulable
+``memory_gib_per_gpu``, ``usd_per_step``, ``chain``, ``gpus``, ``stats``, and ``search``: what the search did
+— ``trials``/``evaluations``/``population`` for ``genetic``, ``bound_s``/``gap``/``hint_step_s`` for ``ilp``),
+else a table. An unschedulable
 job ends with a one-line reason naming the binding constraint and exit code 1; bad arguments exit 2.
 """
 
@@ -20,11 +22,13 @@ from rich.table import Table
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
-from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
+from spiderflow.errors import ValidationError
+from spiderflow.placement.base import Budget, Objective, PlacementResult
 from spiderflow.placement.common import LEVEL2_CHOICES, LocalPlanner
+from spiderflow.placement.options import SearchOptions, make_policy
 from spiderflow.presets import resolve_topology
 
-__all__ = ["parse_gpus", "register", "result_to_dict"]
+__all__ = ["add_search_options", "parse_gpus", "register", "result_to_dict"]
 
 
 def parse_gpus(value: str) -> GpuRange:
@@ -71,7 +75,22 @@ def result_to_dict(res: PlacementResult) -> dict[str, Any]:
         "reason": res.reason,
         "constraint": res.constraint,
         "stats": {k: _finite(v) for k, v in res.stats.items()},
+        "search": {k: _finite(res.stats[k]) for k in _SEARCH_KEYS if k in res.stats},
     }
+
+
+def add_search_options(p: Any) -> None:
+    """``--trials``/``--population`` (genetic) and ``--hint`` (ilp): search budgets as options."""
+    p.add_argument("--trials", type=int, default=None, help="genetic: GA trials (default: the published 4900)")
+    p.add_argument("--population", type=int, default=None, help="genetic: GA population (default: 100)")
+    p.add_argument("--hint", default=None,
+                   help="ilp: policies whose best plan warm-starts the solver: 'baselines' (default: firstfit, "
+                        "bace, greedy), 'own', or names such as 'spinsearch' (the upper reference)")
+
+
+_SEARCH_KEYS = ("trials", "evaluations", "population", "shapes", "initial_step_s", "cp_status", "objective_s",
+                "bound_s", "gap", "hint_step_s", "hint_source", "hint_in_model", "candidates", "paths_planned",
+                "target_gpus")
 
 
 def _table(doc: dict[str, Any]) -> None:
@@ -114,7 +133,11 @@ def _plan(args: argparse.Namespace) -> int:
             render = gantt.render_gantt
         except (ImportError, AttributeError):
             raise CliError("--gantt: the Gantt renderer (spiderflow.viz.gantt) is not available", EXIT_USAGE) from None
-    policy = get_policy(args.policy, planner=LocalPlanner(level2=args.level2))
+    try:
+        policy = make_policy(args.policy, SearchOptions(trials=args.trials, population=args.population,
+                                                        hint=args.hint), planner=LocalPlanner(level2=args.level2))
+    except ValidationError as e:
+        raise CliError(f"--{e.field.replace('_', '-')}: {e.reason} (got {e.value!r})", EXIT_USAGE) from None
     budget = Budget(time_limit_s=args.time_limit, seed=args.seed, objective=Objective(args.objective))
     res = policy.place(topo, job, budget)
     doc = result_to_dict(res)
@@ -145,6 +168,7 @@ def register(sub: Any) -> None:
     p.add_argument("--precision", choices=[v.value for v in Precision], default=Precision.BF16.value,
                    help="training precision (default bf16)")
     p.add_argument("--time-limit", type=float, default=None, help="search time limit in seconds (ilp, genetic)")
+    add_search_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
     p.add_argument("--objective", choices=[o.value for o in Objective], default="jct", help="what to optimise")
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",

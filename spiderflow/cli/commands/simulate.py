@@ -13,15 +13,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from spiderflow.cli.common import EXIT_USAGE, CliError, console, err_console, output_dir, output_file
+from spiderflow.errors import ValidationError
+from spiderflow.placement.options import SearchOptions, make_policy
 
 __all__ = ["register", "run_policies"]
 
 
 def run_policies(topology: str, trace: str, policies: list[str], *, objective: str = "jct", seed: int = 0,
                  time_limit: float | None = None, overhead: str = "measured", events: str | None = None,
-                 show_progress: bool = True, releases: bool = True, profile: str | None = None) -> dict[str, Any]:
+                 show_progress: bool = True, releases: bool = True, profile: str | None = None,
+                 options: SearchOptions | None = None) -> dict[str, Any]:
     """Simulate each policy in turn on the same inputs; the JSON document the command writes. ``profile``:
-    a hardware profile file (``docs/profiles.md``) folded into the topology (rates, bandwidths, memory)."""
+    a hardware profile file (``docs/profiles.md``) folded into the topology (rates, bandwidths, memory);
+    ``options``: the search budgets of the policies that take them."""
     from spiderflow.formats import in_file, load_document, load_trace
     from spiderflow.placement.base import Objective
     from spiderflow.presets import resolve_topology
@@ -52,7 +56,7 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
             def advance(done: int, _total: int, t: TaskID = task) -> None:
                 bar.update(t, completed=done)
 
-            res = simulate(topo, jobs, name, cfg, events=evs, progress=advance)
+            res = simulate(topo, jobs, make_policy(name, options), cfg, events=evs, progress=advance)
             summary = summarize(res)
             summary["records"] = [r.to_dict() for r in res.records]
             out["policies"][name] = summary
@@ -67,10 +71,12 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CliError(f"--policies: duplicate name in {args.policies!r}", EXIT_USAGE)
     if args.time_limit is not None and not args.time_limit > 0:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
-    from spiderflow.placement import get_policy
-
-    for p in policies:
-        get_policy(p)  # unknown names fail before any simulation runs
+    try:
+        options = SearchOptions(trials=args.trials, population=args.population, hint=args.hint)
+        for p in policies:
+            make_policy(p, options)  # unknown names and bad options fail before any simulation runs
+    except ValidationError as e:
+        raise CliError(f"--{e.field.replace('_', '-')}: {e.reason} (got {e.value!r})", EXIT_USAGE) from None
     # Outputs and the scaling input are checked before the simulation: a long run must not end unable to save.
     output_file("--json", args.json)
     if args.plots is not None:
@@ -79,7 +85,8 @@ def _simulate(args: argparse.Namespace) -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
                        time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress, releases=args.wait, profile=args.profile)
+                       show_progress=not args.no_progress, releases=args.wait, profile=args.profile,
+                       options=options)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
@@ -129,6 +136,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--objective", choices=["jct", "cost", "balanced"], default="jct")
     p.add_argument("--seed", type=int, default=0, help="seed passed to the policies' budgets")
     p.add_argument("--time-limit", type=float, help="per-decision time limit for policies that support one (s)")
+    from spiderflow.cli.commands.plan import add_search_options
+
+    add_search_options(p)
     p.add_argument("--overhead", choices=["measured", "fixed"], default="measured",
                    help="feed measured decision times into simulated time (default) or a fixed 10 ms")
     p.add_argument("--events", help="topology events file ({\"events\": [...]})")
