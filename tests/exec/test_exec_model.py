@@ -61,7 +61,7 @@ def test_seed_changes_parameters_and_init_uses_no_global_rng() -> None:
     a = build_full(SMALL, 1, max_seq_len=8).state_dict()
     assert torch.equal(before, torch.random.get_rng_state())
     b = build_full(SMALL, 2, max_seq_len=8).state_dict()
-    assert not torch.equal(a["layers.0.qkv.weight"], b["layers.0.qkv.weight"])
+    assert not torch.equal(a["layers.0.q.weight"], b["layers.0.q.weight"])
     assert torch.equal(a["layers.0.ln1.weight"], torch.ones(32))
 
 
