@@ -63,9 +63,15 @@ MANIFEST_NAME = "manifest.json"
 _CHUNK = 1 << 22
 
 
+def _dcp() -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
 def _fs(root: str) -> tuple[Any, str]:
     """The fsspec file system and the path inside it for a root path or URL."""
-    from fsspec.core import url_to_fs
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 
     fs, path = url_to_fs(str(root))
     return fs, str(path).rstrip("/")
@@ -93,7 +99,8 @@ def _flat_state(modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimiz
     for mod, opt in zip(modules, opts, strict=True):
         for k, v in get_model_state_dict(mod).items():
             flat[f"model.{k}"] = v
-        for fqn, st in get_optimizer_state_dict(mod, opt)["state"].items():
+        osd: Any = get_optimizer_state_dict(mod, opt)
+        for fqn, st in osd["state"].items():
             for name, v in st.items():
                 flat[f"optim.{fqn}.{name}"] = v
     return flat
@@ -106,14 +113,15 @@ def save_dcp(
     """Save every rank's shards of step ``step`` under ``spec.checkpoint_dir`` (collective over the default
     group) and return the manifest (meaningful on rank 0, which commits it). Returns only after every rank
     has written and hashed its files."""
-    import torch.distributed.checkpoint as dcp
-
+    dcp = _dcp()
     assert spec.checkpoint_dir is not None
     root = spec.checkpoint_dir
     where = step_dir(root, step)
     fs, path = _fs(where)
     if "://" in where:
-        writer: Any = dcp.FsspecWriter(where, sync_files=True)
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        writer: Any = FsspecWriter(where, sync_files=True)
     else:
         writer = dcp.FileSystemWriter(path, sync_files=True)
     dcp.save(_flat_state(modules, opts), storage_writer=writer)
@@ -139,7 +147,7 @@ def load_dcp(
     model: ModelSpec,
 ) -> None:
     """Load this rank's modules and optimizers (any layout) from ``manifest``'s checkpoint (collective)."""
-    import torch.distributed.checkpoint as dcp
+    dcp = _dcp()
     from torch.distributed.checkpoint.state_dict import (
         get_optimizer_state_dict,
         set_model_state_dict,
@@ -152,14 +160,16 @@ def load_dcp(
     where = step_dir(manifest.root, manifest.step)
     flat = _flat_state(modules, opts)
     if "://" in where:
-        reader: Any = dcp.FsspecReader(where)
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        reader: Any = FsspecReader(where)
     else:
         reader = dcp.FileSystemReader(_fs(where)[1])
     dcp.load(flat, storage_reader=reader)
     for mod, opt in zip(modules, opts, strict=True):
         msd = {k: flat[f"model.{k}"] for k in mod.state_dict()}
         set_model_state_dict(mod, msd)
-        osd = get_optimizer_state_dict(mod, opt)
+        osd: Any = get_optimizer_state_dict(mod, opt)
         osd["state"] = {fqn: {name: flat[f"optim.{fqn}.{name}"] for name in st} for fqn, st in osd["state"].items()}
         set_optimizer_state_dict(mod, opt, osd)
 

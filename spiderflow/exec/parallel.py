@@ -34,14 +34,14 @@ from torch import nn
 from spiderflow.domain import Precision, Sharding, Stage
 
 __all__ = [
-    "Groups",
     "FsdpSync",
+    "Groups",
     "LossScaler",
     "autocast",
     "backends",
     "compute_dtype",
-    "pick_device",
     "parallelize_stage",
+    "pick_device",
     "wire_dtype",
 ]
 
@@ -133,7 +133,7 @@ class LossScaler:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor, the tensor itself otherwise."""
     to_local = getattr(t, "to_local", None)
-    return t if to_local is None else to_local()  # type: ignore[no-any-return]
+    return t if to_local is None else to_local()
 
 
 # ------------------------------------------------------------------------------------------- process groups
@@ -152,7 +152,7 @@ class RankCoord:
 
 def stage_replica_clusters(stage: Stage) -> tuple[str, ...]:
     """The cluster of each of the stage's ``dp`` replicas (``Stage.replicas`` when it spans clusters)."""
-    shares = getattr(stage, "replicas", ())
+    shares = stage.replicas
     if not shares:
         return (stage.cluster,) * stage.dp
     return tuple(c for share in shares for c in (share.cluster,) * share.dp)
@@ -254,7 +254,7 @@ def _recompute(block: nn.Module) -> None:
     def forward(*args: Any) -> Any:
         return torch.utils.checkpoint.checkpoint(inner, *args, use_reentrant=False)
 
-    block.forward = forward  # type: ignore[method-assign]
+    block.forward = forward
 
 
 def _blocks(module: nn.Module) -> list[nn.Module]:
@@ -304,6 +304,7 @@ class FsdpSync:
         self.modules = list(modules)
         for mod in self.modules:
             mod.set_gradient_divide_factor(1.0)  # type: ignore[operator]  # gradients are summed over replicas
+            mod.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # plain SUM (gloo has no PreMulSum)
             mod.set_reduce_scatter_unused_params(True, recurse=False)  # type: ignore[operator]
 
     def begin_step(self) -> None:

@@ -420,7 +420,7 @@ class StageRunner:
     def _sync_grads(self) -> None:
         """Sum the replicated parameters' gradients over the stage's replicas (one flat all-reduce per tp
         index; hierarchical when the replicas span clusters). FSDP-sharded parameters are already summed."""
-        plain = [p for p in self.params if not _is_fsdp_param(p, self.fsdp)]
+        plain = [] if self.fsdp else self.params  # an FSDP stage shards every parameter (root included)
         for p in plain:
             if p.grad is None:  # a replica that ran no micro-batch this step
                 p.grad = torch.zeros_like(p)
@@ -451,19 +451,9 @@ class StageRunner:
         return ckpt.save_dcp(self.spec, step, self.modules, self.opts, self.ranges)
 
 
-def _is_fsdp_param(p: torch.Tensor, syncs: list[FsdpSync]) -> bool:
-    if not syncs:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    if not isinstance(p, DTensor):
-        return False
-    return any(pl.__class__.__name__ == "Shard" and i == 0 for i, pl in enumerate(p.placements))
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     to_local = getattr(t, "to_local", None)
-    return t if to_local is None else to_local()  # type: ignore[no-any-return]
+    return t if to_local is None else to_local()
 
 
 def run(

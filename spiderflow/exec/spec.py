@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Plan, Precision, Schedule, Sharding, Stage
+from spiderflow.domain import Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import model_from_value
 from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
@@ -35,6 +35,7 @@ __all__ = [
     "TrainSpec",
     "check_runnable",
     "chunk_ranges",
+    "launch_ranks",
     "manifest_from_dict",
     "manifest_to_dict",
     "model_to_dict",
@@ -262,8 +263,7 @@ def check_runnable(spec: TrainSpec) -> None:
                 f"plan.stages[{i}].tp = {st.tp} does not divide the model's heads ({spec.model.heads}, "
                 f"key/value heads {kv_heads}); tensor parallelism shards whole heads"
             )
-        replicas = getattr(st, "replicas", ())
-        if st.sharding is Sharding.FSDP and len({r.cluster for r in replicas}) > 1:
+        if st.sharding is Sharding.FSDP and len(st.clusters) > 1:
             raise PreconditionError(
                 f"plan.stages[{i}]: sharding 'fsdp' with replicas on several clusters is not supported; "
                 "replicate the stage or keep its replicas on one cluster"
@@ -295,7 +295,7 @@ class RankInfo:
 
 
 def _replica_clusters(st: Stage) -> tuple[str, ...]:
-    shares = getattr(st, "replicas", ())
+    shares = st.replicas
     if not shares:
         return (st.cluster,) * st.dp
     return tuple(c for share in shares for c in (share.cluster,) * share.dp)
@@ -409,7 +409,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "stages": [
             {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "tp": s.tp,
-             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
+             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
+             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
             for s in plan.stages
         ],
         "micro_batches": plan.micro_batches,
@@ -431,6 +432,11 @@ def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
             cluster=_get(s, "cluster", w, str, "local"), first_layer=_get(s, "first_layer", w, int),
             last_layer=_get(s, "last_layer", w, int), tp=_get(s, "tp", w, int, 1), dp=_get(s, "dp", w, int, 1),
             sharding=_get(s, "sharding", w, str, "replicate"), recompute=_get(s, "recompute", w, bool, False),
+            replicas=tuple(
+                ReplicaShare(cluster=_get(r, "cluster", f"{w}replicas[{k}].", str),
+                             dp=_get(r, "dp", f"{w}replicas[{k}].", int))
+                for k, r in enumerate(_get(s, "replicas", w, list, []))
+            ),
         ))
     try:
         schedule = Schedule(_get(raw, "schedule", where, str, Schedule.ONE_F_ONE_B.value))
@@ -506,7 +512,52 @@ def spec_from_dict(raw: Any) -> TrainSpec:
         checkpoint_every=_get(raw, "checkpoint_every", "", int, 0), resume=_get(raw, "resume", "", bool, False),
         resume_from=None if resume_from is None else manifest_from_dict(resume_from),
         warmup=None if warmup is None else tuple(int(w) for w in warmup), threads=_get(raw, "threads", "", int, 1),
-        precision=_get(raw, "precision", "", str, Precision.FP32.value),  # type: ignore[arg-type]
+        precision=_get(raw, "precision", "", str, Precision.FP32.value),
         nccl_links=_get(raw, "nccl_links", "", bool, False),
         checkpoint_keep=_get(raw, "checkpoint_keep", "", int, 3), recv_window=_get(raw, "recv_window", "", int, 2),
     )
+
+
+def launch_ranks(
+    spec: TrainSpec, *, gpus_per_node: Mapping[str, int] | None = None,
+    memory_gib: tuple[float, ...] = (),
+) -> list[dict[str, Any]]:
+    """What every rank of ``spec`` would run, without starting anything (``spiderflow plan --dry-run``).
+
+    One entry per rank: ``rank``, ``cluster``, ``node`` and ``device`` (``cuda:N``; the node is the
+    cluster-local rank divided by the cluster's GPUs per node, 8 when unknown), ``stage``, ``layers``,
+    ``dp_rank`` / ``tp_rank`` coordinates, ``groups`` (the global ranks of its ``tp`` and ``dp`` groups, the
+    ranks it receives activations from and sends them to), ``sharding``, ``recompute``, ``precision`` and
+    ``predicted_memory_gib`` (the plan's per-stage prediction, ``None`` when the plan has none). Raises
+    :class:`PreconditionError` (via :func:`check_runnable`) for a plan the executor would refuse."""
+    check_runnable(spec)
+    plan = spec.plan
+    layout = rank_layout(plan)
+    first = [0] * len(plan.stages)
+    for info in reversed(layout):
+        first[info.stage] = info.rank
+    per_node = dict(gpus_per_node or {})
+    out: list[dict[str, Any]] = []
+    for info in layout:
+        st = plan.stages[info.stage]
+        base = first[info.stage]
+        tp_group = [base + info.replica * st.tp + t for t in range(st.tp)]
+        dp_group = [base + r * st.tp + info.tp_rank for r in range(st.dp)]
+        prev = next_ = []
+        if info.stage > 0:
+            ps = plan.stages[info.stage - 1]
+            prev = sorted({first[info.stage - 1] + r * ps.tp + info.tp_rank % ps.tp for r in range(ps.dp)})
+        if info.stage + 1 < len(plan.stages):
+            ns = plan.stages[info.stage + 1]
+            next_ = sorted(first[info.stage + 1] + r * ns.tp + t for r in range(ns.dp) for t in range(ns.tp)
+                           if t % st.tp == info.tp_rank)
+        g = per_node.get(info.cluster, 8)
+        out.append({
+            "rank": info.rank, "cluster": info.cluster, "node": info.local_rank // g,
+            "device": f"cuda:{info.local_rank % g}", "stage": info.stage,
+            "layers": [st.first_layer, st.last_layer], "dp_rank": info.replica, "tp_rank": info.tp_rank,
+            "groups": {"tp": tp_group, "dp": dp_group, "recv_from": prev, "send_to": next_},
+            "sharding": st.sharding.value, "recompute": st.recompute, "precision": spec.precision.value,
+            "predicted_memory_gib": memory_gib[info.stage] if info.stage < len(memory_gib) else None,
+        })
+    return out
