@@ -57,6 +57,7 @@ __all__ = [
     "Link",
     "Plan",
     "Precision",
+    "ReplicaShare",
     "Schedule",
     "Sharding",
     "Stage",
@@ -438,11 +439,29 @@ class Sharding(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaShare:
+    """``dp`` of a stage's data-parallel replicas that run on ``cluster`` (cross-cluster data parallelism)."""
+
+    cluster: str
+    dp: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cluster, str) or not self.cluster:
+            raise ValidationError("stage.replicas.cluster", "must be a non-empty string", self.cluster)
+        _int("stage.replicas.dp", self.dp, minimum=1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Stage:
     """One pipeline stage (see the glossary). ``gpus == tp × dp``.
 
     ``sharding`` says how the ``dp`` replicas share state (:class:`Sharding`); ``recompute`` turns on
-    activation checkpointing of the stage's blocks (forward activations are recomputed in backward)."""
+    activation checkpointing of the stage's blocks (forward activations are recomputed in backward).
+
+    ``replicas`` (empty: all ``dp`` replicas on ``cluster``) spreads the replicas over several clusters —
+    cross-cluster data parallelism: the shares' ``dp`` sum to ``dp``, the first share is on ``cluster``, no
+    cluster appears twice. Gradients are then reduced inside each cluster, all-reduced across the clusters
+    (one rank per cluster and tp index) and broadcast back. Only replicated stages may span clusters."""
 
     cluster: str
     first_layer: int
@@ -451,6 +470,7 @@ class Stage:
     dp: int = 1
     sharding: Sharding = Sharding.REPLICATE
     recompute: bool = False
+    replicas: tuple[ReplicaShare, ...] = ()
 
     def __post_init__(self) -> None:
         _int("stage.first_layer", self.first_layer, minimum=0)
@@ -466,6 +486,25 @@ class Stage:
                 ) from None
         if self.recompute is not False and self.recompute is not True:
             raise ValidationError("stage.recompute", "must be true or false", self.recompute)
+        if self.replicas:
+            object.__setattr__(self, "replicas", tuple(self.replicas))
+            clusters = [r.cluster for r in self.replicas]
+            if sum(r.dp for r in self.replicas) != self.dp:
+                raise ValidationError("stage.replicas", f"their dp must sum to the stage's dp ({self.dp})",
+                                      [r.dp for r in self.replicas])
+            if clusters[0] != self.cluster:
+                raise ValidationError("stage.replicas", f"the first share must be on the stage's cluster "
+                                      f"({self.cluster})", clusters[0])
+            if len(set(clusters)) != len(clusters):
+                raise ValidationError("stage.replicas", "name a cluster more than once", clusters)
+            if len(clusters) > 1 and self.sharding is Sharding.FSDP:
+                raise ValidationError("stage.replicas", "span clusters, which only a replicated stage may",
+                                      self.sharding.value)
+
+    @property
+    def clusters(self) -> tuple[str, ...]:
+        """The clusters the stage runs on (its own first)."""
+        return tuple(r.cluster for r in self.replicas) if self.replicas else (self.cluster,)
 
     @property
     def gpus(self) -> int:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from spiderflow.domain import JobSpec, Plan, Schedule, Stage
+from spiderflow.domain import JobSpec, Plan, ReplicaShare, Schedule, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict
 
@@ -184,7 +184,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "stages": [
             {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
-             "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
+             "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
+             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
             for s in plan.stages
         ],
         "micro_batches": plan.micro_batches,
@@ -201,7 +202,8 @@ def plan_from_dict(doc: dict[str, Any]) -> Plan:
     return Plan(
         stages=tuple(
             Stage(cluster=s["cluster"], first_layer=s["first_layer"], last_layer=s["last_layer"], tp=s["tp"],
-                  dp=s["dp"], sharding=s.get("sharding", "replicate"), recompute=s.get("recompute", False))
+                  dp=s["dp"], sharding=s.get("sharding", "replicate"), recompute=s.get("recompute", False),
+                  replicas=tuple(ReplicaShare(cluster=r["cluster"], dp=r["dp"]) for r in s.get("replicas", ())))
             for s in doc["stages"]
         ),
         micro_batches=doc["micro_batches"],

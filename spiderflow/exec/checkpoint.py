@@ -1,145 +1,281 @@
-"""Layer-indexed checkpoints: one shard file per stage, a manifest once every stage has saved.
+"""Reshardable checkpoints: torch.distributed.checkpoint (DCP) shards from every rank, a manifest last.
 
-Layout under a checkpoint directory ``D`` (must be reachable by every rank that saves or resumes: a shared
-file system, or a directory the agents synchronise)::
+Layout under a checkpoint root ``D`` (a path, or an fsspec URL such as ``file:///ckpt`` or
+``s3://bucket/job``; it must be reachable by every rank that saves or resumes)::
 
-    D/step-00000005/stage-000-001.pt     model + Adam state of layers 0..1 (the embedding with layer 0)
-    D/step-00000005/stage-002-005.pt
-    D/step-00000005/manifest.json        written last, only when all shards exist
+    D/step-00000005/.metadata, __0_0.distcp, __1_0.distcp, …   DCP: every rank writes its own shards
+    D/step-00000005/manifest.json                             written last (default manifest hook)
 
-A shard is ``{"step", "first_layer", "last_layer", "model": {name: tensor}, "optim": {name: {"step",
-"exp_avg", "exp_avg_sq"}}}`` with the layer-indexed parameter names of :mod:`spiderflow.exec.model`, so a
-stage of *any* split loads the shards overlapping its layer range, merges them and keeps its own keys.
-Files are written to a temporary name and renamed, so a crash never leaves a truncated shard or manifest
-behind; a step directory without ``manifest.json`` is incomplete and never resumed from.
+What is saved is keyed by *layer-indexed* names (:mod:`spiderflow.exec.model`): ``model.<fqn>`` for every
+parameter and buffer and ``optim.<fqn>.<state>`` for Adam's ``step``/``exp_avg``/``exp_avg_sq``, taken with
+``torch.distributed.checkpoint.state_dict`` so tensor-parallel and FSDP-sharded parameters are saved as
+DTensors (each rank writes only its shard; replicated values are written once). A rank of *any* other
+plan — other layer split, tp, dp, sharding, clusters — asks DCP for exactly the keys its stage owns, in
+its own layout, and DCP reshards on load.
+
+Commit protocol (:func:`save_dcp`): every rank saves (DCP's collective save: local plans, a global plan,
+writes, metadata by the coordinator), every rank hashes the files it wrote (SHA-256), the digests are
+gathered, and only then does rank 0 return the manifest (with every file's size and digest) for the
+caller's manifest callback (the agent puts it in etcd). :func:`resume_point` refuses a checkpoint whose
+files are missing, truncated or altered and falls back to the newest intact older one; :func:`retain`
+keeps the newest ``N`` complete checkpoints.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
+import structlog
 import torch
+import torch.distributed as dist
+from torch import nn
 
 from spiderflow.catalog import ModelSpec
 from spiderflow.errors import ValidationError
-from spiderflow.exec.model import StageModule, merge_state_dicts, slice_state_dict
-from spiderflow.exec.spec import CheckpointManifest, ShardInfo, manifest_from_dict, manifest_to_dict
+from spiderflow.exec.spec import (
+    CheckpointManifest,
+    FileDigest,
+    ShardInfo,
+    TrainSpec,
+    manifest_from_dict,
+    manifest_to_dict,
+)
 
 __all__ = [
     "MANIFEST_NAME",
+    "complete_checkpoints",
     "latest_checkpoint",
-    "load_optimizer_state_by_name",
-    "load_stage",
-    "optimizer_state_by_name",
-    "save_shard",
-    "shard_path",
+    "load_dcp",
+    "resume_point",
+    "retain",
+    "save_dcp",
     "step_dir",
+    "verify",
     "write_manifest_file",
 ]
 
+log = structlog.get_logger(__name__)
+
 MANIFEST_NAME = "manifest.json"
+_CHUNK = 1 << 22
 
 
-def step_dir(root: str | Path, step: int) -> Path:
-    return Path(root) / f"step-{step:08d}"
+def _dcp() -> Any:
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
 
 
-def shard_path(root: str | Path, step: int, first_layer: int, last_layer: int) -> Path:
-    return step_dir(root, step) / f"stage-{first_layer:03d}-{last_layer:03d}.pt"
+def _fs(root: str) -> tuple[Any, str]:
+    """The fsspec file system and the path inside it for a root path or URL."""
+    from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+
+    fs, path = url_to_fs(str(root))
+    return fs, str(path).rstrip("/")
 
 
-def optimizer_state_by_name(opt: torch.optim.Optimizer, module: torch.nn.Module) -> dict[str, dict[str, Any]]:
-    """The per-parameter state of a single-group optimizer over ``module.parameters()``, keyed by name."""
-    names = [n for n, _ in module.named_parameters()]
-    state = opt.state_dict()["state"]
-    return {names[i]: dict(st) for i, st in state.items()}
+def step_dir(root: str, step: int) -> str:
+    """``root/step-XXXXXXXX`` (a path or URL, as ``root`` is)."""
+    return f"{str(root).rstrip('/')}/step-{step:08d}"
 
 
-def load_optimizer_state_by_name(
-    opt: torch.optim.Optimizer, module: torch.nn.Module, states: Mapping[str, Mapping[str, Any]]
+def _digest(fs: Any, path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def _flat_state(modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    flat: dict[str, Any] = {}
+    for mod, opt in zip(modules, opts, strict=True):
+        for k, v in get_model_state_dict(mod).items():
+            flat[f"model.{k}"] = v
+        osd: Any = get_optimizer_state_dict(mod, opt)
+        for fqn, st in osd["state"].items():
+            for name, v in st.items():
+                flat[f"optim.{fqn}.{name}"] = v
+    return flat
+
+
+def save_dcp(
+    spec: TrainSpec, step: int, modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
+    ranges: Sequence[Sequence[tuple[int, int]]],
+) -> CheckpointManifest:
+    """Save every rank's shards of step ``step`` under ``spec.checkpoint_dir`` (collective over the default
+    group) and return the manifest (meaningful on rank 0, which commits it). Returns only after every rank
+    has written and hashed its files."""
+    dcp = _dcp()
+    assert spec.checkpoint_dir is not None
+    root = spec.checkpoint_dir
+    where = step_dir(root, step)
+    fs, path = _fs(where)
+    if "://" in where:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        writer: Any = FsspecWriter(where, sync_files=True)
+    else:
+        writer = dcp.FileSystemWriter(path, sync_files=True)
+    dcp.save(_flat_state(modules, opts), storage_writer=writer)
+    rank = dist.get_rank()
+    mine = [p for p in fs.ls(path, detail=False) if p.rsplit("/", 1)[-1].startswith(f"__{rank}_")]
+    if rank == 0:
+        mine += [p for p in fs.ls(path, detail=False) if p.endswith("/.metadata")]
+    digests = []
+    for p in sorted(mine):
+        size, sha = _digest(fs, p)
+        digests.append(FileDigest(name=p.rsplit("/", 1)[-1], size=size, sha256=sha))
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, digests)
+    files = tuple(sorted((d for part in gathered for d in part), key=lambda d: d.name))
+    meta = f"{where}/.metadata"
+    shards = tuple(ShardInfo(first_layer=a, last_layer=b, path=meta) for stage in ranges for a, b in stage)
+    return CheckpointManifest(job_id=spec.job_id, step=step, model=spec.model, shards=shards, root=str(root),
+                              files=files)
+
+
+def load_dcp(
+    manifest: CheckpointManifest, modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
+    model: ModelSpec,
 ) -> None:
-    """Inverse of :func:`optimizer_state_by_name`; every parameter of ``module`` must have a state."""
-    names = [n for n, _ in module.named_parameters()]
-    missing = [n for n in names if n not in states]
-    if missing:
-        raise ValidationError("checkpoint.optim", "has no optimizer state for some parameters", missing[:3])
-    sd = opt.state_dict()
-    sd["state"] = {i: dict(states[n]) for i, n in enumerate(names)}
-    opt.load_state_dict(sd)
+    """Load this rank's modules and optimizers (any layout) from ``manifest``'s checkpoint (collective)."""
+    dcp = _dcp()
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    m = manifest.model
+    if (m.layers, m.hidden, m.vocab, m.heads) != (model.layers, model.hidden, model.vocab, model.heads):
+        raise ValidationError("checkpoint.model", f"is {m.name}, the job runs {model.name}", m.name)
+    where = step_dir(manifest.root, manifest.step)
+    flat = _flat_state(modules, opts)
+    if "://" in where:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        reader: Any = FsspecReader(where)
+    else:
+        reader = dcp.FileSystemReader(_fs(where)[1])
+    dcp.load(flat, storage_reader=reader)
+    for mod, opt in zip(modules, opts, strict=True):
+        msd = {k: flat[f"model.{k}"] for k in mod.state_dict()}
+        set_model_state_dict(mod, msd)
+        osd: Any = get_optimizer_state_dict(mod, opt)
+        osd["state"] = {fqn: {name: flat[f"optim.{fqn}.{name}"] for name in st} for fqn, st in osd["state"].items()}
+        set_optimizer_state_dict(mod, opt, osd)
 
 
-def _atomic_write_bytes(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:  # a full disk (ENOSPC) or any failure: leave no partial temporary file behind
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def save_shard(
-    root: str | Path, step: int, module: StageModule, opt: torch.optim.Optimizer
-) -> ShardInfo:
-    """Save a stage's model and optimizer state after ``step`` completed steps; returns its shard entry."""
-    path = shard_path(root, step, module.first_layer, module.last_layer)
-    payload = {
-        "step": step,
-        "first_layer": module.first_layer,
-        "last_layer": module.last_layer,
-        "model": {k: v.detach().clone() for k, v in module.state_dict().items()},
-        "optim": optimizer_state_by_name(opt, module),
-    }
-    _atomic_write_bytes(path, lambda p: torch.save(payload, p))
-    return ShardInfo(first_layer=module.first_layer, last_layer=module.last_layer, path=str(path.resolve()))
-
-
-def write_manifest_file(manifest: CheckpointManifest, root: str | Path) -> Path:
-    """The local manifest hook: ``root/step-K/manifest.json``, written atomically."""
-    path = step_dir(root, manifest.step) / MANIFEST_NAME
+def write_manifest_file(manifest: CheckpointManifest, root: str | Any) -> str:
+    """The local manifest hook: ``root/step-K/manifest.json`` (written to a temporary name, then moved)."""
+    where = step_dir(str(root), manifest.step)
+    fs, path = _fs(where)
     text = json.dumps(manifest_to_dict(manifest), indent=2)
-    _atomic_write_bytes(path, lambda p: p.write_text(text))
-    return path
+    tmp = f"{path}/.{MANIFEST_NAME}.tmp"
+    try:
+        with fs.open(tmp, "w") as f:
+            f.write(text)
+        fs.mv(tmp, f"{path}/{MANIFEST_NAME}")
+    except BaseException:  # a full disk (ENOSPC) or any failure: leave no partial temporary file behind
+        if fs.exists(tmp):
+            fs.rm(tmp)
+        raise
+    return f"{where}/{MANIFEST_NAME}"
 
 
-def latest_checkpoint(root: str | Path) -> CheckpointManifest | None:
-    """The complete checkpoint with the highest step under ``root`` (``None`` if there is none)."""
-    base = Path(root)
-    if not base.is_dir():
-        return None
-    best: CheckpointManifest | None = None
-    for d in base.glob("step-*"):
-        f = d / MANIFEST_NAME
-        if not f.is_file():
+def verify(manifest: CheckpointManifest) -> str | None:
+    """``None`` when every file of the checkpoint is present with its recorded size and SHA-256, else why
+    not (a manifest without digests, from an older writer, is accepted if its metadata file exists)."""
+    where = step_dir(manifest.root, manifest.step)
+    fs, path = _fs(where)
+    if not manifest.files:
+        return None if fs.exists(f"{path}/.metadata") else "no .metadata"
+    for f in manifest.files:
+        p = f"{path}/{f.name}"
+        if not fs.exists(p):
+            return f"{f.name} is missing"
+        if fs.size(p) != f.size:
+            return f"{f.name} has {fs.size(p)} bytes, {f.size} recorded"
+        if _digest(fs, p)[1] != f.sha256:
+            return f"{f.name} does not match its SHA-256"
+    return None
+
+
+def complete_checkpoints(root: str) -> list[CheckpointManifest]:
+    """Every checkpoint under ``root`` with a readable manifest, newest first (not yet verified)."""
+    fs, path = _fs(root)
+    if not fs.isdir(path):
+        return []
+    out = []
+    for d in fs.ls(path, detail=False):
+        name = d.rstrip("/").rsplit("/", 1)[-1]
+        f = f"{d.rstrip('/')}/{MANIFEST_NAME}"
+        if not name.startswith("step-") or not fs.exists(f):
             continue
-        m = manifest_from_dict(json.loads(f.read_text()), where=f"{f}:")
-        if best is None or m.step > best.step:
-            best = m
-    return best
+        try:
+            with fs.open(f, "r") as fh:
+                m = manifest_from_dict(json.loads(fh.read()), where=f"{f}:")
+        except (ValidationError, ValueError) as e:
+            log.warning("checkpoint.unreadable_manifest", path=f, error=str(e))
+            continue
+        if not m.root:
+            object.__setattr__(m, "root", str(root))
+        out.append(m)
+    return sorted(out, key=lambda m: m.step, reverse=True)
 
 
-def load_stage(
-    manifest: CheckpointManifest, module: StageModule, opt: torch.optim.Optimizer, model: ModelSpec
-) -> None:
-    """Load ``module`` (any layer range) and ``opt`` from the shards of ``manifest`` that overlap it.
+def latest_checkpoint(root: str, *, before: int | None = None) -> CheckpointManifest | None:
+    """The newest complete *and intact* checkpoint under ``root`` (older than step ``before`` if given);
+    damaged ones are logged and skipped."""
+    for m in complete_checkpoints(str(root)):
+        if before is not None and m.step >= before:
+            continue
+        why = verify(m)
+        if why is None:
+            return m
+        log.warning("checkpoint.refused", step=m.step, root=str(root), reason=why)
+    return None
 
-    Raises :class:`ValidationError` if the checkpoint is of another model or lacks a needed parameter."""
-    if manifest.model.layers != model.layers or manifest.model.hidden != model.hidden \
-            or manifest.model.vocab != model.vocab or manifest.model.heads != model.heads:
-        raise ValidationError("checkpoint.model", f"is {manifest.model.name}, the job runs {model.name}",
-                              manifest.model.name)
-    first, last = module.first_layer, module.last_layer
-    parts = [
-        torch.load(s.path, map_location="cpu", weights_only=True)
-        for s in manifest.shards
-        if s.first_layer <= last and s.last_layer >= first
-    ]
-    weights = slice_state_dict(merge_state_dicts(p["model"] for p in parts), model, first, last)
-    module.load_state_dict(weights, strict=True)
-    optim = slice_state_dict(merge_state_dicts(p["optim"] for p in parts), model, first, last)
-    load_optimizer_state_by_name(opt, module, optim)  # type: ignore[arg-type]
+
+def resume_point(spec: TrainSpec) -> CheckpointManifest | None:
+    """Where a run starts: ``spec.resume_from`` if intact; if it is damaged, the newest intact older
+    checkpoint under its root; with ``spec.resume`` the newest intact one under ``spec.checkpoint_dir``;
+    else ``None`` (the seed's initialisation)."""
+    m = spec.resume_from
+    if m is not None:
+        if not m.root:  # a manifest of an older writer: its root is two levels above its metadata
+            m = CheckpointManifest(job_id=m.job_id, step=m.step, model=m.model, shards=m.shards,
+                                   root=m.shards[0].path.rsplit("/", 2)[0], files=m.files)
+        why = verify(m)
+        if why is None:
+            return m
+        log.warning("checkpoint.refused", step=m.step, root=m.root, reason=why)
+        return latest_checkpoint(m.root, before=m.step)
+    if spec.resume and spec.checkpoint_dir is not None:
+        return latest_checkpoint(spec.checkpoint_dir)
+    return None
+
+
+def retain(root: str, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` complete checkpoints under ``root`` (and incomplete step
+    directories older than the oldest kept one); returns the deleted steps."""
+    fs, path = _fs(root)
+    done = complete_checkpoints(root)
+    if len(done) <= keep:
+        return []
+    oldest_kept = done[keep - 1].step
+    deleted = []
+    for d in fs.ls(path, detail=False):
+        name = d.rstrip("/").rsplit("/", 1)[-1]
+        if name.startswith("step-") and name[5:].isdigit() and int(name[5:]) < oldest_kept:
+            fs.rm(d, recursive=True)
+            deleted.append(int(name[5:]))
+    return sorted(deleted)

@@ -60,25 +60,43 @@ def _param_seed(seed: int, name: str) -> int:
 
 
 class Block(nn.Module):
-    """One pre-LN transformer layer: causal self-attention and an MLP, each with a residual."""
+    """One pre-LN transformer layer: causal self-attention and an MLP, each with a residual.
+
+    The shared block contract (every model family's block follows it so the runtime can parallelise any
+    of them): q, k and v are separate ``nn.Linear`` projections; the head count used in ``forward`` is
+    computed from the projected tensor's last dimension (``q.shape[-1] // head_dim``), so the block runs
+    unchanged when its projections are column-sharded over a tensor-parallel group; :meth:`tp_plan` maps
+    submodule paths to ``"colwise"`` / ``"rowwise"``."""
 
     def __init__(self, hidden: int, heads: int, *, device: torch.device | str | None = None) -> None:
         super().__init__()
+        if hidden % heads:
+            raise ValidationError("model.heads", f"must divide hidden ({hidden})", heads)
         self.heads = heads
+        self.head_dim = hidden // heads
         self.ln1 = nn.LayerNorm(hidden, device=device)
-        self.qkv = nn.Linear(hidden, 3 * hidden, device=device)
+        self.q = nn.Linear(hidden, hidden, device=device)
+        self.k = nn.Linear(hidden, hidden, device=device)
+        self.v = nn.Linear(hidden, hidden, device=device)
         self.proj = nn.Linear(hidden, hidden, device=device)
         self.ln2 = nn.LayerNorm(hidden, device=device)
         self.fc1 = nn.Linear(hidden, 4 * hidden, device=device)
         self.fc2 = nn.Linear(4 * hidden, hidden, device=device)
 
+    def tp_plan(self) -> dict[str, str]:
+        """Megatron-style tensor parallelism: q, k, v and fc1 column-sharded (whole heads per rank),
+        proj and fc2 row-sharded (their outputs summed over the group); LayerNorms replicated."""
+        return {"q": "colwise", "k": "colwise", "v": "colwise", "proj": "rowwise",
+                "fc1": "colwise", "fc2": "rowwise"}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-        shape = (b, s, self.heads, h // self.heads)
-        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+        b, s, _ = x.shape
+        a = self.ln1(x)
+        q, k, v = self.q(a), self.k(a), self.v(a)
+        heads = q.shape[-1] // self.head_dim  # local heads when column-sharded
+        q, k, v = (t.reshape(b, s, heads, self.head_dim).transpose(1, 2) for t in (q, k, v))
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, s, h))
+        x = x + self.proj(att.transpose(1, 2).reshape(b, s, heads * self.head_dim))
         out: torch.Tensor = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
         return out
 

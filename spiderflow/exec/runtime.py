@@ -1,42 +1,50 @@
-"""The pipeline executor: one process per rank trains its stage replica on gloo.
+"""The pipeline executor: one process per rank trains its share of a stage, on CPU (gloo) or GPU (NCCL).
 
-Per step (``m`` micro-batches of ``b = global_batch / m`` sequences; stage ``s`` of ``S``; this rank is
-replica ``r`` of ``dp_s``):
+Every rank runs the same code; only the device differs (:func:`spiderflow.exec.parallel.pick_device`:
+``cuda:N`` from the rank's local rank where GPUs exist, else ``cpu``). Ranks are numbered stage by stage,
+replica by replica, tp index by tp index (:func:`spiderflow.exec.spec.rank_layout`).
 
-1. the rank's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule (global
-   micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``), warm-ups capped
-   by the plan's in-flight cap ``K`` (``plan.extras["max_in_flight"]``) unless ``TrainSpec.warmup`` sets
+Per step (``m`` micro-batches of ``b = global_batch / m`` sequences; stage ``s`` of ``S``; this rank is tp
+index ``t`` of replica ``r`` of ``dp_s``):
+
+1. the replica's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule
+   (global micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``, on all
+   of its ``tp_s`` ranks), warm-ups capped by the plan's in-flight cap unless ``TrainSpec.warmup`` sets
    them: exactly the orders :func:`spiderflow.tpa.timeline.plan_orders` simulates;
-2. receives for every activation and gradient the order needs are posted up front (``irecv``; tag
-   ``2j`` for activations, ``2j + 1`` for gradients without interleaving, see below), so transfers over
-   slow links overlap compute; messages of successive steps on one (sender, tag) pair match in order;
-3. ``F(j)``: the first stage embeds its own tokens (every rank builds the micro-batches it needs from the
-   indexed data source), others wait for the activation from the owner of ``j`` in stage ``s − 1``; the
-   output is sent (``isend``) to the owner of ``j`` in stage ``s + 1``; the last stage computes the loss;
-4. ``B(j)``: the last stage back-propagates ``loss_j / m``, others the received gradient; the gradient of
-   the stage input goes back to stage ``s − 1``;
-5. after the order completes and all sends are done, each stage sums its replicas' gradients (one flat
-   gloo all-reduce over the stage's data-parallel group), then Adam steps.
+2. point-to-point traffic runs on one process group per *channel* — a virtual-stage link ``u → u+1`` and
+   a direction — so messages match by issue order alone (``batch_isend_irecv``; no tags, which NCCL
+   ignores): on a channel both ends issue their messages in increasing micro-batch order. A receiving tp
+   rank ``t`` takes the activation from tp rank ``t mod tp_src`` of the sending replica (all tp ranks of a
+   replica hold the same activation); gradients likewise. Receives are posted at most ``recv_window``
+   operations ahead of use (bounded buffers). Channels between stages on one cluster use the in-cluster
+   backend (NCCL on GPUs); between clusters gloo/TCP (NCCL with ``TrainSpec.nccl_links``), GPU tensors
+   crossing a gloo link are staged through pinned host memory. Values cross links in the job's
+   precision (bf16/fp16 activations and gradients; fp32 otherwise);
+3. ``F(j)``: the first stage embeds its tokens, others take the received activation (upcast to fp32: the
+   residual stream inside a stage is fp32); compute runs under autocast in the job's precision
+   (:func:`spiderflow.exec.parallel.autocast`), the last stage computes the loss;
+4. ``B(j)``: the last stage back-propagates ``loss_j · scale / m`` (``scale`` is the fp16 loss scale, else
+   1), others the received gradient; the gradient of the stage input goes back;
+5. after the order completes: FSDP stages reduce-scatter their accumulated gradients (a sum), replicated
+   stages all-reduce them over the stage's dp group (per tp index; hierarchically when the replicas span
+   clusters: reduce in each cluster, all-reduce across clusters, broadcast back); fp16 unscales and skips
+   the step job-wide on overflow; Adam steps on fp32 master weights.
 
 Because the loss of micro-batch ``j`` is scaled by ``1/m`` and gradients are summed over micro-batches
 and replicas, the update equals that of one process running all ``m`` micro-batches of the global batch.
 
-Checkpoints (every ``K`` completed steps): replica 0 of every stage saves its shard
-(:mod:`spiderflow.exec.checkpoint`), all ranks pass a barrier, then rank 0 calls the manifest callback
-(the agent puts the manifest in etcd; :func:`run` defaults to writing ``manifest.json``). A resumed run
-loads the latest complete checkpoint under any split by re-slicing layers (model and Adam state).
+In-stage parallelism (:func:`spiderflow.exec.parallel.parallelize_stage`): tensor parallelism with DTensor
+on the stage's ``dp × tp`` mesh through each block's ``tp_plan()``, activation checkpointing when
+``Stage.recompute``, FSDP2 when ``Stage.sharding`` is ``fsdp``.
+
+Checkpoints (every ``K`` completed steps; :mod:`spiderflow.exec.checkpoint`): every rank saves its shards
+with torch.distributed.checkpoint, all ranks sync, then rank 0 calls the manifest callback (the agent puts
+the manifest in etcd; :func:`run` defaults to writing ``manifest.json``). A run resumes from the newest
+complete, intact checkpoint under any other plan (layer split, tp, dp, FSDP, clusters).
 
 Interleaved 1F1B: a stage runs ``v`` model chunks (:func:`spiderflow.exec.spec.chunk_ranges`), one module
-and one Adam each; operation ``(kind, j, c)`` runs on chunk ``c``, virtual stage ``u = c·S + s``, whose
-activation comes from virtual stage ``u − 1`` (the last stage's chunk ``c − 1`` when ``s = 0``); tags are
-``2(j·S·v + u)`` (+1 for gradients) for the message arriving at ``u``; a hand-off between two chunks of
-the same rank (one stage) stays in memory.
-
-Replicas of a stage all run on the stage's cluster, so the data-parallel all-reduce never crosses
-clusters (no hierarchical all-reduce is needed). Everything runs on gloo (CPU tensors).
-
-Limits: ``tp > 1`` is rejected (:func:`spiderflow.exec.spec.check_runnable`); receive buffers for a whole
-step are allocated up front (``m·v`` activations and gradients per rank).
+and one Adam each; operation ``(kind, j, c)`` runs on chunk ``c``, virtual stage ``u = c·S + s``; a
+hand-off between two chunks of one rank (``S = 1``) stays in memory.
 """
 
 from __future__ import annotations
@@ -46,7 +54,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 import torch
@@ -56,11 +63,20 @@ from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-
 from spiderflow.exec import checkpoint as ckpt
 from spiderflow.exec.data import TokenSource, micro_batch, open_source
 from spiderflow.exec.model import StageModule, build_stage
+from spiderflow.exec.parallel import (
+    FsdpSync,
+    Groups,
+    LossScaler,
+    autocast,
+    backends,
+    parallelize_stage,
+    pick_device,
+    wire_dtype,
+)
 from spiderflow.exec.spec import (
     CheckpointManifest,
     RankInfo,
     Rendezvous,
-    ShardInfo,
     StepReport,
     TrainSpec,
     check_runnable,
@@ -110,8 +126,9 @@ class RunResult:
     phases: dict[str, float] | None = None
 
 
-def init_distributed(rdv: Rendezvous, *, namespace: str = "") -> None:
-    """Join the gloo process group through the TCPStore of ``rdv`` (hosting it if ``rdv.serves``).
+def init_distributed(rdv: Rendezvous, *, namespace: str = "", backend: str = "gloo") -> None:
+    """Join the default process group (``backend``: ``gloo`` on CPU, ``cpu:gloo,cuda:nccl`` on GPUs, see
+    :func:`spiderflow.exec.parallel.backends`) through the TCPStore of ``rdv`` (hosting it if ``rdv.serves``).
 
     ``namespace`` prefixes every store key so one store can serve successive runs (e.g. one per attempt)."""
     timeout = datetime.timedelta(seconds=rdv.timeout_s)
@@ -120,7 +137,7 @@ def init_distributed(rdv: Rendezvous, *, namespace: str = "") -> None:
     )
     if namespace:
         store = PrefixStore(namespace, store)
-    dist.init_process_group("gloo", store=store, rank=rdv.rank, world_size=rdv.world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rdv.rank, world_size=rdv.world_size, timeout=timeout)
 
 
 class _PhaseTimer:
@@ -163,14 +180,23 @@ def _posted(work: dist.Work | None) -> dist.Work:
     return work
 
 
+@dataclass(slots=True)
+class _Recv:
+    """A posted receive: the buffer (pinned host memory when a GPU tensor crosses a gloo link) and its
+    handle."""
+
+    buf: torch.Tensor
+    work: dist.Work
+
+
 class StageRunner:
-    """One rank's stage replica: its chunk modules, one Adam per chunk, process groups and the per-step
-    executor (see the module docstring).
+    """One rank's share of a stage: its chunk modules (parallelised), one Adam per chunk, process groups
+    and the per-step executor (see the module docstring).
 
     Must be constructed on every rank of an initialised default process group (group creation is
     collective)."""
 
-    def __init__(self, spec: TrainSpec, rank: int) -> None:
+    def __init__(self, spec: TrainSpec, rank: int, device: torch.device | None = None) -> None:
         check_runnable(spec)
         self.spec = spec
         self.layout = rank_layout(spec.plan)
@@ -178,31 +204,41 @@ class StageRunner:
             raise ValueError(f"world size {dist.get_world_size()} != ranks the plan needs ({len(self.layout)})")
         self.rank = rank
         self.info: RankInfo = self.layout[rank]
+        self.device = device if device is not None else pick_device(self.info.local_rank)
         plan = spec.plan
         self.n_stages = len(plan.stages)
         self.chunks = plan_chunks(plan)
         self.n_virtual = self.n_stages * self.chunks
         self.ranges = chunk_ranges(plan)
         self.stage = plan.stages[self.info.stage]
-        self.first_rank = [0] * self.n_stages
-        for info in reversed(self.layout):
-            self.first_rank[info.stage] = info.rank
-        self.modules: list[StageModule] = [
-            build_stage(spec.model, first, last, spec.seed, max_seq_len=spec.seq_len)
-            for first, last in self.ranges[self.info.stage]
-        ]
+        _, local_backend = backends(self.device)
+
+        def channel_backend(a: int, b: int) -> str:
+            same = plan.stages[a].cluster == plan.stages[b].cluster
+            if same or (spec.nccl_links and self.device.type == "cuda"):
+                return local_backend
+            return "gloo"
+
+        channels = [] if self.n_stages == 1 else [(u, d) for u in range(self.n_virtual - 1) for d in (0, 1)]
+        self.groups = Groups(plan.stages, rank, device=self.device, channels=channels,
+                             channel_backend=channel_backend)
+        self.first_rank = self.groups.first_rank
+        self.modules: list[StageModule] = []
+        self.fsdp: list[FsdpSync] = []
+        for first, last in self.ranges[self.info.stage]:
+            mod = build_stage(spec.model, first, last, spec.seed, max_seq_len=spec.seq_len).to(self.device)
+            sharded = parallelize_stage(mod, self.stage, self.groups)
+            if sharded:
+                self.fsdp.append(FsdpSync(sharded))
+            self.modules.append(mod)
         self.opts = [
             torch.optim.Adam(mod.parameters(), lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=False)
             for mod in self.modules
         ]
         self.params = [p for mod in self.modules for p in mod.parameters()]
-        self.dp_group: dist.ProcessGroup | None = None
-        for s, st in enumerate(plan.stages):  # collective: every rank creates every group, in order
-            if st.dp > 1:
-                ranks = list(range(self.first_rank[s], self.first_rank[s] + st.dp))
-                group = dist.new_group(ranks)
-                if s == self.info.stage:
-                    self.dp_group = group
+        self.dp_group = self.groups.dp_group if self.stage.dp > 1 else None
+        self.scaler = LossScaler(spec.precision)
+        self.wire = wire_dtype(spec.precision)
         # Without explicit warm-ups the plan's in-flight cap K applies (the orders the timeline simulates).
         self.ops = rank_ops(spec, self.info.stage, self.info.replica)
         self.source: TokenSource = open_source(
@@ -228,26 +264,54 @@ class StageRunner:
         return self.info.stage == self.n_stages - 1
 
     def owner(self, stage: int, j: int) -> int:
-        """Rank running micro-batch ``j`` of ``stage``."""
-        return self.first_rank[stage] + j % self.spec.plan.stages[stage].dp
+        """First rank (tp index 0) of the replica running micro-batch ``j`` of ``stage``."""
+        st = self.spec.plan.stages[stage]
+        return self.first_rank[stage] + (j % st.dp) * st.tp
 
-    def _virtual_owner(self, u: int, j: int) -> int:
-        return self.owner(u % self.n_stages, j)
+    def _source_rank(self, u_src: int, j: int) -> int:
+        """The rank this rank receives micro-batch ``j``'s message from, sent by virtual stage ``u_src``."""
+        s = u_src % self.n_stages
+        return self.owner(s, j) + self.info.tp_rank % self.spec.plan.stages[s].tp
 
-    def _tag(self, j: int, u: int, backward: bool) -> int:
-        """Tag of the message that arrives at virtual stage ``u`` for micro-batch ``j``."""
-        return 2 * (j * self.n_virtual + u) + int(backward)
+    def _dest_ranks(self, u_dst: int, j: int) -> list[int]:
+        """The ranks of virtual stage ``u_dst`` that take this rank's message for micro-batch ``j``."""
+        s = u_dst % self.n_stages
+        tp_dst = self.spec.plan.stages[s].tp
+        return [self.owner(s, j) + t for t in range(tp_dst) if t % self.stage.tp == self.info.tp_rank]
 
     def load(self, manifest: CheckpointManifest) -> None:
-        for mod, opt in zip(self.modules, self.opts, strict=True):
-            ckpt.load_stage(manifest, mod, opt, self.spec.model)
+        ckpt.load_dcp(manifest, self.modules, self.opts, self.spec.model)
 
     def _batch(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = micro_batch(
             self.source, step=step, global_batch=self.spec.global_batch,
             micro_batch_size=self.spec.micro_batch_size, index=j,
         )
-        return torch.from_numpy(x), torch.from_numpy(y)
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def _staged(self, key: tuple[int, int]) -> bool:
+        """Whether a GPU tensor on channel ``key`` must go through host memory (a gloo link)."""
+        return self.device.type == "cuda" and self.groups.channel_backends[key] == "gloo"
+
+    def _post_recv(self, key: tuple[int, int], src: int) -> _Recv:
+        staged = self._staged(key)
+        buf = torch.empty(self.shape, dtype=self.wire, device="cpu" if staged else self.device,
+                          pin_memory=staged)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, src, self.groups.channels[key])])
+        return _Recv(buf=buf, work=works[0])
+
+    def _send(self, t: torch.Tensor, key: tuple[int, int], dsts: list[int]) -> list[tuple[torch.Tensor, dist.Work]]:
+        if not dsts:
+            return []
+        t = t.to(self.wire)
+        if self._staged(key):
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t)
+            t = host
+        t = t.contiguous()
+        group = self.groups.channels[key]
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, d, group) for d in dsts])
+        return [(t, w) for w in works]
 
     def train_step(self, step: int) -> float | None:
         """Run step ``step`` (0-based); returns the global batch's mean loss on last-stage ranks."""
@@ -255,62 +319,77 @@ class StageRunner:
         s, last_u = self.info.stage, self.n_virtual - 1
         timer = self.timer
         timer.start()
-        recvs: dict[tuple[str, int, int], tuple[torch.Tensor, dist.Work]] = {}
-        local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-offs between chunks of this rank
-        for kind, j, c in self.ops:
-            u = c * self.n_stages + s
-            if kind == "F" and u > 0 and self._virtual_owner(u - 1, j) != self.rank:
-                buf = torch.empty(self.shape)
-                work = dist.irecv(buf, src=self._virtual_owner(u - 1, j), tag=self._tag(j, u, False))
-                recvs[("F", j, c)] = (buf, _posted(work))
-            elif kind == "B" and u < last_u and self._virtual_owner(u + 1, j) != self.rank:
-                buf = torch.empty(self.shape)
-                work = dist.irecv(buf, src=self._virtual_owner(u + 1, j), tag=self._tag(j, u, True))
-                recvs[("B", j, c)] = (buf, _posted(work))
+        for f in self.fsdp:
+            f.begin_step()
+        # Receives this rank needs, in operation order: (op index, kind, j, chunk, channel, source rank).
+        needs: list[tuple[int, str, int, int, tuple[int, int], int]] = []
+        if self.n_stages > 1:
+            for i, (kind, j, c) in enumerate(self.ops):
+                u = c * self.n_stages + s
+                if kind == "F" and u > 0:
+                    needs.append((i, "F", j, c, (u - 1, 0), self._source_rank(u - 1, j)))
+                elif kind == "B" and u < last_u:
+                    needs.append((i, "B", j, c, (u, 1), self._source_rank(u + 1, j)))
+        posted: dict[tuple[str, int, int], _Recv] = {}
+        nxt = 0
+        window = self.spec.recv_window
+
+        def post_until(i: int) -> None:
+            nonlocal nxt
+            while nxt < len(needs) and (len(posted) < window or needs[nxt][0] <= i):
+                _, kind, j, c, key, src = needs[nxt]
+                posted[(kind, j, c)] = self._post_recv(key, src)
+                nxt += 1
+
+        local: dict[tuple[str, int, int], torch.Tensor] = {}  # hand-offs between chunks of this rank (S = 1)
         need_data = any((c * self.n_stages + s) in (0, last_u) for _, _, c in self.ops)
         batches = {j: self._batch(step, j) for kind, j, _ in self.ops if kind == "F"} if need_data else {}
         sends: list[tuple[torch.Tensor, dist.Work]] = []
         stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         loss_sum = 0.0
+        scale = self.scaler.scale
 
         def receive(kind: str, j: int, c: int) -> torch.Tensor:
             key = (kind, j, c)
             if key in local:
                 return local.pop(key)
-            buf, work = recvs.pop(key)
+            rec = posted.pop(key)
             timer.mark("other" if kind == "F" else "backward")
-            work.wait()
+            rec.work.wait()
             timer.mark("recv_wait")
-            return buf
+            return rec.buf.to(self.device, non_blocking=True)
 
         def send(t: torch.Tensor, kind: str, j: int, u_dst: int) -> None:
-            dst = self._virtual_owner(u_dst, j)
-            if dst == self.rank:
+            if self.n_stages == 1:
                 local[(kind, j, u_dst // self.n_stages)] = t
-            else:
-                work = dist.isend(t, dst=dst, tag=self._tag(j, u_dst, kind == "B"))
-                sends.append((t, _posted(work)))
+                return
+            key = (u_dst - 1, 0) if kind == "F" else (u_dst, 1)
+            sends.extend(self._send(t, key, self._dest_ranks(u_dst, j)))
 
-        for kind, j, c in self.ops:
+        for i, (kind, j, c) in enumerate(self.ops):
+            post_until(i)
             u = c * self.n_stages + s
             mod = self.modules[c]
             timer.mark("other")
             if kind == "F":
-                x = batches[j][0] if u == 0 else receive("F", j, c).requires_grad_()
-                if u == last_u:
-                    out = mod(x, batches[j][1])
-                    loss_sum += float(out.detach())
-                else:
-                    out = mod(x)
+                x = batches[j][0] if u == 0 else receive("F", j, c).float().requires_grad_()
+                with autocast(self.device, self.spec.precision):
+                    if u == last_u:
+                        out = mod(x, batches[j][1])
+                        loss_sum += float(out.detach())
+                    else:
+                        out = mod(x)
+                if u != last_u:
                     send(out.detach(), "F", j, u + 1)
                 stash[(j, c)] = (x, out)
                 timer.mark("forward")
             else:
                 x, out = stash.pop((j, c))
                 if u == last_u:
-                    torch.autograd.backward(out / m)
+                    torch.autograd.backward(out * (scale / m))
                 else:
-                    torch.autograd.backward(out, receive("B", j, c))
+                    g = receive("B", j, c)
+                    torch.autograd.backward(out, g.to(out.dtype))
                 if u > 0:
                     grad = x.grad
                     assert grad is not None
@@ -319,14 +398,19 @@ class StageRunner:
         for _, work in sends:
             work.wait()
         timer.mark("send_wait")
+        for f in self.fsdp:
+            f.end_step()
         self._sync_grads()
         timer.mark("grad_sync")
+        if self.scaler.unscale_and_check(self.params, self.device):
+            for opt in self.opts:
+                opt.step()
         for opt in self.opts:
-            opt.step()
             opt.zero_grad(set_to_none=True)
         timer.mark("optimizer")
         if self.is_last and self.dp_group is not None:
-            t = torch.tensor([loss_sum], dtype=torch.float64)
+            t = torch.tensor([loss_sum], dtype=torch.float64 if self.device.type == "cpu" else torch.float32,
+                             device=self.device)
             dist.all_reduce(t, group=self.dp_group)
             loss_sum = float(t.item())
         timer.mark("other")
@@ -334,39 +418,42 @@ class StageRunner:
         return loss_sum / m if self.is_last else None
 
     def _sync_grads(self) -> None:
-        """Sum gradients over the stage's replicas (one flat all-reduce)."""
-        for p in self.params:
+        """Sum the replicated parameters' gradients over the stage's replicas (one flat all-reduce per tp
+        index; hierarchical when the replicas span clusters). FSDP-sharded parameters are already summed."""
+        plain = [] if self.fsdp else self.params  # an FSDP stage shards every parameter (root included)
+        for p in plain:
             if p.grad is None:  # a replica that ran no micro-batch this step
                 p.grad = torch.zeros_like(p)
-        if self.dp_group is None:
+        if self.dp_group is None or not plain:
             return
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params if p.grad is not None])
-        dist.all_reduce(flat, group=self.dp_group)
+        grads = [_local(p.grad) for p in plain if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        g = self.groups
+        if g.dp_local_group is not None:
+            dist.all_reduce(flat, group=g.dp_local_group)
+            if g.dp_cross_group is not None:
+                host = flat.cpu() if flat.device.type != "cpu" else flat
+                dist.all_reduce(host, group=g.dp_cross_group)
+                if host is not flat:
+                    flat.copy_(host)
+            dist.broadcast(flat, src=g.dp_local_leader, group=g.dp_local_group)
+        else:
+            dist.all_reduce(flat, group=self.dp_group)
         offset = 0
-        for p in self.params:
-            assert p.grad is not None
-            n = p.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p))
+        for grad in grads:
+            n = grad.numel()
+            grad.copy_(flat[offset : offset + n].view_as(grad))
             offset += n
 
-    def save(self, step: int) -> None:
-        """Save this stage's shards, one per chunk (replica 0 only; replicas are identical after the
-        all-reduce)."""
+    def save(self, step: int) -> CheckpointManifest:
+        """Save every rank's shards of step ``step`` (collective); returns the manifest to commit."""
         assert self.spec.checkpoint_dir is not None
-        if self.info.replica == 0:
-            for mod, opt in zip(self.modules, self.opts, strict=True):
-                ckpt.save_shard(self.spec.checkpoint_dir, step, mod, opt)
+        return ckpt.save_dcp(self.spec, step, self.modules, self.opts, self.ranges)
 
-    def manifest(self, step: int) -> CheckpointManifest:
-        assert self.spec.checkpoint_dir is not None
-        root = self.spec.checkpoint_dir
-        shards = tuple(
-            ShardInfo(first_layer=first, last_layer=last,
-                      path=str(ckpt.shard_path(root, step, first, last).resolve()))
-            for stage in self.ranges
-            for first, last in stage
-        )
-        return CheckpointManifest(job_id=self.spec.job_id, step=step, model=self.spec.model, shards=shards)
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(t, "to_local", None)
+    return t if to_local is None else to_local()
 
 
 def run(
@@ -397,19 +484,18 @@ def run(
         def publish(manifest: CheckpointManifest) -> None:
             ckpt.write_manifest_file(manifest, root)
 
-    init_distributed(rdv, namespace=namespace)
+    device = pick_device(rank_layout(spec.plan)[rdv.rank].local_rank)
+    init_distributed(rdv, namespace=namespace, backend=backends(device)[0])
     try:
-        runner = StageRunner(spec, rdv.rank)
+        runner = StageRunner(spec, rdv.rank, device)
         info = runner.info
         bound = log.bind(job=spec.job_id, rank=info.rank, stage=info.stage, replica=info.replica)
-        manifest = spec.resume_from
-        if manifest is None and spec.resume and spec.checkpoint_dir is not None:
-            manifest = ckpt.latest_checkpoint(spec.checkpoint_dir)
+        manifest = ckpt.resume_point(spec)
         start = 0
         if manifest is not None:
             runner.load(manifest)
             start = manifest.step
-            bound.info("resumed", step=start, shards=len(manifest.shards))
+            bound.info("resumed", step=start, root=manifest.root)
         losses: list[float] = []
         times: list[float] = []
         published: list[CheckpointManifest] = []
@@ -432,14 +518,13 @@ def run(
                 on_step(report)
             done = step + 1
             if spec.checkpoint_every and done % spec.checkpoint_every == 0:
-                runner.save(done)
-                dist.barrier()
+                m = runner.save(done)  # collective: returns once every rank's shards are written and hashed
                 if info.rank == 0:
-                    m = runner.manifest(done)
                     if publish is not None:
                         publish(m)
                     published.append(m)
-                    bound.info("checkpoint", step=done, dir=str(Path(spec.checkpoint_dir or ".")))
+                    ckpt.retain(spec.checkpoint_dir or ".", spec.checkpoint_keep)
+                    bound.info("checkpoint", step=done, dir=str(spec.checkpoint_dir))
         dist.barrier()
         return RunResult(
             rank=info.rank, stage=info.stage, replica=info.replica, first_step=start, last_step=spec.steps,

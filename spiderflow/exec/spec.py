@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Plan, Schedule, Sharding, Stage
+from spiderflow.domain import Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import model_from_value
 from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
@@ -27,6 +27,7 @@ from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
 __all__ = [
     "CheckpointManifest",
     "DataSpec",
+    "FileDigest",
     "RankInfo",
     "Rendezvous",
     "ShardInfo",
@@ -34,6 +35,7 @@ __all__ = [
     "TrainSpec",
     "check_runnable",
     "chunk_ranges",
+    "launch_ranks",
     "manifest_from_dict",
     "manifest_to_dict",
     "model_to_dict",
@@ -107,6 +109,13 @@ class TrainSpec:
     the latest complete checkpoint found there (or from ``resume_from`` if given) instead of from the
     seed's initialisation. ``warmup`` optionally overrides the per-stage warm-up depth of the 1F1B family
     (one entry per stage, non-increasing). ``threads`` is ``torch.set_num_threads`` in the worker.
+
+    ``precision`` is the job's (:class:`~spiderflow.domain.Precision`; fp32 when a worker file does not say,
+    so older files run as before). ``nccl_links`` sends pipeline traffic between stages on *different*
+    clusters over NCCL instead of gloo/TCP (only where the operator has a routable GPU fabric between
+    them; stages on one cluster always use the in-cluster backend). ``checkpoint_keep`` complete
+    checkpoints are retained. ``recv_window`` bounds the receives a rank has posted ahead of the operation
+    that consumes them (buffers per rank: at most ``recv_window`` activations or gradients).
     """
 
     job_id: str
@@ -126,8 +135,22 @@ class TrainSpec:
     resume_from: CheckpointManifest | None = None
     warmup: tuple[int, ...] | None = None
     threads: int = 1
+    precision: Precision = Precision.FP32
+    nccl_links: bool = False
+    checkpoint_keep: int = 3
+    recv_window: int = 2
 
     def __post_init__(self) -> None:
+        if self.precision.__class__ is not Precision:
+            try:
+                object.__setattr__(self, "precision", Precision(self.precision))
+            except ValueError:
+                raise ValidationError("precision", f"must be one of {', '.join(p.value for p in Precision)}",
+                                      self.precision) from None
+        for name in ("checkpoint_keep", "recv_window"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValidationError(name, "must be an integer ≥ 1", v)
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ValidationError("job_id", "must be a non-empty string", self.job_id)
         for name in ("seq_len", "global_batch", "steps", "threads"):
@@ -162,9 +185,8 @@ class TrainSpec:
 
     @property
     def world_size(self) -> int:
-        """Worker processes the plan needs (``Σ_s dp_s``; tensor parallelism is not run, see
-        :func:`check_runnable`)."""
-        return sum(s.dp for s in self.plan.stages)
+        """Worker processes the plan needs (``Σ_s dp_s · tp_s``)."""
+        return sum(s.dp * s.tp for s in self.plan.stages)
 
     @property
     def tokens_per_step(self) -> int:
@@ -226,22 +248,25 @@ def chunk_ranges(plan: Plan) -> tuple[tuple[tuple[int, int], ...], ...]:
 def check_runnable(spec: TrainSpec) -> None:
     """Raise :class:`PreconditionError` for plans this executor cannot run faithfully.
 
-    - ``tp > 1``: tensor parallelism is not implemented on the CPU/gloo executor (a plan needing it must
-      be re-planned with ``tp = 1``; running it as extra data parallelism would change the plan's figures);
+    - a stage whose ``tp`` does not divide the model's head count (tensor parallelism shards whole heads;
+      for grouped-query attention the key/value head count too) or its MLP width;
+    - ``sharding = fsdp`` on a stage whose replicas span several clusters (the hierarchical all-reduce
+      runs replicated stages only);
     - interleaved 1F1B whose micro-batch count is not a multiple of the stage count, or with a stage holding
       fewer layers than chunks (see :func:`chunk_ranges`).
     """
     plan = spec.plan
+    kv_heads = getattr(spec.model, "kv_heads", None) or spec.model.heads
     for i, st in enumerate(plan.stages):
-        if st.tp != 1:
+        if spec.model.heads % st.tp or kv_heads % st.tp:
             raise PreconditionError(
-                f"plan.stages[{i}].tp = {st.tp}: tensor parallelism is not supported by the gloo executor; "
-                "re-plan with tp = 1"
+                f"plan.stages[{i}].tp = {st.tp} does not divide the model's heads ({spec.model.heads}, "
+                f"key/value heads {kv_heads}); tensor parallelism shards whole heads"
             )
-        if st.sharding is not Sharding.REPLICATE or st.recompute:
+        if st.sharding is Sharding.FSDP and len(st.clusters) > 1:
             raise PreconditionError(
-                f"plan.stages[{i}]: sharding {st.sharding.value!r} / recompute {st.recompute} is not supported "
-                "by the gloo executor; re-plan with replicated stages without recomputation"
+                f"plan.stages[{i}]: sharding 'fsdp' with replicas on several clusters is not supported; "
+                "replicate the stage or keep its replicas on one cluster"
             )
     if plan_chunks(plan) > 1:
         if plan.micro_batches % len(plan.stages):
@@ -257,20 +282,38 @@ def check_runnable(spec: TrainSpec) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RankInfo:
-    """Rank ``rank`` runs replica ``replica`` of stage ``stage`` (on ``cluster``)."""
+    """Rank ``rank`` runs tensor-parallel index ``tp_rank`` of replica ``replica`` of stage ``stage`` (on
+    ``cluster``); ``local_rank`` is its index among the ranks its cluster's agent starts (the GPU it takes
+    is ``local_rank`` modulo the node's GPUs unless the launcher sets ``LOCAL_RANK``)."""
 
     rank: int
     stage: int
     replica: int
     cluster: str
+    tp_rank: int = 0
+    local_rank: int = 0
+
+
+def _replica_clusters(st: Stage) -> tuple[str, ...]:
+    shares = st.replicas
+    if not shares:
+        return (st.cluster,) * st.dp
+    return tuple(c for share in shares for c in (share.cluster,) * share.dp)
 
 
 def rank_layout(plan: Plan) -> tuple[RankInfo, ...]:
-    """All ranks of ``plan``, numbered stage by stage, replica by replica."""
+    """All ranks of ``plan``, numbered stage by stage, replica by replica, tp index by tp index: (stage
+    ``s``, replica ``r``, tp index ``t``) is rank ``first_s + r · tp_s + t``."""
     out: list[RankInfo] = []
+    per_cluster: dict[str, int] = {}
     for s, st in enumerate(plan.stages):
+        clusters = _replica_clusters(st)
         for r in range(st.dp):
-            out.append(RankInfo(rank=len(out), stage=s, replica=r, cluster=st.cluster))
+            for t in range(st.tp):
+                c = clusters[r]
+                out.append(RankInfo(rank=len(out), stage=s, replica=r, cluster=c, tp_rank=t,
+                                    local_rank=per_cluster.get(c, 0)))
+                per_cluster[c] = per_cluster.get(c, 0) + 1
     return tuple(out)
 
 
@@ -307,14 +350,30 @@ class ShardInfo:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FileDigest:
+    """One file of a checkpoint: its name inside the step directory, size and SHA-256 (hex)."""
+
+    name: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CheckpointManifest:
     """A complete checkpoint: every layer of the model is in exactly one shard, saved after ``step``
-    completed steps. Written (by the manifest callback) only after all stages saved."""
+    completed steps. Written (by the manifest callback) only after all ranks saved and synced.
+
+    ``root`` is the checkpoint directory (a path or an fsspec URL) holding ``step-K/``; ``files`` lists
+    every file of the step's torch.distributed.checkpoint directory with its size and SHA-256, so a
+    truncated or corrupted checkpoint is recognised and refused. ``shards`` records the layer ranges of the
+    plan that wrote it (each ``path`` is the step's DCP metadata file); any other plan can load it."""
 
     job_id: str
     step: int
     model: ModelSpec
     shards: tuple[ShardInfo, ...]
+    root: str = ""
+    files: tuple[FileDigest, ...] = ()
 
     def __post_init__(self) -> None:
         covered = sorted((s.first_layer, s.last_layer) for s in self.shards)
@@ -350,7 +409,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "stages": [
             {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "tp": s.tp,
-             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
+             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
+             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
             for s in plan.stages
         ],
         "micro_batches": plan.micro_batches,
@@ -372,6 +432,11 @@ def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
             cluster=_get(s, "cluster", w, str, "local"), first_layer=_get(s, "first_layer", w, int),
             last_layer=_get(s, "last_layer", w, int), tp=_get(s, "tp", w, int, 1), dp=_get(s, "dp", w, int, 1),
             sharding=_get(s, "sharding", w, str, "replicate"), recompute=_get(s, "recompute", w, bool, False),
+            replicas=tuple(
+                ReplicaShare(cluster=_get(r, "cluster", f"{w}replicas[{k}].", str),
+                             dp=_get(r, "dp", f"{w}replicas[{k}].", int))
+                for k, r in enumerate(_get(s, "replicas", w, list, []))
+            ),
         ))
     try:
         schedule = Schedule(_get(raw, "schedule", where, str, Schedule.ONE_F_ONE_B.value))
@@ -386,7 +451,8 @@ def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
 def manifest_to_dict(m: CheckpointManifest) -> dict[str, Any]:
     return {"job_id": m.job_id, "step": m.step, "model": model_to_dict(m.model),
             "shards": [{"first_layer": s.first_layer, "last_layer": s.last_layer, "path": s.path}
-                       for s in m.shards]}
+                       for s in m.shards],
+            "root": m.root, "files": [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in m.files]}
 
 
 def manifest_from_dict(raw: Any, *, where: str = "manifest.") -> CheckpointManifest:
@@ -400,7 +466,12 @@ def manifest_from_dict(raw: Any, *, where: str = "manifest.") -> CheckpointManif
     )
     return CheckpointManifest(job_id=_get(raw, "job_id", where, str), step=_get(raw, "step", where, int),
                               model=model_from_value(_get(raw, "model", where, (str, dict)), field=f"{where}model"),
-                              shards=shards)
+                              shards=shards, root=_get(raw, "root", where, str, ""),
+                              files=tuple(
+                                  FileDigest(name=_get(f, "name", f"{where}files[{i}].", str),
+                                             size=_get(f, "size", f"{where}files[{i}].", int),
+                                             sha256=_get(f, "sha256", f"{where}files[{i}].", str))
+                                  for i, f in enumerate(_get(raw, "files", where, list, []))))
 
 
 def spec_to_dict(spec: TrainSpec) -> dict[str, Any]:
@@ -412,6 +483,8 @@ def spec_to_dict(spec: TrainSpec) -> dict[str, Any]:
         "checkpoint_dir": spec.checkpoint_dir, "checkpoint_every": spec.checkpoint_every, "resume": spec.resume,
         "resume_from": None if spec.resume_from is None else manifest_to_dict(spec.resume_from),
         "warmup": None if spec.warmup is None else list(spec.warmup), "threads": spec.threads,
+        "precision": spec.precision.value, "nccl_links": spec.nccl_links, "checkpoint_keep": spec.checkpoint_keep,
+        "recv_window": spec.recv_window,
     }
 
 
@@ -439,4 +512,52 @@ def spec_from_dict(raw: Any) -> TrainSpec:
         checkpoint_every=_get(raw, "checkpoint_every", "", int, 0), resume=_get(raw, "resume", "", bool, False),
         resume_from=None if resume_from is None else manifest_from_dict(resume_from),
         warmup=None if warmup is None else tuple(int(w) for w in warmup), threads=_get(raw, "threads", "", int, 1),
+        precision=_get(raw, "precision", "", str, Precision.FP32.value),
+        nccl_links=_get(raw, "nccl_links", "", bool, False),
+        checkpoint_keep=_get(raw, "checkpoint_keep", "", int, 3), recv_window=_get(raw, "recv_window", "", int, 2),
     )
+
+
+def launch_ranks(
+    spec: TrainSpec, *, gpus_per_node: Mapping[str, int] | None = None,
+    memory_gib: tuple[float, ...] = (),
+) -> list[dict[str, Any]]:
+    """What every rank of ``spec`` would run, without starting anything (``spiderflow plan --dry-run``).
+
+    One entry per rank: ``rank``, ``cluster``, ``node`` and ``device`` (``cuda:N``; the node is the
+    cluster-local rank divided by the cluster's GPUs per node, 8 when unknown), ``stage``, ``layers``,
+    ``dp_rank`` / ``tp_rank`` coordinates, ``groups`` (the global ranks of its ``tp`` and ``dp`` groups, the
+    ranks it receives activations from and sends them to), ``sharding``, ``recompute``, ``precision`` and
+    ``predicted_memory_gib`` (the plan's per-stage prediction, ``None`` when the plan has none). Raises
+    :class:`PreconditionError` (via :func:`check_runnable`) for a plan the executor would refuse."""
+    check_runnable(spec)
+    plan = spec.plan
+    layout = rank_layout(plan)
+    first = [0] * len(plan.stages)
+    for info in reversed(layout):
+        first[info.stage] = info.rank
+    per_node = dict(gpus_per_node or {})
+    out: list[dict[str, Any]] = []
+    for info in layout:
+        st = plan.stages[info.stage]
+        base = first[info.stage]
+        tp_group = [base + info.replica * st.tp + t for t in range(st.tp)]
+        dp_group = [base + r * st.tp + info.tp_rank for r in range(st.dp)]
+        prev = next_ = []
+        if info.stage > 0:
+            ps = plan.stages[info.stage - 1]
+            prev = sorted({first[info.stage - 1] + r * ps.tp + info.tp_rank % ps.tp for r in range(ps.dp)})
+        if info.stage + 1 < len(plan.stages):
+            ns = plan.stages[info.stage + 1]
+            next_ = sorted(first[info.stage + 1] + r * ns.tp + t for r in range(ns.dp) for t in range(ns.tp)
+                           if t % st.tp == info.tp_rank)
+        g = per_node.get(info.cluster, 8)
+        out.append({
+            "rank": info.rank, "cluster": info.cluster, "node": info.local_rank // g,
+            "device": f"cuda:{info.local_rank % g}", "stage": info.stage,
+            "layers": [st.first_layer, st.last_layer], "dp_rank": info.replica, "tp_rank": info.tp_rank,
+            "groups": {"tp": tp_group, "dp": dp_group, "recv_from": prev, "send_to": next_},
+            "sharding": st.sharding.value, "recompute": st.recompute, "precision": spec.precision.value,
+            "predicted_memory_gib": memory_gib[info.stage] if info.stage < len(memory_gib) else None,
+        })
+    return out

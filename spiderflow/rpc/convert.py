@@ -23,7 +23,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
 
 from spiderflow.catalog import MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Schedule, Sharding, Stage, Topology
+from spiderflow.domain import Cluster, JobSpec, Link, Plan, ReplicaShare, Schedule, Sharding, Stage, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict, model_from_value, topology_from_dict
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
@@ -280,7 +280,8 @@ def schedule_from_proto(
 
 def stage_to_proto(stage: Stage) -> types_pb2.Stage:
     return types_pb2.Stage(cluster=stage.cluster, first_layer=stage.first_layer, last_layer=stage.last_layer,
-                           tp=stage.tp, dp=stage.dp, sharding=stage.sharding.value, recompute=stage.recompute)
+                           tp=stage.tp, dp=stage.dp, sharding=stage.sharding.value, recompute=stage.recompute,
+                           replicas=[types_pb2.ReplicaShare(cluster=r.cluster, dp=r.dp) for r in stage.replicas])
 
 
 def stage_from_proto(msg: types_pb2.Stage, *, field: str = "stage") -> Stage:
@@ -294,7 +295,8 @@ def stage_from_proto(msg: types_pb2.Stage, *, field: str = "stage") -> Stage:
                               msg.sharding) from None
     try:
         return Stage(cluster=msg.cluster, first_layer=msg.first_layer, last_layer=msg.last_layer,
-                     tp=msg.tp or 1, dp=msg.dp or 1, sharding=sharding, recompute=msg.recompute)
+                     tp=msg.tp or 1, dp=msg.dp or 1, sharding=sharding, recompute=msg.recompute,
+                     replicas=tuple(ReplicaShare(cluster=r.cluster, dp=r.dp) for r in msg.replicas))
     except ValidationError as e:
         raise _rebased(e, field, drop_first=True) from None
 

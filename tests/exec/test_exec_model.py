@@ -14,7 +14,15 @@ from exec_harness import reference_losses
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.domain import Plan, Schedule, Stage
 from spiderflow.errors import PreconditionError, ValidationError
-from spiderflow.exec.checkpoint import latest_checkpoint, load_stage, save_shard, write_manifest_file
+from spiderflow.exec.checkpoint import (
+    latest_checkpoint,
+    load_dcp,
+    resume_point,
+    retain,
+    save_dcp,
+    verify,
+    write_manifest_file,
+)
 from spiderflow.exec.data import SyntheticTokens, TokenFile, micro_batch, open_source
 from spiderflow.exec.model import build_full, build_stage, merge_state_dicts, param_layer, slice_state_dict
 from spiderflow.exec.spec import (
@@ -61,7 +69,7 @@ def test_seed_changes_parameters_and_init_uses_no_global_rng() -> None:
     a = build_full(SMALL, 1, max_seq_len=8).state_dict()
     assert torch.equal(before, torch.random.get_rng_state())
     b = build_full(SMALL, 2, max_seq_len=8).state_dict()
-    assert not torch.equal(a["layers.0.qkv.weight"], b["layers.0.qkv.weight"])
+    assert not torch.equal(a["layers.0.q.weight"], b["layers.0.q.weight"])
     assert torch.equal(a["layers.0.ln1.weight"], torch.ones(32))
 
 
@@ -144,7 +152,10 @@ def _chain(stages: list[torch.nn.Module], x: torch.Tensor, y: torch.Tensor) -> t
 
 
 def test_checkpoint_reslices_model_and_optimizer(tmp_path: Path) -> None:
-    """Train under split A, checkpoint, resume under split B: parameters match an uninterrupted run."""
+    """Train under split A, checkpoint with DCP (one gloo rank), resume under split B: parameters match an
+    uninterrupted run; a damaged newest checkpoint is refused; retention keeps the newest N."""
+    import torch.distributed as dist
+
     src = SyntheticTokens(vocab=SMALL.vocab, seq_len=8, seed=0)
 
     def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,25 +173,40 @@ def test_checkpoint_reslices_model_and_optimizer(tmp_path: Path) -> None:
         stages: list[torch.nn.Module] = [build_stage(SMALL, a, b, 9, max_seq_len=8) for a, b in split]
         return stages, [torch.optim.Adam(st.parameters(), lr=1e-2, foreach=False) for st in stages]
 
-    full, full_opt = make([(0, 3)])
-    train(full, full_opt, range(6))
-    a, a_opt = make([(0, 1), (2, 3)])
-    train(a, a_opt, range(3))
-    shards = tuple(save_shard(tmp_path, 3, st, o) for st, o in zip(a, a_opt, strict=True))  # type: ignore[arg-type]
-    manifest = CheckpointManifest(job_id="j", step=3, model=SMALL, shards=shards)
-    write_manifest_file(manifest, tmp_path)
-    loaded = latest_checkpoint(tmp_path)
-    assert loaded == manifest
-    b, b_opt = make([(0, 0), (1, 2), (3, 3)])
-    for st, o in zip(b, b_opt, strict=True):
-        load_stage(loaded, st, o, SMALL)  # type: ignore[arg-type]
-    train(b, b_opt, range(3, 6))
-    ref = full[0].state_dict()
-    got = merge_state_dicts(st.state_dict() for st in b)
-    for k, v in ref.items():
-        assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-7), k  # type: ignore[arg-type]
-    with pytest.raises(ValidationError, match=r"checkpoint\.model"):
-        load_stage(loaded, build_stage(MODEL, 0, 0, 0), b_opt[0], MODEL)
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=1), Stage(cluster="a", first_layer=2,
+                                                                               last_layer=3)), micro_batches=1)
+    spec = TrainSpec(job_id="j", model=SMALL, plan=plan, seq_len=8, global_batch=4, steps=6,
+                     checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        full, full_opt = make([(0, 3)])
+        train(full, full_opt, range(6))
+        a, a_opt = make([(0, 1), (2, 3)])
+        for step in (1, 2, 3):
+            train(a, a_opt, range(step - 1, step))
+            write_manifest_file(save_dcp(spec, step, a, a_opt, [[(0, 1)], [(2, 3)]]), tmp_path)
+        assert retain(str(tmp_path), 2) == [1]
+        loaded = latest_checkpoint(str(tmp_path))
+        assert loaded is not None and loaded.step == 3 and verify(loaded) is None
+        assert [(s.first_layer, s.last_layer) for s in loaded.shards] == [(0, 1), (2, 3)]
+        b, b_opt = make([(0, 0), (1, 2), (3, 3)])
+        load_dcp(loaded, b, b_opt, SMALL)
+        train(b, b_opt, range(3, 6))
+        ref = full[0].state_dict()
+        got = merge_state_dicts(st.state_dict() for st in b)
+        for k, v in ref.items():
+            assert torch.allclose(got[k], v, rtol=1e-5, atol=1e-7), k  # type: ignore[arg-type]
+        with pytest.raises(ValidationError, match=r"checkpoint\.model"):
+            load_dcp(loaded, [build_stage(MODEL, 0, 0, 0)], [b_opt[0]], MODEL)
+        # Truncate a shard of step 3: refused, step 2 is the resume point.
+        shard = tmp_path / "step-00000003" / next(f.name for f in loaded.files if f.name.endswith(".distcp"))
+        shard.write_bytes(shard.read_bytes()[:-7])
+        assert "bytes" in (verify(loaded) or "")
+        fallback = resume_point(TrainSpec(job_id="j", model=SMALL, plan=plan, seq_len=8, global_batch=4,
+                                          steps=6, resume_from=loaded))
+        assert fallback is not None and fallback.step == 2
+    finally:
+        dist.destroy_process_group()
 
 
 def test_manifest_must_cover_every_layer() -> None:

@@ -99,11 +99,11 @@ def test_custom_warmup_runs_and_matches(launcher: Launcher, reference: list[floa
     _assert_close(_losses(launcher.run_forked(spec)), reference)
 
 
-def test_tensor_parallel_plan_is_rejected_by_the_worker(launcher: Launcher) -> None:
-    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=5, tp=2),), micro_batches=M)
+def test_tensor_parallel_degree_must_divide_the_heads(launcher: Launcher) -> None:
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=5, tp=3),), micro_batches=M)
     spec = TrainSpec(job_id="t", model=MODEL, plan=plan, seq_len=SEQ, global_batch=BATCH, steps=1)
     with pytest.raises(AssertionError, match="exited 2"):
-        launcher.run(spec, 2)
+        launcher.run(spec, 3)
     with pytest.raises(PreconditionError, match="tensor parallelism"):
         check_runnable(spec)
 

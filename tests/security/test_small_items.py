@@ -19,24 +19,37 @@ def test_workers_get_none_of_the_agents_secrets() -> None:
     env = worker_environment(agent_env, OMP_NUM_THREADS="1")
     assert env == {"PATH": "/usr/bin", "HOME": "/root", "OMP_NUM_THREADS": "1"}
     assert not SECRET_VARIABLES & env.keys()
-    # The executor starts its workers with this environment (and nothing else copied from os.environ).
-    source = (Path(__file__).resolve().parents[2] / "agent" / "executor.py").read_text()
-    assert "worker_environment(os.environ" in source and "dict(os.environ" not in source
+    # Every launcher starts its workers with this environment (agent.launchers.base.worker_env).
+    from agent.launchers.base import worker_env
 
-
-def _full_disk(path: Path) -> None:
-    path.write_bytes(b"half a checkpoint")
-    raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in agent_env.items():
+            mp.setenv(k, v)
+        launched = worker_env("127.0.0.1", {"SPIDERFLOW_RANK_OFFSET": "0"})
+    assert not SECRET_VARIABLES & launched.keys() and "ETCDCTL_PASSWORD" not in launched
+    assert launched["SPIDERFLOW_RANK_OFFSET"] == "0" and launched["PATH"] == "/usr/bin"
 
 
 def test_a_full_disk_leaves_no_tmp_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from spiderflow.exec.checkpoint import _atomic_write_bytes
+    from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-    target = tmp_path / "ckpt" / "shard.pt"
+    from spiderflow.catalog import model_preset
+    from spiderflow.exec.checkpoint import write_manifest_file
+    from spiderflow.exec.spec import CheckpointManifest, ShardInfo
+
+    def no_space(self: object, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LocalFileSystem, "mv", no_space)
+    manifest = CheckpointManifest(job_id="j", step=3, model=model_preset("gpt-tiny"), root=str(tmp_path / "ckpt"),
+                                  shards=(ShardInfo(first_layer=0, last_layer=model_preset("gpt-tiny").layers - 1,
+                                                    path="x"),))
+    (tmp_path / "ckpt" / "step-00000003").mkdir(parents=True)
     with pytest.raises(OSError) as err:
-        _atomic_write_bytes(target, _full_disk)
+        write_manifest_file(manifest, tmp_path / "ckpt")
     assert err.value.errno == errno.ENOSPC
-    assert list(tmp_path.rglob("*")) == [tmp_path / "ckpt"]  # no shard, no .tmp
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == []  # no manifest, no .tmp
+    monkeypatch.undo()
 
     def full(self: Path, data: str, *args: object, **kwargs: object) -> int:
         Path.write_bytes(self, data[:3].encode())

@@ -7,6 +7,12 @@ Prints one JSON object with ``--json`` (``policy``, ``status``, ``planning_secon
 — ``trials``/``evaluations``/``population`` for ``genetic``, ``bound_s``/``gap``/``hint_step_s`` for ``ilp``),
 else a table. An unschedulable
 job ends with a one-line reason naming the binding constraint and exit code 1; bad arguments exit 2.
+
+``--dry-run`` also builds every worker's launch spec for the plan without starting anything and adds a
+``ranks`` list (one entry per rank: cluster, node, device, stage, tp/dp coordinates, process groups,
+precision, predicted memory; :func:`spiderflow.exec.spec.launch_ranks`), or refuses with the reason the
+executor would give (exit 1). ``--plan PLAN.json`` checks a saved plan (a ``plan --json`` document or a
+worker spec's ``plan`` object) instead of placing the job.
 """
 
 from __future__ import annotations
@@ -110,17 +116,65 @@ def _table(doc: dict[str, Any]) -> None:
     )
 
 
+def _dry_run(doc: dict[str, Any], plan: Plan, job: JobSpec, topo: Topology | None) -> dict[str, Any]:
+    """``doc`` plus the ``ranks`` the executor would start; :class:`CliError` (exit 1) if it would refuse."""
+    from spiderflow.errors import SpiderFlowError
+    from spiderflow.exec.spec import TrainSpec, launch_ranks, plan_to_dict
+
+    try:
+        spec = TrainSpec(job_id=job.id, model=job.model, plan=plan, seq_len=job.seq_len,
+                         global_batch=job.global_batch, steps=max(1, job.steps), precision=job.precision)
+        per_node = {c.name: c.gpus_per_node for c in topo.clusters} if topo is not None else None
+        ranks = launch_ranks(spec, gpus_per_node=per_node, memory_gib=tuple(plan.memory_gib_per_gpu))
+    except SpiderFlowError as e:
+        raise CliError(f"the executor refuses this plan: {e}", EXIT_FAILED) from None
+    return {**doc, "plan": plan_to_dict(plan), "world_size": len(ranks), "ranks": ranks}
+
+
+def _load_plan(path: Path) -> Plan:
+    import json
+
+    from spiderflow.errors import ValidationError
+    from spiderflow.exec.spec import plan_from_dict
+
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CliError(f"--plan: cannot read {path}: {e}", EXIT_USAGE) from None
+    if isinstance(raw, dict) and isinstance(raw.get("plan"), dict):
+        raw = raw["plan"]
+    try:
+        plan = plan_from_dict(raw, where="plan.")
+    except ValidationError as e:
+        raise CliError(f"--plan: {e}", EXIT_USAGE) from None
+    mem = raw.get("memory_gib_per_gpu") if isinstance(raw, dict) else None
+    if isinstance(mem, list) and all(isinstance(x, (int, float)) for x in mem):
+        plan = Plan(stages=plan.stages, micro_batches=plan.micro_batches, schedule=plan.schedule,
+                    step_time_s=plan.step_time_s, memory_gib_per_gpu=tuple(float(x) for x in mem),
+                    extras=plan.extras)
+    return plan
+
+
 def _plan(args: argparse.Namespace) -> int:
     from spiderflow.runtime import configure_logging
 
     configure_logging(level="warning")
     if args.time_limit is not None and not args.time_limit > 0:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
-    topo: Topology = resolve_topology(args.topology)
     job = JobSpec(
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
         seq_len=args.seq_len, gpus=parse_gpus(args.gpus), precision=args.precision,
     )
+    if args.plan is not None:
+        if not args.dry_run:
+            raise CliError("--plan: only with --dry-run", EXIT_USAGE)
+        saved = _load_plan(args.plan)
+        topo_opt = resolve_topology(args.topology) if args.topology else None
+        print_json(_dry_run({"policy": None, "status": "saved"}, saved, job, topo_opt))
+        return 0
+    if not args.topology:
+        raise CliError("--topology: required (unless --plan is given)", EXIT_USAGE)
+    topo: Topology = resolve_topology(args.topology)
     if args.profile is not None:
         from spiderflow.profile import apply_profile, load_profile
 
@@ -149,6 +203,9 @@ def _plan(args: argparse.Namespace) -> int:
     assert res.plan is not None
     if render is not None:
         render(res.plan, topo, job, Path(args.gantt))
+    if args.dry_run:
+        print_json(_dry_run(doc, res.plan, job, topo))
+        return 0
     if args.json:
         print_json(doc)
     else:
@@ -158,7 +215,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plan", help="place one job on a topology with a placement policy")
-    p.add_argument("--topology", required=True, help="topology file (JSON or YAML) or preset name (e.g. aws-10-dtfm)")
+    p.add_argument("--topology", default=None,
+                   help="topology file (JSON or YAML) or preset name (e.g. aws-10-dtfm); required unless --plan")
     p.add_argument("--model", required=True, help="model preset name (e.g. gpt3-6.7b)")
     p.add_argument("--gpus", required=True, help="GPUs: N (exactly) or MIN:MAX")
     p.add_argument("--policy", default="spinsearch", help="placement policy (default: spinsearch)")
@@ -176,5 +234,10 @@ def register(sub: Any) -> None:
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart of the pipeline to FILE")
     p.add_argument("--profile", type=Path, default=None,
                    help="hardware profile (docs/profiles.md): measured rates and bandwidths replace the catalog's")
+    p.add_argument("--dry-run", action="store_true",
+                   help="also build every rank's launch spec and print the plan with a 'ranks' list (JSON), "
+                        "or the reason the executor refuses the plan; starts nothing")
+    p.add_argument("--plan", type=Path, default=None, help="with --dry-run: check this saved plan JSON instead "
+                   "of placing the job")
     add_json_flag(p)
     p.set_defaults(func=_plan)

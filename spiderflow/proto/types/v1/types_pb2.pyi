@@ -176,7 +176,7 @@ class JobSpec(_message.Message):
     def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ...) -> None: ...
 
 class Stage(_message.Message):
-    __slots__ = ("cluster", "first_layer", "last_layer", "tp", "dp", "sharding", "recompute")
+    __slots__ = ("cluster", "first_layer", "last_layer", "tp", "dp", "sharding", "recompute", "replicas")
     CLUSTER_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
     LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +184,7 @@ class Stage(_message.Message):
     DP_FIELD_NUMBER: _ClassVar[int]
     SHARDING_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     first_layer: int
     last_layer: int
@@ -191,7 +192,16 @@ class Stage(_message.Message):
     dp: int
     sharding: str
     recompute: bool
-    def __init__(self, cluster: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., sharding: _Optional[str] = ..., recompute: _Optional[bool] = ...) -> None: ...
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaShare]
+    def __init__(self, cluster: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., tp: _Optional[int] = ..., dp: _Optional[int] = ..., sharding: _Optional[str] = ..., recompute: _Optional[bool] = ..., replicas: _Optional[_Iterable[_Union[ReplicaShare, _Mapping]]] = ...) -> None: ...
+
+class ReplicaShare(_message.Message):
+    __slots__ = ("cluster", "dp")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DP_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    dp: int
+    def __init__(self, cluster: _Optional[str] = ..., dp: _Optional[int] = ...) -> None: ...
 
 class Predictions(_message.Message):
     __slots__ = ("step_time_s", "throughput_tokens_per_s", "memory_gib_per_gpu", "usd_per_step", "extras")

@@ -1,0 +1,49 @@
+"""Every plan the planner makes for the bundled models, on the bundled presets and generated topologies,
+is one the executor runs (``spiderflow plan --dry-run``: nothing refused for tp, dp, FSDP, recomputation
+or cross-cluster dp), with one launch entry per GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from spiderflow.catalog import MODEL_PRESETS
+from spiderflow.cli.main import main
+from spiderflow.formats import topology_to_dict
+from spiderflow.presets import PRESETS
+from spiderflow.topogen import generate_topology
+
+GPUS = {"gpt-tiny": "1:8", "gpt3-1.3b": "8", "gpt3-2.7b": "8:16", "gpt3-6.7b": "32", "gpt3-13b": "64",
+        "llama3-8b": "64", "llama3-70b": "128"}
+
+
+@pytest.fixture(scope="module")
+def topologies(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    out = list(PRESETS)
+    for kind, seed in (("geo", 1), ("hub", 2)):
+        path = Path(tmp_path_factory.mktemp("topo")) / f"{kind}.json"
+        path.write_text(json.dumps(topology_to_dict(generate_topology(12, seed, kind))))  # type: ignore[arg-type]
+        out.append(str(path))
+    return out
+
+
+def test_every_plan_of_every_bundled_model_is_runnable(
+    topologies: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert set(GPUS) == set(MODEL_PRESETS)
+    planned = 0
+    for topo in topologies:
+        for model, gpus in GPUS.items():
+            code = main(["plan", "--topology", topo, "--model", model, "--gpus", gpus, "--dry-run", "--json"])
+            cap = capsys.readouterr()
+            assert "executor refuses" not in cap.err, f"{model} on {topo}: {cap.err}"
+            if code != 0:  # unschedulable on this topology (not enough free GPUs or memory)
+                assert code == 1 and cap.err, (model, topo)
+                continue
+            doc = json.loads(cap.out)
+            assert doc["world_size"] == len(doc["ranks"]) == doc["gpus"], (model, topo)
+            assert {r["precision"] for r in doc["ranks"]} == {"bf16"}
+            planned += 1
+    assert planned >= len(GPUS) * len(topologies) // 2
