@@ -187,6 +187,10 @@ class ModelSpec:
         if not isinstance(self.max_positions, int) or isinstance(self.max_positions, bool) \
                 or self.max_positions < 0:
             raise ValidationError("model.max_positions", "must be an integer ≥ 0", self.max_positions)
+        for key in ("weights", "save_to"):
+            if getattr(self, key) and self.family not in (ModelFamily.LLAMA, ModelFamily.GPT2, ModelFamily.NEOX):
+                raise ValidationError(f"model.{key}", "Hugging Face weights need the llama, gpt2 or neox family",
+                                      getattr(self, key))
         if self.family is ModelFamily.CUSTOM:
             if not self.entry_point or ":" not in self.entry_point:
                 raise ValidationError("model.entry_point", "must be 'package.module:function'", self.entry_point)
