@@ -245,7 +245,8 @@ def _open_tokens(path: Path, dtype: str) -> npt.NDArray[np.integer]:
             raise ValidationError("data.path", f"cannot read: {e}", str(path)) from None
         if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
             raise ValidationError("data.path", "must hold a 1-D integer array", f"{path}: {tokens.dtype}{tokens.shape}")
-        return tokens
+        out: npt.NDArray[np.integer] = tokens
+        return out
     return np.memmap(path, dtype=np.dtype(dtype), mode="r")
 
 

@@ -23,11 +23,9 @@ Name mapping (ours → Hugging Face), ``i`` the global layer:
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,129 +34,31 @@ from safetensors.torch import save_file
 
 from spiderflow.catalog import ModelFamily, ModelSpec
 from spiderflow.errors import ValidationError
+from spiderflow.exec.hfnames import Src, edge_map, hf_names, layer_map, tied_source
 from spiderflow.exec.model import StageModule
+from spiderflow.exec.preflight import weight_files
 from spiderflow.hfconfig import hf_config_document
 
 __all__ = [
     "export_stage_weights",
-    "hf_names",
     "load_stage_weights",
-    "weight_files",
     "write_export_index",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
 
 
-@dataclass(frozen=True, slots=True)
-class _Src:
-    """Our tensor is ``part`` of Hugging Face tensor ``name``: ``"all"``, ``"t"`` (transposed), ``"c_attn:k"``
-    (block ``k`` of a GPT-2 fused Conv1D), ``"neox:k"`` (slot ``k`` of NeoX's per-head interleaving)."""
-
-    name: str
-    part: str = "all"
-
-
-def weight_files(weights: str, *, field: str = "model.weights") -> list[Path]:
-    """The safetensors files ``weights`` names (a file, a directory's ``*.safetensors``, or a glob)."""
-    p = Path(weights)
-    if p.is_dir():
-        files = sorted(p.glob("*.safetensors"))
-    elif p.is_file():
-        files = [p]
-    else:
-        files = sorted(Path(f) for f in glob.glob(weights))
-    if not files:
-        raise ValidationError(field, "names no safetensors file", weights)
-    for f in files:
-        if not os.access(f, os.R_OK):
-            raise ValidationError(field, "is not readable", str(f))
-    return files
-
-
-def _layer_map(model: ModelSpec, i: int) -> dict[str, _Src]:
-    fam = model.family
-    if fam is ModelFamily.LLAMA:
-        p = f"model.layers.{i}."
-        out = {"attn_norm.weight": _Src(p + "input_layernorm.weight"),
-               "mlp_norm.weight": _Src(p + "post_attention_layernorm.weight"),
-               "o.weight": _Src(p + "self_attn.o_proj.weight"), "w1.weight": _Src(p + "mlp.gate_proj.weight"),
-               "w3.weight": _Src(p + "mlp.up_proj.weight"), "w2.weight": _Src(p + "mlp.down_proj.weight")}
-        for x in "qkv":
-            out[f"{x}.weight"] = _Src(f"{p}self_attn.{x}_proj.weight")
-            if model.qkv_bias:
-                out[f"{x}.bias"] = _Src(f"{p}self_attn.{x}_proj.bias")
-        return out
-    if fam is ModelFamily.GPT2:
-        p = f"transformer.h.{i}."
-        out = {"ln1.weight": _Src(p + "ln_1.weight"), "ln1.bias": _Src(p + "ln_1.bias"),
-               "ln2.weight": _Src(p + "ln_2.weight"), "ln2.bias": _Src(p + "ln_2.bias"),
-               "o.weight": _Src(p + "attn.c_proj.weight", "t"), "o.bias": _Src(p + "attn.c_proj.bias"),
-               "fc1.weight": _Src(p + "mlp.c_fc.weight", "t"), "fc1.bias": _Src(p + "mlp.c_fc.bias"),
-               "fc2.weight": _Src(p + "mlp.c_proj.weight", "t"), "fc2.bias": _Src(p + "mlp.c_proj.bias")}
-        for k, x in enumerate("qkv"):
-            out[f"{x}.weight"] = _Src(p + "attn.c_attn.weight", f"c_attn:{k}")
-            out[f"{x}.bias"] = _Src(p + "attn.c_attn.bias", f"c_attn:{k}")
-        return out
-    if fam is ModelFamily.NEOX:
-        p = f"gpt_neox.layers.{i}."
-        out = {"ln1.weight": _Src(p + "input_layernorm.weight"), "ln1.bias": _Src(p + "input_layernorm.bias"),
-               "ln2.weight": _Src(p + "post_attention_layernorm.weight"),
-               "ln2.bias": _Src(p + "post_attention_layernorm.bias"),
-               "o.weight": _Src(p + "attention.dense.weight"), "o.bias": _Src(p + "attention.dense.bias"),
-               "fc1.weight": _Src(p + "mlp.dense_h_to_4h.weight"), "fc1.bias": _Src(p + "mlp.dense_h_to_4h.bias"),
-               "fc2.weight": _Src(p + "mlp.dense_4h_to_h.weight"), "fc2.bias": _Src(p + "mlp.dense_4h_to_h.bias")}
-        for k, x in enumerate("qkv"):
-            out[f"{x}.weight"] = _Src(p + "attention.query_key_value.weight", f"neox:{k}")
-            out[f"{x}.bias"] = _Src(p + "attention.query_key_value.bias", f"neox:{k}")
-        return out
-    raise ValidationError("model.family", "has no Hugging Face weight layout", fam.value)
-
-
-def _edge_map(model: ModelSpec) -> dict[str, _Src]:
-    fam = model.family
-    if fam is ModelFamily.LLAMA:
-        return {"embed.tok.weight": _Src("model.embed_tokens.weight"), "head.norm.weight": _Src("model.norm.weight"),
-                "head.out.weight": _Src("lm_head.weight")}
-    if fam is ModelFamily.GPT2:
-        return {"embed.tok.weight": _Src("transformer.wte.weight"), "embed.pos.weight": _Src("transformer.wpe.weight"),
-                "head.ln_f.weight": _Src("transformer.ln_f.weight"), "head.ln_f.bias": _Src("transformer.ln_f.bias"),
-                "head.out.weight": _Src("lm_head.weight")}
-    if fam is ModelFamily.NEOX:
-        return {"embed.tok.weight": _Src("gpt_neox.embed_in.weight"),
-                "head.ln_f.weight": _Src("gpt_neox.final_layer_norm.weight"),
-                "head.ln_f.bias": _Src("gpt_neox.final_layer_norm.bias"), "head.out.weight": _Src("embed_out.weight")}
-    raise ValidationError("model.family", "has no Hugging Face weight layout", fam.value)
-
-
-def _tied_source(model: ModelSpec) -> str:
-    return {ModelFamily.LLAMA: "model.embed_tokens.weight", ModelFamily.GPT2: "transformer.wte.weight",
-            ModelFamily.NEOX: "gpt_neox.embed_in.weight"}[model.family]
-
-
-def _stage_map(module: StageModule) -> dict[str, _Src]:
+def _stage_map(module: StageModule) -> dict[str, Src]:
     spec = module.spec
-    out: dict[str, _Src] = {}
-    edges = _edge_map(spec)
+    out: dict[str, Src] = {}
+    edges = edge_map(spec)
     for name in module.state_dict():
         if name.startswith("layers."):
             _, i, leaf = name.split(".", 2)
-            out[name] = _layer_map(spec, int(i))[leaf]
+            out[name] = layer_map(spec, int(i))[leaf]
         else:
             out[name] = edges[name]
     return out
-
-
-def hf_names(model: ModelSpec, first: int, last: int) -> list[str]:
-    """The Hugging Face tensor names a stage ``[first, last]`` writes (sorted, each once)."""
-    names: set[str] = set()
-    for i in range(first, last + 1):
-        names.update(s.name for s in _layer_map(model, i).values())
-    edges = _edge_map(model)
-    for k, src in edges.items():
-        if (k.startswith("embed.") and first == 0) or (k.startswith("head.") and last == model.layers - 1):
-            names.add(src.name)
-    return sorted(names)
 
 
 class _Reader:
@@ -218,7 +118,7 @@ def load_stage_weights(module: StageModule, weights: str, *, field: str = "model
         for ours, src in _stage_map(module).items():
             name = src.name
             if name not in reader and ours == "head.out.weight" and spec.tie_embeddings:
-                name = _tied_source(spec)
+                name = tied_source(spec)
             if name not in reader:
                 raise ValidationError(field, f"has no tensor {name} (for {ours})", weights)
             t = _take(reader.get(name), src.part, spec)

@@ -394,7 +394,7 @@ class StageModule(nn.Module):
         if self.head is None:
             return x
         if targets is None:
-            logits: torch.Tensor = self.head.logits(x)
+            logits: torch.Tensor = self.head.logits(x)  # type: ignore[operator]
             return logits
         loss: torch.Tensor = self.head(x, targets)
         return loss
