@@ -21,7 +21,7 @@ from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_fl
 from spiderflow.jobs import JobState
 from spiderflow.sdk import Client, Job
 
-__all__ = ["add_data_and_optimizer_options", "parse_gpus", "register"]
+__all__ = ["add_data_and_optimizer_options", "data_and_optimizer", "parse_gpus", "prepare_data", "register"]
 
 _STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan", "PLACED": "blue",
           "PENDING": "white", "RESCHEDULING": "magenta"}
@@ -61,6 +61,14 @@ def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
         model: dict[str, Any] = {"hf_config": args.model} if args.model.endswith(".json") else {"name": args.model}
         model.update({k: v for k, v in (("weights", args.weights), ("save_to", args.save_to)) if v})
         job["model"] = model
+    job.update(data_and_optimizer(args))
+    return job
+
+
+def data_and_optimizer(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``data`` and ``optimizer`` objects the options of :func:`add_data_and_optimizer_options` give
+    (keys absent when no option of the group is set)."""
+    job: dict[str, Any] = {}
     if args.data:
         corpus = args.tokenizer is not None
         data: dict[str, Any] = {"kind": "corpus" if corpus else "tokens", "path": args.data}
@@ -75,6 +83,20 @@ def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if optimizer:
         job["optimizer"] = optimizer
     return job
+
+
+def prepare_data(job: dict[str, Any]) -> None:
+    """Tokenize a job's corpus here, with a progress bar, into the cache the agents read (a no-op for other
+    data and for a corpus already cached)."""
+    data = job.get("data")
+    if isinstance(data, dict) and data.get("kind") == "corpus":
+        from spiderflow.domain import DataSpec
+        from spiderflow.exec.data import prepare_corpus
+        from spiderflow.formats import data_from_value
+
+        spec: DataSpec = data_from_value(data)
+        shards = prepare_corpus(spec, progress=True)
+        console.print(f"corpus tokenized: {len(shards)} shard(s) in {shards[0].parent}")
 
 
 def _betas(value: str) -> list[float]:
@@ -117,6 +139,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.file and args.model:
         raise CliError("give either a job FILE or --model, not both", EXIT_USAGE)
     job_input: Any = args.file if args.file else _job_from_args(args)
+    if isinstance(job_input, dict):
+        prepare_data(job_input)
     with _client(args) as sf:
         job = sf.submit(job_input, request_id=args.request_id, policy=args.policy)
         if args.json and not args.watch:
