@@ -299,6 +299,8 @@ def model_to_value(model: ModelSpec) -> str | dict[str, Any]:
             if f.name == "measured" and v is not None:
                 v = dataclasses.asdict(v)
             out[f.name] = v.value if f.name == "family" else v
+    if out.get("name") == "custom":  # the name an unnamed inline model gets back
+        out.pop("name")
     if out.get("kv_heads") == model.heads:
         out.pop("kv_heads")
     if model.family.value != "llama" and out.get("ffn_hidden") == 4 * model.hidden:

@@ -21,7 +21,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
 
-from spiderflow.catalog import ModelSpec
+from spiderflow.catalog import MODEL_PRESETS, ModelSpec
 from spiderflow.domain import Cluster, DataSpec, JobSpec, Link, OptimizerSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict, model_from_value, model_to_value, topology_from_dict
@@ -211,6 +211,12 @@ def model_spec_to_proto(model: ModelSpec) -> types_pb2.ModelSpec:
 
 
 def model_spec_from_proto(msg: types_pb2.ModelSpec, *, field: str = "model") -> ModelSpec:
+    """The model a ``ModelSpec`` message names: a preset when the name and sizes are a preset's (the message
+    carries no family fields), else an inline ``gpt`` model."""
+    preset = MODEL_PRESETS.get(msg.name)
+    if preset is not None and (preset.layers, preset.hidden, preset.heads, preset.vocab) == (
+            msg.layers, msg.hidden, msg.heads, msg.vocab):
+        return preset
     raw: dict[str, Any] = {"layers": msg.layers, "hidden": msg.hidden, "heads": msg.heads, "vocab": msg.vocab}
     if msg.name:
         raw["name"] = msg.name
