@@ -70,6 +70,7 @@ from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandl
 from agent.launchers.local import LocalLauncher
 from spiderflow.domain import JobSpec, Plan
 from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.exec.preflight import preflight
 from spiderflow.exec.spec import (
     CheckpointManifest,
     RankInfo,
@@ -412,11 +413,15 @@ class Executor:
         try:
             spec = TrainSpec(
                 job_id=a.job, model=a.spec.model, plan=a.plan, seq_len=a.spec.seq_len,
-                global_batch=a.spec.global_batch, steps=a.spec.steps, threads=1,
+                global_batch=a.spec.global_batch, steps=a.spec.steps, threads=1, data=a.spec.data,
+                optimizer=a.spec.optimizer,
                 checkpoint_dir=info.checkpoint_dir if info.checkpoint_every else None,
                 checkpoint_every=info.checkpoint_every, resume_from=info.resume,
             )
             check_runnable(spec)
+            # The data and weights are opened here, before any worker starts: a bad path or token fails
+            # the job at placement with the field named, never in the middle of training.
+            await asyncio.to_thread(preflight, spec)
         except SpiderFlowError as e:
             await self._report_outcomes(run, {st: f"cannot run the plan: {e}" for st in a.stages}, bound)
             return

@@ -115,9 +115,9 @@ RESERVED_GIB = 0.5
 
 
 def layer_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
-    """Forward FLOPs of one transformer layer: ``24·b·s·h² + 4·b·s²·h``."""
-    h = model.hidden
-    return 24.0 * b * s * h * h + 4.0 * b * s * s * h
+    """Forward FLOPs of one transformer layer: ``2·b·s·P_layer + 4·b·s²·h`` (``24·b·s·h² + 4·b·s²·h`` for
+    the ``gpt`` family's ``12·h²`` parameters; :meth:`~spiderflow.catalog.ModelSpec.layer_fwd_flops`)."""
+    return model.layer_fwd_flops(b, s)
 
 
 def activation_bytes(model: ModelSpec, b: int, s: int, bytes_per_value: int = 2) -> float:
@@ -140,7 +140,7 @@ def stage_params(model: ModelSpec, first: int, last: int) -> float:
     if first == 0:
         p += model.embedding_params
     if last == model.layers - 1:
-        p += model.embedding_params
+        p += model.head_params
     return p
 
 

@@ -52,9 +52,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cluster",
+    "DataKind",
+    "DataSpec",
     "GpuRange",
     "JobSpec",
     "Link",
+    "LrSchedule",
+    "OptimizerSpec",
     "Plan",
     "Precision",
     "ReplicaShare",
@@ -365,10 +369,127 @@ class Precision(StrEnum):
         """Bytes of one activation or gradient value sent between stages in this precision."""
         return 2 if self in (Precision.BF16, Precision.FP16) else 4
 
+class DataKind(StrEnum):
+    """Where a job's tokens come from: ``synthetic`` (a seeded Markov chain, the default), ``tokens`` (token
+    shards ``.bin``/``.npy`` by path, directory or glob) or ``corpus`` (JSONL or text files tokenized once
+    with a local tokenizer file and cached as shards)."""
+
+    SYNTHETIC = "synthetic"
+    TOKENS = "tokens"
+    CORPUS = "corpus"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSpec:
+    """A job's training data.
+
+    ``path``: a file, a directory or a glob (``tokens``: ``.bin``/``.npy`` shards; ``corpus``: ``.jsonl``
+    files, one object per line with the text under ``text_field``, or plain ``.txt`` files, one document per
+    line); ``dtype`` of ``.bin`` shards; ``tokenizer``: a local Hugging Face ``tokenizer.json`` (``corpus``
+    only); ``cache_dir``: where tokenized shards are kept (default: ``.spiderflow-tokens`` next to the
+    first corpus file); ``seed``: the Markov chain (``synthetic``) or the window order. Paths are on the
+    agents' file system; they are checked at submission and at placement, never first during training.
+    ``kind="file"`` is read as ``tokens``.
+    """
+
+    kind: DataKind = DataKind.SYNTHETIC
+    path: str | None = None
+    dtype: str = "uint16"
+    tokenizer: str = ""
+    text_field: str = "text"
+    cache_dir: str = ""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        kind = "tokens" if self.kind == "file" else self.kind
+        try:
+            object.__setattr__(self, "kind", DataKind(kind))
+        except ValueError:
+            raise ValidationError("data.kind", f"must be one of {[k.value for k in DataKind]}", self.kind) from None
+        if self.kind is not DataKind.SYNTHETIC and not self.path:
+            raise ValidationError("data.path", f"is required for {self.kind.value} data", self.path)
+        if self.dtype not in ("uint16", "uint32"):
+            raise ValidationError("data.dtype", "must be uint16 or uint32", self.dtype)
+        if self.kind is DataKind.CORPUS and not self.tokenizer:
+            raise ValidationError("data.tokenizer", "is required for corpus data (a local tokenizer.json)")
+        if self.kind is not DataKind.CORPUS and self.tokenizer:
+            raise ValidationError("data.tokenizer", "is only for corpus data", self.tokenizer)
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ValidationError("data.text_field", "must be a non-empty string", self.text_field)
+        _int("data.seed", self.seed, minimum=0)
+
+
+class LrSchedule(StrEnum):
+    """Learning-rate shape after warm-up: ``constant``, ``cosine`` or ``linear`` decay to
+    ``min_lr_ratio · lr`` at ``decay_steps``."""
+
+    CONSTANT = "constant"
+    COSINE = "cosine"
+    LINEAR = "linear"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerSpec:
+    """AdamW and its learning-rate schedule.
+
+    ``lr`` peak learning rate; ``warmup_steps`` linear warm-up from ``lr / warmup_steps``; ``schedule`` and
+    ``min_lr_ratio`` the decay after warm-up, reaching ``min_lr_ratio · lr`` at ``decay_steps`` (0: the
+    job's step count); ``weight_decay`` decoupled (AdamW); ``betas``, ``eps`` Adam's; ``grad_clip`` the
+    maximum global gradient norm over the whole model (0: no clipping)."""
+
+    lr: float = 1e-3
+    warmup_steps: int = 0
+    schedule: LrSchedule = LrSchedule.CONSTANT
+    min_lr_ratio: float = 0.1
+    decay_steps: int = 0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 0.0
+
+    def __post_init__(self) -> None:
+        _positive("optimizer.lr", self.lr)
+        _int("optimizer.warmup_steps", self.warmup_steps, minimum=0)
+        _int("optimizer.decay_steps", self.decay_steps, minimum=0)
+        try:
+            object.__setattr__(self, "schedule", LrSchedule(self.schedule))
+        except ValueError:
+            raise ValidationError("optimizer.schedule", f"must be one of {[k.value for k in LrSchedule]}",
+                                  self.schedule) from None
+        _positive("optimizer.min_lr_ratio", self.min_lr_ratio, allow_zero=True)
+        if self.min_lr_ratio > 1:
+            raise ValidationError("optimizer.min_lr_ratio", "must be ≤ 1", self.min_lr_ratio)
+        _positive("optimizer.weight_decay", self.weight_decay, allow_zero=True)
+        if not isinstance(self.betas, tuple) or len(self.betas) != 2:
+            raise ValidationError("optimizer.betas", "needs two numbers", self.betas)
+        for i, b in enumerate(self.betas):
+            _positive(f"optimizer.betas[{i}]", b, allow_zero=True)
+            if b >= 1:
+                raise ValidationError(f"optimizer.betas[{i}]", "must be < 1", b)
+        _positive("optimizer.eps", self.eps)
+        _positive("optimizer.grad_clip", self.grad_clip, allow_zero=True)
+
+    def lr_factor(self, step: int, total_steps: int) -> float:
+        """The learning rate of 0-based step ``step`` as a fraction of ``lr``: ``(step + 1) / warmup`` during
+        warm-up, then the schedule from 1 down to ``min_lr_ratio`` over ``[warmup, decay_steps or
+        total_steps]`` (held at the floor afterwards)."""
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.schedule is LrSchedule.CONSTANT:
+            return 1.0
+        end = self.decay_steps or total_steps
+        span = max(1, end - self.warmup_steps)
+        t = min(1.0, (step - self.warmup_steps) / span)
+        shape = 0.5 * (1 + math.cos(math.pi * t)) if self.schedule is LrSchedule.COSINE else 1 - t
+        return self.min_lr_ratio + (1 - self.min_lr_ratio) * shape
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
-    """A training job, as in the trace file format (field names match the proto and the file)."""
+    """A training job, as in the trace file format (field names match the proto and the file).
+
+    ``data`` and ``optimizer`` say what it trains on and how (defaults: synthetic tokens, AdamW at a
+    constant ``1e-3``)."""
 
     id: str
     model: ModelSpec
@@ -381,6 +502,8 @@ class JobSpec:
     priority: int = 0
     tenant: str = "default"
     precision: Precision = Precision.BF16
+    data: DataSpec = field(default_factory=DataSpec)
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
 
     def __post_init__(self) -> None:
         # ids: the grammar of spiderflow.security.ids; a stored job's id is qualified by its own tenant

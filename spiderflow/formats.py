@@ -15,7 +15,14 @@ Trace::
 An optional top-level ``"source"`` string cites where measured figures come from (bundled presets); it
 is informational and not part of the :class:`~spiderflow.domain.Topology`.
 
-``model`` is a preset name or an inline ``{"layers", "hidden", "heads", "vocab"}`` object. Every
+``model`` is a preset name, a Hugging Face ``config.json`` path, or an object (see
+:func:`model_from_value`); ``data`` and ``optimizer`` are optional objects (:func:`data_from_value`,
+:func:`optimizer_from_value`)::
+
+    "data": {"kind": "corpus", "path": "/data/*.jsonl", "tokenizer": "/data/tokenizer.json"},
+    "optimizer": {"lr": 3e-4, "warmup_steps": 100, "schedule": "cosine", "weight_decay": 0.1,
+                  "betas": [0.9, 0.95], "grad_clip": 1.0}
+ Every
 rejection is a :class:`~spiderflow.errors.ValidationError` whose ``field`` is the dotted path of the
 offending value (``clusters[2].gpu``), so callers can print one line that names the field and value.
 Unknown keys are rejected too: a misspelt optional field must not be silently ignored.
@@ -31,13 +38,15 @@ from typing import Any, TypeVar
 
 import yaml
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.catalog import MeasuredCost, ModelSpec, model_preset
+from spiderflow.domain import Cluster, DataSpec, GpuRange, JobSpec, Link, OptimizerSpec, Topology
 from spiderflow.errors import ValidationError
 
 T = TypeVar("T")
 
 __all__ = [
+    "data_from_value",
+    "data_to_dict",
     "in_file",
     "job_from_dict",
     "job_to_dict",
@@ -45,6 +54,9 @@ __all__ = [
     "load_topology",
     "load_trace",
     "model_from_value",
+    "model_to_value",
+    "optimizer_from_value",
+    "optimizer_to_dict",
     "topology_from_dict",
     "topology_to_dict",
     "trace_from_dict",
@@ -60,9 +72,22 @@ _CLUSTER_FIELDS = {
 _LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float, "directed": bool}
 _JOB_FIELDS = {
     "id": str, "model": object, "global_batch": int, "micro_batch": int, "seq_len": int, "steps": int,
-    "gpus": dict, "arrival_s": float, "priority": int, "tenant": str, "precision": str,
+    "gpus": dict, "arrival_s": float, "priority": int, "tenant": str, "precision": str, "data": dict,
+    "optimizer": dict,
 }
-_MODEL_FIELDS = {"name": str, "layers": int, "hidden": int, "heads": int, "vocab": int}
+_MODEL_FIELDS = {
+    "name": str, "layers": int, "hidden": int, "heads": int, "vocab": int, "family": str, "kv_heads": int,
+    "ffn_hidden": int, "qkv_bias": bool, "tie_embeddings": bool, "rope_theta": float, "rotary_pct": float,
+    "norm_eps": float, "max_positions": int, "parallel_residual": bool, "hf_config": str, "weights": str,
+    "save_to": str, "entry_point": str, "measured": dict,
+}
+_MEASURED_FIELDS = {"embed_params": int, "layer_params": int, "head_params": int, "layer_flops_per_token": float,
+                    "seq_len": int}
+_PATH_KEYS = ("weights", "save_to")
+_DATA_FIELDS = {"kind": str, "path": str, "dtype": str, "tokenizer": str, "text_field": str, "cache_dir": str,
+                "seed": int}
+_OPTIMIZER_FIELDS = {"lr": float, "warmup_steps": int, "schedule": str, "min_lr_ratio": float,
+                     "decay_steps": int, "weight_decay": float, "betas": list, "eps": float, "grad_clip": float}
 
 
 def load_document(path: str | Path) -> Any:
@@ -198,15 +223,133 @@ def topology_to_dict(topo: Topology) -> dict[str, Any]:
 
 
 def model_from_value(value: Any, *, field: str = "model") -> ModelSpec:
-    """A preset name or an inline model object."""
+    """A model from the job format.
+
+    - a preset name (``"llama3-8b"``), or a path to a Hugging Face ``config.json`` (a string ending in
+      ``.json``);
+    - an inline object: ``{"layers", "hidden", "heads", "vocab"}`` plus optional architecture keys
+      (``family``, ``kv_heads``, ``ffn_hidden``, ... — the fields of :class:`~spiderflow.catalog.ModelSpec`);
+    - ``{"hf_config": PATH}`` (read here), optionally with ``weights`` (initial safetensors weights) and
+      ``save_to`` (where trained weights are written);
+    - ``{"name": PRESET, "weights": ..., "save_to": ...}``: a preset with weights;
+    - ``{"family": "custom", "entry_point": "pkg.mod:fn", "layers", "hidden", "vocab", "measured": {...}}``
+      (the CLI and SDK fill ``measured`` by building the model on the meta device).
+    """
     if isinstance(value, str):
+        if value.endswith(".json"):
+            from spiderflow.hfconfig import load_hf_config
+
+            return load_hf_config(value, field=field)
         return model_preset(value, field=field)
-    fields = _fields(field, value, _MODEL_FIELDS, ("layers", "hidden", "heads", "vocab"))
+    fields = _fields(field, value, _MODEL_FIELDS, ())
+    extra = {k: fields.pop(k) for k in _PATH_KEYS if k in fields}
+    if "layers" not in fields and "hf_config" in fields:
+        from spiderflow.hfconfig import load_hf_config
+
+        base = load_hf_config(fields.pop("hf_config"), field=f"{field}.hf_config", name=fields.pop("name", ""))
+        if fields:
+            raise ValidationError(f"{field}.{next(iter(fields))}", "cannot be combined with hf_config", None)
+        return _replace_model(base, extra, field)
+    if "layers" not in fields and "entry_point" not in fields and isinstance(fields.get("name"), str):
+        base = model_preset(fields.pop("name"), field=f"{field}.name")
+        if fields:
+            raise ValidationError(f"{field}.{next(iter(fields))}", "cannot be combined with a preset name", None)
+        return _replace_model(base, extra, field)
+    for key in ("layers", "hidden", "heads", "vocab"):
+        if key not in fields and not (key == "heads" and fields.get("family") == "custom"):
+            raise ValidationError(f"{field}.{key}", "is required")
+    if fields.get("family") == "custom":
+        fields.setdefault("heads", 1)
+    if "measured" in fields:
+        m = _fields(f"{field}.measured", fields["measured"], _MEASURED_FIELDS, tuple(_MEASURED_FIELDS))
+        try:
+            fields["measured"] = MeasuredCost(**m)
+        except ValidationError as e:
+            raise _rebase(e, f"{field}.measured", "x") from None
     fields.setdefault("name", "custom")
     try:
-        return ModelSpec(**fields)
+        return ModelSpec(**fields, **extra)
     except ValidationError as e:
         raise _rebase(e, field, "x") from None
+
+
+def _replace_model(base: ModelSpec, extra: dict[str, Any], field: str) -> ModelSpec:
+    import dataclasses
+
+    try:
+        return dataclasses.replace(base, **extra)
+    except ValidationError as e:
+        raise _rebase(e, field, "x") from None
+
+
+def model_to_value(model: ModelSpec) -> str | dict[str, Any]:
+    """The job-format value of ``model``: its preset name when it is exactly a preset, else the inline
+    object with every field that differs from the default (architecture fully resolved, so readers never
+    need the original ``config.json``)."""
+    from spiderflow.catalog import MODEL_PRESETS
+
+    if MODEL_PRESETS.get(model.name) == model:
+        return model.name
+    import dataclasses
+
+    out: dict[str, Any] = {}
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelSpec)}
+    for f in dataclasses.fields(ModelSpec):
+        v = getattr(model, f.name)
+        if f.name in ("layers", "hidden", "heads", "vocab") or v != defaults[f.name]:
+            if f.name == "measured" and v is not None:
+                v = dataclasses.asdict(v)
+            out[f.name] = v.value if f.name == "family" else v
+    if out.get("name") == "custom":  # the name an unnamed inline model gets back
+        out.pop("name")
+    if out.get("kv_heads") == model.heads:
+        out.pop("kv_heads")
+    if model.family.value != "llama" and out.get("ffn_hidden") == 4 * model.hidden:
+        out.pop("ffn_hidden")
+    return out
+
+
+def data_from_value(raw: Any, *, field: str = "data") -> DataSpec:
+    """A job's ``data`` object (:class:`~spiderflow.domain.DataSpec`)."""
+    fields = _fields(field, raw, _DATA_FIELDS, ())
+    try:
+        return DataSpec(**fields)
+    except ValidationError as e:
+        raise _rebase(e, field, "x") from None
+
+
+def data_to_dict(data: DataSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": data.kind.value}
+    default = DataSpec()
+    for key in ("path", "dtype", "tokenizer", "text_field", "cache_dir", "seed"):
+        v = getattr(data, key)
+        if v != getattr(default, key):
+            out[key] = v
+    return out
+
+
+def optimizer_from_value(raw: Any, *, field: str = "optimizer") -> OptimizerSpec:
+    """A job's ``optimizer`` object (:class:`~spiderflow.domain.OptimizerSpec`)."""
+    fields = _fields(field, raw, _OPTIMIZER_FIELDS, ())
+    if "betas" in fields:
+        betas = fields["betas"]
+        if len(betas) != 2:
+            raise ValidationError(f"{field}.betas", "needs two numbers", betas)
+        fields["betas"] = tuple(_check_type(f"{field}.betas[{i}]", b, float) for i, b in enumerate(betas))
+    try:
+        return OptimizerSpec(**fields)
+    except ValidationError as e:
+        raise _rebase(e, field, "x") from None
+
+
+def optimizer_to_dict(opt: OptimizerSpec) -> dict[str, Any]:
+    default = OptimizerSpec()
+    out: dict[str, Any] = {}
+    for key in _OPTIMIZER_FIELDS:
+        v = getattr(opt, key)
+        if v != getattr(default, key):
+            out[key] = list(v) if key == "betas" else (v.value if key == "schedule" else v)
+    return out
 
 
 def job_from_dict(raw: Any, *, where: str = "") -> JobSpec:
@@ -214,6 +357,10 @@ def job_from_dict(raw: Any, *, where: str = "") -> JobSpec:
     pre = f"{where}." if where else ""
     fields = _fields(where, raw, _JOB_FIELDS, ("id", "model", "global_batch", "gpus"))
     fields["model"] = model_from_value(fields["model"], field=f"{pre}model")
+    if "data" in fields:
+        fields["data"] = data_from_value(fields["data"], field=f"{pre}data")
+    if "optimizer" in fields:
+        fields["optimizer"] = optimizer_from_value(fields["optimizer"], field=f"{pre}optimizer")
     g = _fields(f"{pre}gpus", fields["gpus"], {"min": int, "max": int}, ("min", "max"))
     try:
         fields["gpus"] = GpuRange(**g)
@@ -223,18 +370,17 @@ def job_from_dict(raw: Any, *, where: str = "") -> JobSpec:
 
 
 def job_to_dict(job: JobSpec) -> dict[str, Any]:
-    from spiderflow.catalog import MODEL_PRESETS
-
-    model: Any = job.model.name
-    if MODEL_PRESETS.get(job.model.name) != job.model:
-        model = {"layers": job.model.layers, "hidden": job.model.hidden, "heads": job.model.heads,
-                 "vocab": job.model.vocab}
-    return {
-        "id": job.id, "model": model, "global_batch": job.global_batch, "micro_batch": job.micro_batch,
-        "seq_len": job.seq_len, "steps": job.steps, "gpus": {"min": job.gpus.min, "max": job.gpus.max},
-        "arrival_s": job.arrival_s, "priority": job.priority, "tenant": job.tenant,
-        "precision": job.precision.value,
+    out: dict[str, Any] = {
+        "id": job.id, "model": model_to_value(job.model), "global_batch": job.global_batch,
+        "micro_batch": job.micro_batch, "seq_len": job.seq_len, "steps": job.steps,
+        "gpus": {"min": job.gpus.min, "max": job.gpus.max}, "arrival_s": job.arrival_s, "priority": job.priority,
+        "tenant": job.tenant, "precision": job.precision.value,
     }
+    if job.data != DataSpec():
+        out["data"] = data_to_dict(job.data)
+    if job.optimizer != OptimizerSpec():
+        out["optimizer"] = optimizer_to_dict(job.optimizer)
+    return out
 
 
 def trace_from_dict(raw: Any) -> list[JobSpec]:

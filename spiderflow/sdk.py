@@ -184,11 +184,21 @@ def _event(msg: scheduler_pb2.WatchJobResponse) -> JobEvent:
 
 
 def _spec(job: JobSpec | Mapping[str, Any] | str | Path) -> JobSpec:
+    """A validated job; a model given by entry point (``"pkg.mod:fn"``) is measured here first, and a
+    Hugging Face ``config.json`` is read here, so the scheduler receives the resolved architecture."""
     if isinstance(job, JobSpec):
         return job
     if isinstance(job, str | Path):
-        return in_file(job, _one_job, load_document(job))
-    return job_from_dict(dict(job))
+        return in_file(job, lambda doc: _one_job(_resolved(doc)), load_document(job))
+    return job_from_dict(_resolved(dict(job)))
+
+
+def _resolved(doc: Any) -> Any:
+    from spiderflow.exec.custom import resolve_job_model
+
+    if isinstance(doc, dict) and isinstance(doc.get("jobs"), list):
+        return {**doc, "jobs": [resolve_job_model(j) if isinstance(j, dict) else j for j in doc["jobs"]]}
+    return resolve_job_model(doc) if isinstance(doc, dict) else doc
 
 
 def _one_job(doc: Any) -> JobSpec:

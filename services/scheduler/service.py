@@ -59,6 +59,7 @@ from spiderflow.errors import (
     UnavailableError,
     ValidationError,
 )
+from spiderflow.exec.preflight import check_job_paths
 from spiderflow.jobs import JobRecord, JobState, Progress, Transition
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
@@ -245,6 +246,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                              retry_after_s=wait)
         ids.check_id("request_id", request.request_id)
         spec = convert.job_from_proto(request.job)
+        try:
+            check_job_paths(spec)  # data and weights paths: refused now, not first during training
+        except ValidationError as e:
+            raise ValidationError(f"job.{e.field}", e.reason, e.value) from None
         if tenant not in authz.UNSET_TENANTS and tenant != spec.tenant:
             spec = replace(spec, tenant=tenant)
         if current_principal() is not None and ids.SEP not in spec.id:

@@ -16,12 +16,28 @@ Sources:
   (≈ ``ln branching`` plus the noise term), so the loss falls fast.
 - :class:`TokenFile` — a flat token array from ``.npy`` (any integer dtype) or raw ``.bin`` (``uint16``
   or ``uint32``, memory-mapped). Windows are non-overlapping, visited in a seeded random order per epoch.
+- :class:`TokenShards` — several such files (a directory or a glob, in sorted path order): the windows of
+  all shards form one sequence, visited in a seeded random order per epoch (one shard reads exactly as
+  :class:`TokenFile`).
+- a *corpus* (:func:`prepare_corpus`): ``.jsonl`` (text under a key) or ``.txt`` (one document per line)
+  files tokenized once with a local ``tokenizer.json`` and cached as ``.npy`` shards in a directory named
+  by a digest of the inputs (paths, sizes, modification times, the tokenizer file, the key), written
+  under a temporary name and renamed, so concurrent preparers never expose a partial cache.
+
+:func:`open_data` builds the source of a :class:`~spiderflow.domain.DataSpec`; :func:`check_data_access`
+is the cheap check of the paths (submission), :func:`open_data` the full one (placement: the agent opens
+the source before starting workers, so a bad file fails the job before any step).
 """
 
 from __future__ import annotations
 
 import functools
+import glob
+import hashlib
+import json
 import math
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -29,14 +45,20 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from spiderflow.domain import DataKind, DataSpec
 from spiderflow.errors import ValidationError
 
 __all__ = [
     "SyntheticTokens",
     "TokenFile",
+    "TokenShards",
     "TokenSource",
+    "check_data_access",
     "micro_batch",
+    "open_data",
     "open_source",
+    "prepare_corpus",
+    "resolve_paths",
 ]
 
 
@@ -193,3 +215,192 @@ def open_source(
             raise ValidationError("data.dtype", "must be uint16 or uint32", dtype)
         return TokenFile(path=path, vocab=vocab, seq_len=seq_len, seed=seed, dtype=dtype)  # type: ignore[arg-type]
     raise ValidationError("data.kind", "must be 'synthetic' or 'file'", kind)
+
+
+def resolve_paths(pattern: str, suffixes: tuple[str, ...], *, field: str = "data.path") -> list[Path]:
+    """The readable files ``pattern`` names: a file, a directory (its files ending in ``suffixes``) or a
+    glob; sorted. :class:`ValidationError` naming ``field`` when nothing matches or a file is unreadable."""
+    p = Path(pattern)
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and f.suffix in suffixes)
+    elif p.is_file():
+        files = [p]
+    else:
+        files = sorted(Path(f) for f in glob.glob(pattern) if Path(f).is_file())
+    if not files:
+        raise ValidationError(field, f"matches no {'/'.join(suffixes)} file", pattern)
+    for f in files:
+        if f.suffix not in suffixes:
+            raise ValidationError(field, f"must name {'/'.join(suffixes)} files", str(f))
+        if not os.access(f, os.R_OK):
+            raise ValidationError(field, "is not readable", str(f))
+    return files
+
+
+def _open_tokens(path: Path, dtype: str) -> npt.NDArray[np.integer]:
+    if path.suffix == ".npy":
+        try:
+            tokens = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise ValidationError("data.path", f"cannot read: {e}", str(path)) from None
+        if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValidationError("data.path", "must hold a 1-D integer array", f"{path}: {tokens.dtype}{tokens.shape}")
+        out: npt.NDArray[np.integer] = tokens
+        return out
+    return np.memmap(path, dtype=np.dtype(dtype), mode="r")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenShards:
+    """Token shards (``.npy`` / ``.bin``) read as one sequence of windows (see the module docstring).
+
+    Every shard's tokens are checked against ``vocab`` on open (``ValidationError`` naming ``data.vocab``)."""
+
+    paths: tuple[str, ...]
+    vocab: int
+    seq_len: int
+    seed: int = 0
+    dtype: str = "uint16"
+    _shards: tuple[npt.NDArray[np.integer], ...] = field(init=False, repr=False)
+    _starts: npt.NDArray[np.int64] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ValidationError("data.path", "names no shard", self.paths)
+        shards, counts = [], []
+        for path in self.paths:
+            tokens = _open_tokens(Path(path), self.dtype)
+            if len(tokens) < self.seq_len + 1:
+                continue
+            top, low = int(tokens.max()), int(tokens.min())
+            if top >= self.vocab or low < 0:
+                raise ValidationError("data.vocab", f"{path} holds token {top if low >= 0 else low}, outside "
+                                      f"[0, {self.vocab})", self.vocab)
+            shards.append(tokens)
+            counts.append((len(tokens) - 1) // self.seq_len)
+        if not shards:
+            raise ValidationError("data.path", f"no shard holds seq_len + 1 = {self.seq_len + 1} tokens",
+                                  self.paths[0])
+        object.__setattr__(self, "_shards", tuple(shards))
+        object.__setattr__(self, "_starts", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    @property
+    def windows(self) -> int:
+        return int(self._starts[-1])
+
+    def sample(self, index: int) -> npt.NDArray[np.int64]:
+        epoch, k = divmod(index, self.windows)
+        w = int(_epoch_order(self.seed, epoch, self.windows)[k])
+        shard = int(np.searchsorted(self._starts, w, side="right")) - 1
+        start = (w - int(self._starts[shard])) * self.seq_len
+        return np.asarray(self._shards[shard][start : start + self.seq_len + 1], dtype=np.int64)
+
+
+_CORPUS_SUFFIXES = (".jsonl", ".txt")
+_EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>")
+
+
+def _corpus_inputs(data: DataSpec) -> tuple[list[Path], Path]:
+    assert data.path is not None
+    files = resolve_paths(data.path, _CORPUS_SUFFIXES)
+    tok = Path(data.tokenizer)
+    if not tok.is_file():
+        raise ValidationError("data.tokenizer", "no such file", data.tokenizer)
+    if not os.access(tok, os.R_OK):
+        raise ValidationError("data.tokenizer", "is not readable", data.tokenizer)
+    return files, tok
+
+
+def _documents(path: Path, text_field: str) -> list[str]:
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".txt":
+                docs.append(line.rstrip("\n"))
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValidationError("data.path", f"{path}:{n} is not JSON: {e.msg}", str(path)) from None
+            text = obj.get(text_field) if isinstance(obj, dict) else None
+            if not isinstance(text, str):
+                raise ValidationError("data.text_field", f"{path}:{n} has no string under this key", text_field)
+            docs.append(text)
+    return docs
+
+
+def prepare_corpus(data: DataSpec, *, progress: bool = False) -> list[Path]:
+    """Tokenize ``data``'s corpus with its tokenizer file once and return the cached ``.npy`` shards (one per
+    corpus file; documents joined by the tokenizer's end-of-text token when it has one). A cache that
+    exists is reused without reading the corpus. ``progress`` shows a progress bar on stderr."""
+    from tokenizers import Tokenizer
+
+    files, tok_path = _corpus_inputs(data)
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(tok_path.read_bytes())
+    digest.update(data.text_field.encode())
+    for f in files:
+        st = f.stat()
+        digest.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
+    root = Path(data.cache_dir) if data.cache_dir else files[0].parent / ".spiderflow-tokens"
+    cache = root / digest.hexdigest()
+    if (cache / "DONE").is_file():
+        return sorted(cache.glob("shard-*.npy"))
+    try:
+        tokenizer = Tokenizer.from_file(str(tok_path))
+    except Exception as e:  # the tokenizers library raises its own exception type
+        raise ValidationError("data.tokenizer", f"cannot be loaded: {e}", data.tokenizer) from None
+    eos = next((i for i in (tokenizer.token_to_id(t) for t in _EOS_NAMES) if i is not None), None)
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.uint32
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".tmp-{os.getpid()}-{digest.hexdigest()}"
+        tmp.mkdir(exist_ok=True)
+    except OSError as e:
+        raise ValidationError("data.cache_dir", f"cannot be written: {e}", str(root)) from None
+    from rich.progress import Progress
+
+    total = sum(f.stat().st_size for f in files)
+    with Progress(disable=not progress, transient=False) as bar:
+        task = bar.add_task("tokenizing", total=total)
+        for i, f in enumerate(files):
+            ids: list[int] = []
+            docs = _documents(f, data.text_field)
+            for start in range(0, len(docs), 1024):
+                for enc in tokenizer.encode_batch(docs[start : start + 1024]):
+                    ids.extend(enc.ids)
+                    if eos is not None:
+                        ids.append(eos)
+            np.save(tmp / f"shard-{i:05d}.npy", np.asarray(ids, dtype=dtype))
+            bar.advance(task, f.stat().st_size)
+    (tmp / "DONE").write_text(json.dumps({"files": [str(f) for f in files], "tokenizer": str(tok_path)}))
+    try:
+        os.rename(tmp, cache)
+    except OSError:  # another preparer finished first: its cache is identical
+        shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(cache.glob("shard-*.npy"))
+
+
+def check_data_access(data: DataSpec) -> None:
+    """The cheap submission-time check: the paths exist and are readable (``ValidationError`` naming
+    ``data.path`` / ``data.tokenizer``). Contents are checked by :func:`open_data`."""
+    if data.kind is DataKind.TOKENS:
+        assert data.path is not None
+        resolve_paths(data.path, (".bin", ".npy"))
+    elif data.kind is DataKind.CORPUS:
+        _corpus_inputs(data)
+
+
+def open_data(data: DataSpec, *, vocab: int, seq_len: int, progress: bool = False) -> TokenSource:
+    """The token source of ``data`` (tokenizing a corpus first if its cache does not exist yet)."""
+    if data.kind is DataKind.SYNTHETIC:
+        return SyntheticTokens(vocab=vocab, seq_len=seq_len, seed=data.seed)
+    if data.kind is DataKind.TOKENS:
+        assert data.path is not None
+        paths = resolve_paths(data.path, (".bin", ".npy"))
+    else:
+        paths = prepare_corpus(data, progress=progress)
+    return TokenShards(paths=tuple(str(p) for p in paths), vocab=vocab, seq_len=seq_len, seed=data.seed,
+                       dtype=data.dtype)

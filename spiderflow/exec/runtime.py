@@ -61,8 +61,10 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore, Store, TCPStore  # type: ignore[attr-defined]
 
 from spiderflow.exec import checkpoint as ckpt
-from spiderflow.exec.data import TokenSource, micro_batch, open_source
+from spiderflow.exec import hf
+from spiderflow.exec.data import TokenSource, micro_batch, open_data
 from spiderflow.exec.model import StageModule, build_stage
+from spiderflow.exec.optim import build_optimizer, clip_grad_norm_
 from spiderflow.exec.parallel import (
     FsdpSync,
     Groups,
@@ -231,20 +233,16 @@ class StageRunner:
             if sharded:
                 self.fsdp.append(FsdpSync(sharded))
             self.modules.append(mod)
-        self.opts = [
-            torch.optim.Adam(mod.parameters(), lr=spec.lr, betas=spec.betas, eps=spec.eps, foreach=False)
-            for mod in self.modules
-        ]
+        built = [build_optimizer(mod.parameters(), spec.optim, total_steps=spec.steps) for mod in self.modules]
+        self.opts = [opt for opt, _ in built]
+        self.lr_schedules = [sched for _, sched in built]
         self.params = [p for mod in self.modules for p in mod.parameters()]
         self.dp_group = self.groups.dp_group if self.stage.dp > 1 else None
         self.scaler = LossScaler(spec.precision)
         self.wire = wire_dtype(spec.precision)
         # Without explicit warm-ups the plan's in-flight cap K applies (the orders the timeline simulates).
         self.ops = rank_ops(spec, self.info.stage, self.info.replica)
-        self.source: TokenSource = open_source(
-            spec.data.kind, vocab=spec.model.vocab, seq_len=spec.seq_len, seed=spec.data.seed,
-            path=spec.data.path, dtype=spec.data.dtype,
-        )
+        self.source: TokenSource = open_data(spec.data, vocab=spec.model.vocab, seq_len=spec.seq_len)
         self.shape = (spec.micro_batch_size, spec.seq_len, spec.model.hidden)
         self.timer = _PhaseTimer()
 
@@ -403,7 +401,10 @@ class StageRunner:
         self._sync_grads()
         timer.mark("grad_sync")
         if self.scaler.unscale_and_check(self.params, self.device):
-            for opt in self.opts:
+            if self.spec.optim.grad_clip > 0:
+                clip_grad_norm_(self.params, self.spec.optim.grad_clip, weight=1.0 / self.stage.dp)
+            for opt, sched in zip(self.opts, self.lr_schedules, strict=True):
+                sched.at(step)
                 opt.step()
         for opt in self.opts:
             opt.zero_grad(set_to_none=True)
@@ -526,6 +527,13 @@ def run(
                     ckpt.retain(spec.checkpoint_dir or ".", spec.checkpoint_keep)
                     bound.info("checkpoint", step=done, dir=str(spec.checkpoint_dir))
         dist.barrier()
+        if spec.model.save_to:  # trained weights back in the Hugging Face format they came in
+            if info.replica == 0:
+                for mod in runner.modules:
+                    hf.export_stage_weights(mod, spec.model.save_to)
+            dist.barrier()
+            if info.rank == 0:
+                hf.write_export_index(spec.model, [r for stage in runner.ranges for r in stage], spec.model.save_to)
         return RunResult(
             rank=info.rank, stage=info.stage, replica=info.replica, first_step=start, last_step=spec.steps,
             losses=tuple(losses), step_times_s=tuple(times), manifests=tuple(published),

@@ -19,9 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
+from spiderflow.domain import DataSpec, OptimizerSpec, Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
 from spiderflow.errors import PreconditionError, ValidationError
-from spiderflow.formats import model_from_value
+from spiderflow.formats import (
+    data_from_value,
+    data_to_dict,
+    model_from_value,
+    model_to_value,
+    optimizer_from_value,
+    optimizer_to_dict,
+)
 from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
 
 __all__ = [
@@ -48,25 +55,6 @@ __all__ = [
     "spec_from_dict",
     "spec_to_dict",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DataSpec:
-    """``kind`` ``"synthetic"`` (seeded Markov tokens) or ``"file"`` (``path`` to ``.npy``/``.bin``;
-    ``dtype`` of a ``.bin`` file ``uint16``/``uint32``); ``seed`` picks the chain or the window order."""
-
-    kind: str = "synthetic"
-    path: str | None = None
-    dtype: str = "uint16"
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("synthetic", "file"):
-            raise ValidationError("data.kind", "must be 'synthetic' or 'file'", self.kind)
-        if self.kind == "file" and not self.path:
-            raise ValidationError("data.path", "is required for token files", self.path)
-        if self.dtype not in ("uint16", "uint32"):
-            raise ValidationError("data.dtype", "must be uint16 or uint32", self.dtype)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +117,7 @@ class TrainSpec:
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
     data: DataSpec = field(default_factory=DataSpec)
+    optimizer: OptimizerSpec | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
@@ -178,6 +167,14 @@ class TrainSpec:
             if any(w < 0 for w in self.warmup) or any(a < b for a, b in pairs):
                 raise ValidationError("warmup", "must be ≥ 0 and non-increasing along the pipeline",
                                       self.warmup)
+
+    @property
+    def optim(self) -> OptimizerSpec:
+        """The optimizer: ``optimizer`` if given, else AdamW with ``lr``, ``betas`` and ``eps`` and nothing
+        else (no warm-up, decay, weight decay or clipping)."""
+        if self.optimizer is not None:
+            return self.optimizer
+        return OptimizerSpec(lr=self.lr, betas=self.betas, eps=self.eps)
 
     @property
     def micro_batch_size(self) -> int:
@@ -252,6 +249,8 @@ def check_runnable(spec: TrainSpec) -> None:
       for grouped-query attention the key/value head count too) or its MLP width;
     - ``sharding = fsdp`` on a stage whose replicas span several clusters (the hierarchical all-reduce
       runs replicated stages only);
+    - gradient clipping with a tensor-parallel or FSDP stage (the global norm is summed over replicated
+      gradients only);
     - interleaved 1F1B whose micro-batch count is not a multiple of the stage count, or with a stage holding
       fewer layers than chunks (see :func:`chunk_ranges`).
     """
@@ -267,6 +266,11 @@ def check_runnable(spec: TrainSpec) -> None:
             raise PreconditionError(
                 f"plan.stages[{i}]: sharding 'fsdp' with replicas on several clusters is not supported; "
                 "replicate the stage or keep its replicas on one cluster"
+            )
+        if spec.optim.grad_clip > 0 and (st.tp > 1 or st.sharding is Sharding.FSDP):
+            raise PreconditionError(
+                f"plan.stages[{i}]: gradient clipping (optimizer.grad_clip) is supported only on replicated "
+                "stages without tensor parallelism; set grad_clip to 0 or re-plan with tp = 1 and replicas"
             )
     if plan_chunks(plan) > 1:
         if plan.micro_batches % len(plan.stages):
@@ -401,8 +405,9 @@ def _get(raw: Mapping[str, Any], key: str, where: str, kind: type | tuple[type, 
 
 
 def model_to_dict(model: ModelSpec) -> dict[str, Any]:
-    return {"name": model.name, "layers": model.layers, "hidden": model.hidden, "heads": model.heads,
-            "vocab": model.vocab}
+    """The job-format object of ``model`` (``{"name": PRESET}`` for an unchanged preset)."""
+    raw = model_to_value(model)
+    return {"name": raw} if isinstance(raw, str) else raw
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
@@ -479,7 +484,8 @@ def spec_to_dict(spec: TrainSpec) -> dict[str, Any]:
         "job_id": spec.job_id, "model": model_to_dict(spec.model), "plan": plan_to_dict(spec.plan),
         "seq_len": spec.seq_len, "global_batch": spec.global_batch, "steps": spec.steps, "seed": spec.seed,
         "lr": spec.lr, "betas": list(spec.betas), "eps": spec.eps,
-        "data": {"kind": spec.data.kind, "path": spec.data.path, "dtype": spec.data.dtype, "seed": spec.data.seed},
+        "data": data_to_dict(spec.data),
+        "optimizer": None if spec.optimizer is None else optimizer_to_dict(spec.optimizer),
         "checkpoint_dir": spec.checkpoint_dir, "checkpoint_every": spec.checkpoint_every, "resume": spec.resume,
         "resume_from": None if spec.resume_from is None else manifest_to_dict(spec.resume_from),
         "warmup": None if spec.warmup is None else list(spec.warmup), "threads": spec.threads,
@@ -491,10 +497,9 @@ def spec_to_dict(spec: TrainSpec) -> dict[str, Any]:
 def spec_from_dict(raw: Any) -> TrainSpec:
     if not isinstance(raw, Mapping):
         raise ValidationError("spec", "must be an object", raw)
-    d = _get(raw, "data", "", dict, {})
-    data = DataSpec(kind=_get(d, "kind", "data.", str, "synthetic"),
-                    path=_get(d, "path", "data.", (str, type(None)), None),
-                    dtype=_get(d, "dtype", "data.", str, "uint16"), seed=_get(d, "seed", "data.", int, 0))
+    data = data_from_value({k: v for k, v in _get(raw, "data", "", dict, {}).items() if v is not None})
+    opt = _get(raw, "optimizer", "", (dict, type(None)), None)
+    optimizer = None if opt is None else optimizer_from_value(opt)
     betas = _get(raw, "betas", "", list, [0.9, 0.95])
     if len(betas) != 2:
         raise ValidationError("betas", "needs two numbers", betas)
@@ -507,7 +512,7 @@ def spec_from_dict(raw: Any) -> TrainSpec:
         seq_len=_get(raw, "seq_len", "", int), global_batch=_get(raw, "global_batch", "", int),
         steps=_get(raw, "steps", "", int), seed=_get(raw, "seed", "", int, 0),
         lr=float(_get(raw, "lr", "", (int, float), 1e-3)), betas=(float(betas[0]), float(betas[1])),
-        eps=float(_get(raw, "eps", "", (int, float), 1e-8)), data=data,
+        eps=float(_get(raw, "eps", "", (int, float), 1e-8)), data=data, optimizer=optimizer,
         checkpoint_dir=_get(raw, "checkpoint_dir", "", (str, type(None)), None),
         checkpoint_every=_get(raw, "checkpoint_every", "", int, 0), resume=_get(raw, "resume", "", bool, False),
         resume_from=None if resume_from is None else manifest_from_dict(resume_from),

@@ -23,9 +23,21 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
 
 from spiderflow.catalog import MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, ReplicaShare, Schedule, Sharding, Stage, Topology
+from spiderflow.domain import (
+    Cluster,
+    DataSpec,
+    JobSpec,
+    Link,
+    OptimizerSpec,
+    Plan,
+    ReplicaShare,
+    Schedule,
+    Sharding,
+    Stage,
+    Topology,
+)
 from spiderflow.errors import ValidationError
-from spiderflow.formats import job_from_dict, model_from_value, topology_from_dict
+from spiderflow.formats import job_from_dict, model_from_value, model_to_value, topology_from_dict
 from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
 from spiderflow.proto.planner.v1 import planner_pb2
 from spiderflow.proto.types.v1 import types_pb2
@@ -177,17 +189,16 @@ def topology_from_proto(msg: types_pb2.Topology, *, field: str = "topology") -> 
 
 
 def model_to_proto_value(model: ModelSpec) -> struct_pb2.Value:
-    """A preset name when ``model`` is exactly a preset, else an inline object (with its name unless
-    it is ``custom``)."""
+    """A preset name when ``model`` is exactly a preset, else the inline object of
+    :func:`~spiderflow.formats.model_to_value` (with its name unless it is ``custom``)."""
     value = struct_pb2.Value()
-    if MODEL_PRESETS.get(model.name) == model:
-        value.string_value = model.name
+    raw = model_to_value(model)
+    if isinstance(raw, str):
+        value.string_value = raw
         return value
-    inline: dict[str, Any] = {"layers": model.layers, "hidden": model.hidden, "heads": model.heads,
-                              "vocab": model.vocab}
-    if model.name != "custom":
-        inline["name"] = model.name
-    value.struct_value.update(inline)
+    if raw.get("name") == "custom":
+        raw.pop("name")
+    value.struct_value.update(raw)
     return value
 
 
@@ -213,6 +224,12 @@ def model_spec_to_proto(model: ModelSpec) -> types_pb2.ModelSpec:
 
 
 def model_spec_from_proto(msg: types_pb2.ModelSpec, *, field: str = "model") -> ModelSpec:
+    """The model a ``ModelSpec`` message names: a preset when the name and sizes are a preset's (the message
+    carries no family fields), else an inline ``gpt`` model."""
+    preset = MODEL_PRESETS.get(msg.name)
+    if preset is not None and (preset.layers, preset.hidden, preset.heads, preset.vocab) == (
+            msg.layers, msg.hidden, msg.heads, msg.vocab):
+        return preset
     raw: dict[str, Any] = {"layers": msg.layers, "hidden": msg.hidden, "heads": msg.heads, "vocab": msg.vocab}
     if msg.name:
         raw["name"] = msg.name
@@ -222,13 +239,51 @@ def model_spec_from_proto(msg: types_pb2.ModelSpec, *, field: str = "model") -> 
 _JOB_OPTIONAL = ("global_batch", "micro_batch", "seq_len", "steps", "arrival_s", "priority")
 
 
+_DATA_STRINGS = ("kind", "path", "dtype", "tokenizer", "text_field", "cache_dir")
+_OPTIMIZER_OPTIONAL = ("lr", "warmup_steps", "min_lr_ratio", "decay_steps", "weight_decay", "eps", "grad_clip")
+
+
+def data_to_proto(data: DataSpec) -> types_pb2.TrainingData:
+    return types_pb2.TrainingData(kind=data.kind.value, path=data.path or "", dtype=data.dtype,
+                                  tokenizer=data.tokenizer, text_field=data.text_field, cache_dir=data.cache_dir,
+                                  seed=data.seed)
+
+
+def _data_raw(msg: types_pb2.TrainingData) -> dict[str, Any]:
+    raw: dict[str, Any] = {k: getattr(msg, k) for k in _DATA_STRINGS if getattr(msg, k)}
+    raw.update(_present(msg, ("seed",)))
+    return raw
+
+
+def optimizer_to_proto(opt: OptimizerSpec) -> types_pb2.OptimizerConfig:
+    return types_pb2.OptimizerConfig(
+        lr=opt.lr, warmup_steps=opt.warmup_steps, schedule=opt.schedule.value, min_lr_ratio=opt.min_lr_ratio,
+        decay_steps=opt.decay_steps, weight_decay=opt.weight_decay, betas=list(opt.betas), eps=opt.eps,
+        grad_clip=opt.grad_clip,
+    )
+
+
+def _optimizer_raw(msg: types_pb2.OptimizerConfig) -> dict[str, Any]:
+    raw: dict[str, Any] = _present(msg, _OPTIMIZER_OPTIONAL)
+    if msg.schedule:
+        raw["schedule"] = msg.schedule
+    if msg.betas:
+        raw["betas"] = list(msg.betas)
+    return raw
+
+
 def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
-    return types_pb2.JobSpec(
+    msg = types_pb2.JobSpec(
         id=job.id, model=model_to_proto_value(job.model), global_batch=job.global_batch,
         micro_batch=job.micro_batch, seq_len=job.seq_len, steps=job.steps,
         gpus=types_pb2.GpuRange(min=job.gpus.min, max=job.gpus.max), arrival_s=job.arrival_s,
         priority=job.priority, tenant=job.tenant, precision=job.precision.value,
     )
+    if job.data != DataSpec():
+        msg.data.CopyFrom(data_to_proto(job.data))
+    if job.optimizer != OptimizerSpec():
+        msg.optimizer.CopyFrom(optimizer_to_proto(job.optimizer))
+    return msg
 
 
 def job_from_proto(msg: types_pb2.JobSpec, *, field: str = "job") -> JobSpec:
@@ -245,6 +300,10 @@ def job_from_proto(msg: types_pb2.JobSpec, *, field: str = "job") -> JobSpec:
         raw["model"] = _model_raw(msg.model, _join(field, "model"))
     if msg.HasField("gpus"):
         raw["gpus"] = _present(msg.gpus, ("min", "max"))
+    if msg.HasField("data"):
+        raw["data"] = _data_raw(msg.data)
+    if msg.HasField("optimizer"):
+        raw["optimizer"] = _optimizer_raw(msg.optimizer)
     return job_from_dict(raw, where=field)
 
 

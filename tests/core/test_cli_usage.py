@@ -11,8 +11,8 @@ from spiderflow.cli.main import main
     (["testbed", "set-link", "a", "b", "--bandwidth-mbit", "5"],
      "error: spiderflow testbed set-link: unrecognized arguments: --bandwidth-mbit 5 "
      "(see spiderflow testbed set-link --help)"),
-    (["up", "--model", "gpt-tiny"], "error: spiderflow up: unrecognized arguments: --model gpt-tiny "
-                                    "(see spiderflow up --help)"),
+    (["up", "--global-batch", "8"], "error: spiderflow up: unrecognized arguments: --global-batch 8 "
+                                     "(see spiderflow up --help)"),
     (["jobs", "extra"], "error: spiderflow jobs: unrecognized arguments: extra (see spiderflow jobs --help)"),
     (["--bogus"], "error: spiderflow: unrecognized arguments: --bogus (options go after the command) "
                   "(see spiderflow --help)"),

@@ -22,7 +22,7 @@ from spiderflow.domain import Precision
 from spiderflow.jobs import JobState
 from spiderflow.sdk import Client, Job
 
-__all__ = ["parse_gpus", "register"]
+__all__ = ["add_data_and_optimizer_options", "data_and_optimizer", "parse_gpus", "prepare_data", "register"]
 
 _STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan", "PLACED": "blue",
           "PENDING": "white", "RESCHEDULING": "magenta"}
@@ -44,16 +44,90 @@ def _client(args: argparse.Namespace) -> Client:
     return Client(args.address, tls_dir=args.tls_dir, token=args.token)
 
 
+def _id_stem(model: str) -> str:
+    stem = model.rsplit("/", 2)[-2] if model.endswith(".json") and "/" in model else model.rsplit(":", 1)[-1]
+    return "".join(c if c.isalnum() or c == "-" else "-" for c in stem)[:64] or "job"
+
+
 def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is None:
         raise CliError("give a job FILE or --model (see spiderflow submit --help)", EXIT_USAGE)
     job: dict[str, Any] = {
-        "id": args.id or f"{args.model.replace('.', '-')}-{uuid.uuid4().hex[:8]}", "model": args.model,
+        "id": args.id or f"{_id_stem(args.model)}-{uuid.uuid4().hex[:8]}", "model": args.model,
         "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
         "steps": args.steps, "gpus": args.gpus or {"min": 1, "max": 8}, "priority": args.priority,
         "tenant": args.tenant, "precision": args.precision,
     }
+    if args.weights or args.save_to:
+        model: dict[str, Any] = {"hf_config": args.model} if args.model.endswith(".json") else {"name": args.model}
+        model.update({k: v for k, v in (("weights", args.weights), ("save_to", args.save_to)) if v})
+        job["model"] = model
+    job.update(data_and_optimizer(args))
     return job
+
+
+def data_and_optimizer(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``data`` and ``optimizer`` objects the options of :func:`add_data_and_optimizer_options` give
+    (keys absent when no option of the group is set)."""
+    job: dict[str, Any] = {}
+    if args.data:
+        corpus = args.tokenizer is not None
+        data: dict[str, Any] = {"kind": "corpus" if corpus else "tokens", "path": args.data}
+        for key in ("tokenizer", "text_field", "dtype", "cache_dir", "data_seed"):
+            if getattr(args, key) is not None:
+                data["seed" if key == "data_seed" else key] = getattr(args, key)
+        job["data"] = data
+    optimizer = {k: getattr(args, k) for k in ("lr", "warmup_steps", "schedule", "min_lr_ratio", "decay_steps",
+                                               "weight_decay", "grad_clip", "eps") if getattr(args, k) is not None}
+    if args.betas is not None:
+        optimizer["betas"] = args.betas
+    if optimizer:
+        job["optimizer"] = optimizer
+    return job
+
+
+def prepare_data(job: dict[str, Any]) -> None:
+    """Tokenize a job's corpus here, with a progress bar, into the cache the agents read (a no-op for other
+    data and for a corpus already cached)."""
+    data = job.get("data")
+    if isinstance(data, dict) and data.get("kind") == "corpus":
+        from spiderflow.domain import DataSpec
+        from spiderflow.exec.data import prepare_corpus
+        from spiderflow.formats import data_from_value
+
+        spec: DataSpec = data_from_value(data)
+        shards = prepare_corpus(spec, progress=True)
+        console.print(f"corpus tokenized: {len(shards)} shard(s) in {shards[0].parent}")
+
+
+def _betas(value: str) -> list[float]:
+    try:
+        b1, b2 = (float(x) for x in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--betas must be B1,B2 (got {value!r})") from None
+    return [b1, b2]
+
+
+def add_data_and_optimizer_options(p: argparse.ArgumentParser) -> None:
+    """``--data``/``--tokenizer``/... and ``--lr``/``--warmup-steps``/... (shared by ``submit`` and ``up``)."""
+    d = p.add_argument_group("data (default: synthetic tokens)")
+    d.add_argument("--data", metavar="PATH", help="token shards (.bin/.npy file, directory or glob), or with "
+                   "--tokenizer a JSONL/text corpus (tokenized once, cached)")
+    d.add_argument("--tokenizer", metavar="FILE", help="local tokenizer.json for a corpus")
+    d.add_argument("--text-field", help="JSONL key holding the text (default text)")
+    d.add_argument("--dtype", choices=["uint16", "uint32"], help=".bin token type (default uint16)")
+    d.add_argument("--cache-dir", help="where tokenized shards are cached")
+    d.add_argument("--data-seed", type=int, help="seed of the window order")
+    o = p.add_argument_group("optimizer (AdamW; default lr 1e-3 constant)")
+    o.add_argument("--lr", type=float)
+    o.add_argument("--warmup-steps", type=int)
+    o.add_argument("--schedule", choices=["constant", "cosine", "linear"])
+    o.add_argument("--min-lr-ratio", type=float, help="final lr as a fraction of --lr (default 0.1)")
+    o.add_argument("--decay-steps", type=int, help="step where the decay ends (default: the job's steps)")
+    o.add_argument("--weight-decay", type=float)
+    o.add_argument("--betas", type=_betas, metavar="B1,B2")
+    o.add_argument("--eps", type=float)
+    o.add_argument("--grad-clip", type=float, metavar="NORM", help="clip the global gradient norm (0: off)")
 
 
 def _plan_summary(job: Job) -> str:
@@ -66,6 +140,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.file and args.model:
         raise CliError("give either a job FILE or --model, not both", EXIT_USAGE)
     job_input: Any = args.file if args.file else _job_from_args(args)
+    if isinstance(job_input, dict):
+        prepare_data(job_input)
     with _client(args) as sf:
         job = sf.submit(job_input, request_id=args.request_id, policy=args.policy)
         if args.json and not args.watch:
@@ -187,7 +263,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", help="submit a training job (a job file, or --model ...)")
     p.add_argument("file", nargs="?", help="job file (JSON/YAML: a trace job object)")
     p.add_argument("--id", help="job id (default: generated)")
-    p.add_argument("--model", help="model preset (gpt-tiny, gpt3-1.3b, llama3-8b, ...)")
+    p.add_argument("--model", help="model preset (gpt-tiny, llama-tiny, llama3-8b, ...), a Hugging Face "
+                   "config.json, or an entry point package.module:function")
+    p.add_argument("--weights", help="initial weights: local safetensors file, directory or glob")
+    p.add_argument("--save-to", metavar="DIR", help="write the trained weights here (safetensors) at the end")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=2048)
@@ -200,6 +279,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--policy", help="placement policy (default: the scheduler's, spinsearch)")
     p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing")
     p.add_argument("--watch", action="store_true", help="follow the job until it ends")
+    add_data_and_optimizer_options(p)
     _address(p)
     add_json_flag(p)
     p.set_defaults(func=_submit)

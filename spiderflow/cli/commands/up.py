@@ -36,6 +36,7 @@ import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_and_optimizer, prepare_data
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology
@@ -46,11 +47,12 @@ from spiderflow.sdk import DEFAULT_ADDRESSES, Client, Job, config_path
 __all__ = ["register", "sample_job"]
 
 
-def sample_job(topo: Topology, *, steps: int, clusters: int | None = None) -> dict[str, Any]:
-    """The sample job: ``gpt-tiny`` needing one GPU on each of ``clusters`` clusters (a cross-cluster pipeline)."""
+def sample_job(topo: Topology, *, steps: int, clusters: int | None = None, model: Any = "gpt-tiny") -> dict[str, Any]:
+    """The sample job: ``model`` (default ``gpt-tiny``) needing one GPU on each of ``clusters`` clusters (a
+    cross-cluster pipeline)."""
     n = clusters or min(3, len(topo.clusters))
     return {
-        "id": f"sample-{uuid.uuid4().hex[:6]}", "model": "gpt-tiny", "global_batch": 8, "micro_batch": 1,
+        "id": f"sample-{uuid.uuid4().hex[:6]}", "model": model, "global_batch": 8, "micro_batch": 1,
         "seq_len": 64, "steps": steps, "gpus": {"min": n, "max": n}, "tenant": "default",
     }
 
@@ -153,10 +155,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sample(mesh: LocalMesh, topo: Topology, args: argparse.Namespace) -> int:
-    job = sample_job(topo, steps=args.steps)
+    job = sample_job(topo, steps=args.steps, model=args.model)
+    job.update(data_and_optimizer(args))
+    prepare_data(job)
     with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
         submitted = sf.submit(job, request_id=job["id"])
-        console.print(f"submitted [bold]{submitted.id}[/bold]: gpt-tiny, {args.steps} steps, "
+        console.print(f"submitted [bold]{submitted.id}[/bold]: {submitted.spec.model.name}, {args.steps} steps, "
                       f"{job['gpus']['min']} GPUs across clusters")
         final, step_times, losses = _follow(sf, submitted.id, args.timeout)
     console.print(_plan_table(final))
@@ -196,4 +200,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--data-dir", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for startup and for the job")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+    p.add_argument("--model", default="gpt-tiny",
+                   help="model of the sample job: a preset (default gpt-tiny; llama-tiny, ...), a Hugging Face "
+                        "config.json or package.module:function")
+    add_data_and_optimizer_options(p)
     p.set_defaults(func=_run)

@@ -150,7 +150,7 @@ class GpuRange(_message.Message):
     def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision")
+    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision", "data", "optimizer")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,8 @@ class JobSpec(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PRECISION_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: _struct_pb2.Value
     global_batch: int
@@ -173,7 +175,49 @@ class JobSpec(_message.Message):
     priority: int
     tenant: str
     precision: str
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ...) -> None: ...
+    data: TrainingData
+    optimizer: OptimizerConfig
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ..., data: _Optional[_Union[TrainingData, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ...) -> None: ...
+
+class TrainingData(_message.Message):
+    __slots__ = ("kind", "path", "dtype", "tokenizer", "text_field", "cache_dir", "seed")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_FIELD_NUMBER: _ClassVar[int]
+    CACHE_DIR_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    path: str
+    dtype: str
+    tokenizer: str
+    text_field: str
+    cache_dir: str
+    seed: int
+    def __init__(self, kind: _Optional[str] = ..., path: _Optional[str] = ..., dtype: _Optional[str] = ..., tokenizer: _Optional[str] = ..., text_field: _Optional[str] = ..., cache_dir: _Optional[str] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class OptimizerConfig(_message.Message):
+    __slots__ = ("lr", "warmup_steps", "schedule", "min_lr_ratio", "decay_steps", "weight_decay", "betas", "eps", "grad_clip")
+    LR_FIELD_NUMBER: _ClassVar[int]
+    WARMUP_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    MIN_LR_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DECAY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DECAY_FIELD_NUMBER: _ClassVar[int]
+    BETAS_FIELD_NUMBER: _ClassVar[int]
+    EPS_FIELD_NUMBER: _ClassVar[int]
+    GRAD_CLIP_FIELD_NUMBER: _ClassVar[int]
+    lr: float
+    warmup_steps: int
+    schedule: str
+    min_lr_ratio: float
+    decay_steps: int
+    weight_decay: float
+    betas: _containers.RepeatedScalarFieldContainer[float]
+    eps: float
+    grad_clip: float
+    def __init__(self, lr: _Optional[float] = ..., warmup_steps: _Optional[int] = ..., schedule: _Optional[str] = ..., min_lr_ratio: _Optional[float] = ..., decay_steps: _Optional[int] = ..., weight_decay: _Optional[float] = ..., betas: _Optional[_Iterable[float]] = ..., eps: _Optional[float] = ..., grad_clip: _Optional[float] = ...) -> None: ...
 
 class Stage(_message.Message):
     __slots__ = ("cluster", "first_layer", "last_layer", "tp", "dp", "sharding", "recompute", "replicas")
