@@ -10,7 +10,7 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Ranks.** :func:`spiderflow.exec.spec.rank_layout` numbers the plan's ranks; this agent starts
   :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
   rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
-  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``.
+  stdout/stderr kept where :func:`spiderflow.joblogs.rank_log_paths` says (``<work_dir>/logs/...``).
 - **Rendezvous.** The agent hosting rank 0 serves the attempt's ``torch.distributed`` TCPStore itself
   (on its own address, a port the kernel picks: no port race; keys prefixed ``<job>/attempt-<n>/``; torch
   is imported by the agent on first use), chooses the checkpoint to resume from (``checkpoints/<job>``,
@@ -78,6 +78,7 @@ from spiderflow.exec.spec import (
     spec_to_dict,
 )
 from spiderflow.formats import job_from_dict
+from spiderflow.joblogs import rank_log_paths
 from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
@@ -507,12 +508,12 @@ class Executor:
         if before != after and self.on_busy is not None:
             self.on_busy(after)
 
-    async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo) -> _Worker:
+    async def _spawn(self, spec_path: Path, run_dir: Path, info: RankInfo, *, job: str, attempt: int) -> _Worker:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         if "GLOO_SOCKET_IFNAME" not in env and self.settings.host.startswith("127."):
             env["GLOO_SOCKET_IFNAME"] = "lo"
-        err_path = run_dir / f"rank-{info.rank}.log"
-        out_path = run_dir / f"rank-{info.rank}.out"
+        out_path, err_path = rank_log_paths(self.settings.work_dir, job=job, attempt=attempt,
+                                            cluster=self.settings.cluster, rank=info.rank)
         argv = [*_pdeathsig_prefix(), self.settings.python, "-m", "spiderflow.exec.worker", "--spec", str(spec_path),
                 "--rank", str(info.rank)]
         with err_path.open("ab") as err:
@@ -532,7 +533,7 @@ class Executor:
         self._set_busy(+1)
         try:
             for info in ranks:
-                workers.append(await self._spawn(spec_path, run_dir, info))
+                workers.append(await self._spawn(spec_path, run_dir, info, job=a.job, attempt=a.attempt))
             bound.info("executor.workers_started", pids=[w.proc.pid for w in workers],
                        ranks=[w.info.rank for w in workers], resume_step=spec.resume_from.step if spec.resume_from
                        else None)

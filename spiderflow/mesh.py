@@ -89,7 +89,8 @@ class LocalMesh:
     def __init__(self, topology: Topology, *, workdir: Path | None = None, testbed: bool = False,
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
                  keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
-                 etcd_tls: bool = False, service_ports: dict[str, int] | None = None) -> None:
+                 etcd_tls: bool = False, service_ports: dict[str, int] | None = None,
+                 agents_dir: Path | None = None) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -101,6 +102,9 @@ class LocalMesh:
         self.lease_ttl = lease_ttl
         self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
+        self.agents_dir = agents_dir or self.workdir / "agents"
+        """The agents' work directories (``<agents_dir>/<cluster>``: workers' specs and logs); outside
+        ``workdir`` they outlive the mesh (``spiderflow up`` keeps them under the state directory)."""
         self.etcd_tls = etcd_tls
         self.service_ports = dict(service_ports or {})
         """Preferred loopback port per service (e.g. the clients' defaults); a taken one falls back to any."""
@@ -212,7 +216,7 @@ class LocalMesh:
             "--topology-service", remote(self.address("topology")), "--scheduler", remote(self.address("scheduler")),
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
-            "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
+            "--work-dir", str(self.agents_dir / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
             "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.etcd_args, *self.agent_args,
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:

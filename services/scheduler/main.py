@@ -353,7 +353,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                             on_done=wake) if args.executor == "sim" else None)
     limiter = RateLimiter(rate=args.submit_rate, burst=max(1.0, args.submit_burst))
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
-                               max_watches=args.max_watches)
+                               max_watches=args.max_watches, agent_credentials=security.client_credentials)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])

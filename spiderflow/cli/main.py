@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spiderflow.cli import commands
 from spiderflow.cli.common import (
@@ -43,20 +43,51 @@ def _fail(e: object) -> None:
     sys.stderr.flush()
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default when it has one and the text does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings \
+                or "default" in text.lower() or isinstance(action.default, list):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors are one line on stderr and exit code 2 (``--help`` still prints the full usage)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         msg = " ".join(message.split())
         self.exit(EXIT_USAGE, f"error: {self.prog}: {msg} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spiderflow")
+    except PackageNotFoundError:
+        return "0.1.0 (source tree)"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the ``command`` about to run, commands it does not need may register
+    lighter parsers (``serve`` skips importing the services)."""
     parser = _Parser(
         prog="spiderflow",
         description="Topology-aware scheduling of LLM training across decentralized GPU clusters.",
     )
+    parser.add_argument("--version", action="version", version=f"spiderflow {_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    from spiderflow.cli.commands import serve
+
+    serve.LOAD_SERVICES = command is None or command in ("serve", "completion")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(sub)
@@ -85,8 +116,25 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+def _unreachable(args: argparse.Namespace, e: UnavailableError) -> str:
+    """An unreachable service, said with its address, where the address came from and what to do."""
+    text = str(e)
+    address = getattr(args, "_endpoint", None)
+    if not address or not any(k in text.lower() for k in ("connect", "refused", "unavailable", "dns",
+                                                            "deadline")):
+        return text
+    from spiderflow.contexts import current_context, resolve_endpoint
+
+    source = resolve_endpoint("scheduler", getattr(args, "address", None)).source
+    ctx = current_context() if source.startswith("context") else None
+    hint = (f"the context {ctx!r} may be stale: spiderflow context list / use" if ctx
+            else "start one with `spiderflow up --keep`, or pass --address HOST:PORT")
+    return f"no SpiderFlow scheduler answers at {address} ({source}): {hint}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and not words[0].startswith("-") else "")
     args = _parse(parser, argv)
     # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
     configure_logging(level="warning")
@@ -106,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(e)
         return EXIT_PERMISSION
     except UnavailableError as e:
-        _fail(e)
+        _fail(_unreachable(args, e))
         return EXIT_UNAVAILABLE
     except SpiderFlowError as e:
         _fail(e)

@@ -20,11 +20,15 @@ from rich.table import Table
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Topology
-from spiderflow.placement.base import Budget, Objective, PlacementResult, get_policy
-from spiderflow.placement.common import LEVEL2_CHOICES, set_level2
-from spiderflow.presets import resolve_topology
 
 __all__ = ["parse_gpus", "register", "result_to_dict"]
+
+
+OBJECTIVES = ("jct", "cost", "balanced")
+"""The values of :class:`spiderflow.placement.base.Objective` (not imported here: the placement code loads
+its compiled kernels, and every CLI command would pay for it at start)."""
+LEVEL2 = ("exact", "cpsat")
+"""The values of :data:`spiderflow.placement.common.LEVEL2_CHOICES`."""
 
 
 def parse_gpus(value: str) -> GpuRange:
@@ -51,7 +55,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def result_to_dict(res: PlacementResult) -> dict[str, Any]:
+def result_to_dict(res: Any) -> dict[str, Any]:
     """The JSON document of a placement result (plan fields are ``null`` when there is no plan)."""
     plan = res.plan
     return {
@@ -97,6 +101,10 @@ def _plan(args: argparse.Namespace) -> int:
     configure_logging(level="warning")
     if args.time_limit is not None and not args.time_limit > 0:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
+    from spiderflow.placement.base import Budget, Objective, get_policy
+    from spiderflow.placement.common import set_level2
+    from spiderflow.presets import resolve_topology
+
     topo: Topology = resolve_topology(args.topology)
     job = JobSpec(
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
@@ -140,8 +148,8 @@ def register(sub: Any) -> None:
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sample (default 2048)")
     p.add_argument("--time-limit", type=float, default=None, help="search time limit in seconds (ilp, genetic)")
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
-    p.add_argument("--objective", choices=[o.value for o in Objective], default="jct", help="what to optimise")
-    p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
+    p.add_argument("--objective", choices=OBJECTIVES, default="jct", help="what to optimise")
+    p.add_argument("--level2", choices=LEVEL2, default="exact",
                    help="TPA's solver for the plan's blocks (spinsearch, bace): exact (default) or the CP-SAT model")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart of the pipeline to FILE")
     add_json_flag(p)

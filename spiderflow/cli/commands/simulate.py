@@ -12,7 +12,15 @@ import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spiderflow.cli.common import EXIT_USAGE, CliError, console, err_console, output_dir, output_file
+from spiderflow.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    console,
+    err_console,
+    output_dir,
+    output_file,
+    run_interruptible,
+)
 
 __all__ = ["register", "run_policies"]
 
@@ -72,9 +80,10 @@ def _simulate(args: argparse.Namespace) -> int:
         output_dir("--plots", args.plots)
     rows = _scaling_rows(args.scaling) if args.scaling is not None else None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
-                       time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress, releases=not args.no_releases)
+    doc = run_interruptible(lambda: run_policies(
+        args.topology, args.trace, policies, objective=args.objective, seed=args.seed, time_limit=args.time_limit,
+        overhead=args.overhead, events=args.events, show_progress=not args.no_progress,
+        releases=not args.no_releases), what=f"the simulation (nothing written to {args.json})")
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
