@@ -13,6 +13,8 @@ command -v iptables >/dev/null 2>&1 || need_apt+=(iptables)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # Validates deploy/compose files in the tests (no Docker engine needed).
 command -v docker-compose >/dev/null 2>&1 || need_apt+=(docker-compose)
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ "${#need_apt[@]}" -gt 0 ]; then
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "bootstrap: installing ${need_apt[*]}" >&2

@@ -27,6 +27,7 @@ import grpc
 import structlog
 
 from services.scheduler.cycle import PlanFinalizer, SchedulingCycle
+from services.scheduler.dashboard import add_dashboard_argument, start_scheduler_dashboard
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
@@ -88,6 +89,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_server_arguments(p)
     add_etcd_arguments(p)
     add_metrics_argument(p)
+    add_dashboard_argument(p)
 
 
 class SimExecutor:
@@ -365,12 +367,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
     )
+    dashboard = await start_scheduler_dashboard(args, repo, topology, service.observer)
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
-                     metrics=metrics.address if metrics else None)
+                     metrics=metrics.address if metrics else None, dashboard=dashboard.url if dashboard else None)
     log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor,
              security=security.mode)
     task = asyncio.create_task(replica.run(stop))
     await stop.wait()
+    if dashboard is not None:
+        await dashboard.stop()
     await server.stop(grace_s=2)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await asyncio.wait_for(task, timeout=5)

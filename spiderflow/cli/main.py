@@ -134,7 +134,10 @@ def _unreachable(args: argparse.Namespace, e: UnavailableError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(words[0] if words and not words[0].startswith("-") else "")
+    command = words[0] if words and not words[0].startswith("-") else ""
+    if command == "completion" and "--job-ids" in words:  # asked at every <TAB>: no service imports
+        command = "completion-job-ids"
+    parser = build_parser(command)
     args = _parse(parser, argv)
     # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
     configure_logging(level="warning")

@@ -129,17 +129,20 @@ def _run(args: argparse.Namespace) -> int:
     agents_dir = None if workdir is not None else state_dir() / "agents"
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
                      testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports,
-                     agents_dir=agents_dir)
+                     agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port)
     code = 0
     context: str | None = None
     try:
         mesh.start(timeout=args.timeout)
         addresses = mesh.addresses()
         context = add_context("local", {**{k: v for k, v in addresses.items() if k != "etcd"},
-                                        "owner_pid": os.getpid(), "data_dir": str(mesh.workdir)})
+                                        "dashboard": mesh.dashboard_url, "owner_pid": os.getpid(),
+                                        "data_dir": str(mesh.workdir)})
         table = Table(title="mesh", show_header=False)
         for k, v in addresses.items():
             table.add_row(k, v)
+        if mesh.dashboard_url:
+            table.add_row("dashboard", mesh.dashboard_url)
         table.add_row("context", f"{context} (in {config_path()})")
         table.add_row("workers' logs", str(mesh.agents_dir))
         console.print(table)
@@ -205,5 +208,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
     p.add_argument("--data-dir", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for startup and for the job")
+    p.add_argument("--dashboard-port", type=int, default=8265,
+                   help="serve the web dashboard on this loopback port (taken: any free port)")
+    p.add_argument("--no-dashboard", action="store_true", help="no web dashboard")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.set_defaults(func=_run)
