@@ -60,8 +60,8 @@ CAMPAIGN_WARN_EVERY_S = 30.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", required=True, help="etcd endpoint host:port")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--topology-service", help="topology service address (live topology)")
-    src.add_argument("--topology", help="a topology file (static topology, no agents needed)")
+    src.add_argument("--topology-service", metavar="ADDR", help="topology service address (live topology)")
+    src.add_argument("--topology", metavar="FILE", help="a topology file (static topology, no agents needed)")
     p.add_argument("--planner", help="planner service address for final plans (default: plan in-process)")
     p.add_argument("--policy", default="spinsearch", help="default placement policy")
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",

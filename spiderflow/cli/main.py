@@ -43,8 +43,15 @@ def _fail(e: object) -> None:
     sys.stderr.flush()
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Every option's help ends with its default when it has one and the text does not already say it."""
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default when it has one and the text does not already say it;
+    descriptions and epilogs of one paragraph are wrapped to the terminal, those with line breaks (examples)
+    are kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -92,7 +99,83 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(sub)
     _name_commands(parser)
+    _document(parser)
     return parser
+
+
+EXAMPLES: dict[str, str] = {
+    "": "spiderflow up",
+    "agent": "spiderflow agent --cluster va --etcd :2379 --topology-service :50052",
+    "certs": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
+    "certs init": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
+    "jobs": "spiderflow jobs --state RUNNING --json",
+    "status": "spiderflow status sample-1a2b3c --history",
+    "watch": "spiderflow watch sample-1a2b3c",
+    "cancel": "spiderflow cancel sample-1a2b3c --reason 'wrong batch size'",
+    "plan": "spiderflow plan --topology aws-10-dtfm --model gpt3-6.7b --gpus 32",
+    "serve planner": "spiderflow serve planner --listen 127.0.0.1:50053",
+    "serve scheduler": "spiderflow serve scheduler --etcd 127.0.0.1:2379 --topology-service :50052",
+    "serve topology": "spiderflow serve topology --etcd 127.0.0.1:2379 --listen 127.0.0.1:50052",
+    "simulate": "spiderflow simulate --topology aws-10-dtfm --trace t.json --json r.json",
+    "testbed": "sudo spiderflow testbed up --topology examples/topology-3.yaml",
+    "testbed up": "sudo spiderflow testbed up --topology examples/topology-3.yaml",
+    "testbed down": "sudo spiderflow testbed down",
+    "testbed status": "spiderflow testbed status",
+    "testbed exec": "sudo spiderflow testbed exec virginia -- ip addr",
+    "testbed measure": "sudo spiderflow testbed measure",
+    "testbed set-link": "sudo spiderflow testbed set-link va ohio --bandwidth-gbps 1 --latency-ms 5",
+    "topology": "spiderflow topology show --png map.png",
+    "topology validate": "spiderflow topology validate examples/topology-3.yaml",
+    "topology generate": "spiderflow topology generate --clusters 64 --seed 1 --out topo64.json",
+    "topology show": "spiderflow topology show --png map.png",
+    "trace": "spiderflow trace generate --jobs 200 --seed 1 --out trace.json",
+    "trace generate": "spiderflow trace generate --jobs 200 --seed 1 --out trace.json",
+    "trace validate": "spiderflow trace validate trace.json",
+    "up": "spiderflow up --clusters 4 --steps 60 --keep",
+}
+"""An example per command (``spiderflow COMMAND --help`` ends with it) where its module gives none."""
+
+OPTION_HELP: dict[str, str] = {
+    "job_id": "job id (spiderflow jobs lists them)",
+    "--tenant": "only this tenant's jobs",
+    "--reason": "why, recorded in the job's history",
+    "--log-format": "log lines as JSON or for a console (auto: JSON unless a terminal)",
+    "--nodes": "nodes of the declared cluster (with --gpu)",
+    "--gpus-per-node": "GPUs per node of the declared cluster (with --gpu)",
+    "--memory-gib": "memory per GPU, GiB (with --gpu; default: the catalog's)",
+    "--electricity": "electricity price, USD per kWh",
+    "--intra-node-gbps": "bandwidth between GPUs of a node, Gbit/s",
+    "--inter-node-gbps": "bandwidth between nodes of the cluster, Gbit/s",
+    "--executor": "who runs placed jobs: the agents, or a simulated executor (tests)",
+    "--sim-min-s": "simulated executor: shortest job run, seconds",
+    "--sim-max-s": "simulated executor: longest job run, seconds",
+    "--max-queued": "most PENDING and RESCHEDULING jobs; more are RESOURCE_EXHAUSTED",
+    "--objective": "what the policies optimise: step time, dollars, or both",
+    "--state-dir": "where the testbed keeps its state",
+    "cluster": "cluster name (its network namespace)",
+    "a": "one end of the link (cluster name)",
+    "b": "the other end of the link (cluster name)",
+    "--bandwidth-gbps": "the link's bandwidth, Gbit/s",
+    "--latency-ms": "the link's one-way latency, ms",
+    "file": "the file to check (JSON or YAML)",
+    "--seed": "seed of the generator (same seed, same output)",
+    "--kind": "shape: geo (random geometric), hub (hub and spoke) or mesh",
+}
+"""Help text of options and arguments whose command gives none."""
+
+
+def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give every command an example and every option a help text (see :data:`EXAMPLES`,
+    :data:`OPTION_HELP`)."""
+    if not parser.epilog and path in EXAMPLES:
+        parser.epilog = f"example:\n  {EXAMPLES[path]}"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in dict(action.choices).items():
+                _document(child, f"{path} {name}".strip())
+        elif not action.help:
+            key = action.option_strings[0] if action.option_strings else action.dest
+            action.help = OPTION_HELP.get(key, action.help)
 
 
 def _name_commands(parser: argparse.ArgumentParser) -> None:

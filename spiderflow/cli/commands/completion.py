@@ -70,7 +70,7 @@ def command_tree(parser: argparse.ArgumentParser, values: dict[str, list[str]] |
                 node.subs[name] = (helps.get(name, ""), command_tree(sub, values))
             continue
         if not action.option_strings:
-            if str(action.metavar or "") == "JOB":
+            if str(action.metavar or "") == "JOB" or action.dest == "job_id":
                 node.positional_choices = [JOBS]
             elif action.choices:
                 node.positional_choices += [str(c) for c in action.choices]

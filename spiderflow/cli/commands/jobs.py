@@ -283,15 +283,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_submit)
 
     p = sub.add_parser("jobs", help="list jobs")
-    p.add_argument("--state", action="append", choices=[s.value for s in JobState],
-                   help="only jobs in this state (repeatable)")
+    p.add_argument("--state", action="append", choices=[s.value for s in JobState], metavar="STATE",
+                   help=f"only jobs in this state (repeatable): {', '.join(s.value for s in JobState)}")
     p.add_argument("--tenant")
     add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser("status", help="show one job: state, plan, progress, history")
-    p.add_argument("job_id")
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
     p.add_argument("--history", action="store_true",
                    help="also print every reported step (spiderflow metrics JOB)")
     add_address(p)
@@ -299,13 +299,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_status)
 
     p = sub.add_parser("watch", help="follow a job live (steps, loss, tokens/s) until it ends")
-    p.add_argument("job_id")
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
     add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_watch)
 
     p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job_id")
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
     p.add_argument("--reason")
     add_address(p)
     add_json_flag(p)

@@ -32,7 +32,7 @@ compiled kernels, which every other command would otherwise pay for at start."""
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run a SpiderFlow service (planner, scheduler, topology)",
-                       epilog="example: spiderflow serve scheduler --etcd 127.0.0.1:2379 --listen 127.0.0.1:50051")
+                       epilog="example: spiderflow serve planner --listen 127.0.0.1:50053")
     ssub = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
     if not LOAD_SERVICES:
         for name, (_, help_text) in SERVICES.items():
