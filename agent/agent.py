@@ -53,12 +53,12 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
-from agent.config import AgentConfig, etcd_options
+from agent.config import AgentConfig, etcd_options, work_dir_of
 from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, profile_cpu, profile_devices
 from agent.registration import Registration
 from agent.service import AgentService
-from spiderflow import metrics
+from spiderflow import joblogs, metrics
 from spiderflow.domain import Cluster
 from spiderflow.errors import (
     AlreadyExistsError,
@@ -251,7 +251,8 @@ class Agent:
             from spiderflow.security.auth import Authenticator, AuthInterceptor
 
             interceptors.append(AuthInterceptor(Authenticator(certificates=True)))
-        self._server = await serve([AgentService(self)], host=host, port=port, credentials=self._server_credentials,
+        service = AgentService(self, work_dir=work_dir_of(self.config), cluster=self.config.cluster)
+        self._server = await serve([service], host=host, port=port, credentials=self._server_credentials,
                                    interceptors=interceptors)
         if self.config.advertise:
             self._address = self.config.advertise
@@ -275,6 +276,21 @@ class Agent:
                       etcd=self.config.etcd, etcd_tls=bool(self.config.etcd_tls_dir),
                       etcd_user=self.config.etcd_user, token=bool(self.config.token))
 
+    async def _log_retention_loop(self, stop: asyncio.Event) -> None:
+        """Delete workers' logs past ``log_retention_days`` (:func:`spiderflow.joblogs.prune`), at start and
+        hourly."""
+        while not stop.is_set():
+            try:
+                gone = await asyncio.to_thread(joblogs.prune, work_dir_of(self.config),
+                                               retention_days=self.config.log_retention_days)
+            except OSError as e:
+                self.log.warning("agent.log_prune_failed", error=str(e))
+            else:
+                if gone:
+                    self.log.info("agent.logs_pruned", jobs=gone)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=3600.0)
+
     async def run(self, stop: asyncio.Event) -> None:
         """Register, report and probe until ``stop`` is set; then deregister and shut down."""
         if self._server is None:
@@ -284,6 +300,7 @@ class Agent:
             asyncio.create_task(self._profile_loop(stop), name="agent-profile"),
             asyncio.create_task(self._probe_loop(stop), name="agent-probe"),
             asyncio.create_task(self._peer_watch_loop(stop), name="agent-peer-watch"),
+            asyncio.create_task(self._log_retention_loop(stop), name="agent-log-retention"),
         ]
         try:
             await stop.wait()

@@ -11,6 +11,7 @@ File format (every key optional except where the command line provides it)::
     checkpoint_dir: /mnt/shared/ckpt  # checkpoint root every agent mounts at the same path (default:
                                    # <work_dir>/checkpoints, enough when all agents share one machine)
     checkpoint_every: 10           # steps between checkpoints of the jobs whose rank 0 runs here (0: none)
+    log_retention_days: 7          # workers' logs are deleted this long after a job's last output (0: never)
     listen: 10.77.0.2:0            # where the Agent service listens (port 0 = any free port)
     advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
     tls_dir: certs/agent-virginia  # mTLS bundle (``spiderflow certs init --cluster virginia``): the Agent
@@ -261,6 +262,7 @@ class AgentConfig:
     work_dir: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
+    log_retention_days: float = 7.0
     listen: str = "127.0.0.1:0"
     advertise: str | None = None
     tls_dir: str | None = None
@@ -300,6 +302,10 @@ class AgentConfig:
                 or self.checkpoint_every < 0:
             raise ValidationError("checkpoint_every", "must be an integer ≥ 0 (0: no checkpoints)",
                                   self.checkpoint_every)
+        if isinstance(self.log_retention_days, bool) or not isinstance(self.log_retention_days, (int, float)) \
+                or self.log_retention_days < 0:
+            raise ValidationError("log_retention_days", "must be a number ≥ 0 (0: keep logs forever)",
+                                  self.log_retention_days)
         if self.advertise is not None:
             parse_hostport(self.advertise, field="advertise")
         if self.token is not None and (not isinstance(self.token, str) or not self.token.strip()
@@ -316,6 +322,15 @@ class AgentConfig:
         for f in ("intra_node_gbps", "inter_node_gbps"):
             if getattr(self, f) is not None:
                 _pos(f, getattr(self, f))
+
+
+def work_dir_of(config: AgentConfig) -> Path:
+    """The agent's work directory: ``work_dir``, else ``spiderflow-agent-<cluster>`` under the temp dir."""
+    import tempfile
+
+    if config.work_dir:
+        return Path(config.work_dir)
+    return Path(tempfile.gettempdir()) / f"spiderflow-agent-{config.cluster}"
 
 
 def etcd_options(config: AgentConfig) -> dict[str, Any]:

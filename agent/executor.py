@@ -10,12 +10,13 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
 - **Ranks.** :func:`spiderflow.exec.spec.rank_layout` numbers the plan's ranks; this agent starts
   :func:`~spiderflow.exec.spec.ranks_of_cluster` — one ``python -m spiderflow.exec.worker`` process per
   rank (gloo, ``torch.set_num_threads(1)``), each with its stdout events (JSON lines) read here and its
-  stdout/stderr kept under ``<work_dir>/<job>/attempt-<n>/rank-<r>.{out,log}``. The workers start through
-  the cluster's launcher (:mod:`agent.launchers`: local subprocesses, one Slurm batch job or one Kubernetes
-  Job per group of consecutive ranks). A launcher that cannot start fails the stages with the workload
-  manager's message; workers the workload manager stopped (preemption, node failure, time limit, an
-  operator's cancel) are reported as ``preempted`` and the scheduler re-places the job, which resumes from
-  its last complete checkpoint.
+  stdout/stderr kept where :func:`spiderflow.joblogs.rank_log_paths` says
+  (``<work_dir>/logs/<job>/attempt-<n>/<cluster>/rank-<r>.{out,log}``, beside the attempt's worker spec).
+  The workers start through the cluster's launcher (:mod:`agent.launchers`: local subprocesses, one Slurm
+  batch job or one Kubernetes Job per group of consecutive ranks). A launcher that cannot start fails the
+  stages with the workload manager's message; workers the workload manager stopped (preemption, node
+  failure, time limit, an operator's cancel) are reported as ``preempted`` and the scheduler re-places the
+  job, which resumes from its last complete checkpoint.
 - **Rendezvous.** The agent hosting rank 0 serves the attempt's ``torch.distributed`` TCPStore itself
   (on its own address, a port the kernel picks: no port race; keys prefixed ``<job>/attempt-<n>/``; torch
   is imported by the agent on first use), chooses the checkpoint to resume from (``checkpoints/<job>``,
@@ -68,6 +69,7 @@ import structlog
 
 from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
 from agent.launchers.local import LocalLauncher
+from spiderflow import joblogs
 from spiderflow.domain import JobSpec, Plan
 from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.preflight import preflight
@@ -425,8 +427,8 @@ class Executor:
         except SpiderFlowError as e:
             await self._report_outcomes(run, {st: f"cannot run the plan: {e}" for st in a.stages}, bound)
             return
-        run_dir = ids.inside(s.work_dir, a.job, f"attempt-{a.attempt}")  # ValidationError if it would escape
-        run_dir.mkdir(parents=True, exist_ok=True)
+        # the attempt's worker spec and its ranks' logs (kept by the agent's retention policy, read by ReadLogs)
+        run_dir = joblogs.attempt_dir(s.work_dir, job=a.job, attempt=a.attempt, cluster=s.cluster)
         doc = spec_to_dict(spec)
         doc["rendezvous"] = {"host": info.host, "port": info.port, "world_size": len(layout), "rank": 0,
                              "serve": False, "timeout_s": s.rendezvous_timeout_s}

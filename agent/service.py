@@ -10,6 +10,11 @@
 - ``GetStatus``: the reported profile, the agent's identity and address, ``training``, the latest probe
   of each peer.
 
+- ``ReadLogs``: the workers' output this agent keeps (:mod:`spiderflow.joblogs`), from byte offsets; with
+  ``follow``, new output as it is written. On an mTLS server only a service or admin certificate may read
+  (PERMISSION_DENIED otherwise): tenants read their logs through the scheduler, which checks the job's
+  tenant.
+
 Stage control (StartStages, StopStages, WatchWorkers) is not served by this class (UNIMPLEMENTED).
 
 Callers (when the server authenticates, i.e. serves mTLS): the probes only peer agents, the control-plane
@@ -19,13 +24,16 @@ PERMISSION_DENIED on every RPC (:func:`require_caller`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Protocol
 
 import grpc.aio
 
 from agent.probe import Ingress
+from spiderflow import joblogs
 from spiderflow.errors import PermissionDeniedError, UnavailableError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
@@ -64,12 +72,18 @@ class AgentState(Protocol):
     def status(self) -> agent_pb2.GetStatusResponse: ...
 
 
+LOG_CHUNK_BYTES = 256 * 1024
+LOG_POLL_S = 0.25
+
+
 @map_domain_errors
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Thin adapter over an :class:`AgentState`."""
 
-    def __init__(self, state: AgentState) -> None:
+    def __init__(self, state: AgentState, *, work_dir: Path | None = None, cluster: str = "") -> None:
         self.state = state
+        self.work_dir = work_dir
+        self.cluster = cluster
 
     async def ProbeEcho(
         self, request: agent_pb2.ProbeEchoRequest, context: grpc.aio.ServicerContext
@@ -123,3 +137,36 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> agent_pb2.GetStatusResponse:
         require_caller(STATUS_CALLERS, "GetStatus")
         return self.state.status()
+
+    async def ReadLogs(
+        self, request: agent_pb2.ReadLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.ReadLogsResponse]:
+        require_caller(STATUS_CALLERS, "ReadLogs")  # the scheduler relays logs to their job's tenant
+        if not request.job_id:
+            raise ValidationError("job_id", "is required")
+        if request.stream not in ("", *joblogs.LogStream):
+            raise ValidationError("stream", "must be stdout, stderr or empty", request.stream)
+        streams = frozenset(joblogs.LogStream) if not request.stream else frozenset({joblogs.LogStream(request.stream)})
+        offsets = {(o.attempt, o.rank, o.stream): o.offset for o in request.offsets}
+        if self.work_dir is None:
+            return
+        while True:
+            files = await asyncio.to_thread(
+                joblogs.find_logs, self.work_dir, job=request.job_id, attempt=request.attempt or None,
+                cluster=self.cluster or None, rank=None if request.rank < 0 else request.rank, streams=streams)
+            sent = False
+            for f in files:
+                key = (f.attempt, f.rank, str(f.stream))
+                while True:
+                    at = offsets.get(key, 0)
+                    data = await asyncio.to_thread(joblogs.read_chunk, f.path, at, LOG_CHUNK_BYTES)
+                    if not data:
+                        break
+                    offsets[key] = at + len(data)
+                    sent = True
+                    yield agent_pb2.ReadLogsResponse(cluster=f.cluster, attempt=f.attempt, rank=f.rank,
+                                                     stream=str(f.stream), offset=at, data=data)
+            if not request.follow:
+                return
+            if not sent:
+                await asyncio.sleep(LOG_POLL_S)

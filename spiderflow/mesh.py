@@ -90,7 +90,8 @@ class LocalMesh:
                  scheduler_args: Sequence[str] = (), agent_args: Sequence[str] = (), lease_ttl: int = 4,
                  keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
                  etcd_tls: bool = False, service_ports: dict[str, int] | None = None,
-                 cluster_args: Mapping[str, Sequence[str]] | None = None) -> None:
+                 cluster_args: Mapping[str, Sequence[str]] | None = None,
+                 agents_dir: Path | None = None, dashboard_port: int | None = None) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -104,6 +105,11 @@ class LocalMesh:
         self.lease_ttl = lease_ttl
         self.profile_seconds = profile_seconds
         self.keep_workdir = keep_workdir
+        self.agents_dir = agents_dir or self.workdir / "agents"
+        self.dashboard_port = dashboard_port
+        """Serve the scheduler's web dashboard on this loopback port (0: any; taken: any); None: none."""
+        """The agents' work directories (``<agents_dir>/<cluster>``: workers' specs and logs); outside
+        ``workdir`` they outlive the mesh (``spiderflow up`` keeps them under the state directory)."""
         self.etcd_tls = etcd_tls
         self.service_ports = dict(service_ports or {})
         """Preferred loopback port per service (e.g. the clients' defaults); a taken one falls back to any."""
@@ -124,6 +130,13 @@ class LocalMesh:
 
     def address(self, service: str) -> str:
         return self.services[service].address
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The scheduler's dashboard URL (with ``dashboard_port``), once started."""
+        proc = self.services.get("scheduler")
+        url = proc.ready_doc.get("dashboard") if proc is not None else None
+        return str(url) if url else None
 
     def addresses(self) -> dict[str, str]:
         return {"etcd": self.etcd_endpoint, **{name: p.address for name, p in self.services.items()}}
@@ -197,7 +210,9 @@ class LocalMesh:
         topo, planner = self._services(("topology", ("--etcd", self.etcd_endpoint, *self.etcd_args)),
                                        ("planner", ()))
         self._service("scheduler", "--etcd", self.etcd_endpoint, *self.etcd_args, "--topology-service", topo.address,
-                      "--planner", planner.address, *self.scheduler_args)
+                      "--planner", planner.address, *self.scheduler_args,
+                      *(["--dashboard-listen", f"127.0.0.1:{_port_if_free(self.dashboard_port)}"]
+                        if self.dashboard_port is not None else []))
         for c in self.topology.clusters:  # spawned side by side (imports and profiling overlap), then awaited
             self.agents[c.name] = self._agent(c, host, prefix, wait=False)
         for c in self.topology.clusters:
@@ -215,7 +230,7 @@ class LocalMesh:
             "--topology-service", remote(self.address("topology")), "--scheduler", remote(self.address("scheduler")),
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
-            "--work-dir", str(self.workdir / "agents" / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
+            "--work-dir", str(self.agents_dir / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
             "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.etcd_args, *self.agent_args,
             *self.cluster_args.get(c.name, ()),
         )

@@ -22,9 +22,9 @@ Errors are the domain errors of :mod:`spiderflow.errors` (``ValidationError`` wi
 ``NotFoundError``, ``PreconditionError``, ``UnavailableError``, ...), never raw gRPC errors.
 
 Endpoint resolution (:func:`resolve_address`): an explicit argument, else the environment variable
-(``SPIDERFLOW_SCHEDULER``, ``SPIDERFLOW_TOPOLOGY``, ``SPIDERFLOW_PLANNER``), else the config file
-(``$SPIDERFLOW_CONFIG`` or ``~/.config/spiderflow/config.yaml``, keys ``scheduler``, ``topology``,
-``planner``; ``spiderflow up --keep`` writes it), else ``127.0.0.1:50051`` / ``:50052`` / ``:50053``.
+(``SPIDERFLOW_SCHEDULER``, ``SPIDERFLOW_TOPOLOGY``, ``SPIDERFLOW_PLANNER``), else the current context of
+the config file (``$SPIDERFLOW_CONFIG`` or ``~/.config/spiderflow/config.yaml``; ``spiderflow up`` writes
+one; see :mod:`spiderflow.contexts`), else ``127.0.0.1:50051`` / ``:50052`` / ``:50053``.
 
 Security: ``tls_dir`` (else ``$SPIDERFLOW_TLS_DIR``) is a certificate bundle (``ca.crt``, ``tls.crt``,
 ``tls.key``; ``spiderflow certs init`` writes one per tenant): the channel is mTLS and the caller is the
@@ -34,7 +34,6 @@ metadata on every call. Neither: plaintext, unauthenticated (a loopback developm
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -45,8 +44,8 @@ from typing import Any, Literal, Self
 
 import grpc
 import grpc.aio
-import yaml
 
+from spiderflow.contexts import DEFAULT_ADDRESSES, Service, config_path, context_value, resolve_endpoint
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.formats import in_file, job_from_dict, job_to_dict, load_document
@@ -66,38 +65,17 @@ __all__ = [
     "Client",
     "Job",
     "JobEvent",
+    "LogChunk",
+    "MetricPoint",
+    "Metrics",
     "Transition",
     "config_path",
     "resolve_address",
 ]
 
-Service = Literal["scheduler", "topology", "planner"]
-DEFAULT_ADDRESSES: dict[str, str] = {
-    "scheduler": "127.0.0.1:50051", "topology": "127.0.0.1:50052", "planner": "127.0.0.1:50053",
-}
-_ENV = {"scheduler": "SPIDERFLOW_SCHEDULER", "topology": "SPIDERFLOW_TOPOLOGY", "planner": "SPIDERFLOW_PLANNER"}
-
-
-def config_path() -> Path:
-    return Path(os.environ.get("SPIDERFLOW_CONFIG", Path.home() / ".config" / "spiderflow" / "config.yaml"))
-
-
 def resolve_address(service: Service, explicit: str | None = None) -> str:
-    """The endpoint of ``service`` (see the module docstring for the order)."""
-    if explicit:
-        return explicit
-    env = os.environ.get(_ENV[service])
-    if env:
-        return env
-    path = config_path()
-    if path.exists():
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValidationError(str(path), f"not valid YAML: {e}") from None
-        if isinstance(doc, dict) and isinstance(doc.get(service), str):
-            return str(doc[service])
-    return DEFAULT_ADDRESSES[service]
+    """The endpoint of ``service`` (see :mod:`spiderflow.contexts` for the order)."""
+    return resolve_endpoint(service, explicit).address
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,6 +127,72 @@ class JobEvent:
     job: Job | None = None
     transition: Transition | None = None
     progress: dict[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogChunk:
+    """A piece of one worker's output: ``stream`` is ``stdout`` (JSON events) or ``stderr`` (log events,
+    tracebacks); ``offset`` is where ``data`` starts in its file on the agent."""
+
+    cluster: str
+    attempt: int
+    rank: int
+    stream: str
+    offset: int
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        return self.data.decode(errors="replace")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricPoint:
+    """One reported training step: measured figures and the bound plan's predicted step time."""
+
+    attempt: int
+    step: int
+    loss: float
+    tokens_per_s: float
+    step_time_s: float
+    predicted_step_time_s: float
+    time: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"attempt": self.attempt, "step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
+                "step_time_s": self.step_time_s, "predicted_step_time_s": self.predicted_step_time_s,
+                "time": self.time}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """A job's metrics history, oldest first; ``dropped`` points were discarded by the bound."""
+
+    job_id: str
+    points: tuple[MetricPoint, ...]
+    dropped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "dropped": self.dropped, "points": [p.to_dict() for p in self.points]}
+
+
+def _metrics(resp: scheduler_pb2.GetJobMetricsResponse) -> Metrics:
+    return Metrics(job_id=resp.job_id, dropped=int(resp.dropped), points=tuple(
+        MetricPoint(attempt=int(p.attempt), step=int(p.step), loss=p.loss, tokens_per_s=p.tokens_per_s,
+                    step_time_s=p.step_time_s, predicted_step_time_s=p.predicted_step_time_s,
+                    time=p.time.ToNanoseconds() / 1e9) for p in resp.points))
+
+
+def _chunk(m: scheduler_pb2.GetJobLogsResponse) -> LogChunk:
+    return LogChunk(cluster=m.cluster, attempt=int(m.attempt), rank=int(m.rank), stream=m.stream,
+                    offset=int(m.offset), data=bytes(m.data))
+
+
+def _logs_request(job_id: str, follow: bool, attempt: int | None, cluster: str | None, rank: int | None,
+                  stream: str | None) -> scheduler_pb2.GetJobLogsRequest:
+    return scheduler_pb2.GetJobLogsRequest(job_id=job_id, follow=follow, attempt=attempt or 0,
+                                           cluster=cluster or "", rank=-1 if rank is None else rank,
+                                           stream=stream or "")
 
 
 def _state_name(value: int) -> str:
@@ -224,8 +268,10 @@ def _security(credentials: grpc.ChannelCredentials | None, tls_dir: str | Path |
               token: str | None) -> tuple[grpc.ChannelCredentials | None, tuple[tuple[str, str], ...]]:
     if credentials is None:
         bundle = client_tls_dir(tls_dir)
+        if bundle is None and (ctx_dir := context_value("tls_dir")):
+            bundle = Path(ctx_dir).expanduser()
         credentials = channel_credentials(bundle) if bundle is not None else None
-    return credentials, bearer_metadata(client_token(token))
+    return credentials, bearer_metadata(client_token(token) or context_value("token"))
 
 
 def _list_request(states: Sequence[str] | None, tenant: str | None, page_size: int,
@@ -309,6 +355,28 @@ class Client:
             return job_from_proto(self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
                                                        **self._call).job)
 
+    def delete(self, job_id: str) -> Job:
+        """Delete a finished job (its record, metrics and request id); returns its last record.
+        ``PreconditionError`` while it has not finished."""
+        with domain_errors():
+            return job_from_proto(self._stub.DeleteJob(scheduler_pb2.DeleteJobRequest(job_id=job_id),
+                                                       **self._call).job)
+
+    def metrics(self, job_id: str, *, limit: int = 0) -> Metrics:
+        """Every kept training step of the job (the newest ``limit`` when > 0)."""
+        with domain_errors():
+            return _metrics(self._stub.GetJobMetrics(scheduler_pb2.GetJobMetricsRequest(job_id=job_id, limit=limit),
+                                                     **self._call))
+
+    def logs(self, job_id: str, *, follow: bool = False, attempt: int | None = None, cluster: str | None = None,
+             rank: int | None = None, stream: str | None = None) -> Iterator[LogChunk]:
+        """The workers' output of the job, relayed from the agents that keep it; with ``follow``, until the
+        job has ended. Filters: ``attempt``, ``cluster``, ``rank``, ``stream`` (``stdout``/``stderr``)."""
+        req = _logs_request(job_id, follow, attempt, cluster, rank, stream)
+        with domain_errors():
+            for m in self._stub.GetJobLogs(req, metadata=self._md):
+                yield _chunk(m)
+
     def topology(self) -> Topology:
         """The live topology snapshot from the topology service."""
         channel = self._open(resolve_address("topology", self._topology_address))
@@ -380,6 +448,24 @@ class AsyncClient:
             resp = await self._stub.CancelJob(scheduler_pb2.CancelJobRequest(job_id=job_id, reason=reason),
                                               **self._call)
         return job_from_proto(resp.job)
+
+    async def delete(self, job_id: str) -> Job:
+        with domain_errors():
+            resp = await self._stub.DeleteJob(scheduler_pb2.DeleteJobRequest(job_id=job_id), **self._call)
+        return job_from_proto(resp.job)
+
+    async def metrics(self, job_id: str, *, limit: int = 0) -> Metrics:
+        with domain_errors():
+            return _metrics(await self._stub.GetJobMetrics(
+                scheduler_pb2.GetJobMetricsRequest(job_id=job_id, limit=limit), **self._call))
+
+    async def logs(self, job_id: str, *, follow: bool = False, attempt: int | None = None,
+                   cluster: str | None = None, rank: int | None = None,
+                   stream: str | None = None) -> AsyncIterator[LogChunk]:
+        req = _logs_request(job_id, follow, attempt, cluster, rank, stream)
+        with domain_errors():
+            async for m in self._stub.GetJobLogs(req, metadata=self._md):
+                yield _chunk(m)
 
     async def topology(self) -> Topology:
         channel = open_channel(resolve_address("topology", self._topology_address), credentials=self._credentials)

@@ -27,6 +27,7 @@ import structlog
 
 from services.planner.client import RemotePlanner
 from services.scheduler.cycle import SchedulingCycle
+from services.scheduler.dashboard import add_dashboard_argument, start_scheduler_dashboard
 from services.scheduler.liveness import DEFAULT_STALE_S
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
@@ -61,8 +62,8 @@ CAMPAIGN_WARN_EVERY_S = 30.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", required=True, help="etcd endpoint host:port")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--topology-service", help="topology service address (live topology)")
-    src.add_argument("--topology", help="a topology file (static topology, no agents needed)")
+    src.add_argument("--topology-service", metavar="ADDR", help="topology service address (live topology)")
+    src.add_argument("--topology", metavar="FILE", help="a topology file (static topology, no agents needed)")
     p.add_argument("--planner", help="planner service address: SpinSearch and bace plan their chosen chains through "
                                      "it (default: plan in-process; the plans are the same)")
     p.add_argument("--policy", default="spinsearch", help="default placement policy")
@@ -100,6 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_server_arguments(p)
     add_etcd_arguments(p)
     add_metrics_argument(p)
+    add_dashboard_argument(p)
 
 
 class SimExecutor:
@@ -344,7 +346,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     quota = TenantQuota(max_queued=args.tenant_max_queued, max_gpus=args.tenant_max_gpus,
                         max_watches=args.tenant_max_watches)
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
-                               max_watches=args.max_watches, tenant_quota=quota)
+                               max_watches=args.max_watches, tenant_quota=quota,
+                               agent_credentials=security.client_credentials)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
@@ -357,12 +360,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
         tenant_quota=quota, stale_s=args.stale_after,
     )
+    dashboard = await start_scheduler_dashboard(args, repo, topology, service.observer)
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,
-                     metrics=metrics.address if metrics else None)
+                     metrics=metrics.address if metrics else None, dashboard=dashboard.url if dashboard else None)
     log.info("scheduler.serving", address=server.address, etcd=args.etcd, executor=args.executor,
              security=security.mode)
     task = asyncio.create_task(replica.run(stop))
     await stop.wait()
+    if dashboard is not None:
+        await dashboard.stop()
     await server.stop(grace_s=2)
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await asyncio.wait_for(task, timeout=5)

@@ -45,17 +45,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import grpc
 import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from services.scheduler.batching import SubmitBatcher
+from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository, StoredJob
 from spiderflow.errors import (
     NotFoundError,
     PermissionDeniedError,
     PreconditionError,
     ResourceExhaustedError,
+    SpiderFlowError,
     UnavailableError,
     ValidationError,
 )
@@ -160,12 +163,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, repo: JobRepository, *, max_queued: int = 10_000, wake: asyncio.Event | None = None,
                  known_policies: frozenset[str] | None = None, limiter: RateLimiter | None = None,
                  max_watches: int = 1000, group_commit: bool = True,
-                 tenant_quota: TenantQuota | None = None) -> None:
+                 tenant_quota: TenantQuota | None = None,
+                 agent_credentials: grpc.ChannelCredentials | None = None) -> None:
         self.repo = repo
         self.tenant_quota = tenant_quota or TenantQuota()
         self._watches_by: dict[str, int] = {}
         self._queued_by: dict[str, int] = {}  # per tenant, at the last recount
         self._created_by: dict[str, int] = {}  # per tenant, created by this replica since the last recount
+        self.observer = JobObserver(repo, agent_credentials=agent_credentials)
         self.batcher = SubmitBatcher(repo) if group_commit else None
         self.max_queued = max_queued
         self.wake = wake
@@ -429,10 +434,48 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 await self.repo.transition(stored, new)
             except CompareFailedError:
                 continue
+            fresh = [e for e in request.progress if e.step > r.progress.step or r.state is JobState.PLACED]
+            if fresh:
+                try:
+                    await self.observer.record(new, fresh, now=self.repo.clock())
+                except SpiderFlowError as e:  # the history is best effort; the report itself was recorded
+                    log.warning("scheduler.metrics_not_recorded", job=r.id, error=str(e))
             if new.terminal:
                 self._poke()
             return scheduler_pb2.ReportProgressResponse(accepted=True, stop=new.terminal)
         raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
+
+
+    async def GetJobLogs(
+        self, request: scheduler_pb2.GetJobLogsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[scheduler_pb2.GetJobLogsResponse]:
+        _require_id(request.job_id)
+        await self._get_visible(request.job_id)
+        async for chunk in self.observer.logs(request):
+            yield chunk
+
+    @within_deadline
+    async def GetJobMetrics(
+        self, request: scheduler_pb2.GetJobMetricsRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.GetJobMetricsResponse:
+        _require_id(request.job_id)
+        await self._get_visible(request.job_id)
+        return await self.observer.metrics(request.job_id, request.limit)
+
+    @within_deadline
+    async def DeleteJob(
+        self, request: scheduler_pb2.DeleteJobRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.DeleteJobResponse:
+        _require_id(request.job_id)
+        for _ in range(10):
+            stored = await self._get_visible(request.job_id, write=True)
+            try:
+                await self.observer.delete(stored)
+            except CompareFailedError:
+                continue
+            log.info("scheduler.deleted", job=request.job_id)
+            return scheduler_pb2.DeleteJobResponse(job=job_to_proto(stored))
+        raise PreconditionError(f"job {request.job_id} is changing too fast to delete; retry")
 
 
 MAX_EVENTS = 10_000

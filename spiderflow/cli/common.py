@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
+from rich.table import Table
 
 __all__ = [
     "EXIT_FAILED",
@@ -29,10 +32,14 @@ __all__ = [
     "console",
     "csv_ints",
     "err_console",
+    "fit_table",
     "output_dir",
     "output_file",
     "print_json",
+    "run_interruptible",
 ]
+
+T = TypeVar("T")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -125,3 +132,76 @@ def csv_ints(*, minimum: int) -> Callable[[str], list[int]]:
         return out
 
     return parse
+
+
+def fit_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *,
+              keep: Collection[str] = (), fold: Collection[str] = (), width: int | None = None,
+              show_header: bool = True) -> Table:
+    """A table that fits ``width`` (default: the console's; 80 when piped without ``$COLUMNS``): no cell
+    of a column outside ``fold`` is ever wrapped or cut (ids, figures); ``fold`` columns wrap their text
+    down to 12 characters; while that is still too wide, the rightmost columns outside ``keep`` are
+    dropped (and the title says how many)."""
+    width = width or console.width
+    cols = list(columns)
+    natural = {c: max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(columns)}
+
+    def need(cs: list[str]) -> int:
+        return sum(min(natural[c], 12) if c in fold else natural[c] for c in cs) + 3 * len(cs) + 1
+
+    dropped: list[str] = []
+    while need(cols) > width:
+        victims = [c for c in cols if c not in keep]
+        if not victims:
+            break
+        dropped.append(victims[-1])
+        cols.remove(victims[-1])
+    if dropped and title:
+        title = f"{title} (hidden at {width} columns: {', '.join(reversed(dropped))})"
+    table = Table(title=title, show_header=show_header, title_justify="left")
+    for c in cols:
+        if c in fold:
+            table.add_column(c, overflow="fold", min_width=min(natural[c], 12))
+        else:
+            table.add_column(c, no_wrap=True, min_width=natural[c], overflow="ignore")
+    index = [columns.index(c) for c in cols]
+    for r in rows:
+        table.add_row(*(r[i] for i in index))
+    return table
+
+
+def run_interruptible(fn: Callable[[], T], *, what: str) -> T:
+    """Run ``fn`` so that Ctrl-C (SIGINT) or SIGTERM stops the command at once, whatever ``fn`` runs.
+
+    Solvers may take over the process's SIGINT handler while they run (CP-SAT does, and then swallows the
+    signal), so the signals are not left to handlers: they are blocked, ``fn`` runs in a worker thread, and
+    this thread takes them with ``sigtimedwait``. On one, ``interrupted: <what> stopped`` goes to stderr and
+    the process exits with code 130 at once (``fn`` holds no resource that outlives the process)."""
+    signals = {signal.SIGINT, signal.SIGTERM}
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            result.append(fn())
+        except BaseException as e:  # re-raised in the calling thread
+            error.append(e)
+
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal is discarded even while
+    # blocked: handle both (the handlers never run while blocked; sigtimedwait takes the signal first).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        worker = threading.Thread(target=work, name="spiderflow-work", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            if signal.sigtimedwait(signals, 0.1) is not None:
+                sys.stdout.flush()
+                sys.stderr.write(f"\ninterrupted: {what} stopped\n")
+                sys.stderr.flush()
+                os._exit(130)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    if error:
+        raise error[0]
+    return result[0]

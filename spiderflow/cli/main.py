@@ -12,7 +12,7 @@ import importlib
 import pkgutil
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from spiderflow.cli import commands
 from spiderflow.cli.common import (
@@ -43,25 +43,139 @@ def _fail(e: object) -> None:
     sys.stderr.flush()
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default when it has one and the text does not already say it;
+    descriptions and epilogs of one paragraph are wrapped to the terminal, those with line breaks (examples)
+    are kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or not action.option_strings \
+                or "default" in text.lower() or isinstance(action.default, list):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors are one line on stderr and exit code 2 (``--help`` still prints the full usage)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         msg = " ".join(message.split())
         self.exit(EXIT_USAGE, f"error: {self.prog}: {msg} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spiderflow")
+    except PackageNotFoundError:
+        return "0.1.0 (source tree)"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; given the ``command`` about to run, commands it does not need may register
+    lighter parsers (``serve`` skips importing the services)."""
     parser = _Parser(
         prog="spiderflow",
         description="Topology-aware scheduling of LLM training across decentralized GPU clusters.",
     )
+    parser.add_argument("--version", action="version", version=f"spiderflow {_version()}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    from spiderflow.cli.commands import serve
+
+    serve.LOAD_SERVICES = command is None or command in ("serve", "completion")
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
         module.register(sub)
     _name_commands(parser)
+    _document(parser)
     return parser
+
+
+EXAMPLES: dict[str, str] = {
+    "": "spiderflow up",
+    "agent": "spiderflow agent --cluster va --etcd :2379 --topology-service :50052",
+    "certs": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
+    "certs init": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
+    "jobs": "spiderflow jobs --state RUNNING --json",
+    "status": "spiderflow status sample-1a2b3c --history",
+    "watch": "spiderflow watch sample-1a2b3c",
+    "cancel": "spiderflow cancel sample-1a2b3c --reason 'wrong batch size'",
+    "plan": "spiderflow plan --topology aws-10-dtfm --model gpt3-6.7b --gpus 32",
+    "serve planner": "spiderflow serve planner --listen 127.0.0.1:50053",
+    "serve scheduler": "spiderflow serve scheduler --etcd 127.0.0.1:2379 --topology-service :50052",
+    "serve topology": "spiderflow serve topology --etcd 127.0.0.1:2379 --listen 127.0.0.1:50052",
+    "simulate": "spiderflow simulate --topology aws-10-dtfm --trace t.json --json r.json",
+    "testbed": "sudo spiderflow testbed up --topology examples/topology-3.yaml",
+    "testbed up": "sudo spiderflow testbed up --topology examples/topology-3.yaml",
+    "testbed down": "sudo spiderflow testbed down",
+    "testbed status": "spiderflow testbed status",
+    "testbed exec": "sudo spiderflow testbed exec virginia -- ip addr",
+    "testbed measure": "sudo spiderflow testbed measure",
+    "testbed set-link": "sudo spiderflow testbed set-link va ohio --bandwidth-gbps 1 --latency-ms 5",
+    "topology": "spiderflow topology show --png map.png",
+    "topology validate": "spiderflow topology validate examples/topology-3.yaml",
+    "topology generate": "spiderflow topology generate --clusters 64 --seed 1 --out topo64.json",
+    "topology show": "spiderflow topology show --png map.png",
+    "trace": "spiderflow trace generate --jobs 200 --seed 1 --out trace.json",
+    "trace generate": "spiderflow trace generate --jobs 200 --seed 1 --out trace.json",
+    "trace validate": "spiderflow trace validate trace.json",
+    "up": "spiderflow up --clusters 4 --steps 60 --keep",
+}
+"""An example per command (``spiderflow COMMAND --help`` ends with it) where its module gives none."""
+
+OPTION_HELP: dict[str, str] = {
+    "job_id": "job id (spiderflow jobs lists them)",
+    "--tenant": "only this tenant's jobs",
+    "--reason": "why, recorded in the job's history",
+    "--log-format": "log lines as JSON or for a console (auto: JSON unless a terminal)",
+    "--nodes": "nodes of the declared cluster (with --gpu)",
+    "--gpus-per-node": "GPUs per node of the declared cluster (with --gpu)",
+    "--memory-gib": "memory per GPU, GiB (with --gpu; default: the catalog's)",
+    "--electricity": "electricity price, USD per kWh",
+    "--intra-node-gbps": "bandwidth between GPUs of a node, Gbit/s",
+    "--inter-node-gbps": "bandwidth between nodes of the cluster, Gbit/s",
+    "--executor": "who runs placed jobs: the agents, or a simulated executor (tests)",
+    "--sim-min-s": "simulated executor: shortest job run, seconds",
+    "--sim-max-s": "simulated executor: longest job run, seconds",
+    "--max-queued": "most PENDING and RESCHEDULING jobs; more are RESOURCE_EXHAUSTED",
+    "--objective": "what the policies optimise: step time, dollars, or both",
+    "--state-dir": "where the testbed keeps its state",
+    "cluster": "cluster name (its network namespace)",
+    "a": "one end of the link (cluster name)",
+    "b": "the other end of the link (cluster name)",
+    "--bandwidth-gbps": "the link's bandwidth, Gbit/s",
+    "--latency-ms": "the link's one-way latency, ms",
+    "file": "the file to check (JSON or YAML)",
+    "--seed": "seed of the generator (same seed, same output)",
+    "--kind": "shape: geo (random geometric), hub (hub and spoke) or mesh",
+}
+"""Help text of options and arguments whose command gives none."""
+
+
+def _document(parser: argparse.ArgumentParser, path: str = "") -> None:
+    """Give every command an example and every option a help text (see :data:`EXAMPLES`,
+    :data:`OPTION_HELP`)."""
+    if not parser.epilog and path in EXAMPLES:
+        parser.epilog = f"example:\n  {EXAMPLES[path]}"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in dict(action.choices).items():
+                _document(child, f"{path} {name}".strip())
+        elif not action.help:
+            key = action.option_strings[0] if action.option_strings else action.dest
+            action.help = OPTION_HELP.get(key, action.help)
 
 
 def _name_commands(parser: argparse.ArgumentParser) -> None:
@@ -85,8 +199,28 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+def _unreachable(args: argparse.Namespace, e: UnavailableError) -> str:
+    """An unreachable service, said with its address, where the address came from and what to do."""
+    text = str(e)
+    address = getattr(args, "_endpoint", None)
+    if not address or not any(k in text.lower() for k in ("connect", "refused", "unavailable", "dns",
+                                                            "deadline")):
+        return text
+    from spiderflow.contexts import current_context, resolve_endpoint
+
+    source = resolve_endpoint("scheduler", getattr(args, "address", None)).source
+    ctx = current_context() if source.startswith("context") else None
+    hint = (f"the context {ctx!r} may be stale: spiderflow context list / use" if ctx
+            else "start one with `spiderflow up --keep`, or pass --address HOST:PORT")
+    return f"no SpiderFlow scheduler answers at {address} ({source}): {hint}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = words[0] if words and not words[0].startswith("-") else ""
+    if command == "completion" and "--job-ids" in words:  # asked at every <TAB>: no service imports
+        command = "completion-job-ids"
+    parser = build_parser(command)
     args = _parse(parser, argv)
     # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
     configure_logging(level="warning")
@@ -106,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(e)
         return EXIT_PERMISSION
     except UnavailableError as e:
-        _fail(e)
+        _fail(_unreachable(args, e))
         return EXIT_UNAVAILABLE
     except SpiderFlowError as e:
         _fail(e)

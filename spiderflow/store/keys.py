@@ -20,6 +20,7 @@ key                                                    value                    
 ``checkpoints/<job>``                                  last checkpoint (step, location)             no
 ``waits/<job>``                                        a queued job's wait for GPUs being released  no
 ``rendezvous/<job>/<attempt>``                         where an attempt's workers meet (host:port)  no
+``metrics/<job>/<attempt:06d>-<step:012d>``            reported steps (one report's points)         no
 ``elections/<service>``                                leader election name (etcd Election API)     svc
 =====================================================  ===========================================  =====
 
@@ -41,6 +42,7 @@ __all__ = [
     "ELECTIONS",
     "JOBS",
     "LINKS",
+    "METRICS",
     "PLANS",
     "PROFILES",
     "QUEUE",
@@ -60,6 +62,8 @@ __all__ = [
     "job_key",
     "link_key",
     "links_from_prefix",
+    "metrics_key",
+    "metrics_prefix",
     "name_of",
     "plan_key",
     "profile_key",
@@ -86,6 +90,7 @@ CHECKPOINTS = ROOT + "checkpoints/"
 WAITS = ROOT + "waits/"
 ELECTIONS = ROOT + "elections/"
 RENDEZVOUS = ROOT + "rendezvous/"
+METRICS = ROOT + "metrics/"
 
 #: Election names of the leader-elected services.
 SCHEDULER = "scheduler"
@@ -180,6 +185,20 @@ def rendezvous_key(job: str, attempt: int) -> str:
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
         raise ValidationError("attempt", "must be an integer ≥ 0", attempt)
     return f"{RENDEZVOUS}{_part('job', job)}/{attempt}"
+
+
+def metrics_key(job: str, *, attempt: int, step: int) -> str:
+    """The points of one progress report of ``job`` (attempt ``attempt``, first step ``step``): keys sort
+    by attempt, then step."""
+    for name, v in (("attempt", attempt), ("step", step)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValidationError(name, "must be an integer ≥ 0", v)
+    return f"{METRICS}{_part('job', job)}/{attempt:06d}-{step:012d}"
+
+
+def metrics_prefix(job: str) -> str:
+    """Prefix of every metrics key of ``job``."""
+    return f"{METRICS}{_part('job', job)}/"
 
 
 def election_name(service: str) -> str:

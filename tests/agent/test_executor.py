@@ -99,8 +99,8 @@ async def test_an_assignment_runs_reports_and_checkpoints(tmp_path: Path) -> Non
                 break
             await asyncio.sleep(0.1)
         assert busy == [True, False]
-        run_dir = tmp_path / "work" / "j1" / "attempt-1"
-        assert (run_dir / "rank-0.out").read_text().count('"event": "step"') == 4
+        run_dir = tmp_path / "work" / "logs" / "j1" / "attempt-1"
+        assert next(run_dir.glob("*/rank-0.out")).read_text().count('"event": "step"') == 4
         assert not ex.runs
 
 

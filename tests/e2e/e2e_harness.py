@@ -49,7 +49,7 @@ def wait_no_marked_processes(token: str, timeout: float = 15.0) -> list[tuple[in
 
 
 def worker_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """The stdout events of every rank of one attempt (``<work-dir>/<job>/attempt-<n>/rank-<r>.out``)."""
+    """The stdout events of every rank of one attempt (``<work-dir>/logs/<job>/attempt-<n>/<cluster>/rank-<r>.out``)."""
     out: dict[int, list[dict[str, Any]]] = {}
     for f in sorted(run_dir.glob("rank-*.out")):
         rank = int(f.stem.split("-")[1])
@@ -67,7 +67,7 @@ def worker_events(run_dir: Path) -> dict[int, list[dict[str, Any]]]:
 def attempt_events(mesh_dir: Path, job: str, attempt: int) -> dict[int, list[dict[str, Any]]]:
     """Events of every rank of ``job``'s attempt, over all agents' work dirs of a mesh."""
     merged: dict[int, list[dict[str, Any]]] = {}
-    for run_dir in sorted((mesh_dir / "agents").glob(f"*/{job}/attempt-{attempt}")):
+    for run_dir in sorted((mesh_dir / "agents").glob(f"*/logs/{job}/attempt-{attempt}/*")):
         merged.update(worker_events(run_dir))
     return merged
 

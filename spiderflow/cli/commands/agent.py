@@ -41,7 +41,7 @@ def _config(args: argparse.Namespace) -> Any:
     overrides: dict[str, Any] = {
         "cluster": args.cluster, "topology_service": args.topology_service, "etcd": args.etcd,
         "scheduler": args.scheduler, "work_dir": args.work_dir, "checkpoint_dir": args.checkpoint_dir,
-        "checkpoint_every": args.checkpoint_every,
+        "checkpoint_every": args.checkpoint_every, "log_retention_days": args.log_retention_days,
         "listen": args.listen, "advertise": args.advertise, "tls_dir": args.tls_dir, "agent_id": args.agent_id,
         "etcd_tls_dir": args.etcd_tls_dir, "etcd_user": args.etcd_user, "token": args.token,
         "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
@@ -109,6 +109,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--checkpoint-dir", help="checkpoint root, the same path on every agent (default: "
                                             "<work-dir>/checkpoints)")
     p.add_argument("--checkpoint-every", type=int, metavar="K", help="steps between checkpoints (default 10; 0: none)")
+    p.add_argument("--log-retention-days", type=float, metavar="D",
+                   help="delete a job's workers' logs D days after its last output (default 7; 0: never)")
     p.add_argument("--config", type=Path, help="YAML/JSON agent configuration (flags override it)")
     testbed = os.environ.get("SPIDERFLOW_TESTBED_ADDRESS")
     p.add_argument("--listen", default=f"{testbed}:0" if testbed else None,

@@ -9,20 +9,29 @@ init``) switches to mTLS; ``--token``/``SPIDERFLOW_TOKEN`` sends a bearer token.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import uuid
 from typing import Any
 
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
-from spiderflow.domain import Precision
+from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
+from spiderflow.domain import JobSpec, Precision
+from spiderflow.errors import ValidationError
 from spiderflow.jobs import JobState
 from spiderflow.sdk import Client, Job
 
-__all__ = ["add_data_and_optimizer_options", "data_and_optimizer", "parse_gpus", "prepare_data", "register"]
+__all__ = [
+    "add_address",
+    "add_data_and_optimizer_options",
+    "client",
+    "data_and_optimizer",
+    "parse_gpus",
+    "prepare_data",
+    "register",
+]
 
 _STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan", "PLACED": "blue",
           "PENDING": "white", "RESCHEDULING": "magenta"}
@@ -40,8 +49,24 @@ def parse_gpus(value: str) -> dict[str, int]:
         raise argparse.ArgumentTypeError(f"--gpus must be N or MIN:MAX (got {value!r})") from None
 
 
-def _client(args: argparse.Namespace) -> Client:
-    return Client(args.address, tls_dir=args.tls_dir, token=args.token)
+def client(args: argparse.Namespace) -> Client:
+    """The scheduler client of a command's ``--address``/``--tls-dir``/``--token`` (see :func:`add_address`)."""
+    sf = Client(args.address, tls_dir=args.tls_dir, token=args.token)
+    args._endpoint = sf.scheduler_address
+    return sf
+
+
+SUBMIT_DEFAULTS: dict[str, Any] = {"global_batch": 8, "micro_batch": 1, "seq_len": 2048, "steps": 10,
+                                   "gpus": {"min": 1, "max": 8}, "priority": 0, "tenant": "default"}
+"""What ``submit --model`` uses for the options not given (a job FILE's own values win over these)."""
+_OVERRIDES = ("id", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "priority", "tenant", "precision")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The job fields given on the command line (data and optimizer options included)."""
+    out = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
+    out.update(data_and_optimizer(args))
+    return out
 
 
 def _id_stem(model: str) -> str:
@@ -51,19 +76,33 @@ def _id_stem(model: str) -> str:
 
 def _job_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.model is None:
-        raise CliError("give a job FILE or --model (see spiderflow submit --help)", EXIT_USAGE)
-    job: dict[str, Any] = {
-        "id": args.id or f"{_id_stem(args.model)}-{uuid.uuid4().hex[:8]}", "model": args.model,
-        "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-        "steps": args.steps, "gpus": args.gpus or {"min": 1, "max": 8}, "priority": args.priority,
-        "tenant": args.tenant, "precision": args.precision,
-    }
+        given = ", ".join(f"--{k.replace('_', '-')}" for k in _overrides(args))
+        raise CliError("give a job FILE or --model (see spiderflow submit --help)"
+                       + (f"; {given} only adjust one" if given else ""), EXIT_USAGE)
+    job: dict[str, Any] = {**SUBMIT_DEFAULTS, "model": args.model, **_overrides(args)}
+    job.setdefault("id", f"{_id_stem(args.model)}-{uuid.uuid4().hex[:8]}")
     if args.weights or args.save_to:
         model: dict[str, Any] = {"hf_config": args.model} if args.model.endswith(".json") else {"name": args.model}
         model.update({k: v for k, v in (("weights", args.weights), ("save_to", args.save_to)) if v})
         job["model"] = model
-    job.update(data_and_optimizer(args))
     return job
+
+
+def _job_from_file(args: argparse.Namespace) -> JobSpec:
+    """The job FILE with the command line's options applied over it (a file holding a one-job trace is
+    accepted too); errors name the file and the field."""
+    from spiderflow.formats import in_file, job_from_dict, load_document
+
+    doc = load_document(args.file)
+    if isinstance(doc, dict) and isinstance(doc.get("jobs"), list) and len(doc["jobs"]) == 1:
+        doc = doc["jobs"][0]
+
+    def parse(d: Any) -> JobSpec:
+        if not isinstance(d, dict):
+            raise ValidationError("job", "must be an object (a trace job)")
+        return job_from_dict({**d, **_overrides(args)})
+
+    return in_file(args.file, parse, doc)
 
 
 def data_and_optimizer(args: argparse.Namespace) -> dict[str, Any]:
@@ -139,10 +178,10 @@ def _plan_summary(job: Job) -> str:
 def _submit(args: argparse.Namespace) -> int:
     if args.file and args.model:
         raise CliError("give either a job FILE or --model, not both", EXIT_USAGE)
-    job_input: Any = args.file if args.file else _job_from_args(args)
+    job_input: Any = _job_from_file(args) if args.file else _job_from_args(args)
     if isinstance(job_input, dict):
         prepare_data(job_input)
-    with _client(args) as sf:
+    with client(args) as sf:
         job = sf.submit(job_input, request_id=args.request_id, policy=args.policy)
         if args.json and not args.watch:
             print_json(job.to_dict())
@@ -155,50 +194,78 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    with _client(args) as sf:
+    with client(args) as sf:
         jobs = sf.list(states=args.state or None, tenant=args.tenant)
     if args.json:
         print_json([j.to_dict() for j in jobs])
         return 0
-    table = Table(title=f"{len(jobs)} job(s)")
-    for col in ("ID", "TENANT", "MODEL", "STATE", "GPUS", "STEP", "PLAN", "REASON"):
-        table.add_column(col, overflow="fold")
-    for j in jobs:
-        step = f"{int(j.progress.get('step', 0))}/{j.spec.steps}"
-        table.add_row(j.id, j.spec.tenant, j.spec.model.name, f"[{_STYLE.get(j.state, '')}]{j.state}[/]",
-                      str(j.plan.gpus) if j.plan else "-", step, _plan_summary(j), j.reason)
-    console.print(table)
+    rows = [(j.id, j.spec.tenant, j.spec.model.name, j.state, str(j.plan.gpus) if j.plan else "-", _steps(j),
+             _plan_summary(j), j.reason) for j in jobs]
+    console.print(fit_table(f"{len(jobs)} job(s)", ["ID", "STATE", "STEP", "GPUS", "MODEL", "TENANT", "PLAN",
+                                                    "REASON"],
+                            [(r[0], r[3], r[5], r[4], r[2], r[1], r[6], r[7]) for r in rows],
+                            keep=("ID", "STATE", "STEP", "REASON"), fold=("PLAN", "REASON")))
     return 0
+
+
+def _steps(j: Job) -> str:
+    """``done/total`` steps: the total once a job succeeded, the last reported step otherwise."""
+    done = j.spec.steps if j.state == JobState.SUCCEEDED else int(j.progress.get("step", 0))
+    return f"{done}/{j.spec.steps}"
 
 
 def _status(args: argparse.Namespace) -> int:
-    with _client(args) as sf:
+    with client(args) as sf:
         job = sf.get(args.job_id)
-    if args.json:
-        print_json(job.to_dict())
-        return 0
-    table = Table(title=f"job {job.id}", show_header=False)
-    table.add_row("state", f"[{_STYLE.get(job.state, '')}]{job.state}[/] — {job.reason}")
-    table.add_row("model", f"{job.spec.model.name} ({job.spec.model.layers} layers)")
-    table.add_row("tenant / policy", f"{job.spec.tenant} / {job.policy or 'default'}")
-    table.add_row("attempt", str(job.attempt))
-    if job.plan is not None:
-        table.add_row("plan", _plan_summary(job))
-        table.add_row("schedule / micro-batches", f"{job.plan.schedule} / {job.plan.micro_batches}")
-        table.add_row("predicted step", f"{job.plan.step_time_s:.4g} s ({job.plan.throughput_tokens_per_s:,.0f} tok/s)")
-    if job.progress:
-        p = job.progress
-        table.add_row("progress", f"step {int(p['step'])}/{int(p['steps'])}, loss {p['loss']:.4f}, "
-                                  f"{p['step_time_s']:.4g} s/step, {p['tokens_per_s']:,.0f} tok/s")
-    for t in job.history:
-        table.add_row(time.strftime("%H:%M:%S", time.localtime(t.time)), f"{t.from_state or '∅'} → {t.to_state}: "
-                                                                          f"{t.reason}")
-    console.print(table)
+        if args.json:
+            doc = job.to_dict()
+            if args.history:
+                doc["metrics"] = sf.metrics(job.id).to_dict()
+            print_json(doc)
+            return 0
+        rows = [("id", job.id), ("state", f"{job.state}: {job.reason}"),
+                ("model", f"{job.spec.model.name} ({job.spec.model.layers} layers)"),
+                ("tenant", job.spec.tenant), ("policy", job.policy or "default"), ("attempt", str(job.attempt)),
+                ("steps", _steps(job))]
+        if job.plan is not None:
+            rows += [("plan", _plan_summary(job)),
+                     ("schedule", f"{job.plan.schedule}, {job.plan.micro_batches} micro-batches"),
+                     ("predicted", f"{job.plan.step_time_s:.4g} s/step, "
+                                   f"{job.plan.throughput_tokens_per_s:,.0f} tok/s")]
+        if job.progress:
+            p = job.progress
+            rows.append(("last step", f"{int(p['step'])}: loss {p['loss']:.4f}, {p['step_time_s']:.4g} s/step, "
+                                      f"{p['tokens_per_s']:,.0f} tok/s"))
+        for t in job.history:
+            rows.append((time.strftime("%H:%M:%S", time.localtime(t.time)),
+                         f"{t.from_state or '-'} → {t.to_state}: {t.reason}"))
+        console.print(fit_table(None, ["FIELD", "VALUE"], rows, keep=("FIELD", "VALUE"), fold=("VALUE",),
+                                show_header=False))
+        if args.history:
+            from spiderflow.cli.commands.observe import show_metrics
+
+            show_metrics(sf, job.id, limit=0, json_out=False, tensorboard=None)
     return 0
 
 
+def _progress_line(job_id: str, p: dict[str, float]) -> str:
+    return (f"{job_id} step {int(p['step'])}/{int(p['steps'])} loss {p['loss']:.4f} "
+            f"{p['tokens_per_s']:,.0f} tok/s {p['step_time_s']:.3g} s/step")
+
+
 def _follow(sf: Client, job_id: str, *, json_out: bool) -> int:
-    """Follow a job to its end; exit 0 on SUCCEEDED, 1 otherwise."""
+    """Follow a job to its end; exit 0 on SUCCEEDED, 1 otherwise. Ctrl-C stops following (exit 130) and
+    says that the job keeps running."""
+    try:
+        return _follow_events(sf, job_id, json_out=json_out)
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        sys.stderr.write(f"\nstopped watching {job_id}; the job keeps running "
+                         f"(re-attach: spiderflow watch {job_id}; stop it: spiderflow cancel {job_id})\n")
+        return 130
+
+
+def _follow_events(sf: Client, job_id: str, *, json_out: bool) -> int:
     final = ""
     if json_out:
         for ev in sf.watch(job_id):
@@ -214,35 +281,49 @@ def _follow(sf: Client, job_id: str, *, json_out: bool) -> int:
                 doc["progress"] = ev.progress
             print_json(doc)
         return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        TextColumn("{task.completed}/{task.total}"), TextColumn("{task.fields[info]}"),
-                        TimeElapsedColumn(), console=console)
-    task = progress.add_task(job_id, total=None, info="")
-    with Live(progress, console=console, refresh_per_second=8, transient=False):
+    if not console.is_terminal:  # piped: plain lines, one per event, ending with a newline
         for ev in sf.watch(job_id):
             if ev.job is not None:
                 final = ev.job.state
-                progress.update(task, total=ev.job.spec.steps, info=f"{ev.job.state}: {ev.job.reason}")
+                print(f"{job_id} {ev.job.state} step {_steps(ev.job)}: {ev.job.reason}", flush=True)
             if ev.transition is not None:
                 final = ev.transition.to_state
-                progress.update(task, info=f"{final}: {ev.transition.reason}")
+                print(f"{job_id} {ev.transition.from_state} -> {final}: {ev.transition.reason}", flush=True)
+            if ev.progress:
+                print(_progress_line(job_id, ev.progress), flush=True)
+        return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=20),
+                        TextColumn("{task.completed}/{task.fields[steps]}"), TextColumn("{task.fields[info]}"),
+                        TimeElapsedColumn(), console=console)
+    task = progress.add_task(job_id, total=None, info="", steps="?")
+    with Live(progress, console=console, refresh_per_second=8, transient=False):
+        for ev in sf.watch(job_id):
+            if ev.job is not None:
+                j = ev.job
+                final = j.state
+                done = j.spec.steps if j.state == JobState.SUCCEEDED else int(j.progress.get("step", 0))
+                progress.update(task, total=j.spec.steps, completed=done, steps=j.spec.steps,
+                                info=f"{j.state}: {j.reason}")
+            if ev.transition is not None:
+                final = ev.transition.to_state
+                progress.update(task, info=final)
                 console.print(f"{ev.transition.from_state} → [{_STYLE.get(final, '')}]{final}[/]: "
                               f"{ev.transition.reason}")
             if ev.progress:
                 p = ev.progress
                 progress.update(task, completed=int(p["step"]), total=int(p["steps"]) or None,
-                                info=f"loss {p['loss']:.4f} · {p['tokens_per_s']:,.0f} tok/s · "
-                                     f"{p['step_time_s']:.3g} s/step")
+                                steps=int(p["steps"]) or "?",
+                                info=f"loss {p['loss']:.4f} · {p['step_time_s']:.3g} s/step")
     return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
 
 
 def _watch(args: argparse.Namespace) -> int:
-    with _client(args) as sf:
+    with client(args) as sf:
         return _follow(sf, args.job_id, json_out=args.json)
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    with _client(args) as sf:
+    with client(args) as sf:
         job = sf.cancel(args.job_id, args.reason or "")
     if args.json:
         print_json(job.to_dict())
@@ -251,62 +332,72 @@ def _cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _address(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--address", help="scheduler host:port (default: $SPIDERFLOW_SCHEDULER, config file, "
-                                     "127.0.0.1:50051)")
-    p.add_argument("--tls-dir", help="client certificate bundle for mTLS (default: $SPIDERFLOW_TLS_DIR; "
-                                     "none: plaintext)")
-    p.add_argument("--token", help="bearer token (default: $SPIDERFLOW_TOKEN)")
+def add_address(p: argparse.ArgumentParser) -> None:
+    """``--address``/``--tls-dir``/``--token``: how every command reaches the scheduler."""
+    p.add_argument("--address", help="scheduler host:port (default: $SPIDERFLOW_SCHEDULER, else the current "
+                                     "context, else 127.0.0.1:50051; no port: :50051)")
+    p.add_argument("--tls-dir", help="client certificate bundle for mTLS (default: $SPIDERFLOW_TLS_DIR, else "
+                                     "the context's; none: plaintext)")
+    p.add_argument("--token", help="bearer token (default: $SPIDERFLOW_TOKEN, else the context's)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("submit", help="submit a training job (a job file, or --model ...)")
+    p = sub.add_parser("submit", help="submit a training job (a job file, or --model ...)",
+                       description="Queue a training job: a job FILE (JSON/YAML trace job; the options below "
+                                   "override its fields) or --model with options.",
+                       epilog="examples:\n  spiderflow submit --model gpt-tiny --seq-len 64 --steps 20 --watch\n"
+                              "  spiderflow submit job.yaml --id run-2 --steps 50",
+                       )
     p.add_argument("file", nargs="?", help="job file (JSON/YAML: a trace job object)")
-    p.add_argument("--id", help="job id (default: generated)")
-    p.add_argument("--model", help="model preset (gpt-tiny, llama-tiny, llama3-8b, ...), a Hugging Face "
-                   "config.json, or an entry point package.module:function")
+    p.add_argument("--id", help="job id (default: <model>-<random hex>; over FILE: replaces its id)")
+    p.add_argument("--model", help="model preset (gpt-tiny, llama-tiny, llama3-8b, ...; spiderflow completion "
+                   "lists them), a Hugging Face config.json, or an entry point package.module:function")
     p.add_argument("--weights", help="initial weights: local safetensors file, directory or glob")
     p.add_argument("--save-to", metavar="DIR", help="write the trained weights here (safetensors) at the end")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--gpus", type=parse_gpus, help="N or MIN:MAX (default 1:8)")
-    p.add_argument("--priority", type=int, default=0)
-    p.add_argument("--tenant", default="default")
-    p.add_argument("--precision", choices=[v.value for v in Precision], default=Precision.BF16.value,
+    p.add_argument("--global-batch", type=int, help=f"sequences per step (default {SUBMIT_DEFAULTS['global_batch']})")
+    p.add_argument("--micro-batch", type=int,
+                   help=f"sequences per micro-batch (default {SUBMIT_DEFAULTS['micro_batch']})")
+    p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {SUBMIT_DEFAULTS['seq_len']})")
+    p.add_argument("--steps", type=int, help=f"optimizer steps (default {SUBMIT_DEFAULTS['steps']})")
+    p.add_argument("--gpus", type=parse_gpus, help="N or MIN:MAX GPUs (default 1:8)")
+    p.add_argument("--priority", type=int, help="higher runs first (default 0)")
+    p.add_argument("--tenant", help="tenant the job is billed to (default: default, or your certificate's)")
+    p.add_argument("--precision", choices=[v.value for v in Precision],
                    help="training precision (default bf16: fp32 master weights and optimizer state)")
     p.add_argument("--policy", help="placement policy (default: the scheduler's, spinsearch)")
-    p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing")
+    p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing (default: "
+                                        "a random one)")
     p.add_argument("--watch", action="store_true", help="follow the job until it ends")
     add_data_and_optimizer_options(p)
-    _address(p)
+    add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_submit)
 
     p = sub.add_parser("jobs", help="list jobs")
-    p.add_argument("--state", action="append", choices=[s.value for s in JobState],
-                   help="only jobs in this state (repeatable)")
+    p.add_argument("--state", action="append", choices=[s.value for s in JobState], metavar="STATE",
+                   help=f"only jobs in this state (repeatable): {', '.join(s.value for s in JobState)}")
     p.add_argument("--tenant")
-    _address(p)
+    add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_jobs)
 
     p = sub.add_parser("status", help="show one job: state, plan, progress, history")
-    p.add_argument("job_id")
-    _address(p)
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
+    p.add_argument("--history", action="store_true",
+                   help="also print every reported step (spiderflow metrics JOB)")
+    add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_status)
 
     p = sub.add_parser("watch", help="follow a job live (steps, loss, tokens/s) until it ends")
-    p.add_argument("job_id")
-    _address(p)
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
+    add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_watch)
 
     p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job_id")
+    p.add_argument("job_id", metavar="JOB", help="job id (spiderflow jobs lists them)")
     p.add_argument("--reason")
-    _address(p)
+    add_address(p)
     add_json_flag(p)
     p.set_defaults(func=_cancel)

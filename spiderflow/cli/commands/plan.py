@@ -29,12 +29,15 @@ from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
 from spiderflow.errors import ValidationError
-from spiderflow.placement.base import Budget, Objective, PlacementResult
-from spiderflow.placement.common import LEVEL2_CHOICES, LocalPlanner
-from spiderflow.placement.options import SearchOptions, make_policy
-from spiderflow.presets import resolve_topology
 
 __all__ = ["add_search_options", "parse_gpus", "register", "result_to_dict"]
+
+
+OBJECTIVES = ("jct", "cost", "balanced")
+"""The values of :class:`spiderflow.placement.base.Objective` (not imported here: the placement code loads
+its compiled kernels, and every CLI command would pay for it at start)."""
+LEVEL2 = ("exact", "cpsat")
+"""The values of :data:`spiderflow.placement.common.LEVEL2_CHOICES`."""
 
 
 def parse_gpus(value: str) -> GpuRange:
@@ -61,7 +64,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def result_to_dict(res: PlacementResult) -> dict[str, Any]:
+def result_to_dict(res: Any) -> dict[str, Any]:
     """The JSON document of a placement result (plan fields are ``null`` when there is no plan)."""
     plan = res.plan
     return {
@@ -156,6 +159,10 @@ def _load_plan(path: Path) -> Plan:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from spiderflow.placement.base import Budget, Objective
+    from spiderflow.placement.common import LocalPlanner
+    from spiderflow.placement.options import SearchOptions, make_policy
+    from spiderflow.presets import resolve_topology
     from spiderflow.runtime import configure_logging
 
     configure_logging(level="warning")
@@ -228,8 +235,8 @@ def register(sub: Any) -> None:
     p.add_argument("--time-limit", type=float, default=None, help="search time limit in seconds (ilp, genetic)")
     add_search_options(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the policy's random generator")
-    p.add_argument("--objective", choices=[o.value for o in Objective], default="jct", help="what to optimise")
-    p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
+    p.add_argument("--objective", choices=OBJECTIVES, default="jct", help="what to optimise")
+    p.add_argument("--level2", choices=LEVEL2, default="exact",
                    help="TPA's solver for the plan's blocks (spinsearch, bace): exact (default) or the CP-SAT model")
     p.add_argument("--gantt", type=Path, default=None, help="write a Gantt chart of the pipeline to FILE")
     p.add_argument("--profile", type=Path, default=None,

@@ -24,9 +24,20 @@ def _run(args: argparse.Namespace) -> int:
     return run_until_signalled(lambda stop: module.run(args, stop))
 
 
+LOAD_SERVICES = True
+"""Whether :func:`register` imports the services to add their options; the ``spiderflow`` entry point turns it
+off unless the command is ``serve`` (or ``completion``): the services load the placement code and its
+compiled kernels, which every other command would otherwise pay for at start."""
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run a SpiderFlow service (planner, scheduler, topology)")
+    p = sub.add_parser("serve", help="run a SpiderFlow service (planner, scheduler, topology)",
+                       epilog="example: spiderflow serve planner --listen 127.0.0.1:50053")
     ssub = p.add_subparsers(dest="service", metavar="SERVICE", required=True)
+    if not LOAD_SERVICES:
+        for name, (_, help_text) in SERVICES.items():
+            ssub.add_parser(name, help=help_text)
+        return
     for name, (modname, help_text) in SERVICES.items():
         try:
             module: Any = importlib.import_module(modname)

@@ -10,9 +10,17 @@ from typing import Any
 
 import structlog
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from spiderflow.cli.common import EXIT_USAGE, CliError, console, err_console, output_dir, output_file
+from spiderflow.cli.common import (
+    EXIT_USAGE,
+    CliError,
+    console,
+    err_console,
+    fit_table,
+    output_dir,
+    output_file,
+    run_interruptible,
+)
 from spiderflow.errors import ValidationError
 from spiderflow.placement.options import SearchOptions, make_policy
 
@@ -83,28 +91,25 @@ def _simulate(args: argparse.Namespace) -> int:
         output_dir("--plots", args.plots)
     rows = _scaling_rows(args.scaling) if args.scaling is not None else None
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    doc = run_policies(args.topology, args.trace, policies, objective=args.objective, seed=args.seed,
-                       time_limit=args.time_limit, overhead=args.overhead, events=args.events,
-                       show_progress=not args.no_progress, releases=args.wait, profile=args.profile,
-                       options=options)
+    doc = run_interruptible(lambda: run_policies(
+        args.topology, args.trace, policies, objective=args.objective, seed=args.seed, time_limit=args.time_limit,
+        overhead=args.overhead, events=args.events, show_progress=not args.no_progress, releases=args.wait,
+        profile=args.profile, options=options), what=f"the simulation (nothing written to {args.json})")
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
         from spiderflow.sim.plots import write_plots
 
         write_plots(doc, args.plots, rows)
-    table = Table(title=f"{doc['jobs']} jobs on {doc['clusters']} clusters ({doc['pool_gpus']} GPUs)")
-    for col in ("policy", "done", "mean JCT h", "p95 JCT h", "tokens/s", "overhead s", "decisions", "util", "$"):
-        table.add_column(col, justify="right")
-    for name, s in doc["policies"].items():
-        table.add_row(
-            name, f"{s['completed']}/{s['jobs']}",
-            "–" if s["mean_jct_s"] is None else f"{s['mean_jct_s'] / 3600:.2f}",
-            "–" if s["p95_jct_s"] is None else f"{s['p95_jct_s'] / 3600:.2f}",
-            f"{s['throughput_tokens_per_s']:.4g}", f"{s['sched_overhead_s']:.3g}", str(s["decisions"]),
-            f"{s['gpu_utilization']:.2f}", f"{s['cost_usd']:.4g}",
-        )
+    table_rows = [(name, f"{s['completed']}/{s['jobs']}",
+             "-" if s["mean_jct_s"] is None else f"{s['mean_jct_s'] / 3600:.2f}",
+             "-" if s["p95_jct_s"] is None else f"{s['p95_jct_s'] / 3600:.2f}",
+             f"{s['throughput_tokens_per_s']:,.0f}", f"{s['sched_overhead_s']:.3g}", str(s["decisions"]),
+             f"{100 * s['gpu_utilization']:.0f}%", f"{s['cost_usd']:,.2f}") for name, s in doc["policies"].items()]
+    table = fit_table(f"{doc['jobs']} jobs on {doc['clusters']} clusters ({doc['pool_gpus']} GPUs)",
+                      ["POLICY", "DONE", "MEAN JCT H", "P95 JCT H", "TOKENS/S", "SCHED S", "DECISIONS", "GPU UTIL",
+                       "USD"], table_rows, keep=("POLICY", "DONE", "MEAN JCT H"))
     console.print(table)
-    console.print(f"wrote {args.json}" + (f" and plots in {args.plots}" if args.plots else ""))
+    console.print(f"wrote {args.json}" + (f" and plots in {args.plots}" if args.plots else ""), soft_wrap=True)
     return 0
 
 

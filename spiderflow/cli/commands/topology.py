@@ -92,19 +92,23 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _fetch(address: str, timeout: float) -> Any:
+async def _fetch(address: str, timeout: float, *, tls_dir: str | None = None, token: str | None = None) -> Any:
+    from spiderflow.contexts import context_value
     from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
     from spiderflow.rpc.errors import domain_errors
     from spiderflow.rpc.server import open_channel
     from spiderflow.security.auth import bearer_metadata
     from spiderflow.security.tls import channel_credentials, client_tls_dir, client_token
 
-    bundle = client_tls_dir(None)
+    bundle = client_tls_dir(tls_dir)
+    if bundle is None and (ctx_dir := context_value("tls_dir")):
+        bundle = Path(ctx_dir).expanduser()
     channel = open_channel(address, credentials=channel_credentials(bundle) if bundle is not None else None)
+    metadata = bearer_metadata(client_token(token) or context_value("token"))
     try:
         with domain_errors():
             return await topology_pb2_grpc.TopologyStub(channel).GetTopology(
-                topology_pb2.GetTopologyRequest(), timeout=timeout, metadata=bearer_metadata(client_token(None)))
+                topology_pb2.GetTopologyRequest(), timeout=timeout, metadata=metadata)
     finally:
         await channel.close()
 
@@ -191,11 +195,11 @@ def _show(args: argparse.Namespace) -> int:
     from spiderflow.sdk import resolve_address
 
     address = resolve_address("topology", args.topology_service)
-    parse_hostport(address, field="--topology-service")
+    parse_hostport(address, field="--address")
     from spiderflow.errors import UnavailableError
 
     try:
-        resp = asyncio.run(_fetch(address, args.timeout))
+        resp = asyncio.run(_fetch(address, args.timeout, tls_dir=args.tls_dir, token=args.token))
     except UnavailableError as e:
         raise UnavailableError(f"topology service {address}: {e}") from None
     # An empty graph (no agent yet) is a valid snapshot, though not a valid topology file.
@@ -257,9 +261,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g.set_defaults(func=_generate)
 
     s = tsub.add_parser("show", help="show the live graph from the topology service")
-    s.add_argument("--topology-service", metavar="ADDR",
-                   help="host:port (default $SPIDERFLOW_TOPOLOGY, else the config file `spiderflow up` writes, "
-                        f"else {DEFAULT_TOPOLOGY_SERVICE})")
+    s.add_argument("--address", "--topology-service", dest="topology_service", metavar="ADDR",
+                   help="topology service host:port (default $SPIDERFLOW_TOPOLOGY, else the current context "
+                        f"`spiderflow up` writes, else {DEFAULT_TOPOLOGY_SERVICE}; no port: :50052)")
+    s.add_argument("--tls-dir", help="client certificate bundle for mTLS (default: $SPIDERFLOW_TLS_DIR, the "
+                                     "context's; none: plaintext)")
+    s.add_argument("--token", help="bearer token (default: $SPIDERFLOW_TOKEN, the context's)")
     s.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the service")
     s.add_argument("--png", type=Path, metavar="FILE", help="draw the cluster map with link bandwidths into FILE")
     add_json_flag(s)

@@ -6,14 +6,17 @@
     spiderflow up --clusters 4 --steps 60
     spiderflow up --topology FILE      # clusters (and, with --testbed, link shaping) from a file
     spiderflow up --testbed            # agents in network namespaces with kernel-shaped links (root)
-    spiderflow up --keep --no-job      # keep the mesh running; prints addresses, writes the config file
+    spiderflow up --keep --no-job      # keep the mesh running; prints addresses, adds a context
     spiderflow up --etcd-tls           # etcd serves TLS only, every component presents a client certificate
 
 Starts an embedded etcd (a child process; temp data dir unless ``--data-dir``), the topology, planner and
 scheduler services and one agent per cluster, each as its own process on real ports; submits the sample
 job; follows it with a live progress bar; prints the plan and the predicted vs measured step time; and
 stops everything on exit or Ctrl-C, leaving no process or namespace behind. Exit code 0 when the job
-succeeded.
+succeeded. While the mesh runs, a context named ``local`` (``local-2``, ... when another ``up`` holds it)
+points the other commands at it; it is removed when the mesh stops. The workers' logs are kept under
+``<state dir>/agents`` (:func:`spiderflow.contexts.state_dir`; under ``--data-dir`` when given) after the
+mesh is gone.
 
 ``--etcd-tls`` is a flag, not the default: ``spiderflow up`` is the loopback quickstart, where the gRPC
 services run plaintext (they refuse it on any other address) and ``--keep`` leaves a mesh any local client
@@ -32,17 +35,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_and_optimizer, prepare_data
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
+from spiderflow.contexts import DEFAULT_ADDRESSES, add_context, config_path, remove_context, state_dir
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology
 from spiderflow.jobs import JobState
 from spiderflow.mesh import LocalMesh, sample_topology
-from spiderflow.sdk import DEFAULT_ADDRESSES, Client, Job, config_path
+from spiderflow.sdk import Client, Job
 
 __all__ = ["register", "sample_job"]
 
@@ -125,32 +128,42 @@ def _run(args: argparse.Namespace) -> int:
     # The services take the clients' default ports when those are free (grpcurl and the CLI then need no
     # address; the config file written below names them either way).
     ports = {name: int(addr.rsplit(":", 1)[1]) for name, addr in DEFAULT_ADDRESSES.items()}
+    agents_dir = None if workdir is not None else state_dir() / "agents"
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
-                     testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports)
+                     testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports,
+                     agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port)
     code = 0
+    context: str | None = None
     try:
         mesh.start(timeout=args.timeout)
         addresses = mesh.addresses()
+        context = add_context("local", {**{k: v for k, v in addresses.items() if k != "etcd"},
+                                        "dashboard": mesh.dashboard_url, "owner_pid": os.getpid(),
+                                        "data_dir": str(mesh.workdir)})
         table = Table(title="mesh", show_header=False)
         for k, v in addresses.items():
             table.add_row(k, v)
+        if mesh.dashboard_url:
+            table.add_row("dashboard", mesh.dashboard_url)
+        table.add_row("context", f"{context} (in {config_path()})")
+        table.add_row("workers' logs", str(mesh.agents_dir))
         console.print(table)
         if not args.no_job:
             code = _sample(mesh, topo, args)
         if args.keep:
-            path = config_path()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(yaml.safe_dump({k: v for k, v in addresses.items() if k != "etcd"}))
-            console.print(f"mesh is up; endpoints written to {path}. Try: spiderflow jobs · spiderflow "
-                          "topology show · Ctrl-C stops everything")
+            console.print(f"mesh is up as context {context}. Try: spiderflow jobs · spiderflow logs JOB · "
+                          "spiderflow metrics JOB · spiderflow topology show · Ctrl-C stops everything",
+                          soft_wrap=True)
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
         console.print("interrupted: stopping the mesh")
         code = 130
     finally:
+        if context is not None:
+            remove_context(context)
         mesh.stop()
-        console.print("mesh stopped: no process left running")
+        console.print("mesh stopped: no process left running" + (f"; context {context} removed" if context else ""))
     return code
 
 
@@ -199,6 +212,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
     p.add_argument("--data-dir", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for startup and for the job")
+    p.add_argument("--dashboard-port", type=int, default=8265,
+                   help="serve the web dashboard on this loopback port (taken: any free port)")
+    p.add_argument("--no-dashboard", action="store_true", help="no web dashboard")
     p.add_argument("--json", action="store_true", help="print the run's summary as JSON")
     p.add_argument("--model", default="gpt-tiny",
                    help="model of the sample job: a preset (default gpt-tiny; llama-tiny, ...), a Hugging Face "

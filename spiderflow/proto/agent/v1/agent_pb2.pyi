@@ -234,3 +234,47 @@ class WatchWorkersResponse(_message.Message):
     worker: WorkerStatus
     progress: _types_pb2.ProgressEvent
     def __init__(self, worker: _Optional[_Union[WorkerStatus, _Mapping]] = ..., progress: _Optional[_Union[_types_pb2.ProgressEvent, _Mapping]] = ...) -> None: ...
+
+class ReadLogsOffset(_message.Message):
+    __slots__ = ("attempt", "rank", "stream", "offset")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    stream: str
+    offset: int
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class ReadLogsRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "rank", "follow", "stream", "offsets")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    rank: int
+    follow: bool
+    stream: str
+    offsets: _containers.RepeatedCompositeFieldContainer[ReadLogsOffset]
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., stream: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[ReadLogsOffset, _Mapping]]] = ...) -> None: ...
+
+class ReadLogsResponse(_message.Message):
+    __slots__ = ("cluster", "attempt", "rank", "stream", "offset", "data")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    attempt: int
+    rank: int
+    stream: str
+    offset: int
+    data: bytes
+    def __init__(self, cluster: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -70,6 +70,11 @@ class AgentStub:
                 request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersRequest.SerializeToString,
                 response_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersResponse.FromString,
                 _registered_method=True)
+        self.ReadLogs = channel.unary_stream(
+                '/spiderflow.agent.v1.Agent/ReadLogs',
+                request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsRequest.SerializeToString,
+                response_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsResponse.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -126,6 +131,15 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadLogs(self, request, context):
+        """Workers' output kept on this agent (stdout and stderr of every rank of a job's attempts), from a
+        byte offset per file; with `follow`, new output as it is written until the caller cancels. Callers:
+        services and admins only (the scheduler relays it to the job's tenant).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.WatchWorkers,
                     request_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersRequest.FromString,
                     response_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersResponse.SerializeToString,
+            ),
+            'ReadLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadLogs,
+                    request_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsRequest.FromString,
+                    response_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class Agent:
             '/spiderflow.agent.v1.Agent/WatchWorkers',
             spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersRequest.SerializeToString,
             spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.WatchWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spiderflow.agent.v1.Agent/ReadLogs',
+            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsRequest.SerializeToString,
+            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ReadLogsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -169,3 +169,83 @@ class ReportProgressResponse(_message.Message):
     accepted: bool
     stop: bool
     def __init__(self, accepted: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class GetJobLogsRequest(_message.Message):
+    __slots__ = ("job_id", "attempt", "cluster", "rank", "follow", "stream")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt: int
+    cluster: str
+    rank: int
+    follow: bool
+    stream: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., cluster: _Optional[str] = ..., rank: _Optional[int] = ..., follow: _Optional[bool] = ..., stream: _Optional[str] = ...) -> None: ...
+
+class GetJobLogsResponse(_message.Message):
+    __slots__ = ("cluster", "attempt", "rank", "stream", "offset", "data")
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    attempt: int
+    rank: int
+    stream: str
+    offset: int
+    data: bytes
+    def __init__(self, cluster: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stream: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GetJobMetricsRequest(_message.Message):
+    __slots__ = ("job_id", "limit")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    limit: int
+    def __init__(self, job_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GetJobMetricsPoint(_message.Message):
+    __slots__ = ("attempt", "step", "loss", "tokens_per_s", "step_time_s", "predicted_step_time_s", "time")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    step: int
+    loss: float
+    tokens_per_s: float
+    step_time_s: float
+    predicted_step_time_s: float
+    time: _timestamp_pb2.Timestamp
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., predicted_step_time_s: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetJobMetricsResponse(_message.Message):
+    __slots__ = ("job_id", "points", "dropped")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    points: _containers.RepeatedCompositeFieldContainer[GetJobMetricsPoint]
+    dropped: int
+    def __init__(self, job_id: _Optional[str] = ..., points: _Optional[_Iterable[_Union[GetJobMetricsPoint, _Mapping]]] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class DeleteJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class DeleteJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: Job
+    def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...

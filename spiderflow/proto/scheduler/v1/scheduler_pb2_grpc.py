@@ -65,6 +65,21 @@ class SchedulerStub:
                 request_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressRequest.SerializeToString,
                 response_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressResponse.FromString,
                 _registered_method=True)
+        self.GetJobLogs = channel.unary_stream(
+                '/spiderflow.scheduler.v1.Scheduler/GetJobLogs',
+                request_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+                response_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+                _registered_method=True)
+        self.GetJobMetrics = channel.unary_unary(
+                '/spiderflow.scheduler.v1.Scheduler/GetJobMetrics',
+                request_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.SerializeToString,
+                response_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsResponse.FromString,
+                _registered_method=True)
+        self.DeleteJob = channel.unary_unary(
+                '/spiderflow.scheduler.v1.Scheduler/DeleteJob',
+                request_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobRequest.SerializeToString,
+                response_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -115,6 +130,28 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetJobLogs(self, request, context):
+        """The workers' output of a job, relayed from the agents that keep it (per attempt, cluster and rank);
+        with `follow`, new output as it is written until the job ends and the files stop growing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobMetrics(self, request, context):
+        """Every training step reported for a job (bounded: the newest points), with the plan's prediction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteJob(self, request, context):
+        """Delete a finished job's record, plan and metrics (FAILED_PRECONDITION while it has not finished).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +184,21 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.ReportProgress,
                     request_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressRequest.FromString,
                     response_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressResponse.SerializeToString,
+            ),
+            'GetJobLogs': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetJobLogs,
+                    request_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.FromString,
+                    response_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.SerializeToString,
+            ),
+            'GetJobMetrics': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobMetrics,
+                    request_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.FromString,
+                    response_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsResponse.SerializeToString,
+            ),
+            'DeleteJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteJob,
+                    request_deserializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobRequest.FromString,
+                    response_serializer=spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +364,87 @@ class Scheduler:
             '/spiderflow.scheduler.v1.Scheduler/ReportProgress',
             spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressRequest.SerializeToString,
             spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.ReportProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobLogs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/spiderflow.scheduler.v1.Scheduler/GetJobLogs',
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsRequest.SerializeToString,
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobLogsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobMetrics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spiderflow.scheduler.v1.Scheduler/GetJobMetrics',
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsRequest.SerializeToString,
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.GetJobMetricsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/spiderflow.scheduler.v1.Scheduler/DeleteJob',
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobRequest.SerializeToString,
+            spiderflow_dot_proto_dot_scheduler_dot_v1_dot_scheduler__pb2.DeleteJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,1 @@
+"""The read-only web dashboard (see :mod:`spiderflow.dashboard.server`)."""
