@@ -132,6 +132,11 @@ EXAMPLES: dict[str, str] = {
     "trace generate": "spiderflow trace generate --jobs 200 --seed 1 --out trace.json",
     "trace validate": "spiderflow trace validate trace.json",
     "up": "spiderflow up --clusters 4 --steps 60 --keep",
+    "estimate": "spiderflow estimate --topology aws-10-dtfm --plan p.json --model gpt3-1.3b",
+    "profile": "spiderflow profile --model llama3-8b --micro-batches 1,2 --out node.json",
+    "model": "spiderflow model show llama3-8b",
+    "model show": "spiderflow model show llama3-8b --json",
+    "model list": "spiderflow model list",
 }
 """An example per command (``spiderflow COMMAND --help`` ends with it) where its module gives none."""
 
@@ -160,6 +165,12 @@ OPTION_HELP: dict[str, str] = {
     "file": "the file to check (JSON or YAML)",
     "--seed": "seed of the generator (same seed, same output)",
     "--kind": "shape: geo (random geometric), hub (hub and spoke) or mesh",
+    "--lr": "peak learning rate (default 1e-3)",
+    "--warmup-steps": "linear warm-up steps (default 0)",
+    "--schedule": "learning-rate decay after warm-up (default constant)",
+    "--weight-decay": "decoupled (AdamW) weight decay (default 0)",
+    "--betas": "Adam's beta1,beta2 (default 0.9,0.95)",
+    "--eps": "Adam's epsilon (default 1e-8)",
 }
 """Help text of options and arguments whose command gives none."""
 

@@ -215,30 +215,16 @@ class GPT2Block(nn.Module):
         return out
 
 
-class NeoXBlock(nn.Module):
+class NeoXBlock(GPT2Block):
     """A GPT-NeoX layer: rotary on ``rotary_pct`` of each head, exact GELU MLP, and the parallel residual
-    ``x + attn(LN1(x)) + mlp(LN2(x))`` (sequential when ``parallel_residual`` is off)."""
+    ``x + attn(LN1(x)) + mlp(LN2(x))`` (sequential when ``parallel_residual`` is off). Its modules are
+    GPT-2's (same names, shapes and tensor-parallel plan)."""
 
     def __init__(self, spec: ModelSpec, *, parallel: bool = True, device: torch.device | str | None = None) -> None:
-        super().__init__()
-        h, f = spec.hidden, spec.ffn
-        self.head_dim = spec.head_dim
+        super().__init__(spec, device=device)
         self.rot = int(spec.head_dim * spec.rotary_pct)
         self.theta = spec.rope_theta
         self.parallel = parallel
-        self.ln1 = nn.LayerNorm(h, eps=spec.norm_eps, device=device)
-        self.q = nn.Linear(h, h, device=device)
-        self.k = nn.Linear(h, h, device=device)
-        self.v = nn.Linear(h, h, device=device)
-        self.o = nn.Linear(h, h, device=device)
-        self.ln2 = nn.LayerNorm(h, eps=spec.norm_eps, device=device)
-        self.fc1 = nn.Linear(h, f, device=device)
-        self.fc2 = nn.Linear(f, h, device=device)
-
-    @staticmethod
-    def tp_plan() -> dict[str, str]:
-        return {"q": "colwise", "k": "colwise", "v": "colwise", "o": "rowwise", "fc1": "colwise",
-                "fc2": "rowwise"}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.ln1(x)

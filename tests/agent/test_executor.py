@@ -121,10 +121,11 @@ async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -
 
 async def test_a_plan_the_executor_cannot_run_fails_the_stage_with_the_reason(tmp_path: Path) -> None:
     async with _executor(tmp_path) as (_, store, rec, busy):
-        await store.put(keys.assignment_key(CLUSTER, "j4"), _assignment("j4", steps=2, tp=2))
+        # tp 3 does not divide gpt-tiny's 4 heads: refused before any worker starts
+        await store.put(keys.assignment_key(CLUSTER, "j4"), _assignment("j4", steps=2, tp=3))
         await asyncio.wait_for(rec.outcome.wait(), 30)
         [outcome] = rec.requests[-1].outcomes
-        assert not outcome.succeeded and "tensor parallelism" in outcome.error
+        assert not outcome.succeeded and "tensor parallelism shards whole heads" in outcome.error
         assert busy == []  # no worker was started
 
 

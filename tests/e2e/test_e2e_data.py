@@ -40,7 +40,7 @@ def _tokenizer(path: Path, words: list[str]) -> None:
 
 
 def _worker_spec(mesh_dir: Path, job: str) -> dict[str, object]:
-    files = sorted((mesh_dir / "agents").glob(f"*/{job}/attempt-1/worker-spec.json"))
+    files = sorted((mesh_dir / "agents").glob(f"*/logs/{job}/attempt-1/*/worker-spec.json"))
     assert files, f"no worker spec of {job}"
     doc = json.loads(files[0].read_text())
     assert isinstance(doc, dict)

@@ -102,7 +102,7 @@ def test_a_job_across_a_local_and_a_slurm_cluster(slurm: SlurmCluster, tmp_path:
                 assert loss == pytest.approx(truth[step - 1], rel=1e-4, abs=1e-5), (step, loss, truth[step - 1])
         # the Slurm side really ran under Slurm: its rank's output is in the agent's work dir with the exit
         # status the srun task wrote, and the batch job's own log is beside it
-        run_dir = mesh_dir / "agents" / hpc / "across" / f"attempt-{final.attempt}"
+        run_dir = mesh_dir / "agents" / hpc / "logs" / "across" / f"attempt-{final.attempt}" / hpc
         assert [p.read_text().strip() for p in run_dir.glob("rank-*.exit")] == ["0"]
         assert list(run_dir.glob("slurm-*.out"))
     finally:

@@ -97,7 +97,7 @@ async def test_a_stage_group_trains_as_a_slurm_job(slurm: SlurmCluster, tmp_path
         assert steps[-1] == 4
         kv = await store.get(keys.checkpoint_key("s1"))
         assert kv is not None and json.loads(kv.value)["step"] == 4
-        run_dir = tmp_path / "work" / "s1" / "attempt-1"
+        run_dir = tmp_path / "work" / "logs" / "s1" / "attempt-1" / CLUSTER
         assert (run_dir / "rank-0.exit").read_text().strip() == "0"
         assert list(run_dir.glob("slurm-*.out"))  # the batch job's own output
     assert slurm.jobs() == []
