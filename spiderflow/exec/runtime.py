@@ -15,8 +15,9 @@ index ``t`` of replica ``r`` of ``dp_s``):
    a direction — so messages match by issue order alone (``batch_isend_irecv``; no tags, which NCCL
    ignores): on a channel both ends issue their messages in increasing micro-batch order. A receiving tp
    rank ``t`` takes the activation from tp rank ``t mod tp_src`` of the sending replica (all tp ranks of a
-   replica hold the same activation); gradients likewise. Receives are posted at most ``recv_window``
-   operations ahead of use (bounded buffers). Channels between stages on one cluster use the in-cluster
+   replica hold the same activation); gradients likewise. At most ``max(recv_window, 2·depth)`` receives
+   are posted ahead of use, ``depth`` being the rank's forwards before its first backward (bounded
+   buffers: the schedule's own in-flight count). Channels between stages on one cluster use the in-cluster
    backend (NCCL on GPUs); between clusters gloo/TCP (NCCL with ``TrainSpec.nccl_links``), GPU tensors
    crossing a gloo link are staged through pinned host memory. Values cross links in the job's
    precision (bf16/fp16 activations and gradients; fp32 otherwise);
@@ -330,7 +331,12 @@ class StageRunner:
                     needs.append((i, "B", j, c, (u, 1), self._source_rank(u + 1, j)))
         posted: dict[tuple[str, int, int], _Recv] = {}
         nxt = 0
-        window = self.spec.recv_window
+        # The schedule keeps up to ``depth`` micro-batches in flight on this rank (its forwards before its
+        # first backward); receives for that many activations and as many gradients may be outstanding, so a
+        # sender on a slow link is never held back by a receive not yet posted (the latency-aware schedule
+        # hides link latency that way). Buffers stay bounded by the schedule's own in-flight count.
+        depth = next((i for i, (kind, _, _) in enumerate(self.ops) if kind == "B"), len(self.ops))
+        window = max(self.spec.recv_window, 2 * depth)
 
         def post_until(i: int) -> None:
             nonlocal nxt

@@ -11,6 +11,8 @@ import pytest
 from spiderflow.cli.main import main
 from spiderflow.profile import parse_profile
 
+pytestmark = pytest.mark.heavy
+
 
 def test_profile_command_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"

@@ -23,7 +23,7 @@ from spiderflow.exec.spec import spec_from_dict
 from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.sdk import Client
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(420)]
 
 SEQ = 32
 

@@ -15,6 +15,8 @@ from spiderflow.exec.checkpoint import complete_checkpoints, latest_checkpoint
 from spiderflow.exec.runtime import RunResult
 from spiderflow.exec.spec import TrainSpec
 
+pytestmark = pytest.mark.heavy
+
 MODEL = model_preset("gpt-tiny")
 SEQ, BATCH, M, STEPS, SEED, LR = 32, 8, 4, 10, 7, 3e-3
 FSDP = Sharding.FSDP

@@ -39,7 +39,7 @@ from spiderflow.catalog import MODEL_PRESETS
 from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.sdk import Client
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 EVERY = 2
 JOB = {"model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32, "gpus": {"min": 2, "max": 2}}

@@ -32,7 +32,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(420), pytest.mark.slow]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
