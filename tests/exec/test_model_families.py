@@ -198,7 +198,6 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from spiderflow.formats import model_from_value
 from spiderflow.exec.model import build_stage
 
-pytestmark = pytest.mark.heavy
 path, out = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (2,))

@@ -215,7 +215,7 @@ async def test_scheduler_and_planner_record_placements_and_plan_times(stack: Sta
     assert _value(sched, "spiderflow_scheduler_decisions_total", kind="placed") >= 1
     assert _value(sched, "spiderflow_rpc_requests_total", method="SubmitJob", code="OK") >= 1
     plan = _scrape(stack.metrics("planner"))
-    assert _value(plan, "spiderflow_planner_plan_seconds_count", strategy="chain", outcome="planned") >= 1
+    assert _value(plan, "spiderflow_planner_plan_seconds_count", strategy="allocation", outcome="planned") >= 1
     assert _value(plan, "spiderflow_rpc_requests_total", service="spiderflow.planner.v1.Planner", method="Plan",
                   code="OK") >= 1
 

@@ -100,7 +100,8 @@ async def test_reflection_lists_and_describes_services(channel: grpc.aio.Channel
     by_name = {f.name: f for f in files}
     scheduler = by_name["spiderflow/proto/scheduler/v1/scheduler.proto"]
     assert [m.name for m in scheduler.service[0].method] == [
-        "SubmitJob", "GetJob", "ListJobs", "WatchJob", "CancelJob", "ReportProgress"]
+        "SubmitJob", "GetJob", "ListJobs", "WatchJob", "CancelJob", "ReportProgress", "GetJobLogs", "GetJobMetrics",
+        "DeleteJob"]
     # The shared types come along, so tools can build a JobSpec from JSON.
     types = by_name["spiderflow/proto/types/v1/types.proto"]
     job = next(m for m in types.message_type if m.name == "JobSpec")

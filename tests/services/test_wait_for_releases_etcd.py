@@ -67,7 +67,9 @@ async def _report(address: str, job: Job, *, done: bool) -> None:
     """Report ``job`` as its agent on the fast cluster: its first step (RUNNING), or its last stage done."""
     assert job.plan is not None
     req = scheduler_pb2.ReportProgressRequest(cluster="fast", job_id=job.id, attempt=job.attempt)
-    if done:
+    if done:  # the last step, then the last stage's success (a job succeeds only once its last step is in)
+        req.progress.append(types_pb2.ProgressEvent(job_id=job.id, attempt=job.attempt, step=job.spec.steps,
+                                                    steps_total=job.spec.steps))
         req.outcomes.append(scheduler_pb2.WorkerOutcome(stage=len(job.plan.stages) - 1, succeeded=True))
     else:
         req.progress.append(types_pb2.ProgressEvent(job_id=job.id, attempt=job.attempt, step=0,
