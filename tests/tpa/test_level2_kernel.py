@@ -19,6 +19,7 @@ from spiderflow.tpa.level2 import BlockConfig, BlockProblem, ClusterShape, Degre
 
 from . import level2_reference as ref
 
+
 def _gpt_shaped(m: ModelSpec) -> ModelSpec:
     """``m``'s sizes as a GPT-shaped model (12·h² parameters per layer): the level-2 kernel's formulas are
     GPT-shaped (a known gap for Llama-family layers, see test_llama_layers_are_priced_as_the_cost_model_does)."""
