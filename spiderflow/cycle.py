@@ -32,6 +32,12 @@ Outcomes (:class:`Outcome`): ``place`` (with the plan and its estimated end), ``
 constraint and the reason; ``tried`` tells whether the policy was asked), ``reject`` (the job can never fit
 this topology: the policy says so, or it does not fit the whole idle pool and the topology cannot change).
 
+Resource constraints (:class:`~spiderflow.domain.Constraints`): a job whose constraints no cluster can
+satisfy (none allowed, or too few GPUs on the allowed ones) is parked with constraint ``constraints`` like a
+job that does not fit the pool; any other constrained job is decided on its view of the snapshot
+(:func:`spiderflow.constraints.view`: its allowed clusters and the links among them), with their free GPUs
+and releases only, whatever the policy.
+
 Choices where the service and the simulator used to differ
 ----------------------------------------------------------
 - *Ordering* uses remaining steps and network share in both (the service used to order by the whole job's
@@ -59,6 +65,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from spiderflow.constraints import allowed_clusters, unsatisfiable
+from spiderflow.constraints import view as constraint_view
 from spiderflow.costmodel import activation_bytes
 from spiderflow.domain import (
     Budget,
@@ -102,6 +110,7 @@ __all__ = [
     "QueueEntry",
     "WaitState",
     "decide",
+    "job_free",
     "link_gbps",
     "network_share",
     "network_utilization",
@@ -376,6 +385,15 @@ def worth_trying(entry: QueueEntry, free: Mapping[str, int], total_free: int, cl
     return entry.failed_at is None or entry.failed_at[0] != version or total_free > entry.failed_at[1]
 
 
+def job_free(spec: JobSpec, topo: Topology, free: Mapping[str, int]) -> tuple[Mapping[str, int], int]:
+    """The free GPUs ``spec`` may use and their total: all of ``free`` when it is unconstrained, else those
+    of the clusters of ``topo`` its constraints allow (what :func:`worth_trying` should be given)."""
+    if spec.constraints.empty:
+        return free, sum(free.values())
+    mine = {c: free.get(c, 0) for c in allowed_clusters(topo, spec.constraints)}
+    return mine, sum(mine.values())
+
+
 @dataclass(slots=True)
 class _State:
     free: dict[str, int]
@@ -385,11 +403,38 @@ class _State:
     waits: dict[str, WaitState]
 
 
-def _releases(st: _State, clock: float, asking: str, gone: frozenset[str]) -> tuple[Release, ...]:
+def _releases(st: _State, clock: float, asking: str, gone: frozenset[str],
+              allowed: Sequence[str] | None = None) -> tuple[Release, ...]:
     holding = [Holding(job_id=h.job_id, end_s=h.end_s, gpus=h.gpus) for h in st.holding]
     claims = [Claim(job_id=k, start_s=w.until, run_s=w.run_s, gpus=w.claim)
               for k, w in st.waits.items() if k != asking and w.claim]
-    return expected_releases(holding, claims, clock, gone=gone)
+    out = expected_releases(holding, claims, clock, gone=gone)
+    if allowed is None:
+        return out
+    keep = set(allowed)  # a constrained job is offered only its allowed clusters' releases
+    kept = (Release(after_s=r.after_s, gpus=tuple((c, g) for c, g in r.gpus if c in keep)) for r in out)
+    return tuple(r for r in kept if r.gpus)
+
+
+def _constraint_parked(state: CycleInput, queue: Sequence[QueueEntry], clock: float) -> list[CycleDecision]:
+    """The queued jobs whose resource constraints the topology can never satisfy
+    (:func:`spiderflow.constraints.unsatisfiable`), each with a ``constraints`` decision: ``reject`` when
+    the topology cannot change any more, else ``pending`` (never the head, never a backfill slot)."""
+    if all(e.spec.constraints.empty for e in queue):
+        return []
+    held: dict[str, int] = {}
+    for h in state.holding:
+        for c, g in h.gpus:
+            held[c] = held.get(c, 0) + g
+    final = not state.gone and not state.topology_may_change
+    free_now = state.topology.total_free_gpus
+    out: list[CycleDecision] = []
+    for e in queue:
+        why = unsatisfiable(state.topology, e.spec, held=held)
+        if why:
+            out.append(CycleDecision(job_id=e.spec.id, outcome=Outcome.REJECT if final else Outcome.PENDING,
+                                     constraint="constraints", reason=why, at=clock, total_free=free_now))
+    return out
 
 
 def _queued(e: QueueEntry) -> QueuedJob:
@@ -433,6 +478,11 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
     view = queued or _queued
     ordered = order([view(e) for e in state.queue], clock, options.queue,
                     network_utilization(state.topology, state.holding))
+    # Jobs whose resource constraints no cluster of this topology can satisfy are parked first.
+    cparked = _constraint_parked(state, [entries[q.id] for q in ordered], clock)
+    if cparked:
+        out_ids = {d.job_id for d in cparked}
+        ordered = [q for q in ordered if q.id not in out_ids]
     # Fair share between tenants; park the jobs that can never fit the pool or are over their tenant's quota
     # (spiderflow.tenancy): they never become the head nor take a backfill slot.
     held: dict[str, int] = {}
@@ -441,7 +491,7 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
     capacity = state.topology.total_free_gpus + sum(held.values())
     arranged = arrange([Entry(job_id=q.id, tenant=entries[q.id].spec.tenant, min_gpus=entries[q.id].spec.gpus.min)
                         for q in ordered], held=held, capacity=capacity, quota=options.tenant_quota)
-    parked: list[CycleDecision] = []
+    parked: list[CycleDecision] = cparked
     free_now = state.topology.total_free_gpus
     final = not state.gone and not state.topology_may_change
     for jid, why in arranged.parked.items():
@@ -479,17 +529,21 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
             continue
         wait = st.waits.get(jid)
         entry = e if wait is e.wait else replace(e, wait=wait)
-        if not worth_trying(entry, st.free, st.total, clock, state.version):
+        # A constrained job sees only its allowed clusters: their free GPUs, their releases, their view.
+        allowed = None if e.spec.constraints.empty else allowed_clusters(st.snap, e.spec.constraints)
+        free_v, total_v = (st.free, st.total) if allowed is None else job_free(e.spec, st.snap, st.free)
+        if not worth_trying(entry, free_v, total_v, clock, state.version):
             if wait is not None and wait.until > clock + 1e-6:
                 d = CycleDecision(job_id=jid, outcome=Outcome.WAIT, reason=wait.reason, wait=wait, at=clock,
-                                  total_free=st.total)
-            elif st.total < e.spec.gpus.min:
+                                  total_free=total_v)
+            elif total_v < e.spec.gpus.min:
+                where = "" if allowed is None else " on the clusters its constraints allow"
                 d = CycleDecision(job_id=jid, outcome=Outcome.PENDING, constraint="free_gpus", at=clock,
-                                  reason=f"needs at least {e.spec.gpus.min} GPUs, {st.total} free",
-                                  total_free=st.total)
+                                  reason=f"needs at least {e.spec.gpus.min} GPUs{where}, {total_v} free",
+                                  total_free=total_v)
             else:
                 d = CycleDecision(job_id=jid, outcome=Outcome.PENDING, constraint="unchanged", at=clock,
-                                  reason="nothing changed since its last decision", total_free=st.total)
+                                  reason="nothing changed since its last decision", total_free=total_v)
             out.append(d)
         else:
             if head is not None:
@@ -501,11 +555,12 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
             if options.vary_seed:
                 budget = replace(budget, seed=options.budget.seed * 1_000_003 + seq)
             if options.wait:
-                budget = replace(budget, releases=_releases(st, clock, jid, state.gone))
-            total_before = st.total
+                budget = replace(budget, releases=_releases(st, clock, jid, state.gone, allowed))
+            total_before = total_v
             c0 = time.process_time()
             w0 = time.perf_counter()
-            result = decide(pol, st.snap, e.remaining_spec(), budget)
+            spec = e.remaining_spec()
+            result = decide(pol, constraint_view(st.snap, spec), spec, budget)
             measured = time.perf_counter() - w0
             cpu = time.process_time() - c0
             fed = measured if options.advance is Advance.MEASURED else (
@@ -529,6 +584,9 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
                 for c, g in alloc.items():
                     if c not in st.free:
                         raise InvalidPlacementError(f"job {jid}: plan uses unknown cluster {c!r}")
+                    if allowed is not None and c not in allowed:
+                        raise InvalidPlacementError(f"job {jid}: plan uses cluster {c!r}, which its constraints "
+                                                    "exclude")
                     if g > st.free[c]:
                         raise InvalidPlacementError(f"job {jid}: plan takes {g} GPUs on {c} with {st.free[c]} free")
                 est_end = clock + e.restart_delay_s + (e.spec.steps - e.steps_done) * plan.step_time_s

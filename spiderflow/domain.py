@@ -37,6 +37,7 @@ plan
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from functools import cached_property
@@ -327,11 +328,34 @@ class Topology:
         object.__setattr__(out, "clusters", tuple(clusters))
         object.__setattr__(out, "links", self.links)
         object.__setattr__(out, "revision", self.revision)
-        # Names, links and paths are unchanged: reuse what this snapshot already computed.
-        for key in ("names", "index", "direct", "_paths"):
+        # Names, links and paths are unchanged: reuse what this snapshot already computed (and share its
+        # sub-topologies, see only()).
+        self.__dict__.setdefault("_subsets", {})
+        for key in ("names", "index", "direct", "_paths", "_subsets"):
             if key in self.__dict__:
                 out.__dict__[key] = self.__dict__[key]
         return out
+
+    def only(self, names: Iterable[str]) -> Topology:
+        """The sub-topology of the clusters ``names`` (kept in this snapshot's order; unknown names ignored)
+        and the links among them, with this snapshot's free GPUs and revision. Its widest paths run through
+        those clusters only. The sub-topology's structure (and so its path matrices, which the placement
+        memos key on) is built once per set of names and shared by every :meth:`with_free` copy of this
+        snapshot; each call only applies the current free GPUs."""
+        keep = frozenset(names)
+        if keep.issuperset(self.names):
+            return self
+        subsets: dict[frozenset[str], Topology] = self.__dict__.setdefault("_subsets", {})
+        base = subsets.get(keep)
+        if base is None:
+            if len(subsets) >= 256:
+                subsets.clear()
+            base = Topology(clusters=tuple(c for c in self.clusters if c.name in keep),
+                            links=tuple(lk for lk in self.links if lk.a in keep and lk.b in keep),
+                            revision=self.revision)
+            base.bandwidth_matrix  # noqa: B018 - computed once here, shared by every copy made below
+            subsets[keep] = base
+        return base.with_free({c.name: c.free for c in self.clusters if c.name in keep})
 
     @property
     def total_free_gpus(self) -> int:
@@ -484,12 +508,98 @@ class OptimizerSpec:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * shape
 
 
+def _gpu_names() -> dict[str, str]:
+    """Every GPU name a constraint may use, lower-cased, to its canonical spelling: the catalog's type names
+    (``A100-80G``) and their families (``A100``: the name before the first ``-``)."""
+    from spiderflow.catalog import GPU_CATALOG
+
+    out = {n.split("-", 1)[0].lower(): n.split("-", 1)[0] for n in GPU_CATALOG}
+    out.update({n.lower(): n for n in GPU_CATALOG})
+    return out
+
+
+def _names(fieldname: str, value: object, *, gpu: bool = False) -> tuple[str, ...]:
+    """``value`` (a list or tuple of strings) as a tuple without duplicates; GPU names canonicalised."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ValidationError(fieldname, "must be a list of names", value)
+    known = _gpu_names() if gpu else {}
+    out: list[str] = []
+    for i, v in enumerate(value):
+        if not isinstance(v, str) or not v.strip() or len(v) > 63:
+            raise ValidationError(f"{fieldname}[{i}]", "must be a non-empty name of ≤ 63 characters", v)
+        if gpu:
+            canonical = known.get(v.strip().lower())
+            if canonical is None:
+                raise ValidationError(f"{fieldname}[{i}]", "unknown GPU type; known: "
+                                      + ", ".join(sorted(set(known.values()))), v)
+            v = canonical
+        if v not in out:
+            out.append(v)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constraints:
+    """Where a job may run; every field empty (the default): anywhere.
+
+    ``gpu_types``: GPU types allowed — catalog names (``A100-80G``) or families (``A100``: every A100 type),
+    in any case, stored canonically; ``clusters`` / ``exclude_clusters``: cluster names allowed / never used;
+    ``regions`` / ``exclude_regions``: cluster ``region`` labels allowed / never used. A cluster is allowed
+    when it passes every non-empty field. A name both allowed and excluded is a contradiction (an error
+    naming the field). Every placement policy sees only the allowed clusters and the links among them, so
+    a job's traffic is never relayed through a cluster it excludes (:mod:`spiderflow.constraints`)."""
+
+    gpu_types: tuple[str, ...] = ()
+    clusters: tuple[str, ...] = ()
+    exclude_clusters: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    exclude_regions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions"):
+            object.__setattr__(self, name, _names(f"constraints.{name}", getattr(self, name),
+                                                  gpu=name == "gpu_types"))
+        for allow, exclude in (("clusters", "exclude_clusters"), ("regions", "exclude_regions")):
+            allowed = set(getattr(self, allow))
+            for i, v in enumerate(getattr(self, exclude)):
+                if v in allowed:
+                    raise ValidationError(f"constraints.{exclude}[{i}]", f"contradicts {allow}, which allows it", v)
+
+    @property
+    def empty(self) -> bool:
+        """No restriction at all."""
+        return not (self.gpu_types or self.clusters or self.exclude_clusters or self.regions
+                    or self.exclude_regions)
+
+    def allows(self, cluster: Cluster) -> bool:
+        """Whether ``cluster`` passes every non-empty field."""
+        if self.gpu_types and cluster.gpu not in self.gpu_types \
+                and cluster.gpu.split("-", 1)[0] not in self.gpu_types:
+            return False
+        if self.clusters and cluster.name not in self.clusters:
+            return False
+        if cluster.name in self.exclude_clusters:
+            return False
+        if self.regions and cluster.region not in self.regions:
+            return False
+        return not (self.exclude_regions and cluster.region in self.exclude_regions)
+
+    def describe(self) -> str:
+        """The non-empty fields, e.g. ``gpu_types A100, H100-80G; exclude_clusters ohio``."""
+        parts = [f"{name} {', '.join(getattr(self, name))}" for name in
+                 ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions") if getattr(self, name)]
+        return "; ".join(parts) or "none"
+
+
+__all__ += ["Constraints"]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """A training job, as in the trace file format (field names match the proto and the file).
 
     ``data`` and ``optimizer`` say what it trains on and how (defaults: synthetic tokens, AdamW at a
-    constant ``1e-3``)."""
+    constant ``1e-3``); ``constraints`` where it may run (default: anywhere)."""
 
     id: str
     model: ModelSpec
@@ -504,8 +614,11 @@ class JobSpec:
     precision: Precision = Precision.BF16
     data: DataSpec = field(default_factory=DataSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    constraints: Constraints = field(default_factory=Constraints)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.constraints, Constraints):
+            raise ValidationError("constraints", "must be a Constraints", self.constraints)
         # ids: the grammar of spiderflow.security.ids; a stored job's id is qualified by its own tenant
         tenant, _ = ids.split_job_id("id", self.id)
         _int("global_batch", self.global_batch, minimum=1)

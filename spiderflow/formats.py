@@ -22,6 +22,10 @@ is informational and not part of the :class:`~spiderflow.domain.Topology`.
     "data": {"kind": "corpus", "path": "/data/*.jsonl", "tokenizer": "/data/tokenizer.json"},
     "optimizer": {"lr": 3e-4, "warmup_steps": 100, "schedule": "cosine", "weight_decay": 0.1,
                   "betas": [0.9, 0.95], "grad_clip": 1.0}
+
+``constraints`` (optional, :func:`constraints_from_value`) says where the job may run::
+
+    "constraints": {"gpu_types": ["A100", "H100-80G"], "exclude_clusters": ["ohio"], "regions": ["us-east"]}
  Every
 rejection is a :class:`~spiderflow.errors.ValidationError` whose ``field`` is the dotted path of the
 offending value (``clusters[2].gpu``), so callers can print one line that names the field and value.
@@ -39,12 +43,14 @@ from typing import Any, TypeVar
 import yaml
 
 from spiderflow.catalog import MeasuredCost, ModelSpec, model_preset
-from spiderflow.domain import Cluster, DataSpec, GpuRange, JobSpec, Link, OptimizerSpec, Topology
+from spiderflow.domain import Cluster, Constraints, DataSpec, GpuRange, JobSpec, Link, OptimizerSpec, Topology
 from spiderflow.errors import ValidationError
 
 T = TypeVar("T")
 
 __all__ = [
+    "constraints_from_value",
+    "constraints_to_dict",
     "data_from_value",
     "data_to_dict",
     "in_file",
@@ -73,7 +79,7 @@ _LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float
 _JOB_FIELDS = {
     "id": str, "model": object, "global_batch": int, "micro_batch": int, "seq_len": int, "steps": int,
     "gpus": dict, "arrival_s": float, "priority": int, "tenant": str, "precision": str, "data": dict,
-    "optimizer": dict,
+    "optimizer": dict, "constraints": dict,
 }
 _MODEL_FIELDS = {
     "name": str, "layers": int, "hidden": int, "heads": int, "vocab": int, "family": str, "kv_heads": int,
@@ -361,6 +367,8 @@ def job_from_dict(raw: Any, *, where: str = "") -> JobSpec:
         fields["data"] = data_from_value(fields["data"], field=f"{pre}data")
     if "optimizer" in fields:
         fields["optimizer"] = optimizer_from_value(fields["optimizer"], field=f"{pre}optimizer")
+    if "constraints" in fields:
+        fields["constraints"] = constraints_from_value(fields["constraints"], field=f"{pre}constraints")
     g = _fields(f"{pre}gpus", fields["gpus"], {"min": int, "max": int}, ("min", "max"))
     try:
         fields["gpus"] = GpuRange(**g)
@@ -380,7 +388,28 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         out["data"] = data_to_dict(job.data)
     if job.optimizer != OptimizerSpec():
         out["optimizer"] = optimizer_to_dict(job.optimizer)
+    if not job.constraints.empty:
+        out["constraints"] = constraints_to_dict(job.constraints)
     return out
+
+
+_CONSTRAINT_FIELDS = {"gpu_types": list, "clusters": list, "exclude_clusters": list, "regions": list,
+                      "exclude_regions": list}
+
+
+def constraints_from_value(raw: Any, *, field: str = "constraints") -> Constraints:
+    """A job's ``constraints`` object (:class:`~spiderflow.domain.Constraints`): lists of names under
+    ``gpu_types``, ``clusters``, ``exclude_clusters``, ``regions``, ``exclude_regions`` (each optional)."""
+    fields = _fields(field, raw, _CONSTRAINT_FIELDS, ())
+    try:
+        return Constraints(**fields)
+    except ValidationError as e:
+        raise _rebase(e, field, "x") from None
+
+
+def constraints_to_dict(c: Constraints) -> dict[str, Any]:
+    """The non-empty fields of ``c`` as lists."""
+    return {k: list(getattr(c, k)) for k in _CONSTRAINT_FIELDS if getattr(c, k)}
 
 
 def trace_from_dict(raw: Any) -> list[JobSpec]:

@@ -23,6 +23,7 @@ CORE = [
     "spiderflow/schedules.py",
     "spiderflow/queueing.py",
     "spiderflow/cycle.py",
+    "spiderflow/constraints.py",
     "spiderflow/sim",
     "spiderflow/store",
     "spiderflow/topogen.py",

@@ -24,7 +24,8 @@
    holds): a new leader's first cycle adopts them, so a change of leader neither decides a waiting job
    afresh before its time nor forgets the GPUs it claimed. Any other job left queued stays PENDING with a
    reason that says why (the policy's reason naming the binding constraint, the backfilling rule, "queued
-   behind <head>"); a job that can never fit this topology keeps PENDING with "cannot fit this topology".
+   behind <head>"); a job that can never fit this topology keeps PENDING with "cannot fit this topology"
+   (also when its resource constraints allow no cluster, or too few GPUs, of it).
 
 Decisions are logged as one structlog event each with the job id, the chain, the topology revision and the
 decision's wall time.
@@ -158,7 +159,7 @@ def _wait_from_doc(doc: Mapping[str, Any]) -> WaitState | None:
 
 def _kind(d: CycleDecision) -> DecisionKind:
     """How the service reports a decision that placed nothing."""
-    if d.outcome is Outcome.REJECT or d.constraint == "capacity":
+    if d.outcome is Outcome.REJECT or d.constraint in ("capacity", "constraints"):
         return DecisionKind.UNRESOLVABLE
     if d.outcome is Outcome.WAIT or d.constraint in ("queue", "backfill"):
         return DecisionKind.DEFERRED

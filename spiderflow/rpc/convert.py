@@ -283,6 +283,11 @@ def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
         msg.data.CopyFrom(data_to_proto(job.data))
     if job.optimizer != OptimizerSpec():
         msg.optimizer.CopyFrom(optimizer_to_proto(job.optimizer))
+    if not job.constraints.empty:
+        c = job.constraints
+        msg.constraints.CopyFrom(types_pb2.ResourceConstraints(
+            gpu_types=c.gpu_types, clusters=c.clusters, exclude_clusters=c.exclude_clusters, regions=c.regions,
+            exclude_regions=c.exclude_regions))
     return msg
 
 
@@ -304,6 +309,9 @@ def job_from_proto(msg: types_pb2.JobSpec, *, field: str = "job") -> JobSpec:
         raw["data"] = _data_raw(msg.data)
     if msg.HasField("optimizer"):
         raw["optimizer"] = _optimizer_raw(msg.optimizer)
+    if msg.HasField("constraints"):
+        raw["constraints"] = {k: list(getattr(msg.constraints, k)) for k in
+                              ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions")}
     return job_from_dict(raw, where=field)
 
 

@@ -60,6 +60,7 @@ from spiderflow.cycle import (
     Outcome,
     QueueEntry,
     WaitState,
+    job_free,
     link_gbps,
     network_share,
     run_cycle,
@@ -627,6 +628,11 @@ class _Sim:
             self.on_cycle(result)
         for d in result.decisions:
             if not d.tried:
+                if d.constraint == "constraints":  # parked: its resource constraints cannot be satisfied
+                    if d.outcome is Outcome.REJECT:
+                        self._drop(self.jobs[d.job_id], "unresolvable", d.reason)
+                    else:
+                        self.jobs[d.job_id].record.reason = d.reason
                 continue
             j = self.jobs[d.job_id]
             self.decision_seq += 1
@@ -655,10 +661,10 @@ class _Sim:
                                                         for _, k, _, _ in self.heap):
             for jid in self.queue:  # nothing left to wait for
                 self.jobs[jid].defer_until = 0.0
-            total_free = self._total_free()
             free = self._free()
-            if any(worth_trying(self._entry(self.jobs[jid]), free, total_free, clock, self.version)
-                   for jid in self.queue):
+            snap = self._snapshot()
+            if any(worth_trying(self._entry(self.jobs[jid]), *job_free(self.jobs[jid].spec, snap, free), clock,
+                                self.version) for jid in self.queue):
                 self._request_cycle(clock)
                 return
             for jid in list(self.queue):

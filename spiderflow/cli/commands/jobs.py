@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
+from spiderflow.cli.constraints import add_constraint_options, constraint_overrides, merge_constraints, split_gpus
 from spiderflow.domain import JobSpec, Precision
 from spiderflow.errors import ValidationError
 from spiderflow.jobs import JobState
@@ -37,16 +38,22 @@ _STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING
           "PENDING": "white", "RESCHEDULING": "magenta"}
 
 
-def parse_gpus(value: str) -> dict[str, int]:
-    """``N`` or ``MIN:MAX`` → ``{"min", "max"}``."""
+def parse_gpus(value: str) -> dict[str, Any]:
+    """``[TYPE:]N`` or ``[TYPE:]MIN:MAX`` → ``{"min", "max"}`` (and ``"type"`` when a GPU type is given)."""
+    kind, count = split_gpus(value)
     try:
-        if ":" in value:
-            lo, hi = value.split(":", 1)
-            return {"min": int(lo), "max": int(hi)}
-        n = int(value)
-        return {"min": n, "max": n}
+        if ":" in count:
+            lo, hi = count.split(":", 1)
+            out: dict[str, Any] = {"min": int(lo), "max": int(hi)}
+        else:
+            n = int(count)
+            out = {"min": n, "max": n}
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--gpus must be N or MIN:MAX (got {value!r})") from None
+        raise argparse.ArgumentTypeError(f"--gpus must be [TYPE:]N or [TYPE:]MIN:MAX, e.g. A100:8 (got {value!r})"
+                                         ) from None
+    if kind is not None:
+        out["type"] = kind
+    return out
 
 
 def client(args: argparse.Namespace) -> Client:
@@ -66,6 +73,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The job fields given on the command line (data and optimizer options included)."""
     out = {k: getattr(args, k) for k in _OVERRIDES if getattr(args, k) is not None}
     out.update(data_and_optimizer(args))
+    gpus = out.get("gpus")
+    kind: str | None = None
+    if isinstance(gpus, dict) and "type" in gpus:  # --gpus TYPE:N
+        kind = gpus["type"]
+        out["gpus"] = {k: v for k, v in gpus.items() if k != "type"}
+    if given := constraint_overrides(args, kind):
+        out["constraints"] = given
     return out
 
 
@@ -100,7 +114,10 @@ def _job_from_file(args: argparse.Namespace) -> JobSpec:
     def parse(d: Any) -> JobSpec:
         if not isinstance(d, dict):
             raise ValidationError("job", "must be an object (a trace job)")
-        return job_from_dict({**d, **_overrides(args)})
+        given = _overrides(args)
+        if "constraints" in given:  # the options replace only the constraint lists they name
+            given["constraints"] = merge_constraints(d.get("constraints"), given["constraints"])
+        return job_from_dict({**d, **given})
 
     return in_file(args.file, parse, doc)
 
@@ -346,7 +363,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Queue a training job: a job FILE (JSON/YAML trace job; the options below "
                                    "override its fields) or --model with options.",
                        epilog="examples:\n  spiderflow submit --model gpt-tiny --seq-len 64 --steps 20 --watch\n"
-                              "  spiderflow submit job.yaml --id run-2 --steps 50",
+                              "  spiderflow submit job.yaml --id run-2 --steps 50\n"
+                              "  spiderflow submit --model gpt-tiny --gpus A100:8 --exclude-cluster ohio",
                        )
     p.add_argument("file", nargs="?", help="job file (JSON/YAML: a trace job object)")
     p.add_argument("--id", help="job id (default: <model>-<random hex>; over FILE: replaces its id)")
@@ -359,7 +377,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help=f"sequences per micro-batch (default {SUBMIT_DEFAULTS['micro_batch']})")
     p.add_argument("--seq-len", type=int, help=f"tokens per sequence (default {SUBMIT_DEFAULTS['seq_len']})")
     p.add_argument("--steps", type=int, help=f"optimizer steps (default {SUBMIT_DEFAULTS['steps']})")
-    p.add_argument("--gpus", type=parse_gpus, help="N or MIN:MAX GPUs (default 1:8)")
+    p.add_argument("--gpus", type=parse_gpus, metavar="[TYPE:]N",
+                   help="GPUs: N, MIN:MAX, or with a GPU type A100:8 / H100:8:16 (default 1:8, any type)")
     p.add_argument("--priority", type=int, help="higher runs first (default 0)")
     p.add_argument("--tenant", help="tenant the job is billed to (default: default, or your certificate's)")
     p.add_argument("--precision", choices=[v.value for v in Precision],
@@ -368,6 +387,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing (default: "
                                         "a random one)")
     p.add_argument("--watch", action="store_true", help="follow the job until it ends")
+    add_constraint_options(p)
     add_data_and_optimizer_options(p)
     add_address(p)
     add_json_flag(p)

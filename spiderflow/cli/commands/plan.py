@@ -27,7 +27,8 @@ from rich.table import Table
 
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
-from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
+from spiderflow.cli.constraints import add_constraint_options, constraint_overrides, split_gpus
+from spiderflow.domain import Constraints, GpuRange, JobSpec, Plan, Precision, Topology
 from spiderflow.errors import ValidationError
 
 __all__ = ["add_search_options", "parse_gpus", "register", "result_to_dict"]
@@ -41,7 +42,12 @@ LEVEL2 = ("exact", "cpsat")
 
 
 def parse_gpus(value: str) -> GpuRange:
-    """``N`` (exactly N GPUs) or ``MIN:MAX``; :class:`CliError` (exit 2) otherwise."""
+    """``N`` (exactly N GPUs) or ``MIN:MAX``, after an optional ``TYPE:`` (see :func:`_job_constraints`);
+    :class:`CliError` (exit 2) otherwise."""
+    try:
+        _, value = split_gpus(value)
+    except argparse.ArgumentTypeError as e:
+        raise CliError(f"--gpus: {e}", EXIT_USAGE) from None
     try:
         if ":" in value:
             lo, hi = value.split(":", 1)
@@ -49,7 +55,34 @@ def parse_gpus(value: str) -> GpuRange:
         n = int(value)
         return GpuRange(min=n, max=n)
     except ValueError as e:
-        raise CliError(f"--gpus: expected N or MIN:MAX with 1 ≤ MIN ≤ MAX ({e})", EXIT_USAGE) from None
+        raise CliError(f"--gpus: expected [TYPE:]N or [TYPE:]MIN:MAX with 1 ≤ MIN ≤ MAX ({e})", EXIT_USAGE) from None
+
+
+def _job_constraints(args: argparse.Namespace) -> Constraints:
+    """The job's constraints from ``--gpus TYPE:N`` and the constraint options; :class:`CliError` (exit 2)
+    for a contradiction."""
+    try:
+        kind, _ = split_gpus(args.gpus)
+        return Constraints(**constraint_overrides(args, kind))  # type: ignore[arg-type]
+    except (argparse.ArgumentTypeError, ValidationError) as e:
+        raise CliError(f"{e}", EXIT_USAGE) from None
+
+
+def _constrained(topo: Topology, job: JobSpec) -> Topology:
+    """The view of ``topo`` the policy gets for ``job``'s constraints; :class:`CliError` for a cluster name
+    the topology lacks (exit 2) or constraints no cluster satisfies (exit 1)."""
+    from spiderflow.constraints import unsatisfiable, view
+
+    c = job.constraints
+    for flag, names in (("--cluster", c.clusters), ("--exclude-cluster", c.exclude_clusters)):
+        missing = [n for n in names if n not in topo.index]
+        if missing:
+            raise CliError(f"{flag}: no cluster {missing[0]!r} in the topology (it has {', '.join(topo.names)})",
+                           EXIT_USAGE)
+    why = unsatisfiable(topo, job)
+    if why:
+        raise CliError(f"unschedulable (constraints): {why}", EXIT_FAILED)
+    return view(topo, job)
 
 
 def _stage_dicts(plan: Plan) -> list[dict[str, Any]]:
@@ -171,6 +204,7 @@ def _plan(args: argparse.Namespace) -> int:
     job = JobSpec(
         id="cli", model=model_preset(args.model), global_batch=args.global_batch, micro_batch=args.micro_batch,
         seq_len=args.seq_len, gpus=parse_gpus(args.gpus), precision=args.precision,
+        constraints=_job_constraints(args),
     )
     if args.plan is not None:
         if not args.dry_run:
@@ -187,6 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
 
         topo = apply_profile(topo, load_profile(args.profile), model=job.model, precision=job.precision,
                              micro_batch=job.micro_batch, seq_len=job.seq_len)
+    topo = _constrained(topo, job)
     render: Any = None
     if args.gantt is not None:
         try:
@@ -225,7 +260,8 @@ def register(sub: Any) -> None:
     p.add_argument("--topology", default=None,
                    help="topology file (JSON or YAML) or preset name (e.g. aws-10-dtfm); required unless --plan")
     p.add_argument("--model", required=True, help="model preset name (e.g. gpt3-6.7b)")
-    p.add_argument("--gpus", required=True, help="GPUs: N (exactly) or MIN:MAX")
+    p.add_argument("--gpus", required=True, metavar="[TYPE:]N",
+                   help="GPUs: N (exactly), MIN:MAX, or with a GPU type A100:8 / H100:8:16")
     p.add_argument("--policy", default="spinsearch", help="placement policy (default: spinsearch)")
     p.add_argument("--global-batch", type=int, default=256, help="samples per step (default 256)")
     p.add_argument("--micro-batch", type=int, default=1, help="samples per micro-batch (default 1)")
@@ -246,5 +282,6 @@ def register(sub: Any) -> None:
                         "or the reason the executor refuses the plan; starts nothing")
     p.add_argument("--plan", type=Path, default=None, help="with --dry-run: check this saved plan JSON instead "
                    "of placing the job")
+    add_constraint_options(p)
     add_json_flag(p)
     p.set_defaults(func=_plan)

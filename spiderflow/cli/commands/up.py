@@ -38,8 +38,9 @@ from typing import Any
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_and_optimizer, prepare_data
+from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_and_optimizer, parse_gpus, prepare_data
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
+from spiderflow.cli.constraints import add_constraint_options
 from spiderflow.contexts import DEFAULT_ADDRESSES, add_context, config_path, remove_context, state_dir
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology
@@ -120,6 +121,8 @@ def _run(args: argparse.Namespace) -> int:
     topo = load_topology(args.topology) if args.topology else sample_topology(clusters)
     if args.steps < 1:
         raise CliError("--steps: must be ≥ 1", EXIT_USAGE)
+    if not args.no_job:
+        _apply_constraints({}, topo, args)  # bad constraints end here (exit 2), before anything starts
     workdir = Path(args.data_dir) if args.data_dir else None
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -170,6 +173,7 @@ def _run(args: argparse.Namespace) -> int:
 def _sample(mesh: LocalMesh, topo: Topology, args: argparse.Namespace) -> int:
     job = sample_job(topo, steps=args.steps, model=args.model)
     job.update(data_and_optimizer(args))
+    _apply_constraints(job, topo, args)
     prepare_data(job)
     with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
         submitted = sf.submit(job, request_id=job["id"])
@@ -197,6 +201,25 @@ def _sample(mesh: LocalMesh, topo: Topology, args: argparse.Namespace) -> int:
     return 0 if final.state == JobState.SUCCEEDED else EXIT_FAILED
 
 
+def _apply_constraints(job: dict[str, Any], topo: Topology, args: argparse.Namespace) -> None:
+    """``--gpus`` and the constraint options over the sample job; without ``--gpus`` it takes one GPU on each
+    of up to 3 allowed clusters."""
+    from spiderflow.cli.constraints import constraint_overrides
+    from spiderflow.constraints import allowed_clusters
+    from spiderflow.domain import Constraints
+
+    gpus = dict(args.gpus or {})
+    given = constraint_overrides(args, gpus.pop("type", None))
+    if not given:
+        if gpus:
+            job["gpus"] = gpus
+        return
+    constraints = Constraints(**given)  # type: ignore[arg-type]  # ValidationError: exit 2
+    job["constraints"] = given
+    job["gpus"] = gpus or {"min": max(1, min(3, len(allowed_clusters(topo, constraints))))}
+    job["gpus"].setdefault("max", job["gpus"]["min"])
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("up", help="run a local mesh and a sample job to completion (the quickstart)")
     p.add_argument("--clusters", type=int, help="number of local CPU clusters (default 3)")
@@ -219,5 +242,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model", default="gpt-tiny",
                    help="model of the sample job: a preset (default gpt-tiny; llama-tiny, ...), a Hugging Face "
                         "config.json or package.module:function")
+    p.add_argument("--gpus", type=parse_gpus, metavar="[TYPE:]N",
+                   help="GPUs of the sample job: N, MIN:MAX or TYPE:N (default: one on each of up to 3 "
+                        "clusters, e.g. cpu:2)")
+    add_constraint_options(p)
     add_data_and_optimizer_options(p)
     p.set_defaults(func=_run)

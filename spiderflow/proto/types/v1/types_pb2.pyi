@@ -150,7 +150,7 @@ class GpuRange(_message.Message):
     def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision", "data", "optimizer")
+    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision", "data", "optimizer", "constraints")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +164,7 @@ class JobSpec(_message.Message):
     PRECISION_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: _struct_pb2.Value
     global_batch: int
@@ -177,7 +178,22 @@ class JobSpec(_message.Message):
     precision: str
     data: TrainingData
     optimizer: OptimizerConfig
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ..., data: _Optional[_Union[TrainingData, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ...) -> None: ...
+    constraints: ResourceConstraints
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ..., data: _Optional[_Union[TrainingData, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., constraints: _Optional[_Union[ResourceConstraints, _Mapping]] = ...) -> None: ...
+
+class ResourceConstraints(_message.Message):
+    __slots__ = ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions")
+    GPU_TYPES_FIELD_NUMBER: _ClassVar[int]
+    CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_CLUSTERS_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    gpu_types: _containers.RepeatedScalarFieldContainer[str]
+    clusters: _containers.RepeatedScalarFieldContainer[str]
+    exclude_clusters: _containers.RepeatedScalarFieldContainer[str]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    exclude_regions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gpu_types: _Optional[_Iterable[str]] = ..., clusters: _Optional[_Iterable[str]] = ..., exclude_clusters: _Optional[_Iterable[str]] = ..., regions: _Optional[_Iterable[str]] = ..., exclude_regions: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TrainingData(_message.Message):
     __slots__ = ("kind", "path", "dtype", "tokenizer", "text_field", "cache_dir", "seed")
