@@ -2,16 +2,20 @@
 topology its placement policy is given, and why a job can never be satisfied.
 
 Every placement decision of a constrained job (:class:`~spiderflow.domain.Constraints`: GPU types, clusters
-and regions allowed or excluded) is made on :func:`view`: the sub-topology of the allowed clusters and the
-links among them (:meth:`~spiderflow.domain.Topology.only`). A policy therefore cannot place the job
-elsewhere, whichever policy it is, and the cost model never relays its traffic through an excluded cluster.
+and regions allowed or excluded) is made on :func:`view`: the sub-topology of the allowed clusters, the
+links among them and the whole snapshot's pairwise figures between them
+(:meth:`~spiderflow.domain.Topology.only`). A policy therefore cannot place the job elsewhere, whichever
+policy it is. The pairwise figures are kept so that two allowed clusters joined through an excluded one stay
+as reachable as for any other job: constraints say where a job computes and keeps state, while its traffic
+is relayed along the network's widest path like every job's.
 The scheduling cycle (:func:`spiderflow.cycle.run_cycle`, shared by the scheduler service and the
 simulator) and ``spiderflow plan`` both go through here.
 
-The view is cheap: its structure (clusters, links, widest-path matrices) is built once per snapshot and set
-of allowed names and shared by the snapshot's :meth:`~spiderflow.domain.Topology.with_free` copies, so the
-placement memos keyed on path matrices keep hitting across decisions, and never mix the view with the whole
-topology (they key on the matrix object itself).
+The view is cheap: its structure (clusters, links, the sub-matrices of the widest paths, O(k²)) is built
+once per snapshot and set of allowed names and shared by the snapshot's
+:meth:`~spiderflow.domain.Topology.with_free` copies, so the placement memos keyed on path matrices keep
+hitting across decisions, and never mix the view with the whole topology (they key on the matrix object
+itself).
 
 Pure: no I/O.
 """
@@ -34,7 +38,7 @@ def allowed_clusters(topo: Topology, constraints: Constraints) -> tuple[str, ...
 
 def view(topo: Topology, job: JobSpec) -> Topology:
     """The topology ``job``'s placement policy sees: ``topo`` itself when unconstrained, else the allowed
-    clusters and the links among them, with ``topo``'s free GPUs."""
+    clusters (``topo``'s free GPUs and pairwise figures) and the links among them."""
     if job.constraints.empty:
         return topo
     return topo.only(allowed_clusters(topo, job.constraints))

@@ -338,10 +338,11 @@ class Topology:
 
     def only(self, names: Iterable[str]) -> Topology:
         """The sub-topology of the clusters ``names`` (kept in this snapshot's order; unknown names ignored)
-        and the links among them, with this snapshot's free GPUs and revision. Its widest paths run through
-        those clusters only. The sub-topology's structure (and so its path matrices, which the placement
-        memos key on) is built once per set of names and shared by every :meth:`with_free` copy of this
-        snapshot; each call only applies the current free GPUs."""
+        and the links among them, with this snapshot's free GPUs and revision. Its pairwise bandwidth and
+        latency are this snapshot's (widest paths may still relay through the other clusters' links: those
+        clusters only give no GPUs). The sub-topology's structure (and so its path matrices, which the
+        placement memos key on) is built once per set of names and shared by every :meth:`with_free` copy
+        of this snapshot; each call only applies the current free GPUs."""
         keep = frozenset(names)
         if keep.issuperset(self.names):
             return self
@@ -353,7 +354,11 @@ class Topology:
             base = Topology(clusters=tuple(c for c in self.clusters if c.name in keep),
                             links=tuple(lk for lk in self.links if lk.a in keep and lk.b in keep),
                             revision=self.revision)
-            base.bandwidth_matrix  # noqa: B018 - computed once here, shared by every copy made below
+            import numpy as np
+
+            ix = np.array([self.index[c.name] for c in base.clusters], dtype=np.int64)
+            bw, lat = self._paths
+            base.__dict__["_paths"] = (bw[np.ix_(ix, ix)], lat[np.ix_(ix, ix)])  # shared by the copies below
             subsets[keep] = base
         return base.with_free({c.name: c.free for c in self.clusters if c.name in keep})
 
@@ -546,8 +551,9 @@ class Constraints:
     in any case, stored canonically; ``clusters`` / ``exclude_clusters``: cluster names allowed / never used;
     ``regions`` / ``exclude_regions``: cluster ``region`` labels allowed / never used. A cluster is allowed
     when it passes every non-empty field. A name both allowed and excluded is a contradiction (an error
-    naming the field). Every placement policy sees only the allowed clusters and the links among them, so
-    a job's traffic is never relayed through a cluster it excludes (:mod:`spiderflow.constraints`)."""
+    naming the field). Every placement policy sees only the allowed clusters (:mod:`spiderflow.constraints`);
+    constraints decide where a job computes and keeps its state, not which network paths carry its traffic
+    between allowed clusters (relayed along the widest path as for any job)."""
 
     gpu_types: tuple[str, ...] = ()
     clusters: tuple[str, ...] = ()
