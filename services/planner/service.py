@@ -12,6 +12,9 @@ afterwards (:func:`spiderflow.tpa.planner.with_in_flight_cap`). Errors keep thei
 - a chain cluster that is not in the topology, or an unknown policy → NOT_FOUND / INVALID_ARGUMENT;
 - no feasible plan → FAILED_PRECONDITION whose message names the binding constraint (e.g. which stage
   exceeds memory by how many GiB); the constraint travels in the error metadata too;
+- a policy places a job with resource constraints on its allowed clusters only
+  (:func:`spiderflow.constraints.view`); when none can satisfy them → FAILED_PRECONDITION, constraint
+  ``constraints``;
 - with authentication on, a tenant may plan only its own tenant's jobs and agents may not call the
   planner (PERMISSION_DENIED; :func:`spiderflow.security.authz.authorize_plan`).
 """
@@ -27,6 +30,8 @@ import grpc.aio
 import structlog
 
 from spiderflow import costmodel, metrics
+from spiderflow.constraints import unsatisfiable
+from spiderflow.constraints import view as constraint_view
 from spiderflow.domain import JobSpec, Plan, PlanOptions, Topology
 from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
 from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
@@ -141,7 +146,9 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         else:
             name = request.policy if strategy == "policy" else self.default_policy
             policy = get_policy(name, planner=LocalPlanner(level2=self.level2))
-            result = await asyncio.to_thread(policy.place, topo, job, budget)
+            if why := unsatisfiable(topo, job):  # the job's resource constraints: the policy sees its view only
+                raise UnschedulableError(why, constraint="constraints")
+            result = await asyncio.to_thread(policy.place, constraint_view(topo, job), job, budget)
         metrics.observe_plan(time.perf_counter() - t0, strategy=strategy or "policy", ok=result.ok)
         if not result.ok:
             log.info("planner.unschedulable", job=job.id, policy=result.policy, reason=result.reason,

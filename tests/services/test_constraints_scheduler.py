@@ -5,6 +5,7 @@ reason, which ``spiderflow status`` and ``spiderflow jobs`` show. Submitted with
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -119,6 +120,7 @@ def test_unsatisfiable_job_is_parked_with_the_reason(scheduler: ManagedProcess, 
         "eu-west) allow (frankfurt, paris) offer 16")
     code, out, _ = _cli(scheduler.address, capsys, monkeypatch, "status", "c-t4")
     assert code == 0 and "gpu_types T4" in out, out
+    assert re.search(r"^\W*constraints\W+gpu_types T4", out, re.MULTILINE), out  # the job's own row
     code, out, _ = _cli(scheduler.address, capsys, monkeypatch, "jobs", "--json", "--state", "PENDING")
     reasons = {j["id"]: j["reason"] for j in json.loads(out)}
     assert "allow no cluster" in reasons["c-t4"] and "offer 16" in reasons["c-eu-big"]
@@ -149,3 +151,36 @@ def test_docs_grpcurl_example_and_bad_constraints(scheduler: ManagedProcess) -> 
         job = _until(sf, "j7", TERMINAL)
     assert job.state == "SUCCEEDED" and job.plan is not None, job.reason
     assert set(job.plan.gpus_by_cluster()) <= {"frankfurt", "paris"}, job.plan.chain
+
+
+async def test_planner_service_policies_honour_constraints() -> None:
+    """The Planner service's policy path (in process, port 0) plans on the allowed clusters only and refuses
+    an unsatisfiable job with FAILED_PRECONDITION."""
+    import grpc
+    import grpc.aio
+
+    from services.planner.service import PlannerService
+    from spiderflow.formats import job_from_dict, load_topology
+    from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
+    from spiderflow.rpc import convert
+    from spiderflow.rpc.server import open_channel, serve
+
+    topo = convert.topology_to_proto(load_topology(ROOT / "examples/topology-3.yaml"))
+    server = await serve([PlannerService()], port=0)
+    channel = open_channel(server.address)
+    try:
+        stub = planner_pb2_grpc.PlannerStub(channel)
+        for policy in ("spinsearch", "firstfit", "bace"):
+            job = job_from_dict({"id": "p", "model": "gpt3-1.3b", "global_batch": 64, "gpus": {"min": 8, "max": 24},
+                                 "constraints": {"exclude_clusters": ["virginia", "oregon"]}})
+            resp = await stub.Plan(planner_pb2.PlanRequest(topology=topo, job=convert.job_to_proto(job),
+                                                           policy=policy))
+            assert convert.plan_from_proto(resp.plan).chain == ("ohio",), policy
+        job = job_from_dict({"id": "p", "model": "gpt3-1.3b", "global_batch": 64, "gpus": {"min": 8, "max": 24},
+                             "constraints": {"gpu_types": ["T4"]}})
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Plan(planner_pb2.PlanRequest(topology=topo, job=convert.job_to_proto(job), policy="spinsearch"))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "gpu_types T4" in (e.value.details() or "")
+    finally:
+        await channel.close()
+        await server.stop(grace_s=0)

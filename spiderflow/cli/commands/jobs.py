@@ -244,6 +244,8 @@ def _status(args: argparse.Namespace) -> int:
                 ("model", f"{job.spec.model.name} ({job.spec.model.layers} layers)"),
                 ("tenant", job.spec.tenant), ("policy", job.policy or "default"), ("attempt", str(job.attempt)),
                 ("steps", _steps(job))]
+        if not job.spec.constraints.empty:
+            rows.append(("constraints", job.spec.constraints.describe()))
         if job.plan is not None:
             rows += [("plan", _plan_summary(job)),
                      ("schedule", f"{job.plan.schedule}, {job.plan.micro_batches} micro-batches"),
