@@ -4,8 +4,6 @@ registered policy."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -114,7 +112,7 @@ def test_views_of_one_snapshot_share_their_structure() -> None:
 def test_a_view_does_not_poison_spinsearch_memos() -> None:
     """SpinSearch memoises searches by path matrix: the same job on the whole topology and on a view gets
     each its own answer, in either order, equal to a cold decision."""
-    from spiderflow.placement import clear_memos
+    from spiderflow.placement import clear_memos, spinsearch
 
     spin = get_policy("spinsearch")
     free = _job(gmin=12, gmax=16)
@@ -133,10 +131,10 @@ def test_a_view_does_not_poison_spinsearch_memos() -> None:
         assert decided(TOPO, free) == cold_free
         assert decided(view(TOPO, constrained), constrained) == cold_view
     assert {s.cluster for s in cold_view[0]} <= {"c", "d", "e"}  # type: ignore[attr-defined]
-    t = time.perf_counter()
-    for i in range(20):  # warm decisions on fresh with_free copies of the view stay fast
+    clear_memos()
+    for i in range(6):  # decisions on fresh with_free copies of the view share its matrices: memo hits
         spin.place(view(TOPO.with_free({"c": 8 - i % 2}), constrained), constrained)
-    assert (time.perf_counter() - t) / 20 < 0.25
+    assert len(spinsearch._SEARCH_CACHE) == 2  # one search per free-GPU state, not one per copy
 
 
 def test_unsatisfiable_reasons() -> None:
@@ -187,7 +185,7 @@ def test_every_policy_places_only_on_allowed_clusters(policy: str) -> None:
     assert {d.outcome for d in final.values()} == {Outcome.REJECT}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(FAST_POLICIES),
        gpu=st.lists(st.sampled_from(["A100", "H100", "V100-32G", "A100-40G"]), max_size=2),
        only=st.lists(st.sampled_from("abcde"), max_size=3), exclude=st.lists(st.sampled_from("abcde"), max_size=2),
