@@ -42,9 +42,9 @@ from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from spiderflow import ids
 from spiderflow.catalog import GpuType, ModelSpec, gpu_type
 from spiderflow.errors import ValidationError
-from spiderflow.security import ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -506,7 +506,7 @@ class JobSpec:
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
 
     def __post_init__(self) -> None:
-        # ids: the grammar of spiderflow.security.ids; a stored job's id is qualified by its own tenant
+        # ids: the grammar of spiderflow.ids; a stored job's id is qualified by its own tenant
         tenant, _ = ids.split_job_id("id", self.id)
         _int("global_batch", self.global_batch, minimum=1)
         _int("micro_batch", self.micro_batch, minimum=1)
