@@ -43,9 +43,9 @@ from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from spiderflow import ids
 from spiderflow.catalog import GpuType, ModelSpec, gpu_type
 from spiderflow.errors import ValidationError
-from spiderflow.security import ids
 
 if TYPE_CHECKING:
     import numpy as np
@@ -625,7 +625,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.constraints, Constraints):
             raise ValidationError("constraints", "must be a Constraints", self.constraints)
-        # ids: the grammar of spiderflow.security.ids; a stored job's id is qualified by its own tenant
+        # ids: the grammar of spiderflow.ids; a stored job's id is qualified by its own tenant
         tenant, _ = ids.split_job_id("id", self.id)
         _int("global_batch", self.global_batch, minimum=1)
         _int("micro_batch", self.micro_batch, minimum=1)

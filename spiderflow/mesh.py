@@ -32,7 +32,7 @@ from typing import Any, Self
 import structlog
 
 from spiderflow.domain import Cluster, Topology
-from spiderflow.errors import UnavailableError
+from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 
@@ -266,6 +266,7 @@ class LocalMesh:
 
         deadline = time.monotonic() + timeout
         last = 0
+        why = ""
         while time.monotonic() < deadline:
             try:
                 with Client(self.address("scheduler"), topology=self.address("topology"), timeout_s=5) as sf:
@@ -275,11 +276,13 @@ class LocalMesh:
                     return topo
             except UnavailableError:
                 pass
+            except ValidationError as e:  # no cluster yet: an agent is ready before its registration lands
+                why = f" ({e})"
             for name, proc in self.agents.items():
                 if not proc.alive():
                     raise UnavailableError(f"agent {name} exited: {proc.tail()}")
             time.sleep(0.25)
-        raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s")
+        raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s{why}")
 
     def stop(self) -> None:
         if self._stopped:

@@ -17,6 +17,7 @@ CORE = [
     "spiderflow/costmodel.py",
     "spiderflow/formats.py",
     "spiderflow/errors.py",
+    "spiderflow/ids.py",
     "spiderflow/kernels",
     "spiderflow/placement",
     "spiderflow/tpa",
@@ -46,3 +47,20 @@ def test_mypy_strict_core() -> None:
     targets = [t for t in CORE if (ROOT / t).exists()]
     r = subprocess.run([_tool("mypy"), *targets], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# Modules that must not touch the OS, the network, etcd or torch at import time (module-level imports).
+PURE = ["spiderflow/ids.py", "spiderflow/domain.py", "spiderflow/catalog.py", "spiderflow/errors.py"]
+IMPURE = {"os", "pathlib", "grpc", "etcd3", "torch", "subprocess", "socket", "shutil", "spiderflow.security"}
+
+
+def test_pure_modules_import_no_os_grpc_etcd_or_torch() -> None:
+    import ast
+
+    for rel in PURE:
+        tree = ast.parse((ROOT / rel).read_text())
+        names = [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in tree.body if isinstance(n, ast.ImportFrom)]
+        names += [f"{n.module}.{a.name}" for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names]
+        bad = [m for m in names if any(m == p or m.startswith(p + ".") for p in IMPURE)]
+        assert not bad, f"{rel} imports {bad}"
