@@ -26,6 +26,7 @@ CORE = [
     "spiderflow/sim",
     "spiderflow/store",
     "spiderflow/topogen.py",
+    "spiderflow/gateway/protocol.py",
 ]
 
 
