@@ -22,7 +22,8 @@ Contract
   the clusters' gateways (:mod:`spiderflow.gateway`) can talk across; connections to the gateway port are
   still relayed, so they get the pair's latency and bandwidth. ``gateway_redirect_port``: each cluster
   namespace gets the node-level NAT a gateway needs: its TCP to other clusters' ranges, except to
-  ``gateway_port``, is REDIRECTed (``nat OUTPUT``) to that local port.
+  ``gateway_port``, is REDIRECTed (``nat OUTPUT``) to that local port. ``gateway_firewall=False`` keeps
+  the NAT but not the firewall (to compare direct and gateway paths on the same testbed).
 * :meth:`Testbed.partition` cuts one cluster off (its router-side veth goes down: nothing reaches or leaves
   the namespace, neither peers nor the host's services; processes inside keep running and their sockets
   stay open, as in a network partition) and :meth:`Testbed.heal` reconnects it with the same shaping.
@@ -279,6 +280,7 @@ class Testbed:
         host_access: bool = True,
         gateway_port: int | None = None,
         gateway_redirect_port: int | None = None,
+        gateway_firewall: bool = True,
     ) -> None:
         self.prefix = validate_prefix(prefix)
         self.topology = topology
@@ -290,6 +292,7 @@ class Testbed:
         self.host_access = host_access
         self.gateway_port = gateway_port
         self.gateway_redirect_port = gateway_redirect_port
+        self.gateway_firewall = gateway_firewall
         if gateway_redirect_port is not None and gateway_port is None:
             raise PreconditionError("gateway_redirect_port needs gateway_port (the port the NAT leaves alone)")
         self._octet = octet
@@ -459,6 +462,7 @@ class Testbed:
             state_dir=d,
             gateway_port=state.get("gateway_port"),
             gateway_redirect_port=state.get("gateway_redirect_port"),
+            gateway_firewall=bool(state.get("gateway_firewall", True)),
         )
         tb._layout = plan_layout(tb.topology, prefix=prefix, octet=int(state["octet"]))
         tb._backend = str(state.get("iptables", "iptables"))
@@ -695,6 +699,7 @@ class Testbed:
             "passthrough_ports": list(self.passthrough_ports),
             "gateway_port": self.gateway_port,
             "gateway_redirect_port": self.gateway_redirect_port,
+            "gateway_firewall": self.gateway_firewall,
             "iptables": self._backend,
             "topology": topology_to_dict(self.topology),
             "supervised": [{"cluster": s.cluster, "argv": s.argv, "pid": s.proc.pid} for s in self._supervised],
@@ -787,16 +792,8 @@ class Testbed:
         if self.gateway_port is None:
             return
         gw = str(self.gateway_port)
-        ipt = ["ip", "netns", "exec", layout.router_netns, self._backend, "-t", "mangle"]
-        _sh([*ipt, "-N", "SF_FIREWALL"])
-        _sh([*ipt, "-A", "SF_FIREWALL", "-s", layout.host_subnet, "-j", "RETURN"])
-        _sh([*ipt, "-A", "SF_FIREWALL", "-d", layout.host_subnet, "-j", "RETURN"])
-        for s in layout.clusters:
-            _sh([*ipt, "-A", "SF_FIREWALL", "-d", s.gateway, "-j", "RETURN"])
-        _sh([*ipt, "-A", "SF_FIREWALL", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"])
-        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "--dport", gw, "-j", "RETURN"])
-        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "-s", layout.subnet, "-d", layout.subnet, "-j", "DROP"])
-        _sh([*ipt, "-A", "PREROUTING", "-p", "tcp", "-j", "SF_FIREWALL"])
+        if self.gateway_firewall:
+            self._firewall(gw)
         if self.gateway_redirect_port is None:
             return
         for s in layout.clusters:
@@ -808,6 +805,19 @@ class Testbed:
                     _sh([*nat, "-A", "SF_GATEWAY", "-p", "tcp", "-d", other.subnet, "-j", "REDIRECT",
                          "--to-ports", str(self.gateway_redirect_port)])
             _sh([*nat, "-A", "OUTPUT", "-p", "tcp", "-j", "SF_GATEWAY"])
+
+    def _firewall(self, gw: str) -> None:
+        layout = self.layout
+        ipt = ["ip", "netns", "exec", layout.router_netns, self._backend, "-t", "mangle"]
+        _sh([*ipt, "-N", "SF_FIREWALL"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-s", layout.host_subnet, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-d", layout.host_subnet, "-j", "RETURN"])
+        for s in layout.clusters:
+            _sh([*ipt, "-A", "SF_FIREWALL", "-d", s.gateway, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "--dport", gw, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "-s", layout.subnet, "-d", layout.subnet, "-j", "DROP"])
+        _sh([*ipt, "-A", "PREROUTING", "-p", "tcp", "-j", "SF_FIREWALL"])
 
     def _pair_rows(self) -> list[list[float]]:
         layout = self.layout
