@@ -200,6 +200,8 @@ class Gateway:
             except (ConnectionError, OSError, asyncio.IncompleteReadError, ssl.SSLError) as e:
                 log.debug("gateway.connection_error", error=repr(e))
                 _reset(writer)
+            except asyncio.CancelledError:  # the gateway is closing: the connection ends here
+                _reset(writer)
             finally:
                 self.stats.open -= 1
                 self._writers.discard(writer)
