@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spiderflow.errors import ValidationError
@@ -25,6 +25,7 @@ from spiderflow.gateway.protocol import (
 )
 
 
+@settings(max_examples=40, deadline=None)
 @given(st.ip_addresses(), st.integers(1, 65535))
 def test_a_header_decodes_to_what_was_encoded(addr: object, port: int) -> None:
     data = encode_header(str(addr), port)
@@ -51,6 +52,7 @@ def test_encode_refuses_names_and_bad_ports() -> None:
         encode_header("10.0.0.1", 0)
 
 
+@settings(max_examples=30, deadline=None)
 @given(st.sampled_from(list(Frame)), st.binary(max_size=64))
 def test_frames_round_trip(kind: Frame, payload: bytes) -> None:
     if kind is not Frame.DATA:
