@@ -10,8 +10,9 @@
 namespaces but without the firewall, and a gateway in each (mutual TLS with ``spiderflow certs init``
 certificates); a probe server in ``west`` listens on two ports, one of which the NAT of ``east`` leaves alone.
 So the same pair, relay and shaping carry both paths: *direct* (worker → relay → worker) and *gateway*
-(worker → NAT → gateway → TLS → relay → gateway → worker). Printed: median RTT of 64-byte echoes (the added
-latency is gateway − direct), and receiver-side throughput on the shaped link and on an unshaped one
+(worker → NAT → gateway → TLS → relay → gateway → worker), measured alternately (``--rounds``). Printed:
+median RTT of 64-byte echoes (the added latency: the median of the rounds' gateway − direct), and
+receiver-side throughput on the shaped link and on an unshaped one
 (``--wide-mbit``), where the gateway's own ceiling shows.
 
 **job**: ``spiderflow up``'s sample job (gpt-tiny pipelined over three CPU clusters of the sample topology) on
@@ -64,9 +65,8 @@ def _rtt(tb: Testbed, port: int, count: int) -> float:
 
 
 def _bulk(tb: Testbed, port: int, seconds: float) -> float:
-    rates = [float(_probe(tb, ["bulk", tb.address("west"), str(port), "--seconds", str(seconds),
-                               "--warmup", "0.5"])["rate_mbps"]) for _ in range(3)]
-    return float(statistics.median(rates))
+    return float(_probe(tb, ["bulk", tb.address("west"), str(port), "--seconds", str(seconds),
+                             "--warmup", "0.5"])["rate_mbps"])
 
 
 def hop(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -95,14 +95,26 @@ def hop(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         subprocess.run(["ip", "netns", "exec", tb.netns("east"), "iptables", "-t", "nat", "-I", "SF_GATEWAY", "1",
                         "-p", "tcp", "--dport", str(DIRECT_PORT), "-j", "RETURN"], check=True)
         out: dict[str, Any] = {"link": {"mbit": args.mbit, "one_way_ms": args.ms}, "load_before": os.getloadavg()}
-        out["rtt_ms"] = {"direct": _rtt(tb, DIRECT_PORT, args.count), "gateway": _rtt(tb, GATEWAY_PORT, args.count)}
-        out["rtt_ms"]["added"] = out["rtt_ms"]["gateway"] - out["rtt_ms"]["direct"]
-        out["shaped_mbps"] = {"direct": _bulk(tb, DIRECT_PORT, args.seconds),
-                              "gateway": _bulk(tb, GATEWAY_PORT, args.seconds)}
+        # direct and gateway alternate, round by round, so that a change of the machine's load hits both
+        rtts: dict[str, list[float]] = {"direct": [], "gateway": []}
+        for _ in range(args.rounds):
+            rtts["direct"].append(_rtt(tb, DIRECT_PORT, args.count))
+            rtts["gateway"].append(_rtt(tb, GATEWAY_PORT, args.count))
+        out["rtt_ms_rounds"] = rtts
+        out["rtt_ms"] = {k: statistics.median(v) for k, v in rtts.items()}
+        out["rtt_ms"]["added"] = statistics.median(g - d for d, g in zip(rtts["direct"], rtts["gateway"], strict=True))
+
+        def throughput() -> dict[str, float]:
+            rates: dict[str, list[float]] = {"direct": [], "gateway": []}
+            for _ in range(args.rounds):
+                rates["direct"].append(_bulk(tb, DIRECT_PORT, args.seconds))
+                rates["gateway"].append(_bulk(tb, GATEWAY_PORT, args.seconds))
+            return {k: statistics.median(v) for k, v in rates.items()}
+
+        out["shaped_mbps"] = throughput()
         tb.set_link("east", "west", bandwidth_gbps=args.wide_mbit / 1000, latency_ms=args.ms)
         out["wide_link_mbit"] = args.wide_mbit
-        out["wide_mbps"] = {"direct": _bulk(tb, DIRECT_PORT, args.seconds),
-                            "gateway": _bulk(tb, GATEWAY_PORT, args.seconds)}
+        out["wide_mbps"] = throughput()
         out["load_after"] = os.getloadavg()
     print(f"hop on {args.mbit:g} Mbit/s, {args.ms:g} ms one way: RTT direct {out['rtt_ms']['direct']:.2f} ms, "
           f"through the gateways {out['rtt_ms']['gateway']:.2f} ms (+{out['rtt_ms']['added']:.2f} ms); "
@@ -137,7 +149,7 @@ def job(args: argparse.Namespace, gateway: bool) -> dict[str, Any]:
     if final.state != JobState.SUCCEEDED or final.plan is None:
         raise RuntimeError(f"job ended {final.state}: {final.reason}")
     measured = [t for s, t in sorted(steps.items()) if s > 1]
-    result = {
+    result: dict[str, Any] = {
         "gateway": gateway, "chain": list(final.plan.chain), "schedule": str(final.plan.schedule),
         "micro_batches": final.plan.micro_batches, "predicted_step_s": final.plan.step_time_s,
         "measured_step_s": statistics.mean(measured) if measured else None, "steps_reported": len(measured),
@@ -156,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mbit", type=float, default=400.0)
     p.add_argument("--ms", type=float, default=5.0)
     p.add_argument("--wide-mbit", type=float, default=5000.0)
-    p.add_argument("--count", type=int, default=41)
+    p.add_argument("--count", type=int, default=21, help="echoes per RTT sample")
+    p.add_argument("--rounds", type=int, default=5, help="alternating direct/gateway samples of each figure")
     p.add_argument("--seconds", type=float, default=2.5)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--timeout", type=float, default=900.0)

@@ -5,7 +5,8 @@ the bundle directory and the ``gateway:`` section), starts ``python -m spiderflo
 environment minus its secrets (:func:`spiderflow.security.secrets.worker_environment`: the gateway needs
 only its certificate files), waits until both listeners are bound (its ready file), restarts it with
 backoff (1 s doubling to 30 s) whenever it exits while the agent runs, and stops it (SIGTERM, then SIGKILL
-after 5 s) with the agent. Its output goes to ``<work_dir>/gateway/gateway.log``.
+after 5 s) with the agent; where util-linux ``setpriv`` exists it also dies with an agent that is killed.
+Its output goes to ``<work_dir>/gateway/gateway.log``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ from spiderflow.security.secrets import worker_environment
 __all__ = ["GatewayProcess"]
 
 log = structlog.get_logger("spiderflow.gateway")
+
+
+def _pdeathsig() -> list[str]:
+    """``setpriv --pdeathsig TERM`` where available: a gateway whose agent is killed (SIGKILL) goes with it
+    rather than keep the port a restarted agent's gateway needs."""
+    import shutil
+
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", "--"] if setpriv and sys.platform.startswith("linux") else []
 
 
 class GatewayProcess:
@@ -58,9 +68,9 @@ class GatewayProcess:
         logfile = self.dir / "gateway.log"
         with open(logfile, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "spiderflow.gateway", "--config", str(cfg), "--ready-file", str(self.ready_file),
-                "--log-format", "json", stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL,
-                env=worker_environment(os.environ), start_new_session=True)
+                *_pdeathsig(), self.python, "-m", "spiderflow.gateway", "--config", str(cfg),
+                "--ready-file", str(self.ready_file), "--log-format", "json", stdout=out, stderr=out,
+                stdin=asyncio.subprocess.DEVNULL, env=worker_environment(os.environ), start_new_session=True)
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self.proc.returncode is not None or time.monotonic() > deadline:
