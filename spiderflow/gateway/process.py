@@ -66,6 +66,7 @@ class GatewayProcess:
                                    "gateway": config_to_dict(self.config)}))
         self.ready_file.unlink(missing_ok=True)
         logfile = self.dir / "gateway.log"
+        offset = logfile.stat().st_size if logfile.exists() else 0  # this start's lines only in errors
         with open(logfile, "ab") as out:
             self.proc = await asyncio.create_subprocess_exec(
                 *_pdeathsig(), self.python, "-m", "spiderflow.gateway", "--config", str(cfg),
@@ -74,7 +75,9 @@ class GatewayProcess:
         deadline = time.monotonic() + timeout
         while not self.ready_file.exists():
             if self.proc.returncode is not None or time.monotonic() > deadline:
-                tail = logfile.read_text(errors="replace")[-1000:] if logfile.exists() else ""
+                with open(logfile, "rb") as f:
+                    f.seek(offset)
+                    tail = f.read().decode(errors="replace")[-1000:]
                 await self._terminate()
                 raise UnavailableError(f"the gateway of {self.cluster} did not start: {tail.strip()}")
             await asyncio.sleep(0.05)

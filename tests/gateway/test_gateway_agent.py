@@ -74,3 +74,12 @@ async def test_the_agent_keeps_its_gateway_running_and_stops_it(tmp_path: Path) 
     await asyncio.wait_for(supervisor, timeout=15)
     assert second.returncode is not None  # stopped with the agent
     assert "gateway.stopped" in (tmp_path / "work" / "gateway" / "gateway.log").read_text()
+
+
+async def test_a_gateway_that_cannot_start_fails_the_agent_with_its_reason(tmp_path: Path) -> None:
+    from spiderflow.errors import UnavailableError
+
+    config = GatewayConfig(enabled=True, port=0, redirect="127.0.0.1:0", ranges=("127.0.1.0/24",))
+    gw = GatewayProcess(cluster="east", config=config, tls_dir=tmp_path / "missing", work_dir=tmp_path / "work")
+    with pytest.raises(UnavailableError, match=r"gateway of east did not start: .*gateway.tls_dir: has no ca.crt"):
+        await gw.start()
