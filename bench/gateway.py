@@ -18,8 +18,11 @@ receiver-side throughput on the shaped link and on an unshaped one
 **job**: ``spiderflow up``'s sample job (gpt-tiny pipelined over three CPU clusters of the sample topology) on
 the testbed, once with direct links and once with ``--gateway`` (only the gateway port open between the
 clusters). For each: the agent-measured links the plan was made on (the agents' probes cross the gateways
-too, so the measured latency and bandwidth include the hop), the plan's predicted step time and the
-measured mean step time (steps after the first).
+too, so the measured latency and bandwidth include the hop), the plan's predicted step time, the measured
+mean step time (steps after the first) and the cost model's closed form (:func:`spiderflow.costmodel.evaluate`)
+of the plan on those links; for the direct run also on the same links with the hop charged
+(:func:`spiderflow.gateway.cost.with_gateways`, figures from ``--hop-ms``/``--hop-mbit`` or this run's hop
+part).
 
 Needs root. Everything started is stopped on exit.
 """
@@ -42,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
+from spiderflow.gateway.cost import GatewayHop, with_gateways  # noqa: E402
 from spiderflow.gateway.protocol import config_to_dict  # noqa: E402
 from spiderflow.security.certs import init_certs  # noqa: E402
 from spiderflow.testbed import Testbed  # noqa: E402
@@ -124,7 +128,7 @@ def hop(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
-def job(args: argparse.Namespace, gateway: bool) -> dict[str, Any]:
+def job(args: argparse.Namespace, gateway: bool, hop_figures: GatewayHop | None = None) -> dict[str, Any]:
     from spiderflow.cli.commands.up import sample_job
     from spiderflow.jobs import JobState
     from spiderflow.mesh import LocalMesh, sample_topology
@@ -149,7 +153,14 @@ def job(args: argparse.Namespace, gateway: bool) -> dict[str, Any]:
     if final.state != JobState.SUCCEEDED or final.plan is None:
         raise RuntimeError(f"job ended {final.state}: {final.reason}")
     measured = [t for s, t in sorted(steps.items()) if s > 1]
+    from spiderflow.costmodel import evaluate
+
+    closed = evaluate(final.plan, live, final.spec).step_time_s  # the closed form on the links the plan saw
+    with_hop = (evaluate(final.plan, with_gateways(live, live.names, hop_figures), final.spec).step_time_s
+                if hop_figures is not None else None)
     result: dict[str, Any] = {
+        "closed_form_step_s": closed, "closed_form_with_hop_step_s": with_hop,
+        "hop": {"latency_ms": hop_figures.latency_ms, "gbps": hop_figures.gbps} if hop_figures else None,
         "gateway": gateway, "chain": list(final.plan.chain), "schedule": str(final.plan.schedule),
         "micro_batches": final.plan.micro_batches, "predicted_step_s": final.plan.step_time_s,
         "measured_step_s": statistics.mean(measured) if measured else None, "steps_reported": len(measured),
@@ -158,7 +169,8 @@ def job(args: argparse.Namespace, gateway: bool) -> dict[str, Any]:
     }
     print(f"job {'through the gateways' if gateway else 'direct'}: chain {' → '.join(result['chain'])}, "
           f"predicted {result['predicted_step_s']:.3f} s, measured {result['measured_step_s']:.3f} s per step; "
-          f"links {result['links']}", flush=True)
+          f"links {result['links']}; closed form {closed:.3f} s"
+          + (f", with the measured hop charged {with_hop:.3f} s" if with_hop is not None else ""), flush=True)
     return result
 
 
@@ -172,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating direct/gateway samples of each figure")
     p.add_argument("--seconds", type=float, default=2.5)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--hop-ms", type=float, help="one-way latency the gateways add (default: this run's hop part)")
+    p.add_argument("--hop-mbit", type=float, help="the gateways' throughput ceiling (default: this run's hop part)")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "gateway.json"))
     args = p.parse_args(argv)
@@ -185,8 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.part in ("hop", "all"):
             summary["hop"] = hop(args, Path(tmp))
         if args.part in ("job", "all"):
-            summary["job"] = {"load_before": os.getloadavg(), "direct": job(args, False), "gateway": job(args, True),
-                              "load_after": os.getloadavg()}
+            hop_figures = GatewayHop(latency_ms=args.hop_ms, gbps=args.hop_mbit / 1000) \
+                if args.hop_ms is not None and args.hop_mbit is not None else None
+            if hop_figures is None and "hop" in summary:  # this run's: half the added RTT, the gateways' ceiling
+                h = summary["hop"]
+                hop_figures = GatewayHop(latency_ms=max(h["rtt_ms"]["added"], 0.0) / 2,
+                                         gbps=h["wide_mbps"]["gateway"] / 1000)
+            summary["job"] = {"load_before": os.getloadavg(), "direct": job(args, False, hop_figures),
+                              "gateway": job(args, True), "load_after": os.getloadavg()}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

@@ -27,6 +27,7 @@ CORE = [
     "spiderflow/store",
     "spiderflow/topogen.py",
     "spiderflow/gateway/protocol.py",
+    "spiderflow/gateway/cost.py",
 ]
 
 
