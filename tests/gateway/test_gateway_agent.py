@@ -83,3 +83,16 @@ async def test_a_gateway_that_cannot_start_fails_the_agent_with_its_reason(tmp_p
     gw = GatewayProcess(cluster="east", config=config, tls_dir=tmp_path / "missing", work_dir=tmp_path / "work")
     with pytest.raises(UnavailableError, match=r"gateway of east did not start: .*gateway.tls_dir: has no ca.crt"):
         await gw.start()
+
+
+def test_the_documented_gateway_section_loads(tmp_path: Path) -> None:
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "gateway:" in b and "launcher:" not in b]
+    assert len(blocks) == 1
+    path = tmp_path / "agent.yaml"
+    path.write_text("cluster: jureca\ntopology_service: c:1\netcd: e:2\n" + blocks[0])
+    cfg = load_config(path, {})
+    assert cfg.gateway is not None and cfg.gateway.enabled and cfg.gateway.port == 15443
+    assert cfg.gateway.peer_for("10.41.0.1").cluster == "gke-us-central"  # type: ignore[union-attr]
