@@ -348,6 +348,14 @@ class Testbed:
             peers=tuple(GatewayPeer(cluster=s.name, address=f"{s.address}:{self.gateway_port}", ranges=(s.subnet,))
                         for s in layout.clusters if s.index != me.index))
 
+    def bypass_gateway(self, cluster: str, port: int) -> None:
+        """Let ``cluster``'s TCP to destination ``port`` skip its gateway NAT (as traffic of a host without the
+        node rule would): it goes direct, where the firewall (if on) drops it."""
+        if self.gateway_redirect_port is None:
+            raise PreconditionError("the testbed has no gateway NAT (gateway_redirect_port)")
+        _sh(["ip", "netns", "exec", self.netns(cluster), self._backend, "-t", "nat", "-I", "SF_GATEWAY", "1",
+             "-p", "tcp", "--dport", str(int(port)), "-j", "RETURN"])
+
     def pairs(self) -> dict[tuple[str, str], PairShaping]:
         """The configured figures of every directed pair (widest path of the current topology)."""
         return pair_figures(self.topology)
