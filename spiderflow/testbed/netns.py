@@ -24,6 +24,8 @@ Contract
   namespace gets the node-level NAT a gateway needs: its TCP to other clusters' ranges, except to
   ``gateway_port``, is REDIRECTed (``nat OUTPUT``) to that local port. ``gateway_firewall=False`` keeps
   the NAT but not the firewall (to compare direct and gateway paths on the same testbed).
+  :meth:`Testbed.gateway_config` is a cluster's ``gateway:`` section for this layout;
+  :meth:`Testbed.bypass_gateway` exempts one destination port of one cluster from its NAT.
 * :meth:`Testbed.partition` cuts one cluster off (its router-side veth goes down: nothing reaches or leaves
   the namespace, neither peers nor the host's services; processes inside keep running and their sockets
   stay open, as in a network partition) and :meth:`Testbed.heal` reconnects it with the same shaping.
