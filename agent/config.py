@@ -52,6 +52,13 @@ File format (every key optional except where the command line provides it)::
     kubernetes:                    # with launcher: kubernetes (see KubernetesConfig; docs/operations.md)
       image: registry.example.com/spiderflow:0.1.0
       namespace: training
+    gateway:                       # one gateway per cluster (spiderflow.gateway; docs/operations.md)
+      enabled: true                # the agent starts it beside itself
+      port: 15443                  # the one mTLS port peers dial
+      redirect: 127.0.0.1:15080    # where the node NAT sends outbound cross-cluster TCP
+      ranges: [10.1.0.0/16]        # this cluster's node addresses (the only inbound destinations)
+      peers:
+        - {cluster: ohio, address: gw.ohio.example.org:15443, ranges: [10.2.0.0/16]}
 
 Probe traffic per period: each agent probes each of its ``N − 1`` peers once (one at a time), so with
 ``N`` agents a period moves at most ``N·(N−1)·(bulk_bytes + 2·echo_count·echo_bytes)`` bytes plus gRPC
@@ -79,6 +86,7 @@ from typing import Any, Literal
 from spiderflow.catalog import gpu_type
 from spiderflow.errors import ValidationError
 from spiderflow.formats import load_document
+from spiderflow.gateway.protocol import GatewayConfig, gateway_config
 from spiderflow.runtime import parse_hostport
 
 __all__ = ["AgentConfig", "GpuDeclaration", "KubernetesConfig", "ProbeConfig", "SlurmConfig", "etcd_options",
@@ -283,6 +291,7 @@ class AgentConfig:
     launcher: LauncherName = "local"
     slurm: SlurmConfig | None = None
     kubernetes: KubernetesConfig | None = None
+    gateway: GatewayConfig | None = None
 
     def __post_init__(self) -> None:
         if self.launcher not in ("local", "slurm", "kubernetes"):
@@ -322,6 +331,9 @@ class AgentConfig:
         for f in ("intra_node_gbps", "inter_node_gbps"):
             if getattr(self, f) is not None:
                 _pos(f, getattr(self, f))
+        if self.gateway is not None and self.gateway.enabled and not (self.gateway.tls_dir or self.tls_dir):
+            raise ValidationError("gateway.tls_dir", "is required with gateway.enabled (or the agent's tls_dir): "
+                                                     "the gateway serves mutual TLS only")
 
 
 def work_dir_of(config: AgentConfig) -> Path:
@@ -374,6 +386,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConf
         gpus = {**(gpus or {}), **gover}
     slurm = raw.pop("slurm", None)
     kube = raw.pop("kubernetes", None)
+    gateway = raw.pop("gateway", None)
     raw.update({k: v for k, v in overrides.items() if v is not None})
     for required in ("cluster", "topology_service", "etcd"):
         if not raw.get(required):
@@ -386,6 +399,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConf
     cfg = AgentConfig(**raw)
     return replace(
         cfg,
+        gateway=gateway_config(gateway) if gateway is not None else None,
         probe=_section(ProbeConfig, probe, "probe"),
         gpus=_section(GpuDeclaration, gpus, "gpus") if gpus else None,
         slurm=_section(SlurmConfig, slurm, "slurm") if slurm is not None else None,

@@ -11,6 +11,12 @@ also valid for the testbed's host address), and the topology service, the schedu
 connect with ``--etcd-tls-dir <workdir>/certs/etcd-client``. gRPC between the components stays plaintext on
 loopback (the services refuse plaintext on any other address).
 
+With ``gateway=True`` (needs ``testbed``) the clusters talk across regions only through their gateways
+(:mod:`spiderflow.gateway`): the testbed's router drops cluster-to-cluster TCP except to the gateway port,
+each namespace's NAT sends cross-cluster TCP to its gateway's local port, and every agent starts its
+cluster's gateway beside itself (its ``gateway:`` section in ``<workdir>/agent-<cluster>.json``, certificates
+of ``spiderflow certs init`` under ``<workdir>/gateway-certs``, mutual TLS between the gateways).
+
 Contract: :meth:`LocalMesh.start` either returns with everything serving and every cluster registered, or
 raises after stopping whatever it had started; :meth:`LocalMesh.stop` (also on ``with`` exit) stops every
 process and removes every namespace, and is idempotent.
@@ -36,9 +42,14 @@ from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 
-__all__ = ["SAMPLE_CLUSTERS", "LocalMesh", "sample_topology"]
+__all__ = ["GATEWAY_PORT", "GATEWAY_REDIRECT_PORT", "SAMPLE_CLUSTERS", "LocalMesh", "sample_topology"]
 
 log = structlog.get_logger(__name__)
+
+GATEWAY_PORT = 15443
+"""The gateways' public (mTLS) port on the testbed: the only TCP port open between its clusters."""
+GATEWAY_REDIRECT_PORT = 15080
+"""Where each testbed namespace's NAT sends cross-cluster TCP (the gateway's local port)."""
 
 SAMPLE_CLUSTERS = ("virginia", "frankfurt", "tokyo", "oregon", "sao-paulo", "sydney", "mumbai", "london")
 
@@ -91,12 +102,18 @@ class LocalMesh:
                  keep_workdir: bool = False, testbed_prefix: str = "sf", profile_seconds: float = 1.5,
                  etcd_tls: bool = False, service_ports: dict[str, int] | None = None,
                  cluster_args: Mapping[str, Sequence[str]] | None = None,
-                 agents_dir: Path | None = None, dashboard_port: int | None = None) -> None:
+                 agents_dir: Path | None = None, dashboard_port: int | None = None,
+                 gateway: bool = False) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.testbed_enabled = testbed
+        if gateway and not testbed:
+            from spiderflow.errors import ValidationError
+
+            raise ValidationError("--gateway", "needs --testbed (the firewall and the NAT live in its namespaces)")
+        self.gateway = gateway
         self.testbed_prefix = testbed_prefix
         self.scheduler_args = list(scheduler_args)
         self.agent_args = list(agent_args)
@@ -191,7 +208,9 @@ class LocalMesh:
         if self.testbed_enabled:  # first: etcd's certificate names the address agents reach it at
             from spiderflow.testbed import Testbed
 
-            testbed = Testbed(self.topology, prefix=self.testbed_prefix)
+            testbed = Testbed(self.topology, prefix=self.testbed_prefix,
+                              gateway_port=GATEWAY_PORT if self.gateway else None,
+                              gateway_redirect_port=GATEWAY_REDIRECT_PORT if self.gateway else None)
             testbed.up()  # cleans up after itself if it fails; never take down another run's testbed of this prefix
             self.testbed = testbed
             host = testbed.host_address
@@ -236,7 +255,24 @@ class LocalMesh:
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:
             argv += ["--free-gpus", str(c.free_gpus)]
+        if self.gateway:
+            argv += ["--config", str(self._gateway_file(c.name))]
         return argv
+
+    def _gateway_file(self, cluster: str) -> Path:
+        """The agent config file carrying ``cluster``'s ``gateway:`` section (and its certificates)."""
+        import json
+
+        from spiderflow.gateway.protocol import config_to_dict
+        from spiderflow.security.certs import init_certs
+
+        certs = self.workdir / "gateway-certs"
+        if not (certs / f"agent-{cluster}" / "server.crt").exists():
+            init_certs(certs, clusters=[c.name for c in self.topology.clusters], etcd=False, admin=False)
+        path = self.workdir / f"agent-{cluster}.json"
+        section = self.testbed.gateway_config(cluster, tls_dir=str(certs / f"agent-{cluster}"))
+        path.write_text(json.dumps({"gateway": config_to_dict(section)}))
+        return path
 
     def _agent(self, c: Cluster, host: str, prefix: list[str], *, wait: bool = True) -> ManagedProcess:
         argv = self._agent_argv(c, host)

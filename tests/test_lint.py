@@ -28,6 +28,8 @@ CORE = [
     "spiderflow/sim",
     "spiderflow/store",
     "spiderflow/topogen.py",
+    "spiderflow/gateway/protocol.py",
+    "spiderflow/gateway/cost.py",
 ]
 
 

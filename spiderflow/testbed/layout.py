@@ -77,6 +77,11 @@ class ClusterSlot:
     gateway: str
     router_iface: str
 
+    @property
+    def subnet(self) -> str:
+        """The cluster's address range (its link's /24: its own address and the router's)."""
+        return self.address.rsplit(".", 1)[0] + ".0/24"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PairShaping:

@@ -17,6 +17,15 @@ Contract
 * :meth:`Testbed.set_link` changes a link of the running testbed (bandwidth at once, latency for data
   arriving afterwards); :meth:`Testbed.exec` / :meth:`Testbed.run` start processes in a cluster
   namespace with ``SPIDERFLOW_TESTBED_{CLUSTER,ADDRESS,HOST}`` and ``GLOO_SOCKET_IFNAME=eth0`` set.
+* ``gateway_port`` (a firewall between regions): the router drops cluster-to-cluster TCP except
+  connections to that port (replies of established connections and the host's services pass), so only
+  the clusters' gateways (:mod:`spiderflow.gateway`) can talk across; connections to the gateway port are
+  still relayed, so they get the pair's latency and bandwidth. ``gateway_redirect_port``: each cluster
+  namespace gets the node-level NAT a gateway needs: its TCP to other clusters' ranges, except to
+  ``gateway_port``, is REDIRECTed (``nat OUTPUT``) to that local port. ``gateway_firewall=False`` keeps
+  the NAT but not the firewall (to compare direct and gateway paths on the same testbed).
+  :meth:`Testbed.gateway_config` is a cluster's ``gateway:`` section for this layout;
+  :meth:`Testbed.bypass_gateway` exempts one destination port of one cluster from its NAT.
 * :meth:`Testbed.partition` cuts one cluster off (its router-side veth goes down: nothing reaches or leaves
   the namespace, neither peers nor the host's services; processes inside keep running and their sockets
   stay open, as in a network partition) and :meth:`Testbed.heal` reconnects it with the same shaping.
@@ -50,6 +59,7 @@ import structlog
 from spiderflow.domain import Topology
 from spiderflow.errors import NotFoundError, PermissionDeniedError, PreconditionError, SpiderFlowError
 from spiderflow.formats import topology_from_dict, topology_to_dict
+from spiderflow.gateway.protocol import GatewayConfig, GatewayPeer
 from spiderflow.testbed.layout import (
     CLUSTER_IFACE,
     DEFAULT_CLASS_MINOR,
@@ -270,6 +280,9 @@ class Testbed:
         state_dir: Path | str | None = None,
         python: str = sys.executable,
         host_access: bool = True,
+        gateway_port: int | None = None,
+        gateway_redirect_port: int | None = None,
+        gateway_firewall: bool = True,
     ) -> None:
         self.prefix = validate_prefix(prefix)
         self.topology = topology
@@ -279,6 +292,11 @@ class Testbed:
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.python = python
         self.host_access = host_access
+        self.gateway_port = gateway_port
+        self.gateway_redirect_port = gateway_redirect_port
+        self.gateway_firewall = gateway_firewall
+        if gateway_redirect_port is not None and gateway_port is None:
+            raise PreconditionError("gateway_redirect_port needs gateway_port (the port the NAT leaves alone)")
         self._octet = octet
         self._layout: Layout | None = None
         self._backend = ""
@@ -318,6 +336,27 @@ class Testbed:
 
     def netns(self, cluster: str) -> str:
         return self.layout.slot(cluster).netns
+
+    def gateway_config(self, cluster: str, *, tls_dir: str | None = None) -> GatewayConfig:
+        """The ``gateway:`` section of ``cluster``'s agent on this testbed (needs ``gateway_port`` and
+        ``gateway_redirect_port``): its own range, every other cluster's gateway at its namespace address."""
+        if self.gateway_port is None or self.gateway_redirect_port is None:
+            raise PreconditionError("the testbed was created without gateway_port and gateway_redirect_port")
+        layout = self.layout
+        me = layout.slot(cluster)
+        return GatewayConfig(
+            enabled=True, port=self.gateway_port, listen_host="0.0.0.0",
+            redirect=f"127.0.0.1:{self.gateway_redirect_port}", ranges=(me.subnet,), tls_dir=tls_dir,
+            peers=tuple(GatewayPeer(cluster=s.name, address=f"{s.address}:{self.gateway_port}", ranges=(s.subnet,))
+                        for s in layout.clusters if s.index != me.index))
+
+    def bypass_gateway(self, cluster: str, port: int) -> None:
+        """Let ``cluster``'s TCP to destination ``port`` skip its gateway NAT (as traffic of a host without the
+        node rule would): it goes direct, where the firewall (if on) drops it."""
+        if self.gateway_redirect_port is None:
+            raise PreconditionError("the testbed has no gateway NAT (gateway_redirect_port)")
+        _sh(["ip", "netns", "exec", self.netns(cluster), self._backend, "-t", "nat", "-I", "SF_GATEWAY", "1",
+             "-p", "tcp", "--dport", str(int(port)), "-j", "RETURN"])
 
     def pairs(self) -> dict[tuple[str, str], PairShaping]:
         """The configured figures of every directed pair (widest path of the current topology)."""
@@ -367,6 +406,7 @@ class Testbed:
             self._create_links()
             self._shape()
             self._redirect()
+            self._gateway_rules()
             self._start_relay()
             self._is_up = True
             self._write_state("up")
@@ -430,6 +470,9 @@ class Testbed:
             relay_port=int(state["relay_port"]),
             passthrough_ports=state.get("passthrough_ports", []),
             state_dir=d,
+            gateway_port=state.get("gateway_port"),
+            gateway_redirect_port=state.get("gateway_redirect_port"),
+            gateway_firewall=bool(state.get("gateway_firewall", True)),
         )
         tb._layout = plan_layout(tb.topology, prefix=prefix, octet=int(state["octet"]))
         tb._backend = str(state.get("iptables", "iptables"))
@@ -664,6 +707,9 @@ class Testbed:
             "relay_port": self.relay_port,
             "relay_pid": self._relay.pid if self._relay is not None else self._relay_pid,
             "passthrough_ports": list(self.passthrough_ports),
+            "gateway_port": self.gateway_port,
+            "gateway_redirect_port": self.gateway_redirect_port,
+            "gateway_firewall": self.gateway_firewall,
             "iptables": self._backend,
             "topology": topology_to_dict(self.topology),
             "supervised": [{"cluster": s.cluster, "argv": s.argv, "pid": s.proc.pid} for s in self._supervised],
@@ -748,6 +794,40 @@ class Testbed:
         _sh([*ipt, "-A", "SF_RELAY", "-p", "tcp", "-s", layout.subnet, "-d", layout.subnet,
              "-j", "REDIRECT", "--to-ports", str(self.relay_port)])
         _sh([*ipt, "-A", "PREROUTING", "-p", "tcp", "-j", "SF_RELAY"])
+
+    def _gateway_rules(self) -> None:
+        """The firewall between regions (router, ``mangle PREROUTING``: before the relay's REDIRECT, so
+        the original destination port is what is checked) and each namespace's NAT to its gateway."""
+        layout = self.layout
+        if self.gateway_port is None:
+            return
+        gw = str(self.gateway_port)
+        if self.gateway_firewall:
+            self._firewall(gw)
+        if self.gateway_redirect_port is None:
+            return
+        for s in layout.clusters:
+            nat = ["ip", "netns", "exec", s.netns, self._backend, "-t", "nat"]
+            _sh([*nat, "-N", "SF_GATEWAY"])
+            _sh([*nat, "-A", "SF_GATEWAY", "-p", "tcp", "--dport", gw, "-j", "RETURN"])
+            for other in layout.clusters:
+                if other.index != s.index:
+                    _sh([*nat, "-A", "SF_GATEWAY", "-p", "tcp", "-d", other.subnet, "-j", "REDIRECT",
+                         "--to-ports", str(self.gateway_redirect_port)])
+            _sh([*nat, "-A", "OUTPUT", "-p", "tcp", "-j", "SF_GATEWAY"])
+
+    def _firewall(self, gw: str) -> None:
+        layout = self.layout
+        ipt = ["ip", "netns", "exec", layout.router_netns, self._backend, "-t", "mangle"]
+        _sh([*ipt, "-N", "SF_FIREWALL"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-s", layout.host_subnet, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-d", layout.host_subnet, "-j", "RETURN"])
+        for s in layout.clusters:
+            _sh([*ipt, "-A", "SF_FIREWALL", "-d", s.gateway, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "--dport", gw, "-j", "RETURN"])
+        _sh([*ipt, "-A", "SF_FIREWALL", "-p", "tcp", "-s", layout.subnet, "-d", layout.subnet, "-j", "DROP"])
+        _sh([*ipt, "-A", "PREROUTING", "-p", "tcp", "-j", "SF_FIREWALL"])
 
     def _pair_rows(self) -> list[list[float]]:
         layout = self.layout

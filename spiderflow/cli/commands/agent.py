@@ -61,6 +61,18 @@ def _config(args: argparse.Namespace) -> Any:
     return load_config(args.config, overrides)
 
 
+async def _start_gateway(config: Any, stop: asyncio.Event) -> asyncio.Future[None]:
+    """Start the cluster's gateway beside the agent (``gateway.enabled``); the returned future supervises it
+    until ``stop`` and then stops it."""
+    from agent.config import work_dir_of
+    from spiderflow.gateway.process import GatewayProcess
+
+    gateway = GatewayProcess(cluster=config.cluster, config=config.gateway,
+                             tls_dir=config.gateway.tls_dir or str(config.tls_dir), work_dir=work_dir_of(config))
+    await gateway.start()
+    return asyncio.ensure_future(gateway.supervise(stop))
+
+
 def _run(args: argparse.Namespace) -> int:
     configure_logging(json_logs=True if args.log_format == "json" else None if args.log_format == "auto" else False)
     config = _config(args)  # validation errors surface before anything starts
@@ -73,7 +85,10 @@ def _run(args: argparse.Namespace) -> int:
         from spiderflow.metrics import start_metrics_server
 
         metrics = start_metrics_server(args.metrics_listen)
+        gateway: asyncio.Future[None] | None = None
         try:
+            if config.gateway is not None and config.gateway.enabled:  # first: peers' probes may cross it
+                gateway = await _start_gateway(config, stop)
             agent = Agent(config)
             await agent.start()
             write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
@@ -88,6 +103,9 @@ def _run(args: argparse.Namespace) -> int:
         finally:
             if metrics:
                 metrics.close()
+            if gateway is not None:
+                stop.set()
+                await gateway
         if agent.refused is not None:
             raise agent.refused
 

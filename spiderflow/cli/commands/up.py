@@ -8,6 +8,7 @@
     spiderflow up --testbed            # agents in network namespaces with kernel-shaped links (root)
     spiderflow up --keep --no-job      # keep the mesh running; prints addresses, adds a context
     spiderflow up --etcd-tls           # etcd serves TLS only, every component presents a client certificate
+    spiderflow up --testbed --gateway  # only the gateways' mTLS port is open between the clusters
 
 Starts an embedded etcd (a child process; temp data dir unless ``--data-dir``), the topology, planner and
 scheduler services and one agent per cluster, each as its own process on real ports; submits the sample
@@ -117,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("give --clusters or --topology, not both", EXIT_USAGE)
     if args.testbed and os.geteuid() != 0:
         raise CliError("--testbed needs root (network namespaces and traffic shaping)", EXIT_USAGE)
+    if args.gateway and not args.testbed:
+        raise CliError("--gateway needs --testbed (the firewall and the NAT live in its namespaces)", EXIT_USAGE)
     clusters = args.clusters if args.clusters is not None else 3
     topo = load_topology(args.topology) if args.topology else sample_topology(clusters)
     if args.steps < 1:
@@ -134,7 +137,8 @@ def _run(args: argparse.Namespace) -> int:
     agents_dir = None if workdir is not None else state_dir() / "agents"
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
                      testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports,
-                     agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port)
+                     agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port,
+                     gateway=args.gateway)
     code = 0
     context: str | None = None
     try:
@@ -227,6 +231,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--testbed", action="store_true", help="agents in network namespaces with shaped links (root)")
     p.add_argument("--testbed-prefix", default="sf", metavar="P",
                    help="name prefix of the testbed's namespaces (default sf; one testbed per prefix)")
+    p.add_argument("--gateway", action="store_true",
+                   help="with --testbed: clusters reach each other only through their gateways (one mTLS port; "
+                        "the router drops every other cross-cluster TCP)")
     p.add_argument("--etcd-tls", action="store_true",
                    help="etcd serves TLS only and requires client certificates (generated under the data dir); "
                         "every component connects with --etcd-tls-dir")
