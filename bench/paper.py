@@ -55,6 +55,7 @@ import multiprocessing
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -325,8 +326,8 @@ def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[in
     """Every setup on every topology × load × seed, except ``ilp`` setups, which run only on ``ilp_kinds`` ×
     ``ilp_loads`` (``None``: everywhere)."""
     tasks = []
-    for kind in kinds:
-        for seed in seeds:
+    for seed in seeds:  # seed by seed: a run interrupted early still covers every topology and load
+        for kind in kinds:
             topo = _topology(kind, clusters, seed)
             for load in loads:
                 trace = generate_trace(jobs, seed, load, topo)
@@ -335,25 +336,32 @@ def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[in
                                                      or (ilp_loads is not None and load not in ilp_loads)):
                         continue
                     tasks.append((kind, topo, trace, s, seed, load))
-    # the expensive policies first, so the two workers finish together
-    tasks.sort(key=lambda t: 0 if t[3].name.startswith("ilp") else 1 if t[3].name == "genetic" else 2)
     runs: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    if workers > 1:
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for i, res in enumerate(pool.imap(_system_task, tasks, chunksize=1), 1):
-                runs.extend(res)
-                if i % 10 == 0 or i == len(tasks):
-                    _log(f"system: {i}/{len(tasks)} simulations pairs after {time.perf_counter() - t0:.0f} s")
-    else:
-        for i, task in enumerate(tasks, 1):
-            runs.extend(_system_task(task))
-            if i % 10 == 0 or i == len(tasks):
-                _log(f"system: {i}/{len(tasks)} simulation pairs after {time.perf_counter() - t0:.0f} s")
+    done = 0
+    interrupted = False
+    try:
+        if workers > 1:
+            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+                for res in pool.imap(_system_task, tasks, chunksize=1):
+                    runs.extend(res)
+                    done += 1
+                    if done % 10 == 0 or done == len(tasks):
+                        _log(f"system: {done}/{len(tasks)} simulation pairs after {time.perf_counter() - t0:.0f} s")
+        else:
+            for task in tasks:
+                runs.extend(_system_task(task))
+                done += 1
+                if done % 10 == 0 or done == len(tasks):
+                    _log(f"system: {done}/{len(tasks)} simulation pairs after {time.perf_counter() - t0:.0f} s")
+    except KeyboardInterrupt:  # SIGINT/SIGTERM: report what finished (the report says it is partial)
+        interrupted = True
+        _log(f"system: interrupted after {done}/{len(tasks)} simulation pairs; reporting those")
     by_cell = ratio_summary(runs, group=lambda r: (r["kind"], r["load"], r["wait"]))
     by_wait = ratio_summary(runs, group=lambda r: (r["wait"],))
     return {"setups": [{"label": s.label, "budget": s.describe()} for s in setups], "runs": runs,
-            "cells": by_cell, "grid": by_wait, "policies": system_policy_table(runs)}
+            "tasks": len(tasks), "tasks_done": done, "interrupted": interrupted, "cells": by_cell, "grid": by_wait,
+            "policies": system_policy_table(runs)}
 
 
 def system_policy_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -465,7 +473,11 @@ def markdown(doc: dict[str, Any]) -> str:
                          "lower bound)")
     sysp = doc.get("system")
     if sysp:
-        lines += ["", "## Full system (simulated traces, same queue powers for every policy)", "",
+        lines += ["", "## Full system (simulated traces, same queue powers for every policy)", ""]
+        if sysp.get("interrupted"):
+            lines += [f"**Partial: interrupted after {sysp['tasks_done']} of {sysp['tasks']} simulation pairs** "
+                      "(they run seed by seed).", ""]
+        lines += [
                   "Budgets: " + "; ".join(f"{s['label']}: {s['budget']}" for s in sysp["setups"]), "",
                   "Per cell: ratios against each cell's best (hardest) baseline, geometric mean over seeds [95% CI]; "
                   "JCT ratios = baseline ÷ SpinSearch on the jobs both completed; plan throughput = SpinSearch ÷ "
@@ -594,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         for flag, (attr, value) in defaults.items():
             if flag not in given and not any(g.startswith(flag + "=") for g in given):
                 setattr(args, attr, value)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     t0, c0 = time.perf_counter(), time.process_time()
     doc: dict[str, Any] = {
         "command": " ".join(["bench/paper.py", *(argv if argv is not None else sys.argv[1:])]),
