@@ -25,11 +25,13 @@ One run measures three parts on the same topologies (the pure computation is :mo
    policy** (the cycle prices a later start with each policy's own placement), a fixed 0.01 s overhead per
    decision (so runs are reproducible — except ``ilp``, whose CP-SAT stops on wall-clock time). Budgets in
    the simulations are smaller than in part 1 (``--sim-ilp-limit``, ``--sim-genetic-trials``/
-   ``--sim-genetic-population``; part 2 shows what larger budgets add). Figures per cell (topology, load,
-   wait): for each baseline, per seed on the jobs both completed, mean / median / p95 JCT ratios (baseline ÷
-   SpinSearch) and per-job plan-throughput ratios (SpinSearch ÷ baseline; closed form and timeline), then the
-   geometric mean over the seeds with a 95% interval; the cell's best baseline is the hardest one. Simulations
-   run in ``--workers`` processes (results do not depend on it).
+   ``--sim-genetic-population``; part 2 shows what larger budgets add), and these two searching baselines,
+   whose decisions take seconds (each wait priced costs up to four more placements), are simulated only on
+   ``--sim-search-kinds`` × ``--sim-search-loads`` (every seed); the other policies everywhere. Figures per
+   cell (topology, load, wait): for each baseline, per seed on the jobs both completed, mean / median / p95
+   JCT ratios (baseline ÷ SpinSearch) and per-job plan-throughput ratios (SpinSearch ÷ baseline; closed form
+   and timeline), then the geometric mean over the seeds with a 95% interval; the cell's best baseline is
+   the hardest one. Simulations run in ``--workers`` processes (results do not depend on it).
 
 Topologies (``--kinds``): generated ``geo``, ``hub`` and ``mesh`` (``--clusters`` clusters, the seed is the
 topology's seed too) and the bundled presets ``aws-10-dtfm`` and ``ibm-10-latency`` (fixed topology; partly
@@ -306,6 +308,15 @@ def _system_task(args: tuple[str, Topology, list[JobSpec], PolicySetup, int, flo
     return out
 
 
+def _searching(name: str) -> bool:
+    return name.startswith("ilp") or name == "genetic"
+
+
+def _worker_init() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent reports what finished and ends the pool
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def system_setups(policies: Sequence[str], ilp_limit: float, trials: int, population: int) -> list[PolicySetup]:
     out = []
     for p in policies:
@@ -321,10 +332,10 @@ def system_setups(policies: Sequence[str], ilp_limit: float, trials: int, popula
 
 
 def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[int], clusters: int, jobs: int,
-                setups: Sequence[PolicySetup], workers: int, *, ilp_kinds: Sequence[str] | None = None,
-                ilp_loads: Sequence[float] | None = None) -> dict[str, Any]:
-    """Every setup on every topology × load × seed, except ``ilp`` setups, which run only on ``ilp_kinds`` ×
-    ``ilp_loads`` (``None``: everywhere)."""
+                setups: Sequence[PolicySetup], workers: int, *, search_kinds: Sequence[str] | None = None,
+                search_loads: Sequence[float] | None = None) -> dict[str, Any]:
+    """Every setup on every topology × load × seed, except the searching baselines (``ilp``, ``genetic``:
+    seconds per decision), which run only on ``search_kinds`` × ``search_loads`` (``None``: everywhere)."""
     tasks = []
     for seed in seeds:  # seed by seed: a run interrupted early still covers every topology and load
         for kind in kinds:
@@ -332,8 +343,8 @@ def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[in
             for load in loads:
                 trace = generate_trace(jobs, seed, load, topo)
                 for s in setups:
-                    if s.name.startswith("ilp") and ((ilp_kinds is not None and kind not in ilp_kinds)
-                                                     or (ilp_loads is not None and load not in ilp_loads)):
+                    if _searching(s.name) and ((search_kinds is not None and kind not in search_kinds)
+                                               or (search_loads is not None and load not in search_loads)):
                         continue
                     tasks.append((kind, topo, trace, s, seed, load))
     runs: list[dict[str, Any]] = []
@@ -342,7 +353,7 @@ def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[in
     interrupted = False
     try:
         if workers > 1:
-            with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            with multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init) as pool:
                 for res in pool.imap(_system_task, tasks, chunksize=1):
                     runs.extend(res)
                     done += 1
@@ -563,15 +574,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="policies of the placement part (ilp adds its upper reference)")
     ap.add_argument("--sim-policies", default=",".join(SIM_POLICIES))
     ap.add_argument("--sim-ilp-limit", type=float, default=0.1, help="ilp limit per decision in the simulations (s)")
-    ap.add_argument("--sim-ilp-kinds", type=_csv_kinds, default=["geo", "aws-10-dtfm"],
-                    help="topologies on which ilp is simulated too (its decisions cost seconds each)")
-    ap.add_argument("--sim-ilp-loads", type=_csv_floats, default=[1.0], help="loads at which ilp is simulated")
+    ap.add_argument("--sim-search-kinds", type=_csv_kinds, default=["geo", "aws-10-dtfm"],
+                    help="topologies on which ilp and genetic are simulated too (seconds per decision)")
+    ap.add_argument("--sim-search-loads", type=_csv_floats, default=[1.0],
+                    help="loads at which ilp and genetic are simulated")
     ap.add_argument("--sim-genetic-trials", type=int, default=50)
     ap.add_argument("--sim-genetic-population", type=int, default=10)
     ap.add_argument("--workers", type=int, default=2, help="processes for the simulations")
     ap.add_argument("--parts", default="placement,curves,system", help="which parts to run")
     ap.add_argument("--quick", action="store_true",
-                    help="a subset: geo and aws-10-dtfm, load 1.0, seeds 1–2, 6 jobs (ilp simulated on geo), "
+                    help="a subset: geo and aws-10-dtfm, load 1.0, seeds 1–2, 6 jobs (ilp, genetic simulated on geo), "
                          "placement ilp 0.3 s, curves on one geo instance at 0.1/1 s and 0/100 trials")
     ap.add_argument("--scale-only", action="store_true", help="only the 256-cluster × 2,000-job SpinSearch run")
     ap.add_argument("--scale-budget", type=float, default=600.0)
@@ -602,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--seeds": ("seeds", [1, 2]), "--jobs": ("jobs", 6), "--instances": ("instances", 1),
                     "--ilp-limit": ("ilp_limit", 0.3), "--curve-ilp": ("curve_ilp", [0.1, 1.0]),
                     "--curve-genetic": ("curve_genetic", [0, 100]), "--curve-kinds": ("curve_kinds", ["geo"]),
-                    "--curve-instances": ("curve_instances", 1), "--sim-ilp-kinds": ("sim_ilp_kinds", ["geo"])}
+                    "--curve-instances": ("curve_instances", 1), "--sim-search-kinds": ("sim_search_kinds", ["geo"])}
         for flag, (attr, value) in defaults.items():
             if flag not in given and not any(g.startswith(flag + "=") for g in given):
                 setattr(args, attr, value)
@@ -630,7 +642,8 @@ def main(argv: list[str] | None = None) -> int:
             setups = system_setups(sim_policies, args.sim_ilp_limit, args.sim_genetic_trials,
                                    args.sim_genetic_population)
             doc["system"] = system_part(args.kinds, args.loads, args.seeds, args.clusters, args.jobs, setups,
-                                        args.workers, ilp_kinds=args.sim_ilp_kinds, ilp_loads=args.sim_ilp_loads)
+                                        args.workers, search_kinds=args.sim_search_kinds,
+                                        search_loads=args.sim_search_loads)
         doc["targets"] = targets(doc)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     doc["wall_s"] = time.perf_counter() - t0
