@@ -368,11 +368,19 @@ def system_part(kinds: Sequence[str], loads: Sequence[float], seeds: Sequence[in
     except KeyboardInterrupt:  # SIGINT/SIGTERM: report what finished (the report says it is partial)
         interrupted = True
         _log(f"system: interrupted after {done}/{len(tasks)} simulation pairs; reporting those")
-    by_cell = ratio_summary(runs, group=lambda r: (r["kind"], r["load"], r["wait"]))
-    by_wait = ratio_summary(runs, group=lambda r: (r["wait"],))
-    return {"setups": [{"label": s.label, "budget": s.describe()} for s in setups], "runs": runs,
-            "tasks": len(tasks), "tasks_done": done, "interrupted": interrupted, "cells": by_cell, "grid": by_wait,
-            "policies": system_policy_table(runs)}
+    out = {"setups": [{"label": s.label, "budget": s.describe()} for s in setups], "runs": runs,
+           "tasks": len(tasks), "tasks_done": done, "interrupted": interrupted}
+    return summarize_system(out)
+
+
+def summarize_system(part: dict[str, Any]) -> dict[str, Any]:
+    """``part`` with its summaries computed from its ``runs``: per cell (topology, load, wait), over the whole
+    grid per wait setting (every topology × load × seed paired), and per policy."""
+    runs = part["runs"]
+    part["cells"] = ratio_summary(runs, group=lambda r: (r["kind"], r["load"], r["wait"]))
+    part["grid"] = ratio_summary(runs, group=lambda r: (r["wait"],), pair=lambda r: (r["kind"], r["load"], r["seed"]))
+    part["policies"] = system_policy_table(runs)
+    return part
 
 
 def system_policy_table(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -448,7 +456,10 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"Command: `{doc['command']}`  ", f"Commit: `{doc['commit']}`  ", f"Machine: {doc['machine']}  ",
              f"Load average at start / end: {doc['loadavg_start']} / {doc.get('loadavg_end', '–')}  ",
              f"Run time: {doc.get('wall_s', 0):.0f} s wall, {doc.get('cpu_s', 0):.0f} s CPU (this process and its "
-             "workers)", ""]
+             "workers)  "]
+    if doc.get("report"):
+        lines.append(f"Report: {doc['report']}  ")
+    lines.append("")
     pl = doc.get("placement")
     if pl:
         lines += ["## Placement only (paired instances)", "",
@@ -556,6 +567,29 @@ def scale_run(clusters: int, jobs: int, *, seed: int, load: float, budget_s: flo
     return out
 
 
+def report_from(ap: argparse.ArgumentParser, source: Path, out: Path) -> int:
+    """Recompute an earlier run's summaries from its raw rows and runs and write ``out`` and its report."""
+    try:
+        doc = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        ap.error(f"argument --report-from: cannot read {source}: {e}")
+    if doc.get("placement"):
+        doc["placement"]["summary"] = placement_summary(doc["placement"]["rows"])
+    if doc.get("curves"):
+        st = doc["settings"]
+        doc["curves"]["summary"] = curve_summary(doc["curves"]["rows"], st["curve_ilp"], st["curve_genetic"])
+    if doc.get("system"):
+        doc["system"] = summarize_system(doc["system"])
+    doc["targets"] = targets(doc)
+    doc["report"] = f"summaries recomputed from {source} by: bench/paper.py --report-from {source} --out {out}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    md = markdown(doc)
+    out.with_suffix(".md").write_text(md, encoding="utf-8")
+    print(md)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kinds", type=_csv_kinds, default=list(KINDS), help=f"topologies, from {', '.join(KINDS)}")
@@ -587,8 +621,12 @@ def main(argv: list[str] | None = None) -> int:
                          "placement ilp 0.3 s, curves on one geo instance at 0.1/1 s and 0/100 trials")
     ap.add_argument("--scale-only", action="store_true", help="only the 256-cluster × 2,000-job SpinSearch run")
     ap.add_argument("--scale-budget", type=float, default=600.0)
+    ap.add_argument("--report-from", type=Path,
+                    help="recompute the summaries, targets and report of an earlier run's JSON (no simulation)")
     ap.add_argument("--out", type=Path, default=Path("bench/results/paper-grid.json"))
     args = ap.parse_args(argv)
+    if args.report_from is not None:
+        return report_from(ap, args.report_from, args.out)
     check_outputs(ap, {"--out": args.out}, {})
     for name in ("clusters", "jobs", "instances", "workers", "curve_instances", "sim_genetic_population"):
         if getattr(args, name) < 1:

@@ -277,19 +277,24 @@ RATIO_KEYS = ("mean_jct_ratio", "median_jct_ratio", "p95_jct_ratio", "tps_ratio"
 
 
 def ratio_summary(runs: Sequence[Mapping[str, Any]], *, group: Callable[[Mapping[str, Any]], tuple[Any, ...]],
+                  pair: Callable[[Mapping[str, Any]], tuple[Any, ...]] = lambda r: (r["seed"],),
                   reference: str = REFERENCE) -> list[dict[str, Any]]:
-    """Per group of runs (``group(run)`` must not include the seed or the policy: e.g. topology, load, wait):
-    each baseline's :func:`pair_ratios` against ``reference`` per seed, their geometric means with 95%
-    intervals (:func:`geomean_ci`), and the group's best baseline (smallest mean-JCT and plan-throughput
-    ratio). ``runs`` carry ``label`` and ``seed`` beside :func:`run_system`'s figures."""
+    """Per group of runs (``group(run)``, e.g. topology, load, wait): each baseline's :func:`pair_ratios`
+    against ``reference`` on every trace of the group (``pair(run)`` identifies the trace within the group,
+    by default the seed; it must not include the policy), their geometric means with 95% intervals
+    (:func:`geomean_ci`), and the group's best baseline (smallest mean-JCT and plan-throughput ratio).
+    ``runs`` carry ``label`` and ``seed`` beside :func:`run_system`'s figures."""
     groups: dict[tuple[Any, ...], list[Mapping[str, Any]]] = {}
     for r in runs:
         groups.setdefault(group(r), []).append(r)
     out: list[dict[str, Any]] = []
     for key, rs in groups.items():
-        by_seed: dict[int, dict[str, Mapping[str, Any]]] = {}
+        by_seed: dict[tuple[Any, ...], dict[str, Mapping[str, Any]]] = {}
         for r in rs:
-            by_seed.setdefault(int(r["seed"]), {})[str(r["label"])] = r
+            runs_of = by_seed.setdefault(pair(r), {})
+            if str(r["label"]) in runs_of:
+                raise ValueError(f"two runs of {r['label']} on the trace {pair(r)}: pair() must identify the trace")
+            runs_of[str(r["label"])] = r
         baselines = sorted({str(r["label"]) for r in rs} - {reference})
         per: dict[str, Any] = {}
         for b in baselines:
