@@ -63,6 +63,16 @@ def test_ratio_summary_takes_the_hardest_baseline_per_cell() -> None:
     assert cell["best_tps_ratio"]["baseline"] == "hard"
 
 
+def test_the_grid_summary_pairs_runs_by_trace_not_by_seed_alone() -> None:
+    runs = [{"label": label, "seed": 1, "kind": kind, **_run({"a": ("completed", jct, 1.0)})}
+            for kind, base in (("geo", 200.0), ("hub", 400.0)) for label, jct in (("spinsearch", 100.0), ("b", base))]
+    with pytest.raises(ValueError, match="pair"):
+        ratio_summary(runs, group=lambda r: ())
+    (grid,) = ratio_summary(runs, group=lambda r: (), pair=lambda r: (r["kind"], r["seed"]))
+    ratio = grid["baselines"]["b"]["mean_jct_ratio"]
+    assert ratio["n"] == 2 and ratio["estimate"] == pytest.approx(math.sqrt(2.0 * 4.0))
+
+
 def test_instances_are_deterministic_and_plans_rescored_by_the_timeline() -> None:
     topo = resolve_topology("aws-10-dtfm")
     busy = occupy(topo, 3)
