@@ -12,7 +12,8 @@ One run measures three parts on the same topologies (the pure computation is :mo
    exact timeline of one step; SpinSearch ÷ policy as geometric means with 95% intervals over the instances
    both placed; wall and process-CPU time per decision and in total (ratio of means = ratio of the totals of
    the same decisions).
-2. **Quality against time** on the first instance of each topology at seed 1 (``--curve-instances``):
+2. **Quality against time** on ``--curve-instances`` large jobs (gpt3-6.7b, llama3-70b, ...) on each topology
+   of ``--curve-kinds`` at seed 1:
    ``ilp`` at each time limit of ``--curve-ilp`` (s) and ``genetic`` at each trial budget of
    ``--curve-genetic`` (population 100, capped at the largest ILP limit). Each point: plan throughput ÷
    SpinSearch's on the same instance (geometric mean), mean wall and CPU time. "Time to SpinSearch's
