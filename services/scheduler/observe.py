@@ -11,7 +11,9 @@ the deletion of a finished job.
   key per report), with the bound plan's predicted step time; at most :data:`MAX_METRIC_POINTS` points per
   job (the oldest reports are deleted first, counted in ``dropped``).
 - **Delete**: a finished job's record, request id, plan, checkpoint record, reports and metrics go in one
-  step; a job that has not finished is FAILED_PRECONDITION.
+  etcd transaction (compared on the record's revision, so a job that changed meanwhile is not deleted);
+  a job that has not finished is FAILED_PRECONDITION. The retention sweep
+  (:mod:`services.scheduler.retention`) deletes through the same path.
 """
 
 from __future__ import annotations
@@ -135,9 +137,8 @@ class JobObserver:
         if r.request_id:
             deletes.append(request_key(r.request_id))
         await self.repo.store.commit([Compare(key=keys.job_key(r.id), mod_revision=stored.mod_revision)],
-                                     deletes=deletes)
-        await self.repo.store.delete_prefix(keys.metrics_prefix(r.id))
-        await self.repo.store.delete_prefix(keys.reports_prefix(r.id))
+                                     deletes=deletes,
+                                     delete_prefixes=[keys.metrics_prefix(r.id), keys.reports_prefix(r.id)])
         self._writes.pop(r.id, None)
 
     # -- logs -----------------------------------------------------------------------------------------
