@@ -375,7 +375,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                         max_watches=args.tenant_max_watches)
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
                                max_watches=args.max_watches, tenant_quota=quota,
-                               agent_credentials=security.client_credentials)
+                               agent_credentials=security.client_credentials, topology=topology)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
