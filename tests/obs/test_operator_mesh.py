@@ -214,9 +214,12 @@ def shown(mesh: Mesh) -> dict[str, Any]:
         _wait(driver, f"{JOB}'s detail", lambda d: d.execute_script(
             "const s = document.getElementById('job-state'); return s && s.textContent === 'SUCCEEDED' && "
             f"document.getElementById('job-title').textContent.includes('{JOB}')"))
-        _wait(driver, "the stage busy times", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#stages-chart rect.bar"))
-              == 4)
+        _wait(driver, "the stage busy times",
+              lambda d: len(d.find_elements(By.CSS_SELECTOR, "#stages-chart rect.stage-bar")) == 4)
         mesh.shown["steptime_lines"] = len(driver.find_elements(By.CSS_SELECTOR, "#steptime-chart polyline"))
+        mesh.shown["tallest_stage_bar_px"] = driver.execute_script(
+            "return Math.max(...[...document.querySelectorAll('#stages-chart rect.stage-bar')]"
+            ".map((r) => r.getBoundingClientRect().height))")
         driver.save_screenshot(str(ARTIFACTS / "dashboard-job.png"))
         driver.execute_script("window.scrollTo(0, 0)")
         driver.save_screenshot(str(ARTIFACTS / "dashboard.png"))
@@ -242,6 +245,7 @@ def test_up_prints_its_dashboard_and_adds_its_context(mesh: Mesh) -> None:
 def test_dashboard_follows_a_submitted_job_to_succeeded(mesh: Mesh, shown: dict[str, Any]) -> None:
     assert "Gbit/s" in shown["map"]
     assert shown["steptime_lines"] == 2  # measured and predicted
+    assert shown["tallest_stage_bar_px"] > 60  # bars drawn to their value (no page style squashes them)
     assert not shown["severe"], shown["severe"]
     assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 0
     # The piped watch of the same job: plain lines with steps and loss, ending with a newline.
