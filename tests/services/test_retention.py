@@ -1,15 +1,11 @@
-"""Retention of finished jobs: the pure decision, the sweep on the in-memory store (a job that changed is
-spared), and the leader of a real scheduler process on a real etcd deleting the oldest finished jobs with
-their metrics, reports and request ids while a job that has not finished stays."""
+"""Retention of finished jobs: the pure decision and the sweep on the in-memory store (a job that changed is
+spared). The leader of a real scheduler process applying it on a real etcd: ``test_observe_etcd.py``."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-from pathlib import Path
 
 import pytest
-from scheduler_harness import start_replica
 
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository, request_key
@@ -24,11 +20,8 @@ from services.scheduler.retention import (
 from spiderflow.errors import ValidationError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
-from spiderflow.sdk import AsyncClient
 from spiderflow.store import keys
-from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.memory import MemoryStore
-from spiderflow.store.process import EtcdProcess
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -109,58 +102,3 @@ async def test_sweep_deletes_through_the_delete_path_and_spares_unfinished_and_c
     left, _ = await repo.list()
     assert [s.record.id for s in left] == ["job-3"]
     assert (await store.get_prefix(keys.metrics_prefix("job-3")))[0] != []
-
-
-async def _wait_for(what: str, check: object, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():  # type: ignore[operator]
-        if loop.time() > deadline:
-            raise AssertionError(f"not {what} within {timeout} s")
-        await asyncio.sleep(0.1)
-
-
-async def test_the_leader_deletes_the_oldest_finished_jobs_with_their_keys_on_real_etcd(tmp_path: Path) -> None:
-    with EtcdProcess() as etcd:
-        sched = start_replica(etcd.endpoint, tmp_path, "sched", "--executor", "agents",
-                              "--retain-finished-jobs", "1", "--retain-finished-for", "forever",
-                              "--retention-interval", "0.2")
-        store = EtcdStore(etcd.endpoint)
-        try:
-            async with AsyncClient(sched.address) as client:
-                for i in range(4):
-                    await client.submit(_spec(i), request_id=f"req-{i}")
-                    await store.put(keys.metrics_key(f"job-{i}", attempt=1, step=1), b"[]")
-                    await store.put(keys.reports_prefix(f"job-{i}") + "agent", b"{}")
-
-                async def ids() -> set[str]:
-                    return {j.id for j in await client.list()}
-
-                await client.cancel("job-0")
-                await asyncio.sleep(0.6)  # a few sweeps: one finished job is within the policy
-                assert await ids() == {"job-0", "job-1", "job-2", "job-3"}
-                await client.cancel("job-1")
-
-                async def job0_gone() -> bool:
-                    return await ids() == {"job-1", "job-2", "job-3"}
-                await _wait_for("job-0 deleted", job0_gone)
-                await client.cancel("job-2")
-
-                async def job1_gone() -> bool:
-                    return await ids() == {"job-2", "job-3"}
-                await _wait_for("job-1 deleted", job1_gone)
-                assert (await client.get("job-3")).state not in ("SUCCEEDED", "FAILED", "CANCELLED")
-                for gone in ("job-0", "job-1"):
-                    assert (await store.get_prefix(keys.metrics_prefix(gone)))[0] == []
-                    assert (await store.get_prefix(keys.reports_prefix(gone)))[0] == []
-                    assert await store.get(request_key(gone.replace("job", "req"))) is None
-                for kept in ("job-2", "job-3"):
-                    assert (await store.get_prefix(keys.metrics_prefix(kept)))[0] != []
-                    assert (await store.get_prefix(keys.reports_prefix(kept)))[0] != []
-                # the id of a deleted job is free again
-                again = await client.submit(_spec(0), request_id="req-0-again")
-                assert again.id == "job-0"
-        finally:
-            await store.close()
-            sched.stop()
-        assert "scheduler.retention_deleted" in sched.log_path.read_text()
