@@ -32,7 +32,7 @@ from typing import Any, Self
 import structlog
 
 from spiderflow.domain import Cluster, Topology
-from spiderflow.errors import UnavailableError
+from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 
@@ -273,7 +273,7 @@ class LocalMesh:
                 last = len(topo.clusters)
                 if last >= n:
                     return topo
-            except UnavailableError:
+            except (UnavailableError, ValidationError):  # not answering yet, or no cluster registered yet
                 pass
             for name, proc in self.agents.items():
                 if not proc.alive():
