@@ -528,11 +528,14 @@ class Executor:
             if not isinstance(ev, dict):
                 return
             kind = ev.get("event")
-            if kind == "step" and w.info.stage == last_stage and w.info.replica == 0:
+            if kind == "step" and w.info.replica == 0 and w.info.tp_rank == 0:
+                # one rank per stage reports: the last stage's event moves the job, the others add their
+                # stage's busy time to the metrics history
                 pending.append(types_pb2.ProgressEvent(
                     job_id=a.job, attempt=a.attempt, step=int(ev["step"]), steps_total=spec.steps,
-                    loss=float(ev.get("loss") or 0.0), tokens_per_s=float(ev["tokens_per_s"]),
-                    step_time_s=float(ev["step_time_s"]),
+                    loss=float(ev.get("loss") or 0.0) if w.info.stage == last_stage else 0.0,
+                    tokens_per_s=float(ev["tokens_per_s"]), step_time_s=float(ev["step_time_s"]),
+                    stage=w.info.stage, stage_busy_s=max(0.0, float(ev.get("busy_s") or 0.0)),
                 ))
                 new_progress.set()
             elif kind == "checkpoint":

@@ -310,7 +310,7 @@ class LocalMesh:
                 last = len(topo.clusters)
                 if last >= n:
                     return topo
-            except UnavailableError:
+            except UnavailableError:  # not answering yet
                 pass
             except ValidationError as e:  # no cluster yet: an agent is ready before its registration lands
                 why = f" ({e})"
@@ -331,10 +331,13 @@ class LocalMesh:
             with contextlib.suppress(Exception):
                 proc.stop(grace_s=10)
             log.info("mesh.agent_stopped", cluster=name)
-        for name in ("scheduler", "planner", "topology"):
-            if name in self.services:
-                with contextlib.suppress(Exception):
-                    self.services[name].stop(grace_s=10)
+        names = [n for n in ("scheduler", "planner", "topology") if n in self.services]
+        for name in names:  # the services drain side by side too; then each is awaited
+            with contextlib.suppress(Exception):
+                self.services[name].signal(signal.SIGTERM)
+        for name in names:
+            with contextlib.suppress(Exception):
+                self.services[name].stop(grace_s=10)
         if self.testbed is not None:
             with contextlib.suppress(Exception):
                 self.testbed.down()

@@ -148,7 +148,9 @@ class LogChunk:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricPoint:
-    """One reported training step: measured figures and the bound plan's predicted step time."""
+    """One reported training step: measured figures and the bound plan's predicted step time, and per stage
+    of the plan its measured busy time in this step (``stage_busy_s``, 0 where that stage's report did not
+    arrive) next to the cost model's (``predicted_stage_busy_s``), seconds."""
 
     attempt: int
     step: int
@@ -157,11 +159,14 @@ class MetricPoint:
     step_time_s: float
     predicted_step_time_s: float
     time: float
+    stage_busy_s: tuple[float, ...] = ()
+    predicted_stage_busy_s: tuple[float, ...] = ()
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "step": self.step, "loss": self.loss, "tokens_per_s": self.tokens_per_s,
                 "step_time_s": self.step_time_s, "predicted_step_time_s": self.predicted_step_time_s,
-                "time": self.time}
+                "time": self.time, "stage_busy_s": list(self.stage_busy_s),
+                "predicted_stage_busy_s": list(self.predicted_stage_busy_s)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -180,7 +185,8 @@ def _metrics(resp: scheduler_pb2.GetJobMetricsResponse) -> Metrics:
     return Metrics(job_id=resp.job_id, dropped=int(resp.dropped), points=tuple(
         MetricPoint(attempt=int(p.attempt), step=int(p.step), loss=p.loss, tokens_per_s=p.tokens_per_s,
                     step_time_s=p.step_time_s, predicted_step_time_s=p.predicted_step_time_s,
-                    time=p.time.ToNanoseconds() / 1e9) for p in resp.points))
+                    time=p.time.ToNanoseconds() / 1e9, stage_busy_s=tuple(p.stage_busy_s),
+                    predicted_stage_busy_s=tuple(p.predicted_stage_busy_s)) for p in resp.points))
 
 
 def _chunk(m: scheduler_pb2.GetJobLogsResponse) -> LogChunk:

@@ -42,7 +42,8 @@ def _sources(repo: JobRepository, topology: TopologySource, observer: JobObserve
         resp = await observer.metrics(job_id, 0)
         return [{"attempt": p.attempt, "step": p.step, "loss": p.loss, "tokens_per_s": p.tokens_per_s,
                  "step_time_s": p.step_time_s, "predicted_step_time_s": p.predicted_step_time_s,
-                 "time": p.time.ToNanoseconds() / 1e9} for p in resp.points]
+                 "time": p.time.ToNanoseconds() / 1e9, "stage_busy_s": list(p.stage_busy_s),
+                 "predicted_stage_busy_s": list(p.predicted_stage_busy_s)} for p in resp.points]
 
     async def logs(job_id: str, tail: int) -> list[tuple[str, str]]:
         files: dict[str, bytearray] = {}

@@ -6,6 +6,9 @@ job, a topology change) and at least every ``--cycle-interval`` seconds. When th
 ends and another replica becomes leader within the TTL; because every decision is bound with a
 compare-and-swap on what was read, a deposed leader that still runs a cycle cannot double-book GPUs.
 
+The leader also deletes finished jobs by the retention policy (``--retain-finished-jobs``,
+``--retain-finished-for``; :mod:`services.scheduler.retention`).
+
 ``--executor sim`` (simulator-backed mode): with no agents, the leader itself runs each placed job for
 its predicted duration × ``--sim-time-scale`` (clamped to ``[--sim-min-s, --sim-max-s]``) and then marks
 it SUCCEEDED. This is how the scheduler is load-tested without GPUs; with agents, use ``--executor
@@ -29,7 +32,9 @@ from services.planner.client import RemotePlanner
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.dashboard import add_dashboard_argument, start_scheduler_dashboard
 from services.scheduler.liveness import DEFAULT_STALE_S
+from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository, StoredJob
+from services.scheduler.retention import RetentionPolicy, add_retention_arguments, policy_from_args, sweep
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
 from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
@@ -98,6 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GPUs held by one tenant's running jobs at most (default: unbounded)")
     p.add_argument("--tenant-max-watches", type=int, default=None,
                    help="open WatchJob streams per caller at most (default: only --max-watches)")
+    add_retention_arguments(p)
     add_server_arguments(p)
     add_etcd_arguments(p)
     add_metrics_argument(p)
@@ -206,8 +212,13 @@ class SchedulerReplica:
                  wake: asyncio.Event, cycle_interval: float, lease_ttl: int, budget: Budget,
                  replan_threshold: float = 0.5, min_cycle_interval: float = 0.0,
                  wait_for_releases: bool = False, level2: Level2 = "exact",
-                 tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S) -> None:
+                 tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S,
+                 retention: RetentionPolicy | None = None, retention_interval_s: float = 60.0,
+                 observer: JobObserver | None = None) -> None:
         self.store = store
+        self.retention = retention
+        self.retention_interval_s = retention_interval_s
+        self.observer = observer or JobObserver(repo)
         self.min_cycle_interval = min_cycle_interval
         self.repo = repo
         self.topology = topology
@@ -280,6 +291,7 @@ class SchedulerReplica:
 
     async def _lead(self, lost: asyncio.Event, stop: asyncio.Event) -> None:
         watcher = asyncio.create_task(self._watch_topology())
+        retainer = asyncio.create_task(self._retain()) if self.retention is not None else None
         try:
             if self.executor:
                 await self.executor.adopt()
@@ -312,6 +324,21 @@ class SchedulerReplica:
                     await asyncio.sleep(0.5)
         finally:
             watcher.cancel()
+            if retainer is not None:
+                retainer.cancel()
+                with contextlib.suppress(BaseException):
+                    await retainer
+
+    async def _retain(self) -> None:
+        """While leader: delete the finished jobs the retention policy no longer keeps, at once and then every
+        ``retention_interval_s`` (:mod:`services.scheduler.retention`)."""
+        assert self.retention is not None
+        while True:
+            try:
+                await sweep(self.repo, self.observer, self.retention, now=self.repo.clock())
+            except SpiderFlowError as e:  # etcd away: the next sweep retries
+                log.warning("scheduler.retention_failed", error=str(e))
+            await asyncio.sleep(self.retention_interval_s)
 
     @staticmethod
     async def _wait_any(*events: asyncio.Event) -> None:
@@ -333,6 +360,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
+    retention = policy_from_args(args)
     security = server_security(args, host=host)
     store = EtcdStore(args.etcd, **etcd_options(args))
     repo = JobRepository(store)
@@ -347,7 +375,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                         max_watches=args.tenant_max_watches)
     service = SchedulerService(repo, max_queued=args.max_queued, wake=wake, limiter=limiter,
                                max_watches=args.max_watches, tenant_quota=quota,
-                               agent_credentials=security.client_credentials)
+                               agent_credentials=security.client_credentials, topology=topology)
     metrics = start_metrics_server(args.metrics_listen)
     server = await serve([service], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
@@ -359,6 +387,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         budget=Budget(time_limit_s=args.time_limit),
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
         tenant_quota=quota, stale_s=args.stale_after,
+        retention=retention, retention_interval_s=args.retention_interval, observer=service.observer,
     )
     dashboard = await start_scheduler_dashboard(args, repo, topology, service.observer)
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,

@@ -9,9 +9,14 @@ the deletion of a finished job.
   registered is UNAVAILABLE.
 - **Metrics**: every progress event a report carries is kept under ``metrics/<job>/<attempt>-<step>`` (one
   key per report), with the bound plan's predicted step time; at most :data:`MAX_METRIC_POINTS` points per
-  job (the oldest reports are deleted first, counted in ``dropped``).
+  job (the oldest reports are deleted first, counted in ``dropped``). Events of the last stage are the
+  points (loss, tokens/s, step time); each other stage's event adds that stage's measured busy time to the
+  point of the same attempt and step. Each point also carries the cost model's busy time per stage under
+  the bound plan (:func:`predicted_stage_busy`, on the topology when the first report of an attempt came).
 - **Delete**: a finished job's record, request id, plan, checkpoint record, reports and metrics go in one
-  step; a job that has not finished is FAILED_PRECONDITION.
+  etcd transaction (compared on the record's revision, so a job that changed meanwhile is not deleted);
+  a job that has not finished is FAILED_PRECONDITION. The retention sweep
+  (:mod:`services.scheduler.retention`) deletes through the same path.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from agent.registration import Registration
 from services.scheduler.repo import JobRepository, StoredJob, request_key
-from spiderflow.errors import PreconditionError, UnavailableError, ValidationError
+from services.scheduler.topology_source import TopologySource
+from spiderflow.domain import JobSpec, Plan, Topology
+from spiderflow.errors import PreconditionError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.jobs import JobRecord
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
@@ -38,7 +45,7 @@ from spiderflow.rpc.server import open_channel
 from spiderflow.store import keys
 from spiderflow.store.base import Compare
 
-__all__ = ["FOLLOW_QUIET_S", "MAX_METRIC_POINTS", "JobObserver"]
+__all__ = ["FOLLOW_QUIET_S", "MAX_METRIC_POINTS", "JobObserver", "predicted_stage_busy"]
 
 log = structlog.get_logger(__name__)
 
@@ -46,6 +53,19 @@ MAX_METRIC_POINTS = 10_000
 PRUNE_EVERY = 32
 FOLLOW_QUIET_S = 1.5
 _DONE = object()
+
+
+def predicted_stage_busy(plan: Plan, topo: Topology, spec: JobSpec) -> tuple[float, ...]:
+    """The cost model's busy time of each stage of ``plan`` per step, seconds: its micro-batches' forward and
+    backward (``ceil(m / dp)`` per replica), its gradient all-reduce and its optimizer step
+    (:func:`spiderflow.costmodel.breakdown`)."""
+    from spiderflow.costmodel import breakdown
+
+    bd = breakdown(plan, topo, spec.model, micro_batch=max(1, spec.global_batch // plan.micro_batches),
+                   seq_len=spec.seq_len, precision=spec.precision)
+    opt = bd.optimizer_s or (0.0,) * len(plan.stages)
+    return tuple(-(-plan.micro_batches // st.dp) * c + ar + o
+                 for st, c, ar, o in zip(plan.stages, bd.compute_s, bd.allreduce_s, opt, strict=True))
 
 
 def _ts(t: float) -> timestamp_pb2.Timestamp:
@@ -59,25 +79,57 @@ class JobObserver:
     credentials the scheduler dials agents with (None: plaintext)."""
 
     def __init__(self, repo: JobRepository, *, agent_credentials: grpc.ChannelCredentials | None = None,
-                 max_points: int = MAX_METRIC_POINTS) -> None:
+                 max_points: int = MAX_METRIC_POINTS, topology: TopologySource | None = None) -> None:
         self.repo = repo
         self.agent_credentials = agent_credentials
         self.max_points = max_points
+        self.topology = topology
         self._writes: dict[str, int] = {}
+        self._predicted: dict[tuple[str, int], list[float]] = {}
+
+    async def _predicted_stages(self, r: JobRecord) -> list[float]:
+        """:func:`predicted_stage_busy` of ``r``'s attempt (computed once per attempt; empty without a plan or
+        a topology that has its clusters)."""
+        key = (r.id, int(r.attempt))
+        if key not in self._predicted:
+            out: list[float] = []
+            if r.plan is not None and self.topology is not None:
+                try:
+                    out = list(predicted_stage_busy(r.plan, await self.topology.snapshot(), r.spec))
+                except (SpiderFlowError, KeyError, ValueError) as e:
+                    log.info("scheduler.stage_prediction_unavailable", job=r.id, error=str(e))
+            if len(self._predicted) > 4096:
+                self._predicted.clear()
+            self._predicted[key] = out
+        return self._predicted[key]
 
     # -- metrics --------------------------------------------------------------------------------------
 
     async def record(self, r: JobRecord, events: Sequence[types_pb2.ProgressEvent], *, now: float) -> None:
         """Keep the points of one accepted report (events of ``r``'s attempt newer than its progress)."""
-        points = [{"attempt": int(r.attempt), "step": int(e.step), "loss": e.loss, "tokens_per_s": e.tokens_per_s,
-                   "step_time_s": e.step_time_s,
-                   "predicted_step_time_s": r.plan.step_time_s if r.plan is not None else 0.0,
-                   "time": e.time.ToNanoseconds() / 1e9 if e.HasField("time") else now}
-                  for e in sorted(events, key=lambda e: e.step)]
-        if not points:
+        if not events:
             return
-        key = keys.metrics_key(r.id, attempt=int(r.attempt), step=int(points[0]["step"]))
-        await self.repo.store.put(key, json.dumps(points, separators=(",", ":")).encode())
+        last = len(r.plan.stages) - 1 if r.plan is not None else 0
+        predicted = await self._predicted_stages(r)
+        points: list[dict[str, Any]] = []
+        for e in sorted(events, key=lambda e: e.step):
+            t = e.time.ToNanoseconds() / 1e9 if e.HasField("time") else now
+            stage = int(e.stage) if e.HasField("stage") else last
+            if stage != last:  # another stage's busy time for the point of this step
+                points.append({"kind": "stage", "attempt": int(r.attempt), "step": int(e.step), "stage": stage,
+                               "busy_s": e.stage_busy_s, "time": t})
+                continue
+            points.append({"attempt": int(r.attempt), "step": int(e.step), "loss": e.loss,
+                           "tokens_per_s": e.tokens_per_s, "step_time_s": e.step_time_s,
+                           "predicted_step_time_s": r.plan.step_time_s if r.plan is not None else 0.0,
+                           "stage": stage, "busy_s": e.stage_busy_s, "predicted_stage_busy_s": predicted,
+                           "time": t})
+        groups: dict[int | None, list[dict[str, Any]]] = {}
+        for p in points:  # one key per stage: two stages' reports that start at the same step never collide
+            groups.setdefault(int(p["stage"]) if p.get("kind") == "stage" else None, []).append(p)
+        for stage, group in groups.items():
+            key = keys.metrics_key(r.id, attempt=int(r.attempt), step=int(group[0]["step"]), stage=stage)
+            await self.repo.store.put(key, json.dumps(group, separators=(",", ":")).encode())
         n = self._writes.get(r.id, 0) + 1
         self._writes[r.id] = n
         if n % PRUNE_EVERY == 0:
@@ -85,7 +137,8 @@ class JobObserver:
 
     async def _prune(self, job_id: str) -> None:
         items, _ = await self.repo.store.get_prefix(keys.metrics_prefix(job_id))
-        sizes = [(kv.key, len(_decode(kv.value))) for kv in items if not kv.key.endswith("/dropped")]
+        sizes = [(kv.key, sum(1 for p in _decode(kv.value) if p.get("kind") != "stage"))
+                 for kv in items if not kv.key.endswith("/dropped")]
         dropped_kv = next((kv for kv in items if kv.key.endswith("/dropped")), None)
         total = sum(n for _, n in sizes)
         gone = 0
@@ -112,15 +165,25 @@ class JobObserver:
                 continue
             points.extend(_decode(kv.value))
         seen: dict[tuple[int, int], dict[str, Any]] = {}
+        busy: dict[tuple[int, int], dict[int, float]] = {}
         for p in points:  # a resumed attempt may report a step again: the newest report wins
-            seen[(int(p["attempt"]), int(p["step"]))] = p
+            at = (int(p["attempt"]), int(p["step"]))
+            if "busy_s" in p:
+                busy.setdefault(at, {})[int(p["stage"])] = float(p["busy_s"])
+            if p.get("kind") != "stage":
+                seen[at] = p
         ordered = sorted(seen.values(), key=lambda p: (float(p["time"]), int(p["attempt"]), int(p["step"])))
         if limit:
             ordered = ordered[-limit:]
         for p in ordered:
+            predicted = [float(v) for v in p.get("predicted_stage_busy_s") or []]
+            measured = busy.get((int(p["attempt"]), int(p["step"])), {})
+            n = max(len(predicted), max(measured, default=-1) + 1) if measured or predicted else 0
             out.points.add(attempt=int(p["attempt"]), step=int(p["step"]), loss=float(p["loss"]),
                            tokens_per_s=float(p["tokens_per_s"]), step_time_s=float(p["step_time_s"]),
-                           predicted_step_time_s=float(p["predicted_step_time_s"]), time=_ts(float(p["time"])))
+                           predicted_step_time_s=float(p["predicted_step_time_s"]), time=_ts(float(p["time"])),
+                           stage_busy_s=[measured.get(i, 0.0) for i in range(n)] if measured else [],
+                           predicted_stage_busy_s=predicted)
         return out
 
     # -- deletion -------------------------------------------------------------------------------------
@@ -135,10 +198,11 @@ class JobObserver:
         if r.request_id:
             deletes.append(request_key(r.request_id))
         await self.repo.store.commit([Compare(key=keys.job_key(r.id), mod_revision=stored.mod_revision)],
-                                     deletes=deletes)
-        await self.repo.store.delete_prefix(keys.metrics_prefix(r.id))
-        await self.repo.store.delete_prefix(keys.reports_prefix(r.id))
+                                     deletes=deletes,
+                                     delete_prefixes=[keys.metrics_prefix(r.id), keys.reports_prefix(r.id)])
         self._writes.pop(r.id, None)
+        for key in [k for k in self._predicted if k[0] == r.id]:
+            del self._predicted[key]
 
     # -- logs -----------------------------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 from services.scheduler.batching import SubmitBatcher
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository, StoredJob
+from services.scheduler.topology_source import TopologySource
 from spiderflow.errors import (
     NotFoundError,
     PermissionDeniedError,
@@ -164,13 +165,14 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                  known_policies: frozenset[str] | None = None, limiter: RateLimiter | None = None,
                  max_watches: int = 1000, group_commit: bool = True,
                  tenant_quota: TenantQuota | None = None,
-                 agent_credentials: grpc.ChannelCredentials | None = None) -> None:
+                 agent_credentials: grpc.ChannelCredentials | None = None,
+                 topology: TopologySource | None = None) -> None:
         self.repo = repo
         self.tenant_quota = tenant_quota or TenantQuota()
         self._watches_by: dict[str, int] = {}
         self._queued_by: dict[str, int] = {}  # per tenant, at the last recount
         self._created_by: dict[str, int] = {}  # per tenant, created by this replica since the last recount
-        self.observer = JobObserver(repo, agent_credentials=agent_credentials)
+        self.observer = JobObserver(repo, agent_credentials=agent_credentials, topology=topology)
         self.batcher = SubmitBatcher(repo) if group_commit else None
         self.max_queued = max_queued
         self.wake = wake
@@ -406,8 +408,9 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                 raise NotFoundError(f"cluster {request.cluster!r} runs no stage of job {r.id}")
             final_step = _check_report(request, r, principal.name if principal is not None else request.cluster)
             new = r
-            if request.progress:
-                ev = max(request.progress, key=lambda e: e.step)
+            driving = [e for e in request.progress if _of_last_stage(e, r)]
+            if driving:
+                ev = max(driving, key=lambda e: e.step)
                 # the first report of an attempt may go back: a re-placed job resumes from its checkpoint
                 if ev.step > r.progress.step or r.state is JobState.PLACED:
                     new = _with_progress(new, ev, now=self.repo.clock())
@@ -428,18 +431,21 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                                             f"{max(final_step, r.progress.step)} of {r.spec.steps}; a job "
                                             "succeeds only once its last step is reported")
                 new = new.to(JobState.SUCCEEDED, f"trained {r.spec.steps} steps", now=self.repo.clock())
-            if new == r:
-                return scheduler_pb2.ReportProgressResponse(accepted=True, stop=False)
-            try:
-                await self.repo.transition(stored, new)
-            except CompareFailedError:
-                continue
-            fresh = [e for e in request.progress if e.step > r.progress.step or r.state is JobState.PLACED]
+            # other stages' events are kept whatever the progress (a stage may report after the last one)
+            fresh = [e for e in request.progress if e.step > r.progress.step or r.state is JobState.PLACED
+                     or not _of_last_stage(e, r)]
+            if new != r:
+                try:
+                    await self.repo.transition(stored, new)
+                except CompareFailedError:
+                    continue
             if fresh:
                 try:
                     await self.observer.record(new, fresh, now=self.repo.clock())
                 except SpiderFlowError as e:  # the history is best effort; the report itself was recorded
                     log.warning("scheduler.metrics_not_recorded", job=r.id, error=str(e))
+            if new == r:
+                return scheduler_pb2.ReportProgressResponse(accepted=True, stop=False)
             if new.terminal:
                 self._poke()
             return scheduler_pb2.ReportProgressResponse(accepted=True, stop=new.terminal)
@@ -487,8 +493,9 @@ MAX_ERROR = 4096
 def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cluster: str) -> int:
     """Validate a progress report against the job it is about and return its highest step.
 
-    INVALID_ARGUMENT naming the field: a step outside ``0..steps``, another ``steps_total``, a loss, speed
-    or step time that is not a finite number ≥ 0 (loss: finite), another job's or attempt's event, more
+    INVALID_ARGUMENT naming the field: a step outside ``0..steps``, another ``steps_total``, a loss, speed,
+    step time or stage busy time that is not a finite number ≥ 0 (loss: finite), a stage outside the plan
+    or not run by ``cluster``, another job's or attempt's event, more
     than :data:`MAX_EVENTS` events, an outcome's stage outside the plan or repeated, an error longer than
     :data:`MAX_ERROR`. PERMISSION_DENIED: an outcome for a stage that ``cluster`` (the caller's cluster)
     does not run in this attempt."""
@@ -507,11 +514,21 @@ def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cl
             raise ValidationError(f"{where}.attempt", f"must be 0 or the report's attempt {r.attempt}", ev.attempt)
         if not math.isfinite(ev.loss):
             raise ValidationError(f"{where}.loss", "must be a finite number", ev.loss)
-        for name in ("tokens_per_s", "step_time_s"):
+        for name in ("tokens_per_s", "step_time_s", "stage_busy_s"):
             v = getattr(ev, name)
             if not math.isfinite(v) or v < 0:
                 raise ValidationError(f"{where}.{name}", "must be a finite number ≥ 0", v)
-        top = max(top, ev.step)
+        if ev.HasField("stage"):
+            plan_stages = r.plan.stages if r.plan is not None else ()
+            if not 0 <= ev.stage < len(plan_stages):
+                raise ValidationError(f"{where}.stage", f"must be a stage of the plan (0..{len(plan_stages) - 1})",
+                                      ev.stage)
+            st = plan_stages[ev.stage]
+            if cluster and cluster not in {st.cluster, *(share.cluster for share in st.replicas)}:
+                raise ValidationError(f"{where}.stage", f"cluster {cluster!r} does not run stage {ev.stage}",
+                                      ev.stage)
+        if _of_last_stage(ev, r):
+            top = max(top, ev.step)
     stages = r.plan.stages if r.plan is not None else ()
     seen: set[int] = set()
     for i, o in enumerate(request.outcomes):
@@ -525,6 +542,11 @@ def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cl
         if len(o.error) > MAX_ERROR:
             raise ValidationError(f"outcomes[{i}].error", f"must be at most {MAX_ERROR} characters", len(o.error))
     return top
+
+
+def _of_last_stage(ev: types_pb2.ProgressEvent, r: JobRecord) -> bool:
+    """Whether ``ev`` is the last stage's (it carries the loss and moves the job): no stage, or the last."""
+    return not ev.HasField("stage") or r.plan is None or ev.stage == len(r.plan.stages) - 1
 
 
 def _clusters(r: JobRecord) -> set[str]:

@@ -107,6 +107,10 @@ PHASES = ("forward", "backward", "recv_wait", "send_wait", "grad_sync", "optimiz
 step's sends to complete, the data-parallel gradient all-reduce, the optimizer step, and the rest
 (posting receives, building batches, loss bookkeeping)."""
 
+BUSY_PHASES = ("forward", "backward", "grad_sync", "optimizer")
+"""The phases of a step that are the stage's own work (its busy time, ``StepReport.busy_s``): waiting for other
+stages and bookkeeping excluded."""
+
 StepCallback = Callable[[StepReport], None]
 ManifestCallback = Callable[[CheckpointManifest], None]
 
@@ -168,6 +172,10 @@ class _PhaseTimer:
         self.wall = dict.fromkeys(PHASES, 0.0)
         self.cpu = dict.fromkeys(PHASES, 0.0)
         self.steps = 0
+
+    def busy(self) -> float:
+        """Wall seconds booked so far to the stage's own work: :data:`BUSY_PHASES`."""
+        return sum(self.wall[p] for p in BUSY_PHASES)
 
     def means(self) -> dict[str, float]:
         n = max(1, self.steps)
@@ -510,8 +518,10 @@ def run(
             t0 = time.perf_counter()
             if step == start + 1:
                 runner.timer.reset()  # phases of the steps after the first (warm-up excluded)
+            busy0 = runner.timer.busy()
             loss = runner.train_step(step)
             dt = time.perf_counter() - t0
+            busy = runner.timer.busy() - busy0
             times.append(dt)
             if loss is not None:
                 if not math.isfinite(loss):
@@ -519,7 +529,7 @@ def run(
                 losses.append(loss)
             report = StepReport(
                 job_id=spec.job_id, step=step + 1, rank=info.rank, stage=info.stage, replica=info.replica,
-                step_time_s=dt, tokens_per_s=spec.tokens_per_step / dt, loss=loss,
+                step_time_s=dt, tokens_per_s=spec.tokens_per_step / dt, loss=loss, busy_s=busy,
             )
             if on_step is not None:
                 on_step(report)

@@ -332,7 +332,9 @@ class StepReport:
 
     ``step`` counts completed steps (1-based). ``step_time_s`` is this rank's wall time for the step,
     ``tokens_per_s = global_batch · seq_len / step_time_s``. ``loss`` (mean token cross-entropy of the
-    whole global batch) is known only on last-stage ranks, ``None`` elsewhere."""
+    whole global batch) is known only on last-stage ranks, ``None`` elsewhere. ``busy_s`` is the part of
+    the step this rank spent on its own work (forward, backward, gradient sync, optimizer), waiting for
+    other stages excluded."""
 
     job_id: str
     step: int
@@ -342,6 +344,7 @@ class StepReport:
     step_time_s: float
     tokens_per_s: float
     loss: float | None
+    busy_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

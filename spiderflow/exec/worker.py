@@ -9,7 +9,8 @@
 ``--rank`` overrides ``rendezvous.rank`` so one file serves every rank of a cluster. The worker prints one
 JSON object per line on stdout (the agent forwards them):
 
-- ``{"event": "step", "job_id", "step", "rank", "stage", "replica", "step_time_s", "tokens_per_s", "loss"}``
+- ``{"event": "step", "job_id", "step", "rank", "stage", "replica", "step_time_s", "tokens_per_s", "loss",
+  "busy_s"}``
 - ``{"event": "checkpoint", "manifest": {...}}`` (rank 0, after every complete checkpoint; the default
   ``manifest.json`` is written too)
 - ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s", "phases"}`` (``phases``:

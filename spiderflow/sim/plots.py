@@ -19,22 +19,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from spiderflow.viz.palette import POLICY_COLORS, policy_color
+
 __all__ = ["POLICY_COLORS", "html_report", "plot_jct_cdf", "plot_overhead_vs_clusters", "plot_throughput_cost",
            "policy_color", "write_plots"]
-
-POLICY_COLORS: dict[str, str] = {
-    "spinsearch": "#1f77b4", "ilp": "#d62728", "genetic": "#2ca02c", "firstfit": "#7f7f7f", "bace": "#ff7f0e",
-    "bruteforce": "#9467bd",
-}
-"""One colour per policy in every figure (and the report's table), so a policy reads the same everywhere."""
-_EXTRA = ("#8c564b", "#e377c2", "#bcbd22", "#17becf")
-
-
-def policy_color(name: str) -> str:
-    """The colour of policy ``name`` (a fixed one for the built-in policies; others by a stable hash)."""
-    if name in POLICY_COLORS:
-        return POLICY_COLORS[name]
-    return _EXTRA[sum(name.encode()) % len(_EXTRA)]
 
 
 def plot_jct_cdf(records_by_policy: Mapping[str, Sequence[Mapping[str, Any]]], path: Path) -> Path:
@@ -94,7 +82,7 @@ def plot_overhead_vs_clusters(rows: Sequence[Mapping[str, Any]], path: Path,
     sizes = sorted({c for pts in by_policy.values() for c, _ in pts})
     unit = "seconds per placement decision" if key.endswith("_s") else key
     if len(sizes) <= 1:  # one topology: bars per policy (a line through one x would be dots on a vertical)
-        names = sorted(by_policy)
+        names = list(by_policy)  # the document's order, as in the other figures
         ax.bar(names, [by_policy[n][0][1] for n in names], color=[policy_color(n) for n in names])
         ax.set_yscale("log")
         ax.set_ylabel(f"{unit} (log scale)")
@@ -143,11 +131,11 @@ _COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("p95_jct_s", "p95 JCT (h)", lambda s: _hours(s.get("p95_jct_s"))),
     ("makespan_s", "Makespan (h)", lambda s: _hours(s.get("makespan_s"))),
     ("throughput_tokens_per_s", "Throughput (tokens/s)", lambda s: _num(s.get("throughput_tokens_per_s"), ",.0f")),
-    ("sched_overhead_s", "Scheduling time (s)", lambda s: _num(s.get("sched_overhead_s"), ".3g")),
+    ("sched_overhead_s", "Scheduling time (s)", lambda s: _sig(s.get("sched_overhead_s"))),
     ("decisions", "Decisions", lambda s: _num(s.get("decisions"), "d")),
     ("overhead_per_decision_mean_s", "Per decision (ms)",
-     lambda s: _num(None if s.get("overhead_per_decision_mean_s") is None
-                    else 1000 * s["overhead_per_decision_mean_s"], ".3g")),
+     lambda s: _sig(None if s.get("overhead_per_decision_mean_s") is None
+                    else 1000 * s["overhead_per_decision_mean_s"])),
     ("gpu_utilization", "GPU utilisation", lambda s: _num(None if s.get("gpu_utilization") is None
                                                           else 100 * s["gpu_utilization"], ".0f") + " %"),
     ("cost_usd", "Electricity (USD)", lambda s: _num(s.get("cost_usd"), ",.2f")),
@@ -164,8 +152,39 @@ def _num(v: Any, spec: str) -> str:
         return html.escape(str(v))
 
 
+def _sig(v: Any) -> str:
+    """Three significant digits without an exponent (``0.00663``, ``40.4``, ``4,910``)."""
+    if v is None:
+        return "–"
+    x = float(v)
+    return _num(x, ",.0f") if abs(x) >= 100 else _num(x, ".3g")
+
+
 def _hours(v: Any) -> str:
     return "–" if v is None else f"{float(v) / 3600:.2f}"
+
+
+_SETTINGS = {
+    "topology": "Topology", "clusters": "Clusters", "pool_gpus": "GPUs in the pool", "trace": "Job trace",
+    "jobs": "Jobs", "objective": "Objective", "seed": "Random seed", "time_limit_s": "Solver time limit (s)",
+    "overhead_mode": "Scheduling overhead", "events": "Topology events", "releases": "Waiting for released GPUs",
+}
+"""Human names of the settings a ``simulate`` document carries (others: their key, spaced and capitalised)."""
+
+
+def _setting(v: Any) -> str:
+    """A setting as a person reads it: yes/no, – for none, ``key: value`` lists for mappings."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, Mapping):
+        return ", ".join(f"{str(k).replace('_', ' ')}: {_setting(x)}" for k, x in v.items()) or "–"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_setting(x) for x in v) or "–"
+    return str(v)
 
 
 _CAPTIONS = {
@@ -201,12 +220,12 @@ def html_report(doc: Mapping[str, Any], images: Sequence[Path], path: Path) -> P
     best = min((n for n in pol if pol[n].get("mean_jct_s")), key=lambda n: pol[n]["mean_jct_s"], default=None)
     lead = (f"<p class=lead>Lowest mean job completion time: <b>{html.escape(best)}</b> "
             f"({_hours(pol[best]['mean_jct_s'])} h).</p>" if best else "")
-    settings = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>"
-                       for k, v in doc.items() if k != "policies")
+    settings = "".join(f"<tr><th>{html.escape(_SETTINGS.get(str(k), str(k).replace('_', ' ').capitalize()))}</th>"
+                       f"<td>{html.escape(_setting(v))}</td></tr>" for k, v in doc.items() if k != "policies")
     page = f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>SpiderFlow simulation report</title>
 <style>body{{font:15px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#1d2330;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border-bottom:1px solid #e4e7ec;padding:6px 10px;text-align:right}}
-td:first-child,th:first-child{{text-align:left}}th{{background:#f6f7f9;font-weight:600}}
+td:first-child,th:first-child{{text-align:left;white-space:nowrap}}th{{background:#f6f7f9;font-weight:600}}
 dl{{display:grid;grid-template-columns:max-content 1fr;gap:4px 16px}}dt{{color:#667085}}dd{{margin:0}}
 figure{{margin:2em 0}}img{{max-width:100%}}figcaption{{color:#475467}}.lead{{font-size:17px}}
 .dot{{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:8px}}

@@ -36,7 +36,9 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
   (``mod_revision`` equality, ``0`` = absent), all puts and deletes are applied at one new revision
   and that revision is returned; otherwise nothing is written and :class:`CompareFailedError` names
   the failed keys and their current ``mod_revision``. A key may appear at most once among puts and
-  deletes (:class:`~spiderflow.errors.ValidationError` otherwise). With no puts and no deletes the
+  deletes (:class:`~spiderflow.errors.ValidationError` otherwise). ``delete_prefixes`` deletes every key
+  under each (non-empty) prefix in the same transaction, whatever their number (one operation each). With
+  no puts and no deletes the
   current revision is returned (a consistent multi-key check). Size limits are the server's: etcd
   refuses more than ``--max-txn-ops`` compares, or puts + deletes (128 by default, 1024 in
   :class:`~spiderflow.store.process.EtcdProcess` and :class:`~spiderflow.store.memory.MemoryStore`),
@@ -303,13 +305,23 @@ def _check_key(fieldname: str, key: object) -> None:
 
 
 def validate_commit(
-    compares: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str], *, max_ops: int | None = None
+    compares: Sequence[Compare], puts: Sequence[Put], deletes: Sequence[str], *, max_ops: int | None = None,
+    delete_prefixes: Sequence[str] = (),
 ) -> None:
-    """Reject a transaction that names a key twice among its writes (etcd refuses it too), or, with
-    ``max_ops``, has more than that many compares or writes."""
-    if max_ops is not None and (len(compares) > max_ops or len(puts) + len(deletes) > max_ops):
+    """Reject a transaction that names a key twice among its writes (etcd refuses it too), an empty prefix
+    to delete, or, with ``max_ops``, more than that many compares or writes."""
+    writes = len(puts) + len(deletes) + len(delete_prefixes)
+    if max_ops is not None and (len(compares) > max_ops or writes > max_ops):
         raise ValidationError("commit", f"too many operations (limit {max_ops} per list)",
-                              max(len(compares), len(puts) + len(deletes)))
+                              max(len(compares), writes))
+    for prefix in delete_prefixes:
+        if not prefix:
+            raise ValidationError("commit.delete_prefixes", "must be non-empty (refusing to delete every key)",
+                                  prefix)
+        for p in puts:
+            if p.key.startswith(prefix):
+                raise ValidationError("commit", "a key may not be put under a prefix deleted in the same "
+                                      "transaction", p.key)
     seen: set[str] = set()
     for key in [p.key for p in puts] + list(deletes):
         _check_key("commit.key", key)
@@ -646,7 +658,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def commit(
-        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()
+        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = (), *,
+        delete_prefixes: Sequence[str] = (),
     ) -> int:
         """Atomic transaction (see the module docstring); returns its revision."""
 

@@ -614,9 +614,10 @@ class EtcdStore(Store):
         return int(resp.deleted)
 
     async def commit(
-        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()
+        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = (), *,
+        delete_prefixes: Sequence[str] = (),
     ) -> int:
-        validate_commit(compares, puts, deletes)
+        validate_commit(compares, puts, deletes, delete_prefixes=delete_prefixes)
         cmp = [
             rpc.Compare(key=c.key.encode(), target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
                         mod_revision=c.mod_revision)
@@ -624,6 +625,8 @@ class EtcdStore(Store):
         ]
         success = [rpc.RequestOp(request_put=self._put_request(p)) for p in puts]
         success += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=k.encode())) for k in deletes]
+        success += [rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=p.encode(), range_end=prefix_range_end(p.encode()))) for p in delete_prefixes]
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=c.key.encode())) for c in compares]
         resp = await self._unary("Txn", rpc.TxnRequest(compare=cmp, success=success, failure=failure))
         if resp.succeeded:

@@ -187,13 +187,13 @@ def rendezvous_key(job: str, attempt: int) -> str:
     return f"{RENDEZVOUS}{_part('job', job)}/{attempt}"
 
 
-def metrics_key(job: str, *, attempt: int, step: int) -> str:
-    """The points of one progress report of ``job`` (attempt ``attempt``, first step ``step``): keys sort
-    by attempt, then step."""
-    for name, v in (("attempt", attempt), ("step", step)):
+def metrics_key(job: str, *, attempt: int, step: int, stage: int | None = None) -> str:
+    """The points of one progress report of ``job`` (attempt ``attempt``, first step ``step``; ``stage``:
+    the busy times another stage than the last reported): keys sort by attempt, then step."""
+    for name, v in (("attempt", attempt), ("step", step), ("stage", 0 if stage is None else stage)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValidationError(name, "must be an integer ≥ 0", v)
-    return f"{METRICS}{_part('job', job)}/{attempt:06d}-{step:012d}"
+    return f"{METRICS}{_part('job', job)}/{attempt:06d}-{step:012d}" + (f"-s{stage:04d}" if stage is not None else "")
 
 
 def metrics_prefix(job: str) -> str:

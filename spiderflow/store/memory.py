@@ -373,9 +373,10 @@ class MemoryStore(Store):
         return len(keys)
 
     async def commit(
-        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()
+        self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = (), *,
+        delete_prefixes: Sequence[str] = (),
     ) -> int:
-        validate_commit(compares, puts, deletes, max_ops=self.max_txn_ops)
+        validate_commit(compares, puts, deletes, max_ops=self.max_txn_ops, delete_prefixes=delete_prefixes)
         self._check()
         failed: dict[str, int] = {}
         for c in compares:
@@ -385,6 +386,9 @@ class MemoryStore(Store):
                 failed[c.key] = current
         if failed:
             raise CompareFailedError(failed)
+        if delete_prefixes:
+            under = {k for k in self._data if any(k.startswith(p) for p in delete_prefixes)}
+            deletes = list(deletes) + sorted(under - set(deletes))
         return self._apply(puts, deletes)
 
     async def compact(self, revision: int) -> None:

@@ -24,24 +24,31 @@ from matplotlib.patches import Patch
 from spiderflow.domain import JobSpec, Plan, Topology
 from spiderflow.errors import ValidationError
 from spiderflow.tpa.timeline import Timeline, simulate_plan
+from spiderflow.viz.palette import cluster_colors, hex_rgb
 
 __all__ = ["SUPPORTED_SUFFIXES", "render_gantt"]
 
 SUPPORTED_SUFFIXES = (".png", ".svg", ".html")
-_LABEL_OPS = 600  # write micro-batch numbers into blocks only up to this many ops
+_PLOT_PX = 1150.0  # width of the plotting area in pixels at 130 dpi (the legend takes the rest)
+_DIGIT_PX = 6.5   # width of one digit of a block label (font size 7) plus margins
 _Rgb = tuple[float, float, float]
 
 
 def _palette(clusters: list[str]) -> dict[str, tuple[_Rgb, _Rgb]]:
-    """Per cluster: (forward colour, backward colour)."""
-    cmap = plt.get_cmap("tab10")
+    """Per cluster: (forward colour, backward colour), from the shared palette (:mod:`spiderflow.viz.palette`)."""
     out: dict[str, tuple[_Rgb, _Rgb]] = {}
-    for k, name in enumerate(clusters):
-        r, g, b, _ = cmap(k % 10)
-        light = (0.55 + 0.45 * r, 0.55 + 0.45 * g, 0.55 + 0.45 * b)
-        dark = (0.75 * r, 0.75 * g, 0.75 * b)
+    for name, colour in cluster_colors(clusters).items():
+        r, g, b = hex_rgb(colour)
+        light = (0.45 + 0.55 * r, 0.45 + 0.55 * g, 0.45 + 0.55 * b)
+        dark = (0.7 * r, 0.7 * g, 0.7 * b)
         out[name] = (light, dark)
     return out
+
+
+def _fits_label(duration_s: float, span_s: float, micro_batch: int) -> bool:
+    """Whether a block of ``duration_s`` is wide enough, drawn, to hold its micro-batch number without
+    touching its neighbours' (the numbers of narrow blocks are left out rather than overlapped)."""
+    return duration_s / span_s * _PLOT_PX >= _DIGIT_PX * (len(str(micro_batch)) + 1)
 
 
 def _figure(plan: Plan, tl: Timeline, title: str) -> Figure:
@@ -52,7 +59,6 @@ def _figure(plan: Plan, tl: Timeline, title: str) -> Figure:
     fig_h = min(2.0 + 0.55 * n, 40.0)
     fig, ax = plt.subplots(figsize=(14, fig_h))
     span = tl.makespan_s if tl.makespan_s > 0 else 1.0
-    label_ops = len(tl.ops) <= _LABEL_OPS
     for i, st in enumerate(plan.stages):
         y0 = (n - 1 - i) * row_h
         d = tl.replicas[i]
@@ -68,10 +74,10 @@ def _figure(plan: Plan, tl: Timeline, title: str) -> Figure:
             bwd = [(o.start_s, o.end_s - o.start_s) for o in mine if o.kind == "B"]
             ax.broken_barh(fwd, (ly, lane * 0.95), facecolors=light, edgecolors="black", linewidth=0.2)
             ax.broken_barh(bwd, (ly, lane * 0.95), facecolors=dark, edgecolors="black", linewidth=0.2)
-            if label_ops:
-                for o in mine:
+            for o in mine:
+                if _fits_label(o.end_s - o.start_s, span, o.micro_batch) and lane >= 0.2:
                     ax.text((o.start_s + o.end_s) / 2, ly + lane * 0.47, str(o.micro_batch), ha="center",
-                            va="center", fontsize=6, color="black" if o.kind == "F" else "white", clip_on=True)
+                            va="center", fontsize=7, color="black" if o.kind == "F" else "white", clip_on=True)
         # Transfers sent by this stage: activations (forward) and gradients (backward) on a thin strip.
         out_f = [(x.start_s, x.end_s - x.start_s) for x in tl.transfers if x.src == i and x.kind == "F"]
         out_b = [(x.start_s, x.end_s - x.start_s) for x in tl.transfers if x.src == i and x.kind == "B"]
@@ -81,10 +87,10 @@ def _figure(plan: Plan, tl: Timeline, title: str) -> Figure:
     ax.set_yticklabels([
         f"stage {i} · {st.cluster} · layers {st.first_layer}–{st.last_layer} · tp{st.tp}×dp{st.dp}"
         for i, st in enumerate(plan.stages)
-    ], fontsize=8)
+    ], fontsize=9)
     ax.set_xlim(0.0, span * 1.01)
     ax.set_ylim(-0.05, n * row_h + 0.05)
-    ax.set_xlabel("seconds into the step")
+    ax.set_xlabel("time into the training step (s)")
     ax.set_title(title, fontsize=10)
     handles = [Patch(facecolor=colours[c][0], edgecolor="black", label=f"{c}: forward") for c in chain]
     handles += [Patch(facecolor=colours[c][1], edgecolor="black", label=f"{c}: backward") for c in chain]
@@ -93,7 +99,9 @@ def _figure(plan: Plan, tl: Timeline, title: str) -> Figure:
         Patch(facecolor=(0.6, 0.2, 0.6), alpha=0.5, label="gradient transfer (sent)"),
         Patch(facecolor="none", edgecolor=(0.6, 0.6, 0.6), hatch="////", label="idle (bubble)"),
     ]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
+    labelled = any(_fits_label(o.end_s - o.start_s, span, o.micro_batch) for o in tl.ops)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              title="numbers: micro-batches" if labelled else None, title_fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -187,6 +187,28 @@ async def test_commit_is_atomic_over_several_keys(store: Store) -> None:
         await store.commit([], [Put(key="/x", value=b"1")], ["/x"])
 
 
+async def test_commit_deletes_prefixes_in_the_same_transaction(store: Store) -> None:
+    job = await store.put("/jobs/old", b"done")
+    for i in range(300):  # more keys than one transaction may name: a prefix is one operation
+        await store.put(f"/metrics/old/{i:04d}", b"[]")
+    await store.put("/metrics/older", b"keep")  # shares the text but not the prefix "/metrics/old/"
+    moved = await store.put("/jobs/old", b"changed")
+    with pytest.raises(CompareFailedError):
+        await store.commit([Compare(key="/jobs/old", mod_revision=job)], deletes=["/jobs/old"],
+                           delete_prefixes=["/metrics/old/"])
+    assert len((await store.get_prefix("/metrics/old/"))[0]) == 300
+    rev = await store.commit([Compare(key="/jobs/old", mod_revision=moved)], deletes=["/jobs/old"],
+                             delete_prefixes=["/metrics/old/", "/reports/none/"])
+    assert rev == moved + 1
+    assert await store.get("/jobs/old") is None
+    assert (await store.get_prefix("/metrics/old/"))[0] == []
+    assert await store.get("/metrics/older") is not None
+    with pytest.raises(ValidationError, match="delete_prefixes"):
+        await store.commit([], delete_prefixes=[""])
+    with pytest.raises(ValidationError):
+        await store.commit([], [Put(key="/metrics/new/1", value=b"1")], delete_prefixes=["/metrics/new/"])
+
+
 async def test_commit_size_limit(store: Store) -> None:
     # 1024 writes in one transaction work (a long chain's allocations + assignments); more are refused.
     many = [Put(key=f"/alloc/{i:04d}", value=b"1") for i in range(1024)]

@@ -17,10 +17,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from spiderflow.catalog import model_preset
-from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, print_json
+from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
 from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Schedule, Sharding, Stage, Topology
 from spiderflow.errors import ValidationError
 
@@ -124,14 +122,14 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    table = Table(title=f"estimate ({out['schedule']}, m={out['micro_batches']}, {out['precision']})")
-    for col in ("stage", "cluster", "layers", "tp", "dp", "sharding", "recompute", "T/µbatch s", "GiB/GPU", "of"):
-        table.add_column(col, justify="left" if col in ("cluster", "sharding") else "right")
-    for i, s in enumerate(out["stages"]):
-        table.add_row(str(i), s["cluster"], f"{s['first_layer']}–{s['last_layer']}", str(s["tp"]), str(s["dp"]),
-                      s["sharding"], "yes" if s["recompute"] else "no", f"{s['compute_s_per_microbatch']:.4g}",
-                      f"{s['memory_gib_per_gpu']:.1f}", f"{s['device_gib']:.0f}")
-    console.print(table)
+    rows = [(str(i), s["cluster"], f"{s['first_layer']}–{s['last_layer']}", str(s["tp"]), str(s["dp"]),
+             s["sharding"], "yes" if s["recompute"] else "no", f"{s['compute_s_per_microbatch']:.4g}",
+             f"{s['memory_gib_per_gpu']:.1f}", f"{s['device_gib']:.0f}") for i, s in enumerate(out["stages"])]
+    # columns drop from the right (the title names them) rather than cut a figure on a narrow terminal
+    console.print(fit_table(f"estimate ({out['schedule']}, m={out['micro_batches']}, {out['precision']})",
+                            ["stage", "cluster", "layers", "tp", "dp", "T/µbatch s", "GiB/GPU", "of GiB", "sharding",
+                             "recompute"], [(*r[:5], *r[7:], *r[5:7]) for r in rows],
+                            keep=("stage", "cluster", "layers", "T/µbatch s", "GiB/GPU")))
     p = out["parts"]
     console.print(f"step {out['step_time_s']:.4g} s (closed form {out['closed_form_step_s']:.4g} s): compute "
                   f"{p['compute_s']:.4g} s · bubbles {p['bubble_s']:.4g} s · transfers {p['transfer_s']:.4g} s · "

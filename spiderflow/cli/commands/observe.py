@@ -6,6 +6,7 @@
     spiderflow logs JOB                      # every rank's output, each line prefixed cluster/rank
     spiderflow logs JOB --follow --rank 0    # rank 0 as it writes, until the job ends
     spiderflow metrics JOB                   # step, loss, tokens/s, measured and predicted step time
+                                             # and each stage's busy time (measured/predicted)
     spiderflow metrics JOB --tensorboard runs/JOB   # TensorBoard event files (tensorboard --logdir runs)
     spiderflow delete JOB                    # a finished job's record, metrics and request id
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from spiderflow.cli.commands.jobs import add_address, client
 from spiderflow.cli.common import add_json_flag, console, fit_table, output_dir, print_json
-from spiderflow.sdk import Client, LogChunk, Metrics
+from spiderflow.sdk import Client, LogChunk, MetricPoint, Metrics
 
 __all__ = ["metrics_table", "register", "write_tensorboard"]
 
@@ -63,17 +64,40 @@ def _flush(tails: dict[tuple[str, int, int, str], str], *, prefix: bool) -> None
     sys.stdout.flush()
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds in at most 5 characters below 100 s (``1.23``, ``12.3``, ``123``, ``12345``)."""
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 100 else f"{ms:.0f}"
+
+
+def _stages_cell(p: MetricPoint) -> str:
+    """``measured/predicted`` busy milliseconds per stage, stage 0 first (``-`` where one is missing)."""
+    n = max(len(p.stage_busy_s), len(p.predicted_stage_busy_s))
+    out = []
+    for i in range(n):
+        meas = p.stage_busy_s[i] if i < len(p.stage_busy_s) and p.stage_busy_s[i] > 0 else None
+        pred = p.predicted_stage_busy_s[i] if i < len(p.predicted_stage_busy_s) else None
+        out.append(f"{_ms(meas) if meas is not None else '-'}/{_ms(pred) if pred is not None else '-'}")
+    return " ".join(out) or "-"
+
+
+STAGES_NOTE = ("STAGE BUSY MS: each stage's measured/predicted busy time per step in milliseconds (forward, "
+               "backward, gradient sync, optimizer; stage 0 first)")
+
+
 def metrics_table(m: Metrics, *, title: str) -> object:
-    """The metrics history as a table that fits the terminal (columns drop from the right)."""
+    """The metrics history as a table that fits the terminal (columns drop from the right; the per-stage
+    column folds between stages)."""
     rows = [(str(p.step), str(p.attempt), f"{p.loss:.4f}", f"{p.tokens_per_s:,.0f}", f"{p.step_time_s:.4f}",
-             f"{p.predicted_step_time_s:.4f}") for p in m.points]
-    return fit_table(title, ["STEP", "ATTEMPT", "LOSS", "TOKENS/S", "STEP S", "PREDICTED S"], rows,
-                     keep=("STEP", "LOSS", "STEP S"))
+             f"{p.predicted_step_time_s:.4f}", _stages_cell(p)) for p in m.points]
+    return fit_table(title, ["STEP", "ATTEMPT", "LOSS", "TOKENS/S", "STEP S", "PREDICTED S", "STAGE BUSY MS"], rows,
+                     keep=("STEP", "LOSS", "STEP S", "STAGE BUSY MS"), fold=("STAGE BUSY MS",))
 
 
 def write_tensorboard(m: Metrics, directory: Path) -> Path:
     """Write ``m`` as TensorBoard scalars (``loss``, ``tokens_per_s``, ``step_time_s``,
-    ``predicted_step_time_s``; x = step, one run per attempt under ``directory/attempt-<n>``); returns
+    ``predicted_step_time_s``, per stage ``stage_busy_s/<i>`` and ``predicted_stage_busy_s/<i>``; x = step,
+    one run per attempt under ``directory/attempt-<n>``); returns
     ``directory``."""
     from tensorboard.compat.proto import event_pb2, summary_pb2  # type: ignore[import-untyped]
     from tensorboard.summary.writer.event_file_writer import EventFileWriter  # type: ignore[import-untyped]
@@ -84,9 +108,11 @@ def write_tensorboard(m: Metrics, directory: Path) -> Path:
             w = writers.get(p.attempt)
             if w is None:
                 w = writers[p.attempt] = EventFileWriter(str(directory / f"attempt-{p.attempt}"))
-            values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(v)) for tag, v in (
-                ("loss", p.loss), ("tokens_per_s", p.tokens_per_s), ("step_time_s", p.step_time_s),
-                ("predicted_step_time_s", p.predicted_step_time_s))]
+            scalars = [("loss", p.loss), ("tokens_per_s", p.tokens_per_s), ("step_time_s", p.step_time_s),
+                       ("predicted_step_time_s", p.predicted_step_time_s)]
+            scalars += [(f"stage_busy_s/{i}", v) for i, v in enumerate(p.stage_busy_s) if v > 0]
+            scalars += [(f"predicted_stage_busy_s/{i}", v) for i, v in enumerate(p.predicted_stage_busy_s)]
+            values = [summary_pb2.Summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars]
             w.add_event(event_pb2.Event(wall_time=p.time, step=p.step, summary=summary_pb2.Summary(value=values)))
     finally:
         for w in writers.values():
@@ -103,6 +129,8 @@ def show_metrics(sf: Client, job_id: str, *, limit: int, json_out: bool, tensorb
         return
     console.print(metrics_table(m, title=f"{job_id}: {len(m.points)} step(s)"
                                         + (f", {m.dropped} older dropped" if m.dropped else "")))
+    if any(p.stage_busy_s or p.predicted_stage_busy_s for p in m.points):
+        console.print(STAGES_NOTE)
     if tensorboard is not None:
         console.print(f"TensorBoard event files written to {tensorboard} (tensorboard --logdir {tensorboard})",
                       soft_wrap=True)

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from rich.table import Table
 
-from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, print_json
+from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
 from spiderflow.domain import Topology
 from spiderflow.formats import load_topology, topology_to_dict
 
@@ -118,13 +118,17 @@ def _bw_label(gbps: float) -> str:
 
 
 def draw_map(topo: Topology, path: Path, *, title: str = "") -> None:
-    """Write a PNG of the cluster map of ``topo`` to ``path`` (matplotlib Agg, no display needed)."""
+    """Write a PNG of the cluster map of ``topo`` to ``path`` (matplotlib Agg, no display needed): clusters
+    sized by GPUs, links as lines as thick as their bandwidth, each labelled with its bandwidth and latency,
+    and a legend that says so. Colours from :mod:`spiderflow.viz.palette`."""
     import math
 
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+
+    from spiderflow.viz import palette
 
     names = list(topo.names)
     geo = bool(names) and all(c.lat is not None and c.lon is not None for c in topo.clusters)
@@ -141,8 +145,10 @@ def draw_map(topo: Topology, path: Path, *, title: str = "") -> None:
         pos = {n: (float(x), float(y)) for n, (x, y) in nx.spring_layout(g, seed=0, weight="weight").items()}
     # One line per unordered pair; its label gives both directions when they differ.
     pairs: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
+    latency: dict[tuple[str, str], dict[tuple[str, str], float]] = {}
     for (u, v), link in topo.direct.items():
         pairs.setdefault((min(u, v), max(u, v)), {})[(u, v)] = link.bandwidth_gbps
+        latency.setdefault((min(u, v), max(u, v)), {})[(u, v)] = link.latency_ms
     bws = [bw for d in pairs.values() for bw in d.values()]
     lo, hi = (min(bws), max(bws)) if bws else (1.0, 1.0)
 
@@ -152,24 +158,34 @@ def draw_map(topo: Topology, path: Path, *, title: str = "") -> None:
         (x0, y0), (x1, y1) = pos[u], pos[v]
         widest = max(both.values())
         width = 1.0 + 4.0 * (math.log(widest / lo) / math.log(hi / lo) if hi > lo else 1.0)
-        ax.plot([x0, x1], [y0, y1], color="#4a78b5", linewidth=width, alpha=0.7, zorder=1)
+        ax.plot([x0, x1], [y0, y1], color=palette.LINK, linewidth=width, alpha=0.7, zorder=1)
         fwd, back = both.get((u, v)), both.get((v, u))
+        lat = max(latency[(u, v)].values())
         if fwd is not None and back is not None and not math.isclose(fwd, back, rel_tol=0.02):
-            label = f"{u}→{v} {_bw_label(fwd)}\n{v}→{u} {_bw_label(back)}"
+            label = f"{u}→{v} {_bw_label(fwd)}\n{v}→{u} {_bw_label(back)}\n{lat:.3g} ms"
         else:
             label = _bw_label(widest) + ("" if fwd is not None and back is not None else
-                                         f" ({u}→{v})" if fwd is not None else f" ({v}→{u})")
+                                         f" ({u}→{v})" if fwd is not None else f" ({v}→{u})") + f" · {lat:.3g} ms"
         ax.annotate(label, ((x0 + x1) / 2, (y0 + y1) / 2), ha="center", va="center", fontsize=8, zorder=3,
                     bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#c0c0c0", "alpha": 0.9})
     gpus = [c.total_gpus for c in topo.clusters]
     for c in topo.clusters:
         x, y = pos[c.name]
         size = 300 + 900 * (c.total_gpus / max(gpus))
-        ax.scatter([x], [y], s=size, color="#f0a030", edgecolors="#804000", zorder=2)
+        ax.scatter([x], [y], s=size, color=palette.NODE, edgecolors=palette.NODE_EDGE, zorder=2)
         ax.annotate(f"{c.name}\n{c.free}/{c.total_gpus} {c.gpu}", (x, y), textcoords="offset points",
                     xytext=(0, 16 + size ** 0.5 / 2), ha="center", fontsize=9, zorder=4)
     if not names:
         ax.text(0.5, 0.5, "no clusters", ha="center", va="center", transform=ax.transAxes)
+    else:
+        from matplotlib.lines import Line2D
+
+        ax.legend(handles=[
+            Line2D([], [], marker="o", linestyle="", markersize=12, color=palette.NODE,
+                   markeredgecolor=palette.NODE_EDGE, label="cluster: free/total GPUs, GPU type (larger: more GPUs)"),
+            Line2D([], [], color=palette.LINK, linewidth=3, alpha=0.7,
+                   label="link: bandwidth · latency in ms (thicker: more bandwidth)"),
+        ], loc="lower center", bbox_to_anchor=(0.5, -0.02), ncol=1, fontsize=9, frameon=True, framealpha=0.9)
     ax.set_title(title or f"{len(names)} clusters, {len(topo.direct)} directed links")
     if geo:
         ax.set_xlabel("longitude")
@@ -221,15 +237,16 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     agents = {s.name: s for s in resp.cluster_status}
-    ct = Table(title=f"clusters (topology revision {topo.revision}, {address})")
-    for col in ("cluster", "GPU", "GPUs free/total", "TFLOPS/GPU", "memory GiB", "$/kWh", "agent"):
-        ct.add_column(col, justify="right" if col not in ("cluster", "GPU", "agent") else "left")
+    rows = []
     for c in topo.clusters:
         st = agents.get(c.name)
         tflops = f"{c.tflops:.3g}" if c.tflops is not None else f"{c.gpu_type.peak_tflops:g} (peak)"
-        ct.add_row(c.name, c.gpu, f"{c.free}/{c.total_gpus}", tflops, f"{c.gpu_memory_gib:.3g}",
-                   f"{c.electricity_usd_per_kwh:g}", st.agent_address if st else "")
-    console.print(ct)
+        rows.append((c.name, c.gpu, f"{c.free}/{c.total_gpus}", tflops, f"{c.gpu_memory_gib:.3g}",
+                     f"{c.electricity_usd_per_kwh:g}", st.agent_address if st else ""))
+    # the agent's address is dropped (and the title says so) rather than cut when the terminal is narrow
+    console.print(fit_table(f"clusters (topology revision {topo.revision}, {address})",
+                            ["cluster", "GPU", "GPUs free/total", "TFLOPS/GPU", "memory GiB", "$/kWh", "agent"],
+                            rows, keep=("cluster", "GPU", "GPUs free/total")))
     ages = {(s.a, s.b): s for s in resp.link_status}
     lt = Table(title="links (measured, smoothed)")
     for col in ("from", "to", "bandwidth", "latency ms", "age", "samples"):

@@ -211,7 +211,7 @@ class GetJobMetricsRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class GetJobMetricsPoint(_message.Message):
-    __slots__ = ("attempt", "step", "loss", "tokens_per_s", "step_time_s", "predicted_step_time_s", "time")
+    __slots__ = ("attempt", "step", "loss", "tokens_per_s", "step_time_s", "predicted_step_time_s", "time", "stage_busy_s", "predicted_stage_busy_s")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -219,6 +219,8 @@ class GetJobMetricsPoint(_message.Message):
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    STAGE_BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_STAGE_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     step: int
     loss: float
@@ -226,7 +228,9 @@ class GetJobMetricsPoint(_message.Message):
     step_time_s: float
     predicted_step_time_s: float
     time: _timestamp_pb2.Timestamp
-    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., predicted_step_time_s: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    stage_busy_s: _containers.RepeatedScalarFieldContainer[float]
+    predicted_stage_busy_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, attempt: _Optional[int] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., predicted_step_time_s: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage_busy_s: _Optional[_Iterable[float]] = ..., predicted_stage_busy_s: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetJobMetricsResponse(_message.Message):
     __slots__ = ("job_id", "points", "dropped")

@@ -307,7 +307,7 @@ class Budget(_message.Message):
     def __init__(self, time_limit_s: _Optional[float] = ..., seed: _Optional[int] = ..., objective: _Optional[_Union[Objective, str]] = ...) -> None: ...
 
 class ProgressEvent(_message.Message):
-    __slots__ = ("job_id", "attempt", "step", "steps_total", "loss", "tokens_per_s", "step_time_s", "time")
+    __slots__ = ("job_id", "attempt", "step", "steps_total", "loss", "tokens_per_s", "step_time_s", "time", "stage", "stage_busy_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
@@ -316,6 +316,8 @@ class ProgressEvent(_message.Message):
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     TIME_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt: int
     step: int
@@ -324,4 +326,6 @@ class ProgressEvent(_message.Message):
     tokens_per_s: float
     step_time_s: float
     time: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[int] = ..., steps_total: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    stage: int
+    stage_busy_s: float
+    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., step: _Optional[int] = ..., steps_total: _Optional[int] = ..., loss: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., stage: _Optional[int] = ..., stage_busy_s: _Optional[float] = ...) -> None: ...
