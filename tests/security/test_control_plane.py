@@ -23,10 +23,10 @@ from spiderflow.domain import Plan, Stage
 from spiderflow.errors import PermissionDeniedError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
+from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
-from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.rpc.server import open_channel
 from spiderflow.security.tls import channel_credentials
 from spiderflow.store import keys
