@@ -96,6 +96,13 @@ def decide(cluster: str, access: Access, key: str) -> Rule:
         raise ValidationError("key", "must be a non-empty string", key)
     if not key.startswith(keys.ROOT):
         raise _deny(cluster, access, key, f"not under {keys.ROOT}")
+    try:
+        return _rule(cluster, access, key)
+    except ValidationError as e:  # a malformed name in the key (``..``, a bad attempt): no rule applies
+        raise _deny(cluster, access, key, str(e)) from None
+
+
+def _rule(cluster: str, access: Access, key: str) -> Rule:
     if key == keys.CLUSTERS and access in (Access.LIST, Access.WATCH):
         return Rule(kind=RuleKind.REGISTRATIONS, key=key, redact=True)
     if key == keys.cluster_key(cluster) and access in (Access.READ, Access.WATCH, Access.WRITE, Access.CAS):
