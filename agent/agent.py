@@ -364,6 +364,12 @@ class Agent:
                     with contextlib.suppress(SpiderFlowError):
                         await kept.revoke()
                     kept = None
+            except (UnauthenticatedError, PermissionDeniedError) as e:  # the control plane refuses this identity
+                if lease is not None:
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                self._refuse(e, stop, "Control (registration)")
+                return
             except AlreadyExistsError:
                 self.log.info("agent.registration_taken", key=key)
                 if lease is not None:
@@ -476,15 +482,17 @@ class Agent:
         return int(resp.revision)
 
     def _refuse(self, error: UnauthenticatedError | PermissionDeniedError, stop: asyncio.Event, call: str) -> None:
-        """The topology service refused this agent's identity: log it once, remember it, stop the agent."""
+        """The topology service or the control plane refused this agent's identity: log it once, remember it,
+        stop the agent."""
         if self.refused is None:
             self.refused = error
             parts = ([f"certificate {self.config.tls_dir}"] if self.config.tls_dir else []) + \
                 (["bearer token"] if self.config.token else [])
             identity = " and ".join(parts) or "no certificate or token"
             self.log.error("agent.refused", call=call, code=type(error).__name__, error=str(error),
-                           identity=identity, hint="the topology service must map this agent's token or "
-                           f"certificate to agent:{self.config.cluster} (--token / $SPIDERFLOW_TOKEN, --tls-dir)")
+                           identity=identity, hint="the topology service and the scheduler must map this agent's "
+                           f"token or certificate to agent:{self.config.cluster} (--token / $SPIDERFLOW_TOKEN, "
+                           "--tls-dir)")
         stop.set()
 
     # -- probing --------------------------------------------------------------------------------------------

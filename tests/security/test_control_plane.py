@@ -8,6 +8,7 @@ client (:class:`agent.remote_store.RemoteStore`) with the certificates of ``spid
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ def plane(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             p.wait_ready(timeout=90)
         yield {"etcd": etcd.endpoint, "topology": procs[0].address, "scheduler": procs[1].address}
     finally:
+        for p in procs:  # side by side: SIGTERM to every process, then wait for each
+            p.signal(signal.SIGTERM)
         for p in procs:
             p.stop()
         etcd.close()
@@ -251,3 +254,22 @@ async def test_rendezvous_and_checkpoints_only_for_the_assigned_attempt(plane: d
     finally:
         await ohio.close()
         await virginia.close()
+
+
+async def test_an_agent_refused_by_the_control_plane_stops(plane: dict[str, str], certs: Path) -> None:
+    """An agent whose certificate names another cluster is refused by the control plane at registration:
+    it logs ``agent.refused`` and stops (``spiderflow agent`` exits with code 5) instead of retrying."""
+    import asyncio
+
+    from agent.agent import Agent
+    from agent.config import load_config
+
+    cfg = load_config(None, {"cluster": "ohio", "topology_service": plane["topology"], "scheduler": plane["scheduler"],
+                             "tls_dir": str(certs / "agent-virginia"), "lease_ttl_s": 3,
+                             "gpus": {"gpu": "A100-80G", "nodes": 1, "gpus_per_node": 1},
+                             "probe": {"period_s": 60.0}})
+    agent = Agent(cfg)
+    stop = asyncio.Event()
+    await asyncio.wait_for(agent.run(stop), 30)
+    assert isinstance(agent.refused, PermissionDeniedError)
+    assert "may not act for cluster 'ohio'" in str(agent.refused)

@@ -250,6 +250,9 @@ def test_the_replica_real_agents_talk_to_is_killed_mid_job(tmp_path: Path) -> No
         assert asyncio.run(_leader(etcd.endpoint)) == other.address
         assert asyncio.run(_allocations(etcd.endpoint)) == {}  # no GPU held by the finished job
     finally:
+        for p in reversed(procs):  # side by side: SIGTERM to every process, then wait for each
+            with contextlib.suppress(Exception):
+                p.signal(signal.SIGTERM)
         for p in reversed(procs):
             with contextlib.suppress(Exception):
                 p.stop(grace_s=5)
