@@ -1,4 +1,4 @@
-"""The fuzzing target: the Scheduler, Planner and Topology servicers on one real gRPC server (loopback,
+"""The fuzzing target: the Scheduler, Planner, Topology, Agent and Control servicers on one real gRPC server (loopback,
 port 0) over a real etcd, served from a background event loop so hypothesis drives it with blocking
 calls; and the oracle every case is judged by.
 
@@ -29,12 +29,14 @@ from agent.probe import Ingress
 from agent.registration import Registration
 from agent.service import AgentService
 from services.planner.service import PlannerService
+from services.scheduler.control import ControlService
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.topology.graph import GraphConfig
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.proto.control.v1 import control_pb2_grpc
 from spiderflow.proto.planner.v1 import planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2_grpc
@@ -48,7 +50,7 @@ T = TypeVar("T")
 Code = grpc.StatusCode
 ALLOWED = frozenset({Code.OK, Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.ALREADY_EXISTS,
                      Code.FAILED_PRECONDITION, Code.PERMISSION_DENIED, Code.RESOURCE_EXHAUSTED, Code.ABORTED})
-STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology", "Agent/ProbeDownload"})
+STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology", "Agent/ProbeDownload", "Control/Watch"})
 
 
 class _AgentState:
@@ -89,7 +91,8 @@ class FuzzTarget:
         reg = Registration(cluster="fz", agent_id="fz-agent", principal="fz-agent", address="127.0.0.1:1")
         await self._store.put(keys.cluster_key("fz"), reg.encode(), lease=lease)
         return await serve([SchedulerService(repo, max_watches=64), PlannerService(),
-                            TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState())])
+                            TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState()),
+                            ControlService(self._store)])
 
     def start(self) -> FuzzTarget:
         self._thread.start()
@@ -98,7 +101,8 @@ class FuzzTarget:
         self._stubs = {"Scheduler": scheduler_pb2_grpc.SchedulerStub(self._channel),
                        "Planner": planner_pb2_grpc.PlannerStub(self._channel),
                        "Topology": topology_pb2_grpc.TopologyStub(self._channel),
-                       "Agent": agent_pb2_grpc.AgentStub(self._channel)}
+                       "Agent": agent_pb2_grpc.AgentStub(self._channel),
+                       "Control": control_pb2_grpc.ControlStub(self._channel)}
         return self
 
     def close(self) -> None:
