@@ -33,7 +33,7 @@ from typing import Any, Self
 import structlog
 
 from spiderflow.domain import Cluster, Topology
-from spiderflow.errors import UnavailableError
+from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 
@@ -52,8 +52,6 @@ def sample_topology(n: int = 3) -> Topology:
     from spiderflow.domain import Link
 
     if not 1 <= n <= len(SAMPLE_CLUSTERS):
-        from spiderflow.errors import ValidationError
-
         raise ValidationError("--clusters", f"must be between 1 and {len(SAMPLE_CLUSTERS)}", n)
     names = SAMPLE_CLUSTERS[:n]
     clusters = tuple(
@@ -275,7 +273,7 @@ class LocalMesh:
                 last = len(topo.clusters)
                 if last >= n:
                     return topo
-            except UnavailableError:
+            except (UnavailableError, ValidationError):  # not up yet, or no cluster profiled yet (an empty graph)
                 pass
             for name, proc in self.agents.items():
                 if not proc.alive():
