@@ -250,7 +250,7 @@ def test_the_replica_real_agents_talk_to_is_killed_mid_job(tmp_path: Path) -> No
             # and applied once)
             assert sorted(points) == [(1, step) for step in range(1, steps + 1)], (killed_at, points)
             assert agent.alive()
-        assert asyncio.run(_leader(etcd.endpoint)) == other.address
+        assert asyncio.run(_leader(etcd.endpoint, other_than=talks_to.address)) == other.address  # took over
         assert asyncio.run(_allocations(etcd.endpoint)) == {}  # no GPU held by the finished job
     finally:
         for p in reversed(procs):  # side by side: SIGTERM to every process, then wait for each
@@ -262,15 +262,16 @@ def test_the_replica_real_agents_talk_to_is_killed_mid_job(tmp_path: Path) -> No
         etcd.close()
 
 
-async def _leader(endpoint: str) -> str:
+async def _leader(endpoint: str, *, other_than: str = "") -> str:
+    """The scheduler leader's address (waiting up to 15 s for one, other than ``other_than``)."""
     store = EtcdStore(endpoint)
     try:
-        for _ in range(100):
+        for _ in range(150):
             info = await store.leader(keys.election_name(keys.SCHEDULER))
-            if info is not None:
+            if info is not None and info.value.decode() != other_than:
                 return info.value.decode()
             await asyncio.sleep(0.1)
-        raise AssertionError("no scheduler leader")
+        raise AssertionError(f"no scheduler leader other than {other_than!r}")
     finally:
         await store.close()
 
