@@ -18,6 +18,8 @@ whether the caller's cluster may touch it, and this module checks the state the 
   exist and, where the key or the manifest names one, be of the same attempt.
 
 A denied key is PERMISSION_DENIED naming it; a malformed key or value is INVALID_ARGUMENT naming the field.
+At most :data:`MAX_WATCHES_PER_CLUSTER` Watch streams per cluster are open on one replica (RESOURCE_EXHAUSTED
+beyond).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import grpc.aio
 import structlog
 
 from agent.registration import Registration
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.errors import PermissionDeniedError, ResourceExhaustedError, ValidationError
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security import ids
@@ -38,12 +40,15 @@ from spiderflow.security.keypolicy import Access, Rule, RuleKind, checkpoint_cla
 from spiderflow.store import keys
 from spiderflow.store.base import CompactedError, Compare, CompareFailedError, EventType, KeyValue, Put, Store
 
-__all__ = ["MAX_LEASE_TTL_S", "ControlService"]
+__all__ = ["MAX_LEASE_TTL_S", "MAX_WATCHES_PER_CLUSTER", "ControlService"]
 
 log = structlog.get_logger(__name__)
 
 MAX_LEASE_TTL_S = 3600
 """The longest lease an agent may ask for (seconds)."""
+MAX_WATCHES_PER_CLUSTER = 32
+"""Open Watch streams per cluster on one replica (an agent needs four or five); RESOURCE_EXHAUSTED beyond, so one
+agent cannot exhaust the replica's etcd watches."""
 _MAX_VALUE_BYTES = 1 << 20
 
 
@@ -65,8 +70,10 @@ def _redacted(value: bytes) -> bytes:
 class ControlService(control_pb2_grpc.ControlServicer):
     """The ``spiderflow.control.v1.Control`` servicer (module docstring)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, max_watches_per_cluster: int = MAX_WATCHES_PER_CLUSTER) -> None:
         self.store = store
+        self.max_watches_per_cluster = max_watches_per_cluster
+        self._watches: dict[str, int] = {}
 
     # -- who is calling, and may it ------------------------------------------------------------------
 
@@ -160,6 +167,10 @@ class ControlService(control_pb2_grpc.ControlServicer):
         await self._check(rule, cluster, Access.WATCH)
         if request.start_revision < 0:
             raise ValidationError("start_revision", "must be ≥ 0 (0: from now)", request.start_revision)
+        if self._watches.get(cluster, 0) >= self.max_watches_per_cluster:
+            raise ResourceExhaustedError(f"agent:{cluster} has {self.max_watches_per_cluster} watches open on this "
+                                         "replica already")
+        self._watches[cluster] = self._watches.get(cluster, 0) + 1
         try:
             async with self.store.watch_prefix(request.prefix,
                                                start_revision=request.start_revision or None) as watch:
@@ -175,6 +186,10 @@ class ControlService(control_pb2_grpc.ControlServicer):
                         create_revision=ev.create_revision, lease=lease)])
         except CompactedError as e:
             yield control_pb2.WatchResponse(compact_revision=max(1, e.compact_revision))
+        finally:
+            self._watches[cluster] -= 1
+            if not self._watches[cluster]:
+                del self._watches[cluster]
 
     # -- writes ---------------------------------------------------------------------------------------
 

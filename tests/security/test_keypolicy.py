@@ -1,6 +1,9 @@
-"""The agents' per-key policy (pure): which keys of the control plane's state an agent's cluster may touch."""
+"""The agents' per-key policy (pure): which keys of the control plane's state an agent's cluster may touch; and
+the per-cluster bound on the Control API's watches (an in-process server over the in-memory store)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 
@@ -77,3 +80,39 @@ def test_bad_input_names_the_field() -> None:
         with pytest.raises(ValidationError) as e:
             checkpoint_claim(bad)
         assert e.value.field == field
+
+
+async def test_open_watches_are_bounded_per_cluster() -> None:
+    """One agent cannot exhaust a replica's watches: beyond the bound RESOURCE_EXHAUSTED, for that cluster
+    only; a closed watch frees its place."""
+    from agent.remote_store import RemoteStore
+    from services.scheduler.control import ControlService
+    from spiderflow.errors import ResourceExhaustedError
+    from spiderflow.rpc.server import serve
+    from spiderflow.store.memory import MemoryStore
+
+    store = MemoryStore()
+    server = await serve([ControlService(store, max_watches_per_cluster=2)])
+    ohio, va = (RemoteStore(server.address, cluster=c, stream_retry_s=1) for c in ("ohio", "va"))
+    try:
+        first = await ohio.watch_prefix(keys.CLUSTERS).start()
+        second = await ohio.watch_prefix(keys.assignments_prefix("ohio")).start()
+        with pytest.raises(ResourceExhaustedError, match="agent:ohio has 2 watches open"):
+            await ohio.watch_prefix(keys.CLUSTERS).start()
+        other = await va.watch_prefix(keys.CLUSTERS).start()  # another cluster is not affected
+        await first.aclose()
+        for _ in range(50):  # the server sees the stream end
+            try:
+                third = await ohio.watch_prefix(keys.CLUSTERS).start()
+                break
+            except ResourceExhaustedError:
+                await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("a closed watch did not free its place")
+        for w in (second, other, third):
+            await w.aclose()
+    finally:
+        await ohio.close()
+        await va.close()
+        await server.stop(grace_s=0)
+        await store.close()
