@@ -42,6 +42,7 @@ from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2_grpc
 from spiderflow.rpc.server import RpcServer, channel_options, serve
 from spiderflow.store import keys
+from spiderflow.store.base import Lease
 from spiderflow.store.etcd import EtcdStore
 
 __all__ = ["ALLOWED", "FuzzTarget"]
@@ -64,6 +65,14 @@ class _AgentState:
         return agent_pb2.GetStatusResponse()
 
 
+class _LongLeases(EtcdStore):
+    """The Control service's store here: every lease it grants lives an hour, so no lease granted by an earlier
+    case expires during a later one (an expiry moves etcd's revision, which oracle 3 reads as a write)."""
+
+    async def grant(self, ttl: int, *, keepalive: bool = True, on_lost: Any = None) -> Lease:
+        return await super().grant(max(ttl, 3600), keepalive=keepalive, on_lost=on_lost)
+
+
 class FuzzTarget:
     """Start with :meth:`start`, call :meth:`check` per case, :meth:`close` at the end."""
 
@@ -76,6 +85,7 @@ class FuzzTarget:
         self._thread = threading.Thread(target=self._loop.run_forever, name="fuzz-server", daemon=True)
         self._server: RpcServer | None = None
         self._store: EtcdStore | None = None
+        self._control_store: EtcdStore | None = None
         self._channel: grpc.Channel | None = None
         self._stubs: dict[str, Any] = {}
 
@@ -84,6 +94,7 @@ class FuzzTarget:
 
     async def _start(self) -> RpcServer:
         self._store = EtcdStore(self.etcd_endpoint)
+        self._control_store = _LongLeases(self.etcd_endpoint)
         repo = JobRepository(self._store)
         topo_repo = TopologyRepo(self._store, GraphConfig())
         # The registration the near-valid topology reports are about (agent "fz-agent" owns cluster "fz").
@@ -92,7 +103,7 @@ class FuzzTarget:
         await self._store.put(keys.cluster_key("fz"), reg.encode(), lease=lease)
         return await serve([SchedulerService(repo, max_watches=64), PlannerService(),
                             TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState()),
-                            ControlService(self._store)])
+                            ControlService(self._control_store)])
 
     def start(self) -> FuzzTarget:
         self._thread.start()
@@ -110,8 +121,9 @@ class FuzzTarget:
             self._channel.close()
         if self._server is not None:
             self._run(self._server.stop(grace_s=0))
-        if self._store is not None:
-            self._run(self._store.close())
+        for store in (self._store, self._control_store):
+            if store is not None:
+                self._run(store.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()
