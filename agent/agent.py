@@ -14,9 +14,9 @@ Life cycle (:meth:`Agent.run`):
 4. **Report the profile** to the topology service after each registration and every
    ``profile_interval_s``.
 5. **Probe** every ``probe.period_s`` (with a per-agent jitter of up to 10 %): peers are the other
-   registrations in etcd; each is probed in turn (:mod:`agent.probe`), then all measurements go to the
+   registrations (their addresses); each is probed in turn (:mod:`agent.probe`), then all measurements go to the
    topology service in one ReportLinks. A target the service does not know (its lease just expired) is
-   dropped and the report retried once. A peer that registers between rounds (watched in etcd) and that
+   dropped and the report retried once. A peer that registers between rounds (watched) and that
    this agent holds no measurement of is probed and reported at once, so a joining cluster's links reach
    the graph within a probe of its registration rather than up to a period later.
 
@@ -26,7 +26,12 @@ token or certificate; PERMISSION_DENIED: a token or certificate of another clust
 retrying cannot help: the agent logs ``agent.refused`` with the reason, deregisters and stops; its
 :attr:`Agent.refused` is the error (``spiderflow agent`` then exits with code 5).
 
-etcd: ``etcd_tls_dir`` / ``etcd_user`` (:func:`agent.config.etcd_options`) for the registration store.
+State: the registration, its lease, peers' addresses (and, for the executor, assignments, rendezvous and
+checkpoint manifests) go through the control plane's ``Control`` API on the ``scheduler`` replicas
+(:class:`agent.remote_store.RemoteStore`), authorised against the agent's cluster identity: the agent holds
+no etcd credentials. Development only: an agent without a ``scheduler`` (one that measures and reports its
+cluster but runs no stages) may use ``etcd`` directly (``etcd_tls_dir`` / ``etcd_user``,
+:func:`agent.config.etcd_options`); no shipped configuration does.
 
 Busy (training): :meth:`Agent.set_busy` (the executor calls it when stages start and stop). While busy
 no bulk probe is sent or served (an in-flight one is cut short); with ``busy_mode = "latency"`` echo
@@ -56,7 +61,7 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 from agent.config import AgentConfig, etcd_options, work_dir_of
 from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, profile_cpu, profile_devices
-from agent.registration import Registration
+from agent.registration import PeerAddress, Registration
 from agent.service import AgentService
 from spiderflow import joblogs, metrics
 from spiderflow.domain import Cluster
@@ -143,7 +148,7 @@ def _local_address_towards(host: str, port: int) -> str:
 
 @dataclass
 class _Peer:
-    registration: Registration
+    registration: PeerAddress
     channel: grpc.aio.Channel
     stub: agent_pb2_grpc.AgentStub
 
@@ -263,17 +268,24 @@ class Agent:
             self._address = self._server.address
         measured = await asyncio.to_thread(self._measure, self.config)
         self._cluster = build_cluster(self.config, measured)
-        if self._store_factory is None:
+        if self._store_factory is not None:
+            self._store = self._store_factory(self.config.scheduler or self.config.etcd or "")
+        elif self.config.scheduler:  # the control plane's Control API: no etcd credentials here
+            from agent.remote_store import RemoteStore
+
+            self._store = RemoteStore(self.config.scheduler, cluster=self.config.cluster,
+                                      tls_dir=self.config.tls_dir, token=self.config.token)
+        else:  # development only: an agent without a scheduler that only measures (agent.config)
             from spiderflow.store.etcd import EtcdStore
 
+            assert self.config.etcd is not None
             self._store = EtcdStore(self.config.etcd, **etcd_options(self.config))
-        else:
-            self._store = self._store_factory(self.config.etcd)
         self._topology_channel = open_channel(self.config.topology_service, credentials=self._credentials)
         self._topology = topology_pb2_grpc.TopologyStub(self._topology_channel)
         self.log.info("agent.started", address=self._address, gpu=self._cluster.gpu, gpus=self._cluster.total_gpus,
                       tflops=self._cluster.tflops, topology_service=self.config.topology_service,
-                      etcd=self.config.etcd, etcd_tls=bool(self.config.etcd_tls_dir),
+                      control_plane=self.config.scheduler, etcd=self.config.etcd,
+                      etcd_tls=bool(self.config.etcd_tls_dir),
                       etcd_user=self.config.etcd_user, token=bool(self.config.token))
 
     async def _log_retention_loop(self, stop: asyncio.Event) -> None:
@@ -352,6 +364,12 @@ class Agent:
                     with contextlib.suppress(SpiderFlowError):
                         await kept.revoke()
                     kept = None
+            except (UnauthenticatedError, PermissionDeniedError) as e:  # the control plane refuses this identity
+                if lease is not None:
+                    with contextlib.suppress(SpiderFlowError):
+                        await lease.revoke()
+                self._refuse(e, stop, "Control (registration)")
+                return
             except AlreadyExistsError:
                 self.log.info("agent.registration_taken", key=key)
                 if lease is not None:
@@ -464,27 +482,30 @@ class Agent:
         return int(resp.revision)
 
     def _refuse(self, error: UnauthenticatedError | PermissionDeniedError, stop: asyncio.Event, call: str) -> None:
-        """The topology service refused this agent's identity: log it once, remember it, stop the agent."""
+        """The topology service or the control plane refused this agent's identity: log it once, remember it,
+        stop the agent."""
         if self.refused is None:
             self.refused = error
             parts = ([f"certificate {self.config.tls_dir}"] if self.config.tls_dir else []) + \
                 (["bearer token"] if self.config.token else [])
             identity = " and ".join(parts) or "no certificate or token"
             self.log.error("agent.refused", call=call, code=type(error).__name__, error=str(error),
-                           identity=identity, hint="the topology service must map this agent's token or "
-                           f"certificate to agent:{self.config.cluster} (--token / $SPIDERFLOW_TOKEN, --tls-dir)")
+                           identity=identity, hint="the topology service and the scheduler must map this agent's "
+                           f"token or certificate to agent:{self.config.cluster} (--token / $SPIDERFLOW_TOKEN, "
+                           "--tls-dir)")
         stop.set()
 
     # -- probing --------------------------------------------------------------------------------------------
 
-    async def discover(self) -> list[Registration]:
-        """The other registered agents (from etcd), and channels to them kept up to date."""
+    async def discover(self) -> list[PeerAddress]:
+        """The other registered agents (their cluster and address, through the control plane), and channels
+        to them kept up to date."""
         assert self._store is not None
         items, _ = await self._store.get_prefix(keys.CLUSTERS)
-        regs: dict[str, Registration] = {}
+        regs: dict[str, PeerAddress] = {}
         for kv in items:
             try:
-                r = Registration.decode(kv.value)
+                r = PeerAddress.decode(kv.value)
             except ValidationError as e:
                 self.log.warning("agent.bad_registration", key=kv.key, error=str(e))
                 continue
@@ -599,7 +620,7 @@ class Agent:
                         if event.type is not EventType.PUT:
                             continue
                         try:
-                            peer = Registration.decode(event.value).cluster
+                            peer = PeerAddress.decode(event.value).cluster
                         except ValidationError:
                             continue
                         if peer != self.config.cluster and peer not in self._probes:

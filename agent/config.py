@@ -4,9 +4,12 @@ File format (every key optional except where the command line provides it)::
 
     cluster: virginia
     topology_service: 127.0.0.1:50052
-    etcd: 127.0.0.1:2379
-    scheduler: 127.0.0.1:50051     # optional: where stage execution reports (not used for probing);
-                                   # several replicas comma-separated: reports go to any that answers
+    scheduler: 127.0.0.1:50051     # the control plane: every scheduler replica, comma-separated. The agent's
+                                   # registration, assignments, rendezvous, checkpoint manifests and reports
+                                   # go through its Control and Scheduler APIs (any replica that answers);
+                                   # the agent holds no etcd credentials
+    # etcd: 127.0.0.1:2379         # DEVELOPMENT ONLY, and only without `scheduler`: an agent that measures
+                                   # and reports its cluster but runs no stages, reading etcd directly
     work_dir: /var/lib/spiderflow  # worker specs and logs (default: a directory under the system temp dir)
     checkpoint_dir: /mnt/shared/ckpt  # checkpoint root every agent mounts at the same path (default:
                                    # <work_dir>/checkpoints, enough when all agents share one machine)
@@ -16,9 +19,8 @@ File format (every key optional except where the command line provides it)::
     advertise: 10.77.0.2:7000      # what peers dial (default: the listen address, see below)
     tls_dir: certs/agent-virginia  # mTLS bundle (``spiderflow certs init --cluster virginia``): the Agent
                                    # service, and its calls to the topology service, the scheduler and peers
-    etcd_tls_dir: certs/etcd-client # TLS to etcd: ca.crt (+ tls.crt/tls.key), ``spiderflow certs init``'s
-                                   # etcd-client/ (default $SPIDERFLOW_ETCD_TLS_DIR)
-    etcd_user: spiderflow          # etcd user; the password only from $SPIDERFLOW_ETCD_PASSWORD
+    # etcd_tls_dir, etcd_user      # DEVELOPMENT ONLY, with `etcd`: TLS to etcd and its user (password only
+                                   # from $SPIDERFLOW_ETCD_PASSWORD)
     token: <secret>                # bearer token sent to the topology service and the scheduler (mapped to
                                    # ``agent:<cluster>`` in their --tokens file); prefer $SPIDERFLOW_TOKEN
     agent_id: virginia-a1          # default: <cluster>-<random hex>, new at every start
@@ -265,8 +267,8 @@ class AgentConfig:
 
     cluster: str
     topology_service: str
-    etcd: str
     scheduler: str | None = None
+    etcd: str | None = None
     work_dir: str | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
@@ -301,12 +303,21 @@ class AgentConfig:
         if not self.cluster or "/" in self.cluster or len(self.cluster) > 63:
             raise ValidationError("cluster", "must be a name of 1..63 characters without '/'", self.cluster)
         parse_hostport(self.topology_service, field="topology_service")
-        parse_hostport(self.etcd, field="etcd")
         parse_hostport(self.listen, field="listen")
         if self.scheduler is not None:  # one address, or every replica's, comma-separated
             from agent.control import parse_replicas
 
             parse_replicas(self.scheduler, field="scheduler")
+            if self.etcd is not None:
+                raise ValidationError("etcd", "must not be given with scheduler: an agent reaches the control "
+                                      "plane's state through the scheduler replicas and holds no etcd credentials "
+                                      "(direct etcd is a development-only mode of agents without a scheduler)",
+                                      self.etcd)
+        elif self.etcd is None:
+            raise ValidationError("scheduler", "is required (the control plane: every scheduler replica, "
+                                  "comma-separated)")
+        else:
+            parse_hostport(self.etcd, field="etcd")
         if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
                 or self.checkpoint_every < 0:
             raise ValidationError("checkpoint_every", "must be an integer ≥ 0 (0: no checkpoints)",
@@ -388,9 +399,12 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> AgentConf
     kube = raw.pop("kubernetes", None)
     gateway = raw.pop("gateway", None)
     raw.update({k: v for k, v in overrides.items() if v is not None})
-    for required in ("cluster", "topology_service", "etcd"):
+    for required in ("cluster", "topology_service"):
         if not raw.get(required):
             raise ValidationError(required, "is required (flag or config file)")
+    if not raw.get("scheduler") and not raw.get("etcd"):
+        raise ValidationError("scheduler", "is required (flag or config file): the control plane's address, "
+                              "every scheduler replica comma-separated")
     known = {f.name for f in fields(AgentConfig)}
     for k in raw:
         if k not in known:

@@ -1,6 +1,7 @@
 """The assignment executor: runs the stages the scheduler assigns to this agent's cluster.
 
-Contract with the scheduler (keys in :mod:`spiderflow.store.keys`):
+Contract with the scheduler (keys in :mod:`spiderflow.store.keys`, read and written through the control
+plane's ``Control`` API, :mod:`agent.remote_store`; the agent holds no etcd credentials):
 
 - **Assignments.** A bind writes ``assignments/<cluster>/<job>`` = ``{"job", "attempt", "stages", "plan",
   "spec"}`` (:mod:`services.scheduler.repo`). The executor lists its prefix, then watches it from the
@@ -712,15 +713,15 @@ class Executor:
 def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] | None = None) -> Executor:
     """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
     set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
-    owns the etcd client (``etcd_tls_dir``/``etcd_user`` of the config) and the scheduler channel (``tls_dir``,
-    ``token``) it creates here and closes them when :meth:`Executor.run` returns. Workers start through the
+    owns its client of the control plane (:class:`agent.remote_store.RemoteStore`: assignments, rendezvous,
+    checkpoint manifests; no etcd credentials) and the scheduler channels (``tls_dir``, ``token``) it creates
+    here and closes them when :meth:`Executor.run` returns. Workers start through the
     launcher the config names (:func:`agent.launchers.launcher_for`)."""
     import tempfile
 
-    from agent.config import etcd_options
     from agent.launchers import launcher_for
+    from agent.remote_store import RemoteStore
     from spiderflow.runtime import parse_hostport
-    from spiderflow.store.etcd import EtcdStore
 
     if not config.scheduler:
         raise ValidationError("scheduler", "is required to execute assignments")
@@ -737,7 +738,8 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
 
     reporter = ReplicaReporter(config.scheduler, tls_dir=getattr(config, "tls_dir", None),
                                token=getattr(config, "token", None))
-    ex = Executor(settings, EtcdStore(config.etcd, **etcd_options(config)), reporter, on_busy=on_busy,
-                  launcher=launcher_for(config, host=host))
+    store = RemoteStore(config.scheduler, cluster=config.cluster, tls_dir=getattr(config, "tls_dir", None),
+                        token=getattr(config, "token", None))
+    ex = Executor(settings, store, reporter, on_busy=on_busy, launcher=launcher_for(config, host=host))
     ex.owns_clients = True
     return ex

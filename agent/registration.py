@@ -16,6 +16,9 @@ equals ``agent_id`` (the instance id the agent sends with every report); with mT
 the cluster named by the agent's client certificate, which the service compares with the certificate's
 name instead — the record and the authorisation rule stay the same.
 
+Peers see less: through the control plane (:mod:`agent.remote_store`) an agent reads other clusters'
+registrations reduced to ``{"cluster", "address"}`` (:class:`PeerAddress`), all it needs to probe them.
+
 Pure: no I/O.
 """
 
@@ -27,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 from spiderflow.errors import ValidationError
 
-__all__ = ["Registration"]
+__all__ = ["PeerAddress", "Registration"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,3 +72,26 @@ class Registration:
             return cls(**known)
         except TypeError as e:
             raise ValidationError("registration", str(e)) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerAddress:
+    """What an agent learns of a peer's registration: its cluster and the address to probe."""
+
+    cluster: str
+    address: str
+
+    @classmethod
+    def decode(cls, value: bytes) -> PeerAddress:
+        """The cluster and address of a stored registration (full or reduced); :class:`ValidationError`
+        (field ``registration``) when malformed."""
+        try:
+            doc = json.loads(value.decode())
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ValidationError("registration", f"not JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise ValidationError("registration", "must be a JSON object", type(doc).__name__)
+        for name in ("cluster", "address"):
+            if not isinstance(doc.get(name), str) or not doc[name]:
+                raise ValidationError(f"registration.{name}", "must be a non-empty string", doc.get(name))
+        return cls(cluster=doc["cluster"], address=doc["address"])

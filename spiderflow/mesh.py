@@ -7,9 +7,10 @@ multi-region testbed's network namespaces with kernel-shaped links.
 
 With ``etcd_tls=True`` the embedded etcd serves only TLS and requires client certificates of its own CA:
 ``spiderflow certs init`` material is written under ``<workdir>/certs`` (the ``etcd-server`` certificate is
-also valid for the testbed's host address), and the topology service, the scheduler and every agent
-connect with ``--etcd-tls-dir <workdir>/certs/etcd-client``. gRPC between the components stays plaintext on
-loopback (the services refuse plaintext on any other address).
+also valid for the testbed's host address), and the topology service and the scheduler connect with
+``--etcd-tls-dir <workdir>/certs/etcd-client``. Agents never get etcd's address or credentials: they reach the
+control plane's state through the scheduler's ``Control`` API (``--scheduler``). gRPC between the components
+stays plaintext on loopback (the services refuse plaintext on any other address).
 
 With ``gateway=True`` (needs ``testbed``) the clusters talk across regions only through their gateways
 (:mod:`spiderflow.gateway`): the testbed's router drops cluster-to-cluster TCP except to the gateway port,
@@ -62,8 +63,6 @@ def sample_topology(n: int = 3) -> Topology:
     from spiderflow.domain import Link
 
     if not 1 <= n <= len(SAMPLE_CLUSTERS):
-        from spiderflow.errors import ValidationError
-
         raise ValidationError("--clusters", f"must be between 1 and {len(SAMPLE_CLUSTERS)}", n)
     names = SAMPLE_CLUSTERS[:n]
     clusters = tuple(
@@ -131,7 +130,7 @@ class LocalMesh:
         self.service_ports = dict(service_ports or {})
         """Preferred loopback port per service (e.g. the clients' defaults); a taken one falls back to any."""
         self.etcd_args: list[str] = []
-        """``--etcd-tls-dir DIR`` of every component once started with ``etcd_tls`` (else empty)."""
+        """``--etcd-tls-dir DIR`` of the services once started with ``etcd_tls`` (else empty; agents get none)."""
         self.etcd: EtcdProcess | None = None
         self.services: dict[str, ManagedProcess] = {}
         self.agents: dict[str, ManagedProcess] = {}
@@ -245,12 +244,13 @@ class LocalMesh:
             return addr.replace("127.0.0.1", host) if self.testbed is not None else addr
 
         argv = spiderflow_argv(
-            "agent", "--cluster", c.name, "--etcd", remote(self.etcd_endpoint),
+            # agents get the control plane's address, never etcd's (nor its credentials)
+            "agent", "--cluster", c.name,
             "--topology-service", remote(self.address("topology")), "--scheduler", remote(self.address("scheduler")),
             "--listen", listen, "--gpu", c.gpu, "--nodes", str(c.nodes), "--gpus-per-node", str(c.gpus_per_node),
             "--electricity", str(c.electricity_usd_per_kwh), "--lease-ttl", str(self.lease_ttl),
             "--work-dir", str(self.agents_dir / c.name), "--checkpoint-dir", str(self.workdir / "checkpoints"),
-            "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.etcd_args, *self.agent_args,
+            "--log-format", "json", "--profile-seconds", str(self.profile_seconds), *self.agent_args,
             *self.cluster_args.get(c.name, ()),
         )
         if c.free_gpus is not None and c.free_gpus != c.total_gpus:

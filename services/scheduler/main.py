@@ -29,6 +29,7 @@ from typing import TypeVar
 import structlog
 
 from services.planner.client import RemotePlanner
+from services.scheduler.control import ControlService
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.dashboard import add_dashboard_argument, start_scheduler_dashboard
 from services.scheduler.liveness import DEFAULT_STALE_S
@@ -377,7 +378,9 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                                max_watches=args.max_watches, tenant_quota=quota,
                                agent_credentials=security.client_credentials, topology=topology)
     metrics = start_metrics_server(args.metrics_listen)
-    server = await serve([service], host=host, port=port, credentials=security.credentials,
+    # every replica also serves the agents' Control API (their only door to the state: agents hold no etcd
+    # credentials), so an agent lists every replica and needs no leader
+    server = await serve([service, ControlService(store)], host=host, port=port, credentials=security.credentials,
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,

@@ -272,7 +272,8 @@ class JobRepository:
             for _ in range(20):
                 compares = [Compare(key=keys.job_key(new.id), mod_revision=stored.mod_revision)]
                 puts = [Put(key=keys.job_key(new.id), value=new.to_json())]
-                deletes: list[str] = []
+                # the attempt's rendezvous goes with it (its agents may no longer touch it once unassigned)
+                deletes: list[str] = [keys.rendezvous_key(new.id, stored.record.attempt)]
                 after: dict[str, tuple[dict[str, int], int]] = {}
                 for cluster in held:
                     akey = keys.allocation_key(cluster)

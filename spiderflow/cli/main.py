@@ -105,7 +105,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 EXAMPLES: dict[str, str] = {
     "": "spiderflow up",
-    "agent": "spiderflow agent --cluster va --etcd :2379 --topology-service :50052",
+    "agent": "spiderflow agent --cluster va --scheduler :50051 --topology-service :50052",
     "certs": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
     "certs init": "spiderflow certs init --dir certs --cluster virginia --tenant alice",
     "jobs": "spiderflow jobs --state RUNNING --json",

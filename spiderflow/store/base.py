@@ -49,7 +49,9 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
 
 Leases
 ------
-``grant(ttl, keepalive=True, on_lost=None)`` → :class:`Lease`. ``ttl`` is in whole seconds (≥ 1);
+``grant(ttl, keepalive=True, on_lost=None)`` → :class:`Lease`. ``refresh_lease(id)`` (→ the TTL granted, 0
+when expired) and ``revoke_lease(id)`` (→ False when expired) act on a lease by id, for a lease kept alive
+by someone else through the control plane. ``ttl`` is in whole seconds (≥ 1);
 the server may round it up (etcd's floor is ``ceil(1.5 × election timeout)``, 1 s with
 ``--election-timeout 100``, 2 s with the default 1000) and ``Lease.ttl`` holds the granted value.
 Keys put with a lease are deleted, at one new revision, when the lease expires or is revoked
@@ -445,6 +447,12 @@ class Lease(abc.ABC):
                 return
             await asyncio.sleep(delay)
 
+    def detach(self) -> None:
+        """Stop tracking the lease here (no keep-alive, no loss detection, never lost): it lives on the
+        server until its TTL passes without a refresh by id (:meth:`Store.refresh_lease`)."""
+        self._stop()
+        self._revoked = True
+
     async def refresh(self) -> int:
         """Refresh once now; returns the TTL the server granted, marks the lease lost if expired."""
         if not self.alive:
@@ -672,6 +680,15 @@ class Store(abc.ABC):
         self, ttl: int, *, keepalive: bool = True, on_lost: LostCallback | None = None
     ) -> Lease:
         """Grant a lease of ``ttl`` whole seconds (≥ 1), kept alive unless ``keepalive=False``."""
+
+    async def refresh_lease(self, lease: int) -> int:
+        """Refresh the lease with id ``lease`` once (one granted by another process, e.g. to an agent
+        that keeps it alive through the control plane); returns the TTL granted, 0 when it expired."""
+        raise NotImplementedError(f"{type(self).__name__} does not refresh leases by id")
+
+    async def revoke_lease(self, lease: int) -> bool:
+        """Revoke the lease with id ``lease`` (its keys go at once); False when it had already expired."""
+        raise NotImplementedError(f"{type(self).__name__} does not revoke leases by id")
 
     @abc.abstractmethod
     def watch_prefix(self, prefix: str, *, start_revision: int | None = None) -> Watch:

@@ -661,6 +661,17 @@ class EtcdStore(Store):
         _log.debug("store.lease_granted", lease=lease.id, ttl=lease.ttl)
         return lease
 
+    async def refresh_lease(self, lease: int) -> int:
+        resp = await self._keepalive_once(lease)
+        return max(0, int(resp.TTL))
+
+    async def revoke_lease(self, lease: int) -> bool:
+        try:
+            await self._unary("LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease))
+        except NotFoundError:
+            return False
+        return True
+
     def watch_prefix(self, prefix: str, *, start_revision: int | None = None) -> Watch:
         if start_revision is not None and start_revision < 1:
             raise ValidationError("start_revision", "must be ≥ 1", start_revision)

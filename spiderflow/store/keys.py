@@ -22,6 +22,7 @@ key                                                    value                    
 ``rendezvous/<job>/<attempt>``                         where an attempt's workers meet (host:port)  no
 ``metrics/<job>/<attempt:06d>-<step:012d>``            reported steps (one report's points)         no
 ``elections/<service>``                                leader election name (etcd Election API)     svc
+``leases/<lease id hex>``                              the cluster an agent's lease was granted to  agent
 =====================================================  ===========================================  =====
 
 Binding a job is one :meth:`~spiderflow.store.base.Store.commit`: compare ``jobs/<job>`` and each
@@ -41,6 +42,7 @@ __all__ = [
     "CLUSTERS",
     "ELECTIONS",
     "JOBS",
+    "LEASES",
     "LINKS",
     "METRICS",
     "PLANS",
@@ -60,6 +62,7 @@ __all__ = [
     "cluster_key",
     "election_name",
     "job_key",
+    "lease_owner_key",
     "link_key",
     "links_from_prefix",
     "metrics_key",
@@ -91,6 +94,7 @@ WAITS = ROOT + "waits/"
 ELECTIONS = ROOT + "elections/"
 RENDEZVOUS = ROOT + "rendezvous/"
 METRICS = ROOT + "metrics/"
+LEASES = ROOT + "leases/"
 
 #: Election names of the leader-elected services.
 SCHEDULER = "scheduler"
@@ -199,6 +203,14 @@ def metrics_key(job: str, *, attempt: int, step: int, stage: int | None = None) 
 def metrics_prefix(job: str) -> str:
     """Prefix of every metrics key of ``job``."""
     return f"{METRICS}{_part('job', job)}/"
+
+
+def lease_owner_key(lease: int) -> str:
+    """The owner of agent lease ``lease`` (the control plane's record of which cluster holds it; kept under
+    the lease itself, so it goes when the lease does)."""
+    if isinstance(lease, bool) or not isinstance(lease, int) or lease <= 0:
+        raise ValidationError("lease", "must be a positive integer", lease)
+    return f"{LEASES}{lease:x}"
 
 
 def election_name(service: str) -> str:

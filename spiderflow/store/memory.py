@@ -416,6 +416,13 @@ class MemoryStore(Store):
         self._client_leases.add(lease)
         return lease
 
+    async def refresh_lease(self, lease: int) -> int:
+        return self._refresh(lease)
+
+    async def revoke_lease(self, lease: int) -> bool:
+        self._check()
+        return self._revoke(lease)
+
     def watch_prefix(self, prefix: str, *, start_revision: int | None = None) -> Watch:
         if start_revision is not None and start_revision < 1:
             raise ValidationError("start_revision", "must be ≥ 1", start_revision)

@@ -90,3 +90,18 @@ def test_etcd_security_and_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(ValidationError) as e:
         load_config(None, {**BASE, "token": "has a space"})
     assert e.value.field == "token" and "space" not in str(e.value.value)
+
+
+def test_an_agent_with_a_scheduler_takes_no_etcd() -> None:
+    """Agents reach the control plane's state through the scheduler replicas; direct etcd is a
+    development-only mode of agents without a scheduler."""
+    base = {"cluster": "va", "topology_service": "127.0.0.1:1"}
+    cfg = load_config(None, {**base, "scheduler": "127.0.0.1:2,127.0.0.1:3"})
+    assert cfg.etcd is None and cfg.scheduler == "127.0.0.1:2,127.0.0.1:3"
+    assert load_config(None, {**base, "etcd": "127.0.0.1:4"}).scheduler is None
+    with pytest.raises(ValidationError) as e:
+        load_config(None, {**base, "scheduler": "127.0.0.1:2", "etcd": "127.0.0.1:4"})
+    assert e.value.field == "etcd"
+    with pytest.raises(ValidationError) as e:
+        load_config(None, base)
+    assert e.value.field == "scheduler"

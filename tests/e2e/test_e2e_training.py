@@ -92,8 +92,8 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
 
 def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
     """``spiderflow up --etcd-tls``: etcd serves TLS only with client certificates required, and the services
-    and agents (which register, report and run stages through it) connect with the generated etcd-client
-    bundle; a short job still reaches SUCCEEDED."""
+    connect with the generated etcd-client bundle; the agents get no etcd address or credentials (they register,
+    report and run stages through the scheduler's Control API); a short job still reaches SUCCEEDED."""
     token = uuid.uuid4().hex
     mesh_dir = tmp_path / "mesh"
     try:
@@ -107,7 +107,8 @@ def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
             for line in log.read_text(errors="replace").splitlines():
                 if line.startswith("{") and '"agent.started"' in line:
                     started.append(json.loads(line))
-        assert len(started) == 3 and all(doc["etcd_tls"] is True for doc in started), started
+        assert len(started) == 3 and all(doc["etcd"] is None and doc["etcd_tls"] is False and doc["control_plane"]
+                                         for doc in started), started
         assert sorted(attempt_events(mesh_dir, str(s["job"]), 1)) == [0, 1, 2]
     finally:
         left = wait_no_marked_processes(token)

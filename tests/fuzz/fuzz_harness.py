@@ -1,4 +1,4 @@
-"""The fuzzing target: the Scheduler, Planner and Topology servicers on one real gRPC server (loopback,
+"""The fuzzing target: the Scheduler, Planner, Topology, Agent and Control servicers on one real gRPC server (loopback,
 port 0) over a real etcd, served from a background event loop so hypothesis drives it with blocking
 calls; and the oracle every case is judged by.
 
@@ -29,17 +29,20 @@ from agent.probe import Ingress
 from agent.registration import Registration
 from agent.service import AgentService
 from services.planner.service import PlannerService
+from services.scheduler.control import ControlService
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.topology.graph import GraphConfig
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.proto.control.v1 import control_pb2_grpc
 from spiderflow.proto.planner.v1 import planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2_grpc
 from spiderflow.rpc.server import RpcServer, channel_options, serve
 from spiderflow.store import keys
+from spiderflow.store.base import Lease
 from spiderflow.store.etcd import EtcdStore
 
 __all__ = ["ALLOWED", "FuzzTarget"]
@@ -48,7 +51,7 @@ T = TypeVar("T")
 Code = grpc.StatusCode
 ALLOWED = frozenset({Code.OK, Code.INVALID_ARGUMENT, Code.NOT_FOUND, Code.ALREADY_EXISTS,
                      Code.FAILED_PRECONDITION, Code.PERMISSION_DENIED, Code.RESOURCE_EXHAUSTED, Code.ABORTED})
-STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology", "Agent/ProbeDownload"})
+STREAMS = frozenset({"Scheduler/WatchJob", "Topology/WatchTopology", "Agent/ProbeDownload", "Control/Watch"})
 
 
 class _AgentState:
@@ -60,6 +63,14 @@ class _AgentState:
 
     def status(self) -> agent_pb2.GetStatusResponse:
         return agent_pb2.GetStatusResponse()
+
+
+class _LongLeases(EtcdStore):
+    """The Control service's store here: every lease it grants lives an hour, so no lease granted by an earlier
+    case expires during a later one (an expiry moves etcd's revision, which oracle 3 reads as a write)."""
+
+    async def grant(self, ttl: int, *, keepalive: bool = True, on_lost: Any = None) -> Lease:
+        return await super().grant(max(ttl, 3600), keepalive=keepalive, on_lost=on_lost)
 
 
 class FuzzTarget:
@@ -74,6 +85,7 @@ class FuzzTarget:
         self._thread = threading.Thread(target=self._loop.run_forever, name="fuzz-server", daemon=True)
         self._server: RpcServer | None = None
         self._store: EtcdStore | None = None
+        self._control_store: EtcdStore | None = None
         self._channel: grpc.Channel | None = None
         self._stubs: dict[str, Any] = {}
 
@@ -82,6 +94,7 @@ class FuzzTarget:
 
     async def _start(self) -> RpcServer:
         self._store = EtcdStore(self.etcd_endpoint)
+        self._control_store = _LongLeases(self.etcd_endpoint)
         repo = JobRepository(self._store)
         topo_repo = TopologyRepo(self._store, GraphConfig())
         # The registration the near-valid topology reports are about (agent "fz-agent" owns cluster "fz").
@@ -89,7 +102,8 @@ class FuzzTarget:
         reg = Registration(cluster="fz", agent_id="fz-agent", principal="fz-agent", address="127.0.0.1:1")
         await self._store.put(keys.cluster_key("fz"), reg.encode(), lease=lease)
         return await serve([SchedulerService(repo, max_watches=64), PlannerService(),
-                            TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState())])
+                            TopologyService(self._store, topo_repo, tick_s=0.2), AgentService(_AgentState()),
+                            ControlService(self._control_store)])
 
     def start(self) -> FuzzTarget:
         self._thread.start()
@@ -98,7 +112,8 @@ class FuzzTarget:
         self._stubs = {"Scheduler": scheduler_pb2_grpc.SchedulerStub(self._channel),
                        "Planner": planner_pb2_grpc.PlannerStub(self._channel),
                        "Topology": topology_pb2_grpc.TopologyStub(self._channel),
-                       "Agent": agent_pb2_grpc.AgentStub(self._channel)}
+                       "Agent": agent_pb2_grpc.AgentStub(self._channel),
+                       "Control": control_pb2_grpc.ControlStub(self._channel)}
         return self
 
     def close(self) -> None:
@@ -106,8 +121,9 @@ class FuzzTarget:
             self._channel.close()
         if self._server is not None:
             self._run(self._server.stop(grace_s=0))
-        if self._store is not None:
-            self._run(self._store.close())
+        for store in (self._store, self._control_store):
+            if store is not None:
+                self._run(store.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
         self._loop.close()

@@ -23,13 +23,16 @@ from google.protobuf import descriptor as _d
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
+from agent.registration import Registration
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.proto.agent.v1 import agent_pb2
+from spiderflow.proto.control.v1 import control_pb2
 from spiderflow.proto.planner.v1 import planner_pb2
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.topology.v1 import topology_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
+from spiderflow.store import keys
 
 __all__ = ["RPCS", "documents", "message", "mutated", "requests", "valid_request"]
 
@@ -213,6 +216,41 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
                                               chunk_bytes=draw(st.integers(0, 1 << 14)))
     if rpc == "Agent/GetStatus":
         return agent_pb2.GetStatusRequest()
+    if rpc.startswith("Control/"):
+        return _control_request(draw, rpc)
+    raise KeyError(rpc)
+
+
+def _control_request(draw: st.DrawFn, rpc: str) -> Message:
+    """A well-formed call of the agents' Control API by cluster ``fz`` (keys it may and may not touch)."""
+    key = draw(st.sampled_from([keys.cluster_key("fz"), keys.cluster_key("other"), keys.CLUSTERS,
+                                keys.assignments_prefix("fz"), keys.rendezvous_key("fz-1", 1),
+                                keys.checkpoint_key("fz-1"), keys.profile_key("fz"), keys.job_key("fz-1"),
+                                keys.ROOT]))
+    cluster = draw(st.sampled_from(["fz", "fz", "other"]))
+    lease = draw(st.integers(0, 1 << 40))
+    if rpc == "Control/Get":
+        return control_pb2.GetRequest(cluster=cluster, key=key)
+    if rpc == "Control/List":
+        return control_pb2.ListRequest(cluster=cluster, prefix=key)
+    if rpc == "Control/Revision":
+        return control_pb2.RevisionRequest(cluster=cluster)
+    if rpc == "Control/Put":
+        value = draw(st.sampled_from([
+            Registration(cluster="fz", agent_id="fz-agent", principal="fz-agent", address="127.0.0.1:1").encode(),
+            b'{"step": 1, "attempt": 1, "cluster": "fz"}', b"{}", b"\xff"]))
+        return control_pb2.PutRequest(cluster=cluster, key=key, value=value, lease=lease, compare=draw(st.booleans()),
+                                      expected_mod_revision=draw(st.integers(0, 50)))
+    if rpc == "Control/Delete":
+        return control_pb2.DeleteRequest(cluster=cluster, key=key)
+    if rpc == "Control/Watch":
+        return control_pb2.WatchRequest(cluster=cluster, prefix=key, start_revision=draw(st.integers(0, 50)))
+    if rpc == "Control/GrantLease":
+        return control_pb2.GrantLeaseRequest(cluster=cluster, ttl=draw(st.integers(0, 7200)))
+    if rpc == "Control/KeepAlive":
+        return control_pb2.KeepAliveRequest(cluster=cluster, lease=lease)
+    if rpc == "Control/RevokeLease":
+        return control_pb2.RevokeLeaseRequest(cluster=cluster, lease=lease)
     raise KeyError(rpc)
 
 
@@ -266,6 +304,15 @@ RPCS: dict[str, type[Message]] = {
     "Agent/ProbeEcho": agent_pb2.ProbeEchoRequest,
     "Agent/ProbeDownload": agent_pb2.ProbeDownloadRequest,
     "Agent/GetStatus": agent_pb2.GetStatusRequest,
+    "Control/Get": control_pb2.GetRequest,
+    "Control/List": control_pb2.ListRequest,
+    "Control/Revision": control_pb2.RevisionRequest,
+    "Control/Put": control_pb2.PutRequest,
+    "Control/Delete": control_pb2.DeleteRequest,
+    "Control/Watch": control_pb2.WatchRequest,
+    "Control/GrantLease": control_pb2.GrantLeaseRequest,
+    "Control/KeepAlive": control_pb2.KeepAliveRequest,
+    "Control/RevokeLease": control_pb2.RevokeLeaseRequest,
 }
 """Every RPC (``Service/Method``) and its request type."""
 

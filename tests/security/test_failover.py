@@ -4,6 +4,8 @@ within the stated bound. Real etcd, real scheduler replicas serving mTLS on port
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.domain import Plan, Stage
-from spiderflow.errors import UnavailableError
+from spiderflow.errors import UnavailableError, ValidationError
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.jobs import JobState
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
@@ -169,3 +171,115 @@ async def test_an_etcd_blip_does_not_evict_a_healthy_cluster() -> None:
         await server.stop(grace_s=0)
         await store.close()
         etcd.close()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_replica_real_agents_talk_to_is_killed_mid_job(tmp_path: Path) -> None:
+    """Real processes: etcd, the topology service, two scheduler replicas and an agent that knows both
+    (``--scheduler LEADER,OTHER``) and holds no etcd credentials. The replica it talks to, the leader, is
+    SIGKILLed once the job is placed (its workers starting or training): the agent's lease keep-alive,
+    assignment watch, checkpoint commits and reports move to the other replica, which becomes leader, and the
+    job completes in its first attempt with every step recorded exactly once and no GPU held afterwards."""
+    import signal
+    import time
+
+    from spiderflow.procs import ManagedProcess, spiderflow_argv
+    from spiderflow.sdk import Client
+
+    steps = 16
+    etcd = EtcdProcess()
+    etcd.start()
+    logs = tmp_path / "logs"
+    procs: list[ManagedProcess] = []
+
+    def start(name: str, *args: str) -> ManagedProcess:
+        p = ManagedProcess(name, spiderflow_argv(*args, "--log-format", "json"), log_dir=logs).spawn()
+        procs.append(p)
+        return p
+
+    topology = f"127.0.0.1:{_free_port()}"  # known before it listens: the three services start side by side
+    try:
+        services = [start("topology", "serve", "topology", "--listen", topology, "--etcd", etcd.endpoint)] + [
+            start(name, "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd.endpoint,
+                  "--topology-service", topology, "--lease-ttl", "2", "--cycle-interval", "1", "--policy", "firstfit")
+            for name in ("scheduler-a", "scheduler-b")]
+        for p in services:
+            p.wait_ready(timeout=90)
+        leader = asyncio.run(_leader(etcd.endpoint))
+        talks_to = next(p for p in services[1:] if p.address == leader)
+        other = next(p for p in services[1:] if p is not talks_to)
+        agent = start("agent-ohio", "agent", "--cluster", "ohio", "--topology-service", topology,
+                      "--scheduler", f"{talks_to.address},{other.address}", "--gpu", "cpu", "--nodes", "1",
+                      "--gpus-per-node", "1", "--tflops", "0.05", "--memory-gib", "4", "--lease-ttl", "4",
+                      "--checkpoint-every", "4", "--work-dir", str(tmp_path / "agent")).wait_ready(timeout=90)
+        with Client(other.address, topology=topology, timeout_s=10) as sf:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # the agent registered and profiled (an empty graph is an error)
+                with contextlib.suppress(ValidationError):
+                    if sf.topology().clusters:
+                        break
+                time.sleep(0.2)
+            job = sf.submit({"id": "failover", "model": "gpt-tiny", "global_batch": 4, "seq_len": 32,
+                             "steps": steps, "gpus": {"min": 1, "max": 1}}, request_id="failover-1").id
+            # Kill once the job is placed: its workers are starting or training (starting them takes seconds,
+            # so the job cannot have ended on a fast machine either, and a slow one is still mid-job).
+            deadline = time.monotonic() + 120
+            j = sf.get(job)
+            while time.monotonic() < deadline and j.state not in ("PLACED", "RUNNING") and not j.done:
+                time.sleep(0.05)
+                j = sf.get(job)
+            assert j.state in ("PLACED", "RUNNING") and j.progress.get("step", 0) < steps, (j.state, j.reason)
+            talks_to.signal(signal.SIGKILL)  # the leader, and the replica the agent talks to, dies mid-job
+            killed_at = int(j.progress.get("step", 0))
+            deadline = time.monotonic() + 120
+            while not j.done and time.monotonic() < deadline:
+                time.sleep(0.2)
+                j = sf.get(job)
+            assert j.state == "SUCCEEDED", (j.state, j.reason, j.progress, agent.tail(20))
+            assert j.attempt == 1 and j.progress["step"] == steps  # never re-placed
+            assert [t.to_state for t in j.history].count("SUCCEEDED") == 1
+            points = [(p.attempt, p.step) for p in sf.metrics(job).points]
+            # every step recorded exactly once, before and after the kill (reports are delivered at least once
+            # and applied once)
+            assert sorted(points) == [(1, step) for step in range(1, steps + 1)], (killed_at, points)
+            assert agent.alive()
+        assert asyncio.run(_leader(etcd.endpoint, other_than=talks_to.address)) == other.address  # took over
+        assert asyncio.run(_allocations(etcd.endpoint)) == {}  # no GPU held by the finished job
+    finally:
+        for p in reversed(procs):  # side by side: SIGTERM to every process, then wait for each
+            with contextlib.suppress(Exception):
+                p.signal(signal.SIGTERM)
+        for p in reversed(procs):
+            with contextlib.suppress(Exception):
+                p.stop(grace_s=5)
+        etcd.close()
+
+
+async def _leader(endpoint: str, *, other_than: str = "") -> str:
+    """The scheduler leader's address (waiting up to 15 s for one, other than ``other_than``)."""
+    store = EtcdStore(endpoint)
+    try:
+        for _ in range(150):
+            info = await store.leader(keys.election_name(keys.SCHEDULER))
+            if info is not None and info.value.decode() != other_than:
+                return info.value.decode()
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no scheduler leader other than {other_than!r}")
+    finally:
+        await store.close()
+
+
+async def _allocations(endpoint: str) -> dict[str, dict[str, int]]:
+    store = EtcdStore(endpoint)
+    try:
+        allocs, _, _ = await JobRepository(store).allocations()
+        return allocs
+    finally:
+        await store.close()

@@ -2,15 +2,17 @@
 
 ::
 
-    spiderflow agent --cluster virginia --topology-service HOST:PORT --etcd HOST:PORT \\
+    spiderflow agent --cluster virginia --topology-service HOST:PORT --scheduler HOST:PORT[,HOST:PORT...] \\
         [--config FILE] [--listen HOST:PORT] [--advertise HOST:PORT] [--ready-file FILE] [--tls-dir DIR] \\
-        [--etcd-tls-dir DIR] [--etcd-user NAME] [--token TOKEN] \\
+        [--token TOKEN] \\
         [--gpu TYPE --nodes N --gpus-per-node G [--tflops T] [--memory-gib M]] [--free-gpus F] \\
         [--electricity P] [--region R] [--lease-ttl S] [--probe-period S] [--probe-bytes B] ...
 
-``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--etcd`` to ``$SPIDERFLOW_ETCD``,
-``--scheduler`` (where stage execution reports; without it the agent runs no stages) to
-``$SPIDERFLOW_SCHEDULER``, and
+``--topology-service`` defaults to ``$SPIDERFLOW_TOPOLOGY``, ``--scheduler`` (the control plane: every scheduler
+replica, comma-separated; the agent's registration, assignments, rendezvous, checkpoints and reports go through
+it, and the agent holds no etcd credentials) to ``$SPIDERFLOW_SCHEDULER``. ``--etcd`` (``$SPIDERFLOW_ETCD``) is
+development-only, for an agent without ``--scheduler`` that measures and reports its cluster but runs no stages,
+and is refused together with ``--scheduler``;
 ``--listen`` to ``$SPIDERFLOW_TESTBED_ADDRESS:0`` inside a testbed namespace (else 127.0.0.1:0),
 ``--etcd-tls-dir`` to ``$SPIDERFLOW_ETCD_TLS_DIR``, ``--etcd-user`` to ``$SPIDERFLOW_ETCD_USER`` (the password
 only from ``$SPIDERFLOW_ETCD_PASSWORD``) and ``--token`` to ``$SPIDERFLOW_TOKEN`` (prefer the environment:
@@ -78,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     config = _config(args)  # validation errors surface before anything starts
     from agent.config import etcd_options
 
-    etcd_options(config)  # a missing etcd bundle file or password too
+    if config.etcd is not None:  # development-only direct etcd: a missing bundle file or password too
+        etcd_options(config)
 
     async def main(stop: asyncio.Event) -> None:
         from agent.agent import Agent
@@ -117,11 +120,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cluster", help="this cluster's name")
     p.add_argument("--topology-service", default=os.environ.get("SPIDERFLOW_TOPOLOGY"), metavar="ADDR",
                    help="topology service host:port (default $SPIDERFLOW_TOPOLOGY)")
-    p.add_argument("--etcd", default=os.environ.get("SPIDERFLOW_ETCD"), metavar="ADDR",
-                   help="etcd host:port (default $SPIDERFLOW_ETCD)")
     p.add_argument("--scheduler", default=os.environ.get("SPIDERFLOW_SCHEDULER"), metavar="ADDR",
-                   help="scheduler host:port for stage execution (default $SPIDERFLOW_SCHEDULER; not used "
-                        "for probing)")
+                   help="the control plane: every scheduler replica host:port, comma-separated (default "
+                        "$SPIDERFLOW_SCHEDULER); the agent holds no etcd credentials")
+    p.add_argument("--etcd", default=os.environ.get("SPIDERFLOW_ETCD"), metavar="ADDR",
+                   help="DEVELOPMENT ONLY, without --scheduler: an agent that only measures, reading etcd "
+                        "directly (default $SPIDERFLOW_ETCD)")
     p.add_argument("--work-dir", help="worker specs and logs of the stages this agent runs (default: a "
                                       "directory under the system temp dir)")
     p.add_argument("--checkpoint-dir", help="checkpoint root, the same path on every agent (default: "
