@@ -85,8 +85,15 @@ import structlog
 from ortools.sat.python import cp_model
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import BYTES_PER_PARAM, GIB, RESERVED_GIB
-from spiderflow.domain import Cluster
+from spiderflow.costmodel import (
+    GIB,
+    RESERVED_GIB,
+    compute_rate_tflops,
+    layer_fwd_flops,
+    state_bytes_per_param,
+    wire_bytes,
+)
+from spiderflow.domain import Cluster, Precision, Sharding
 from spiderflow.kernels import level2 as kernels
 
 __all__ = [
@@ -129,6 +136,7 @@ class _Model(cp_model.CpModel):
 
 
 _SCALE_UNITS = 1_000_000  # the largest per-layer time coefficient maps to this many integer units
+_WEIGHT = 1000  # the objective's weight of a plain candidate (the option margin is relative to it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,16 +153,18 @@ class ClusterShape:
     wire_bytes: int = 2  # bytes per activation value on the wire (the GPU type's; 4 for the CPU executor)
 
     @classmethod
-    def of(cls, c: Cluster) -> ClusterShape:
+    def of(cls, c: Cluster, precision: Precision = Precision.BF16) -> ClusterShape:
+        """``c``'s shape for a job trained in ``precision``: its compute rate and wire format in that
+        precision (:func:`~spiderflow.costmodel.compute_rate_tflops`, :func:`~spiderflow.costmodel.wire_bytes`)."""
         return cls(
-            effective_tflops=c.effective_tflops,
+            effective_tflops=compute_rate_tflops(c, precision),
             memory_gib=c.gpu_memory_gib,
             gpus_per_node=c.gpus_per_node,
             intra_node_gbps=c.intra_node_gbps,
             inter_node_gbps=c.inter_node_gbps,
             layer_overhead_s=float(getattr(c, "layer_overhead_ms", 0.0) or 0.0) / 1e3,
             optimizer_s=float(getattr(c, "optimizer_ms_per_layer", 0.0) or 0.0) / 1e3,
-            wire_bytes=c.gpu_type.wire_bytes,
+            wire_bytes=wire_bytes(c, precision),
         )
 
 
@@ -168,6 +178,14 @@ class BlockProblem:
     constraint (4) (used to share one solve between profiles). ``floor_s``: the pipeline bottleneck set by
     the rest of the chain (``Z_floor``); below it a faster block gains nothing. ``max_in_flight``: the
     schedule's in-flight cap ``K`` (:mod:`spiderflow.schedules`; 1F1B family only), ``κ ≤ K``.
+    ``precision``: the job's (value bytes of activations and gradients, state bytes per parameter; the
+    shape's rate and wire format are already that precision's, :meth:`ClusterShape.of`).
+    ``allow_recompute`` / ``allow_fsdp``: offer candidates with activation recomputation / FSDP-sharded
+    replicas (:func:`block_candidates`). ``option_margin`` (``ε``): such a candidate is ranked on its objective
+    × ``(1 + ε)``, so it replaces a plain one only when faster by more than ``ε`` (or when nothing plain fits
+    memory): what the cost model leaves out of these options — FSDP's all-gathers contending with compute,
+    recomputation's extra memory traffic — is of that order, and smaller predicted gains are within the cost
+    model's error. Default 2 %.
     """
 
     shape: ClusterShape
@@ -184,13 +202,22 @@ class BlockProblem:
     memory_bound: bool = True
     floor_s: float = 0.0
     max_in_flight: int | None = None
+    precision: Precision = Precision.BF16
+    allow_recompute: bool = True
+    allow_fsdp: bool = True
+    option_margin: float = 0.02
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Degrees:
+    """A candidate: tensor, pipeline and data degrees, with activation recomputation and FSDP sharding of
+    the ``dp`` replicas (the plan's ``Stage.recompute`` and ``Stage.sharding``)."""
+
     tp: int
     pp: int
     dp: int
+    recompute: bool = False
+    fsdp: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +234,18 @@ class BlockConfig:
     allreduce_s: tuple[float, ...]
     intra_boundary_s: float
     objective_s: float
+    recompute: bool = False
+    fsdp: bool = False
+
+    @property
+    def degrees(self) -> Degrees:
+        """The candidate this configuration runs."""
+        return Degrees(tp=self.tp, pp=self.pp, dp=self.dp, recompute=self.recompute, fsdp=self.fsdp)
+
+    @property
+    def sharding(self) -> Sharding:
+        """The plan's ``Stage.sharding`` of the block's sub-stages."""
+        return Sharding.FSDP if self.fsdp else Sharding.REPLICATE
 
     @property
     def bottleneck_s(self) -> float:
@@ -219,24 +258,19 @@ def _divisors(n: int) -> list[int]:
 
 
 def block_candidates(p: BlockProblem) -> list[Degrees]:
-    """Every admissible ``(t, p, d)`` (module docstring), ordered by ``(t, p)``."""
-    return list(_candidates(p.gpus, p.shape.gpus_per_node, p.model.heads, p.model.hidden, p.layers, p.m))
+    """Every admissible candidate (module docstring), ordered by ``(t, p)``, each followed by its variants with
+    FSDP (``d > 1``, all-gathers hidden behind compute: :func:`spiderflow.kernels.level2.fsdp_hidden`),
+    recomputation, and both, as the problem allows."""
+    return list(_candidates(p))
 
 
 @lru_cache(maxsize=65536)
-def _candidates(gpus: int, g: int, heads: int, hidden: int, layers: int, m: int) -> tuple[Degrees, ...]:
-    out: list[Degrees] = []
-    for tp in _divisors(gpus):
-        if not (g % tp == 0 or tp % g == 0):
-            continue
-        if heads % tp or hidden % tp:
-            continue
-        for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if pp > layers or dp > m:
-                continue
-            out.append(Degrees(tp=tp, pp=pp, dp=dp))
-    return tuple(out)
+def _candidates(p: BlockProblem) -> tuple[Degrees, ...]:
+    fl, it = _vectors(p)
+    return tuple(
+        Degrees(tp=t, pp=q, dp=d, recompute=bool(r), fsdp=bool(f))
+        for t, q, d, r, f in kernels.candidates(fl, it).tolist()
+    )
 
 
 FArray = npt.NDArray[np.float64]
@@ -248,33 +282,39 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     sh, model = p.shape, p.model
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
-         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB),
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, float(model.params_per_layer),
+         layer_fwd_flops(model, p.micro_batch, p.seq_len), float(model.embedding_params), float(model.head_params),
+         p.option_margin),
         dtype=np.float64,
     )
     it = np.array(
         (p.gpus, p.layers, sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch,
          p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
-         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, BYTES_PER_PARAM),
+         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
+         p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
+         p.allow_fsdp),
         dtype=np.int64,
     )
     return fl, it
 
 
-def _solved(p: BlockProblem, solve: Callable[[FArray, IArray, IArray, FArray], tuple[int, int, int, float, float]]
-            ) -> BlockConfig | None:
+_Solve = Callable[[FArray, IArray, IArray, FArray], tuple[int, int, int, int, int, float, float]]
+
+
+def _solved(p: BlockProblem, solve: _Solve) -> BlockConfig | None:
     """Run ``solve`` (:func:`spiderflow.kernels.level2.solve_exact` or a kernel with its signature) on ``p``
     and build the configuration it picks (``None`` when it picks none)."""
     fl, it = _vectors(p)
     width = max(1, min(p.layers, p.gpus))
     lay = np.empty(width, np.int64)
     figs = np.empty((3, width), np.float64)
-    tp, pp, dp, obj, p_in = solve(fl, it, lay, figs)
+    tp, pp, dp, rc, fs, obj, p_in = solve(fl, it, lay, figs)
     if tp == 0:
         return None
     compute, mem, ar = figs[:, :pp].tolist()
     return BlockConfig(
         tp=tp, pp=pp, dp=dp, layers=tuple(lay[:pp].tolist()), compute_s=tuple(compute), memory_gib=tuple(mem),
-        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj,
+        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj, recompute=bool(rc), fsdp=bool(fs),
     )
 
 
@@ -297,7 +337,7 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     """Per-candidate constants, memoised on the fields they read (not the block's layers, GPUs, floor or
     memory flag, so the blocks level 1 tries on one cluster share them)."""
     key = (p.shape, p.model, p.micro_batch, p.seq_len, p.m, p.downstream, p.depth_factor, p.max_in_flight,
-           p.has_embed, p.has_head, k)
+           p.has_embed, p.has_head, p.precision, k)
     hit = _COEFFS.get(key)
     if hit is None:
         if len(_COEFFS) >= _COEFFS_MAX:
@@ -312,7 +352,7 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
     beta = np.empty(k.pp, np.float64)
-    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, mu, nu, beta)
+    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
     return _Coeffs(tau, eta_head, tuple(mu.tolist()), tuple(nu.tolist()), alpha, tuple(beta.tolist()), p_in)
 
 
@@ -329,7 +369,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
     obj = (p.m - 1) * max(max(compute) / k.dp, p_in, p.floor_s) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
     return BlockConfig(
         tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
-        intra_boundary_s=p_in, objective_s=obj,
+        intra_boundary_s=p_in, objective_s=obj, recompute=k.recompute, fsdp=k.fsdp,
     )
 
 
@@ -379,7 +419,8 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         p_in = c.p_in if k.pp > 1 else 0.0
         eta = c.eta_head if p.has_head else 0.0
         fill = c.tau * p.layers + eta + 2 * (k.pp - 1) * p_in
-        lower = (
+        weight = 1.0 + p.option_margin if (k.recompute or k.fsdp) else 1.0
+        lower = weight * (
             (p.m - 1) * max((c.tau * p.layers + eta) / (k.pp * k.dp), p_in, p.floor_s)
             + fill
             + (c.alpha * p.layers + sum(c.beta)) / k.pp
@@ -388,9 +429,30 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         if k.pp <= p.layers:
             balanced = config_cost(p, k, _balanced(p.layers, k.pp), c)
             if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
-                upper = min(upper, balanced.objective_s)
+                upper = min(upper, option_score(p, balanced))
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
+    survivors = [(k, c) for i, (k, c) in enumerate(survivors)
+                 if not any(_dominates(p, other, oc, k, c) for j, (other, oc) in enumerate(survivors)
+                            if j != i and (j < i or not _dominates(p, k, c, other, oc)))]
     return [k for k, _ in survivors], [c for _, c in survivors]
+
+
+def _dominates(p: BlockProblem, a: Degrees, ca: _Coeffs, b: Degrees, cb: _Coeffs) -> bool:
+    """Whether candidate ``a`` (same degrees as ``b``, other options) is at least as good as ``b`` for every
+    split: no larger time or sync constants, the same boundary, and memory caps that hold at least as many
+    layers per sub-stage — so every split of ``b`` is one of ``a`` with no larger objective (``b`` may go;
+    of two candidates that dominate each other the first stays); a candidate with an option never dominates
+    a plain one while the option margin is on."""
+    if (a.tp, a.pp, a.dp) != (b.tp, b.pp, b.dp) or a == b or ca.p_in != cb.p_in:
+        return False
+    if (a.recompute or a.fsdp) and not (b.recompute or b.fsdp) and p.option_margin > 0:
+        return False  # ranked with the margin, a may lose to b
+    if ca.tau > cb.tau or ca.eta_head > cb.eta_head or ca.alpha > cb.alpha:
+        return False
+    if any(x > y for x, y in zip(ca.beta, cb.beta, strict=True)):
+        return False
+    ua, ub = memory_caps(p, a), memory_caps(p, b)
+    return all(min(x, p.layers) >= min(y, p.layers) for x, y in zip(ua, ub, strict=True))
 
 
 def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
@@ -400,24 +462,25 @@ def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
     (every candidate's caps at once)."""
     if not p.memory_bound:
         return (p.layers,) * k.pp
-    hit = _memory_caps(p).get((k.tp, k.pp, k.dp))
+    hit = _memory_caps(p).get(k)
     if hit is None:  # not one of p's candidates
         fl, it = _vectors(p)
         out = np.empty(k.pp, np.int64)
-        kernels.memory_caps(fl, it, k.tp, k.pp, k.dp, out)
+        kernels.memory_caps(fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, out)
         hit = tuple(out.tolist())
     return hit
 
 
 @lru_cache(maxsize=8192)  # an entry holds every candidate's caps
-def _memory_caps(p: BlockProblem) -> dict[tuple[int, int, int], tuple[int, ...]]:
-    """:func:`memory_caps` of each of ``p``'s candidates, by ``(t, p, d)``."""
+def _memory_caps(p: BlockProblem) -> dict[Degrees, tuple[int, ...]]:
+    """:func:`memory_caps` of each of ``p``'s candidates."""
     fl, it = _vectors(p)
     cands, start, caps = kernels.memory_caps_all(fl, it)
     flat: list[int] = caps.tolist()
     bounds: list[int] = start.tolist()
     return {
-        (t, q, d): tuple(flat[bounds[i]:bounds[i + 1]]) for i, (t, q, d) in enumerate(cands.tolist())
+        Degrees(tp=t, pp=q, dp=d, recompute=bool(r), fsdp=bool(f)): tuple(flat[bounds[i]:bounds[i + 1]])
+        for i, (t, q, d, r, f) in enumerate(cands.tolist())
     }
 
 
@@ -453,7 +516,7 @@ def solve_block(
     solution's rounded objective is within ``10^-6·(m + L_b + 2p)·max τ`` of its real one); the returned
     configuration is re-costed exactly with :func:`config_cost`.
     """
-    cands, coeffs = _prune(p, block_candidates(p), upper=hint.objective_s if hint is not None else math.inf)
+    cands, coeffs = _prune(p, block_candidates(p), upper=option_score(p, hint) if hint is not None else math.inf)
     if not cands or p.layers < 1:
         return None
     unit = max(c.tau for c in coeffs) / _SCALE_UNITS  # seconds per integer time unit
@@ -496,7 +559,9 @@ def solve_block(
         if p.floor_s > 0:
             model.add(z_k >= t_int(p.floor_s) * x)  # (5) the rest of the chain's bottleneck
         fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
-        terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
+        # The option margin as integer weights: 1000 per unit for a plain candidate, 1000·(1 + ε) with an option.
+        w = _WEIGHT + round(_WEIGHT * p.option_margin) if (k.recompute or k.fsdp) else _WEIGHT
+        terms.extend([w * (p.m - 1) * z_k, w * a_k, w * t_int(fill) * x])
     model.minimize(sum(terms))
     if hint is not None:
         _add_hint(model, p, cands, coeffs, xs, ells, zs, as_, hint, t_int)
@@ -524,7 +589,7 @@ def _add_hint(
 ) -> None:
     """A complete assignment for ``hint`` (all other candidates at 0); a hint outside the candidates is
     ignored. Layer counts are put in the order (7) requires (the exchange argument keeps it optimal)."""
-    chosen = Degrees(tp=hint.tp, pp=hint.pp, dp=hint.dp)
+    chosen = hint.degrees
     if chosen not in cands:
         return
     i = cands.index(chosen)
@@ -618,7 +683,7 @@ def _cpsat_memo(p: BlockProblem) -> BlockConfig | None:
     out = solve_block(p, hint=hint)
     STATS.cpsat_solves += 1
     STATS.cpsat_seconds += time.perf_counter() - t0
-    if out is not None and (hint is None or out.objective_s < hint.objective_s * (1.0 - 1e-9)):
+    if out is not None and (hint is None or option_score(p, out) < option_score(p, hint) * (1.0 - 1e-9)):
         STATS.cpsat_improved_hint += 1
         log.warning("tpa.level2_hint_improved", layers=p.layers, gpus=p.gpus, cpsat_s=out.objective_s,
                     exact_s=hint.objective_s if hint is not None else None)
@@ -659,7 +724,7 @@ class _Cached:
         if free is None:
             return None
         cap = p.shape.memory_gib
-        cfg = config_cost(p, Degrees(tp=free.tp, pp=free.pp, dp=free.dp), free.layers)
+        cfg = config_cost(p, free.degrees, free.layers)
         if max(cfg.memory_gib) <= cap:
             return cfg
         family = replace(p, downstream=-1)
@@ -669,7 +734,7 @@ class _Cached:
         for d, prev in solved:
             if prev is None or p.downstream is None or d is None or d > p.downstream:
                 continue
-            cfg = config_cost(p, Degrees(tp=prev.tp, pp=prev.pp, dp=prev.dp), prev.layers)
+            cfg = config_cost(p, prev.degrees, prev.layers)
             if max(cfg.memory_gib) <= cap:
                 return cfg
         out = self._solve(p)
@@ -725,15 +790,25 @@ def brute_force_block(p: BlockProblem) -> BlockConfig | None:
     Exponential in ``p``; for tests on tiny instances only.
     """
     best: BlockConfig | None = None
+    best_score = math.inf
     cap = p.shape.memory_gib
     for k in block_candidates(p):
         for layers in _compositions(p.layers, k.pp):
             cfg = config_cost(p, k, layers)
             if max(cfg.memory_gib) > cap:
                 continue
-            if best is None or cfg.objective_s < best.objective_s - 1e-12:
-                best = cfg
+            score = option_score(p, cfg)
+            if best is None or score < best_score - 1e-12:
+                best, best_score = cfg, score
     return best
+
+
+def option_score(p: BlockProblem, cfg: BlockConfig) -> float:
+    """What level 2 ranks configurations on: the objective, × ``(1 + option_margin)`` for a configuration with
+    recomputation or FSDP (:class:`BlockProblem`)."""
+    if cfg.recompute or cfg.fsdp:
+        return cfg.objective_s * (1.0 + p.option_margin)
+    return cfg.objective_s
 
 
 def gpu_mapping(cfg: BlockConfig, gpus_per_node: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:

@@ -17,8 +17,8 @@ from spiderflow.topogen import generate_topology
 
 pytestmark = pytest.mark.heavy
 
-GPUS = {"gpt-tiny": "1:8", "gpt3-1.3b": "8", "gpt3-2.7b": "8:16", "gpt3-6.7b": "32", "gpt3-13b": "64",
-        "llama3-8b": "64", "llama3-70b": "128"}
+GPUS = {"gpt-tiny": "1:8", "llama-tiny": "1:8", "gpt3-1.3b": "8", "gpt3-2.7b": "8:16", "gpt3-6.7b": "32",
+        "gpt3-13b": "64", "llama3-8b": "64", "llama3-70b": "128"}
 
 
 @pytest.fixture(scope="module")
