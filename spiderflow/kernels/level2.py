@@ -56,8 +56,7 @@ F_LAYER_PARAMS = 9  # P: parameters of one layer (the model family's, :attr:`Mod
 F_LAYER_FLOPS = 10  # f: forward FLOPs of one layer per micro-batch (:func:`spiderflow.costmodel.layer_fwd_flops`)
 F_EMBED_PARAMS = 11  # E: the embedding's parameters (first sub-stage of an embedding block)
 F_HEAD_PARAMS = 12  # H: the head's parameters (last sub-stage of a head block)
-F_OPTION_MARGIN = 13  # ε: a candidate with recomputation or FSDP must beat the others by this fraction
-F_SIZE = 14
+F_SIZE = 13
 
 # ``it``: the problem's integers (flags 0/1).
 I_GPUS = 0
@@ -83,7 +82,8 @@ I_VALUE_BYTES = 19  # v: bytes of one activation or gradient value in the job's 
 I_FSDP_BYTES_PER_PARAM = 20  # the same on an FSDP shard
 I_ALLOW_RECOMPUTE = 21  # candidates with activation recomputation
 I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1, all-gathers hidden behind compute)
-I_SIZE = 23
+I_KV_HEADS = 23  # key/value heads (grouped-query attention; = heads otherwise): t divides them too
+I_SIZE = 24
 
 # A candidate's row: ``(t, p, d, recompute, fsdp)``.
 C_TP = 0
@@ -141,8 +141,9 @@ def _transfer_time(nbytes: float, gbps: float, latency_ms: float) -> float:
 
 
 @kernel
-def _divides(tp: int, gpus: int, g: int, heads: int, hidden: int) -> bool:
-    return gpus % tp == 0 and (g % tp == 0 or tp % g == 0) and heads % tp == 0 and hidden % tp == 0
+def _divides(tp: int, gpus: int, g: int, heads: int, kv_heads: int, hidden: int) -> bool:
+    return (gpus % tp == 0 and (g % tp == 0 or tp % g == 0) and heads % tp == 0 and kv_heads % tp == 0
+            and hidden % tp == 0)
 
 
 @kernel
@@ -222,7 +223,7 @@ def candidates(fl: FArr, it: IArr) -> IArr:
         out = np.empty((n, C_SIZE), np.int64)
         q = 0
         for tp in range(1, gpus + 1):
-            if not _divides(tp, gpus, g, heads, hidden):
+            if not _divides(tp, gpus, g, heads, it[I_KV_HEADS], hidden):
                 continue
             rest = gpus // tp
             for pp in range(1, rest + 1):
@@ -633,10 +634,8 @@ def _all_coefficients(
 def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
     """:func:`spiderflow.tpa.level2.solve_block_exact`: prune the candidates (one-layer memory test, lower
     bound against the best balanced split), then each survivor's best split in ``(t, p)`` order under the
-    best objective so far; ties keep the first. A candidate with recomputation or FSDP is ranked on its
-    objective × ``(1 + ε)`` (``F_OPTION_MARGIN``): it wins only by more than ``ε``, or where nothing else fits.
-    Returns ``(t, p, d, recompute, fsdp, objective, intra-cluster boundary)``
-    with the winner's layers in ``layers_out[:p]`` and its compute, memory and gradient sync figures in
+    best objective so far; ties keep the first. Returns ``(t, p, d, recompute, fsdp, objective, intra-cluster
+    boundary)`` with the winner's layers in ``layers_out[:p]`` and its compute, memory and gradient sync figures in
     ``figs_out[0:3, :p]`` (both at least ``min(L_b, GPUs)`` wide); ``t = 0`` when no candidate fits."""
     lb = it[I_LAYERS]
     cands = candidates(fl, it)
@@ -660,7 +659,6 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
     fscr = np.empty((3, width), np.float64)
     iscr = np.empty((5, width), np.int64)
     lscr = np.empty((2, 3 * lb), np.float64)
-    weight = 1.0 + fl[F_OPTION_MARGIN]  # a candidate with an option is ranked on objective × (1 + ε)
 
     # Prune: infeasible one-layer sub-stages; lower bounds against the balanced splits' objectives.
     kept = np.zeros(nk, np.bool_)
@@ -690,9 +688,6 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
             + fill
             + (alpha[i] * lb + beta_sum) / pp
         )
-        option = cands[i, C_RECOMPUTE] != 0 or cands[i, C_FSDP] != 0
-        if option:
-            lower[i] = lower[i] * weight
         kept[i] = True
         if pp <= lb:
             base = lb // pp
@@ -702,12 +697,11 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
             obj, _, peak = _config_cost(m, pp, dp, floor_s, gib, has_head, tau[i], eta[i], alpha[i], p_ins[i],
                                         mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs)
             if not memory_bound or peak <= cap_gib:
-                upper = _pmin(upper, obj * weight if option else obj)
+                upper = _pmin(upper, obj)
     limit = upper * _UP
 
     have = False
     best_obj = 0.0
-    best_score = 0.0
     best_i = -1
     best_boundary = 0.0
     for i in range(nk):
@@ -717,23 +711,17 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
         dp = cands[i, 2]
         s0 = start[i]
         s1 = start[i + 1]
-        option = cands[i, C_RECOMPUTE] != 0 or cands[i, C_FSDP] != 0
-        bound = math.inf
-        if have:
-            bound = best_score / weight if option else best_score
         _caps_into(mu[s0:s1], nu[s0:s1], pp, cap_gib, gib, lb, memory_bound, caps)
         if not _best_split(m, dp, pp, lb, floor_s, has_head, tau[i], eta[i], alpha[i], beta[s0:s1], mu[s0:s1],
-                           nu[s0:s1], p_ins[i], caps[:pp], bound, lay, fscr, iscr, lscr):
+                           nu[s0:s1], p_ins[i], caps[:pp], best_obj if have else math.inf, lay, fscr, iscr, lscr):
             continue
         obj, boundary, peak = _config_cost(m, pp, dp, floor_s, gib, has_head, tau[i], eta[i], alpha[i], p_ins[i],
                                            mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs)
         if memory_bound and peak > cap_gib:
             continue
-        score = obj * weight if option else obj
-        if not have or score < best_score * _TIE:
+        if not have or obj < best_obj * _TIE:
             have = True
             best_obj = obj
-            best_score = score
             best_i = i
             best_boundary = boundary
             for j in range(pp):
@@ -852,8 +840,8 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> P
 @register_warmup
 def _warm() -> None:
     fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
-                   12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256, 0.02])
-    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1], np.int64)
+                   12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256])
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4], np.int64)
     lay = np.empty(4, np.int64)
     figs = np.empty((3, 4), np.float64)
     solve_exact(fl, it, lay, figs)

@@ -870,7 +870,8 @@ def finalise(
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan that chain
     with it and keep whichever of the two plans of the chain scores better. ``force``: ask the planner for
     the first allocation even when the level-1 planner found no plan (its error then names the binding
-    constraint); ``planner=None``: the level-1 plans only.
+    constraint); ``planner=None``: the level-1 plans only. Where the level-1 planner found no allocation's
+    memory enough, the planner is asked for the first one too: TPA may fit it with recomputation or FSDP.
 
     A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
@@ -895,7 +896,10 @@ def finalise(
         if val < best_val * (1 - tolerance) or best is None:
             best, best_val, best_alloc = plan, val, alloc
     used = "fallback"
-    if planner is not None and (best is not None or force) and tpa_available():
+    # The level-1 planner plans replicated stages without recomputation: where memory stopped it on every
+    # allocation, TPA (which may recompute and shard) gets the first one.
+    over_memory = best is None and err is not None and err.constraint == "memory"
+    if planner is not None and (best is not None or force or over_memory) and tpa_available():
         target = best_alloc if best is not None else (allocations[0] if allocations else ())
         if target:
             try:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spiderflow.catalog import ModelSpec
 from spiderflow.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time, wire_bytes
@@ -239,7 +239,17 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
 
 def memory_caps(ctx: ChainContext) -> list[int]:
     """The most layers each block can hold in memory (some degrees with a balanced sub-split fit), assuming
-    one stage per block downstream; binary search, ``O(C·log L)`` candidate scans, no solver calls."""
+    one stage per block downstream; binary search, ``O(C·log L)`` candidate scans, no solver calls. Plain
+    degrees first; where their caps cannot hold every layer, with recomputation and FSDP too (level 2's
+    second tier)."""
+    if ctx.recompute or ctx.fsdp:
+        caps = _memory_caps(replace(ctx, recompute=False, fsdp=False))
+        if min(caps) >= 1 and sum(caps) >= ctx.model.layers:
+            return caps
+    return _memory_caps(ctx)
+
+
+def _memory_caps(ctx: ChainContext) -> list[int]:
     n = len(ctx.clusters)
     L = ctx.model.layers
     if n == 1:

@@ -7,8 +7,12 @@ tensor / pipeline / data degrees ``(t, p, d)`` with ``t·p·d = n`` and the laye
 intra-cluster sub-stages, minimising the block's contribution to the step time under GPU memory.
 
 Candidates ``k = (t_k, p_k, d_k)``: ``t_k`` divides ``g`` (a tensor group never straddles a node) or is a
-multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads and the hidden
-size; ``p_k ≤ L_b``; ``d_k ≤ m`` (every replica gets a micro-batch).
+multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads, the key/value
+heads (tensor parallelism shards whole heads, as the executor requires) and the hidden size; ``p_k ≤ L_b``;
+``d_k ≤ m`` (every replica gets a micro-batch). Each candidate also comes with activation recomputation,
+with FSDP-sharded replicas (``d_k > 1``, where the all-gathers hide behind compute) and with both — a
+second tier, solved only where no plain candidate fits memory (:func:`plain`); its constants are the cost
+model's for those options (:func:`spiderflow.kernels.level2.coefficients`).
 
 Variables
     ``x_k ∈ {0,1}``: candidate ``k`` is chosen.
@@ -136,7 +140,6 @@ class _Model(cp_model.CpModel):
 
 
 _SCALE_UNITS = 1_000_000  # the largest per-layer time coefficient maps to this many integer units
-_WEIGHT = 1000  # the objective's weight of a plain candidate (the option margin is relative to it)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,11 +184,8 @@ class BlockProblem:
     ``precision``: the job's (value bytes of activations and gradients, state bytes per parameter; the
     shape's rate and wire format are already that precision's, :meth:`ClusterShape.of`).
     ``allow_recompute`` / ``allow_fsdp``: offer candidates with activation recomputation / FSDP-sharded
-    replicas (:func:`block_candidates`). ``option_margin`` (``ε``): such a candidate is ranked on its objective
-    × ``(1 + ε)``, so it replaces a plain one only when faster by more than ``ε`` (or when nothing plain fits
-    memory): what the cost model leaves out of these options — FSDP's all-gathers contending with compute,
-    recomputation's extra memory traffic — is of that order, and smaller predicted gains are within the cost
-    model's error. Default 2 %.
+    replicas (:func:`block_candidates`). The solvers take them only where no plain candidate fits memory
+    (:func:`plain`: the options are a second tier).
     """
 
     shape: ClusterShape
@@ -205,7 +205,6 @@ class BlockProblem:
     precision: Precision = Precision.BF16
     allow_recompute: bool = True
     allow_fsdp: bool = True
-    option_margin: float = 0.02
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -283,8 +282,7 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
          sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, float(model.params_per_layer),
-         layer_fwd_flops(model, p.micro_batch, p.seq_len), float(model.embedding_params), float(model.head_params),
-         p.option_margin),
+         layer_fwd_flops(model, p.micro_batch, p.seq_len), float(model.embedding_params), float(model.head_params)),
         dtype=np.float64,
     )
     it = np.array(
@@ -292,7 +290,7 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
          p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
          p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
          p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
-         p.allow_fsdp),
+         p.allow_fsdp, model.kv_heads or model.heads),
         dtype=np.int64,
     )
     return fl, it
@@ -419,8 +417,7 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         p_in = c.p_in if k.pp > 1 else 0.0
         eta = c.eta_head if p.has_head else 0.0
         fill = c.tau * p.layers + eta + 2 * (k.pp - 1) * p_in
-        weight = 1.0 + p.option_margin if (k.recompute or k.fsdp) else 1.0
-        lower = weight * (
+        lower = (
             (p.m - 1) * max((c.tau * p.layers + eta) / (k.pp * k.dp), p_in, p.floor_s)
             + fill
             + (c.alpha * p.layers + sum(c.beta)) / k.pp
@@ -429,7 +426,7 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         if k.pp <= p.layers:
             balanced = config_cost(p, k, _balanced(p.layers, k.pp), c)
             if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
-                upper = min(upper, option_score(p, balanced))
+                upper = min(upper, balanced.objective_s)
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
     survivors = [(k, c) for i, (k, c) in enumerate(survivors)
                  if not any(_dominates(p, other, oc, k, c) for j, (other, oc) in enumerate(survivors)
@@ -441,12 +438,9 @@ def _dominates(p: BlockProblem, a: Degrees, ca: _Coeffs, b: Degrees, cb: _Coeffs
     """Whether candidate ``a`` (same degrees as ``b``, other options) is at least as good as ``b`` for every
     split: no larger time or sync constants, the same boundary, and memory caps that hold at least as many
     layers per sub-stage — so every split of ``b`` is one of ``a`` with no larger objective (``b`` may go;
-    of two candidates that dominate each other the first stays); a candidate with an option never dominates
-    a plain one while the option margin is on."""
+    of two candidates that dominate each other the first stays)."""
     if (a.tp, a.pp, a.dp) != (b.tp, b.pp, b.dp) or a == b or ca.p_in != cb.p_in:
         return False
-    if (a.recompute or a.fsdp) and not (b.recompute or b.fsdp) and p.option_margin > 0:
-        return False  # ranked with the margin, a may lose to b
     if ca.tau > cb.tau or ca.eta_head > cb.eta_head or ca.alpha > cb.alpha:
         return False
     if any(x > y for x, y in zip(ca.beta, cb.beta, strict=True)):
@@ -516,7 +510,19 @@ def solve_block(
     solution's rounded objective is within ``10^-6·(m + L_b + 2p)·max τ`` of its real one); the returned
     configuration is re-costed exactly with :func:`config_cost`.
     """
-    cands, coeffs = _prune(p, block_candidates(p), upper=option_score(p, hint) if hint is not None else math.inf)
+    for q in _tiers(p):
+        out = _solve_cpsat(q, time_limit_s=time_limit_s, hint=hint, symmetry=symmetry)
+        if out is not None:
+            return out
+    return None
+
+
+def _solve_cpsat(p: BlockProblem, *, time_limit_s: float, hint: BlockConfig | None, symmetry: bool
+                 ) -> BlockConfig | None:
+    """One tier of :func:`solve_block`."""
+    if hint is not None and hint.degrees not in block_candidates(p):
+        hint = None  # a solution of the other tier
+    cands, coeffs = _prune(p, block_candidates(p), upper=hint.objective_s if hint is not None else math.inf)
     if not cands or p.layers < 1:
         return None
     unit = max(c.tau for c in coeffs) / _SCALE_UNITS  # seconds per integer time unit
@@ -559,9 +565,7 @@ def solve_block(
         if p.floor_s > 0:
             model.add(z_k >= t_int(p.floor_s) * x)  # (5) the rest of the chain's bottleneck
         fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
-        # The option margin as integer weights: 1000 per unit for a plain candidate, 1000·(1 + ε) with an option.
-        w = _WEIGHT + round(_WEIGHT * p.option_margin) if (k.recompute or k.fsdp) else _WEIGHT
-        terms.extend([w * (p.m - 1) * z_k, w * a_k, w * t_int(fill) * x])
+        terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
     model.minimize(sum(terms))
     if hint is not None:
         _add_hint(model, p, cands, coeffs, xs, ells, zs, as_, hint, t_int)
@@ -655,7 +659,11 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
     ``(L_b,)``: two binary searches give its ``Z`` and ``A``. Counts ``max{ℓ ≤ L_b : sℓ + b ≤ level}``
     accept a relative ``10⁻¹²`` above the level. ``O(L_b·p·log L_b)`` per candidate in the worst case.
     """
-    return _solved(p, kernels.solve_exact)
+    for q in _tiers(p):
+        out = _solved(q, kernels.solve_exact)
+        if out is not None:
+            return out
+    return None
 
 
 @lru_cache(maxsize=65536)
@@ -683,7 +691,7 @@ def _cpsat_memo(p: BlockProblem) -> BlockConfig | None:
     out = solve_block(p, hint=hint)
     STATS.cpsat_solves += 1
     STATS.cpsat_seconds += time.perf_counter() - t0
-    if out is not None and (hint is None or option_score(p, out) < option_score(p, hint) * (1.0 - 1e-9)):
+    if out is not None and (hint is None or out.objective_s < hint.objective_s * (1.0 - 1e-9)):
         STATS.cpsat_improved_hint += 1
         log.warning("tpa.level2_hint_improved", layers=p.layers, gpus=p.gpus, cpsat_s=out.objective_s,
                     exact_s=hint.objective_s if hint is not None else None)
@@ -789,26 +797,35 @@ def brute_force_block(p: BlockProblem) -> BlockConfig | None:
 
     Exponential in ``p``; for tests on tiny instances only.
     """
-    best: BlockConfig | None = None
-    best_score = math.inf
-    cap = p.shape.memory_gib
-    for k in block_candidates(p):
-        for layers in _compositions(p.layers, k.pp):
-            cfg = config_cost(p, k, layers)
-            if max(cfg.memory_gib) > cap:
-                continue
-            score = option_score(p, cfg)
-            if best is None or score < best_score - 1e-12:
-                best, best_score = cfg, score
-    return best
+    for q in _tiers(p):
+        best: BlockConfig | None = None
+        cap = q.shape.memory_gib
+        for k in block_candidates(q):
+            for layers in _compositions(q.layers, k.pp):
+                cfg = config_cost(q, k, layers)
+                if max(cfg.memory_gib) > cap:
+                    continue
+                if best is None or cfg.objective_s < best.objective_s - 1e-12:
+                    best = cfg
+        if best is not None:
+            return best
+    return None
 
 
-def option_score(p: BlockProblem, cfg: BlockConfig) -> float:
-    """What level 2 ranks configurations on: the objective, × ``(1 + option_margin)`` for a configuration with
-    recomputation or FSDP (:class:`BlockProblem`)."""
-    if cfg.recompute or cfg.fsdp:
-        return cfg.objective_s * (1.0 + p.option_margin)
-    return cfg.objective_s
+def plain(p: BlockProblem) -> BlockProblem:
+    """``p`` without the option candidates (recomputation, FSDP)."""
+    return replace(p, allow_recompute=False, allow_fsdp=False) if (p.allow_recompute or p.allow_fsdp) else p
+
+
+def _tiers(p: BlockProblem) -> tuple[BlockProblem, ...]:
+    """The problems level 2 solves in turn until one has a solution: the plain candidates, then (where ``p``
+    allows them) every candidate. A block runs recomputation or FSDP only where no plain configuration fits
+    memory: at a micro-batch size where the plain block fits, the cost model's edge for FSDP (a
+    reduce-scatter instead of an all-reduce, its all-gathers assumed hidden) is within the model's error and
+    would change plans for nothing; where it does not fit, the options give a plan, and the planner takes the
+    larger micro-batches they allow when the step is faster."""
+    q = plain(p)
+    return (q,) if q is p else (q, p)
 
 
 def gpu_mapping(cfg: BlockConfig, gpus_per_node: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from spiderflow.costmodel import GIB
 from spiderflow.kernels import level2 as kernels
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors
+from spiderflow.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors, plain
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,7 +31,7 @@ def block_candidates(p: BlockProblem) -> list[Degrees]:
     for tp in _divisors(p.gpus):
         if not (g % tp == 0 or tp % g == 0):
             continue
-        if p.model.heads % tp or p.model.hidden % tp:
+        if p.model.heads % tp or (p.model.kv_heads or p.model.heads) % tp or p.model.hidden % tp:
             continue
         for pp in _divisors(p.gpus // tp):
             dp = p.gpus // (tp * pp)
@@ -179,13 +179,11 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
             + fill
             + (c.alpha * p.layers + sum(c.beta)) / k.pp
         )
-        if k.recompute or k.fsdp:
-            lower = lower * _weight(p)
         kept.append((k, c, lower))
         if k.pp <= p.layers:
             balanced = config_cost(p, k, _balanced(p.layers, k.pp), c)
             if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
-                upper = min(upper, _score(p, balanced))
+                upper = min(upper, balanced.objective_s)
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
     return [k for k, _ in survivors], [c for _, c in survivors]
 
@@ -366,38 +364,33 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     return config_cost(p, k, tuple(layers), c)
 
 
-def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
+def _solve_tier(p: BlockProblem) -> BlockConfig | None:
     """The optimum of the module docstring's model without a solver: :func:`_prune`, then each surviving
     candidate's best split (:func:`_best_split`) in order of its lower bound, skipping candidates whose
     lower bound cannot beat the best so far. Same optimum as :func:`solve_block` (which rounds times to
     integer units) and :func:`brute_force_block`; ``None`` when no candidate fits in memory. Ties keep the
-    first candidate in ``(t, p)`` order; a candidate with recomputation or FSDP must win by the option margin
-    (its score is its objective × ``(1 + ε)``)."""
+    first candidate in ``(t, p)`` order."""
     cands, coeffs = _prune(p, block_candidates(p))
     if not cands or p.layers < 1:
         return None
     best: BlockConfig | None = None
-    best_score = math.inf
     for k, c in zip(cands, coeffs, strict=True):
-        bound = math.inf
-        if best is not None:
-            bound = best_score / _weight(p) if (k.recompute or k.fsdp) else best_score
-        cfg = _best_split(p, k, c, bound)
+        cfg = _best_split(p, k, c, best.objective_s if best is not None else math.inf)
         if cfg is None:
             continue
         if p.memory_bound and max(cfg.memory_gib) > p.shape.memory_gib:
             continue
-        score = _score(p, cfg)
-        if best is None or score < best_score * (1.0 - 1e-12):
-            best, best_score = cfg, score
+        if best is None or cfg.objective_s < best.objective_s * (1.0 - 1e-12):
+            best = cfg
     return best
 
 
-def _weight(p: BlockProblem) -> float:
-    return 1.0 + p.option_margin
-
-
-def _score(p: BlockProblem, cfg: BlockConfig) -> float:
-    """The objective, × ``(1 + ε)`` with recomputation or FSDP (the margin an option must win by)."""
-    return cfg.objective_s * _weight(p) if (cfg.recompute or cfg.fsdp) else cfg.objective_s
+def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
+    """The plain candidates first; where none fits memory and ``p`` allows them, every candidate
+    (recomputation and FSDP: a second tier, :func:`spiderflow.tpa.level2.plain`)."""
+    for q in (plain(p), p) if plain(p) is not p else (p,):
+        out = _solve_tier(q)
+        if out is not None:
+            return out
+    return None
 

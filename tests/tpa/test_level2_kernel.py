@@ -66,7 +66,6 @@ def problems(draw: st.DrawFn) -> BlockProblem:
         precision=draw(st.sampled_from(list(Precision))),
         allow_recompute=draw(st.booleans() | st.just(True)),
         allow_fsdp=draw(st.booleans() | st.just(True)),
-        option_margin=draw(st.sampled_from([0.02, 0.0]) | st.floats(0.0, 0.2)),
     )
     worst = ref.min_memory_config(p)  # with ample memory: the least peak any configuration needs
     need = max(worst.memory_gib) if worst is not None else 40.0
@@ -80,6 +79,7 @@ def _check(p: BlockProblem) -> None:
     assert (fl.size, it.size) == (kernels.F_SIZE, kernels.I_SIZE)
     _same(l2.block_candidates(p), ref.block_candidates(p))
     _same(l2.solve_block_exact(p), ref.solve_block_exact(p))
+    _same(l2._solved(p, kernels.solve_exact), ref._solve_tier(p))  # every candidate at once, options included
     assert l2.min_peak_fits(p) is ref.min_peak_fits(p)
     _same(l2.min_memory_config.__wrapped__(p), ref.min_memory_config.__wrapped__(p))
     for k in ref.block_candidates(p):

@@ -55,7 +55,7 @@ def parse_gpus(value: str) -> GpuRange:
 def _stage_dicts(plan: Plan) -> list[dict[str, Any]]:
     return [
         {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
-         "tp": s.tp, "dp": s.dp}
+         "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
         for s in plan.stages
     ]
 
