@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Sharding, Topology
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Precision, Schedule, Sharding, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
 from spiderflow.tpa import planner as planner_mod
@@ -485,3 +485,27 @@ def test_with_in_flight_cap_never_grows_memory_and_caps_every_schedule(
                 assert out.schedule is (Schedule.GPIPE if plan.micro_batches <= k else Schedule.ONE_F_ONE_B)
     with pytest.raises(ValueError, match="max_in_flight"):
         with_in_flight_cap(base, topo, job, 0)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.TF32, Precision.BF16])
+def test_the_search_prices_the_jobs_precision(three_region_topo: Topology, job_6b7: JobSpec,
+                                              precision: Precision) -> None:
+    """Level 1's step estimate (level 2's figures) equals evaluate's in the job's precision: compute rates,
+    activation, all-reduce and gradient bytes and state bytes of fp32/tf32 jobs are their own, not bf16's."""
+    from dataclasses import replace
+
+    job = replace(job_6b7, precision=precision)
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    clusters = [three_region_topo.cluster(n) for n, _ in alloc]
+    ctx = ChainContext.build(three_region_topo, clusters, [g for _, g in alloc], job.model, micro_batch=1,
+                             seq_len=job.seq_len, m=job.global_batch, schedule=Schedule.ONE_F_ONE_B,
+                             precision=precision)
+    ev = polish(ctx, level1(ctx))
+    assert ev.feasible
+    plan = evaluate(plan_from_split(ctx, ev), three_region_topo, job)
+    assert ev.step_s == pytest.approx(plan.step_time_s, rel=1e-9)
+    if precision is not Precision.BF16:  # the bf16 figures of the same plan are another (faster) step
+        bf16 = evaluate(plan, three_region_topo, replace(job, precision=Precision.BF16))
+        assert bf16.step_time_s < 0.9 * plan.step_time_s
+    got = plan_chain(three_region_topo, job, alloc)
+    assert got.step_time_s == evaluate(got, three_region_topo, job).step_time_s
