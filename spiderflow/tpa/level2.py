@@ -276,13 +276,20 @@ FArray = npt.NDArray[np.float64]
 IArray = npt.NDArray[np.int64]
 
 
+@lru_cache(maxsize=4096)
+def _model_figures(model: ModelSpec, micro_batch: int, seq_len: int) -> tuple[float, float, float, float]:
+    """The model family's ``(P, f, E, H)``: parameters of a layer, a layer's forward FLOPs per micro-batch,
+    the embedding's and the head's parameters (the catalog's figures, memoised: they are read per problem)."""
+    return (float(model.params_per_layer), layer_fwd_flops(model, micro_batch, seq_len),
+            float(model.embedding_params), float(model.head_params))
+
+
 def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     """``p`` as the kernels' problem vectors (:mod:`spiderflow.kernels.level2`: ``fl`` and ``it``)."""
     sh, model = p.shape, p.model
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
-         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, float(model.params_per_layer),
-         layer_fwd_flops(model, p.micro_batch, p.seq_len), float(model.embedding_params), float(model.head_params)),
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len)),
         dtype=np.float64,
     )
     it = np.array(
@@ -456,7 +463,7 @@ def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
     (every candidate's caps at once)."""
     if not p.memory_bound:
         return (p.layers,) * k.pp
-    hit = _memory_caps(p).get(k)
+    hit = _memory_caps(p).get((k.tp, k.pp, k.dp, k.recompute, k.fsdp))
     if hit is None:  # not one of p's candidates
         fl, it = _vectors(p)
         out = np.empty(k.pp, np.int64)
@@ -466,15 +473,14 @@ def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=8192)  # an entry holds every candidate's caps
-def _memory_caps(p: BlockProblem) -> dict[Degrees, tuple[int, ...]]:
-    """:func:`memory_caps` of each of ``p``'s candidates."""
+def _memory_caps(p: BlockProblem) -> dict[tuple[int, int, int, int, int], tuple[int, ...]]:
+    """:func:`memory_caps` of each of ``p``'s candidates, by ``(t, p, d, recompute, fsdp)``."""
     fl, it = _vectors(p)
     cands, start, caps = kernels.memory_caps_all(fl, it)
     flat: list[int] = caps.tolist()
     bounds: list[int] = start.tolist()
     return {
-        Degrees(tp=t, pp=q, dp=d, recompute=bool(r), fsdp=bool(f)): tuple(flat[bounds[i]:bounds[i + 1]])
-        for i, (t, q, d, r, f) in enumerate(cands.tolist())
+        (t, q, d, r, f): tuple(flat[bounds[i]:bounds[i + 1]]) for i, (t, q, d, r, f) in enumerate(cands.tolist())
     }
 
 
@@ -777,6 +783,7 @@ def cache_clear() -> None:
     _COEFFS.clear()
     _memory_caps.cache_clear()
     _candidates.cache_clear()
+    _model_figures.cache_clear()
     STATS.cpsat_solves = 0
     STATS.cpsat_seconds = 0.0
     STATS.cpsat_improved_hint = 0
