@@ -16,7 +16,18 @@ its own layout, and DCP reshards on load.
 Commit protocol (:func:`save_dcp`): every rank saves (DCP's collective save: local plans, a global plan,
 writes, metadata by the coordinator), every rank hashes the files it wrote (SHA-256), the digests are
 gathered, and only then does rank 0 return the manifest (with every file's size and digest) for the
-caller's manifest callback (the agent puts it in etcd). :func:`resume_point` refuses a checkpoint whose
+caller's manifest callback (the agent puts it in etcd).
+
+Asynchronous saves (:class:`AsyncCheckpointer`): where the process group has a CPU backend (gloo, alone or
+as ``cpu:gloo,cuda:nccl``), :meth:`AsyncCheckpointer.start` stages the state to host memory and returns;
+``torch.distributed.checkpoint.async_save`` writes the files in a background thread over a dedicated gloo
+group (so its collectives never interleave with training's), while training goes on.
+:meth:`AsyncCheckpointer.finish` — collective, after the next step or at the end of the run — waits for
+every rank's write, then hashes and gathers as above: the manifest is still committed only after every
+rank's shards are written and synced. Where no CPU backend exists (an NCCL-only group) or
+``async_save`` is missing, the save runs synchronously and says so in the log
+(``checkpoint.sync_save``). A run that dies before ``finish`` leaves a step directory without a manifest,
+which resuming ignores. :func:`resume_point` refuses a checkpoint whose
 files are missing, truncated or altered and falls back to the newest intact older one; :func:`retain`
 keeps the newest ``N`` complete checkpoints.
 """
@@ -46,6 +57,7 @@ from spiderflow.exec.spec import (
 
 __all__ = [
     "MANIFEST_NAME",
+    "AsyncCheckpointer",
     "complete_checkpoints",
     "latest_checkpoint",
     "load_dcp",
@@ -106,25 +118,23 @@ def _flat_state(modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimiz
     return flat
 
 
-def save_dcp(
-    spec: TrainSpec, step: int, modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
-    ranges: Sequence[Sequence[tuple[int, int]]],
-) -> CheckpointManifest:
-    """Save every rank's shards of step ``step`` under ``spec.checkpoint_dir`` (collective over the default
-    group) and return the manifest (meaningful on rank 0, which commits it). Returns only after every rank
-    has written and hashed its files."""
+def _writer(where: str) -> Any:
     dcp = _dcp()
+    if "://" in where:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(where, sync_files=True)
+    return dcp.FileSystemWriter(_fs(where)[1], sync_files=True)
+
+
+def _manifest(spec: TrainSpec, step: int, ranges: Sequence[Sequence[tuple[int, int]]],
+              group: Any = None) -> CheckpointManifest:
+    """Hash this rank's files of step ``step`` (rank 0 also the metadata), gather every rank's digests over
+    ``group`` (collective) and build the manifest."""
     assert spec.checkpoint_dir is not None
     root = spec.checkpoint_dir
     where = step_dir(root, step)
     fs, path = _fs(where)
-    if "://" in where:
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
-
-        writer: Any = FsspecWriter(where, sync_files=True)
-    else:
-        writer = dcp.FileSystemWriter(path, sync_files=True)
-    dcp.save(_flat_state(modules, opts), storage_writer=writer)
     rank = dist.get_rank()
     mine = [p for p in fs.ls(path, detail=False) if p.rsplit("/", 1)[-1].startswith(f"__{rank}_")]
     if rank == 0:
@@ -134,12 +144,84 @@ def save_dcp(
         size, sha = _digest(fs, p)
         digests.append(FileDigest(name=p.rsplit("/", 1)[-1], size=size, sha256=sha))
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, digests)
+    dist.all_gather_object(gathered, digests, group=group)
     files = tuple(sorted((d for part in gathered for d in part), key=lambda d: d.name))
     meta = f"{where}/.metadata"
     shards = tuple(ShardInfo(first_layer=a, last_layer=b, path=meta) for stage in ranges for a, b in stage)
     return CheckpointManifest(job_id=spec.job_id, step=step, model=spec.model, shards=shards, root=str(root),
                               files=files)
+
+
+def save_dcp(
+    spec: TrainSpec, step: int, modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer],
+    ranges: Sequence[Sequence[tuple[int, int]]],
+) -> CheckpointManifest:
+    """Save every rank's shards of step ``step`` under ``spec.checkpoint_dir`` (collective over the default
+    group) and return the manifest (meaningful on rank 0, which commits it). Returns only after every rank
+    has written and hashed its files."""
+    assert spec.checkpoint_dir is not None
+    _dcp().save(_flat_state(modules, opts), storage_writer=_writer(step_dir(spec.checkpoint_dir, step)))
+    return _manifest(spec, step, ranges)
+
+
+def async_unavailable() -> str | None:
+    """Why an asynchronous save cannot run in this process group (``None``: it can)."""
+    dcp = _dcp()
+    if not hasattr(dcp, "async_save"):
+        return "this torch has no torch.distributed.checkpoint.async_save"
+    types = getattr(dist.distributed_c10d._get_default_group(), "_device_types", None)
+    if types is not None and torch.device("cpu") not in types:
+        return "the process group has no CPU backend (async_save needs gloo beside NCCL: 'cpu:gloo,cuda:nccl')"
+    return None
+
+
+class AsyncCheckpointer:
+    """Asynchronous DCP saves of one rank (module docstring). Construct it on every rank at the same point
+    (it creates its gloo group collectively). At most one save is in flight: :meth:`start` of a new one
+    first finishes the previous one."""
+
+    def __init__(self, spec: TrainSpec, ranges: Sequence[Sequence[tuple[int, int]]]) -> None:
+        self.spec = spec
+        self.ranges = ranges
+        self.why_sync = async_unavailable()
+        self.group: Any = None if self.why_sync else dist.new_group(backend="gloo")
+        self._pending: tuple[int, Any] | None = None
+        if self.why_sync:
+            log.info("checkpoint.sync_save", reason=self.why_sync, job=spec.job_id)
+
+    @property
+    def pending_step(self) -> int | None:
+        return None if self._pending is None else self._pending[0]
+
+    def start(self, step: int, modules: Sequence[nn.Module], opts: Sequence[torch.optim.Optimizer]
+              ) -> CheckpointManifest | None:
+        """Begin saving step ``step`` (collective). Returns the manifest of the save this call finished —
+        the previous asynchronous one, or this one when it ran synchronously — else ``None``."""
+        done = self.finish()
+        assert self.spec.checkpoint_dir is not None
+        if self.why_sync is not None:
+            return save_dcp(self.spec, step, modules, opts, self.ranges)
+        writer = _writer(step_dir(self.spec.checkpoint_dir, step))
+        fut = _dcp().async_save(_flat_state(modules, opts), storage_writer=writer, process_group=self.group)
+        self._pending = (step, fut)
+        return done
+
+    def finish(self) -> CheckpointManifest | None:
+        """Wait for the save in flight (collective: every rank calls it), hash and gather its files; its
+        manifest (meaningful on rank 0), or ``None`` when none was in flight."""
+        if self._pending is None:
+            return None
+        step, fut = self._pending
+        self._pending = None
+        result = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse, or the Future itself
+        result.result()
+        return _manifest(self.spec, step, self.ranges, group=self.group)
+
+    def close(self) -> None:
+        """Drop the dedicated group (after :meth:`finish`)."""
+        if self.group is not None:
+            dist.destroy_process_group(self.group)
+            self.group = None
 
 
 def load_dcp(

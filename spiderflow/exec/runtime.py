@@ -514,6 +514,19 @@ def run(
         losses: list[float] = []
         times: list[float] = []
         published: list[CheckpointManifest] = []
+        saver = (ckpt.AsyncCheckpointer(spec, runner.ranges)
+                 if spec.checkpoint_dir is not None and spec.checkpoint_every else None)
+
+        def commit(m: CheckpointManifest | None) -> None:
+            """Publish a finished save (rank 0): every rank's shards are written, synced and hashed."""
+            if m is None or info.rank != 0:
+                return
+            if publish is not None:
+                publish(m)
+            published.append(m)
+            ckpt.retain(spec.checkpoint_dir or ".", spec.checkpoint_keep)
+            bound.info("checkpoint", step=m.step, dir=str(spec.checkpoint_dir))
+
         for step in range(start, spec.steps):
             t0 = time.perf_counter()
             if step == start + 1:
@@ -534,14 +547,15 @@ def run(
             if on_step is not None:
                 on_step(report)
             done = step + 1
-            if spec.checkpoint_every and done % spec.checkpoint_every == 0:
-                m = runner.save(done)  # collective: returns once every rank's shards are written and hashed
-                if info.rank == 0:
-                    if publish is not None:
-                        publish(m)
-                    published.append(m)
-                    ckpt.retain(spec.checkpoint_dir or ".", spec.checkpoint_keep)
-                    bound.info("checkpoint", step=done, dir=str(spec.checkpoint_dir))
+            if saver is not None:
+                # The save started after the previous step was written while this step trained: finish it
+                # (collective) and commit its manifest; then start this step's save if one is due.
+                commit(saver.finish())
+                if done % spec.checkpoint_every == 0:
+                    commit(saver.start(done, runner.modules, runner.opts))
+        if saver is not None:
+            commit(saver.finish())
+            saver.close()
         dist.barrier()
         if spec.model.save_to:  # trained weights back in the Hugging Face format they came in
             if info.replica == 0:

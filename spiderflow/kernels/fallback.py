@@ -16,7 +16,7 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
   layer, activation bytes per layer, head activation bytes, head T)``; ``pos_i[i]``: ``(GPUs, GPUs per node,
   tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
   ``i + 1``.
-* ``job_f``: ``(parameters per layer, embedding parameters)``; ``job_i``: ``(micro-batches, layers,
+* ``job_f``: ``(parameters per layer, embedding parameters, head parameters)``; ``job_i``: ``(micro-batches, layers,
   exact GPUs (0/1), slack)``.
 * Block memo (a block depends only on its position, its layer count and the stages downstream of its
   start, given that every block holds at least one layer): ``slots[i, :S]`` the downstream counts memoised
@@ -81,6 +81,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     ntp = pos_i[i, 2]
     p_layer = job_f[0]
     p_embed = job_f[1]
+    p_head = job_f[2]
     m = job_i[0]
     exact = job_i[2] != 0
     slack = job_i[3]
@@ -148,7 +149,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         sz = (base + 1 if j < rem else base) if big_first else (base if j < n_small else base + 1)
                         is_last = j == pp - 1 and head
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
-                            p_embed if is_last else 0.0)
+                            p_head if is_last else 0.0)
                         if dp > 1:
                             y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
@@ -387,7 +388,7 @@ def _balanced_capacity(i: int, k: int, tp: int, t: int, pp: int, downstream: int
         inflight = per_replica if per_replica <= ahead else ahead
         extra = 16.0 * job_f[1] / tp if i == 0 and j == 0 else 0.0
         if i == k - 1 and j == pp - 1:
-            extra += 16.0 * job_f[1] / tp + inflight * pos[i, 6 + 4 * t]
+            extra += 16.0 * job_f[2] / tp + inflight * pos[i, 6 + 4 * t]
         n = math.floor((room - extra) / (w + inflight * act) * _CAP_SLACK)
         if n < 1:
             return 0, False

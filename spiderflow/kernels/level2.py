@@ -25,10 +25,12 @@ import numpy.typing as npt
 from spiderflow.kernels import kernel, register_warmup
 
 __all__ = [
+    "C_SIZE",
     "F_SIZE",
     "I_SIZE",
     "candidates",
     "coefficients",
+    "fsdp_hidden",
     "memory_caps",
     "memory_caps_all",
     "min_memory_config",
@@ -38,6 +40,7 @@ __all__ = [
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
+Picked = tuple[int, int, int, int, int, float, float]  # (t, p, d, recompute, fsdp, objective, P_in)
 
 # ``fl``: the problem's real figures.
 F_TFLOPS = 0  # effective TFLOPS per GPU
@@ -49,7 +52,11 @@ F_OPTIMIZER_S = 5
 F_FLOOR_S = 6  # Z_floor
 F_GIB = 7  # bytes per GiB
 F_RESERVED_BYTES = 8  # the runtime's reserve per GPU, bytes
-F_SIZE = 9
+F_LAYER_PARAMS = 9  # P: parameters of one layer (the model family's, :attr:`ModelSpec.params_per_layer`)
+F_LAYER_FLOPS = 10  # f: forward FLOPs of one layer per micro-batch (:func:`spiderflow.costmodel.layer_fwd_flops`)
+F_EMBED_PARAMS = 11  # E: the embedding's parameters (first sub-stage of an embedding block)
+F_HEAD_PARAMS = 12  # H: the head's parameters (last sub-stage of a head block)
+F_SIZE = 13
 
 # ``it``: the problem's integers (flags 0/1).
 I_GPUS = 0
@@ -70,8 +77,21 @@ I_HAS_MAX_IN_FLIGHT = 14
 I_HAS_EMBED = 15
 I_HAS_HEAD = 16
 I_MEMORY_BOUND = 17
-I_BYTES_PER_PARAM = 18
-I_SIZE = 19
+I_BYTES_PER_PARAM = 18  # replicated weights, grads and optimizer state per parameter (by precision)
+I_VALUE_BYTES = 19  # v: bytes of one activation or gradient value in the job's precision
+I_FSDP_BYTES_PER_PARAM = 20  # the same on an FSDP shard
+I_ALLOW_RECOMPUTE = 21  # candidates with activation recomputation
+I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1, all-gathers hidden behind compute)
+I_KV_HEADS = 23  # key/value heads (grouped-query attention; = heads otherwise): t divides them too
+I_SIZE = 24
+
+# A candidate's row: ``(t, p, d, recompute, fsdp)``.
+C_TP = 0
+C_PP = 1
+C_DP = 2
+C_RECOMPUTE = 3
+C_FSDP = 4
+C_SIZE = 5
 
 _UP = 1.0 + 1e-9  # a bound's slack
 _TIE = 1.0 - 1e-12  # a strictly better objective
@@ -121,26 +141,89 @@ def _transfer_time(nbytes: float, gbps: float, latency_ms: float) -> float:
 
 
 @kernel
-def _divides(tp: int, gpus: int, g: int, heads: int, hidden: int) -> bool:
-    return gpus % tp == 0 and (g % tp == 0 or tp % g == 0) and heads % tp == 0 and hidden % tp == 0
+def _divides(tp: int, gpus: int, g: int, heads: int, kv_heads: int, hidden: int) -> bool:
+    return (gpus % tp == 0 and (g % tp == 0 or tp % g == 0) and heads % tp == 0 and kv_heads % tp == 0
+            and hidden % tp == 0)
 
 
 @kernel
-def candidates(it: IArr) -> IArr:
-    """Every admissible ``(t, p, d)`` of the problem (rows), ordered by ``(t, p)``:
-    :func:`spiderflow.tpa.level2.block_candidates`."""
+def _fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
+    """:func:`spiderflow.costmodel.fsdp_gather_time`: ring all-gather (or reduce-scatter) over ``d``."""
+    if d <= 1:
+        return 0.0
+    if gbps <= 0:
+        return math.inf
+    return (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
+
+
+@kernel
+def _time_terms(fl: FArr, it: IArr, tp: int, dp: int, recompute: bool) -> tuple[float, float, float, float, float]:
+    r"""``(τ, η_head, γ, δ_E, δ_H)``: a layer's fwd+bwd seconds, the head's, and the FSDP all-gather seconds
+    (before forward and before backward) per layer, of the embedding and of the head, for one replica of
+    ``t``-way tensor parallelism (:func:`spiderflow.costmodel.stage_compute_time`):
+
+    * ``τ = c·f/(t·F) + o + n_AR·AR_t(v·b·s·h, B_tp)``, ``c = 3`` (``4`` with recomputation: the blocks'
+      forward runs again in backward) and ``n_AR = 4`` (``6``);
+    * ``η_head = 3·2·b·s·h·V/(t·F)`` (the head is never recomputed);
+    * ``γ = 2·AG_d(v·P/t, B_dp)``, ``δ_E = 2·AG_d(v·E/t, B_dp)``, ``δ_H = 2·AG_d(v·H/t, B_dp)``."""
+    h = it[I_HIDDEN]
+    v = it[I_VOCAB]
+    b = it[I_MICRO_BATCH]
+    s = it[I_SEQ_LEN]
+    g = it[I_GPUS_PER_NODE]
+    vb = it[I_VALUE_BYTES]
+    flops_rate = tp * fl[F_TFLOPS] * 1e12
+    tp_bw = fl[F_INTRA_GBPS] if tp <= g else fl[F_INTER_GBPS]
+    ar = _allreduce_time(float(vb) * b * s * h, tp, tp_bw, 0.0)
+    if recompute:
+        tau = 4.0 * fl[F_LAYER_FLOPS] / flops_rate + fl[F_LAYER_OVERHEAD_S] + 6 * ar
+    else:
+        tau = 3.0 * fl[F_LAYER_FLOPS] / flops_rate + fl[F_LAYER_OVERHEAD_S] + 4 * ar
+    eta_head = 6.0 * b * s * h * v / flops_rate  # 3·2·b·s·h·V / rate (3.0 * 2.0 is exactly 6.0)
+    dp_bw = fl[F_INTRA_GBPS] if tp * dp <= g else fl[F_INTER_GBPS]
+    gamma = 2.0 * _fsdp_gather_time(vb * fl[F_LAYER_PARAMS] / tp, dp, dp_bw)
+    delta_e = 2.0 * _fsdp_gather_time(vb * fl[F_EMBED_PARAMS] / tp, dp, dp_bw)
+    delta_h = 2.0 * _fsdp_gather_time(vb * fl[F_HEAD_PARAMS] / tp, dp, dp_bw)
+    return tau, eta_head, gamma, delta_e, delta_h
+
+
+@kernel
+def fsdp_hidden(fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool) -> bool:
+    """Whether FSDP's all-gathers hide behind compute on every sub-stage of candidate ``(t, p, d)`` whatever
+    its layer count: ``γ·ℓ + δ_j ≤ τ·ℓ + η_j`` at ``ℓ = 1`` and ``ℓ = L_b`` (both sides are linear in ``ℓ``),
+    ``δ_j``/``η_j`` the embedding's gather on sub-stage 0 of an embedding block and the head's gather and
+    compute on the last sub-stage of a head block. Then the cost model's ``max(T_s, 2·AG)`` is ``T_s`` and
+    the stage time stays linear in its layers, as level 2's model needs; FSDP candidates whose gathers could
+    show are not offered (:func:`candidates`)."""
+    tau, eta_head, gamma, delta_e, delta_h = _time_terms(fl, it, tp, dp, recompute)
+    top = it[I_LAYERS]
+    for j in range(pp):
+        head = it[I_HAS_HEAD] != 0 and j == pp - 1
+        eta = eta_head if head else 0.0
+        delta = (delta_e if (it[I_HAS_EMBED] != 0 and j == 0) else 0.0) + (delta_h if head else 0.0)
+        if gamma + delta > tau + eta or gamma * top + delta > tau * top + eta:
+            return False
+    return True
+
+
+@kernel
+def candidates(fl: FArr, it: IArr) -> IArr:
+    """Every admissible ``(t, p, d, recompute, fsdp)`` of the problem (rows), ordered by ``(t, p)``, then the
+    plain candidate, FSDP, recomputation, both: :func:`spiderflow.tpa.level2.block_candidates`. FSDP only
+    with ``d > 1`` replicas and where :func:`fsdp_hidden`; each option only where the problem allows it."""
     gpus = it[I_GPUS]
     g = it[I_GPUS_PER_NODE]
     heads = it[I_HEADS]
     hidden = it[I_HIDDEN]
     layers = it[I_LAYERS]
     m = it[I_M]
+    n_rc = 2 if it[I_ALLOW_RECOMPUTE] != 0 else 1
     n = 0
     for rep in range(2):  # count, then fill
-        out = np.empty((n, 3), np.int64)
+        out = np.empty((n, C_SIZE), np.int64)
         q = 0
         for tp in range(1, gpus + 1):
-            if not _divides(tp, gpus, g, heads, hidden):
+            if not _divides(tp, gpus, g, heads, it[I_KV_HEADS], hidden):
                 continue
             rest = gpus // tp
             for pp in range(1, rest + 1):
@@ -149,35 +232,48 @@ def candidates(it: IArr) -> IArr:
                 dp = gpus // (tp * pp)
                 if pp > layers or dp > m:
                     continue
-                if rep == 1:
-                    out[q, 0] = tp
-                    out[q, 1] = pp
-                    out[q, 2] = dp
-                q += 1
+                for rc in range(n_rc):
+                    for fs in range(2):
+                        if fs == 1 and (it[I_ALLOW_FSDP] == 0 or dp < 2
+                                        or not fsdp_hidden(fl, it, tp, pp, dp, rc == 1)):
+                            continue
+                        if rep == 1:
+                            out[q, C_TP] = tp
+                            out[q, C_PP] = pp
+                            out[q, C_DP] = dp
+                            out[q, C_RECOMPUTE] = rc
+                            out[q, C_FSDP] = fs
+                        q += 1
         if rep == 0:
             n = q
         else:
             return out
-    return np.empty((0, 3), np.int64)  # unreachable
+    return np.empty((0, C_SIZE), np.int64)  # unreachable
 
 
 @kernel
 def coefficients(
-    fl: FArr, it: IArr, tp: int, pp: int, dp: int, mu: FArr, nu: FArr, beta: FArr
+    fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool, fsdp: bool, mu: FArr, nu: FArr, beta: FArr
 ) -> tuple[float, float, float, float]:
-    r"""Candidate ``(t, p, d) = (tp, pp, dp)``'s constants: ``(τ, η_head, α, P_in)`` returned, ``μ_j``, ``ν_j``,
-    ``β_j`` written into ``mu[:pp]``, ``nu[:pp]``, ``beta[:pp]``. With the cost model's symbols
-    (:mod:`spiderflow.costmodel`; ``F`` the GPU's FLOP/s, ``P = 12h²`` and ``E = V·h`` the parameters of a
-    layer and of the embedding or head, ``AR_k(x, B)`` the ring all-reduce):
+    r"""Candidate ``(t, p, d)``'s constants (with recomputation and FSDP as ``recompute``/``fsdp`` say):
+    ``(τ, η_head, α, P_in)`` returned, ``μ_j``, ``ν_j``, ``β_j`` written into ``mu[:pp]``, ``nu[:pp]``,
+    ``beta[:pp]``. With the cost model's symbols (:mod:`spiderflow.costmodel`; ``F`` the GPU's FLOP/s in the
+    job's precision, ``P``, ``E``, ``H`` the parameters of a layer, of the embedding and of the head and ``f``
+    a layer's forward FLOPs, all from the model family; ``v`` the precision's value bytes, ``AR_k(x, B)`` the
+    ring all-reduce, ``AG_k(x, B)`` the ring all-gather/reduce-scatter):
 
-    * ``τ = 3·f/(t·F) + o + 4·AR_t(2·b·s·h, B_tp)`` with ``f = 24·b·s·h² + 4·b·s²·h``;
-      ``η_head = 3·2·b·s·h·V/(t·F)``;
+    * ``τ``, ``η_head``: :func:`_time_terms`;
     * ``κ_j = ⌈m/d⌉`` (GPipe) or ``max(1, min(⌈m/d⌉, φ·(R + p − j)))``, then ``min(κ_j, K)`` under a cap;
-    * ``μ_j = 16·P/t + κ_j·s·b·h·(10 + 24/t + 5·a·s/(h·t))``;
-      ``ν_j = 16·E_j/t + reserve`` plus ``κ_j·4·b·s·V/t`` (fp32 logits) on the head sub-stage, ``E_j`` the
-      embedding's (sub-stage 0 of an embedding block) and the head's (the last of a head block) parameters;
-    * ``α = AR_d(2·P/t, B_dp) + u``; ``β_j = AR_d(2·E_j/t, B_dp)`` (0 when ``E_j = 0``);
-    * ``P_in = w·b·s·h / B_inter`` (the cluster's wire format).
+    * ``μ_j = σ·P/(t·d_σ) + κ_j·a`` with ``σ`` the state bytes per parameter (replicated: by precision;
+      FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``) and ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
+      activations a block keeps (``v·s·b·h``, its input, with recomputation);
+    * ``ν_j = σ·X_j/(t·d_σ) + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
+      last of a head block) plus ``κ_j·4·b·s·V/t`` (fp32 logits) on the head sub-stage, plus FSDP's
+      unsharded two-block working copy ``2·2·v·P/t``, plus one block's full activations rebuilt in backward
+      under recomputation;
+    * ``α = S_d(v·P/t, B_dp) + u``; ``β_j = S_d(v·X_j/t, B_dp)`` (0 when ``X_j = 0``), ``S = AR`` for
+      replicas, ``AG`` (the gradients' reduce-scatter) under FSDP;
+    * ``P_in = w·b·s·h / B_inter`` (the cluster's wire format in the job's precision).
 
     ``B_tp`` is the intra-node bandwidth when ``t ≤ g``, ``B_dp`` when ``t·d ≤ g``, else the inter-node one."""
     h = it[I_HIDDEN]
@@ -187,27 +283,29 @@ def coefficients(
     s = it[I_SEQ_LEN]
     m = it[I_M]
     g = it[I_GPUS_PER_NODE]
+    vb = it[I_VALUE_BYTES]
     intra = fl[F_INTRA_GBPS]
     inter = fl[F_INTER_GBPS]
-    params_per_layer = 12 * h * h
-    embedding_params = v * h
-    f_layer = 24.0 * b * s * h * h + 4.0 * b * s * s * h
-    flops_rate = tp * fl[F_TFLOPS] * 1e12
-    tp_bw = intra if tp <= g else inter
-    tau = (3.0 * f_layer / flops_rate + fl[F_LAYER_OVERHEAD_S]
-           + 4 * _allreduce_time(2.0 * b * s * h, tp, tp_bw, 0.0))
-    eta_head = 6.0 * b * s * h * v / flops_rate  # 3·2·b·s·h·V / rate (3.0 * 2.0 is exactly 6.0)
-    act_layer = s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp))
+    params_per_layer = fl[F_LAYER_PARAMS]
+    tau, eta_head, _, _, _ = _time_terms(fl, it, tp, dp, recompute)
+    act_full = s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp))
+    act_layer = float(vb) * s * b * h if recompute else act_full
     per_replica = math.ceil(m / dp)
     stage_gpus = tp * dp
     dp_bw = intra if stage_gpus <= g else inter
-    alpha = _allreduce_time(2.0 * params_per_layer / tp, dp, dp_bw, 0.0) + fl[F_OPTIMIZER_S]
+    if fsdp:
+        alpha = _fsdp_gather_time(vb * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S]
+        bpp = it[I_FSDP_BYTES_PER_PARAM]
+        shards = tp * dp
+    else:
+        alpha = _allreduce_time(vb * params_per_layer / tp, dp, dp_bw, 0.0) + fl[F_OPTIMIZER_S]
+        bpp = it[I_BYTES_PER_PARAM]
+        shards = tp
     gpipe = it[I_HAS_DOWNSTREAM] == 0
     downstream = it[I_DOWNSTREAM]
     capped = it[I_HAS_MAX_IN_FLIGHT] != 0 and not gpipe
     has_embed = it[I_HAS_EMBED] != 0
     has_head = it[I_HAS_HEAD] != 0
-    bpp = it[I_BYTES_PER_PARAM]
     reserved = fl[F_RESERVED_BYTES]
     for j in range(pp):
         inflight = per_replica if gpipe else max(1, min(per_replica, it[I_DEPTH_FACTOR] * (downstream + pp - j)))
@@ -215,13 +313,22 @@ def coefficients(
             inflight = min(inflight, it[I_MAX_IN_FLIGHT])
         embed = has_embed and j == 0
         head = has_head and j == pp - 1
-        extra_params = (embedding_params if embed else 0) + (embedding_params if head else 0)
-        mu[j] = bpp * params_per_layer / tp + inflight * act_layer
-        const = bpp * extra_params / tp + reserved
+        extra_params = (fl[F_EMBED_PARAMS] if embed else 0.0) + (fl[F_HEAD_PARAMS] if head else 0.0)
+        mu[j] = bpp * params_per_layer / shards + inflight * act_layer
+        const = bpp * extra_params / shards + reserved
+        if fsdp:
+            const += 2.0 * 2.0 * vb * params_per_layer / tp
+        if recompute:
+            const += act_full
         if head:
             const += inflight * 4.0 * b * s * v / tp
         nu[j] = const
-        beta[j] = _allreduce_time(2.0 * extra_params / tp, dp, dp_bw, 0.0) if extra_params else 0.0
+        if extra_params == 0.0:
+            beta[j] = 0.0
+        elif fsdp:
+            beta[j] = _fsdp_gather_time(vb * extra_params / tp, dp, dp_bw)
+        else:
+            beta[j] = _allreduce_time(vb * extra_params / tp, dp, dp_bw, 0.0)
     p_in = _transfer_time(float(it[I_WIRE_BYTES]) * b * s * h, inter, 0.0)
     return tau, eta_head, alpha, p_in
 
@@ -518,22 +625,23 @@ def _all_coefficients(
         s0 = start[i]
         s1 = start[i + 1]
         tau[i], eta[i], alpha[i], p_in[i] = coefficients(
-            fl, it, cands[i, 0], cands[i, 1], cands[i, 2], mu[s0:s1], nu[s0:s1], beta[s0:s1])
+            fl, it, cands[i, C_TP], cands[i, C_PP], cands[i, C_DP], cands[i, C_RECOMPUTE] != 0,
+            cands[i, C_FSDP] != 0, mu[s0:s1], nu[s0:s1], beta[s0:s1])
     return start, tau, eta, alpha, p_in, mu, nu, beta
 
 
 @kernel
-def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> tuple[int, int, int, float, float]:
+def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
     """:func:`spiderflow.tpa.level2.solve_block_exact`: prune the candidates (one-layer memory test, lower
     bound against the best balanced split), then each survivor's best split in ``(t, p)`` order under the
-    best objective so far; ties keep the first. Returns ``(t, p, d, objective, intra-cluster boundary)``
-    with the winner's layers in ``layers_out[:p]`` and its compute, memory and gradient sync figures in
+    best objective so far; ties keep the first. Returns ``(t, p, d, recompute, fsdp, objective, intra-cluster
+    boundary)`` with the winner's layers in ``layers_out[:p]`` and its compute, memory and gradient sync figures in
     ``figs_out[0:3, :p]`` (both at least ``min(L_b, GPUs)`` wide); ``t = 0`` when no candidate fits."""
     lb = it[I_LAYERS]
-    cands = candidates(it)
+    cands = candidates(fl, it)
     nk = cands.shape[0]
     if nk == 0 or lb < 1:
-        return 0, 0, 0, 0.0, 0.0
+        return 0, 0, 0, 0, 0, 0.0, 0.0
     start, tau, eta, alpha, p_ins, mu, nu, beta = _all_coefficients(fl, it, cands)
     m = it[I_M]
     memory_bound = it[I_MEMORY_BOUND] != 0
@@ -621,18 +729,19 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> tuple[i
                 for r in range(3):
                     figs_out[r, j] = figs[r, j]
     if not have:
-        return 0, 0, 0, 0.0, 0.0
-    return cands[best_i, 0], cands[best_i, 1], cands[best_i, 2], best_obj, best_boundary
+        return 0, 0, 0, 0, 0, 0.0, 0.0
+    return (cands[best_i, C_TP], cands[best_i, C_PP], cands[best_i, C_DP], cands[best_i, C_RECOMPUTE],
+            cands[best_i, C_FSDP], best_obj, best_boundary)
 
 
 @kernel
-def memory_caps(fl: FArr, it: IArr, tp: int, pp: int, dp: int, out: IArr) -> None:
-    """``u_j`` of candidate ``(tp, pp, dp)`` into ``out[:pp]``: the most layers sub-stage ``j`` holds within
-    GPU memory (``L_b`` when memory is not bound)."""
+def memory_caps(fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool, fsdp: bool, out: IArr) -> None:
+    """``u_j`` of candidate ``(tp, pp, dp, recompute, fsdp)`` into ``out[:pp]``: the most layers sub-stage ``j``
+    holds within GPU memory (``L_b`` when memory is not bound)."""
     mu = np.empty(pp, np.float64)
     nu = np.empty(pp, np.float64)
     beta = np.empty(pp, np.float64)
-    coefficients(fl, it, tp, pp, dp, mu, nu, beta)
+    coefficients(fl, it, tp, pp, dp, recompute, fsdp, mu, nu, beta)
     _caps_into(mu, nu, pp, fl[F_MEMORY_GIB], fl[F_GIB], it[I_LAYERS], it[I_MEMORY_BOUND] != 0, out)
 
 
@@ -640,7 +749,7 @@ def memory_caps(fl: FArr, it: IArr, tp: int, pp: int, dp: int, out: IArr) -> Non
 def memory_caps_all(fl: FArr, it: IArr) -> tuple[IArr, IArr, IArr]:
     """:func:`memory_caps` of every candidate: ``(candidates, start, caps)``, candidate ``i``'s caps at
     ``caps[start[i]:start[i + 1]]``."""
-    cands = candidates(it)
+    cands = candidates(fl, it)
     start, _, _, _, _, mu, nu, _ = _all_coefficients(fl, it, cands)
     caps = np.empty(start[-1], np.int64)
     for i in range(cands.shape[0]):
@@ -655,7 +764,7 @@ def memory_caps_all(fl: FArr, it: IArr) -> tuple[IArr, IArr, IArr]:
 def min_peak_fits(fl: FArr, it: IArr) -> bool:
     """:func:`spiderflow.tpa.level2.min_peak_fits`: some candidate's sub-stages each hold one layer and their
     most layers within memory add up to ``L_b``."""
-    cands = candidates(it)
+    cands = candidates(fl, it)
     start, _, _, _, _, mu, nu, _ = _all_coefficients(fl, it, cands)
     cap = fl[F_MEMORY_GIB]
     gib = fl[F_GIB]
@@ -678,15 +787,15 @@ def min_peak_fits(fl: FArr, it: IArr) -> bool:
 
 
 @kernel
-def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> tuple[int, int, int, float, float]:
+def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
     """:func:`spiderflow.tpa.level2.min_memory_config`: every candidate with its min-peak split (one layer
     at a time to the sub-stage whose memory grows least, ties: the first), the least peak wins (ties: the
     first candidate). Returns and writes what :func:`solve_exact` does for the winner's split; ``t = 0``
     when there is no candidate."""
-    cands = candidates(it)
+    cands = candidates(fl, it)
     nk = cands.shape[0]
     if nk == 0:
-        return 0, 0, 0, 0.0, 0.0
+        return 0, 0, 0, 0, 0, 0.0, 0.0
     start, tau, eta, alpha, p_ins, mu, nu, beta = _all_coefficients(fl, it, cands)
     gib = fl[F_GIB]
     layers = it[I_LAYERS]
@@ -725,19 +834,21 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> t
     obj, boundary, _ = _config_cost(it[I_M], cands[i, 1], cands[i, 2], fl[F_FLOOR_S], gib, it[I_HAS_HEAD] != 0,
                                     tau[i], eta[i], alpha[i], p_ins[i], mu[s0:s1], nu[s0:s1], beta[s0:s1],
                                     layers_out, figs_out)
-    return cands[i, 0], cands[i, 1], cands[i, 2], obj, boundary
+    return cands[i, C_TP], cands[i, C_PP], cands[i, C_DP], cands[i, C_RECOMPUTE], cands[i, C_FSDP], obj, boundary
 
 
 @register_warmup
 def _warm() -> None:
-    fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30)])
-    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16], np.int64)
+    fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
+                   12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256])
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4], np.int64)
     lay = np.empty(4, np.int64)
     figs = np.empty((3, 4), np.float64)
     solve_exact(fl, it, lay, figs)
     min_memory_config(fl, it, lay, figs)
     min_peak_fits(fl, it)
-    memory_caps(fl, it, 1, 2, 2, lay)
+    memory_caps(fl, it, 1, 2, 2, False, False, lay)
     memory_caps_all(fl, it)
     mu = np.empty(2, np.float64)
-    coefficients(fl, it, 1, 2, 2, mu, mu.copy(), mu.copy())
+    coefficients(fl, it, 1, 2, 2, False, False, mu, mu.copy(), mu.copy())
+    fsdp_hidden(fl, it, 1, 2, 2, False)

@@ -97,7 +97,7 @@ def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: i
     b_tp = np.where(tp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     ar_tp = _ar(np.full(tp.shape, jc.act), tp, b_tp)
     t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (3.0 * jc.head_f / (tp * fl) if last else 0.0)
-    params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.p_embed if last else 0.0)
+    params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.head_params if last else 0.0)
     b_dp = np.where(tp * dp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     y = _ar(2.0 * params / tp, dp, b_dp)
     inflight = np.minimum(np.ceil(jc.m / dp), k - i)

@@ -184,10 +184,16 @@ class JobConsts:
     head_f: float  # forward FLOPs of the head per micro-batch
     act: float  # A: bytes crossing a stage boundary
     p_layer: float  # parameters per layer
-    p_embed: float  # embedding (and head) parameters
+    p_embed: float  # embedding parameters
     gpus_min: int
     gpus_max: int
     tokens: int
+    p_head: float | None = None  # the head's parameters (None: as many as the embedding, a GPT-shaped head)
+
+    @property
+    def head_params(self) -> float:
+        """The head's parameters (:attr:`~spiderflow.catalog.ModelSpec.head_params`)."""
+        return self.p_embed if self.p_head is None else self.p_head
 
     def act_layer(self, tp: float | FArr) -> Any:
         """Activation bytes one in-flight micro-batch pins per layer on one GPU at TP degree ``tp``."""
@@ -207,7 +213,7 @@ def job_consts(job: JobSpec) -> JobConsts:
         f=layer_fwd_flops(model, b, job.seq_len), head_f=2.0 * b * job.seq_len * model.hidden * model.vocab,
         act=activation_bytes(model, b, job.seq_len), p_layer=float(model.params_per_layer),
         p_embed=float(model.embedding_params), gpus_min=job.gpus.min, gpus_max=job.gpus.max,
-        tokens=job.tokens_per_step,
+        tokens=job.tokens_per_step, p_head=float(model.head_params),
     )
 
 
@@ -411,7 +417,7 @@ class _ChainEval:
         k = len(rows)
         self.pos = np.array([x for r in rows for x in r[0]], dtype=np.float64).reshape(k, POS_WIDTH)
         self.pos_i = np.array([x for r in rows for x in r[1]], dtype=np.int64).reshape(k, 3)
-        self.job_f = np.array([jc.p_layer, jc.p_embed], dtype=np.float64)
+        self.job_f = np.array([jc.p_layer, jc.p_embed, jc.head_params], dtype=np.float64)
         self.job_i = np.array([jc.m, jc.layers, int(exact_gpus), self.slack], dtype=np.int64)
         self.hop_arr = np.array(self.hops, dtype=np.float64)
         self.memo = new_memo(k, jc.layers)
@@ -864,7 +870,8 @@ def finalise(
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan that chain
     with it and keep whichever of the two plans of the chain scores better. ``force``: ask the planner for
     the first allocation even when the level-1 planner found no plan (its error then names the binding
-    constraint); ``planner=None``: the level-1 plans only.
+    constraint); ``planner=None``: the level-1 plans only. Where the level-1 planner found no allocation's
+    memory enough, the planner is asked for the first one too: TPA may fit it with recomputation or FSDP.
 
     A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
@@ -889,7 +896,10 @@ def finalise(
         if val < best_val * (1 - tolerance) or best is None:
             best, best_val, best_alloc = plan, val, alloc
     used = "fallback"
-    if planner is not None and (best is not None or force) and tpa_available():
+    # The level-1 planner plans replicated stages without recomputation: where memory stopped it on every
+    # allocation, TPA (which may recompute and shard) gets the first one.
+    over_memory = best is None and err is not None and err.constraint == "memory"
+    if planner is not None and (best is not None or force or over_memory) and tpa_available():
         target = best_alloc if best is not None else (allocations[0] if allocations else ())
         if target:
             try:

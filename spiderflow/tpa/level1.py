@@ -53,11 +53,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time
-from spiderflow.domain import Cluster, Schedule, Topology
+from spiderflow.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time, wire_bytes
+from spiderflow.domain import Cluster, Precision, Schedule, Topology
 from spiderflow.tpa.level2 import (
     BlockConfig,
     BlockProblem,
@@ -111,15 +111,20 @@ class ChainContext:
     schedule: Schedule
     boundaries_s: tuple[float, ...]  # P between chain[c] and chain[c+1]
     max_in_flight: int | None = None  # the schedule's in-flight cap K (1F1B family; spiderflow.schedules)
+    precision: Precision = Precision.BF16  # the job's: compute rates, value and state bytes
+    recompute: bool = True  # level 2 may choose activation recomputation
+    fsdp: bool = True  # level 2 may choose FSDP-sharded replicas
 
     @classmethod
     def build(
         cls, topo: Topology, clusters: Sequence[Cluster], gpus: Sequence[int], model: ModelSpec, *,
         micro_batch: int, seq_len: int, m: int, schedule: Schedule, max_in_flight: int | None = None,
+        precision: Precision = Precision.BF16, recompute: bool = True, fsdp: bool = True,
     ) -> ChainContext:
         bounds = []
         for u, v in itertools.pairwise(clusters):
-            nbytes = activation_bytes(model, micro_batch, seq_len, u.gpu_type.wire_bytes)  # the sender's format
+            # The sender's wire format in the job's precision.
+            nbytes = activation_bytes(model, micro_batch, seq_len, wire_bytes(u, precision))
             if u.name == v.name:
                 bounds.append(transfer_time(nbytes, u.inter_node_gbps, 0.0))
             else:
@@ -129,13 +134,14 @@ class ChainContext:
         return cls(
             clusters=tuple(clusters), gpus=tuple(gpus), model=model, micro_batch=micro_batch,
             seq_len=seq_len, m=m, schedule=schedule, boundaries_s=tuple(bounds), max_in_flight=max_in_flight,
+            precision=precision, recompute=recompute, fsdp=fsdp,
         )
 
     def problem(self, c: int, first: int, layers: int, downstream: int, *, floor_s: float = 0.0) -> BlockProblem:
         gpipe, factor = _profile(self.schedule)
         per_replica_max = self.m  # in-flight never exceeds m: clamp so equivalent problems share a key
         return BlockProblem(
-            shape=ClusterShape.of(self.clusters[c]),
+            shape=ClusterShape.of(self.clusters[c], self.precision),
             gpus=self.gpus[c],
             layers=layers,
             has_embed=first == 0,
@@ -148,6 +154,9 @@ class ChainContext:
             depth_factor=factor,
             floor_s=floor_s,
             max_in_flight=None if gpipe else self.max_in_flight,
+            precision=self.precision,
+            allow_recompute=self.recompute,
+            allow_fsdp=self.fsdp,
         )
 
 
@@ -230,7 +239,17 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
 
 def memory_caps(ctx: ChainContext) -> list[int]:
     """The most layers each block can hold in memory (some degrees with a balanced sub-split fit), assuming
-    one stage per block downstream; binary search, ``O(C·log L)`` candidate scans, no solver calls."""
+    one stage per block downstream; binary search, ``O(C·log L)`` candidate scans, no solver calls. Plain
+    degrees first; where their caps cannot hold every layer, with recomputation and FSDP too (level 2's
+    second tier)."""
+    if ctx.recompute or ctx.fsdp:
+        caps = _memory_caps(replace(ctx, recompute=False, fsdp=False))
+        if min(caps) >= 1 and sum(caps) >= ctx.model.layers:
+            return caps
+    return _memory_caps(ctx)
+
+
+def _memory_caps(ctx: ChainContext) -> list[int]:
     n = len(ctx.clusters)
     L = ctx.model.layers
     if n == 1:
@@ -581,7 +600,7 @@ def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCros
             out.append(DpCrossing(index=c, allowed=False, reason="the merged block does not fit in memory",
                                   hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
             continue
-        grad = 2.0 * stage_params(ctx.model, first, first + merged_layers - 1) / merged.tp
+        grad = float(ctx.precision.value_bytes) * stage_params(ctx.model, first, first + merged_layers - 1) / merged.tp
         t_ar = hierarchical_allreduce_time(
             grad, (u, v), (ctx.gpus[c], ctx.gpus[c + 1]),
             topo.bandwidth_gbps(u.name, v.name), topo.latency_ms(u.name, v.name),

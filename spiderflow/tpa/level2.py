@@ -7,8 +7,12 @@ tensor / pipeline / data degrees ``(t, p, d)`` with ``t·p·d = n`` and the laye
 intra-cluster sub-stages, minimising the block's contribution to the step time under GPU memory.
 
 Candidates ``k = (t_k, p_k, d_k)``: ``t_k`` divides ``g`` (a tensor group never straddles a node) or is a
-multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads and the hidden
-size; ``p_k ≤ L_b``; ``d_k ≤ m`` (every replica gets a micro-batch).
+multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads, the key/value
+heads (tensor parallelism shards whole heads, as the executor requires) and the hidden size; ``p_k ≤ L_b``;
+``d_k ≤ m`` (every replica gets a micro-batch). Each candidate also comes with activation recomputation,
+with FSDP-sharded replicas (``d_k > 1``, where the all-gathers hide behind compute) and with both — a
+second tier, solved only where no plain candidate fits memory (:func:`plain`); its constants are the cost
+model's for those options (:func:`spiderflow.kernels.level2.coefficients`).
 
 Variables
     ``x_k ∈ {0,1}``: candidate ``k`` is chosen.
@@ -85,8 +89,15 @@ import structlog
 from ortools.sat.python import cp_model
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import BYTES_PER_PARAM, GIB, RESERVED_GIB
-from spiderflow.domain import Cluster
+from spiderflow.costmodel import (
+    GIB,
+    RESERVED_GIB,
+    compute_rate_tflops,
+    layer_fwd_flops,
+    state_bytes_per_param,
+    wire_bytes,
+)
+from spiderflow.domain import Cluster, Precision, Sharding
 from spiderflow.kernels import level2 as kernels
 
 __all__ = [
@@ -145,16 +156,18 @@ class ClusterShape:
     wire_bytes: int = 2  # bytes per activation value on the wire (the GPU type's; 4 for the CPU executor)
 
     @classmethod
-    def of(cls, c: Cluster) -> ClusterShape:
+    def of(cls, c: Cluster, precision: Precision = Precision.BF16) -> ClusterShape:
+        """``c``'s shape for a job trained in ``precision``: its compute rate and wire format in that
+        precision (:func:`~spiderflow.costmodel.compute_rate_tflops`, :func:`~spiderflow.costmodel.wire_bytes`)."""
         return cls(
-            effective_tflops=c.effective_tflops,
+            effective_tflops=compute_rate_tflops(c, precision),
             memory_gib=c.gpu_memory_gib,
             gpus_per_node=c.gpus_per_node,
             intra_node_gbps=c.intra_node_gbps,
             inter_node_gbps=c.inter_node_gbps,
             layer_overhead_s=float(getattr(c, "layer_overhead_ms", 0.0) or 0.0) / 1e3,
             optimizer_s=float(getattr(c, "optimizer_ms_per_layer", 0.0) or 0.0) / 1e3,
-            wire_bytes=c.gpu_type.wire_bytes,
+            wire_bytes=wire_bytes(c, precision),
         )
 
 
@@ -168,6 +181,11 @@ class BlockProblem:
     constraint (4) (used to share one solve between profiles). ``floor_s``: the pipeline bottleneck set by
     the rest of the chain (``Z_floor``); below it a faster block gains nothing. ``max_in_flight``: the
     schedule's in-flight cap ``K`` (:mod:`spiderflow.schedules`; 1F1B family only), ``κ ≤ K``.
+    ``precision``: the job's (value bytes of activations and gradients, state bytes per parameter; the
+    shape's rate and wire format are already that precision's, :meth:`ClusterShape.of`).
+    ``allow_recompute`` / ``allow_fsdp``: offer candidates with activation recomputation / FSDP-sharded
+    replicas (:func:`block_candidates`). The solvers take them only where no plain candidate fits memory
+    (:func:`plain`: the options are a second tier).
     """
 
     shape: ClusterShape
@@ -184,13 +202,21 @@ class BlockProblem:
     memory_bound: bool = True
     floor_s: float = 0.0
     max_in_flight: int | None = None
+    precision: Precision = Precision.BF16
+    allow_recompute: bool = True
+    allow_fsdp: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Degrees:
+    """A candidate: tensor, pipeline and data degrees, with activation recomputation and FSDP sharding of
+    the ``dp`` replicas (the plan's ``Stage.recompute`` and ``Stage.sharding``)."""
+
     tp: int
     pp: int
     dp: int
+    recompute: bool = False
+    fsdp: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -207,6 +233,18 @@ class BlockConfig:
     allreduce_s: tuple[float, ...]
     intra_boundary_s: float
     objective_s: float
+    recompute: bool = False
+    fsdp: bool = False
+
+    @property
+    def degrees(self) -> Degrees:
+        """The candidate this configuration runs."""
+        return Degrees(tp=self.tp, pp=self.pp, dp=self.dp, recompute=self.recompute, fsdp=self.fsdp)
+
+    @property
+    def sharding(self) -> Sharding:
+        """The plan's ``Stage.sharding`` of the block's sub-stages."""
+        return Sharding.FSDP if self.fsdp else Sharding.REPLICATE
 
     @property
     def bottleneck_s(self) -> float:
@@ -219,28 +257,31 @@ def _divisors(n: int) -> list[int]:
 
 
 def block_candidates(p: BlockProblem) -> list[Degrees]:
-    """Every admissible ``(t, p, d)`` (module docstring), ordered by ``(t, p)``."""
-    return list(_candidates(p.gpus, p.shape.gpus_per_node, p.model.heads, p.model.hidden, p.layers, p.m))
+    """Every admissible candidate (module docstring), ordered by ``(t, p)``, each followed by its variants with
+    FSDP (``d > 1``, all-gathers hidden behind compute: :func:`spiderflow.kernels.level2.fsdp_hidden`),
+    recomputation, and both, as the problem allows."""
+    return list(_candidates(p))
 
 
 @lru_cache(maxsize=65536)
-def _candidates(gpus: int, g: int, heads: int, hidden: int, layers: int, m: int) -> tuple[Degrees, ...]:
-    out: list[Degrees] = []
-    for tp in _divisors(gpus):
-        if not (g % tp == 0 or tp % g == 0):
-            continue
-        if heads % tp or hidden % tp:
-            continue
-        for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            if pp > layers or dp > m:
-                continue
-            out.append(Degrees(tp=tp, pp=pp, dp=dp))
-    return tuple(out)
+def _candidates(p: BlockProblem) -> tuple[Degrees, ...]:
+    fl, it = _vectors(p)
+    return tuple(
+        Degrees(tp=t, pp=q, dp=d, recompute=bool(r), fsdp=bool(f))
+        for t, q, d, r, f in kernels.candidates(fl, it).tolist()
+    )
 
 
 FArray = npt.NDArray[np.float64]
 IArray = npt.NDArray[np.int64]
+
+
+@lru_cache(maxsize=4096)
+def _model_figures(model: ModelSpec, micro_batch: int, seq_len: int) -> tuple[float, float, float, float]:
+    """The model family's ``(P, f, E, H)``: parameters of a layer, a layer's forward FLOPs per micro-batch,
+    the embedding's and the head's parameters (the catalog's figures, memoised: they are read per problem)."""
+    return (float(model.params_per_layer), layer_fwd_flops(model, micro_batch, seq_len),
+            float(model.embedding_params), float(model.head_params))
 
 
 def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
@@ -248,33 +289,37 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     sh, model = p.shape, p.model
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
-         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB),
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len)),
         dtype=np.float64,
     )
     it = np.array(
         (p.gpus, p.layers, sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch,
          p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
-         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, BYTES_PER_PARAM),
+         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
+         p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
+         p.allow_fsdp, model.kv_heads or model.heads),
         dtype=np.int64,
     )
     return fl, it
 
 
-def _solved(p: BlockProblem, solve: Callable[[FArray, IArray, IArray, FArray], tuple[int, int, int, float, float]]
-            ) -> BlockConfig | None:
+_Solve = Callable[[FArray, IArray, IArray, FArray], tuple[int, int, int, int, int, float, float]]
+
+
+def _solved(p: BlockProblem, solve: _Solve) -> BlockConfig | None:
     """Run ``solve`` (:func:`spiderflow.kernels.level2.solve_exact` or a kernel with its signature) on ``p``
     and build the configuration it picks (``None`` when it picks none)."""
     fl, it = _vectors(p)
     width = max(1, min(p.layers, p.gpus))
     lay = np.empty(width, np.int64)
     figs = np.empty((3, width), np.float64)
-    tp, pp, dp, obj, p_in = solve(fl, it, lay, figs)
+    tp, pp, dp, rc, fs, obj, p_in = solve(fl, it, lay, figs)
     if tp == 0:
         return None
     compute, mem, ar = figs[:, :pp].tolist()
     return BlockConfig(
         tp=tp, pp=pp, dp=dp, layers=tuple(lay[:pp].tolist()), compute_s=tuple(compute), memory_gib=tuple(mem),
-        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj,
+        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj, recompute=bool(rc), fsdp=bool(fs),
     )
 
 
@@ -297,7 +342,7 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     """Per-candidate constants, memoised on the fields they read (not the block's layers, GPUs, floor or
     memory flag, so the blocks level 1 tries on one cluster share them)."""
     key = (p.shape, p.model, p.micro_batch, p.seq_len, p.m, p.downstream, p.depth_factor, p.max_in_flight,
-           p.has_embed, p.has_head, k)
+           p.has_embed, p.has_head, p.precision, k)
     hit = _COEFFS.get(key)
     if hit is None:
         if len(_COEFFS) >= _COEFFS_MAX:
@@ -312,7 +357,7 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
     beta = np.empty(k.pp, np.float64)
-    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, mu, nu, beta)
+    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
     return _Coeffs(tau, eta_head, tuple(mu.tolist()), tuple(nu.tolist()), alpha, tuple(beta.tolist()), p_in)
 
 
@@ -329,7 +374,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
     obj = (p.m - 1) * max(max(compute) / k.dp, p_in, p.floor_s) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
     return BlockConfig(
         tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
-        intra_boundary_s=p_in, objective_s=obj,
+        intra_boundary_s=p_in, objective_s=obj, recompute=k.recompute, fsdp=k.fsdp,
     )
 
 
@@ -390,7 +435,25 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
             if not p.memory_bound or max(balanced.memory_gib) <= p.shape.memory_gib:
                 upper = min(upper, balanced.objective_s)
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
+    survivors = [(k, c) for i, (k, c) in enumerate(survivors)
+                 if not any(_dominates(p, other, oc, k, c) for j, (other, oc) in enumerate(survivors)
+                            if j != i and (j < i or not _dominates(p, k, c, other, oc)))]
     return [k for k, _ in survivors], [c for _, c in survivors]
+
+
+def _dominates(p: BlockProblem, a: Degrees, ca: _Coeffs, b: Degrees, cb: _Coeffs) -> bool:
+    """Whether candidate ``a`` (same degrees as ``b``, other options) is at least as good as ``b`` for every
+    split: no larger time or sync constants, the same boundary, and memory caps that hold at least as many
+    layers per sub-stage — so every split of ``b`` is one of ``a`` with no larger objective (``b`` may go;
+    of two candidates that dominate each other the first stays)."""
+    if (a.tp, a.pp, a.dp) != (b.tp, b.pp, b.dp) or a == b or ca.p_in != cb.p_in:
+        return False
+    if ca.tau > cb.tau or ca.eta_head > cb.eta_head or ca.alpha > cb.alpha:
+        return False
+    if any(x > y for x, y in zip(ca.beta, cb.beta, strict=True)):
+        return False
+    ua, ub = memory_caps(p, a), memory_caps(p, b)
+    return all(min(x, p.layers) >= min(y, p.layers) for x, y in zip(ua, ub, strict=True))
 
 
 def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
@@ -400,24 +463,24 @@ def memory_caps(p: BlockProblem, k: Degrees) -> tuple[int, ...]:
     (every candidate's caps at once)."""
     if not p.memory_bound:
         return (p.layers,) * k.pp
-    hit = _memory_caps(p).get((k.tp, k.pp, k.dp))
+    hit = _memory_caps(p).get((k.tp, k.pp, k.dp, k.recompute, k.fsdp))
     if hit is None:  # not one of p's candidates
         fl, it = _vectors(p)
         out = np.empty(k.pp, np.int64)
-        kernels.memory_caps(fl, it, k.tp, k.pp, k.dp, out)
+        kernels.memory_caps(fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, out)
         hit = tuple(out.tolist())
     return hit
 
 
 @lru_cache(maxsize=8192)  # an entry holds every candidate's caps
-def _memory_caps(p: BlockProblem) -> dict[tuple[int, int, int], tuple[int, ...]]:
-    """:func:`memory_caps` of each of ``p``'s candidates, by ``(t, p, d)``."""
+def _memory_caps(p: BlockProblem) -> dict[tuple[int, int, int, int, int], tuple[int, ...]]:
+    """:func:`memory_caps` of each of ``p``'s candidates, by ``(t, p, d, recompute, fsdp)``."""
     fl, it = _vectors(p)
     cands, start, caps = kernels.memory_caps_all(fl, it)
     flat: list[int] = caps.tolist()
     bounds: list[int] = start.tolist()
     return {
-        (t, q, d): tuple(flat[bounds[i]:bounds[i + 1]]) for i, (t, q, d) in enumerate(cands.tolist())
+        (t, q, d, r, f): tuple(flat[bounds[i]:bounds[i + 1]]) for i, (t, q, d, r, f) in enumerate(cands.tolist())
     }
 
 
@@ -453,6 +516,18 @@ def solve_block(
     solution's rounded objective is within ``10^-6·(m + L_b + 2p)·max τ`` of its real one); the returned
     configuration is re-costed exactly with :func:`config_cost`.
     """
+    for q in _tiers(p):
+        out = _solve_cpsat(q, time_limit_s=time_limit_s, hint=hint, symmetry=symmetry)
+        if out is not None:
+            return out
+    return None
+
+
+def _solve_cpsat(p: BlockProblem, *, time_limit_s: float, hint: BlockConfig | None, symmetry: bool
+                 ) -> BlockConfig | None:
+    """One tier of :func:`solve_block`."""
+    if hint is not None and hint.degrees not in block_candidates(p):
+        hint = None  # a solution of the other tier
     cands, coeffs = _prune(p, block_candidates(p), upper=hint.objective_s if hint is not None else math.inf)
     if not cands or p.layers < 1:
         return None
@@ -524,7 +599,7 @@ def _add_hint(
 ) -> None:
     """A complete assignment for ``hint`` (all other candidates at 0); a hint outside the candidates is
     ignored. Layer counts are put in the order (7) requires (the exchange argument keeps it optimal)."""
-    chosen = Degrees(tp=hint.tp, pp=hint.pp, dp=hint.dp)
+    chosen = hint.degrees
     if chosen not in cands:
         return
     i = cands.index(chosen)
@@ -590,7 +665,11 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
     ``(L_b,)``: two binary searches give its ``Z`` and ``A``. Counts ``max{ℓ ≤ L_b : sℓ + b ≤ level}``
     accept a relative ``10⁻¹²`` above the level. ``O(L_b·p·log L_b)`` per candidate in the worst case.
     """
-    return _solved(p, kernels.solve_exact)
+    for q in _tiers(p):
+        out = _solved(q, kernels.solve_exact)
+        if out is not None:
+            return out
+    return None
 
 
 @lru_cache(maxsize=65536)
@@ -659,7 +738,7 @@ class _Cached:
         if free is None:
             return None
         cap = p.shape.memory_gib
-        cfg = config_cost(p, Degrees(tp=free.tp, pp=free.pp, dp=free.dp), free.layers)
+        cfg = config_cost(p, free.degrees, free.layers)
         if max(cfg.memory_gib) <= cap:
             return cfg
         family = replace(p, downstream=-1)
@@ -669,7 +748,7 @@ class _Cached:
         for d, prev in solved:
             if prev is None or p.downstream is None or d is None or d > p.downstream:
                 continue
-            cfg = config_cost(p, Degrees(tp=prev.tp, pp=prev.pp, dp=prev.dp), prev.layers)
+            cfg = config_cost(p, prev.degrees, prev.layers)
             if max(cfg.memory_gib) <= cap:
                 return cfg
         out = self._solve(p)
@@ -704,6 +783,7 @@ def cache_clear() -> None:
     _COEFFS.clear()
     _memory_caps.cache_clear()
     _candidates.cache_clear()
+    _model_figures.cache_clear()
     STATS.cpsat_solves = 0
     STATS.cpsat_seconds = 0.0
     STATS.cpsat_improved_hint = 0
@@ -724,16 +804,35 @@ def brute_force_block(p: BlockProblem) -> BlockConfig | None:
 
     Exponential in ``p``; for tests on tiny instances only.
     """
-    best: BlockConfig | None = None
-    cap = p.shape.memory_gib
-    for k in block_candidates(p):
-        for layers in _compositions(p.layers, k.pp):
-            cfg = config_cost(p, k, layers)
-            if max(cfg.memory_gib) > cap:
-                continue
-            if best is None or cfg.objective_s < best.objective_s - 1e-12:
-                best = cfg
-    return best
+    for q in _tiers(p):
+        best: BlockConfig | None = None
+        cap = q.shape.memory_gib
+        for k in block_candidates(q):
+            for layers in _compositions(q.layers, k.pp):
+                cfg = config_cost(q, k, layers)
+                if max(cfg.memory_gib) > cap:
+                    continue
+                if best is None or cfg.objective_s < best.objective_s - 1e-12:
+                    best = cfg
+        if best is not None:
+            return best
+    return None
+
+
+def plain(p: BlockProblem) -> BlockProblem:
+    """``p`` without the option candidates (recomputation, FSDP)."""
+    return replace(p, allow_recompute=False, allow_fsdp=False) if (p.allow_recompute or p.allow_fsdp) else p
+
+
+def _tiers(p: BlockProblem) -> tuple[BlockProblem, ...]:
+    """The problems level 2 solves in turn until one has a solution: the plain candidates, then (where ``p``
+    allows them) every candidate. A block runs recomputation or FSDP only where no plain configuration fits
+    memory: at a micro-batch size where the plain block fits, the cost model's edge for FSDP (a
+    reduce-scatter instead of an all-reduce, its all-gathers assumed hidden) is within the model's error and
+    would change plans for nothing; where it does not fit, the options give a plan, and the planner takes the
+    larger micro-batches they allow when the step is faster."""
+    q = plain(p)
+    return (q,) if q is p else (q, p)
 
 
 def gpu_mapping(cfg: BlockConfig, gpus_per_node: int) -> tuple[tuple[tuple[tuple[int, int], ...], ...], ...]:

@@ -109,7 +109,8 @@ def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Pla
         if cfg is None:
             raise ValueError("plan_from_split needs a feasible split")
         for n in cfg.layers:
-            stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp))
+            stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp,
+                                sharding=cfg.sharding, recompute=cfg.recompute))
             first += n
     extras = {"chunks": float(chunks)} if ctx.schedule is Schedule.INTERLEAVED_1F1B else {}
     if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
@@ -200,6 +201,8 @@ def plan_chain(
     max_in_flight: int | None = None,
     level2: Level2Solver = "exact",
     explain: bool = True,
+    recompute: bool = True,
+    fsdp: bool = True,
 ) -> Plan:
     """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
 
@@ -257,7 +260,8 @@ def plan_chain(
     for m in ms:
         ctx = ChainContext.build(
             topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
-            schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight,
+            schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight, precision=job.precision,
+            recompute=recompute, fsdp=fsdp,
         )
         ev = None if no_split_fits(ctx) else level1(ctx)
         tried.append((ctx, ev))

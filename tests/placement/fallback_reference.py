@@ -180,7 +180,7 @@ class _ChainEval:
                         sz = (base + 1 if j < rem else base) if big_first else (base if j < n_small else base + 1)
                         is_last = j == pp - 1 and head
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
-                            p_embed if is_last else 0.0)
+                            jc.head_params if is_last else 0.0)
                         if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
                             y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
@@ -317,7 +317,7 @@ def _balanced_capacity(ev: _ChainEval, i: int, tp: int, pp: int, downstream: int
         inflight = min(per_replica, pp - j + downstream)
         extra = 16.0 * jc.p_embed / tp if i == 0 and j == 0 else 0.0
         if i == k - 1 and j == pp - 1:
-            extra += 16.0 * jc.p_embed / tp + inflight * float(jc.act_head(tp))
+            extra += 16.0 * jc.head_params / tp + inflight * float(jc.act_head(tp))
         # 1e-9 relative slack: never below the cost model's count (it sums the terms in another order).
         n = math.floor((room - extra) / (w + inflight * act) * (1.0 + 1e-9))
         if n < 1:

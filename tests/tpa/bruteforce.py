@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator
 
 from spiderflow.tpa.level1 import ChainContext, SplitEval, step_estimate
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, block_candidates, config_cost
+from spiderflow.tpa.level2 import BlockConfig, BlockProblem, block_candidates, config_cost, plain
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -18,14 +18,18 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 
 def block_configs(p: BlockProblem) -> list[BlockConfig]:
-    """Every candidate degree triple × every layer composition that fits ``p``'s memory."""
-    out = []
-    for k in block_candidates(p):
-        for layers in compositions(p.layers, k.pp):
-            cfg = config_cost(p, k, layers)
-            if max(cfg.memory_gib) <= p.shape.memory_gib:
-                out.append(cfg)
-    return out
+    """Every candidate degree triple × every layer composition that fits ``p``'s memory: the plain ones, or
+    where none fits, those with recomputation and FSDP too (level 2's tiers)."""
+    for q in (plain(p), p):
+        out = []
+        for k in block_candidates(q):
+            for layers in compositions(q.layers, k.pp):
+                cfg = config_cost(q, k, layers)
+                if max(cfg.memory_gib) <= q.shape.memory_gib:
+                    out.append(cfg)
+        if out:
+            return out
+    return []
 
 
 def brute_force_chain(ctx: ChainContext) -> SplitEval | None:

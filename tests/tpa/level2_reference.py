@@ -1,8 +1,10 @@
 """The plain Python formulation of level 2's exact solver and memory tests (:mod:`spiderflow.tpa.level2`), kept
 as the reference the compiled kernels (:mod:`spiderflow.kernels.level2`) are compared against, bitwise.
 
-Every function below is the scalar formulation of its namesake in :mod:`spiderflow.tpa.level2`, with its own
-memo tables; the problem types and the cost model come from the production modules.
+Every search below is the scalar formulation of its namesake in :mod:`spiderflow.tpa.level2`, with its own
+memo tables; the problem types come from the production modules. The cost formulas (a candidate's
+constants, whether FSDP's all-gathers hide behind compute) are written once: the reference runs the
+kernels' own formula functions as plain Python (``py_func``), so what it checks is the search.
 """
 
 from __future__ import annotations
@@ -11,16 +13,11 @@ import heapq
 import math
 from functools import lru_cache
 
-from spiderflow.costmodel import (
-    BYTES_PER_PARAM,
-    GIB,
-    RESERVED_GIB,
-    activation_bytes,
-    allreduce_time,
-    layer_fwd_flops,
-    transfer_time,
-)
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs
+import numpy as np
+
+from spiderflow.costmodel import GIB
+from spiderflow.kernels import level2 as kernels
+from spiderflow.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors, plain
 
 
 def _divisors(n: int) -> list[int]:
@@ -34,14 +31,22 @@ def block_candidates(p: BlockProblem) -> list[Degrees]:
     for tp in _divisors(p.gpus):
         if not (g % tp == 0 or tp % g == 0):
             continue
-        if p.model.heads % tp or p.model.hidden % tp:
+        if p.model.heads % tp or (p.model.kv_heads or p.model.heads) % tp or p.model.hidden % tp:
             continue
         for pp in _divisors(p.gpus // tp):
             dp = p.gpus // (tp * pp)
             if pp > p.layers or dp > p.m:
                 continue
-            out.append(Degrees(tp=tp, pp=pp, dp=dp))
+            for rc in (False, True) if p.allow_recompute else (False,):
+                out.append(Degrees(tp=tp, pp=pp, dp=dp, recompute=rc))
+                if p.allow_fsdp and dp > 1 and _fsdp_hidden(p, tp, pp, dp, rc):
+                    out.append(Degrees(tp=tp, pp=pp, dp=dp, recompute=rc, fsdp=True))
     return out
+
+
+def _fsdp_hidden(p: BlockProblem, tp: int, pp: int, dp: int, recompute: bool) -> bool:
+    fl, it = _vectors(p)
+    return bool(kernels.fsdp_hidden.py_func(fl, it, tp, pp, dp, recompute))
 
 
 _COEFFS: dict[tuple[object, ...], _Coeffs] = {}
@@ -52,7 +57,7 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     """Per-candidate constants, memoised on the fields they read (not the block's layers, GPUs, floor or
     memory flag, so the blocks level 1 tries on one cluster share them)."""
     key = (p.shape, p.model, p.micro_batch, p.seq_len, p.m, p.downstream, p.depth_factor, p.max_in_flight,
-           p.has_embed, p.has_head, k)
+           p.has_embed, p.has_head, p.precision, k)
     hit = _COEFFS.get(key)
     if hit is None:
         if len(_COEFFS) >= _COEFFS_MAX:
@@ -62,42 +67,15 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
 
 
 def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
-    model, b, s, sh = p.model, p.micro_batch, p.seq_len, p.shape
-    h, a, v = model.hidden, model.heads, model.vocab
-    f_layer = layer_fwd_flops(model, b, s)
-    flops_rate = k.tp * sh.effective_tflops * 1e12
-    tp_bw = sh.intra_node_gbps if k.tp <= sh.gpus_per_node else sh.inter_node_gbps
-    tau = (3.0 * f_layer / flops_rate + sh.layer_overhead_s
-           + 4 * allreduce_time(activation_bytes(model, b, s), k.tp, tp_bw))
-    eta_head = 3.0 * 2.0 * b * s * h * v / flops_rate
-    act_layer = s * b * h * (10.0 + 24.0 / k.tp + 5.0 * a * s / (h * k.tp))
-    per_replica = math.ceil(p.m / k.dp)
-    mu: list[float] = []
-    nu: list[float] = []
-    beta: list[float] = []
-    stage_gpus = k.tp * k.dp
-    dp_bw = sh.intra_node_gbps if stage_gpus <= sh.gpus_per_node else sh.inter_node_gbps
-    # Gradient all-reduce plus the optimizer step, per layer (the cost model's T_dp term).
-    alpha = allreduce_time(2.0 * model.params_per_layer / k.tp, k.dp, dp_bw) + sh.optimizer_s
-    for j in range(k.pp):
-        inflight = (
-            per_replica
-            if p.downstream is None
-            else max(1, min(per_replica, p.depth_factor * (p.downstream + k.pp - j)))
-        )
-        if p.max_in_flight is not None and p.downstream is not None:
-            inflight = min(inflight, p.max_in_flight)
-        embed = p.has_embed and j == 0
-        head = p.has_head and j == k.pp - 1
-        extra_params = (model.embedding_params if embed else 0) + (model.embedding_params if head else 0)
-        mu.append(BYTES_PER_PARAM * model.params_per_layer / k.tp + inflight * act_layer)
-        const = BYTES_PER_PARAM * extra_params / k.tp + RESERVED_GIB * GIB
-        if head:
-            const += inflight * 4.0 * b * s * v / k.tp
-        nu.append(const)
-        beta.append(allreduce_time(2.0 * extra_params / k.tp, k.dp, dp_bw) if extra_params else 0.0)
-    p_in = transfer_time(activation_bytes(model, b, s, sh.wire_bytes), sh.inter_node_gbps, 0.0)
-    return _Coeffs(tau, eta_head, tuple(mu), tuple(nu), alpha, tuple(beta), p_in)
+    """The kernels' formula (:func:`spiderflow.kernels.level2.coefficients`), run as plain Python."""
+    fl, it = _vectors(p)
+    mu = np.empty(k.pp, np.float64)
+    nu = np.empty(k.pp, np.float64)
+    beta = np.empty(k.pp, np.float64)
+    tau, eta_head, alpha, p_in = kernels.coefficients.py_func(
+        fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
+    return _Coeffs(float(tau), float(eta_head), tuple(mu.tolist()), tuple(nu.tolist()), float(alpha),
+                   tuple(beta.tolist()), float(p_in))
 
 
 def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _Coeffs | None = None) -> BlockConfig:
@@ -113,7 +91,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
     obj = (p.m - 1) * max(max(compute) / k.dp, p_in, p.floor_s) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
     return BlockConfig(
         tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
-        intra_boundary_s=p_in, objective_s=obj,
+        intra_boundary_s=p_in, objective_s=obj, recompute=k.recompute, fsdp=k.fsdp,
     )
 
 
@@ -386,7 +364,7 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     return config_cost(p, k, tuple(layers), c)
 
 
-def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
+def _solve_tier(p: BlockProblem) -> BlockConfig | None:
     """The optimum of the module docstring's model without a solver: :func:`_prune`, then each surviving
     candidate's best split (:func:`_best_split`) in order of its lower bound, skipping candidates whose
     lower bound cannot beat the best so far. Same optimum as :func:`solve_block` (which rounds times to
@@ -405,4 +383,14 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
         if best is None or cfg.objective_s < best.objective_s * (1.0 - 1e-12):
             best = cfg
     return best
+
+
+def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
+    """The plain candidates first; where none fits memory and ``p`` allows them, every candidate
+    (recomputation and FSDP: a second tier, :func:`spiderflow.tpa.level2.plain`)."""
+    for q in (plain(p), p) if plain(p) is not p else (p,):
+        out = _solve_tier(q)
+        if out is not None:
+            return out
+    return None
 

@@ -1,6 +1,8 @@
 """Level 2's compiled exact solver and memory tests (:mod:`spiderflow.kernels.level2` behind
 :mod:`spiderflow.tpa.level2`) against their plain Python formulation (:mod:`.level2_reference`) on random
-blocks: the same configurations, bitwise the same figures, the same memory caps and verdicts."""
+blocks of every bundled model family, precision and option (recomputation, FSDP): the same configurations,
+bitwise the same figures, the same memory caps and verdicts; and every candidate's figures against
+:mod:`spiderflow.costmodel`'s own functions."""
 
 from __future__ import annotations
 
@@ -12,21 +14,16 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
+from spiderflow import costmodel
 from spiderflow.catalog import MODEL_PRESETS, ModelSpec
+from spiderflow.domain import Cluster, Precision, Sharding, Stage
 from spiderflow.kernels import level2 as kernels
 from spiderflow.tpa import level2 as l2
 from spiderflow.tpa.level2 import BlockConfig, BlockProblem, ClusterShape, Degrees
 
 from . import level2_reference as ref
 
-
-def _gpt_shaped(m: ModelSpec) -> ModelSpec:
-    """``m``'s sizes as a GPT-shaped model (12·h² parameters per layer): the level-2 kernel's formulas are
-    GPT-shaped (a known gap for Llama-family layers, see test_llama_layers_are_priced_as_the_cost_model_does)."""
-    return ModelSpec(name=m.name, layers=m.layers, hidden=m.hidden, heads=m.heads, vocab=m.vocab)
-
-
-_MODELS = tuple(_gpt_shaped(m) for m in MODEL_PRESETS.values())
+_MODELS = tuple(MODEL_PRESETS.values())
 
 
 def _same(got: object, want: object) -> None:
@@ -66,6 +63,9 @@ def problems(draw: st.DrawFn) -> BlockProblem:
         memory_bound=draw(st.booleans() | st.just(True)),
         floor_s=draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0)),
         max_in_flight=draw(st.none() | st.integers(1, 8)),
+        precision=draw(st.sampled_from(list(Precision))),
+        allow_recompute=draw(st.booleans() | st.just(True)),
+        allow_fsdp=draw(st.booleans() | st.just(True)),
     )
     worst = ref.min_memory_config(p)  # with ample memory: the least peak any configuration needs
     need = max(worst.memory_gib) if worst is not None else 40.0
@@ -79,6 +79,7 @@ def _check(p: BlockProblem) -> None:
     assert (fl.size, it.size) == (kernels.F_SIZE, kernels.I_SIZE)
     _same(l2.block_candidates(p), ref.block_candidates(p))
     _same(l2.solve_block_exact(p), ref.solve_block_exact(p))
+    _same(l2._solved(p, kernels.solve_exact), ref._solve_tier(p))  # every candidate at once, options included
     assert l2.min_peak_fits(p) is ref.min_peak_fits(p)
     _same(l2.min_memory_config.__wrapped__(p), ref.min_memory_config.__wrapped__(p))
     for k in ref.block_candidates(p):
@@ -99,7 +100,8 @@ def test_kernels_match_the_reference(p: BlockProblem) -> None:
 def test_costs_and_caps_of_any_degrees_match(p: BlockProblem, data: st.DataObject) -> None:
     """Memory caps of degrees outside the candidates, and the figures of arbitrary splits (costed with the
     compiled constants)."""
-    k = Degrees(tp=data.draw(st.integers(1, 8)), pp=data.draw(st.integers(1, 8)), dp=data.draw(st.integers(1, 8)))
+    k = Degrees(tp=data.draw(st.integers(1, 8)), pp=data.draw(st.integers(1, 8)), dp=data.draw(st.integers(1, 8)),
+                recompute=data.draw(st.booleans()), fsdp=data.draw(st.booleans()))
     _same(l2.memory_caps(p, k), ref.memory_caps(p, k))
     layers = tuple(data.draw(st.lists(st.integers(1, 12), min_size=k.pp, max_size=k.pp)))
     _same(l2.config_cost(p, k, layers), ref.config_cost(p, k, layers))
@@ -165,7 +167,7 @@ def _preset(name: str, **kw: object) -> BlockProblem:
     shape = ClusterShape(effective_tflops=312.0, memory_gib=80.0, gpus_per_node=8, intra_node_gbps=600.0,
                          inter_node_gbps=100.0)
     fields: dict[str, object] = dict(shape=shape, gpus=64, layers=80, has_embed=True, has_head=True,
-                                     model=_gpt_shaped(MODEL_PRESETS[name]), micro_batch=1, seq_len=2048, m=32,
+                                     model=MODEL_PRESETS[name], micro_batch=1, seq_len=2048, m=32,
                                      downstream=3)
     fields.update(kw)
     return BlockProblem(**fields)  # type: ignore[arg-type]
@@ -207,10 +209,46 @@ def test_fixed_cases_match(name: str) -> None:
     _check(_CASES[name])
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: spiderflow/kernels/level2.py hard-codes a GPT-shaped layer "
-                   "(12·h² parameters, 24·b·s·h² FLOPs) where the cost model prices a Llama layer (GQA, SwiGLU)")
-def test_llama_layers_are_priced_as_the_cost_model_does() -> None:
-    _check(replace(_CASES["70b-whole-cluster"], model=MODEL_PRESETS["llama3-70b"]))
+@pytest.mark.parametrize("precision", list(Precision))
+@pytest.mark.parametrize("model", ["llama3-70b", "llama3-8b", "gpt3-13b", "llama-tiny"])
+def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision: Precision) -> None:
+    """Each candidate's per-sub-stage time, memory and gradient sync (any model family, precision,
+    recomputation, FSDP) equal :mod:`spiderflow.costmodel`'s for the same stage: the figures the planner
+    optimises are the ones :func:`~spiderflow.costmodel.evaluate` reports."""
+    spec = MODEL_PRESETS[model]
+    c = Cluster(name="c", gpu="A100-80G", nodes=8, gpus_per_node=8, intra_node_gbps=600.0, inter_node_gbps=100.0,
+                layer_overhead_ms=1.5, optimizer_ms_per_layer=0.5)
+    shape = ClusterShape.of(c, precision)
+    assert shape.effective_tflops == costmodel.compute_rate_tflops(c, precision)
+    n_layers = min(spec.layers - 2, 6)  # a block that holds neither the embedding nor the head exists
+    b, s, m = 2, 1024, 8
+    for has_embed, has_head in ((True, False), (False, True), (False, False)):
+        p = BlockProblem(shape=shape, gpus=16, layers=n_layers, has_embed=has_embed, has_head=has_head, model=spec,
+                         micro_batch=b, seq_len=s, m=m, downstream=None, memory_bound=False, precision=precision)
+        kinds = set()
+        for k in l2.block_candidates(p):
+            kinds.add((k.recompute, k.fsdp))
+            layers = (n_layers - k.pp + 1,) + (1,) * (k.pp - 1)
+            cfg = l2.config_cost(p, k, layers)
+            for j, n in enumerate(layers):
+                embed = has_embed and j == 0
+                head = has_head and j == k.pp - 1
+                first = 0 if embed else (spec.layers - n if head else 1)
+                last = first + n - 1
+                assert (first == 0, last == spec.layers - 1) == (embed, head)
+                sharding = Sharding.FSDP if k.fsdp else Sharding.REPLICATE
+                t = costmodel.stage_compute_time(spec, c, first, last, k.tp, b, s, precision=precision,
+                                                 recompute=k.recompute, fsdp_dp=k.dp if k.fsdp else 1)
+                assert cfg.compute_s[j] == pytest.approx(t, rel=1e-12), (k, j)
+                mem = costmodel.stage_memory_bytes(spec, first, last, k.tp, b, s, math.ceil(m / k.dp),
+                                                   precision=precision, sharding=sharding, dp=k.dp,
+                                                   recompute=k.recompute)
+                assert cfg.memory_gib[j] == pytest.approx(mem / costmodel.GIB, rel=1e-12), (k, j)
+                st_ = Stage(cluster="c", first_layer=first, last_layer=last, tp=k.tp, dp=k.dp, sharding=sharding,
+                            recompute=k.recompute)
+                sync = costmodel._dp_sync_time(spec, st_, c, precision) + n * c.optimizer_ms_per_layer / 1e3
+                assert cfg.allreduce_s[j] == pytest.approx(sync, rel=1e-12, abs=1e-15), (k, j)
+        assert {(False, False), (True, False), (False, True), (True, True)} <= kinds
 
 
 def test_a_tie_keeps_the_first_candidate() -> None:

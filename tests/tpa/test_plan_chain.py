@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Precision, Schedule, Sharding, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
 from spiderflow.tpa import planner as planner_mod
@@ -362,11 +362,51 @@ def test_cpsat_level2_may_take_the_other_side_of_a_near_tie() -> None:
     job = job_from_dict({"id": "j", "model": "llama3-70b", "global_batch": 1024, "seq_len": 2048,
                          "gpus": {"min": 64, "max": 256}})
     alloc = [("c006-eu-south-1", 32), ("c001-eu-north-1", 16), ("c003-us-east-2", 16)]
-    exact = plan_chain(topo, job, alloc)
-    cpsat = plan_chain(topo, job, alloc, level2="cpsat")
+    exact = plan_chain(topo, job, alloc, recompute=False, fsdp=False)
+    cpsat = plan_chain(topo, job, alloc, level2="cpsat", recompute=False, fsdp=False)
     middle = {(s.tp, s.dp) for p in (exact, cpsat) for s in p.stages if s.cluster == "c001-eu-north-1"}
     assert middle == {(8, 2), (4, 4)}
     assert exact.step_time_s < cpsat.step_time_s
+
+
+def test_recomputation_and_fsdp_are_chosen_where_they_make_the_step_faster() -> None:
+    """The same 70B chain: with recomputation and FSDP on offer, level 2 shards the replicated stages and
+    recomputes where the memory saved allows four times larger micro-batches (m = 256 instead of 1024) — a
+    faster step by the shared cost model, which the plan's stage fields carry and evaluate reproduces."""
+    from spiderflow.formats import job_from_dict
+    from spiderflow.topogen import generate_topology
+
+    topo = generate_topology(8, 1, "geo")
+    job = job_from_dict({"id": "j", "model": "llama3-70b", "global_batch": 1024, "seq_len": 2048,
+                         "gpus": {"min": 64, "max": 256}})
+    alloc = [("c006-eu-south-1", 32), ("c001-eu-north-1", 16), ("c003-us-east-2", 16)]
+    plain = plan_chain(topo, job, alloc, recompute=False, fsdp=False)
+    both = plan_chain(topo, job, alloc)
+    assert all(st.sharding is Sharding.REPLICATE and not st.recompute for st in plain.stages)
+    assert any(st.sharding is Sharding.FSDP for st in both.stages)
+    assert any(st.recompute for st in both.stages)
+    assert all(st.dp > 1 for st in both.stages if st.sharding is Sharding.FSDP)
+    assert both.micro_batches < plain.micro_batches
+    assert both.step_time_s < 0.9 * plain.step_time_s
+    again = evaluate(both, topo, job)
+    assert again.step_time_s == both.step_time_s and again.memory_gib_per_gpu == both.memory_gib_per_gpu
+    assert fits_memory(both, topo)[0]
+    both_cpsat = plan_chain(topo, job, alloc, level2="cpsat")
+    assert both_cpsat.stages == both.stages
+
+
+def test_a_job_that_fits_only_with_recomputation_gets_a_plan() -> None:
+    """One long-sequence job on one cluster: no degrees hold its activations without recomputation, so the
+    plain planner refuses it (memory); with the options the plan recomputes and fits."""
+    topo = Topology(clusters=(Cluster(name="a", gpu="A100-40G", nodes=1, gpus_per_node=8),))
+    job = JobSpec(id="long", model=model_preset("gpt3-2.7b"), global_batch=8, seq_len=16384,
+                  gpus=GpuRange(min=8, max=8))
+    with pytest.raises(UnschedulableError) as e:
+        plan_chain(topo, job, [("a", 8)], recompute=False, fsdp=False)
+    assert e.value.constraint == "memory"
+    plan = plan_chain(topo, job, [("a", 8)])
+    assert any(st.recompute for st in plan.stages)
+    assert fits_memory(evaluate(plan, topo, job), topo)[0]
 
 
 def test_unknown_level2_solver_is_rejected(three_region_topo: Topology, job_6b7: JobSpec) -> None:
@@ -445,3 +485,27 @@ def test_with_in_flight_cap_never_grows_memory_and_caps_every_schedule(
                 assert out.schedule is (Schedule.GPIPE if plan.micro_batches <= k else Schedule.ONE_F_ONE_B)
     with pytest.raises(ValueError, match="max_in_flight"):
         with_in_flight_cap(base, topo, job, 0)
+
+
+@pytest.mark.parametrize("precision", [Precision.FP32, Precision.TF32, Precision.BF16])
+def test_the_search_prices_the_jobs_precision(three_region_topo: Topology, job_6b7: JobSpec,
+                                              precision: Precision) -> None:
+    """Level 1's step estimate (level 2's figures) equals evaluate's in the job's precision: compute rates,
+    activation, all-reduce and gradient bytes and state bytes of fp32/tf32 jobs are their own, not bf16's."""
+    from dataclasses import replace
+
+    job = replace(job_6b7, precision=precision)
+    alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
+    clusters = [three_region_topo.cluster(n) for n, _ in alloc]
+    ctx = ChainContext.build(three_region_topo, clusters, [g for _, g in alloc], job.model, micro_batch=1,
+                             seq_len=job.seq_len, m=job.global_batch, schedule=Schedule.ONE_F_ONE_B,
+                             precision=precision)
+    ev = polish(ctx, level1(ctx))
+    assert ev.feasible
+    plan = evaluate(plan_from_split(ctx, ev), three_region_topo, job)
+    assert ev.step_s == pytest.approx(plan.step_time_s, rel=1e-9)
+    if precision is not Precision.BF16:  # the bf16 figures of the same plan are another (faster) step
+        bf16 = evaluate(plan, three_region_topo, replace(job, precision=Precision.BF16))
+        assert bf16.step_time_s < 0.9 * plan.step_time_s
+    got = plan_chain(three_region_topo, job, alloc)
+    assert got.step_time_s == evaluate(got, three_region_topo, job).step_time_s

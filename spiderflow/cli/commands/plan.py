@@ -88,7 +88,7 @@ def _constrained(topo: Topology, job: JobSpec) -> Topology:
 def _stage_dicts(plan: Plan) -> list[dict[str, Any]]:
     return [
         {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
-         "tp": s.tp, "dp": s.dp}
+         "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute}
         for s in plan.stages
     ]
 
