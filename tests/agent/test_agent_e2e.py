@@ -159,7 +159,8 @@ async def test_agents_discover_each_other_and_links_appear(procs: Procs, service
     table = subprocess.run([*CLI, "topology", "show"], cwd=ROOT, env={**env, "COLUMNS": "160"},
                            capture_output=True, text=True, timeout=30)
     assert table.returncode == 0, table.stderr
-    assert "A100-80G" in table.stdout and "Gbit/s" in table.stdout and "cpu" in table.stdout
+    # a measured loopback link shows in Gbit/s or, on a loaded machine, in Mbit/s
+    assert "A100-80G" in table.stdout and "bit/s" in table.stdout and "cpu" in table.stdout
 
 
 async def test_killed_agent_leaves_within_ttl_and_comes_back(procs: Procs, service: str, etcd: EtcdProcess) -> None:

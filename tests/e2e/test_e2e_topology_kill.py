@@ -20,7 +20,7 @@ from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.sdk import Client
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
 
 
 def test_topology_service_sigkill_while_a_job_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

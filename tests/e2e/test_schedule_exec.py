@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from testbed_fixtures import netns_skip_reason
 
-pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.netns, pytest.mark.heavy, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
 
