@@ -29,7 +29,7 @@ from spiderflow.exec.spec import TrainSpec, spec_from_dict
 from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.sdk import Client, Job
 
-pytestmark = [pytest.mark.heavy, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 SEQ = 32
 STEPS = 10
