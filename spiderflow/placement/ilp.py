@@ -62,7 +62,15 @@ The solver is seeded with a hint on every decision variable (``u``, ``x``, ``n``
 ``last``, ``r``) from a greedy construction (clusters by free compute, chain by nearest widest link,
 layers proportional to compute but water-filled against memory, one pipeline depth for all blocks tried
 from {1, 2, 4, 8}, the smallest tp that holds the block), as a competent CP-SAT user would; the hint is
-first completed to every variable by one solve with the hinted variables fixed. When CP-SAT ends without
+first completed to every variable by one solve with the hinted variables fixed (at least
+:data:`HINT_COMPLETION_MIN_S`). A plan of another policy (``hint``) that beats the greedy one is hinted
+whole when it lies in the model's space — the model is then built at that plan's micro-batch size, since a
+planner may choose smaller micro-batches than the job's and their activation memory differs — else by its
+structure (clusters, order, layers per cluster), else dropped for the greedy hint (``stats["hint_in_model"]``:
+4 whole, 2 structure and layers, 1 structure, 3 the greedy hint, 0 none). With a complete hint CP-SAT's
+presolve is off: it hands the hint to the search only after presolve, which can outlast the limit. The
+answer is never worse than a hint that entered the model (``from_hint`` 2: the other policy's plan is
+returned, the model pricing its structure with even splits and 1F1B). When CP-SAT ends without
 a solution, or with one worse than the warm start, the greedy plan (a solution of the same model) is
 returned and ``stats["from_hint"] = 1``.
 ``optimal=True`` only when CP-SAT reports OPTIMAL for this model.
@@ -107,6 +115,7 @@ __all__ = [
     "DEFAULT_HINT",
     "DEFAULT_TIME_LIMIT_S",
     "DEFAULT_WORKERS",
+    "HINT_COMPLETION_MIN_S",
     "MAX_PP_PER_CLUSTER",
     "PRESOLVE_MAX_BOOLEANS",
     "IlpPolicy",
@@ -148,6 +157,9 @@ MAX_PP_PER_CLUSTER = 8
 #: Above this many Booleans CP-SAT's presolve alone outlasts typical time limits (measured: > 20 s at 32
 #: clusters) while the search without it finds and improves solutions; presolve is switched off there.
 PRESOLVE_MAX_BOOLEANS = 1000
+#: Least time given to completing a hint to a full assignment (one CP-SAT solve with the hinted variables
+#: fixed; 0.1-0.8 s measured on the paper grid's instances under load): a shorter slot drops the hint.
+HINT_COMPLETION_MIN_S = 1.0
 
 _log = structlog.get_logger(__name__)
 
@@ -190,6 +202,14 @@ def block_stages(cluster: str, first_layer: int, layers: int, tp: int, dp: int, 
 
 def _micro_batches(job: JobSpec) -> int:
     return job.micro_batches_total
+
+
+def _at_micro_batches(job: JobSpec, micro_batches: int) -> JobSpec:
+    """``job`` with the micro-batch size of a plan of ``micro_batches`` (``job`` itself if that is not a
+    whole divisor of the global batch)."""
+    if micro_batches == job.micro_batches_total or micro_batches < 1 or job.global_batch % micro_batches:
+        return job
+    return replace(job, micro_batch=job.global_batch // micro_batches)
 
 
 def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: bool, last: bool) -> int:
@@ -383,7 +403,10 @@ class IlpPolicy:
         t0 += hint_s  # the hint policies' own time is reported (``hint_s``), not taken from the solver's limit
         better = foreign is not None and (hint is None or foreign.step_time_s < hint.step_time_s)
         best = foreign if better else hint
-        built = _Model(topo, job, best, symmetry=foreign is None and not self.decomposed)
+        # The model is built at the best hint's micro-batch size (a planner may choose smaller micro-batches
+        # than the job's, and their memory differs): otherwise that plan is outside the model's space.
+        model_job = _at_micro_batches(job, best.micro_batches) if better and best is not None else job
+        built = _Model(topo, model_job, best, symmetry=foreign is None and not self.decomposed)
         if hint is not None and best is not hint:
             built.model.clear_hints()  # type: ignore[no-untyped-call]
             built._hint(hint)
@@ -402,13 +425,19 @@ class IlpPolicy:
             solver.parameters.cp_model_presolve = False
         in_model = 0.0
         if best is not None:
-            slot = max(0.05, min(5.0, (limit - build_s) / 4))
+            # At least HINT_COMPLETION_MIN_S: a starved completion drops the hint (the decision may overrun
+            # its limit by that much; the time is counted in ``build_s`` and the decision's wall time).
+            slot = max(HINT_COMPLETION_MIN_S, min(5.0, (limit - build_s) / 4))
             if better and foreign is not None:
-                for layers in (True, False):
-                    if built.hint_structure(foreign, layers=layers) and built.complete_hint(slot):
-                        in_model = 2.0 if layers else 1.0
-                        break
+                built.model.clear_hints()  # type: ignore[no-untyped-call]
+                if built.hint_plan(foreign) and built.complete_hint(slot):
+                    in_model = 4.0
                 else:
+                    for layers in (True, False):
+                        if built.hint_structure(foreign, layers=layers) and built.complete_hint(slot):
+                            in_model = 2.0 if layers else 1.0
+                            break
+                if not in_model:
                     built.model.clear_hints()  # type: ignore[no-untyped-call]
                     if hint is not None:
                         built._hint(hint)
@@ -416,6 +445,10 @@ class IlpPolicy:
                 in_model = 3.0 if built.complete_hint(slot) else 0.0
             build_s = time.perf_counter() - t0
             solver.parameters.max_time_in_seconds = max(0.05, limit - build_s)
+            if in_model and not self.decomposed:
+                # CP-SAT hands a complete hint to its search only after presolve, which on these models can
+                # outlast the limit (measured: no solution within 3 s from a complete feasible hint).
+                solver.parameters.cp_model_presolve = False
         status = solver.solve(built.model)
         stats: dict[str, float] = {
             "cp_status": float(int(status)),
@@ -443,6 +476,11 @@ class IlpPolicy:
                 # The warm start is a solution of the model too; CP-SAT's workers may lose it.
                 plan = hint
                 stats["from_hint"] = 1.0
+            if in_model and better and foreign is not None and foreign.step_time_s < plan.step_time_s:
+                # A warm-started solver never returns worse than its start: the hint entered the model,
+                # but the model prices it with even splits per block and 1F1B, coarser than its source.
+                plan = foreign
+                stats["from_hint"] = 2.0
             broken = check_plan(plan, topo, job)
             if broken:  # cannot happen (coefficients round towards safety); never hand out an invalid plan
                 return self._fail(PlacementStatus.ERROR, "; ".join(broken), "model", t0, stats)
@@ -716,6 +754,14 @@ class _Model:
         if len(set(chain)) != len(chain) or any(i not in self.u for i in chain):
             return None
         return chain
+
+    def hint_plan(self, plan: Plan) -> bool:
+        """Hint every decision variable from ``plan`` (:meth:`_hint`); ``False`` when its chain is outside
+        this model's space (a cluster visited twice, or not a candidate) or a stage spans clusters."""
+        if self.chain_of(plan) is None or any(st.replicas for st in plan.stages):
+            return False
+        self._hint(plan)
+        return True
 
     def hint_structure(self, plan: Plan, *, layers: bool) -> bool:
         """Hint another policy's plan by its structure only: used clusters, chain arcs, first and last,

@@ -281,10 +281,27 @@ def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance
     base = IlpPolicy(hint="baselines").place(topo, job, Budget(time_limit_s=10))
     assert base.ok and base.plan is not None
     _assert_valid(base.plan, topo, job)
-    if base.stats["cp_status"] in (2.0, 4.0) and base.stats["hint_in_model"] in (1.0, 2.0):
+    if base.stats["cp_status"] in (2.0, 4.0) and base.stats["hint_in_model"] in (1.0, 2.0, 4.0):
         assert base.plan.step_time_s <= base.stats["hint_step_s"] * (1 + 1e-6)
     dec = get_policy("ilp-decomposed").place(topo, job, Budget(time_limit_s=10))
     assert dec.ok and dec.plan is not None and dec.policy == "ilp-decomposed" and dec.stats["decomposed"] == 1.0
     _assert_valid(dec.plan, topo, job)
     ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=10))
     assert ref.ok and ref.plan is not None and ref.stats["hint_source"] in (-1.0, 0.0)
+
+
+def test_spinsearch_hint_with_smaller_micro_batches_enters_the_model_whole() -> None:
+    """SpinSearch's plan uses micro-batches of 1 where the job says 4 (activation memory differs): the
+    model is built at the hint's micro-batch size, every decision variable is hinted and completed, and
+    the answer is never worse than the hint (the upper reference starts where SpinSearch ends)."""
+    from spiderflow.sim.grid import instance_job
+    from spiderflow.topogen import generate_topology
+
+    topo, job = generate_topology(12, 2, "geo"), instance_job(1)
+    ss = get_policy("spinsearch").place(topo, job, Budget(seed=2000))
+    assert ss.ok and ss.plan is not None and ss.plan.micro_batches != job.micro_batches_total
+    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=2, seed=2000))
+    assert ref.ok and ref.plan is not None
+    assert ref.stats["hint_in_model"] == 4.0 and ref.stats["hint_source"] == 0.0
+    assert ref.plan.step_time_s <= ss.plan.step_time_s * (1 + 1e-6)
+    _assert_valid(ref.plan, topo, job)
