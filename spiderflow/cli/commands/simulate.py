@@ -114,18 +114,51 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _scaling_rows(path: Path) -> list[dict[str, Any]]:
-    """The per-size, per-policy rows of a ``bench/paper.py`` results file (for the overhead-vs-clusters plot)."""
+    """The per-size, per-policy rows (``clusters``, ``policy``, ``overhead_per_decision_mean_s``) of a
+    ``bench/paper.py`` results file, for the overhead-vs-clusters plot: the paired placement decisions of
+    the rebuilt grid (``bench/results/paper-grid.json``: mean wall time per decision by topology size), or
+    the ``sizes`` of the earlier multi-size format."""
     try:
         bench = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(bench, dict) or not isinstance(bench.get("sizes"), list) or not bench["sizes"]:
-            raise ValueError("no 'sizes' list")
-        return [{"clusters": int(size["clusters"]), "policy": p, **v}
-                for size in bench["sizes"] for p, v in size["policies"].items()]
+        if not isinstance(bench, dict):
+            raise ValueError("not a JSON object")
+        if isinstance(bench.get("sizes"), list) and bench["sizes"]:
+            return [{"clusters": int(size["clusters"]), "policy": p, **v}
+                    for size in bench["sizes"] for p, v in size["policies"].items()]
+        if isinstance(bench.get("placement"), dict) and isinstance(bench.get("settings"), dict):
+            return _grid_overhead_rows(bench)
+        raise ValueError("neither a 'placement' part with 'settings' nor a 'sizes' list")
     except OSError as e:
         raise CliError(f"--scaling: cannot read {path}: {e.strerror or e}", EXIT_USAGE) from None
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, LookupError) as e:
         raise CliError(f"--scaling: {path} is not a bench/paper.py results file ({type(e).__name__}: {e})",
                        EXIT_USAGE) from None
+
+
+def _grid_overhead_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
+    """Mean and p95 wall time per placement decision, per (cluster count, policy label), of a rebuilt
+    ``bench/paper.py`` grid: generated topologies have ``settings.clusters`` clusters, presets their own."""
+    from spiderflow.presets import PRESETS, resolve_topology
+    from spiderflow.sim.metrics import percentile
+
+    generated = ("geo", "hub", "mesh")
+    sizes: dict[str, int] = {}
+    walls: dict[tuple[int, str], list[float]] = {}
+    rows = bench["placement"]["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("no placement rows")
+    for row in rows:
+        kind = str(row["kind"])
+        if kind not in sizes:
+            if kind not in generated and kind not in PRESETS:
+                raise ValueError(f"placement row of unknown topology kind {kind!r}")
+            sizes[kind] = (int(bench["settings"]["clusters"]) if kind in generated
+                           else len(resolve_topology(kind).clusters))
+        walls.setdefault((sizes[kind], str(row["label"])), []).append(float(row["wall_s"]))
+    return [{"clusters": n, "policy": label, "decisions": len(ws),
+             "overhead_per_decision_mean_s": sum(ws) / len(ws),
+             "overhead_per_decision_p95_s": percentile(ws, 95)}
+            for (n, label), ws in sorted(walls.items())]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
