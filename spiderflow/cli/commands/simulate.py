@@ -170,7 +170,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--json", type=Path, required=True, help="write the results document here")
     p.add_argument("--plots", type=Path, help="write PNG figures and report.html into this directory")
     p.add_argument("--scaling", type=Path,
-                   help="bench/paper.py results JSON: plot overhead vs cluster count from its multi-size run")
+                   help="bench/paper.py results JSON (bench/results/paper-grid.json): plot its measured time "
+                        "per placement decision against the cluster count")
     p.add_argument("--objective", choices=["jct", "cost", "balanced"], default="jct")
     p.add_argument("--seed", type=int, default=0, help="seed passed to the policies' budgets")
     p.add_argument("--time-limit", type=float, help="per-decision time limit for policies that support one (s)")
