@@ -215,6 +215,9 @@ def placement_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if gaps:
                 row["mean_gap"] = statistics.fmean(gaps)
                 row["proven"] = sum(1 for g in gaps if g <= 1e-9)
+            hints = [r["stats"]["hint_in_model"] for r in mine if "hint_in_model" in r.get("stats", {})]
+            if hints:  # ilp: how the best hint entered the model (4 whole, 2/1 structure, 3 own greedy, 0 none)
+                row["hint_in_model"] = {str(int(h)): hints.count(h) for h in sorted(set(hints), reverse=True)}
             out.append(row)
     return out
 
@@ -474,6 +477,8 @@ def markdown(doc: dict[str, Any]) -> str:
                   "|" + "---|" * 13]
         for r in pl["summary"]:
             gap = f"{r['mean_gap']:.2g} / {r['proven']}" if "mean_gap" in r else ""
+            if "hint_in_model" in r:
+                gap += " (hint in model " + ", ".join(f"{k}: {v}" for k, v in r["hint_in_model"].items()) + ")"
             lines.append(f"| {r['kind']} | {r['label']} | {r['placed']}/{r['instances']} | {r['ref_only']} | "
                          f"{r['policy_only']} | {_ci(r['tps_ratio'])} | {_ci(r['tps_timeline_ratio'])} | "
                          f"{1000 * r['mean_wall_s']:.4g} | {1000 * r['mean_cpu_s']:.4g} | {r['total_wall_s']:.4g} | "

@@ -44,6 +44,7 @@ import statistics
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,11 @@ if str(ROOT) not in sys.path:
 
 from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
 from spiderflow.errors import UnavailableError  # noqa: E402
+from spiderflow.formats import job_from_dict  # noqa: E402
 from spiderflow.jobs import JobState  # noqa: E402
 from spiderflow.mesh import LocalMesh  # noqa: E402
+from spiderflow.placement import get_policy, load_builtin_policies  # noqa: E402
+from spiderflow.placement.base import Budget  # noqa: E402
 from spiderflow.sdk import Client, JobEvent  # noqa: E402
 
 CLUSTERS = ("alpha", "bravo", "charlie", "delta")
@@ -75,12 +79,30 @@ def topology(*, slow_mbit: float, slow_ms: float, fast_mbit: float, fast_ms: flo
     return Topology(clusters=clusters, links=tuple(links))
 
 
-def job(args: argparse.Namespace, policy: str) -> dict[str, Any]:
+def ring_topology(*, slow_mbit: float, slow_ms: float, fast_mbit: float, fast_ms: float, gpus: int = 1) -> Topology:
+    """Four CPU clusters on a ring of geo-like links: ``alpha–bravo`` and ``charlie–delta`` fast
+    (``--fast-*``), ``bravo–charlie`` a quarter of the fast bandwidth at 4× its latency, ``delta–alpha``
+    an eighth at 8×, and the two diagonals slow (``--slow-*``). Every pair is linked, so the widest path
+    may detour through a third cluster; which clusters, how many (the job takes 2 or 3) and in which order
+    are the policies' to choose."""
+    clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=gpus) for n in CLUSTERS)
+    spec = [("alpha", "bravo", fast_mbit, fast_ms), ("charlie", "delta", fast_mbit, fast_ms),
+            ("bravo", "charlie", fast_mbit / 4, fast_ms * 4), ("alpha", "delta", fast_mbit / 8, fast_ms * 8),
+            ("alpha", "charlie", slow_mbit, slow_ms), ("bravo", "delta", slow_mbit, slow_ms)]
+    links = tuple(Link(a=a, b=b, bandwidth_gbps=mbit / 1000.0, latency_ms=ms) for a, b, mbit, ms in spec)
+    return Topology(clusters=clusters, links=links)
+
+
+#: ``--topology`` choices: the builder and the job's GPU range (min, max) on it.
+TOPOLOGIES = {"slow-link": (topology, (3, 3)), "ring": (ring_topology, (2, 3))}
+
+
+def job(args: argparse.Namespace, policy: str, gpus: tuple[int, int] = (3, 3)) -> dict[str, Any]:
     return {
         "id": f"tb-{policy}-{uuid.uuid4().hex[:6]}",
         "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": args.vocab},
         "global_batch": args.global_batch, "micro_batch": args.micro_batch, "seq_len": args.seq_len,
-        "steps": args.steps, "gpus": {"min": 3, "max": 3}, "tenant": "bench",
+        "steps": args.steps, "gpus": {"min": gpus[0], "max": gpus[1]}, "tenant": "bench",
     }
 
 
@@ -116,8 +138,18 @@ def worker_step_times(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int
     return {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
 
 
-def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str, Any]:
-    spec = job(args, policy)
+def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[int, int] = (3, 3)) -> dict[str, Any]:
+    spec = job(args, policy, gpus)
+    with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+        live = sf.topology()
+    # The same decision the scheduler is about to take, on the same live topology: a job the policy cannot
+    # place would sit pending until --timeout, so it is reported instead of submitted.
+    load_builtin_policies()
+    offline = get_policy(policy).place(live, job_from_dict(spec), Budget(seed=0))
+    if not offline.ok:
+        print(f"[{policy}] cannot place the job: {offline.reason}", flush=True)
+        return {"policy": policy, "placed": False, "reason": offline.reason, "predicted_step_s": None,
+                "measured_step_s": None, "stages": None, "chain": []}
     with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
         submitted = sf.submit(spec, request_id=spec["id"], policy=policy)
         print(f"[{policy}] submitted {submitted.id}", flush=True)
@@ -139,7 +171,7 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str,
     last_rank = max(ranks) if ranks else None
     worker = ranks[last_rank][1:] if last_rank is not None else []
     result = {
-        "policy": policy, "job": final.id, "chain": list(plan.chain), "schedule": str(plan.schedule),
+        "policy": policy, "placed": True, "job": final.id, "chain": list(plan.chain), "schedule": str(plan.schedule),
         "micro_batches": plan.micro_batches,
         "stages": [{"cluster": s.cluster, "layers": [s.first_layer, s.last_layer], "gpus": s.gpus}
                    for s in plan.stages],
@@ -158,6 +190,22 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str) -> dict[str,
           f"{plan.step_time_s:.3f} s, measured {measured} s "
           f"(worker mean {result['worker_mean_step_s']})", flush=True)
     return result
+
+
+def _per_policy(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per policy: its last run, with ``measured_step_s`` the median over its runs (``measured_runs`` each)
+    and ``predicted_step_s`` the median of the predictions."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys(r["policy"] for r in results):
+        runs = [r for r in results if r["policy"] == name]
+        measured = [r["measured_step_s"] for r in runs if r["measured_step_s"]]
+        predicted = [r["predicted_step_s"] for r in runs if r["predicted_step_s"]]
+        out[name] = runs[-1] | {
+            "measured_runs": measured, "predicted_runs": predicted,
+            "measured_step_s": statistics.median(measured) if measured else None,
+            "predicted_step_s": statistics.median(predicted) if predicted else None,
+            "plans": [r["stages"] for r in runs]}
+    return out
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -180,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-ms", type=float, default=5.0)
     p.add_argument("--gpus", type=int, default=1, help="worker 'GPUs' per cluster")
     p.add_argument("--order", default="spinsearch,firstfit", help="policies, run one after the other")
+    p.add_argument("--prices", choices=("uniform", "regional"), default="uniform",
+                   help="electricity: uniform 0.10 USD/kWh, or regional 0.05 + 0.03·i by cluster (LocalMesh's default)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of --order (per policy: the median of its runs)")
+    p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="slow-link",
+                   help="slow-link: 3 clusters wanted, every path to charlie slow; ring: 2-4 clusters wanted")
     p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'tbx…')")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default="", help="write the JSON summary here")
@@ -188,8 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         print("needs root (network namespaces, tc, iptables)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
-    topo = topology(slow_mbit=args.slow_mbit, slow_ms=args.slow_ms, fast_mbit=args.fast_mbit, fast_ms=args.fast_ms,
-                    gpus=args.gpus)
+    build, gpus = TOPOLOGIES[args.topology]
+    topo = build(slow_mbit=args.slow_mbit, slow_ms=args.slow_ms, fast_mbit=args.fast_mbit, fast_ms=args.fast_ms,
+                 gpus=args.gpus)
+    if args.prices == "regional":  # as the bundled presets' regions: electricity differs, bace follows the cheapest
+        topo = replace(topo, clusters=tuple(replace(c, electricity_usd_per_kwh=round(0.05 + 0.03 * i, 4))
+                                            for i, c in enumerate(topo.clusters)))
     prefix = args.prefix or "tbx" + uuid.uuid4().hex[:5]
     results: list[dict[str, Any]] = []
     load_before = os.getloadavg()
@@ -204,34 +261,58 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
         for link in sorted(live.links, key=lambda x: (x.a, x.b)):
             print(f"  {link.a}–{link.b}: {link.bandwidth_gbps * 1000:.1f} Mbit/s, {link.latency_ms:.1f} ms", flush=True)
-        for policy in args.order.split(","):
-            results.append(run_one(mesh, args, policy.strip()))
-    by = {r["policy"]: r for r in results}
+        for rnd in range(args.repeats):  # interleaved, so that drifting machine load hits every policy alike
+            for policy in args.order.split(","):
+                results.append(run_one(mesh, args, policy.strip(), gpus) | {"round": rnd + 1})
+    by = _per_policy(results)
     ratio = None
     if "spinsearch" in by and "firstfit" in by and by["spinsearch"]["measured_step_s"]:
         ratio = by["firstfit"]["measured_step_s"] / by["spinsearch"]["measured_step_s"]
+    # every other policy ÷ SpinSearch, measured and predicted step time (> 1: SpinSearch faster)
+    versus = {r["policy"]: {"measured": (r["measured_step_s"] / by["spinsearch"]["measured_step_s"]
+                                         if r["measured_step_s"] and by["spinsearch"]["measured_step_s"] else None),
+                            "predicted": (r["predicted_step_s"] / by["spinsearch"]["predicted_step_s"]
+                                          if r["predicted_step_s"] else None),
+                            "same_plan": r["stages"] == by["spinsearch"]["stages"]}
+              for r in results if r["policy"] != "spinsearch" and "spinsearch" in by}
     summary = {
         "command": "sudo .venv/bin/python bench/testbed_exec.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
-        "topology": {"slow": list(SLOW), "slow_mbit": args.slow_mbit, "slow_ms": args.slow_ms,
+        "topology": {"kind": args.topology, "prices": {c.name: c.electricity_usd_per_kwh for c in topo.clusters},
+                     "links": [{"a": lk.a, "b": lk.b, "mbit": lk.bandwidth_gbps * 1000,
+                                                        "ms": lk.latency_ms} for lk in topo.links],
+                     "slow": list(SLOW), "slow_mbit": args.slow_mbit, "slow_ms": args.slow_ms,
                      "fast_mbit": args.fast_mbit, "fast_ms": args.fast_ms, "gpus_per_cluster": args.gpus},
-        "job": {k: v for k, v in job(args, "x").items() if k not in ("id",)},
+        "job": {k: v for k, v in job(args, "x", gpus).items() if k not in ("id",)},
         "calibration": {c.name: {"tflops": c.tflops, "mfu": c.mfu, "effective_tflops": c.effective_tflops,
                                  "layer_overhead_ms": c.layer_overhead_ms,
                                  "optimizer_ms_per_layer": c.optimizer_ms_per_layer} for c in live.clusters},
         "load_average_before": list(load_before),
         "runs": results,
+        "per_policy": {k: {"chain": v["chain"], "stages": v["stages"], "measured_step_s": v["measured_step_s"],
+                           "predicted_step_s": v["predicted_step_s"], "measured_runs": v["measured_runs"],
+                           "predicted_runs": v["predicted_runs"]} for k, v in by.items()},
         "ratio_firstfit_over_spinsearch": ratio,
+        "policy_over_spinsearch": versus,
+        "load_average_after": list(os.getloadavg()),
         "wall_s": time.monotonic() - t0,
     }
     print()
     print(f"{'policy':<11} {'chain':<28} {'predicted s':>11} {'measured s':>10} {'meas/pred':>9}")
     for r in results:
+        if not r["placed"]:
+            print(f"{r['policy']:<11} not placed: {r['reason']}")
+            continue
         meas = r["measured_step_s"] or 0.0
         print(f"{r['policy']:<11} {' → '.join(r['chain']):<28} {r['predicted_step_s']:>11.3f} {meas:>10.3f} "
               f"{meas / r['predicted_step_s']:>9.2f}")
     if ratio is not None:
         print(f"firstfit / spinsearch measured step time: {ratio:.2f}× (target ≥ 1.3)")
+    for name, v in versus.items():
+        meas = f"{v['measured']:.2f}×" if v["measured"] else "-"
+        pred = f"{v['predicted']:.2f}×" if v["predicted"] else "-"
+        print(f"{name} / spinsearch step time: measured {meas}, predicted {pred}"
+              + (" (same plan)" if v["same_plan"] else ""))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")

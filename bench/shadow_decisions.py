@@ -1,0 +1,111 @@
+"""SpinSearch's own trajectory, with a baseline asked every same question on the same state.
+
+::
+
+    .venv/bin/python bench/shadow_decisions.py --kind aws-10-dtfm --load 1.0 --baseline bace \\
+        --out bench/results/shadow-aws-10-dtfm-1.0.json
+
+The full-system comparison of ``bench/paper.py`` lets every policy run its own trajectory: after the
+first differing decision the pools the later jobs find differ, so a per-job ratio mixes the quality of a
+decision with the state it was taken in. This script separates the two. It simulates ``bench/paper.py``'s
+traces (same topology, seeds, load, 12 jobs, fixed 0.01 s overhead, waiting for releases on and off) with
+SpinSearch deciding, and at every placement call (decisions now and the cycle's priced futures alike) asks
+the baseline to place the same job on the same topology state. Per call: both plans' GPUs and closed-form
+step times. Summary per wait setting: calls, the geometric mean of baseline ÷ SpinSearch step time (> 1:
+SpinSearch's plan faster on the same state), and on how many calls each was faster by more than 3 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.paper import _quiet, _topology  # noqa: E402
+from spiderflow.domain import JobSpec, Topology  # noqa: E402
+from spiderflow.placement import get_policy  # noqa: E402
+from spiderflow.placement.base import Budget, PlacementResult  # noqa: E402
+from spiderflow.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
+from spiderflow.sim.tracegen import generate_trace  # noqa: E402
+
+
+class Shadowed:
+    """SpinSearch deciding; ``baseline`` asked the same question on the same state, its answer recorded."""
+
+    def __init__(self, baseline: str) -> None:
+        self.main, self.other = get_policy("spinsearch"), get_policy(baseline)
+        self.name = "spinsearch"
+        self.calls: list[dict[str, Any]] = []
+
+    def __getattr__(self, key: str) -> Any:
+        return getattr(self.main, key)
+
+    def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        res = self.main.place(topo, job, budget)
+        other = self.other.place(topo, job, budget)
+        self.calls.append({
+            "job": job.id, "free_gpus": sum(c.free for c in topo.clusters),
+            "spinsearch_gpus": res.plan.gpus if res.ok and res.plan else None,
+            "baseline_gpus": other.plan.gpus if other.ok and other.plan else None,
+            "spinsearch_step_s": res.plan.step_time_s if res.ok and res.plan else None,
+            "baseline_step_s": other.plan.step_time_s if other.ok and other.plan else None})
+        return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kind", default="aws-10-dtfm")
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--seeds", default="1,2,3,4,5")
+    ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--clusters", type=int, default=12, help="clusters of a generated topology kind")
+    ap.add_argument("--baseline", default="bace")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    _quiet()
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    doc: dict[str, Any] = {"command": " ".join(["bench/shadow_decisions.py", *(argv or sys.argv[1:])]),
+                           "kind": args.kind, "load": args.load, "seeds": seeds, "baseline": args.baseline,
+                           "summary": {}, "calls": []}
+    for wait in (True, False):
+        both: list[dict[str, Any]] = []
+        for seed in seeds:
+            topo = _topology(args.kind, args.clusters, seed)
+            trace = generate_trace(args.jobs, seed, args.load, topo)
+            policy = Shadowed(args.baseline)
+            cfg = SimConfig(seed=seed, overhead=OverheadMode.FIXED, fixed_overhead_s=0.01, releases=wait)
+            simulate(topo, trace, policy, cfg)  # type: ignore[arg-type]
+            for c in policy.calls:
+                doc["calls"].append({"wait": wait, "seed": seed, **c})
+            both += [c for c in policy.calls if c["spinsearch_step_s"] and c["baseline_step_s"]]
+        ratios = [c["baseline_step_s"] / c["spinsearch_step_s"] for c in both]
+        s = {"calls": len(both),
+             "baseline_over_spinsearch_step_geomean": math.exp(statistics.fmean(map(math.log, ratios))),
+             "spinsearch_faster": sum(r > 1.03 for r in ratios), "baseline_faster": sum(r < 1 / 1.03 for r in ratios),
+             "same_gpus": sum(c["spinsearch_gpus"] == c["baseline_gpus"] for c in both),
+             "only_spinsearch_placed": sum(1 for c in doc["calls"] if c["wait"] == wait
+                                           and c["spinsearch_step_s"] and not c["baseline_step_s"]),
+             "only_baseline_placed": sum(1 for c in doc["calls"] if c["wait"] == wait
+                                         and c["baseline_step_s"] and not c["spinsearch_step_s"])}
+        doc["summary"]["wait" if wait else "no-wait"] = s
+        print(f"wait {'on ' if wait else 'off'}: {s['calls']} calls, {args.baseline} ÷ spinsearch step "
+              f"{s['baseline_over_spinsearch_step_geomean']:.3f} (geomean); spinsearch faster on "
+              f"{s['spinsearch_faster']}, {args.baseline} faster on {s['baseline_faster']}; same GPU count on "
+              f"{s['same_gpus']}; only spinsearch placed {s['only_spinsearch_placed']}, only {args.baseline} "
+              f"{s['only_baseline_placed']}", flush=True)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
