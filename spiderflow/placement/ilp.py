@@ -476,7 +476,8 @@ class IlpPolicy:
                 # The warm start is a solution of the model too; CP-SAT's workers may lose it.
                 plan = hint
                 stats["from_hint"] = 1.0
-            if in_model and better and foreign is not None and foreign.step_time_s < plan.step_time_s:
+            if in_model in (1.0, 2.0, 4.0) and better and foreign is not None \
+                    and foreign.step_time_s < plan.step_time_s:
                 # A warm-started solver never returns worse than its start: the hint entered the model,
                 # but the model prices it with even splits per block and 1F1B, coarser than its source.
                 plan = foreign
@@ -487,10 +488,15 @@ class IlpPolicy:
             return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan,
                                    planning_seconds=time.perf_counter() - t0,
                                    optimal=status == cp_model.OPTIMAL, stats=stats)
-        if status == cp_model.UNKNOWN and hint is not None:
-            stats["from_hint"] = 1.0
-            return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=hint,
-                                   planning_seconds=time.perf_counter() - t0, optimal=False, stats=stats)
+        if status == cp_model.UNKNOWN:
+            # No solution within the limit: the best warm start that is a solution of the model (another
+            # policy's plan that entered it whole or by structure), else the greedy construction.
+            entered = foreign if in_model in (1.0, 2.0, 4.0) and better else None
+            fallback = entered if entered is not None else hint
+            if fallback is not None:
+                stats["from_hint"] = 2.0 if fallback is entered else 1.0
+                return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=fallback,
+                                       planning_seconds=time.perf_counter() - t0, optimal=False, stats=stats)
         if status == cp_model.INFEASIBLE:
             return self._infeasible(topo, job, t0, stats, limit)
         return self._fail(PlacementStatus.UNSCHEDULABLE if status == cp_model.UNKNOWN else PlacementStatus.ERROR,
