@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                             "predicted": (r["predicted_step_s"] / by["spinsearch"]["predicted_step_s"]
                                           if r["predicted_step_s"] else None),
                             "same_plan": r["stages"] == by["spinsearch"]["stages"]}
-              for r in results if r["policy"] != "spinsearch" and "spinsearch" in by}
+              for r in by.values() if r["policy"] != "spinsearch" and "spinsearch" in by}
     summary = {
         "command": "sudo .venv/bin/python bench/testbed_exec.py "
                    + " ".join(argv if argv is not None else sys.argv[1:]),
