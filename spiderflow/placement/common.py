@@ -23,15 +23,19 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
 2. per cluster block choose ``(pp, tp, dp)`` — ``pp ∈ {1..6, 8, 12, 16}`` pipeline sub-stages inside the
    cluster (for memory, or to keep replicas' gradient all-reduce inside a node), ``tp`` a power of two ≤
    GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's own
-   ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
+   ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts:
+   blocks are chosen from the last cluster to the first, each under the sub-stages its downstream blocks
+   chose, so every block is priced with the in-flight depth the final plan has);
 3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
-   lexicographically; re-derive the global sub-stage count and repeat until it is stable. The search
-   also starts from the scorer's memory-aware water-filled split and the better result is kept;
+   lexicographically (a move re-chooses the two blocks and, when their sub-stage counts change, every
+   block before them). The search also starts from the scorer's memory-aware water-filled split and the
+   better result is kept;
 4. memory first (:func:`memory_first_split`): a dynamic programme over the clusters from the last to the
    first and the stages downstream finds the shallowest structure (degrees and balanced sub-stages per
    cluster) that holds every layer. When the proportional split starts over memory it runs before the
    search, and proves at once that nothing fits when no structure holds the layers; when the search ends
-   over memory, its structure is the plan.
+   over memory, the search starts once more from that structure's split (kept when better), and if it
+   still ends over memory the structure itself is the plan.
 
 The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
 raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``. Steps 2-3 (the block
@@ -420,7 +424,7 @@ class _ChainEval:
         self.job_f = np.array([jc.p_layer, jc.p_embed, jc.head_params], dtype=np.float64)
         self.job_i = np.array([jc.m, jc.layers, int(exact_gpus), self.slack], dtype=np.int64)
         self.hop_arr = np.array(self.hops, dtype=np.float64)
-        self.memo = new_memo(k, jc.layers)
+        self.memo = new_memo(k, jc.layers, jc.m)
         self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
 
     def _blocks(self, sizes: Sequence[int], out_f: FArr, out_i: IArr) -> list[_Block]:
@@ -638,7 +642,15 @@ def fallback_plan_chain(
         if start != sizes:
             sizes2, blocks2, key2 = ev.optimise(start, local_search=True)
             if key2 < key:
-                sizes, blocks = sizes2, blocks2
+                sizes, blocks, key = sizes2, blocks2, key2
+    if key[0] > 0:
+        # Over memory: start once more from the memory-first structure's split (it fits under that
+        # structure's degrees, so the search usually ends within memory from there).
+        split = memory_first_split(ev)[1]
+        if split is not None and split[0] != sizes:
+            sizes3, blocks3, key3 = ev.optimise(list(split[0]), local_search=True)
+            if key3 < key:
+                sizes, blocks, key = sizes3, blocks3, key3
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min

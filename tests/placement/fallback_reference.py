@@ -246,53 +246,44 @@ class _ChainEval:
         step += 2.0 * bound_sum + y
         return excess, step
 
-    def neighbour(self, sizes: Sequence[int], pps: Sequence[int], blocks: Sequence[_Block], j: int,
-                  delta: int) -> tuple[float, float, list[_Block]]:
-        """:meth:`evaluate_split` of ``sizes`` with ``delta`` layers moved from block ``j + 1`` to block
-        ``j``, given ``blocks`` of ``sizes`` under the same ``pps``: only blocks ``j`` and ``j + 1`` change."""
-        total = sum(pps)
-        offset = sum(pps[:j])
-        first = sum(sizes[:j])
-        a = sizes[j] + delta
-        b = sizes[j + 1] - delta
-        bj = self.block(j, first, first + a - 1, offset, total - pps[j])
-        bk = self.block(j + 1, first + a, first + a + b - 1, offset + pps[j], total - pps[j + 1])
-        new = [*blocks[:j], bj, bk, *blocks[j + 2:]]
-        excess, step = self.aggregate(new)
-        return excess, step, new
 
+def _evaluate_exact(ev: _ChainEval, sizes: Sequence[int]) -> tuple[float, float, list[_Block]]:
+    """``(memory excess, step time, blocks)`` of a split with each block chosen under the sub-stages of the
+    blocks after it (from the last block to the first)."""
+    k = len(sizes)
+    blocks: list[_Block] = []
+    first = sum(sizes)
+    ds = 0
+    for i in range(k - 1, -1, -1):
+        first -= sizes[i]
+        blk = ev.block(i, first, first + sizes[i] - 1, 0, ds)
+        blocks.insert(0, blk)
+        ds += blk.pp
+    excess, step = ev.aggregate(blocks)
+    return excess, step, blocks
 
 
 def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block]]:
     k = len(sizes)
-    pps = [1] * k
-    blocks: list[_Block] = []
-    for _ in range(4):
-        cur = ev.evaluate_split(sizes, pps)
-        if local_search:
-            improved = True
-            while improved:
-                improved = False
-                best = cur
-                best_sizes = sizes
-                for j in range(k - 1):
-                    for delta in (-4, -1, 1, 4):
-                        new = list(sizes)
-                        new[j] += delta
-                        new[j + 1] -= delta
-                        if new[j] < 1 or new[j + 1] < 1:
-                            continue
-                        res = ev.neighbour(sizes, pps, cur[2], j, delta)
-                        if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
-                            best, best_sizes = res, new
-                if best is not cur:
-                    cur, sizes, improved = best, best_sizes, True
-        blocks = cur[2]
-        new_pps = [b.pp for b in blocks]
-        if new_pps == pps:
-            break
-        pps = new_pps
-    return sizes, blocks
+    cur = _evaluate_exact(ev, sizes)
+    improved = local_search
+    while improved:
+        improved = False
+        best = cur
+        best_sizes = sizes
+        for j in range(k - 1):
+            for delta in (-4, -1, 1, 4):
+                new = list(sizes)
+                new[j] += delta
+                new[j + 1] -= delta
+                if new[j] < 1 or new[j + 1] < 1:
+                    continue
+                res = _evaluate_exact(ev, new)
+                if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
+                    best, best_sizes = res, new
+        if best is not cur:
+            cur, sizes, improved = best, best_sizes, True
+    return sizes, cur[2]
 
 
 def _split_key(ev: _ChainEval, sizes: Sequence[int], blocks: Sequence[_Block]) -> tuple[float, float]:
@@ -460,6 +451,12 @@ def fallback_plan_chain(
             sizes2, blocks2 = _optimise_split(ev, start, local_search=True)
             if _split_key(ev, sizes2, blocks2) < _split_key(ev, sizes, blocks):
                 sizes, blocks = sizes2, blocks2
+    if _split_key(ev, sizes, blocks)[0] > 0:
+        split = memory_first_split(ev)[1]
+        if split is not None and split[0] != sizes:
+            sizes3, blocks3 = _optimise_split(ev, list(split[0]), local_search=True)
+            if _split_key(ev, sizes3, blocks3) < _split_key(ev, sizes, blocks):
+                sizes, blocks = sizes3, blocks3
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min

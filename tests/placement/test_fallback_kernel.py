@@ -120,16 +120,16 @@ def _split(draw: st.DrawFn, layers: int, k: int) -> list[int]:
 @given(st.one_of(generated(), generated(big=True), tight()), st.booleans(), st.integers(0, 8), st.data())
 def test_split_evaluations_and_memory_first_structures_equal_the_reference(
         case: Case, exact: bool, slack: int, data: st.DataObject) -> None:
-    """Blocks and ``(excess, step)`` of random splits under random sub-stage counts, more distinct counts
-    downstream of each position than the block memo keeps (so it drops and refills entries), in exact-GPU
-    mode with slack too; the memory-first structures."""
+    """Blocks and ``(excess, step)`` of random splits under random sub-stage counts (many distinct counts
+    downstream of each position, some beyond the micro-batch count, where the block memo shares entries), in
+    exact-GPU mode with slack too; the memory-first structures."""
     topo, job, alloc = case
     k, layers = len(alloc), job.model.layers
     assume(k <= layers)
     ev = common._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack)
     want = ref._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack)
     _same(common.memory_first_split(ev), ref.memory_first_split(want))
-    for _ in range(2 * fallback.MEMO_SLOTS + 2):
+    for _ in range(10):
         sizes = _split(data.draw, layers, k)
         pps = data.draw(st.lists(st.sampled_from(common._PP_CHOICES), min_size=k, max_size=k))
         _same(ev.evaluate_split(sizes, pps), want.evaluate_split(sizes, pps))

@@ -164,10 +164,5 @@ def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int) ->
     assert step == pytest.approx(plan.step_time_s, rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap in the level-1 fallback planner (placement/common.py, "
-                   "kernels/fallback.py): its split search settles on blocks whose in-flight counts assume fewer "
-                   "stages downstream than the final structure has (here a 9-layer stage priced with 7 micro-batches "
-                   "in flight holds 8: 40.7 GiB on a 40 GiB GPU), so the plan falls back to the memory-first "
-                   "structure, which this split evaluation re-derives differently")
 def test_level1_planner_mirrors_the_cost_model_for_llama() -> None:
     test_level1_planner_mirrors_the_cost_model.hypothesis.inner_test(0, "llama3-70b", 4)  # type: ignore[attr-defined]
