@@ -16,8 +16,9 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
   layer, activation bytes per layer, head activation bytes, head T)``; ``pos_i[i]``: ``(GPUs, GPUs per node,
   tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
   ``i + 1``.
-* ``job_f``: ``(parameters per layer, embedding parameters, head parameters)``; ``job_i``: ``(micro-batches, layers,
-  exact GPUs (0/1), slack)``.
+* ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,
+  gradient bytes per value)`` (the last two in the job's precision: 16 and 2 in bf16); ``job_i``:
+  ``(micro-batches, layers, exact GPUs (0/1), slack)``.
 * Block memo (a block depends only on its position, its layer count and the stages downstream of its
   start, given that every block holds at least one layer; at ``m`` or more stages downstream every sub-stage
   holds all its micro-batches, so counts are capped at ``D = min(m, 16·k)``, ``slots.shape[1] − 1``): entry
@@ -81,6 +82,8 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     p_layer = job_f[0]
     p_embed = job_f[1]
     p_head = job_f[2]
+    w_state = job_f[3]
+    w_grad = job_f[4]
     m = job_i[0]
     exact = job_i[2] != 0
     slack = job_i[3]
@@ -150,13 +153,13 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             p_head if is_last else 0.0)
                         if dp > 1:
-                            y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
+                            y = 2.0 * (dp - 1) / dp * (w_grad * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
                                 ymax = y
                         ahead = ds + pp - j
                         inflight = per_replica if per_replica <= ahead else ahead
                         act = sz * act_l + (act_h if is_last else 0.0)
-                        x = 16.0 * params / tp + inflight * act - mem
+                        x = w_state * params / tp + inflight * act - mem
                         if x > excess:
                             excess = x
                     local += bounds + ymax
@@ -385,15 +388,15 @@ def _balanced_capacity(i: int, k: int, tp: int, t: int, pp: int, downstream: int
     whether its bigger sub-stages go first. ``held``: scratch of ≥ ``pp`` entries."""
     room = pos[i, 0]
     g = pos_i[i, 0]
-    w = 16.0 * job_f[0] / tp
+    w = job_f[3] * job_f[0] / tp
     act = pos[i, 5 + 4 * t]
     per_replica = math.ceil(m / (g // (tp * pp)))
     for j in range(pp):
         ahead = pp - j + downstream
         inflight = per_replica if per_replica <= ahead else ahead
-        extra = 16.0 * job_f[1] / tp if i == 0 and j == 0 else 0.0
+        extra = job_f[3] * job_f[1] / tp if i == 0 and j == 0 else 0.0
         if i == k - 1 and j == pp - 1:
-            extra += 16.0 * job_f[2] / tp + inflight * pos[i, 6 + 4 * t]
+            extra += job_f[3] * job_f[2] / tp + inflight * pos[i, 6 + 4 * t]
         n = math.floor((room - extra) / (w + inflight * act) * _CAP_SLACK)
         if n < 1:
             return 0, False
@@ -493,7 +496,7 @@ def _warm() -> None:
     pos[:, :4] = [[8e10, 600.0, 100.0, 1e-3], [4e10, 300.0, 50.0, 2e-3]]
     pos_i = np.array([[8, 8, 4], [2, 2, 2]], dtype=np.int64)
     hops = np.array([1e-2])
-    job_f = np.array([1e8, 1e8])
+    job_f = np.array([1e8, 1e8, 1e8, 16.0, 2.0])
     job_i = np.array([4, layers, 0, 0], dtype=np.int64)
     out_f = np.empty((k, 5))
     out_i = np.empty((k, 4), dtype=np.int64)
