@@ -4,6 +4,7 @@
 
     .venv/bin/python bench/fidelity.py                                   # table + summary
     .venv/bin/python bench/fidelity.py --out bench/results/fidelity.json --md bench/results/fidelity.md
+    .venv/bin/python bench/fidelity.py --no-testbed --loso                 # + leave-one-source-out fit
 
 Records:
 
@@ -25,6 +26,12 @@ Measured step time: ``tokens_per_step / (tokens/s per GPU × GPUs)`` for torchti
 ``F / (GPUs × TFLOP/s per GPU)`` with ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, the model-FLOPs count
 its MFU column implies — the same count the cost model prices (``3·(24·b·s·h² + 4·b·s²·h)`` per layer plus
 ``6·b·s·h·V`` for the head), so the ratio does not depend on the FLOPs convention.
+
+Attribution (which term is off): per GPU record the shares of the predicted timeline step taken by compute
+at the catalog rate, tensor-parallel all-reduces, the pipeline bubble (fill, drain, waits) and the gradient
+sync, next to the utilisation the measured step implies for the model FLOPs (``implied MFU``). ``--loso``
+fits the one constant a default GPU rate has (the H100's ``mfu``) on one source's records and reports the
+median error on the other source's records (leave one source out).
 
 Memory is priced with ``fused_attention`` (no stored attention scores: torchtitan and Megatron-LM run
 flash attention; the planner's default still charges the scores).
@@ -51,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from spiderflow.catalog import ModelSpec  # noqa: E402
-from spiderflow.costmodel import evaluate  # noqa: E402
+from spiderflow.costmodel import allreduce_time, breakdown, evaluate, wire_bytes  # noqa: E402
 from spiderflow.domain import (  # noqa: E402
     Cluster,
     GpuRange,
@@ -122,6 +129,42 @@ def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, flo
     return ev.step_time_s, tl, max(ev.memory_gib_per_gpu)
 
 
+def model_flops(plan: Plan, job: JobSpec) -> float:
+    """Model FLOPs of one step as the cost model counts them (forward ×3, no recomputation)."""
+    b = job.global_batch // plan.micro_batches
+    head = 2.0 * b * job.seq_len * job.model.hidden * job.model.vocab
+    per_mb = job.model.layers * job.model.layer_fwd_flops(b, job.seq_len) + head
+    return 3.0 * per_mb * plan.micro_batches
+
+
+def attribution(plan: Plan, topo: Topology, job: JobSpec, meas: float, tl: float) -> dict[str, float]:
+    """Which term of the prediction is off, in fractions of the predicted (timeline) step: ``compute`` (the
+    stages' matmul time at the catalog rate, recomputation included), ``tp_comm`` (tensor-parallel
+    all-reduces), ``bubble`` (the timeline's step minus the busiest replica's work and the gradient sync:
+    fill, drain and waits), ``dp_sync`` (gradient all-reduce/reduce-scatter after the pipeline drains); and
+    ``implied_mfu``: the fraction of the GPU's bf16 datasheet peak that the measured step implies for the
+    model FLOPs (Megatron's MFU definition)."""
+    b = job.global_batch // plan.micro_batches
+    bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len, precision=job.precision,
+                   fused_attention=True)
+    c = topo.cluster(plan.stages[0].cluster)
+    busiest = max(range(len(plan.stages)),
+                  key=lambda i: bd.compute_s[i] * math.ceil(plan.micro_batches / plan.stages[i].dp))
+    st = plan.stages[busiest]
+    per_rep = math.ceil(plan.micro_batches / st.dp)
+    n_ar = (6 if st.recompute else 4) * st.layers
+    vb = wire_bytes(c, job.precision)
+    tp = n_ar * allreduce_time(vb * b * job.seq_len * job.model.hidden, st.tp,
+                               c.intra_node_gbps if st.tp <= c.gpus_per_node else c.inter_node_gbps)
+    work = per_rep * bd.compute_s[busiest]
+    tp_total = per_rep * tp
+    return {
+        "compute": (work - tp_total) / tl, "tp_comm": tp_total / tl, "dp_sync": bd.dp_sync_s / tl,
+        "bubble": max(0.0, tl - work - bd.dp_sync_s) / tl,
+        "implied_mfu": model_flops(plan, job) / (plan.gpus * c.gpu_type.peak_tflops * 1e12 * meas),
+    }
+
+
 def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, Any]]:
     data = json.loads(RECORDS.read_text())
     rows = []
@@ -135,6 +178,8 @@ def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, An
             "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl, "predicted_closed_s": closed,
             "ratio": tl / meas, "ratio_closed": closed / meas, "abs_err": abs(tl - meas) / meas,
             "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
+            "source_kind": "torchtitan" if "torchtitan" in rec["source"]["url"] else "megatron",
+            "terms": attribution(plan, topo, job, meas, tl),
         }
         if "memory_gib" in rec["measured"]:
             mm = float(rec["measured"]["memory_gib"])
@@ -234,6 +279,29 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+MFU_GRID = tuple(round(0.25 + 0.005 * i, 3) for i in range(111))  # 0.25 … 0.80
+"""H100 utilisations the leave-one-source-out fit tries."""
+
+
+def leave_one_source_out() -> list[dict[str, Any]]:
+    """The only constant a default-fitted GPU rate has, the GPU type's ``mfu``, fitted on one source's records
+    (the grid value with the least median |error|) and scored on the other source's: how well a fitted
+    default carries from one framework's measurements to another's."""
+    per_mfu = {x: gpu_rows(mfu=x) for x in MFU_GRID}
+    out = []
+    for fit_on in ("torchtitan", "megatron"):
+        def med(rows: list[dict[str, Any]], kind: str) -> float:
+            return statistics.median(r["abs_err"] for r in rows if r["source_kind"] == kind)
+
+        best = min(MFU_GRID, key=lambda x: (med(per_mfu[x], fit_on), x))
+        other = "megatron" if fit_on == "torchtitan" else "torchtitan"
+        rows = per_mfu[best]
+        out.append({"fit_on": fit_on, "mfu": best, "fit_median_abs_err": med(rows, fit_on),
+                    "held_out": other, "held_out_median_abs_err": med(rows, other),
+                    "all_median_abs_err": statistics.median(r["abs_err"] for r in rows)})
+    return out
+
+
 def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> str:
     lines = [f"### {title}", "", "| record | GPUs | measured s | predicted s (timeline) | ratio | closed-form ratio "
              "| memory GiB meas / pred |", "|---|---:|---:|---:|---:|---:|---|"]
@@ -254,6 +322,15 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
                      f"{s['worst_under']:+.1%}")
     for g, s in summ["rank"].items():
         lines.append(f"- rank correlation {g} (n={s['n']}): {s['spearman']:+.2f}")
+    terms = [r for r in rows if "terms" in r]
+    if terms:
+        lines += ["", "Shares of the predicted (timeline) step and the utilisation the measurement implies:", "",
+                  "| record | ratio | compute | TP all-reduce | bubble | DP sync | implied MFU |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in terms:
+            t = r["terms"]
+            lines.append(f"| {r['id']} | {r['ratio']:.3f} | {t['compute']:.0%} | {t['tp_comm']:.0%} "
+                         f"| {t['bubble']:.0%} | {t['dp_sync']:.0%} | {t['implied_mfu']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -265,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mfu", type=float, help="price the GPU records with this mfu instead of the catalog default "
                     "(what-if; the fitted default is the catalog's)")
     ap.add_argument("--no-testbed", action="store_true", help="GPU records only")
+    ap.add_argument("--loso", action="store_true", help="also fit the H100 mfu on each source and score it on the "
+                    "other (leave one source out)")
     args = ap.parse_args(argv)
     profile = None
     if args.profile is not None:
@@ -275,6 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     summ = summary(rows)
     title = "Fidelity" + (f" with profile {args.profile}" if args.profile else " (defaults, no profile)")
     md = markdown(rows, summ, title)
+    if args.loso:
+        loso = leave_one_source_out()
+        summ["leave_one_source_out"] = loso
+        md += "\nLeave one source out (H100 `mfu` fitted on one source, scored on the other):\n\n"
+        md += "| fitted on | mfu | median abs error there | held out | median abs error there | all records |\n"
+        md += "|---|---:|---:|---|---:|---:|\n"
+        for f in loso:
+            md += (f"| {f['fit_on']} | {f['mfu']:.3f} | {f['fit_median_abs_err']:.1%} | {f['held_out']} | "
+                   f"{f['held_out_median_abs_err']:.1%} | {f['all_median_abs_err']:.1%} |\n")
     print(md)
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "summary": summ}, indent=1) + "\n")

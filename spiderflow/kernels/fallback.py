@@ -16,12 +16,14 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
   layer, activation bytes per layer, head activation bytes, head T)``; ``pos_i[i]``: ``(GPUs, GPUs per node,
   tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
   ``i + 1``.
-* ``job_f``: ``(parameters per layer, embedding parameters, head parameters)``; ``job_i``: ``(micro-batches, layers,
-  exact GPUs (0/1), slack)``.
+* ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,
+  gradient bytes per value)`` (the last two in the job's precision: 16 and 2 in bf16); ``job_i``:
+  ``(micro-batches, layers, exact GPUs (0/1), slack)``.
 * Block memo (a block depends only on its position, its layer count and the stages downstream of its
-  start, given that every block holds at least one layer): ``slots[i, :S]`` the downstream counts memoised
-  for position ``i`` (``-1`` free), ``slots[i, S]`` the next slot to reuse; entry
-  ``e = (i·S + s)·(L + 1) + n`` of a block of ``n`` layers is valid when ``filled[e]``, with the block's
+  start, given that every block holds at least one layer; at ``m`` or more stages downstream every sub-stage
+  holds all its micro-batches, so counts are capped at ``D = min(m, 16·k)``, ``slots.shape[1] − 1``): entry
+  ``e = (i·(D + 1) + min(d, D))·(L + 1) + n`` of a block of ``n`` layers with ``d`` stages downstream is
+  valid when ``filled[e]``, with the block's
   ``(excess, local, tmax, tsum, y, tmax / dp)`` in ``memo_f[e]`` and ``(pp, tp, dp, bigger sub-stages
   first)`` in ``memo_i[e]``.
 """
@@ -38,7 +40,7 @@ from numba import njit
 
 from spiderflow.kernels import kernel, register_warmup
 
-__all__ = ["MEMO_SLOTS", "POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
+__all__ = ["POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
@@ -47,8 +49,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PP_CHOICES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 """Pipeline sub-stages a block may use, in the order they are tried."""
-MEMO_SLOTS = 4
-"""Downstream stage counts memoised per position (the oldest is dropped first)."""
 _SHRINK = 1 - 1e-12
 """At equal memory excess, a boundary move wins only with a step time below this fraction of the best one."""
 _CAP_SLACK = 1.0 + 1e-9
@@ -82,6 +82,8 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     p_layer = job_f[0]
     p_embed = job_f[1]
     p_head = job_f[2]
+    w_state = job_f[3]
+    w_grad = job_f[4]
     m = job_i[0]
     exact = job_i[2] != 0
     slack = job_i[3]
@@ -151,13 +153,13 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             p_head if is_last else 0.0)
                         if dp > 1:
-                            y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
+                            y = 2.0 * (dp - 1) / dp * (w_grad * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
                                 ymax = y
                         ahead = ds + pp - j
                         inflight = per_replica if per_replica <= ahead else ahead
                         act = sz * act_l + (act_h if is_last else 0.0)
-                        x = 16.0 * params / tp + inflight * act - mem
+                        x = w_state * params / tp + inflight * act - mem
                         if x > excess:
                             excess = x
                     local += bounds + ymax
@@ -196,20 +198,9 @@ def _block(i: int, first: int, nl: int, ds: int, pos: FArr, pos_i: IArr, job_f: 
     width = layers + 1
     if nl < 1 or nl > layers or (first == 0) != (i == 0) or (first + nl == layers) != (i == pos.shape[0] - 1):
         raise ValueError("the blocks of a split hold at least one layer each and every layer in all")
-    n_slots = slots.shape[1] - 1
-    s = -1
-    for q in range(n_slots):
-        if slots[i, q] == ds:
-            s = q
-            break
-    if s < 0:
-        s = slots[i, n_slots]
-        slots[i, n_slots] = (s + 1) % n_slots
-        slots[i, s] = ds
-        row = (i * n_slots + s) * width
-        for n in range(width):
-            filled[row + n] = False
-    e: int = (i * n_slots + s) * width + nl
+    cap = slots.shape[1] - 1
+    d = ds if ds < cap else cap  # at m or more stages downstream every sub-stage holds all its micro-batches
+    e: int = (i * (cap + 1) + d) * width + nl
     if not filled[e]:
         _search_block(i, nl, ds, first == 0, first + nl - 1 == layers - 1, pos, pos_i, job_f, job_i,
                       memo_f, memo_i, e)
@@ -300,76 +291,93 @@ def evaluate_split(sizes: IArr, pps: IArr, pos: FArr, pos_i: IArr, hops: FArr, j
 
 
 @kernel
+def _evaluate_exact(sizes: IArr, pos: FArr, pos_i: IArr, hops: FArr, job_f: FArr, job_i: IArr, slots: IArr,
+                    filled: BArr, memo_f: FArr, memo_i: IArr, refs: IArr) -> tuple[float, float]:
+    """``(memory excess, step time)`` of a split with every block priced under the stages its own downstream
+    blocks form: blocks chosen from the last to the first, each with the sum of the sub-stage counts chosen
+    after it as its stages downstream (the in-flight depth the final structure has); the blocks' memo entries
+    into ``refs``."""
+    k = sizes.shape[0]
+    first = 0
+    for q in range(k):
+        first += sizes[q]
+    ds = 0
+    for q in range(k - 1, -1, -1):
+        first -= sizes[q]
+        refs[q] = _block(q, first, sizes[q], ds, pos, pos_i, job_f, job_i, slots, filled, memo_f, memo_i)
+        ds += memo_i[refs[q], 0]
+    return _aggregate(refs, -2, 0, 0, memo_f, memo_i, pos, hops, job_i[0])
+
+
+@kernel
 def optimise_split(sizes: IArr, local_search: bool, pos: FArr, pos_i: IArr, hops: FArr, job_f: FArr,
                    job_i: IArr, slots: IArr, filled: BArr, memo_f: FArr, memo_i: IArr, out_f: FArr,
                    out_i: IArr) -> tuple[float, float]:
     """The level-1 split search from ``sizes`` (updated in place; every entry ≥ 1).
 
-    Up to four rounds: evaluate the split under the assumed sub-stage counts (all 1 at first); with
-    ``local_search``, move one boundary by ``-4, -1, 1, 4`` layers (boundaries left to right) to the best
-    strict improvement of ``(excess, step)`` (the step must drop by more than a relative 1e-12 at equal
-    excess) until none improves; stop when the blocks' sub-stage counts are the assumed ones, else assume
-    them and repeat. The last round's blocks go into ``out_f``/``out_i``; returns ``(excess, step)`` of the
-    final split under those blocks' own sub-stage counts."""
+    Every split is evaluated exactly (:func:`_evaluate_exact`: each block under the sub-stages its downstream
+    blocks choose). With ``local_search``, move one boundary by ``-4, -1, 1, 4`` layers (boundaries left to
+    right) to the best strict improvement of ``(excess, step)`` (the step must drop by more than a relative
+    1e-12 at equal excess) until none improves; a move re-chooses blocks ``j + 1`` and ``j`` and, when their
+    sub-stage counts change, every block before them. The final blocks go into ``out_f``/``out_i``; returns
+    ``(excess, step)`` of the final split."""
     k = sizes.shape[0]
     m = job_i[0]
-    pps = np.ones(k, dtype=np.int64)
     cur = np.empty(k, dtype=np.int64)
     trial = np.empty(k, dtype=np.int64)
-    for _ in range(4):
-        cur_ex, cur_step = _evaluate(sizes, pps, pos, pos_i, hops, job_f, job_i, slots, filled, memo_f,
-                                     memo_i, cur)
-        improved = local_search
-        while improved:
-            improved = False
-            best_ex = cur_ex
-            best_step = cur_step
-            best_j = -1
-            best_delta = 0
-            best_a = -1
-            best_b = -1
-            total = 0
-            for q in range(k):
-                total += pps[q]
-            offset = 0
-            first = 0
-            for j in range(k - 1):
-                for delta in (-4, -1, 1, 4):
-                    a = sizes[j] + delta
-                    b = sizes[j + 1] - delta
-                    if a < 1 or b < 1:
-                        continue
-                    ea = _block(j, first, a, total - pps[j] - offset, pos, pos_i, job_f, job_i, slots,
-                                filled, memo_f, memo_i)
-                    eb = _block(j + 1, first + a, b, total - pps[j + 1] - (offset + pps[j]), pos, pos_i,
-                                job_f, job_i, slots, filled, memo_f, memo_i)
-                    ex, step = _aggregate(cur, j, ea, eb, memo_f, memo_i, pos, hops, m)
-                    if (step < best_step * _SHRINK) if ex == best_ex else (ex < best_ex):
-                        best_ex = ex
-                        best_step = step
-                        best_j = j
-                        best_delta = delta
-                        best_a = ea
-                        best_b = eb
-                offset += pps[j]
-                first += sizes[j]
-            if best_j >= 0:
-                cur_ex = best_ex
-                cur_step = best_step
-                sizes[best_j] += best_delta
-                sizes[best_j + 1] -= best_delta
-                cur[best_j] = best_a
-                cur[best_j + 1] = best_b
-                improved = True
-        _copy_blocks(cur, memo_f, memo_i, out_f, out_i)
-        same = True
+    after = np.empty(k + 1, dtype=np.int64)  # after[q]: sub-stages of the blocks after q (current split)
+    starts = np.empty(k, dtype=np.int64)
+    cur_ex, cur_step = _evaluate_exact(sizes, pos, pos_i, hops, job_f, job_i, slots, filled, memo_f, memo_i, cur)
+    improved = local_search
+    while improved:
+        improved = False
+        after[k - 1] = 0
+        for q in range(k - 2, -1, -1):
+            after[q] = after[q + 1] + memo_i[cur[q + 1], 0]
+        first = 0
         for q in range(k):
-            if out_i[q, 0] != pps[q]:
-                same = False
-            pps[q] = out_i[q, 0]
-        if same:
-            break
-    return _evaluate(sizes, pps, pos, pos_i, hops, job_f, job_i, slots, filled, memo_f, memo_i, trial)
+            starts[q] = first
+            first += sizes[q]
+        best_ex = cur_ex
+        best_step = cur_step
+        best_j = -1
+        best_delta = 0
+        for j in range(k - 1):
+            for delta in (-4, -1, 1, 4):
+                a = sizes[j] + delta
+                b = sizes[j + 1] - delta
+                if a < 1 or b < 1:
+                    continue
+                eb = _block(j + 1, starts[j] + a, b, after[j + 1], pos, pos_i, job_f, job_i, slots, filled,
+                            memo_f, memo_i)
+                ea = _block(j, starts[j], a, after[j + 1] + memo_i[eb, 0], pos, pos_i, job_f, job_i, slots,
+                            filled, memo_f, memo_i)
+                if memo_i[ea, 0] + memo_i[eb, 0] == memo_i[cur[j], 0] + memo_i[cur[j + 1], 0]:
+                    ex, step = _aggregate(cur, j, ea, eb, memo_f, memo_i, pos, hops, m)
+                else:
+                    for q in range(k):
+                        trial[q] = cur[q]
+                    trial[j] = ea
+                    trial[j + 1] = eb
+                    ds = after[j + 1] + memo_i[eb, 0] + memo_i[ea, 0]
+                    for q in range(j - 1, -1, -1):
+                        trial[q] = _block(q, starts[q], sizes[q], ds, pos, pos_i, job_f, job_i, slots, filled,
+                                          memo_f, memo_i)
+                        ds += memo_i[trial[q], 0]
+                    ex, step = _aggregate(trial, -2, 0, 0, memo_f, memo_i, pos, hops, m)
+                if (step < best_step * _SHRINK) if ex == best_ex else (ex < best_ex):
+                    best_ex = ex
+                    best_step = step
+                    best_j = j
+                    best_delta = delta
+        if best_j >= 0:
+            sizes[best_j] += best_delta
+            sizes[best_j + 1] -= best_delta
+            cur_ex, cur_step = _evaluate_exact(sizes, pos, pos_i, hops, job_f, job_i, slots, filled, memo_f,
+                                               memo_i, cur)
+            improved = True
+    _copy_blocks(cur, memo_f, memo_i, out_f, out_i)
+    return cur_ex, cur_step
 
 
 @kernel
@@ -380,15 +388,15 @@ def _balanced_capacity(i: int, k: int, tp: int, t: int, pp: int, downstream: int
     whether its bigger sub-stages go first. ``held``: scratch of ≥ ``pp`` entries."""
     room = pos[i, 0]
     g = pos_i[i, 0]
-    w = 16.0 * job_f[0] / tp
+    w = job_f[3] * job_f[0] / tp
     act = pos[i, 5 + 4 * t]
     per_replica = math.ceil(m / (g // (tp * pp)))
     for j in range(pp):
         ahead = pp - j + downstream
         inflight = per_replica if per_replica <= ahead else ahead
-        extra = 16.0 * job_f[1] / tp if i == 0 and j == 0 else 0.0
+        extra = job_f[3] * job_f[1] / tp if i == 0 and j == 0 else 0.0
         if i == k - 1 and j == pp - 1:
-            extra += 16.0 * job_f[2] / tp + inflight * pos[i, 6 + 4 * t]
+            extra += job_f[3] * job_f[2] / tp + inflight * pos[i, 6 + 4 * t]
         n = math.floor((room - extra) / (w + inflight * act) * _CAP_SLACK)
         if n < 1:
             return 0, False
@@ -471,11 +479,13 @@ def memory_first(pos: FArr, pos_i: IArr, job_f: FArr, job_i: IArr, shapes: IArr)
     return most, False
 
 
-def new_memo(k: int, layers: int) -> tuple[IArr, BArr, FArr, IArr]:
-    """An empty block memo ``(slots, filled, memo_f, memo_i)`` for ``k`` positions and ``layers`` layers."""
-    slots = np.full((k, MEMO_SLOTS + 1), -1, dtype=np.int64)
-    slots[:, MEMO_SLOTS] = 0
-    n = k * MEMO_SLOTS * (layers + 1)
+def new_memo(k: int, layers: int, m: int) -> tuple[IArr, BArr, FArr, IArr]:
+    """An empty block memo ``(slots, filled, memo_f, memo_i)`` for ``k`` positions, ``layers`` layers and ``m``
+    micro-batches: an entry per position, count of stages downstream up to ``D = min(m, 16·k)`` and layer
+    count (``slots`` only carries ``D`` in its shape)."""
+    cap = min(m, PP_CHOICES[-1] * k)
+    slots = np.zeros((k, cap + 1), dtype=np.int64)
+    n = k * (cap + 1) * (layers + 1)
     return slots, np.zeros(n, dtype=np.bool_), np.empty((n, 6)), np.empty((n, 4), dtype=np.int64)
 
 
@@ -486,11 +496,11 @@ def _warm() -> None:
     pos[:, :4] = [[8e10, 600.0, 100.0, 1e-3], [4e10, 300.0, 50.0, 2e-3]]
     pos_i = np.array([[8, 8, 4], [2, 2, 2]], dtype=np.int64)
     hops = np.array([1e-2])
-    job_f = np.array([1e8, 1e8])
+    job_f = np.array([1e8, 1e8, 1e8, 16.0, 2.0])
     job_i = np.array([4, layers, 0, 0], dtype=np.int64)
     out_f = np.empty((k, 5))
     out_i = np.empty((k, 4), dtype=np.int64)
-    memo = new_memo(k, layers)
+    memo = new_memo(k, layers, 4)
     evaluate_split(np.array([2, 2], dtype=np.int64), np.ones(k, dtype=np.int64), pos, pos_i, hops, job_f,
                    job_i, *memo, out_f, out_i)
     optimise_split(np.array([3, 1], dtype=np.int64), True, pos, pos_i, hops, job_f, job_i, *memo, out_f, out_i)

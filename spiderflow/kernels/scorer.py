@@ -54,8 +54,9 @@ def score_rows(
 
     Per-cluster tables (columns indexed by cluster): ``fig`` rows flops, memory bytes, intra and inter
     Gbit/s, watts, $/kWh; ``ints`` rows GPUs per node and the largest TP degree; ``per_layer_t[t]`` and
-    ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: 16·p/t, activation bytes
-    per layer, 16·p_embed/t, head bytes. ``p``: activation transfer seconds between clusters. ``reserved``:
+    ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: w·p/t, activation bytes
+    per layer, w·p_embed/t, head bytes, gradient bytes per value (``w`` state bytes per parameter; rates and
+    bytes in the job's precision). ``p``: activation transfer seconds between clusters. ``reserved``:
     bytes of every GPU kept free. Outputs: step (``inf`` where not finite), dollars per step, GPUs used,
     feasibility, Σ capacity / L and the water-filled layer split (``N × K``).
     """
@@ -156,7 +157,7 @@ def score_rows(
                     if tt <= ints[1, c] and g1 % tt == 0:
                         b_dp = fig[2, c] if tt * d_t <= ints[0, c] else fig[3, c]
                         if d_t > 1:
-                            ys = 2.0 * (d_t - 1) / d_t * (2.0 * params / tt) * 8.0 / (b_dp * 1e9)
+                            ys = 2.0 * (d_t - 1) / d_t * (by_tp[4, tt] * params / tt) * 8.0 / (b_dp * 1e9)
                         local = (m - 1) * ts / d_t + ts + ys
                         if local != local:
                             local = inf
@@ -396,7 +397,7 @@ def _warm() -> None:
     fig = np.ones((6, 2))
     ints = np.full((2, 2), 8, dtype=np.int64)
     pl = np.ones((4, 2))
-    by_tp = np.ones((4, 9))
+    by_tp = np.ones((5, 9))
     p = np.zeros((2, 2))
     score_rows(chains, g, fig, ints, pl, pl, by_tp, p, 4, 8, 1.0, 1.0, 1, 8, 0.0,
                np.empty(2), np.empty(2), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.bool_), np.empty(2),

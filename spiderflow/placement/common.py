@@ -23,15 +23,19 @@ Everything follows :mod:`spiderflow.costmodel` (same symbols, same formulas). Tw
 2. per cluster block choose ``(pp, tp, dp)`` — ``pp ∈ {1..6, 8, 12, 16}`` pipeline sub-stages inside the
    cluster (for memory, or to keep replicas' gradient all-reduce inside a node), ``tp`` a power of two ≤
    GPUs/node, ``dp = ⌊g / (pp·tp)⌋`` — minimising the block's own
-   ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts);
+   ``(m−1)·max T/d + Σ T + 2·(pp−1)·P_int + max Y`` subject to memory (exact 1F1B in-flight counts:
+   blocks are chosen from the last cluster to the first, each under the sub-stages its downstream blocks
+   chose, so every block is priced with the in-flight depth the final plan has);
 3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
-   lexicographically; re-derive the global sub-stage count and repeat until it is stable. The search
-   also starts from the scorer's memory-aware water-filled split and the better result is kept;
+   lexicographically (a move re-chooses the two blocks and, when their sub-stage counts change, every
+   block before them). The search also starts from the scorer's memory-aware water-filled split and the
+   better result is kept;
 4. memory first (:func:`memory_first_split`): a dynamic programme over the clusters from the last to the
    first and the stages downstream finds the shallowest structure (degrees and balanced sub-stages per
    cluster) that holds every layer. When the proportional split starts over memory it runs before the
    search, and proves at once that nothing fits when no structure holds the layers; when the search ends
-   over memory, its structure is the plan.
+   over memory, the search starts once more from that structure's split (kept when better), and if it
+   still ends over memory the structure itself is the plan.
 
 The result is passed through :func:`spiderflow.costmodel.evaluate`; a plan that does not fit memory
 raises :class:`~spiderflow.errors.UnschedulableError` with ``constraint="memory"``. Steps 2-3 (the block
@@ -57,8 +61,18 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from spiderflow.costmodel import GIB, RESERVED_GIB, activation_bytes, evaluate, fits_memory, layer_fwd_flops
-from spiderflow.domain import Cluster, JobSpec, Plan, PlanOptions, Schedule, Stage, Topology
+from spiderflow.costmodel import (
+    GIB,
+    RESERVED_GIB,
+    activation_bytes,
+    compute_rate_tflops,
+    evaluate,
+    fits_memory,
+    grad_bytes_per_value,
+    layer_fwd_flops,
+    state_bytes_per_param,
+)
+from spiderflow.domain import Cluster, JobSpec, Plan, PlanOptions, Precision, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.kernels.fallback import POS_WIDTH, new_memo
 from spiderflow.kernels.fallback import evaluate_split as evaluate_split_kernel
@@ -117,7 +131,10 @@ class TopoArrays:
 
     ``flops`` achieved FLOP/s per GPU; ``free`` free GPUs; ``mem`` bytes per GPU; ``gpn`` GPUs per node;
     ``intra``/``inter`` Gbit/s; ``watts`` board power; ``price`` $/kWh; ``bw`` widest-path Gbit/s and
-    ``lat`` latency in seconds (``n × n``); ``tp_cap`` largest power-of-two TP degree per cluster.
+    ``lat`` latency in seconds (``n × n``); ``tp_cap`` largest power-of-two TP degree per cluster;
+    ``flops_fp32``/``flops_tf32`` the achieved FLOP/s in those precisions
+    (:func:`~spiderflow.costmodel.compute_rate_tflops`; :meth:`rate` picks one); ``wire`` bytes per
+    activation value each cluster's GPU type sends (:attr:`~spiderflow.catalog.GpuType.wire_bytes`).
     """
 
     names: tuple[str, ...]
@@ -132,6 +149,17 @@ class TopoArrays:
     bw: FArr
     lat: FArr
     tp_cap: IArr
+    flops_fp32: FArr
+    flops_tf32: FArr
+    wire: IArr
+
+    def rate(self, precision: Precision) -> FArr:
+        """Achieved FLOP/s per GPU in ``precision`` (``flops`` for bf16/fp16)."""
+        if precision is Precision.FP32:
+            return self.flops_fp32
+        if precision is Precision.TF32:
+            return self.flops_tf32
+        return self.flops
 
 
 _TOPO_CACHE: dict[int, tuple[weakref.ref[Topology], TopoArrays]] = {}
@@ -161,6 +189,9 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         bw=np.asarray(topo.bandwidth_matrix, dtype=np.float64),
         lat=np.asarray(topo.latency_matrix, dtype=np.float64) / 1e3,
         tp_cap=np.array([_pow2_floor(min(_MAX_TP, c.gpus_per_node)) for c in cl], dtype=np.int64),
+        flops_fp32=np.array([compute_rate_tflops(c, Precision.FP32) * 1e12 for c in cl]),
+        flops_tf32=np.array([compute_rate_tflops(c, Precision.TF32) * 1e12 for c in cl]),
+        wire=np.array([c.gpu_type.wire_bytes for c in cl], dtype=np.int64),
     )
     def _drop(_r: weakref.ref[Topology], k: int = key) -> None:
         _TOPO_CACHE.pop(k, None)
@@ -182,13 +213,21 @@ class JobConsts:
     vocab: int
     f: float  # forward FLOPs per layer per micro-batch
     head_f: float  # forward FLOPs of the head per micro-batch
-    act: float  # A: bytes crossing a stage boundary
+    act: float  # bytes of one activation (or its gradient) in the job's precision: the TP all-reduce's message
     p_layer: float  # parameters per layer
     p_embed: float  # embedding parameters
     gpus_min: int
     gpus_max: int
     tokens: int
     p_head: float | None = None  # the head's parameters (None: as many as the embedding, a GPT-shaped head)
+    precision: Precision = Precision.BF16  # the job's precision (compute rates, value and state bytes)
+    state_bytes: float = 16.0  # weights, gradients and Adam state per parameter (replicated)
+    grad_bytes: float = 2.0  # bytes per gradient value in the data-parallel all-reduce
+
+    def wire_act(self, wire: int) -> float:
+        """Bytes of one activation crossing a stage boundary from a cluster whose GPU type sends ``wire``-byte
+        values: ``max(wire, value bytes)·b·s·h`` (:func:`~spiderflow.costmodel.wire_bytes`)."""
+        return float(max(wire, self.precision.value_bytes)) * self.b * self.s * self.h
 
     @property
     def head_params(self) -> float:
@@ -204,23 +243,28 @@ class JobConsts:
 
 
 def job_consts(job: JobSpec) -> JobConsts:
-    """Constants of ``job``; the micro-batch count is ``global_batch / micro_batch``."""
+    """Constants of ``job``; the micro-batch count is ``global_batch / micro_batch``; values, gradients and
+    state in the job's precision (:func:`~spiderflow.costmodel.state_bytes_per_param` of a replicated stage,
+    :func:`~spiderflow.costmodel.grad_bytes_per_value`)."""
     model = job.model
     m = job.micro_batches_total
     b = max(1, job.global_batch // m)
     return JobConsts(
         layers=model.layers, m=m, b=b, s=job.seq_len, h=model.hidden, heads=model.heads, vocab=model.vocab,
         f=layer_fwd_flops(model, b, job.seq_len), head_f=2.0 * b * job.seq_len * model.hidden * model.vocab,
-        act=activation_bytes(model, b, job.seq_len), p_layer=float(model.params_per_layer),
-        p_embed=float(model.embedding_params), gpus_min=job.gpus.min, gpus_max=job.gpus.max,
-        tokens=job.tokens_per_step, p_head=float(model.head_params),
+        act=activation_bytes(model, b, job.seq_len, job.precision.value_bytes),
+        p_layer=float(model.params_per_layer), p_embed=float(model.embedding_params), gpus_min=job.gpus.min,
+        gpus_max=job.gpus.max, tokens=job.tokens_per_step, p_head=float(model.head_params), precision=job.precision,
+        state_bytes=float(state_bytes_per_param(job.precision)), grad_bytes=float(grad_bytes_per_value(job.precision)),
     )
 
 
 def transfer_matrix(ta: TopoArrays, jc: JobConsts) -> FArr:
-    """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable)."""
+    """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable), in the
+    sending cluster's wire format and the job's precision (:meth:`JobConsts.wire_act`)."""
+    sent = np.array([jc.wire_act(int(w)) for w in ta.wire], dtype=np.float64)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = jc.act * 8.0 / (ta.bw * 1e9) + ta.lat
+        p = sent * 8.0 / (ta.bw * 1e9) + ta.lat
     p = np.where(ta.bw > 0, p, np.inf)
     np.fill_diagonal(p, 0.0)
     return np.asarray(p, dtype=np.float64)
@@ -280,21 +324,25 @@ class ScoreTables:
     ints: IArr  # (2, n): GPUs per node, largest TP degree
     per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) seconds per layer
     head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F)
-    by_tp: FArr  # (4, 9): indexed by TP degree 1..8: 16·p/t, activation bytes per layer, 16·p_embed/t, head bytes
+    by_tp: FArr  # (5, 9): indexed by TP degree 1..8: w·p/t, activation bytes per layer, w·p_embed/t, head bytes,
+    # gradient bytes per value (w: state bytes per parameter; all in the job's precision)
 
 
 def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
-    """The :class:`ScoreTables` of ``ta`` and ``jc``."""
-    fl = ta.flops[None, :]
+    """The :class:`ScoreTables` of ``ta`` and ``jc`` (rates, message, gradient and state bytes in the job's
+    precision)."""
+    rate = ta.rate(jc.precision)
+    fl = rate[None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
         ar_tp = np.where(_TP_CHOICES[:, :, 0] > 1, _TP_AR_COEF[:, :, 0] * jc.act * 8.0 / (ta.intra[None, :] * 1e9), 0.0)
         per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
-    by_tp = np.zeros((4, 9))
+    by_tp = np.zeros((5, 9))
     for t in (1, 2, 4, 8):
-        by_tp[:, t] = (16.0 * jc.p_layer / t, jc.act_layer(t), 16.0 * jc.p_embed / t, jc.act_head(t))
+        by_tp[:, t] = (jc.state_bytes * jc.p_layer / t, jc.act_layer(t), jc.state_bytes * jc.p_embed / t,
+                       jc.act_head(t), jc.grad_bytes)
     return ScoreTables(
-        ta=ta, jc=jc, fig=np.stack([ta.flops, ta.mem, ta.intra, ta.inter, ta.watts, ta.price]),
+        ta=ta, jc=jc, fig=np.stack([rate, ta.mem, ta.intra, ta.inter, ta.watts, ta.price]),
         ints=np.stack([ta.gpn, ta.tp_cap]), per_layer_t=np.asarray(per_layer_t, dtype=np.float64),
         head_t=np.asarray(head_t, dtype=np.float64), by_tp=by_tp,
     )
@@ -329,13 +377,14 @@ def score_chains(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IAr
 _RESERVED_BYTES = RESERVED_GIB * GIB
 
 
-def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
-    """GPUs per chain position: the fastest clusters of each chain take all their free GPUs first (ties: chain
-    order), until ``gpus_max`` is reached (``N × K`` in, ``N × K`` out; compiled,
+def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int, rate: FArr | None = None) -> IArr:
+    """GPUs per chain position: the fastest clusters of each chain (by ``rate``, FLOP/s per GPU: the job's
+    precision's, :meth:`TopoArrays.rate`; ``ta.flops`` when not given) take all their free GPUs first (ties:
+    chain order), until ``gpus_max`` is reached (``N × K`` in, ``N × K`` out; compiled,
     :func:`spiderflow.kernels.scorer.greedy_rows`)."""
     chains = np.ascontiguousarray(chains, dtype=np.int64)
     out = np.empty_like(chains)
-    greedy_rows(chains, ta.free, ta.flops, int(gpus_max), out)
+    greedy_rows(chains, ta.free, ta.flops if rate is None else rate, int(gpus_max), out)
     return out
 
 
@@ -376,13 +425,14 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
     degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
     activation bytes and head ``T`` (zeros for the degrees not tried); ``(g, GPUs per node, degrees tried)``.
     Memoised process-wide (bounded) on the job's constants, the cluster's figures and ``g``."""
-    fl = c.effective_tflops * 1e12
+    fl = compute_rate_tflops(c, jc.precision) * 1e12
     gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
-    key = (jc, fl, c.gpu_memory_gib, gpn, intra, inter, g)
+    wire = jc.wire_act(c.gpu_type.wire_bytes)
+    key = (jc, fl, c.gpu_memory_gib, gpn, intra, inter, wire, g)
     hit = _POSITIONS.get(key)
     if hit is not None:
         return hit
-    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, jc.act * 8.0 / (inter * 1e9)]
+    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, wire * 8.0 / (inter * 1e9)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = _ar(jc.act, tp, intra if tp <= gpn else inter)
@@ -412,15 +462,17 @@ class _ChainEval:
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
-            self.hops.append(math.inf if bw <= 0 else jc.act * 8.0 / (bw * 1e9) + lat)
+            sent = jc.wire_act(topo.cluster(a).gpu_type.wire_bytes)
+            self.hops.append(math.inf if bw <= 0 else sent * 8.0 / (bw * 1e9) + lat)
         rows = [_position(jc, c, g) for c, g in zip(self.clusters, self.gpus, strict=True)]
         k = len(rows)
         self.pos = np.array([x for r in rows for x in r[0]], dtype=np.float64).reshape(k, POS_WIDTH)
         self.pos_i = np.array([x for r in rows for x in r[1]], dtype=np.int64).reshape(k, 3)
-        self.job_f = np.array([jc.p_layer, jc.p_embed, jc.head_params], dtype=np.float64)
+        self.job_f = np.array([jc.p_layer, jc.p_embed, jc.head_params, jc.state_bytes, jc.grad_bytes],
+                              dtype=np.float64)
         self.job_i = np.array([jc.m, jc.layers, int(exact_gpus), self.slack], dtype=np.int64)
         self.hop_arr = np.array(self.hops, dtype=np.float64)
-        self.memo = new_memo(k, jc.layers)
+        self.memo = new_memo(k, jc.layers, jc.m)
         self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
 
     def _blocks(self, sizes: Sequence[int], out_f: FArr, out_i: IArr) -> list[_Block]:
@@ -570,7 +622,7 @@ def _memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Sha
     chosen = [_Shape(tp=tp, pp=pp, dp=dp, cap=cap, big_first=big == 1) for tp, pp, dp, cap, big in found.tolist()]
     low = [sh.pp for sh in chosen]
     high = [sh.cap for sh in chosen]
-    weights = [g * c.effective_tflops for g, c in zip(ev.gpus, ev.clusters, strict=True)]
+    weights = [g * compute_rate_tflops(c, ev.jc.precision) for g, c in zip(ev.gpus, ev.clusters, strict=True)]
     sizes = list(low)
     # Water-fill the remaining layers: each block in proportion to its weight, never above its cap.
     while sum(sizes) < L:
@@ -617,7 +669,7 @@ def fallback_plan_chain(
     del objective
     _validate_allocation(topo, job, allocation)
     ev = _ChainEval(topo, job, allocation, exact_gpus=False)
-    weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
+    weights = [g * compute_rate_tflops(c, ev.jc.precision) for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev
     if ev.excess_step(start, [1] * len(start))[0] > 0:
@@ -638,7 +690,15 @@ def fallback_plan_chain(
         if start != sizes:
             sizes2, blocks2, key2 = ev.optimise(start, local_search=True)
             if key2 < key:
-                sizes, blocks = sizes2, blocks2
+                sizes, blocks, key = sizes2, blocks2, key2
+    if key[0] > 0:
+        # Over memory: start once more from the memory-first structure's split (it fits under that
+        # structure's degrees, so the search usually ends within memory from there).
+        split = memory_first_split(ev)[1]
+        if split is not None and split[0] != sizes:
+            sizes3, blocks3, key3 = ev.optimise(list(split[0]), local_search=True)
+            if key3 < key:
+                sizes, blocks, key = sizes3, blocks3, key3
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min
@@ -777,11 +837,11 @@ def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]]
              objective: Objective, *, tpa_only: bool = False) -> tuple[Any, ...] | None:
     """What a chain plan depends on, or ``None`` when the allocation is not valid on ``topo`` (then the
     planner is called, so it raises its own error). The plan is a pure function of: the job's shape
-    (model, global and micro batch, sequence length, GPU range — not its id, steps or arrival), the
+    (model, global and micro batch, sequence length, GPU range, precision — not its id, steps or arrival), the
     ordered allocation, each allocated cluster's static figures (not its free GPUs: they only bound the
     allocation, checked here), the widest-path bandwidth and latency between every pair of allocated
     clusters, and the objective. ``tpa_only``: the key of a TPA plan, which reads only the model, the
-    global batch and the sequence length of the job (it chooses the micro-batch count itself)."""
+    global batch, the sequence length and the precision of the job (it chooses the micro-batch count itself)."""
     idx = topo.index
     seen: set[str] = set()
     for name, g in allocation:
@@ -796,8 +856,8 @@ def plan_key(topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]]
     ii = [idx[n] for n, _ in allocation]
     bw = topo.bandwidth_matrix[np.ix_(ii, ii)]
     lat = topo.latency_matrix[np.ix_(ii, ii)]
-    shape = (job.model, job.global_batch, job.seq_len) if tpa_only else (
-        job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus)
+    shape = (job.model, job.global_batch, job.seq_len, job.precision) if tpa_only else (
+        job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus, job.precision)
     return (*shape, tuple(allocation), tuple(_static(topo.clusters[i]) for i in ii), bw.tobytes(), lat.tobytes(),
             objective)
 

@@ -145,7 +145,7 @@ _HOP_CACHE: dict[tuple[int, float], tuple[weakref.ref[Topology], _Hops]] = {}
 
 
 def _hops(topo: Topology, ta: TopoArrays, jc: JobConsts) -> _Hops:
-    key = (id(topo), jc.act)
+    key = (id(topo), jc.wire_act(0))
     hit = _HOP_CACHE.get(key)
     if hit is not None and hit[0]() is topo:
         return hit[1]
@@ -169,6 +169,7 @@ class _Scorer:
     def __init__(self, ta: TopoArrays, jc: JobConsts, p: FArr, objective: Objective) -> None:
         self.ta, self.jc, self.p, self.objective = ta, jc, p, objective
         self.tables = score_tables(ta, jc)
+        self.rate = ta.rate(jc.precision)  # FLOP/s per GPU in the job's precision
         self.scored = 0
         self.max_capacity = 0.0  # best Σcap/L seen on reachable chains
         self.max_gpus = 0
@@ -196,7 +197,7 @@ class _Scorer:
         """``(score, beam_key, step, gpus array)``; ``score`` is ``inf`` for infeasible chains. The arrays are
         read-only (a repeated call returns the same ones)."""
         arr = self._pack(chains, -1)
-        g = allocate_greedy(self.ta, arr, self.jc.gpus_max) if gpus is None else self._pack(gpus, 0)
+        g = allocate_greedy(self.ta, arr, self.jc.gpus_max, self.rate) if gpus is None else self._pack(gpus, 0)
         if g.shape != arr.shape:  # GPU vectors shorter than their chains: pad to the chains' width
             g = np.pad(g, ((0, 0), (0, arr.shape[1] - g.shape[1])))
         key = (tuple(chains), g.tobytes())
@@ -212,7 +213,7 @@ class _Scorer:
     def score_array(self, chains: IArr) -> tuple[FArr, FArr, FArr, IArr]:
         """:meth:`score` of the rows of ``chains`` (``N × K``, ``-1`` padded) with the greedy allocation, not
         memoised (a beam level's extensions are new chains)."""
-        return self._evaluate(chains, allocate_greedy(self.ta, chains, self.jc.gpus_max))
+        return self._evaluate(chains, allocate_greedy(self.ta, chains, self.jc.gpus_max, self.rate))
 
     def _evaluate(self, arr: IArr, g: IArr) -> tuple[FArr, FArr, FArr, IArr]:
         sc = score_chains(self.ta, self.jc, self.p, arr, g, self.tables)
@@ -237,7 +238,7 @@ _RESERVED_BYTES = RESERVED_GIB * GIB
 def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr, nn: int) -> float:
     """Smallest hop time at which a connected group has ``G_min`` free GPUs and the model's state memory
     (Kruskal over each usable cluster's ``nn`` nearest hops)."""
-    states = 16.0 * (jc.layers * jc.p_layer + 2 * jc.p_embed)
+    states = jc.state_bytes * (jc.layers * jc.p_layer + 2 * jc.p_embed)
     parent = {int(u): int(u) for u in usable}
     gp = {int(u): int(min(ta.free[u], jc.gpus_max)) for u in usable}
     mem = {int(u): float(ta.free[u] * ta.mem[u]) for u in usable}
@@ -324,13 +325,13 @@ def search_chains(
 
     A search that ends before ``deadline`` (or has none) is memoised process-wide (bounded), and a later
     call with the same key returns it, with or without a deadline: the result is a function of the job's
-    shape (model, batch, sequence length, GPU range), the free GPUs per cluster, the topology's clusters
+    shape (model, batch, sequence length, GPU range, precision), the free GPUs per cluster, the topology's clusters
     and path matrices (snapshots made by ``Topology.with_free`` share them; the key holds the matrix
     object and compares it by identity) and the search parameters, and the deadline only ever cuts a
     search short. A search cut short (``stats["deadline_hit"]``) is not memoised."""
     bw = topo.bandwidth_matrix
     key = (id(bw), tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
-           objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
+           job.precision, objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
     hit = _SEARCH_CACHE.get(key)
     if hit is not None and hit[0]() is bw:
         return list(hit[1]), dict(hit[2])
@@ -380,7 +381,8 @@ def _search_chains(
     incumbent_step = float(np.min(np.where(np.isfinite(raw), step, np.inf)))
 
     # Pruning thresholds.
-    r_sorted = np.sort(np.repeat(ta.flops[usable], np.minimum(ta.free[usable], jc.gpus_max)))[::-1]
+    rate = scorer.rate
+    r_sorted = np.sort(np.repeat(rate[usable], np.minimum(ta.free[usable], jc.gpus_max)))[::-1]
     r_top = float(r_sorted[: jc.gpus_max].sum())
     tau_lb = 3.0 * (jc.layers * jc.f + jc.head_f) / r_top
     theta_conn = _connect_threshold(ta, jc, hops, usable, max(neighbours, 8))
@@ -390,7 +392,7 @@ def _search_chains(
 
     usable_mask = np.zeros(len(ta.names), dtype=bool)
     usable_mask[usable] = True
-    rank = np.minimum(ta.free, jc.gpus_max) * ta.flops
+    rank = np.minimum(ta.free, jc.gpus_max) * rate
     seed_list = [int(u) for u in usable[np.argsort(-rank[usable], kind="stable")][:seeds]]
     max_depth = min(len(usable), jc.layers)
 
@@ -605,8 +607,8 @@ def _trim(scorer: _Scorer, chains: list[Chain], objective: Objective) -> list[tu
     arr = scorer._pack(chains, -1)
     out = np.empty_like(arr)
     cap, gpus, n = trim_rows(
-        arr, allocate_greedy(ta, arr, jc.gpus_max), ta.free, ta.tp_cap, ta.gpn, t.fig, t.ints, t.per_layer_t,
-        t.head_t, t.by_tp, scorer.p, int(jc.m), int(jc.layers), float(jc.p_layer), float(jc.p_embed),
+        arr, allocate_greedy(ta, arr, jc.gpus_max, scorer.rate), ta.free, ta.tp_cap, ta.gpn, t.fig, t.ints,
+        t.per_layer_t, t.head_t, t.by_tp, scorer.p, int(jc.m), int(jc.layers), float(jc.p_layer), float(jc.p_embed),
         int(jc.gpus_min), int(jc.gpus_max), _RESERVED_BYTES, _OBJECTIVE_CODES[objective], TRIM_TOLERANCE, out)
     scorer.scored += n
     scorer.max_capacity = max(scorer.max_capacity, cap)
@@ -663,7 +665,7 @@ def wait_or_start(
     threshold = (1.0 - DEFER_MARGIN) * v_now
     names = [c.name for c in topo.clusters]
     col = {n: k for k, n in enumerate(names)}
-    rate = np.array([c.effective_tflops * 1e12 for c in topo.clusters], dtype=np.float64)
+    rate = topo_arrays(topo).rate(job.precision)
     work = 3.0 * jc.m * (jc.layers * jc.f + jc.head_f)
     free = np.array([c.free for c in topo.clusters], dtype=np.int64)
     fastest = np.argsort(-rate, kind="stable")

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from spiderflow.costmodel import GIB, RESERVED_GIB, evaluate, fits_memory
+from spiderflow.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate, fits_memory
 from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.errors import UnschedulableError, ValidationError
 from spiderflow.placement.base import Objective
@@ -67,14 +67,16 @@ class _ChainEval:
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
             bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
-            self.hops.append(math.inf if bw <= 0 else self.jc.act * 8.0 / (bw * 1e9) + lat)
+            sent = self.jc.wire_act(topo.cluster(a).gpu_type.wire_bytes)
+            self.hops.append(math.inf if bw <= 0 else sent * 8.0 / (bw * 1e9) + lat)
         # A block depends only on the job's constants, the cluster's shape and these figures: shared
         # process-wide (bounded), across chains, jobs and topology snapshots; ``cache`` is accepted for
         # interface parity.
         del cache
         self._cache = _BLOCK_CACHE
         self._shapes = [
-            (c.effective_tflops, c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps)
+            (compute_rate_tflops(c, self.jc.precision), c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps,
+             c.inter_node_gbps, c.gpu_type.wire_bytes)
             for c in self.clusters
         ]
         # Everything a block key shares per position, interned to one int (hashing the job's constants on
@@ -91,7 +93,7 @@ class _ChainEval:
         if hit is not None:
             return hit
         jc, c, g = self.jc, self.clusters[i], self.gpus[i]
-        fl = c.effective_tflops * 1e12
+        fl = compute_rate_tflops(c, jc.precision) * 1e12
         mem = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
         nl = last - first + 1
         best: _Block | None = None
@@ -104,7 +106,7 @@ class _ChainEval:
                                  total_stages_other)
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
             best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
-                          jc.act * 8.0 / (c.inter_node_gbps * 1e9))
+                          jc.wire_act(c.gpu_type.wire_bytes) * 8.0 / (c.inter_node_gbps * 1e9))
         if len(self._cache) >= _BLOCK_CACHE_MAX:
             self._cache.clear()
         self._cache[key] = best
@@ -134,7 +136,7 @@ class _ChainEval:
                  nl: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
         jc = self.jc
         m = jc.m
-        p_int = jc.act * 8.0 / (c.inter_node_gbps * 1e9)
+        p_int = jc.wire_act(c.gpu_type.wire_bytes) * 8.0 / (c.inter_node_gbps * 1e9)
         p_layer, p_embed = jc.p_layer, jc.p_embed
         gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
         exact, slack = self.exact, self.slack
@@ -182,12 +184,12 @@ class _ChainEval:
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             jc.head_params if is_last else 0.0)
                         if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
-                            y = 2.0 * (dp - 1) / dp * (2.0 * params / tp) * 8.0 / (bdp * 1e9)
+                            y = 2.0 * (dp - 1) / dp * (jc.grad_bytes * params / tp) * 8.0 / (bdp * 1e9)
                             if y > ymax:
                                 ymax = y
                         inflight = min(per_replica, s_total - (offset + j))
                         act = sz * act_l + (act_h if is_last else 0.0)
-                        x = 16.0 * params / tp + inflight * act - mem
+                        x = jc.state_bytes * params / tp + inflight * act - mem
                         if x > excess:
                             excess = x
                     local += bounds + ymax
@@ -246,53 +248,44 @@ class _ChainEval:
         step += 2.0 * bound_sum + y
         return excess, step
 
-    def neighbour(self, sizes: Sequence[int], pps: Sequence[int], blocks: Sequence[_Block], j: int,
-                  delta: int) -> tuple[float, float, list[_Block]]:
-        """:meth:`evaluate_split` of ``sizes`` with ``delta`` layers moved from block ``j + 1`` to block
-        ``j``, given ``blocks`` of ``sizes`` under the same ``pps``: only blocks ``j`` and ``j + 1`` change."""
-        total = sum(pps)
-        offset = sum(pps[:j])
-        first = sum(sizes[:j])
-        a = sizes[j] + delta
-        b = sizes[j + 1] - delta
-        bj = self.block(j, first, first + a - 1, offset, total - pps[j])
-        bk = self.block(j + 1, first + a, first + a + b - 1, offset + pps[j], total - pps[j + 1])
-        new = [*blocks[:j], bj, bk, *blocks[j + 2:]]
-        excess, step = self.aggregate(new)
-        return excess, step, new
 
+def _evaluate_exact(ev: _ChainEval, sizes: Sequence[int]) -> tuple[float, float, list[_Block]]:
+    """``(memory excess, step time, blocks)`` of a split with each block chosen under the sub-stages of the
+    blocks after it (from the last block to the first)."""
+    k = len(sizes)
+    blocks: list[_Block] = []
+    first = sum(sizes)
+    ds = 0
+    for i in range(k - 1, -1, -1):
+        first -= sizes[i]
+        blk = ev.block(i, first, first + sizes[i] - 1, 0, ds)
+        blocks.insert(0, blk)
+        ds += blk.pp
+    excess, step = ev.aggregate(blocks)
+    return excess, step, blocks
 
 
 def _optimise_split(ev: _ChainEval, sizes: list[int], *, local_search: bool) -> tuple[list[int], list[_Block]]:
     k = len(sizes)
-    pps = [1] * k
-    blocks: list[_Block] = []
-    for _ in range(4):
-        cur = ev.evaluate_split(sizes, pps)
-        if local_search:
-            improved = True
-            while improved:
-                improved = False
-                best = cur
-                best_sizes = sizes
-                for j in range(k - 1):
-                    for delta in (-4, -1, 1, 4):
-                        new = list(sizes)
-                        new[j] += delta
-                        new[j + 1] -= delta
-                        if new[j] < 1 or new[j + 1] < 1:
-                            continue
-                        res = ev.neighbour(sizes, pps, cur[2], j, delta)
-                        if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
-                            best, best_sizes = res, new
-                if best is not cur:
-                    cur, sizes, improved = best, best_sizes, True
-        blocks = cur[2]
-        new_pps = [b.pp for b in blocks]
-        if new_pps == pps:
-            break
-        pps = new_pps
-    return sizes, blocks
+    cur = _evaluate_exact(ev, sizes)
+    improved = local_search
+    while improved:
+        improved = False
+        best = cur
+        best_sizes = sizes
+        for j in range(k - 1):
+            for delta in (-4, -1, 1, 4):
+                new = list(sizes)
+                new[j] += delta
+                new[j + 1] -= delta
+                if new[j] < 1 or new[j + 1] < 1:
+                    continue
+                res = _evaluate_exact(ev, new)
+                if (res[0], res[1]) < (best[0], best[1] * (1 - 1e-12)):
+                    best, best_sizes = res, new
+        if best is not cur:
+            cur, sizes, improved = best, best_sizes, True
+    return sizes, cur[2]
 
 
 def _split_key(ev: _ChainEval, sizes: Sequence[int], blocks: Sequence[_Block]) -> tuple[float, float]:
@@ -309,15 +302,15 @@ def _balanced_capacity(ev: _ChainEval, i: int, tp: int, pp: int, downstream: int
     jc, c, g = ev.jc, ev.clusters[i], ev.gpus[i]
     k = len(ev.clusters)
     room = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
-    w = 16.0 * jc.p_layer / tp
+    w = jc.state_bytes * jc.p_layer / tp
     act = float(jc.act_layer(tp))
     per_replica = math.ceil(jc.m / (g // (tp * pp)))
     held: list[int] = []
     for j in range(pp):
         inflight = min(per_replica, pp - j + downstream)
-        extra = 16.0 * jc.p_embed / tp if i == 0 and j == 0 else 0.0
+        extra = jc.state_bytes * jc.p_embed / tp if i == 0 and j == 0 else 0.0
         if i == k - 1 and j == pp - 1:
-            extra += 16.0 * jc.head_params / tp + inflight * float(jc.act_head(tp))
+            extra += jc.state_bytes * jc.head_params / tp + inflight * float(jc.act_head(tp))
         # 1e-9 relative slack: never below the cost model's count (it sums the terms in another order).
         n = math.floor((room - extra) / (w + inflight * act) * (1.0 + 1e-9))
         if n < 1:
@@ -390,7 +383,7 @@ def _memory_first_split(ev: _ChainEval) -> tuple[int, tuple[list[int], list[_Sha
     chosen = list(fit[2])
     low = [sh.pp for sh in chosen]
     high = [sh.cap for sh in chosen]
-    weights = [g * c.effective_tflops for g, c in zip(ev.gpus, ev.clusters, strict=True)]
+    weights = [g * compute_rate_tflops(c, ev.jc.precision) for g, c in zip(ev.gpus, ev.clusters, strict=True)]
     sizes = list(low)
     # Water-fill the remaining layers: each block in proportion to its weight, never above its cap.
     while sum(sizes) < L:
@@ -438,7 +431,7 @@ def fallback_plan_chain(
     del objective
     _validate_allocation(topo, job, allocation)
     ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
-    weights = [g * c.effective_tflops for (_, g), c in zip(allocation, ev.clusters, strict=True)]
+    weights = [g * compute_rate_tflops(c, ev.jc.precision) for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev
     if ev.evaluate_split(start, [1] * len(start))[0] > 0:
@@ -460,6 +453,12 @@ def fallback_plan_chain(
             sizes2, blocks2 = _optimise_split(ev, start, local_search=True)
             if _split_key(ev, sizes2, blocks2) < _split_key(ev, sizes, blocks):
                 sizes, blocks = sizes2, blocks2
+    if _split_key(ev, sizes, blocks)[0] > 0:
+        split = memory_first_split(ev)[1]
+        if split is not None and split[0] != sizes:
+            sizes3, blocks3 = _optimise_split(ev, list(split[0]), local_search=True)
+            if _split_key(ev, sizes3, blocks3) < _split_key(ev, sizes, blocks):
+                sizes, blocks = sizes3, blocks3
     if sum(b.pp * b.tp * b.dp for b in blocks) < job.gpus.min <= sum(g for _, g in allocation):
         # Keep the GPU minimum: first let each cluster leave at most the range's slack unused, then none.
         slack = sum(g for _, g in allocation) - job.gpus.min

@@ -61,7 +61,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     tp_m = np.minimum(tp_cap, _POW2_UPTO_8[np.minimum(g1, 8)])
     groups = g1 // tp_m
     inflight = np.minimum(jc.m, np.maximum(1, k[:, None] - pos))
-    w16, act_l, e16, act_h = tables.by_tp[:, tp_m]
+    w16, act_l, e16, act_h = tables.by_tp[:4, tp_m]
     per_layer = w16 + inflight * act_l
     extra = (first | last) * e16 + last * inflight * act_h
     avail = mem - RESERVED_GIB * GIB - extra
@@ -96,7 +96,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     d_t = np.maximum(g1 // tt, 1)
     ts = np.where(valid, ell * tables.per_layer_t[:, idx] + last * tables.head_t[:, idx], 0.0)
     b_dp = np.where(tt * d_t <= gpn, intra, inter)
-    ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (2.0 * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
+    ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (jc.grad_bytes * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
     local = np.where(np.isnan(local), np.inf, local)
     pick = local.argmin(axis=0)
@@ -134,13 +134,14 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     )
 
 
-def allocate_greedy_reference(ta: TopoArrays, chains: IArr, gpus_max: int) -> IArr:
-    """GPUs per chain position: the fastest clusters of each chain take all their free GPUs first,
-    until ``gpus_max`` is reached (vectorised; ``N × K`` in, ``N × K`` out)."""
+def allocate_greedy_reference(ta: TopoArrays, chains: IArr, gpus_max: int, rate: FArr | None = None) -> IArr:
+    """GPUs per chain position: the fastest clusters of each chain (by ``rate``, else ``ta.flops``) take all
+    their free GPUs first, until ``gpus_max`` is reached (vectorised; ``N × K`` in, ``N × K`` out)."""
     valid = chains >= 0
     idx = np.where(valid, chains, 0)
     free = np.where(valid, ta.free[idx], 0)
-    order = np.argsort(np.where(valid, -ta.flops[idx], np.inf), axis=1, kind="stable")
+    flops = ta.flops if rate is None else rate
+    order = np.argsort(np.where(valid, -flops[idx], np.inf), axis=1, kind="stable")
     rows = np.arange(chains.shape[0])[:, None]
     fs = free[rows, order]
     before = fs.cumsum(axis=1) - fs

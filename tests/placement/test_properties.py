@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from spiderflow.catalog import ModelSpec, model_preset
 from spiderflow.costmodel import evaluate
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Topology
+from spiderflow.domain import Cluster, GpuRange, JobSpec, Precision, Topology
 from spiderflow.placement.bace import Bace
 from spiderflow.placement.base import Budget, Objective, PlacementStatus
 from spiderflow.placement.common import check_plan, fallback_plan_chain
@@ -136,9 +136,11 @@ def test_fallback_matches_the_cost_model_and_uses_pipeline_inside_a_cluster_for_
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from(["gpt3-1.3b", "gpt3-13b"]), st.integers(1, 4))
-def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int) -> None:
-    """The planner's own step-time arithmetic equals spiderflow.costmodel.evaluate on the plan it returns."""
+@given(st.integers(0, 10_000), st.sampled_from(["gpt3-1.3b", "gpt3-13b"]), st.integers(1, 4),
+       st.sampled_from(Precision))
+def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int, precision: Precision) -> None:
+    """The planner's own step-time arithmetic equals spiderflow.costmodel.evaluate on the plan it returns, in
+    the job's precision."""
     from spiderflow.errors import UnschedulableError
     from spiderflow.placement.common import _ChainEval
 
@@ -146,7 +148,8 @@ def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int) ->
     rng = np.random.default_rng(seed)
     chosen = [topo.clusters[int(i)] for i in rng.permutation(8)[:k]]
     alloc = [(c.name, c.free) for c in chosen]
-    job = JobSpec(id="m", model=model_preset(model), global_batch=128, gpus=GpuRange(min=1, max=10_000))
+    job = JobSpec(id="m", model=model_preset(model), global_batch=128, gpus=GpuRange(min=1, max=10_000),
+                  precision=precision)
     try:
         plan = fallback_plan_chain(topo, job, alloc)
     except UnschedulableError as e:
@@ -164,10 +167,8 @@ def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int) ->
     assert step == pytest.approx(plan.step_time_s, rel=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap in the level-1 fallback planner (placement/common.py, "
-                   "kernels/fallback.py): its split search settles on blocks whose in-flight counts assume fewer "
-                   "stages downstream than the final structure has (here a 9-layer stage priced with 7 micro-batches "
-                   "in flight holds 8: 40.7 GiB on a 40 GiB GPU), so the plan falls back to the memory-first "
-                   "structure, which this split evaluation re-derives differently")
 def test_level1_planner_mirrors_the_cost_model_for_llama() -> None:
-    test_level1_planner_mirrors_the_cost_model.hypothesis.inner_test(0, "llama3-70b", 4)  # type: ignore[attr-defined]
+    """A 70B chain whose split search used to end over memory (a block priced with fewer stages downstream
+    than the final plan has) and fall back to the memory-first structure."""
+    test_level1_planner_mirrors_the_cost_model.hypothesis.inner_test(  # type: ignore[attr-defined]
+        0, "llama3-70b", 4, Precision.BF16)

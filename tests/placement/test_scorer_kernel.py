@@ -16,7 +16,7 @@ from reference_scorer import allocate_greedy_reference, score_chains_reference
 from reference_trim import trim_reference
 
 from spiderflow.catalog import MODEL_PRESETS
-from spiderflow.domain import GpuRange, JobSpec
+from spiderflow.domain import GpuRange, JobSpec, Precision
 from spiderflow.placement import spinsearch
 from spiderflow.placement.base import Objective
 from spiderflow.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
@@ -36,7 +36,7 @@ def instances(draw: st.DrawFn) -> tuple[object, ...]:
     lo = draw(st.integers(1, 64))
     job = JobSpec(id="j", model=MODEL_PRESETS[draw(st.sampled_from(MODELS))], global_batch=batch, micro_batch=micro,
                   seq_len=draw(st.sampled_from([512, 2048])), steps=10,
-                  gpus=GpuRange(min=lo, max=lo + draw(st.integers(0, 256))))
+                  gpus=GpuRange(min=lo, max=lo + draw(st.integers(0, 256))), precision=draw(st.sampled_from(Precision)))
     rows = draw(st.integers(1, 12))
     width = draw(st.integers(1, min(n, 6)))
     chains = np.full((rows, width + draw(st.integers(0, 2))), -1, dtype=np.int64)
@@ -59,8 +59,9 @@ def test_kernel_scores_equal_the_numpy_reference(case: tuple[object, ...]) -> No
         p = np.where(rng.random(p.shape) < 0.3, np.inf, p)
         np.fill_diagonal(p, 0.0)
     if greedy:
-        gpus = allocate_greedy(ta, chains, jc.gpus_max)
-        assert np.array_equal(gpus, allocate_greedy_reference(ta, chains, jc.gpus_max))
+        rate = ta.rate(jc.precision)
+        gpus = allocate_greedy(ta, chains, jc.gpus_max, rate)
+        assert np.array_equal(gpus, allocate_greedy_reference(ta, chains, jc.gpus_max, rate))
     else:  # any GPU count up to the free ones, zero included
         gpus = np.where(chains >= 0, rng.integers(0, np.maximum(ta.free[np.maximum(chains, 0)], 0) + 1), 0)
     tables = score_tables(ta, jc)
