@@ -28,13 +28,12 @@ prefix read beyond the two above) is :class:`~spiderflow.errors.PermissionDenied
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ValidationError
 from spiderflow.security import ids
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 
 __all__ = ["Access", "Rule", "RuleKind", "checkpoint_claim", "decide"]
 
@@ -127,16 +126,9 @@ def _rule(cluster: str, access: Access, key: str) -> Rule:
 
 def checkpoint_claim(value: bytes) -> tuple[int, str]:
     """The ``(attempt, cluster)`` a checkpoint manifest names (the executor writes them beside the
-    manifest); :class:`ValidationError` naming ``value`` when it has none."""
+    manifest); :class:`ValidationError` naming ``value`` (``value.attempt``, ...) when it has none."""
     try:
-        doc = json.loads(value.decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValidationError("value", f"a checkpoint manifest must be JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValidationError("value", "a checkpoint manifest must be a JSON object")
-    attempt, cluster = doc.get("attempt"), doc.get("cluster")
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        raise ValidationError("value.attempt", "must be the writer's attempt (an integer ≥ 0)", attempt)
-    if not isinstance(cluster, str) or not cluster:
-        raise ValidationError("value.cluster", "must be the writer's cluster", cluster)
-    return attempt, cluster
+        return records.checkpoint_claim("value", value)
+    except CorruptRecordError as e:
+        field = e.field if e.field == "value" else f"value.{e.field}"
+        raise ValidationError(field, f"a checkpoint manifest must name its writer: {e.reason}", e.value) from None

@@ -126,9 +126,9 @@ async def test_an_agent_credential_cannot_touch_another_clusters_keys_or_any_ten
         await _denied(ohio.get(keys.assignment_key("virginia", job)), keys.assignment_key("virginia", job))
         await _denied(ohio.put(keys.allocation_key("virginia"), b"{}"), keys.allocation_key("virginia"))
         # tenants' job records, plans, the queue, metrics: not readable, not listable, not writable
-        for key in (keys.job_key(job), keys.plan_key(job), keys.metrics_prefix(job)):
+        for key in (keys.job_key(job), keys.wait_key(job), keys.metrics_prefix(job)):
             await _denied(ohio.get(key), key)
-        for prefix in (keys.JOBS, keys.ROOT, keys.QUEUE, keys.PLANS):
+        for prefix in (keys.JOBS, keys.ROOT, keys.WAITS, keys.ALLOCATIONS):
             await _denied(ohio.get_prefix(prefix), prefix)
         await _denied(ohio.delete(keys.job_key(job)), keys.job_key(job))
         # the rendezvous and checkpoint of a job its cluster does not run
