@@ -27,6 +27,7 @@ CORE = [
     "spiderflow/constraints.py",
     "spiderflow/sim",
     "spiderflow/store",
+    "spiderflow/store/records.py",
     "spiderflow/topogen.py",
     "spiderflow/gateway/protocol.py",
     "spiderflow/gateway/cost.py",
