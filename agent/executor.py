@@ -277,8 +277,7 @@ class Executor:
                 async with self.store.watch_prefix(prefix, start_revision=rev + 1) as watch:
                     async for ev in watch:
                         if ev.type is EventType.DELETE:
-                            job = ev.key[len(prefix):]
-                            current = self.runs.get(job)
+                            current = self.runs.get(keys.parse(ev.key).job)
                             if current is not None:
                                 current.cancel("assignment removed")
                         else:

@@ -34,6 +34,7 @@ from enum import StrEnum
 from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ValidationError
 from spiderflow.security import ids
 from spiderflow.store import keys, records
+from spiderflow.store.keys import KeyKind
 
 __all__ = ["Access", "Rule", "RuleKind", "checkpoint_claim", "decide"]
 
@@ -104,23 +105,21 @@ def decide(cluster: str, access: Access, key: str) -> Rule:
 def _rule(cluster: str, access: Access, key: str) -> Rule:
     if key == keys.CLUSTERS and access in (Access.LIST, Access.WATCH):
         return Rule(kind=RuleKind.REGISTRATIONS, key=key, redact=True)
-    if key == keys.cluster_key(cluster) and access in (Access.READ, Access.WATCH, Access.WRITE, Access.CAS):
-        return Rule(kind=RuleKind.OWN_REGISTRATION, key=key)
     if key == keys.assignments_prefix(cluster) and access in (Access.LIST, Access.WATCH):
         return Rule(kind=RuleKind.OWN_ASSIGNMENTS, key=key)
-    if key.startswith(keys.assignments_prefix(cluster)) and access is Access.READ:
-        keys.assignment_key(cluster, key[len(keys.assignments_prefix(cluster)):])  # a well-formed key
+    try:
+        k = keys.parse(key)  # a key of the layout, in its canonical form (no leading zeros, valid ids)
+    except CorruptRecordError:
+        raise _deny(cluster, access, key) from None
+    if k.kind is KeyKind.REGISTRATION and k.cluster == cluster \
+            and access in (Access.READ, Access.WATCH, Access.WRITE, Access.CAS):
+        return Rule(kind=RuleKind.OWN_REGISTRATION, key=key)
+    if k.kind is KeyKind.ASSIGNMENT and k.cluster == cluster and access is Access.READ:
         return Rule(kind=RuleKind.OWN_ASSIGNMENTS, key=key)
-    if key.startswith(keys.RENDEZVOUS) and access in (Access.READ, Access.WATCH, Access.WRITE, Access.DELETE):
-        parts = key[len(keys.RENDEZVOUS):].split("/")
-        if len(parts) == 2 and parts[1].isdigit():
-            job, attempt = parts[0], int(parts[1])
-            if key == keys.rendezvous_key(job, attempt):  # canonical (no leading zeros, valid job id)
-                return Rule(kind=RuleKind.RENDEZVOUS, key=key, job=job, attempt=attempt)
-    if key.startswith(keys.CHECKPOINTS) and access in (Access.READ, Access.CAS):
-        job = key[len(keys.CHECKPOINTS):]
-        if "/" not in job and job and key == keys.checkpoint_key(job):
-            return Rule(kind=RuleKind.CHECKPOINT, key=key, job=job)
+    if k.kind is KeyKind.RENDEZVOUS and access in (Access.READ, Access.WATCH, Access.WRITE, Access.DELETE):
+        return Rule(kind=RuleKind.RENDEZVOUS, key=key, job=k.job, attempt=k.attempt)
+    if k.kind is KeyKind.CHECKPOINT and access in (Access.READ, Access.CAS):
+        return Rule(kind=RuleKind.CHECKPOINT, key=key, job=k.job)
     raise _deny(cluster, access, key)
 
 
