@@ -126,7 +126,7 @@ def test_one_plan_codec_keeps_every_field_and_reads_plan_json_documents() -> Non
     assert plan_from_dict(plan_to_dict(PLAN)) == PLAN
     doc = {"policy": "spinsearch", "optimal": None, "micro_batches": 2, "schedule": "gpipe", "step_time_s": None,
            "stages": [{"cluster": "a", "first_layer": 0, "last_layer": 3, "gpus": 4, "tp": 2, "extra": 1}]}
-    with pytest.raises(ValidationError, match="plan.policy"):
+    with pytest.raises(ValidationError, match=r"plan\.policy"):
         plan_from_dict(doc)
     lenient = plan_from_dict(doc, strict=False)
     assert lenient.stages[0].dp == 2 and lenient.step_time_s == 0.0
