@@ -4,7 +4,8 @@ Contract with the scheduler (keys in :mod:`spiderflow.store.keys`, read and writ
 plane's ``Control`` API, :mod:`agent.remote_store`; the agent holds no etcd credentials):
 
 - **Assignments.** A bind writes ``assignments/<cluster>/<job>`` = ``{"job", "attempt", "stages", "plan",
-  "spec"}`` (:mod:`services.scheduler.repo`). The executor lists its prefix, then watches it from the
+  "spec"}`` (:class:`spiderflow.store.records.Assignment`, the one codec of every stored record; written by
+  :mod:`services.scheduler.repo`). The executor lists its prefix, then watches it from the
   revision of the list (no gap, no duplicate). A new ``(job, attempt)`` starts a run; a deleted key (the
   job ended, was cancelled, or is being re-placed) or a PUT of a newer attempt stops the old run's workers
   without reporting anything.
@@ -71,8 +72,7 @@ import structlog
 from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
 from agent.launchers.local import LocalLauncher
 from spiderflow import joblogs
-from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.errors import CorruptRecordError, NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.preflight import preflight
 from spiderflow.exec.spec import (
     CheckpointManifest,
@@ -80,18 +80,16 @@ from spiderflow.exec.spec import (
     TrainSpec,
     check_runnable,
     manifest_from_dict,
-    manifest_to_dict,
     rank_layout,
     ranks_of_cluster,
     spec_to_dict,
 )
-from spiderflow.formats import job_from_dict
-from spiderflow.jobs import plan_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.security import ids
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import CompactedError, CompareFailedError, EventType, Store
+from spiderflow.store.records import Assignment, RendezvousInfo
 
 __all__ = [
     "Assignment",
@@ -114,60 +112,6 @@ def is_peer_error(text: str) -> bool:
     """Whether a worker's error reads like the loss of another rank rather than a fault of its own."""
     low = text.lower()
     return any(p in low for p in _PEER_ERRORS)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Assignment:
-    """One assignment value (see the module docstring)."""
-
-    job: str
-    attempt: int
-    stages: tuple[int, ...]
-    plan: Plan
-    spec: JobSpec
-
-    @classmethod
-    def decode(cls, value: bytes) -> Assignment:
-        """Parse a stored value; :class:`ValidationError` (field ``assignment…``) when malformed."""
-        try:
-            doc = json.loads(value)
-            plan = plan_from_dict(doc["plan"])
-            stages = tuple(int(s) for s in doc["stages"])
-            return cls(job=str(doc["job"]), attempt=int(doc["attempt"]), stages=stages, plan=plan,
-                       spec=job_from_dict(doc["spec"], where="assignment.spec"))
-        except ValidationError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValidationError("assignment", f"malformed: {e}") from None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RendezvousInfo:
-    """What the agent of rank 0 publishes for one attempt (see the module docstring)."""
-
-    host: str
-    port: int
-    checkpoint_dir: str
-    checkpoint_every: int
-    resume: CheckpointManifest | None = None
-
-    def encode(self) -> bytes:
-        return json.dumps({"host": self.host, "port": self.port, "checkpoint_dir": self.checkpoint_dir,
-                           "checkpoint_every": self.checkpoint_every,
-                           "resume": None if self.resume is None else manifest_to_dict(self.resume)}).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> RendezvousInfo:
-        try:
-            doc = json.loads(value)
-            resume = doc.get("resume")
-            return cls(host=str(doc["host"]), port=int(doc["port"]), checkpoint_dir=str(doc["checkpoint_dir"]),
-                       checkpoint_every=int(doc["checkpoint_every"]),
-                       resume=None if resume is None else manifest_from_dict(resume))
-        except ValidationError:
-            raise
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValidationError("rendezvous", f"malformed: {e}") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,8 +277,7 @@ class Executor:
                 async with self.store.watch_prefix(prefix, start_revision=rev + 1) as watch:
                     async for ev in watch:
                         if ev.type is EventType.DELETE:
-                            job = ev.key[len(prefix):]
-                            current = self.runs.get(job)
+                            current = self.runs.get(keys.parse(ev.key).job)
                             if current is not None:
                                 current.cancel("assignment removed")
                         else:
@@ -347,9 +290,9 @@ class Executor:
 
     def _on_put(self, key: str, value: bytes) -> None:
         try:
-            a = Assignment.decode(value)
-        except ValidationError as e:
-            self.log.warning("executor.bad_assignment", key=key, error=str(e))
+            a = records.decode_as(key, value, Assignment)
+        except CorruptRecordError as e:
+            self.log.warning("executor.bad_assignment", key=key, field=e.field, error=e.reason)
             return
         if (a.job, a.attempt) in self._finished:
             return
@@ -445,7 +388,7 @@ class Executor:
         kv = await self.store.get(keys.checkpoint_key(a.job))
         if kv is not None:
             try:
-                m = manifest_from_dict(json.loads(kv.value))
+                m = records.decode_as(kv.key, kv.value, records.CheckpointRecord).manifest
                 if m.job_id == a.job and m.model.layers == a.spec.model.layers and m.step < a.spec.steps \
                         and all(Path(sh.path).is_file() for sh in m.shards):
                     resume = m
@@ -459,7 +402,7 @@ class Executor:
             checkpoint_dir=str(ids.inside(s.checkpoint_dir, a.job, f"attempt-{a.attempt}").resolve()),
             checkpoint_every=s.checkpoint_every, resume=resume,
         )
-        await self.store.put(key, info.encode())
+        await self.store.put(key, records.encode(info))
         bound.info("executor.rendezvous_published", host=info.host, port=info.port,
                    resume_step=resume.step if resume else None, checkpoint_every=info.checkpoint_every)
         return info, server
@@ -471,15 +414,15 @@ class Executor:
             while True:
                 kv = await self.store.get(key)
                 if kv is not None:
-                    return RendezvousInfo.decode(kv.value)
+                    return records.decode_as(kv.key, kv.value, RendezvousInfo)
                 rev = await self.store.revision()
                 kv = await self.store.get(key)
                 if kv is not None:
-                    return RendezvousInfo.decode(kv.value)
+                    return records.decode_as(kv.key, kv.value, RendezvousInfo)
                 async with self.store.watch_prefix(key, start_revision=rev + 1) as watch:
                     async for ev in watch:
                         if ev.key == key and ev.type is EventType.PUT:
-                            return RendezvousInfo.decode(ev.value)
+                            return records.decode_as(ev.key, ev.value, RendezvousInfo)
 
         waiter = asyncio.create_task(wait())
         cancelled = asyncio.create_task(run.cancelled.wait())
@@ -692,15 +635,16 @@ class Executor:
         if run.cancelled.is_set():
             return
         key = keys.checkpoint_key(a.job)
-        doc = {**manifest_to_dict(m), "attempt": a.attempt, "cluster": self.settings.cluster, "at": time.time()}
+        value = records.encode(records.CheckpointRecord(manifest=m, attempt=a.attempt, cluster=self.settings.cluster,
+                                                        at=time.time()))
         for _ in range(10):
             try:
                 kv = await self.store.get(key)
                 if kv is not None:
-                    with contextlib.suppress(ValueError, KeyError, TypeError):
-                        if int(json.loads(kv.value)["step"]) >= m.step:
+                    with contextlib.suppress(CorruptRecordError):  # an unreadable record is replaced
+                        if records.decode_as(kv.key, kv.value, records.CheckpointRecord).manifest.step >= m.step:
                             return
-                await self.store.compare_and_swap(key, json.dumps(doc).encode(), kv.mod_revision if kv else 0)
+                await self.store.compare_and_swap(key, value, kv.mod_revision if kv else 0)
             except CompareFailedError:
                 continue
             except SpiderFlowError as e:

@@ -21,11 +21,10 @@ so a replica's death costs a lease nothing as long as another replica answers wi
 from __future__ import annotations
 
 import asyncio
-import collections
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -55,6 +54,7 @@ from spiderflow.store.base import (
     lease_id,
     validate_commit,
 )
+from spiderflow.store.watch import ResumableWatch, StreamBroken
 
 __all__ = ["RemoteStore"]
 
@@ -85,26 +85,17 @@ class _RemoteLease(Lease):
             raise NotFoundError(f"lease {self.id:x} not found")
 
 
-class _RemoteWatch(Watch):
+class _RemoteWatch(ResumableWatch):
+    """The control plane's ``Watch`` stream behind the shared resumable iteration (:mod:`spiderflow.store.watch`):
+    a broken stream resumes on the next replica."""
+
     def __init__(self, store: RemoteStore, prefix: str, start_revision: int | None) -> None:
+        super().__init__(start_revision)
         self._store = store
         self._prefix = prefix
-        self._next = start_revision
-        self._last = (start_revision - 1) if start_revision is not None else 0
-        self._buffer: collections.deque[WatchEvent] = collections.deque()
-        self._call: Any = None
-        self._started = False
-        self._closed = False
 
-    @property
-    def revision(self) -> int:
-        return self._last
-
-    async def start(self) -> Self:
-        if not (self._closed or self._started):
-            await self._establish_with_retry()
-            self._started = True
-        return self
+    def _cancel(self, call: Any) -> None:
+        call.cancel()
 
     async def _establish(self) -> None:
         store = self._store
@@ -140,7 +131,7 @@ class _RemoteWatch(Watch):
         raise UnavailableError(f"no control-plane replica accepted the watch of {self._prefix}: "
                                + "; ".join(errors))
 
-    async def _establish_with_retry(self) -> None:
+    async def _connect(self) -> None:
         deadline = time.monotonic() + self._store.stream_retry_s
         delay = 0.1
         while True:
@@ -153,59 +144,25 @@ class _RemoteWatch(Watch):
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
 
-    def _drop_call(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            call.cancel()
+    async def _read(self) -> list[WatchEvent]:
+        try:
+            resp = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _FAILOVER:
+                with domain_errors():
+                    raise exc
+            log.info("agent.control_watch_reconnect", prefix=self._prefix, next=self._next, error=exc.code().name)
+            raise StreamBroken(exc.code().name) from exc
+        if resp is grpc.aio.EOF:
+            raise StreamBroken("stream closed")
+        if resp.compact_revision:
+            raise CompactedError(int(resp.compact_revision), self._next)
+        return [WatchEvent(type=EventType.DELETE if e.type == control_pb2.EVENT_TYPE_DELETE else EventType.PUT,
+                           key=e.key, value=bytes(e.value), mod_revision=int(e.mod_revision),
+                           create_revision=int(e.create_revision), lease=int(e.lease)) for e in resp.events]
 
-    async def __anext__(self) -> WatchEvent:
-        if not self._started:
-            await self.start()
-        while True:
-            if self._buffer:
-                ev = self._buffer.popleft()
-                self._last = ev.mod_revision
-                return ev
-            if self._closed:
-                raise StopAsyncIteration
-            if self._call is None:
-                await self._establish_with_retry()
-                continue
-            try:
-                resp = await self._call.read()
-            except asyncio.CancelledError:
-                self._drop_call()
-                if self._closed:
-                    raise StopAsyncIteration from None
-                raise
-            except grpc.aio.AioRpcError as exc:
-                self._drop_call()
-                if self._closed:
-                    raise StopAsyncIteration from None
-                if exc.code() not in _FAILOVER:
-                    with domain_errors():
-                        raise exc
-                log.info("agent.control_watch_reconnect", prefix=self._prefix, next=self._next,
-                         error=exc.code().name)
-                self._store._next_replica(self._store._current)
-                continue
-            if resp is grpc.aio.EOF:
-                self._drop_call()
-                self._store._next_replica(self._store._current)
-                continue
-            if resp.compact_revision:
-                self._drop_call()
-                raise CompactedError(int(resp.compact_revision), self._next)
-            for e in resp.events:
-                ev = WatchEvent(type=EventType.DELETE if e.type == control_pb2.EVENT_TYPE_DELETE else EventType.PUT,
-                                key=e.key, value=bytes(e.value), mod_revision=int(e.mod_revision),
-                                create_revision=int(e.create_revision), lease=int(e.lease))
-                self._buffer.append(ev)
-                self._next = max(self._next or 0, ev.mod_revision + 1)
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self._drop_call()
+    async def _on_break(self, error: StreamBroken) -> None:
+        self._store._next_replica(self._store._current)
 
 
 _FAILOVER = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -305,10 +262,12 @@ class RemoteStore(Store):
     async def put(self, key: str, value: bytes, *, lease: LeaseLike = None) -> int:
         return await self._put(key, value, lease, None)
 
-    async def commit(self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = ()) -> int:
+    async def commit(self, compares: Sequence[Compare], puts: Sequence[Put] = (), deletes: Sequence[str] = (), *,
+                     delete_prefixes: Sequence[str] = ()) -> int:
         """Only one shape goes through the control plane: a compare on one key and a put of that key."""
-        validate_commit(compares, puts, deletes)
-        if len(compares) == 1 and len(puts) == 1 and not deletes and compares[0].key == puts[0].key:
+        validate_commit(compares, puts, deletes, delete_prefixes=delete_prefixes)
+        if len(compares) == 1 and len(puts) == 1 and not deletes and not delete_prefixes \
+                and compares[0].key == puts[0].key:
             p = puts[0]
             return await self._put(p.key, p.value, p.lease, compares[0].mod_revision)
         raise PermissionDeniedError("agents commit one compare-and-swap of one key through the control plane")

@@ -47,7 +47,7 @@ from spiderflow.proto.types.v1 import types_pb2  # noqa: E402
 from spiderflow.rpc import convert  # noqa: E402
 from spiderflow.rpc.server import open_channel  # noqa: E402
 from spiderflow.security.auth import bearer_metadata  # noqa: E402
-from spiderflow.store import keys  # noqa: E402
+from spiderflow.store import keys, records  # noqa: E402
 from spiderflow.store.etcd import EtcdStore  # noqa: E402
 from spiderflow.store.process import EtcdProcess  # noqa: E402
 
@@ -139,7 +139,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         store = EtcdStore(etcd.endpoint)
         try:
             reqs, _ = await store.get_prefix(keys.ROOT + "requests/")
-            stored = [JobRecord.from_json(kv.value) for kv in (await store.get_prefix(keys.JOBS))[0]]
+            stored = [records.decode_as(kv.key, kv.value, JobRecord) for kv in (await store.get_prefix(keys.JOBS))[0]]
         finally:
             await store.close()
         ids = sorted(r.id for r in stored)

@@ -8,6 +8,8 @@ CLI), so the meaning of an error survives every boundary.
 class                      meaning                     gRPC code
 =========================  ==========================  ==================
 ``ValidationError``        input is malformed          INVALID_ARGUMENT
+``CorruptRecordError``     a stored record is unread-  DATA_LOSS
+                           able (names key and field)
 ``NotFoundError``          a named thing is absent     NOT_FOUND
 ``AlreadyExistsError``     a key is already taken      ALREADY_EXISTS
 ``ConflictError``          lost a compare-and-swap     ABORTED
@@ -25,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "AlreadyExistsError",
     "ConflictError",
+    "CorruptRecordError",
     "NotFoundError",
     "PermissionDeniedError",
     "PreconditionError",
@@ -50,6 +53,21 @@ class ValidationError(SpiderFlowError, ValueError):
         self.value = value
         shown = "" if value is None else f" (got {value!r})"
         super().__init__(f"{field}: {reason}{shown}")
+
+
+class CorruptRecordError(ValidationError):
+    """A record read back from the store cannot be decoded: an unknown key, or a value that is not the record
+    its key holds. ``key`` is the etcd key, ``field`` the dotted path inside the value (``key`` when the key
+    itself is unknown), ``reason`` what is wrong. A :class:`ValidationError` (the data is malformed) that is
+    nevertheless no fault of the caller's request: it travels as DATA_LOSS."""
+
+    def __init__(self, *, key: str, field: str, reason: str, value: object = None) -> None:
+        self.key = key
+        super().__init__(field, reason, value)
+        self.args = (f"stored record {key}: {field}: {reason}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 class NotFoundError(SpiderFlowError, LookupError):

@@ -43,7 +43,20 @@ from typing import Any, TypeVar
 import yaml
 
 from spiderflow.catalog import MeasuredCost, ModelSpec, model_preset
-from spiderflow.domain import Cluster, Constraints, DataSpec, GpuRange, JobSpec, Link, OptimizerSpec, Topology
+from spiderflow.domain import (
+    Cluster,
+    Constraints,
+    DataSpec,
+    GpuRange,
+    JobSpec,
+    Link,
+    OptimizerSpec,
+    Plan,
+    ReplicaShare,
+    Schedule,
+    Stage,
+    Topology,
+)
 from spiderflow.errors import ValidationError
 
 T = TypeVar("T")
@@ -63,6 +76,8 @@ __all__ = [
     "model_to_value",
     "optimizer_from_value",
     "optimizer_to_dict",
+    "plan_from_dict",
+    "plan_to_dict",
     "topology_from_dict",
     "topology_to_dict",
     "trace_from_dict",
@@ -430,3 +445,83 @@ def load_trace(path: str | Path) -> list[JobSpec]:
 
 def trace_to_dict(jobs: list[JobSpec]) -> dict[str, Any]:
     return {"jobs": [job_to_dict(j) for j in jobs]}
+
+
+# ---------------------------------------------------------------------------------------------------- plans
+
+_STAGE_FIELDS = {"cluster": str, "first_layer": int, "last_layer": int, "gpus": int, "tp": int, "dp": int,
+                 "sharding": str, "recompute": bool, "replicas": list}
+_PLAN_FIELDS = {"stages": list, "micro_batches": int, "schedule": str, "step_time_s": float,
+                "throughput_tokens_per_s": float, "memory_gib_per_gpu": list, "usd_per_step": float, "extras": dict}
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The JSON object of ``plan`` (stored in job records and assignments, printed by ``plan --json``, read back
+    by :func:`plan_from_dict`)."""
+    return {
+        "stages": [
+            {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
+             "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
+             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
+            for s in plan.stages
+        ],
+        "micro_batches": plan.micro_batches,
+        "schedule": plan.schedule.value,
+        "step_time_s": plan.step_time_s,
+        "throughput_tokens_per_s": plan.throughput_tokens_per_s,
+        "memory_gib_per_gpu": list(plan.memory_gib_per_gpu),
+        "usd_per_step": plan.usd_per_step,
+        "extras": dict(plan.extras),
+    }
+
+
+def plan_from_dict(raw: Any, *, where: str = "plan", strict: bool = True) -> Plan:
+    """The :class:`Plan` of a :func:`plan_to_dict` object; :class:`ValidationError` naming the field
+    (``plan.stages[1].tp``) otherwise. A stage needs ``cluster``, ``first_layer`` and ``last_layer``; ``tp``
+    defaults to 1 and ``dp`` to ``gpus / tp`` (1 without ``gpus``); ``schedule`` defaults to 1F1B. Unknown
+    fields are refused, unless ``strict`` is False (a larger document holding a plan, such as ``spiderflow plan
+    --json``'s: its other fields are ignored)."""
+    if not strict and isinstance(raw, dict):
+        raw = {k: v for k, v in raw.items() if k in _PLAN_FIELDS}
+        if isinstance(raw.get("stages"), list):
+            raw["stages"] = [{k: v for k, v in st.items() if k in _STAGE_FIELDS} if isinstance(st, dict) else st
+                             for st in raw["stages"]]
+    fields = _fields(where, raw, _PLAN_FIELDS, ("stages", "micro_batches"))
+    if not fields["stages"]:
+        raise ValidationError(f"{where}.stages", "must be a non-empty list", fields["stages"])
+    stages: list[Stage] = []
+    for i, s in enumerate(fields["stages"]):
+        w = f"{where}.stages[{i}]"
+        st = _fields(w, s, _STAGE_FIELDS, ("cluster", "first_layer", "last_layer"))
+        if not st["cluster"]:
+            raise ValidationError(f"{w}.cluster", "must be a cluster name", st["cluster"])
+        tp = st.get("tp", 1)
+        gpus = st.pop("gpus", None)
+        if "dp" not in st:
+            st["dp"] = gpus // tp if gpus is not None and tp > 0 and gpus % tp == 0 else 1
+        replicas = []
+        for k, r in enumerate(st.pop("replicas", [])):
+            rf = _fields(f"{w}.replicas[{k}]", r, {"cluster": str, "dp": int}, ("cluster", "dp"))
+            replicas.append(ReplicaShare(cluster=rf["cluster"], dp=rf["dp"]))
+        try:
+            stage = Stage(**st, replicas=tuple(replicas))
+        except ValidationError as e:
+            raise _rebase(e, w, e.field) from None
+        if gpus is not None and gpus != stage.gpus:
+            raise ValidationError(f"{w}.gpus", f"must equal tp × dp ({stage.gpus})", gpus)
+        stages.append(stage)
+    try:
+        schedule = Schedule(fields.get("schedule", Schedule.ONE_F_ONE_B.value))
+    except ValueError:
+        raise ValidationError(f"{where}.schedule", f"must be one of {', '.join(v.value for v in Schedule)}",
+                              fields.get("schedule")) from None
+    memory = tuple(_check_type(f"{where}.memory_gib_per_gpu[{i}]", v, float)
+                   for i, v in enumerate(fields.get("memory_gib_per_gpu", [])))
+    extras = {str(k): _check_type(f"{where}.extras.{k}", v, float) for k, v in fields.get("extras", {}).items()}
+    try:
+        return Plan(stages=tuple(stages), micro_batches=fields["micro_batches"], schedule=schedule,
+                    step_time_s=fields.get("step_time_s", 0.0),
+                    throughput_tokens_per_s=fields.get("throughput_tokens_per_s", 0.0),
+                    memory_gib_per_gpu=memory, usd_per_step=fields.get("usd_per_step", 0.0), extras=extras)
+    except ValidationError as e:
+        raise _rebase(e, where, e.field) from None

@@ -1,4 +1,5 @@
-"""Job records and their state machine (pure; persisted as JSON in etcd by the scheduler service).
+"""Job records and their state machine (pure; stored in etcd by the scheduler service, encoded by
+:mod:`spiderflow.store.records`).
 
 States and legal transitions::
 
@@ -17,14 +18,12 @@ writers can never both apply a transition.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from spiderflow.domain import JobSpec, Plan, ReplicaShare, Schedule, Stage
-from spiderflow.errors import PreconditionError, ValidationError
-from spiderflow.formats import job_from_dict, job_to_dict
+from spiderflow.domain import JobSpec, Plan
+from spiderflow.errors import PreconditionError
 
 __all__ = [
     "TERMINAL",
@@ -32,8 +31,6 @@ __all__ = [
     "JobState",
     "Progress",
     "Transition",
-    "plan_from_dict",
-    "plan_to_dict",
 ]
 
 
@@ -140,77 +137,3 @@ class JobRecord:
     def with_reason(self, reason: str, *, now: float) -> JobRecord:
         """Same state, new human-readable reason (no history entry)."""
         return replace(self, reason=reason, updated_at=now)
-
-    # --- serialisation -------------------------------------------------------------------------------
-
-    def to_json(self) -> bytes:
-        doc = {
-            "spec": job_to_dict(self.spec), "state": self.state.value, "reason": self.reason,
-            "request_id": self.request_id, "created_at": self.created_at, "updated_at": self.updated_at,
-            "plan": plan_to_dict(self.plan) if self.plan else None, "policy": self.policy,
-            "allocation": self.allocation, "attempt": self.attempt,
-            "progress": {k: getattr(self.progress, k) for k in Progress.__dataclass_fields__},
-            "history": [
-                {"from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
-                 "reason": t.reason, "at": t.at}
-                for t in self.history
-            ],
-            "topology_revision": self.topology_revision,
-        }
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> JobRecord:
-        try:
-            doc = json.loads(data)
-            return cls(
-                spec=job_from_dict(doc["spec"]), state=JobState(doc["state"]), reason=doc["reason"],
-                request_id=doc["request_id"], created_at=doc["created_at"], updated_at=doc["updated_at"],
-                plan=plan_from_dict(doc["plan"]) if doc.get("plan") else None, policy=doc.get("policy", ""),
-                allocation={str(k): int(v) for k, v in doc["allocation"].items()}, attempt=doc["attempt"],
-                progress=Progress(**doc["progress"]),
-                history=tuple(
-                    Transition(from_state=JobState(t["from"]) if t["from"] else None, to_state=JobState(t["to"]),
-                               reason=t["reason"], at=t["at"])
-                    for t in doc["history"]
-                ),
-                topology_revision=doc.get("topology_revision", 0),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValidationError("job record", f"corrupt stored record: {e}") from None
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    return {
-        "stages": [
-            {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "gpus": s.gpus,
-             "tp": s.tp, "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
-             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
-            for s in plan.stages
-        ],
-        "micro_batches": plan.micro_batches,
-        "schedule": plan.schedule.value,
-        "step_time_s": plan.step_time_s,
-        "throughput_tokens_per_s": plan.throughput_tokens_per_s,
-        "memory_gib_per_gpu": list(plan.memory_gib_per_gpu),
-        "usd_per_step": plan.usd_per_step,
-        "extras": dict(plan.extras),
-    }
-
-
-def plan_from_dict(doc: dict[str, Any]) -> Plan:
-    return Plan(
-        stages=tuple(
-            Stage(cluster=s["cluster"], first_layer=s["first_layer"], last_layer=s["last_layer"], tp=s["tp"],
-                  dp=s["dp"], sharding=s.get("sharding", "replicate"), recompute=s.get("recompute", False),
-                  replicas=tuple(ReplicaShare(cluster=r["cluster"], dp=r["dp"]) for r in s.get("replicas", ())))
-            for s in doc["stages"]
-        ),
-        micro_batches=doc["micro_batches"],
-        schedule=Schedule(doc["schedule"]),
-        step_time_s=doc.get("step_time_s", 0.0),
-        throughput_tokens_per_s=doc.get("throughput_tokens_per_s", 0.0),
-        memory_gib_per_gpu=tuple(doc.get("memory_gib_per_gpu", ())),
-        usd_per_step=doc.get("usd_per_step", 0.0),
-        extras=dict(doc.get("extras", {})),
-    )

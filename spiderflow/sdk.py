@@ -106,7 +106,7 @@ class Job:
         return self.state in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
     def to_dict(self) -> dict[str, Any]:
-        from spiderflow.jobs import plan_to_dict
+        from spiderflow.formats import plan_to_dict
 
         return {
             "id": self.id, "state": self.state, "reason": self.reason, "attempt": self.attempt,

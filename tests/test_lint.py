@@ -27,6 +27,7 @@ CORE = [
     "spiderflow/constraints.py",
     "spiderflow/sim",
     "spiderflow/store",
+    "spiderflow/store/records.py",
     "spiderflow/topogen.py",
     "spiderflow/gateway/protocol.py",
     "spiderflow/gateway/cost.py",
@@ -47,6 +48,8 @@ def test_ruff_clean() -> None:
 
 def test_mypy_strict_core() -> None:
     targets = [t for t in CORE if (ROOT / t).exists()]
+    # a module named for emphasis inside a listed package is checked with the package (mypy refuses it twice)
+    targets = [t for t in targets if not any(t != d and t.startswith(d + "/") for d in targets)]
     r = subprocess.run([_tool("mypy"), *targets], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.scheduler.repo import JobRepository, StoredJob, request_key
+from services.scheduler.repo import JobRepository, StoredJob
 from spiderflow.domain import JobSpec
 from spiderflow.errors import UnavailableError
 from spiderflow.jobs import JobRecord
@@ -94,7 +94,7 @@ class SubmitBatcher:
         record = self.repo.new_record(spec, request_id, policy=policy)
         compares, puts = self.repo.submit_ops(record)
         loop = asyncio.get_running_loop()
-        item = _Item(record=record, rkey=request_key(request_id, spec.tenant), jkey=keys.job_key(record.id),
+        item = _Item(record=record, rkey=keys.request_key(request_id, spec.tenant), jkey=keys.job_key(record.id),
                      compares=compares, puts=puts, size=sum(len(p.key) + len(p.value) for p in puts),
                      fut=loop.create_future())
         self._queue.append(item)

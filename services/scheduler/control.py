@@ -24,20 +24,18 @@ beyond).
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 import grpc.aio
 import structlog
 
-from agent.registration import Registration
-from spiderflow.errors import PermissionDeniedError, ResourceExhaustedError, ValidationError
+from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ResourceExhaustedError, ValidationError
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security import ids
 from spiderflow.security.identity import Role, current_principal
 from spiderflow.security.keypolicy import Access, Rule, RuleKind, checkpoint_claim, decide
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import CompactedError, Compare, CompareFailedError, EventType, KeyValue, Put, Store
 
 __all__ = ["MAX_LEASE_TTL_S", "MAX_WATCHES_PER_CLUSTER", "ControlService"]
@@ -60,10 +58,28 @@ def _kv(kv: KeyValue) -> control_pb2.KeyValue:
 def _redacted(value: bytes) -> bytes:
     """A peer's registration reduced to its cluster and address (b"" when unreadable)."""
     try:
-        r = Registration.decode(value)
+        r = records.Registration.decode(value)
     except ValidationError:
         return b""
-    return json.dumps({"cluster": r.cluster, "address": r.address}, sort_keys=True).encode()
+    return records.encode(records.peer_address(r))
+
+
+def _owner(kv: KeyValue) -> str:
+    """The cluster a ``leases/<id>`` key names ("" when it does not decode: no one holds the lease)."""
+    try:
+        return records.decode_as(kv.key, kv.value, records.LeaseOwner).cluster
+    except CorruptRecordError as e:
+        log.warning("control.bad_lease_owner", key=kv.key, error=e.reason)
+        return ""
+
+
+def _check_value(key: str, value: bytes) -> None:
+    """An agent writes only a well-formed record of its key's kind: INVALID_ARGUMENT naming the field."""
+    try:
+        records.decode(key, value)
+    except CorruptRecordError as e:
+        raise ValidationError(f"value.{e.field}" if e.field != "value" else "value",
+                              f"is not a {keys.parse(key).kind} record for {key}: {e.reason}", e.value) from None
 
 
 @map_domain_errors
@@ -96,10 +112,10 @@ class ControlService(control_pb2_grpc.ControlServicer):
         if kv is None:
             return None
         try:
-            attempt = json.loads(kv.value)["attempt"]
-        except (ValueError, KeyError, TypeError):
+            return records.decode_as(kv.key, kv.value, records.Assignment).attempt
+        except CorruptRecordError as e:
+            log.warning("control.bad_assignment", key=kv.key, field=e.field, error=e.reason)
             return None
-        return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None
 
     async def _check(self, rule: Rule, cluster: str, access: Access) -> None:
         """The state checks of ``rule`` (assignments); PERMISSION_DENIED naming the key."""
@@ -118,7 +134,7 @@ class ControlService(control_pb2_grpc.ControlServicer):
         if lease <= 0:
             raise ValidationError(field, "must be a lease granted to the caller", lease)
         owner = await self.store.get(keys.lease_owner_key(lease))
-        if owner is None or owner.value.decode(errors="replace") != cluster:
+        if owner is None or _owner(owner) != cluster:
             raise PermissionDeniedError(f"agent:{cluster} holds no lease {lease:x}")
 
     def _visible(self, rule: Rule, cluster: str, key: str, value: bytes, lease: int) -> tuple[bool, bytes, int]:
@@ -205,7 +221,7 @@ class ControlService(control_pb2_grpc.ControlServicer):
         access = Access.CAS if request.compare else Access.WRITE
         if rule.kind is RuleKind.OWN_REGISTRATION:
             try:
-                reg = Registration.decode(request.value)
+                reg = records.Registration.decode(request.value)
             except ValidationError as e:
                 raise ValidationError("value", f"must be a registration: {e}") from None
             if reg.cluster != cluster:
@@ -223,6 +239,7 @@ class ControlService(control_pb2_grpc.ControlServicer):
             await self._check(rule, cluster, access)
         if request.lease and rule.kind is not RuleKind.OWN_REGISTRATION:
             await self._check_lease(cluster, request.lease)
+        _check_value(request.key, request.value)
         put = Put(key=request.key, value=request.value, lease=request.lease or None)
         if not request.compare:
             return control_pb2.PutResponse(succeeded=True, revision=await self.store.put(
@@ -250,7 +267,8 @@ class ControlService(control_pb2_grpc.ControlServicer):
             raise ValidationError("ttl", f"must be 1..{MAX_LEASE_TTL_S} seconds", request.ttl)
         lease = await self.store.grant(int(request.ttl), keepalive=False)
         lease.detach()  # kept alive by the agent through KeepAlive, on any replica
-        await self.store.put(keys.lease_owner_key(lease.id), cluster.encode(), lease=lease.id)
+        await self.store.put(keys.lease_owner_key(lease.id), records.encode(records.LeaseOwner(cluster=cluster)),
+                             lease=lease.id)
         log.info("control.lease_granted", cluster=cluster, lease=lease.id, ttl=lease.ttl)
         return control_pb2.GrantLeaseResponse(lease=lease.id, ttl=lease.ttl)
 
@@ -262,7 +280,7 @@ class ControlService(control_pb2_grpc.ControlServicer):
         owner = await self.store.get(keys.lease_owner_key(request.lease))
         if owner is None:
             return control_pb2.KeepAliveResponse(ttl=0)  # expired (its owner record went with it)
-        if owner.value.decode(errors="replace") != cluster:
+        if _owner(owner) != cluster:
             raise PermissionDeniedError(f"agent:{cluster} holds no lease {request.lease:x}")
         return control_pb2.KeepAliveResponse(ttl=await self.store.refresh_lease(request.lease))
 
@@ -274,6 +292,6 @@ class ControlService(control_pb2_grpc.ControlServicer):
         owner = await self.store.get(keys.lease_owner_key(request.lease))
         if owner is None:
             return control_pb2.RevokeLeaseResponse(revoked=False)
-        if owner.value.decode(errors="replace") != cluster:
+        if _owner(owner) != cluster:
             raise PermissionDeniedError(f"agent:{cluster} holds no lease {request.lease:x}")
         return control_pb2.RevokeLeaseResponse(revoked=await self.store.revoke_lease(request.lease))

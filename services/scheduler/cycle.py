@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
 import structlog
 
@@ -135,26 +133,6 @@ class CycleReport:
     @property
     def placed(self) -> list[str]:
         return [d.job_id for d in self.decisions if d.kind is DecisionKind.PLACED]
-
-
-def _wait_doc(w: WaitState) -> dict[str, Any]:
-    """The JSON document stored at ``waits/<job>``."""
-    return {"until": w.until, "gpus": w.gpus, "claim": [[c, g] for c, g in w.claim], "run_s": w.run_s,
-            "reason": w.reason}
-
-
-def _wait_from_doc(doc: Mapping[str, Any]) -> WaitState | None:
-    """A stored wait, or ``None`` when the document is not one (missing or mistyped fields)."""
-    try:
-        until, run_s, gpus, reason = doc["until"], doc["run_s"], doc["gpus"], doc["reason"]
-        claim = tuple((str(c), int(g)) for c, g in doc["claim"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    numbers_ok = all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-                     for x in (until, run_s))
-    if not numbers_ok or isinstance(gpus, bool) or not isinstance(gpus, int) or not isinstance(reason, str):
-        return None
-    return WaitState(until=float(until), gpus=gpus, claim=claim, run_s=float(run_s), reason=reason)
 
 
 def _kind(d: CycleDecision) -> DecisionKind:
@@ -258,9 +236,9 @@ class SchedulingCycle:
         self._adopted = False
         self._guard = guard
 
-    async def _put_wait(self, job_id: str, doc: Mapping[str, Any]) -> None:
+    async def _put_wait(self, job_id: str, wait: WaitState) -> None:
         try:
-            await self.repo.put_wait(job_id, doc, guard=self._guard)
+            await self.repo.put_wait(job_id, wait, guard=self._guard)
         except CompareFailedError:
             raise NotLeaderError(f"leadership lost: the wait of {job_id} was not recorded") from None
 
@@ -270,12 +248,11 @@ class SchedulingCycle:
         except CompareFailedError:
             raise NotLeaderError(f"leadership lost: the wait of {job_id} was not deleted") from None
 
-    async def _adopt_waits(self) -> None:
-        """Replace the in-memory waits with those recorded in etcd; a malformed record is deleted, and so is
-        every record when this scheduler runs without ``wait_for_releases``."""
+    async def _adopt_waits(self, recorded: Mapping[str, WaitState | None]) -> None:
+        """Replace the in-memory waits with those recorded in etcd (read in the cycle's snapshot); a malformed
+        record is deleted, and so is every record when this scheduler runs without ``wait_for_releases``."""
         waits: dict[str, WaitState] = {}
-        for job_id, doc in (await self.repo.waits()).items():
-            w = _wait_from_doc(doc)
+        for job_id, w in recorded.items():
             if w is None or not self.wait_for_releases:
                 why = "malformed wait record" if w is None else "this scheduler does not wait for releases"
                 log.warning("scheduler.wait_dropped", job=job_id, reason=why)
@@ -311,10 +288,11 @@ class SchedulingCycle:
             report.seconds = time.perf_counter() - t_start
             return report
         report.topology_revision = topo.revision
+        # jobs, allocations and waits in one read at one etcd revision (a consistent view)
+        state = await self.repo.snapshot()
         if not self._adopted:
-            await self._adopt_waits()
-        stored, _ = await self.repo.list()
-        allocs, alloc_revs, _ = await self.repo.allocations()
+            await self._adopt_waits(state.waits)
+        stored, allocs, alloc_revs = state.jobs, state.allocations, state.allocation_revisions
         now = self.clock()
 
         # 2. reconcile
@@ -328,8 +306,8 @@ class SchedulingCycle:
                 except CompareFailedError:
                     report.conflict = True
         if report.rescheduled or report.conflict:
-            stored, _ = await self.repo.list()
-            allocs, alloc_revs, _ = await self.repo.allocations()
+            state = await self.repo.snapshot()
+            stored, allocs, alloc_revs = state.jobs, state.allocations, state.allocation_revisions
 
         used: dict[str, int] = {c: sum(a.values()) for c, a in allocs.items()}
         free = {c.name: max(0, c.free - used.get(c.name, 0)) for c in topo.clusters}
@@ -378,7 +356,7 @@ class SchedulingCycle:
                 continue
             if d.outcome is Outcome.WAIT and d.tried and d.wait is not None:
                 self._waits[d.job_id] = d.wait
-                await self._put_wait(d.job_id, _wait_doc(d.wait))
+                await self._put_wait(d.job_id, d.wait)
                 log.info("scheduler.waiting", job=d.job_id, until=d.wait.until, reason=d.reason)
             decision = Decision(job_id=d.job_id, kind=_kind(d), reason=d.reason, seconds=d.seconds)
             report.decisions.append(decision)

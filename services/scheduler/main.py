@@ -48,7 +48,7 @@ from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError, Store
 from spiderflow.tenancy import TenantQuota
 
@@ -241,7 +241,8 @@ class SchedulerReplica:
             try:
                 lease = await self.store.grant(self.lease_ttl)
                 campaign = asyncio.create_task(
-                    self.store.campaign(keys.election_name(keys.SCHEDULER), self.address.encode(), lease))
+                    self.store.campaign(keys.election_name(keys.SCHEDULER),
+                                        records.encode(records.LeaderRecord(address=self.address)), lease))
                 stopper = asyncio.create_task(stop.wait())
                 done, _ = await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 if stopper in done:

@@ -13,7 +13,7 @@ the deletion of a finished job.
   points (loss, tokens/s, step time); each other stage's event adds that stage's measured busy time to the
   point of the same attempt and step. Each point also carries the cost model's busy time per stage under
   the bound plan (:func:`predicted_stage_busy`, on the topology when the first report of an attempt came).
-- **Delete**: a finished job's record, request id, plan, checkpoint record, reports and metrics go in one
+- **Delete**: a finished job's record, request id, wait, checkpoint record and metrics go in one
   etcd transaction (compared on the record's revision, so a job that changed meanwhile is not deleted);
   a job that has not finished is FAILED_PRECONDITION. The retention sweep
   (:mod:`services.scheduler.retention`) deletes through the same path.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -32,18 +31,18 @@ import grpc.aio
 import structlog
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
-from agent.registration import Registration
-from services.scheduler.repo import JobRepository, StoredJob, request_key
+from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
 from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import PreconditionError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.errors import CorruptRecordError, PreconditionError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.jobs import JobRecord
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc.server import open_channel
-from spiderflow.store import keys
-from spiderflow.store.base import Compare
+from spiderflow.store import keys, records
+from spiderflow.store.base import Compare, KeyValue
+from spiderflow.store.records import Registration
 
 __all__ = ["FOLLOW_QUIET_S", "MAX_METRIC_POINTS", "JobObserver", "predicted_stage_busy"]
 
@@ -111,35 +110,51 @@ class JobObserver:
             return
         last = len(r.plan.stages) - 1 if r.plan is not None else 0
         predicted = await self._predicted_stages(r)
-        points: list[dict[str, Any]] = []
+        points: list[records.StepPoint | records.StageBusyPoint] = []
         for e in sorted(events, key=lambda e: e.step):
             t = e.time.ToNanoseconds() / 1e9 if e.HasField("time") else now
             stage = int(e.stage) if e.HasField("stage") else last
             if stage != last:  # another stage's busy time for the point of this step
-                points.append({"kind": "stage", "attempt": int(r.attempt), "step": int(e.step), "stage": stage,
-                               "busy_s": e.stage_busy_s, "time": t})
+                points.append(records.StageBusyPoint(attempt=int(r.attempt), step=int(e.step), stage=stage,
+                                                     busy_s=e.stage_busy_s, time=t))
                 continue
-            points.append({"attempt": int(r.attempt), "step": int(e.step), "loss": e.loss,
-                           "tokens_per_s": e.tokens_per_s, "step_time_s": e.step_time_s,
-                           "predicted_step_time_s": r.plan.step_time_s if r.plan is not None else 0.0,
-                           "stage": stage, "busy_s": e.stage_busy_s, "predicted_stage_busy_s": predicted,
-                           "time": t})
-        groups: dict[int | None, list[dict[str, Any]]] = {}
+            points.append(records.StepPoint(
+                attempt=int(r.attempt), step=int(e.step), loss=e.loss, tokens_per_s=e.tokens_per_s,
+                step_time_s=e.step_time_s, predicted_step_time_s=r.plan.step_time_s if r.plan is not None else 0.0,
+                stage=stage, busy_s=e.stage_busy_s, predicted_stage_busy_s=tuple(predicted), time=t))
+        groups: dict[int | None, list[records.StepPoint | records.StageBusyPoint]] = {}
         for p in points:  # one key per stage: two stages' reports that start at the same step never collide
-            groups.setdefault(int(p["stage"]) if p.get("kind") == "stage" else None, []).append(p)
-        for stage, group in groups.items():
-            key = keys.metrics_key(r.id, attempt=int(r.attempt), step=int(group[0]["step"]), stage=stage)
-            await self.repo.store.put(key, json.dumps(group, separators=(",", ":")).encode())
+            groups.setdefault(p.stage if isinstance(p, records.StageBusyPoint) else None, []).append(p)
+        for group_stage, group in groups.items():
+            key = keys.metrics_key(r.id, attempt=int(r.attempt), step=group[0].step, stage=group_stage)
+            await self.repo.store.put(key, records.encode(records.MetricsRecord(points=tuple(group))))
         n = self._writes.get(r.id, 0) + 1
         self._writes[r.id] = n
         if n % PRUNE_EVERY == 0:
             await self._prune(r.id)
 
+    @staticmethod
+    def _read(items: list[KeyValue]) -> tuple[list[tuple[str, records.MetricsRecord]], records.DroppedPoints | None]:
+        """The metrics records of one job's keys (a record that does not decode is logged and skipped) and its
+        dropped-points count."""
+        out: list[tuple[str, records.MetricsRecord]] = []
+        dropped: records.DroppedPoints | None = None
+        for kv in items:
+            try:
+                rec = records.decode(kv.key, kv.value)
+            except CorruptRecordError as e:
+                log.warning("scheduler.bad_metrics_record", key=kv.key, field=e.field, error=e.reason)
+                continue
+            if isinstance(rec, records.DroppedPoints):
+                dropped = rec
+            elif isinstance(rec, records.MetricsRecord):
+                out.append((kv.key, rec))
+        return out, dropped
+
     async def _prune(self, job_id: str) -> None:
         items, _ = await self.repo.store.get_prefix(keys.metrics_prefix(job_id))
-        sizes = [(kv.key, sum(1 for p in _decode(kv.value) if p.get("kind") != "stage"))
-                 for kv in items if not kv.key.endswith("/dropped")]
-        dropped_kv = next((kv for kv in items if kv.key.endswith("/dropped")), None)
+        kept, dropped = self._read(items)
+        sizes = [(k, sum(1 for p in rec.points if isinstance(p, records.StepPoint))) for k, rec in kept]
         total = sum(n for _, n in sizes)
         gone = 0
         for k, n in sizes:
@@ -148,8 +163,9 @@ class JobObserver:
             await self.repo.store.delete(k)
             gone += n
         if gone:
-            before = int(dropped_kv.value) if dropped_kv is not None else 0
-            await self.repo.store.put(keys.metrics_prefix(job_id) + "dropped", str(before + gone).encode())
+            before = dropped.count if dropped is not None else 0
+            await self.repo.store.put(keys.metrics_dropped_key(job_id),
+                                      records.encode(records.DroppedPoints(count=before + gone)))
 
     async def metrics(self, job_id: str, limit: int) -> scheduler_pb2.GetJobMetricsResponse:
         """The kept points of ``job_id``, oldest first (the newest ``limit`` when ``limit`` > 0)."""
@@ -157,32 +173,27 @@ class JobObserver:
             raise ValidationError("limit", "must be ≥ 0 (0: every kept point)", limit)
         items, _ = await self.repo.store.get_prefix(keys.metrics_prefix(job_id))
         out = scheduler_pb2.GetJobMetricsResponse(job_id=job_id)
-        points: list[dict[str, Any]] = []
-        for kv in items:
-            if kv.key.endswith("/dropped"):
-                with contextlib.suppress(ValueError):
-                    out.dropped = int(kv.value)
-                continue
-            points.extend(_decode(kv.value))
-        seen: dict[tuple[int, int], dict[str, Any]] = {}
+        kept, dropped = self._read(items)
+        if dropped is not None:
+            out.dropped = dropped.count
+        seen: dict[tuple[int, int], records.StepPoint] = {}
         busy: dict[tuple[int, int], dict[int, float]] = {}
-        for p in points:  # a resumed attempt may report a step again: the newest report wins
-            at = (int(p["attempt"]), int(p["step"]))
-            if "busy_s" in p:
-                busy.setdefault(at, {})[int(p["stage"])] = float(p["busy_s"])
-            if p.get("kind") != "stage":
-                seen[at] = p
-        ordered = sorted(seen.values(), key=lambda p: (float(p["time"]), int(p["attempt"]), int(p["step"])))
+        for _, rec in kept:  # a resumed attempt may report a step again: the newest report wins
+            for p in rec.points:
+                at = (p.attempt, p.step)
+                busy.setdefault(at, {})[p.stage] = p.busy_s
+                if isinstance(p, records.StepPoint):
+                    seen[at] = p
+        ordered = sorted(seen.values(), key=lambda p: (p.time, p.attempt, p.step))
         if limit:
             ordered = ordered[-limit:]
         for p in ordered:
-            predicted = [float(v) for v in p.get("predicted_stage_busy_s") or []]
-            measured = busy.get((int(p["attempt"]), int(p["step"])), {})
+            predicted = list(p.predicted_stage_busy_s)
+            measured = busy.get((p.attempt, p.step), {})
             n = max(len(predicted), max(measured, default=-1) + 1) if measured or predicted else 0
-            out.points.add(attempt=int(p["attempt"]), step=int(p["step"]), loss=float(p["loss"]),
-                           tokens_per_s=float(p["tokens_per_s"]), step_time_s=float(p["step_time_s"]),
-                           predicted_step_time_s=float(p["predicted_step_time_s"]), time=_ts(float(p["time"])),
-                           stage_busy_s=[measured.get(i, 0.0) for i in range(n)] if measured else [],
+            out.points.add(attempt=p.attempt, step=p.step, loss=p.loss, tokens_per_s=p.tokens_per_s,
+                           step_time_s=p.step_time_s, predicted_step_time_s=p.predicted_step_time_s,
+                           time=_ts(p.time), stage_busy_s=[measured.get(i, 0.0) for i in range(n)] if measured else [],
                            predicted_stage_busy_s=predicted)
         return out
 
@@ -194,12 +205,11 @@ class JobObserver:
         if not r.terminal:
             raise PreconditionError(f"job {r.id} is {r.state}: only finished jobs can be deleted "
                                     f"(cancel it first: spiderflow cancel {r.id})")
-        deletes = [keys.job_key(r.id), keys.plan_key(r.id), keys.checkpoint_key(r.id), keys.wait_key(r.id)]
+        deletes = [keys.job_key(r.id), keys.checkpoint_key(r.id), keys.wait_key(r.id)]
         if r.request_id:
-            deletes.append(request_key(r.request_id))
+            deletes.append(keys.request_key(r.request_id, r.spec.tenant))
         await self.repo.store.commit([Compare(key=keys.job_key(r.id), mod_revision=stored.mod_revision)],
-                                     deletes=deletes,
-                                     delete_prefixes=[keys.metrics_prefix(r.id), keys.reports_prefix(r.id)])
+                                     deletes=deletes, delete_prefixes=[keys.metrics_prefix(r.id)])
         self._writes.pop(r.id, None)
         for key in [k for k in self._predicted if k[0] == r.id]:
             del self._predicted[key]
@@ -211,8 +221,8 @@ class JobObserver:
         regs: list[Registration] = []
         for kv in items:
             try:
-                regs.append(Registration.decode(kv.value))
-            except ValidationError as e:
+                regs.append(records.decode_as(kv.key, kv.value, Registration))
+            except CorruptRecordError as e:
                 log.warning("scheduler.bad_registration", key=kv.key, error=str(e))
         if cluster:
             regs = [r for r in regs if r.cluster == cluster]
@@ -274,11 +284,3 @@ class JobObserver:
             runner.cancel()
             with contextlib.suppress(BaseException):
                 await runner
-
-
-def _decode(value: bytes) -> list[dict[str, Any]]:
-    try:
-        doc = json.loads(value)
-    except ValueError:
-        return []
-    return [p for p in doc if isinstance(p, dict)] if isinstance(doc, list) else []

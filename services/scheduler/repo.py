@@ -17,41 +17,36 @@ etcd revision, whichever replica wrote and whenever a process died):
    and removed by the next leader cycle. The leader writes and deletes wait keys in transactions that
    compare its election key, so a deposed leader cannot change them after its successor adopted them.
 
-Allocation values are JSON ``{"<job>": gpus}``; assignment values are the cluster's stages of the plan
-(``{"job", "attempt", "stages": [...], "plan": {...}, "spec": {...}}``) for its agent to execute.
+Every value is a record of :mod:`spiderflow.store.records` (job records, request records, allocations
+``{"<job>": gpus}``, assignments, waits) and every key is built by :mod:`spiderflow.store.keys`; a value that
+does not decode raises :class:`~spiderflow.errors.CorruptRecordError` naming its key.
+
+The scheduling cycle reads its state with :meth:`JobRepository.snapshot`: the jobs, the allocations and the
+waits in one read at one etcd revision (:meth:`~spiderflow.store.base.Store.get_prefixes`), so it never sees
+a bind's job record without the allocation keys the same transaction wrote.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
-from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import AlreadyExistsError, NotFoundError
-from spiderflow.formats import job_to_dict
-from spiderflow.jobs import TERMINAL, JobRecord, JobState, plan_to_dict
-from spiderflow.security import ids
-from spiderflow.store import keys
+import structlog
+
+from spiderflow.cycle import WaitState
+from spiderflow.domain import JobSpec
+from spiderflow.errors import AlreadyExistsError, CorruptRecordError, NotFoundError
+from spiderflow.jobs import TERMINAL, JobRecord, JobState
+from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store, WatchEvent
+from spiderflow.store.keys import REQUESTS, request_key
 
-__all__ = ["REQUESTS", "JobRepository", "StoredJob", "request_key"]
+__all__ = ["REQUESTS", "JobRepository", "SchedulerState", "StoredJob", "request_key"]
 
-REQUESTS = keys.ROOT + "requests/"
-
-
-def request_key(request_id: str, tenant: str = ids.DEFAULT_TENANT) -> str:
-    """Idempotency record of tenant ``tenant``'s submission (value: the job id). Request ids are scoped
-    by tenant (``requests/<tenant>/<request_id>``; the default tenant's directly under ``requests/``), so
-    a tenant reusing another tenant's request id creates its own job and learns nothing."""
-    ids.check_id("request_id", request_id)
-    if tenant == ids.DEFAULT_TENANT:
-        return REQUESTS + request_id
-    return f"{REQUESTS}{ids.check_tenant('tenant', tenant)}/{request_id}"
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +55,19 @@ class StoredJob:
 
     record: JobRecord
     mod_revision: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerState:
+    """What a scheduling cycle decides on, read at one etcd revision: every job (sorted by id), each cluster's
+    allocation ``{job: gpus}`` with its ``mod_revision`` (the compare of a bind), and the recorded waits
+    (``None`` for a wait record that does not decode: the leader deletes it)."""
+
+    jobs: list[StoredJob]
+    allocations: dict[str, dict[str, int]]
+    allocation_revisions: dict[str, int]
+    waits: dict[str, WaitState | None] = field(default_factory=dict)
+    revision: int = 0
 
 
 MAX_REMEMBERED = 200_000
@@ -72,12 +80,19 @@ SubmitOps = tuple[list[Compare], list[Put]]
 def _decode_alloc(kv: KeyValue | None) -> dict[str, int]:
     if kv is None:
         return {}
-    doc = json.loads(kv.value)
-    return {str(k): int(v) for k, v in doc.items()}
+    return dict(records.decode_as(kv.key, kv.value, records.AllocationRecord).gpus)
 
 
-def _encode(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+def _encode_alloc(gpus: Mapping[str, int]) -> bytes:
+    return records.encode(records.AllocationRecord(gpus=gpus))
+
+
+def _decode_wait(kv: KeyValue) -> WaitState | None:
+    try:
+        return records.decode_as(kv.key, kv.value, WaitState)
+    except CorruptRecordError as e:
+        log.warning("scheduler.bad_wait_record", key=kv.key, field=e.field, error=e.reason)
+        return None
 
 
 class JobRepository:
@@ -105,22 +120,36 @@ class JobRepository:
         kv = await self.store.get(keys.job_key(job_id))
         if kv is None:
             raise NotFoundError(f"job {job_id!r} not found")
+        return StoredJob(record=self._record(kv), mod_revision=kv.mod_revision)
+
+    def _record(self, kv: KeyValue) -> JobRecord:
         hit = self._decoded.get(kv.key)
-        record = hit[1] if hit is not None and hit[0] == kv.mod_revision else JobRecord.from_json(kv.value)
-        return StoredJob(record=record, mod_revision=kv.mod_revision)
+        if hit is not None and hit[0] == kv.mod_revision:
+            return hit[1]
+        return records.decode_as(kv.key, kv.value, JobRecord)
+
+    def _jobs(self, items: Iterable[KeyValue]) -> list[StoredJob]:
+        out: list[StoredJob] = []
+        decoded: dict[str, tuple[int, JobRecord]] = {}
+        for kv in items:
+            record = self._record(kv)
+            decoded[kv.key] = (kv.mod_revision, record)
+            out.append(StoredJob(record=record, mod_revision=kv.mod_revision))
+        self._decoded = decoded  # records are immutable: a (key, mod_revision) always decodes the same
+        return out
 
     async def list(self) -> tuple[list[StoredJob], int]:
         """Every job (sorted by id) and the revision of the read."""
         items, rev = await self.store.get_prefix(keys.JOBS)
-        out: list[StoredJob] = []
-        decoded: dict[str, tuple[int, JobRecord]] = {}
-        for kv in items:
-            hit = self._decoded.get(kv.key)
-            record = hit[1] if hit is not None and hit[0] == kv.mod_revision else JobRecord.from_json(kv.value)
-            decoded[kv.key] = (kv.mod_revision, record)
-            out.append(StoredJob(record=record, mod_revision=kv.mod_revision))
-        self._decoded = decoded  # records are immutable: a (key, mod_revision) always decodes the same
-        return out, rev
+        return self._jobs(items), rev
+
+    async def snapshot(self) -> SchedulerState:
+        """The jobs, the allocations and the waits in ONE read at ONE revision (:class:`SchedulerState`)."""
+        items, rev = await self.store.get_prefixes((keys.JOBS, keys.ALLOCATIONS, keys.WAITS))
+        allocs, revs = self._allocations(items.get(keys.ALLOCATIONS, []))
+        waits = {keys.parse(kv.key).job: _decode_wait(kv) for kv in items.get(keys.WAITS, [])}
+        return SchedulerState(jobs=self._jobs(items.get(keys.JOBS, [])), allocations=allocs,
+                              allocation_revisions=revs, waits=waits, revision=rev)
 
     async def count_in(self, states: Iterable[JobState]) -> int:
         """How many jobs are in one of ``states`` (reads only each record's state: cheap at 10^4 jobs)."""
@@ -130,7 +159,7 @@ class JobRepository:
         for kv in items:
             hit = self._decoded.get(kv.key)  # records decoded by list() at the same revision: no JSON parse
             state = hit[1].state.value if hit is not None and hit[0] == kv.mod_revision else \
-                json.loads(kv.value).get("state")
+                records.job_state_and_tenant(kv.key, kv.value)[0].value
             n += state in wanted
         return n
 
@@ -142,25 +171,28 @@ class JobRepository:
         for kv in items:
             hit = self._decoded.get(kv.key)
             if hit is not None and hit[0] == kv.mod_revision:
-                state, tenant = hit[1].state.value, hit[1].spec.tenant
+                state, tenant = hit[1].state, hit[1].spec.tenant
             else:
-                doc = json.loads(kv.value)
-                state, tenant = doc.get("state"), str(doc.get("spec", {}).get("tenant", ""))
-            if state in wanted:
+                state, tenant = records.job_state_and_tenant(kv.key, kv.value)
+            if state.value in wanted:
                 out[tenant] = out.get(tenant, 0) + 1
         return out
 
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
         """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""
         items, rev = await self.store.get_prefix(keys.ALLOCATIONS)
+        allocs, revs = self._allocations(items)
+        return allocs, revs, rev
+
+    def _allocations(self, items: Iterable[KeyValue]) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
         allocs: dict[str, dict[str, int]] = {}
         revs: dict[str, int] = {}
         for kv in items:
-            name = keys.name_of(kv.key, keys.ALLOCATIONS)
+            name = keys.parse(kv.key).cluster
             allocs[name] = _decode_alloc(kv)
             revs[name] = kv.mod_revision
         self._alloc_cache = {c: (dict(a), revs[c]) for c, a in allocs.items()}
-        return allocs, revs, rev
+        return allocs, revs
 
     async def allocation(self, cluster: str) -> tuple[dict[str, int], int]:
         """``({job: gpus}, mod_revision)`` of one cluster's allocation key (``({}, 0)`` when absent)."""
@@ -184,7 +216,8 @@ class JobRepository:
         rkey = request_key(record.request_id, record.spec.tenant)
         jkey = keys.job_key(record.id)
         return ([Compare(key=rkey, mod_revision=0), Compare(key=jkey, mod_revision=0)],
-                [Put(key=rkey, value=record.id.encode()), Put(key=jkey, value=record.to_json())])
+                [Put(key=rkey, value=records.encode(records.RequestRecord(job=record.id))),
+                 Put(key=jkey, value=records.encode(record))])
 
     async def submit(self, spec: JobSpec, request_id: str, *, policy: str = "") -> tuple[StoredJob, bool]:
         """Create the job, or return the one this ``request_id`` created before (``created`` False).
@@ -213,7 +246,7 @@ class JobRepository:
         taken by another request. ``None`` when neither key exists (any more): the caller may retry."""
         existing = await self.store.get(request_key(record.request_id, record.spec.tenant))
         if existing is not None:
-            job_id = existing.value.decode()
+            job_id = records.decode_as(existing.key, existing.value, records.RequestRecord).job
             stored = await self.get(job_id)
             if job_id != record.id or stored.record.spec != record.spec:
                 raise AlreadyExistsError(f"request_id {record.request_id!r} was already used for job {job_id!r} "
@@ -225,7 +258,7 @@ class JobRepository:
 
     async def update(self, stored: StoredJob, new: JobRecord) -> StoredJob:
         """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""
-        rev = await self.store.compare_and_swap(keys.job_key(new.id), new.to_json(), stored.mod_revision)
+        rev = await self.store.compare_and_swap(keys.job_key(new.id), records.encode(new), stored.mod_revision)
         return self.remember(StoredJob(record=new, mod_revision=rev))
 
     async def bind(
@@ -239,14 +272,14 @@ class JobRepository:
         assignment per cluster for its agent. Every key changed is compared on the revision read."""
         assert placed.plan is not None
         compares = [Compare(key=keys.job_key(placed.id), mod_revision=stored.mod_revision)]
-        puts = [Put(key=keys.job_key(placed.id), value=placed.to_json())]
+        puts = [Put(key=keys.job_key(placed.id), value=records.encode(placed))]
         for cluster, gpus in placed.allocation.items():
             akey = keys.allocation_key(cluster)
             compares.append(Compare(key=akey, mod_revision=allocation_revisions.get(cluster, 0)))
             updated = {**current_allocations.get(cluster, {}), placed.id: gpus}
-            puts.append(Put(key=akey, value=_encode(updated)))
+            puts.append(Put(key=akey, value=_encode_alloc(updated)))
             puts.append(Put(key=keys.assignment_key(cluster, placed.id),
-                            value=_encode(self._assignment(placed, placed.plan, cluster))))
+                            value=records.encode(records.Assignment.of(placed, cluster))))
         try:
             rev = await self.store.commit(compares, puts, [keys.wait_key(placed.id)])
         except CompareFailedError:
@@ -271,7 +304,7 @@ class JobRepository:
                 await stack.enter_async_context(self._alloc_lock(cluster))
             for _ in range(20):
                 compares = [Compare(key=keys.job_key(new.id), mod_revision=stored.mod_revision)]
-                puts = [Put(key=keys.job_key(new.id), value=new.to_json())]
+                puts = [Put(key=keys.job_key(new.id), value=records.encode(new))]
                 # the attempt's rendezvous goes with it (its agents may no longer touch it once unassigned)
                 deletes: list[str] = [keys.rendezvous_key(new.id, stored.record.attempt)]
                 after: dict[str, tuple[dict[str, int], int]] = {}
@@ -282,7 +315,7 @@ class JobRepository:
                     compares.append(Compare(key=akey, mod_revision=mod))
                     alloc = {j: g for j, g in current.items() if j != new.id}
                     if alloc:
-                        puts.append(Put(key=akey, value=_encode(alloc)))
+                        puts.append(Put(key=akey, value=_encode_alloc(alloc)))
                     elif mod:
                         deletes.append(akey)
                     after[cluster] = (alloc, mod)
@@ -300,23 +333,17 @@ class JobRepository:
                 return self.remember(StoredJob(record=new, mod_revision=rev))
         raise CompareFailedError({keys.ALLOCATIONS: 0})
 
-    async def waits(self) -> dict[str, dict[str, Any]]:
-        """Every recorded wait, by job id (the JSON documents as written by :meth:`put_wait`; a value that
-        is not a JSON object is returned as ``{}`` so the caller can drop it)."""
+    async def waits(self) -> dict[str, WaitState | None]:
+        """Every recorded wait, by job id (``None`` for a record that does not decode, logged with its key,
+        so the caller can drop it)."""
         kvs, _ = await self.store.get_prefix(keys.WAITS)
-        out: dict[str, dict[str, Any]] = {}
-        for kv in kvs:
-            try:
-                doc = json.loads(kv.value)
-            except ValueError:
-                doc = {}
-            out[keys.name_of(kv.key, keys.WAITS)] = doc if isinstance(doc, dict) else {}
-        return out
+        return {keys.parse(kv.key).job: _decode_wait(kv) for kv in kvs}
 
-    async def put_wait(self, job_id: str, doc: Mapping[str, Any], *, guard: Compare | None = None) -> None:
+    async def put_wait(self, job_id: str, wait: WaitState, *, guard: Compare | None = None) -> None:
         """Record queued job ``job_id``'s wait for GPUs being released (one transaction). With ``guard``
         (the leader key's compare) nothing is written unless it holds: :class:`CompareFailedError`."""
-        await self.store.commit([guard] if guard else [], [Put(key=keys.wait_key(job_id), value=_encode(doc))], [])
+        await self.store.commit([guard] if guard else [],
+                                [Put(key=keys.wait_key(job_id), value=records.encode(wait))], [])
 
     async def delete_wait(self, job_id: str, *, guard: Compare | None = None) -> None:
         """Forget ``job_id``'s wait (absent already is fine); ``guard`` as in :meth:`put_wait`."""
@@ -346,16 +373,6 @@ class JobRepository:
         if stored.record.allocation and not new.allocation:
             return await self.release(stored, new)
         return await self.update(stored, new)
-
-    @staticmethod
-    def _assignment(record: JobRecord, plan: Plan, cluster: str) -> dict[str, Any]:
-        return {
-            "job": record.id,
-            "attempt": record.attempt,
-            "stages": [i for i, s in enumerate(plan.stages) if s.cluster == cluster],
-            "plan": plan_to_dict(plan),
-            "spec": job_to_dict(record.spec),
-        }
 
 
 def holding(records: Iterable[JobRecord]) -> dict[str, int]:

@@ -73,7 +73,7 @@ from spiderflow.security import authz, ids
 from spiderflow.security.auth import client_key
 from spiderflow.security.identity import Principal, Role, current_principal
 from spiderflow.security.ratelimit import RateLimiter
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import CompareFailedError, EventType
 from spiderflow.tenancy import TenantQuota
 
@@ -354,7 +354,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
                     continue
                 if ev.type is EventType.DELETE:
                     return
-                rec = JobRecord.from_json(ev.value)
+                rec = records.decode_as(ev.key, ev.value, JobRecord)
                 for t in rec.history[len(last.history):]:
                     yield scheduler_pb2.WatchJobResponse(revision=ev.mod_revision,
                                                          state_change=transition_to_proto(t))

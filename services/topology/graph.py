@@ -3,7 +3,9 @@ snapshot assembly and snapshot diffs. No grpc, no etcd: :mod:`services.topology.
 
 Stored records (JSON values, keys from :mod:`spiderflow.store.keys`)
 --------------------------------------------------------------------
-- ``clusters/<c>``: :class:`agent.registration.Registration`, written by the agent under its lease.
+(every record type and its encoding in :mod:`spiderflow.store.records`)
+
+- ``clusters/<c>``: :class:`~spiderflow.store.records.Registration`, written by the agent under its lease.
 - ``profiles/<c>``: :class:`ProfileRecord`, written by the topology service: the cluster as last
   reported, its ``tflops`` replaced by the smoothed figure, plus the smoothing state.
 - ``links/<src>/<dst>``: :class:`LinkRecord`, written by the topology service: the smoothed bandwidth
@@ -24,18 +26,15 @@ the scheduler subtracts those itself (``allocations/<c>``), so a snapshot never 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
 
-from agent.registration import Registration
 from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
 from spiderflow.domain import Cluster, Link, Topology
 from spiderflow.errors import ValidationError
-from spiderflow.formats import topology_from_dict, topology_to_dict
+from spiderflow.store.records import LinkRecord, ProfileRecord, Registration
 
 __all__ = [
     "Change",
@@ -77,107 +76,7 @@ class GraphConfig:
 # ---------------------------------------------------------------------------------------------- records
 
 
-def _series_doc(s: Series | None) -> dict[str, Any] | None:
-    if s is None:
-        return None
-    return {"value": s.value, "samples": s.samples, "pending": s.pending, "pending_mean": s.pending_mean,
-            "settling": s.settling}
-
-
-def _series_from(doc: Any) -> Series | None:
-    if doc is None:
-        return None
-    return Series(value=float(doc["value"]), samples=int(doc["samples"]), pending=int(doc.get("pending", 0)),
-                  pending_mean=float(doc.get("pending_mean", 0.0)), settling=int(doc.get("settling", 0)))
-
-
-def _json(value: bytes, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(value.decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValidationError(what, f"not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValidationError(what, "must be a JSON object")
-    return doc
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProfileRecord:
-    """``profiles/<c>``: the reported cluster (``tflops`` = smoothed), the smoothing state of tflops,
-    who reported it, and when (``measured_at``: the agent's clock; ``updated_at``: the service's)."""
-
-    cluster: Cluster
-    tflops: Series | None
-    agent_id: str
-    agent_address: str
-    measured_at: float
-    updated_at: float
-
-    def encode(self) -> bytes:
-        doc = {
-            "cluster": topology_to_dict(Topology(clusters=(self.cluster,)))["clusters"][0],
-            "tflops": _series_doc(self.tflops),
-            "agent_id": self.agent_id,
-            "agent_address": self.agent_address,
-            "measured_at": self.measured_at,
-            "updated_at": self.updated_at,
-        }
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> ProfileRecord:
-        doc = _json(value, "profile")
-        try:
-            cluster = topology_from_dict({"clusters": [doc["cluster"]]}).clusters[0]
-            return cls(cluster=cluster, tflops=_series_from(doc.get("tflops")), agent_id=str(doc["agent_id"]),
-                       agent_address=str(doc.get("agent_address", "")),
-                       measured_at=float(doc.get("measured_at", 0.0)), updated_at=float(doc["updated_at"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValidationError("profile", f"malformed record: {e}") from None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinkRecord:
-    """``links/<src>/<dst>``: smoothed bandwidth (Gbit/s) and one-way latency (ms) of ``src → dst``."""
-
-    src: str
-    dst: str
-    bandwidth: Series
-    latency: Series
-    measured_at: float
-    updated_at: float
-    probe_bytes: int = 0
-    rtt_samples: int = 0
-
-    @property
-    def link(self) -> Link:
-        return Link(a=self.src, b=self.dst, bandwidth_gbps=self.bandwidth.value, latency_ms=self.latency.value,
-                    directed=True)
-
-    @property
-    def pending_outliers(self) -> int:
-        return max(self.bandwidth.pending, self.latency.pending)
-
-    def encode(self) -> bytes:
-        doc = {
-            "src": self.src, "dst": self.dst, "bandwidth": _series_doc(self.bandwidth),
-            "latency": _series_doc(self.latency), "measured_at": self.measured_at, "updated_at": self.updated_at,
-            "probe_bytes": self.probe_bytes, "rtt_samples": self.rtt_samples,
-        }
-        return json.dumps(doc, sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, value: bytes) -> LinkRecord:
-        doc = _json(value, "link")
-        try:
-            bw, lat = _series_from(doc["bandwidth"]), _series_from(doc["latency"])
-            if bw is None or lat is None:
-                raise ValueError("bandwidth and latency are required")
-            return cls(src=str(doc["src"]), dst=str(doc["dst"]), bandwidth=bw, latency=lat,
-                       measured_at=float(doc.get("measured_at", 0.0)), updated_at=float(doc["updated_at"]),
-                       probe_bytes=int(doc.get("probe_bytes", 0)), rtt_samples=int(doc.get("rtt_samples", 0)))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValidationError("link", f"malformed record: {e}") from None
+# ``ProfileRecord`` and ``LinkRecord`` are records of :mod:`spiderflow.store.records` (encoded there).
 
 
 # ---------------------------------------------------------------------------------------------- reports

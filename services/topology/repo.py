@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import structlog
 
-from agent.registration import Registration
 from services.topology.graph import (
     GraphConfig,
     LinkRecord,
@@ -35,9 +34,11 @@ from services.topology.graph import (
 )
 from services.topology.identity import Caller, authorize
 from spiderflow.domain import Cluster
-from spiderflow.errors import UnavailableError, ValidationError
-from spiderflow.store import keys
+from spiderflow.errors import CorruptRecordError, UnavailableError, ValidationError
+from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store
+from spiderflow.store.keys import KeyKind
+from spiderflow.store.records import Registration
 
 __all__ = ["LinksOutcome", "RawState", "TopologyRepo", "record_of"]
 
@@ -64,35 +65,30 @@ class LinksOutcome:
 
 
 def record_of(key: str, value: bytes | None, state: RawState) -> None:
-    """Apply one stored key's new value (None = deleted) to ``state`` (in place); other keys are ignored."""
+    """Apply one stored key's new value (None = deleted) to ``state`` (in place); keys of other kinds are
+    ignored, a record that does not decode is logged with its key and field and skipped."""
+    if not key.startswith(_PREFIXES):
+        return
     try:
-        if key.startswith(keys.CLUSTERS):
-            name = keys.name_of(key, keys.CLUSTERS)
+        k = keys.parse(key)
+        if k.kind is KeyKind.REGISTRATION:
             if value is None:
-                state.registrations.pop(name, None)
+                state.registrations.pop(k.cluster, None)
             else:
-                state.registrations[name] = Registration.decode(value)
-        elif key.startswith(keys.PROFILES):
-            name = keys.name_of(key, keys.PROFILES)
+                state.registrations[k.cluster] = records.decode_as(key, value, Registration)
+        elif k.kind is KeyKind.PROFILE:
             if value is None:
-                state.profiles.pop(name, None)
+                state.profiles.pop(k.cluster, None)
             else:
-                rec = ProfileRecord.decode(value)
-                if rec.cluster.name == name:
-                    state.profiles[name] = rec
-        elif key.startswith(keys.LINKS):
-            parts = keys.split(key, keys.LINKS)
-            if len(parts) != 2:
-                return
-            pair = (parts[0], parts[1])
+                state.profiles[k.cluster] = records.decode_as(key, value, ProfileRecord)
+        elif k.kind is KeyKind.LINK:
+            pair = (k.cluster, k.peer)
             if value is None:
                 state.links.pop(pair, None)
             else:
-                link = LinkRecord.decode(value)
-                if (link.src, link.dst) == pair:
-                    state.links[pair] = link
-    except ValidationError as e:
-        log.warning("topology.bad_record", key=key, error=str(e))
+                state.links[pair] = records.decode_as(key, value, LinkRecord)
+    except CorruptRecordError as e:
+        log.warning("topology.bad_record", key=key, field=e.field, error=e.reason)
 
 
 class TopologyRepo:
@@ -132,7 +128,7 @@ class TopologyRepo:
             raise ValidationError(field, "unknown cluster: no agent has registered it (or its lease expired)",
                                   cluster)
         try:
-            reg = Registration.decode(kv.value)
+            reg = Registration.decode(kv.value, key=kv.key)
         except ValidationError as e:
             raise ValidationError(field, f"the cluster's registration is malformed: {e.reason}", cluster) from None
         authorize(reg, caller)
@@ -150,7 +146,7 @@ class TopologyRepo:
             prev = None
             if prev_kv is not None:
                 try:
-                    prev = ProfileRecord.decode(prev_kv.value)
+                    prev = ProfileRecord.decode(prev_kv.value, key=prev_kv.key)
                 except ValidationError:
                     prev = None
             record, accepted = apply_profile(prev, cluster, agent_id=caller.agent_id, agent_address=agent_address,
@@ -194,7 +190,7 @@ class TopologyRepo:
                 prev = None
                 if prev_kv is not None:
                     try:
-                        prev = LinkRecord.decode(prev_kv.value)
+                        prev = LinkRecord.decode(prev_kv.value, key=prev_kv.key)
                     except ValidationError:
                         prev = None
                 compares.append(Compare(key=key, mod_revision=prev_kv.mod_revision if prev_kv else 0))
@@ -221,7 +217,7 @@ class TopologyRepo:
         deleted = 0
         for kv in items:
             try:
-                rec = LinkRecord.decode(kv.value)
+                rec = LinkRecord.decode(kv.value, key=kv.key)
             except ValidationError:
                 continue
             if now - rec.updated_at >= self.config.link_max_age_s:

@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from spiderflow.store.records import Series
+
 __all__ = ["Closeness", "Outcome", "Series", "SmoothingConfig", "observe"]
 
 
@@ -69,19 +71,6 @@ class SmoothingConfig:
             raise ValidationError("smoothing.outlier_floor", "must be ≥ 0", self.outlier_floor)
         if self.shift_after < 1:
             raise ValidationError("smoothing.shift_after", "must be ≥ 1", self.shift_after)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Series:
-    """Smoothed state: ``value`` (``s``), ``samples`` folded in since the (re)start, the pending
-    outliers (``pending`` consecutive ones with mean ``pending_mean``), and ``settling``: the direction
-    of the level shift the last sample made (+1 up, −1 down, 0 none; rule 4)."""
-
-    value: float
-    samples: int = 1
-    pending: int = 0
-    pending_mean: float = 0.0
-    settling: int = 0
 
 
 class Outcome(StrEnum):

@@ -35,7 +35,8 @@ from aiohttp import web
 
 from spiderflow.domain import Topology
 from spiderflow.errors import NotFoundError, SpiderFlowError, UnauthenticatedError, ValidationError
-from spiderflow.jobs import JobRecord, JobState, plan_to_dict
+from spiderflow.formats import plan_to_dict
+from spiderflow.jobs import JobRecord, JobState
 from spiderflow.security import authz
 from spiderflow.security.auth import Authenticator
 from spiderflow.security.identity import Principal

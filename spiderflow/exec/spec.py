@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spiderflow.catalog import ModelSpec
-from spiderflow.domain import DataSpec, OptimizerSpec, Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
+from spiderflow.domain import DataSpec, OptimizerSpec, Plan, Precision, Schedule, Sharding, Stage
 from spiderflow.errors import PreconditionError, ValidationError
 from spiderflow.formats import (
     data_from_value,
@@ -28,6 +28,8 @@ from spiderflow.formats import (
     model_to_value,
     optimizer_from_value,
     optimizer_to_dict,
+    plan_from_dict,
+    plan_to_dict,
 )
 from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
 
@@ -47,8 +49,6 @@ __all__ = [
     "manifest_to_dict",
     "model_to_dict",
     "plan_chunks",
-    "plan_from_dict",
-    "plan_to_dict",
     "rank_layout",
     "rank_ops",
     "ranks_of_cluster",
@@ -411,49 +411,6 @@ def model_to_dict(model: ModelSpec) -> dict[str, Any]:
     """The job-format object of ``model`` (``{"name": PRESET}`` for an unchanged preset)."""
     raw = model_to_value(model)
     return {"name": raw} if isinstance(raw, str) else raw
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    return {
-        "stages": [
-            {"cluster": s.cluster, "first_layer": s.first_layer, "last_layer": s.last_layer, "tp": s.tp,
-             "dp": s.dp, "sharding": s.sharding.value, "recompute": s.recompute,
-             "replicas": [{"cluster": r.cluster, "dp": r.dp} for r in s.replicas]}
-            for s in plan.stages
-        ],
-        "micro_batches": plan.micro_batches,
-        "schedule": plan.schedule.value,
-        "step_time_s": plan.step_time_s,
-        "extras": dict(plan.extras),
-    }
-
-
-def plan_from_dict(raw: Any, *, where: str = "plan.") -> Plan:
-    if not isinstance(raw, Mapping):
-        raise ValidationError(where.rstrip("."), "must be an object", raw)
-    stages = []
-    for i, s in enumerate(_get(raw, "stages", where, list)):
-        w = f"{where}stages[{i}]."
-        if not isinstance(s, Mapping):
-            raise ValidationError(w.rstrip("."), "must be an object", s)
-        stages.append(Stage(
-            cluster=_get(s, "cluster", w, str, "local"), first_layer=_get(s, "first_layer", w, int),
-            last_layer=_get(s, "last_layer", w, int), tp=_get(s, "tp", w, int, 1), dp=_get(s, "dp", w, int, 1),
-            sharding=_get(s, "sharding", w, str, "replicate"), recompute=_get(s, "recompute", w, bool, False),
-            replicas=tuple(
-                ReplicaShare(cluster=_get(r, "cluster", f"{w}replicas[{k}].", str),
-                             dp=_get(r, "dp", f"{w}replicas[{k}].", int))
-                for k, r in enumerate(_get(s, "replicas", w, list, []))
-            ),
-        ))
-    try:
-        schedule = Schedule(_get(raw, "schedule", where, str, Schedule.ONE_F_ONE_B.value))
-    except ValueError:
-        raise ValidationError(f"{where}schedule", f"must be one of {[s.value for s in Schedule]}",
-                              raw.get("schedule")) from None
-    extras = {str(k): float(v) for k, v in _get(raw, "extras", where, dict, {}).items()}
-    return Plan(stages=tuple(stages), micro_batches=_get(raw, "micro_batches", where, int), schedule=schedule,
-                step_time_s=float(_get(raw, "step_time_s", where, (int, float), 0.0)), extras=extras)
 
 
 def manifest_to_dict(m: CheckpointManifest) -> dict[str, Any]:

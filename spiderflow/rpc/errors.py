@@ -47,6 +47,7 @@ ERROR_METADATA_KEY = "spiderflow-error-bin"
 """Trailing metadata key carrying ``{"class", "field", "reason", "value", "constraint"}`` as UTF-8 JSON."""
 
 STATUS_CODES: tuple[tuple[type[E.SpiderFlowError], grpc.StatusCode], ...] = (
+    (E.CorruptRecordError, grpc.StatusCode.DATA_LOSS),
     (E.ValidationError, grpc.StatusCode.INVALID_ARGUMENT),
     (E.NotFoundError, grpc.StatusCode.NOT_FOUND),
     (E.AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
@@ -121,6 +122,8 @@ def error_metadata(error: E.SpiderFlowError) -> tuple[tuple[str, bytes], ...]:
         (c for c, _ in STATUS_CODES if isinstance(error, c)), E.SpiderFlowError
     )
     doc: dict[str, object] = {"class": cls.__name__}
+    if isinstance(error, E.CorruptRecordError):
+        doc["key"] = _clip(error.key, _MAX_VALUE_CHARS)
     if isinstance(error, E.ValidationError):
         doc.update(field=error.field, reason=_clip(error.reason, _MAX_DETAILS_CHARS),
                    value=_jsonable(error.value))
@@ -229,6 +232,11 @@ def from_rpc_error(err: grpc.RpcError) -> E.SpiderFlowError:
         cls = _BY_CODE.get(code)
     if cls is None:
         return RemoteError(code, details)
+    if issubclass(cls, E.CorruptRecordError):
+        if doc and "field" in doc:
+            return cls(key=str(doc.get("key", "")), field=str(doc["field"]), reason=str(doc.get("reason", "")),
+                       value=doc.get("value"))
+        return cls(key="", field="record", reason=details)  # pragma: no cover - only with metadata
     if issubclass(cls, E.ValidationError):
         if doc and "field" in doc:
             return cls(str(doc["field"]), str(doc.get("reason", "")), doc.get("value"))

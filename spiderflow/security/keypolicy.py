@@ -28,13 +28,13 @@ prefix read beyond the two above) is :class:`~spiderflow.errors.PermissionDenied
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ValidationError
 from spiderflow.security import ids
-from spiderflow.store import keys
+from spiderflow.store import keys, records
+from spiderflow.store.keys import KeyKind
 
 __all__ = ["Access", "Rule", "RuleKind", "checkpoint_claim", "decide"]
 
@@ -105,38 +105,29 @@ def decide(cluster: str, access: Access, key: str) -> Rule:
 def _rule(cluster: str, access: Access, key: str) -> Rule:
     if key == keys.CLUSTERS and access in (Access.LIST, Access.WATCH):
         return Rule(kind=RuleKind.REGISTRATIONS, key=key, redact=True)
-    if key == keys.cluster_key(cluster) and access in (Access.READ, Access.WATCH, Access.WRITE, Access.CAS):
-        return Rule(kind=RuleKind.OWN_REGISTRATION, key=key)
     if key == keys.assignments_prefix(cluster) and access in (Access.LIST, Access.WATCH):
         return Rule(kind=RuleKind.OWN_ASSIGNMENTS, key=key)
-    if key.startswith(keys.assignments_prefix(cluster)) and access is Access.READ:
-        keys.assignment_key(cluster, key[len(keys.assignments_prefix(cluster)):])  # a well-formed key
+    try:
+        k = keys.parse(key)  # a key of the layout, in its canonical form (no leading zeros, valid ids)
+    except CorruptRecordError:
+        raise _deny(cluster, access, key) from None
+    if k.kind is KeyKind.REGISTRATION and k.cluster == cluster \
+            and access in (Access.READ, Access.WATCH, Access.WRITE, Access.CAS):
+        return Rule(kind=RuleKind.OWN_REGISTRATION, key=key)
+    if k.kind is KeyKind.ASSIGNMENT and k.cluster == cluster and access is Access.READ:
         return Rule(kind=RuleKind.OWN_ASSIGNMENTS, key=key)
-    if key.startswith(keys.RENDEZVOUS) and access in (Access.READ, Access.WATCH, Access.WRITE, Access.DELETE):
-        parts = key[len(keys.RENDEZVOUS):].split("/")
-        if len(parts) == 2 and parts[1].isdigit():
-            job, attempt = parts[0], int(parts[1])
-            if key == keys.rendezvous_key(job, attempt):  # canonical (no leading zeros, valid job id)
-                return Rule(kind=RuleKind.RENDEZVOUS, key=key, job=job, attempt=attempt)
-    if key.startswith(keys.CHECKPOINTS) and access in (Access.READ, Access.CAS):
-        job = key[len(keys.CHECKPOINTS):]
-        if "/" not in job and job and key == keys.checkpoint_key(job):
-            return Rule(kind=RuleKind.CHECKPOINT, key=key, job=job)
+    if k.kind is KeyKind.RENDEZVOUS and access in (Access.READ, Access.WATCH, Access.WRITE, Access.DELETE):
+        return Rule(kind=RuleKind.RENDEZVOUS, key=key, job=k.job, attempt=k.attempt)
+    if k.kind is KeyKind.CHECKPOINT and access in (Access.READ, Access.CAS):
+        return Rule(kind=RuleKind.CHECKPOINT, key=key, job=k.job)
     raise _deny(cluster, access, key)
 
 
 def checkpoint_claim(value: bytes) -> tuple[int, str]:
     """The ``(attempt, cluster)`` a checkpoint manifest names (the executor writes them beside the
-    manifest); :class:`ValidationError` naming ``value`` when it has none."""
+    manifest); :class:`ValidationError` naming ``value`` (``value.attempt``, ...) when it has none."""
     try:
-        doc = json.loads(value.decode())
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValidationError("value", f"a checkpoint manifest must be JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise ValidationError("value", "a checkpoint manifest must be a JSON object")
-    attempt, cluster = doc.get("attempt"), doc.get("cluster")
-    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
-        raise ValidationError("value.attempt", "must be the writer's attempt (an integer ≥ 0)", attempt)
-    if not isinstance(cluster, str) or not cluster:
-        raise ValidationError("value.cluster", "must be the writer's cluster", cluster)
-    return attempt, cluster
+        return records.checkpoint_claim("value", value)
+    except CorruptRecordError as e:
+        field = e.field if e.field == "value" else f"value.{e.field}"
+        raise ValidationError(field, f"a checkpoint manifest must name its writer: {e.reason}", e.value) from None

@@ -1,6 +1,8 @@
 """The Store: SpiderFlow's state in etcd behind one small interface.
 
-See :mod:`spiderflow.store.base` for the contract, :mod:`spiderflow.store.keys` for the key layout.
+See :mod:`spiderflow.store.base` for the contract, :mod:`spiderflow.store.keys` for the key layout and
+:mod:`spiderflow.store.records` for the stored records (one codec), :mod:`spiderflow.store.watch` for the
+resumable watch both remote stores share.
 ``EtcdStore`` (real) and ``MemoryStore`` (unit tests) implement it; ``EtcdProcess`` runs a local etcd.
 ``EtcdStore`` is imported lazily so the pure parts import no gRPC. :class:`EtcdTLS` names the TLS files of an
 etcd connection (both ends).

@@ -25,12 +25,11 @@ re-establish themselves across restarts for up to ``stream_retry_s``.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import weakref
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 import aetcd.rpc as rpc
 import grpc
@@ -70,6 +69,7 @@ from spiderflow.store.base import (
     validate_commit,
 )
 from spiderflow.store.tls import EtcdTLS
+from spiderflow.store.watch import ResumableWatch, StreamBroken
 
 __all__ = ["EtcdStore", "map_rpc_error"]
 
@@ -187,38 +187,32 @@ class _EtcdLease(Lease):
         await self._store._unary("LeaseRevoke", rpc.LeaseRevokeRequest(ID=self.id))
 
 
-class _EtcdWatch(Watch):
-    """Pull-driven watch stream: reads the gRPC stream only when its buffer is empty, so a slow
-    consumer applies flow control and a reconnect resumes exactly after the last buffered revision."""
+class _EtcdWatch(ResumableWatch):
+    """etcd's ``Watch`` stream behind the shared resumable iteration (:mod:`spiderflow.store.watch`)."""
 
     def __init__(self, store: EtcdStore, key: bytes, range_end: bytes | None, start_revision: int | None) -> None:
+        super().__init__(start_revision)
         self._store = store
         self._key = key
         self._range_end = range_end
-        self._next: int | None = start_revision
-        self._last = (start_revision - 1) if start_revision is not None else 0
-        self._buffer: collections.deque[WatchEvent] = collections.deque()
-        self._call: Any = None
-        self._started = False
-        self._closed = False
         self._backoff = _Backoff(store.stream_retry_s)
 
-    @property
-    def revision(self) -> int:
-        return self._last
-
-    async def start(self) -> Self:
-        if self._closed or self._started:
-            return self
+    async def _connect(self) -> None:
         while True:
             try:
                 await self._establish()
-                break
+                return
             except UnavailableError as exc:
                 await self._backoff.wait(exc)
-        self._started = True
+
+    def _on_start(self) -> None:
         self._store._watches.add(self)
-        return self
+
+    def _on_close(self) -> None:
+        self._store._watches.discard(self)
+
+    def _cancel(self, call: Any) -> None:
+        call.cancel()
 
     async def _establish(self) -> None:
         store = self._store
@@ -252,65 +246,26 @@ class _EtcdWatch(Watch):
             self._next = int(resp.header.revision) + 1
             self._last = self._next - 1
         self._call = call
-        self._take(resp)
+        self._take(_event(e) for e in resp.events)
         self._backoff.reset()
 
-    def _take(self, resp: Any) -> None:
-        for e in resp.events:
-            ev = _event(e)
-            self._buffer.append(ev)
-            assert self._next is not None
-            self._next = max(self._next, ev.mod_revision + 1)
+    async def _read(self) -> list[WatchEvent]:
+        try:
+            resp = await self._call.read()
+        except grpc.aio.AioRpcError as exc:
+            self._store._error(exc, "etcd watch")  # notes an expired auth token for the reconnect
+            _log.info("store.watch_reconnect", key=self._key.decode(errors="replace"), next=self._next,
+                      error=exc.code().name)
+            raise StreamBroken(exc.code().name) from exc
+        if resp is grpc.aio.EOF or (resp.canceled and not resp.compact_revision):
+            raise StreamBroken("etcd watch: stream ended or canceled", pause=True)
+        if resp.compact_revision:
+            raise CompactedError(int(resp.compact_revision), self._next)
+        return [_event(e) for e in resp.events]
 
-    def _drop_call(self) -> None:
-        call, self._call = self._call, None
-        if call is not None:
-            call.cancel()
-
-    async def __anext__(self) -> WatchEvent:
-        if not self._started:
-            await self.start()
-        while True:
-            if self._buffer:
-                ev = self._buffer.popleft()
-                self._last = ev.mod_revision
-                return ev
-            if self._closed:
-                raise StopAsyncIteration
-            if self._call is None:
-                try:
-                    await self._establish()
-                except UnavailableError as exc:
-                    await self._backoff.wait(exc)
-                continue
-            try:
-                resp = await self._call.read()
-            except asyncio.CancelledError:
-                self._drop_call()
-                if self._closed:
-                    raise StopAsyncIteration from None
-                raise
-            except grpc.aio.AioRpcError as exc:
-                self._drop_call()
-                if self._closed:
-                    raise StopAsyncIteration from None
-                self._store._error(exc, "etcd watch")  # notes an expired auth token for the reconnect
-                _log.info("store.watch_reconnect", key=self._key.decode(errors="replace"), next=self._next,
-                          error=exc.code().name)
-                continue
-            if resp is grpc.aio.EOF or (resp.canceled and not resp.compact_revision):
-                self._drop_call()
-                await self._backoff.wait(UnavailableError("etcd watch: stream ended or canceled"))
-                continue
-            if resp.compact_revision:
-                self._drop_call()
-                raise CompactedError(int(resp.compact_revision), self._next)
-            self._take(resp)
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self._drop_call()
-        self._store._watches.discard(self)
+    async def _on_break(self, error: StreamBroken) -> None:
+        if error.pause:
+            await self._backoff.wait(UnavailableError(str(error)))
 
 
 class _EtcdObservation(Observation):

@@ -6,13 +6,13 @@ Only the control-plane services hold etcd credentials (agents reach their state 
 scheduler``, the password in ``$SPIDERFLOW_ETCD_PASSWORD``); the planner needs no etcd user at all.
 :func:`etcdctl_commands` spells the role as ``etcdctl`` arguments:
 
-- **topology**: read-write ``profiles/``, ``links/``, ``topology/`` and its election; read ``clusters/``
+- **topology**: read-write ``profiles/``, ``links/`` and its election; read ``clusters/``
   (registrations) — and read on the whole tree, because its change stream (WatchTopology) watches
   ``/spiderflow/v1/`` and filters (a narrower read would refuse that watch).
-- **scheduler**: read-write on the job state (``jobs/``, ``requests/``, ``queue/``, ``plans/``,
-  ``allocations/``, ``assignments/``, ``reports/``, ``checkpoints/``, ``waits/``, ``rendezvous/``,
-  ``metrics/``), on what it keeps for the agents through ``Control`` (``clusters/``, ``leases/``) and its
-  election; read ``profiles/`` and ``links/``. It cannot write a profile or a link.
+- **scheduler**: read-write on the job state (``jobs/``, ``requests/``, ``allocations/``, ``assignments/``,
+  ``checkpoints/``, ``waits/``, ``rendezvous/``, ``metrics/``), on what it keeps for the agents through
+  ``Control`` (``clusters/``, ``leases/``) and its election; read ``profiles/`` and ``links/``. It cannot
+  write a profile or a link.
 
 Pure: no I/O.
 """
@@ -47,16 +47,12 @@ def _r(*prefixes: str) -> tuple[Grant, ...]:
     return tuple(Grant(prefix=p, access="read") for p in prefixes)
 
 
-_REQUESTS = keys.ROOT + "requests/"
-_TOPOLOGY = keys.ROOT + "topology/"
-
 SERVICE_GRANTS: Mapping[str, tuple[Grant, ...]] = {
-    "topology": _rw(keys.PROFILES, keys.LINKS, _TOPOLOGY, keys.election_name(keys.TOPOLOGY) + "/")
-    + _r(keys.ROOT),
-    "scheduler": _rw(keys.JOBS, _REQUESTS, keys.QUEUE, keys.PLANS, keys.ALLOCATIONS, keys.ASSIGNMENTS, keys.REPORTS,
-                     keys.CHECKPOINTS, keys.WAITS, keys.RENDEZVOUS, keys.METRICS, keys.CLUSTERS, keys.LEASES,
+    "topology": _rw(keys.PROFILES, keys.LINKS, keys.election_name(keys.TOPOLOGY) + "/") + _r(keys.ROOT),
+    "scheduler": _rw(keys.JOBS, keys.REQUESTS, keys.ALLOCATIONS, keys.ASSIGNMENTS, keys.CHECKPOINTS, keys.WAITS,
+                     keys.RENDEZVOUS, keys.METRICS, keys.CLUSTERS, keys.LEASES,
                      keys.election_name(keys.SCHEDULER) + "/")
-    + _r(keys.PROFILES, keys.LINKS, _TOPOLOGY),
+    + _r(keys.PROFILES, keys.LINKS),
 }
 """The role of each control-plane service (module docstring)."""
 

@@ -7,8 +7,7 @@ import pytest
 from spiderflow.catalog import model_preset
 from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Sharding, Stage
 from spiderflow.errors import ValidationError
-from spiderflow.formats import job_from_dict, job_to_dict
-from spiderflow.jobs import plan_from_dict, plan_to_dict
+from spiderflow.formats import job_from_dict, job_to_dict, plan_from_dict, plan_to_dict
 
 
 def _job(**kw: object) -> JobSpec:

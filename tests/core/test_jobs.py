@@ -8,6 +8,7 @@ from spiderflow.domain import Plan, Stage
 from spiderflow.errors import PreconditionError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobRecord, JobState
+from spiderflow.store import keys, records
 
 SPEC = job_from_dict({"id": "j1", "model": "gpt-tiny", "global_batch": 8, "gpus": {"min": 1, "max": 4}})
 
@@ -23,7 +24,7 @@ def test_happy_path_keeps_history() -> None:
     assert [t.to_state for t in r.history] == [JobState.PENDING, JobState.PLACED, JobState.RUNNING,
                                               JobState.SUCCEEDED]
     assert r.terminal
-    assert JobRecord.from_json(r.to_json()) == r
+    assert records.decode(keys.job_key(r.id), records.encode(r)) == r
 
 
 @pytest.mark.parametrize("terminal", [JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED])

@@ -94,3 +94,44 @@ def wait_for_job(sf: Client, job_id: str, pred: Callable[[Job], bool], timeout: 
             break
         time.sleep(0.3)
     raise AssertionError(f"{what}: job is {job.state} ({job.reason}), progress {job.progress}, attempt {job.attempt}")
+
+
+def walk_keyspace(etcd_data: Path) -> dict[str, int]:
+    """Replay every write ever made to the etcd whose data directory is ``etcd_data`` (its whole history, from
+    revision 1), then read the keys left: every key must parse through :mod:`spiderflow.store.keys` and every
+    value decode through :mod:`spiderflow.store.records` — the first that does not raises the
+    :class:`~spiderflow.errors.CorruptRecordError` naming its key (an unknown key: field ``key``). Returns how
+    many writes of each key kind there were."""
+    import asyncio
+
+    from spiderflow.store import keys, records
+    from spiderflow.store.base import EventType
+    from spiderflow.store.etcd import EtcdStore
+    from spiderflow.store.process import EtcdProcess
+
+    async def walk(endpoint: str) -> dict[str, int]:
+        store = EtcdStore(endpoint)
+        kinds: dict[str, int] = {}
+        try:
+            items, current = await store.get_prefix("")
+            for kv in items:
+                records.decode(kv.key, kv.value)
+            async with store.watch_prefix("", start_revision=1) as watch:
+                async for ev in watch:
+                    if ev.type is EventType.PUT:
+                        records.decode(ev.key, ev.value)
+                    kind = keys.parse(ev.key).kind.value
+                    kinds[kind] = kinds.get(kind, 0) + (ev.type is EventType.PUT)
+                    if ev.mod_revision >= current:
+                        break
+        finally:
+            await store.close()
+        return kinds
+
+    proc = EtcdProcess(data_dir=etcd_data)
+    proc.start()
+    try:
+        return asyncio.run(walk(proc.endpoint))
+    finally:
+        proc.close()
+

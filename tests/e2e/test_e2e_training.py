@@ -2,7 +2,9 @@
 per cluster and the agents' torch.distributed workers (gloo on loopback), all separate processes.
 
 - ``spiderflow up`` (the README's main-job command) trains the sample job (gpt-tiny pipelined over three
-  CPU clusters) to SUCCEEDED, the loss falls, and no process of the run survives it;
+  CPU clusters) to SUCCEEDED, the loss falls, and no process of the run survives it; then every write of the
+  run's whole etcd history is walked: each key parses through ``spiderflow.store.keys`` and each value decodes
+  through ``spiderflow.store.records`` (an unknown key fails naming it);
 - an agent killed with SIGKILL mid-training: the job goes RESCHEDULING, is re-placed on the remaining
   clusters (another layer split), resumes from its last complete checkpoint and completes; the loss after
   the resume continues from the checkpoint (it equals the first run's loss at the same step), not from the
@@ -30,6 +32,7 @@ from e2e_harness import (
     marked_processes,
     wait_for_job,
     wait_no_marked_processes,
+    walk_keyspace,
 )
 
 from spiderflow.mesh import LocalMesh, sample_topology
@@ -88,6 +91,10 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
     finally:
         left = wait_no_marked_processes(token)
         assert not left, f"processes of the run survived it: {left}"
+    # every key the run ever wrote is one of keys.py's and its value decodes through the records module
+    kinds = walk_keyspace(mesh_dir / "etcd")
+    assert {"registration", "lease-owner", "profile", "link", "job", "request", "allocation", "assignment",
+            "rendezvous", "checkpoint", "metrics", "leader"} <= set(kinds), kinds
 
 
 def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:

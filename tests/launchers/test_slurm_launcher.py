@@ -28,8 +28,7 @@ from agent.launchers.slurm import SlurmLauncher, batch_script, sbatch_argv
 from spiderflow.catalog import MODEL_PRESETS
 from spiderflow.domain import Plan, Schedule, Stage
 from spiderflow.exec.spec import RankInfo
-from spiderflow.formats import job_from_dict, job_to_dict
-from spiderflow.jobs import plan_to_dict
+from spiderflow.formats import job_from_dict, job_to_dict, plan_to_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.store import keys
 from spiderflow.store.memory import MemoryStore

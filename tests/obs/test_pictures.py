@@ -60,11 +60,11 @@ def test_the_readme_gantt_example_crosses_regions_without_overlapping_labels(
     assert out.stat().st_size > 10_000
     # Labels: a block gets its micro-batch number only when the number fits inside it.
     from spiderflow.catalog import model_preset
-    from spiderflow.cli.commands.estimate import plan_from_dict
     from spiderflow.domain import GpuRange, JobSpec
+    from spiderflow.formats import plan_from_dict
 
     topo = load_topology(ROOT / "examples/topology-3.yaml")
-    plan = plan_from_dict(plan_doc)
+    plan = plan_from_dict(plan_doc, strict=False)
     job = JobSpec(id="g", model=model_preset("gpt3-13b"), global_batch=32, micro_batch=2, seq_len=2048,
                   gpus=GpuRange(min=24, max=40))
     tl = simulate_plan(plan, topo, job, record=True)

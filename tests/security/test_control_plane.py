@@ -20,8 +20,10 @@ import pytest
 from agent.registration import PeerAddress, Registration
 from agent.remote_store import RemoteStore
 from services.scheduler.repo import REQUESTS, JobRepository
+from spiderflow.catalog import model_preset
 from spiderflow.domain import Plan, Stage
-from spiderflow.errors import PermissionDeniedError
+from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.exec.spec import CheckpointManifest, ShardInfo
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.procs import ManagedProcess, spiderflow_argv
@@ -30,7 +32,7 @@ from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc.server import open_channel
 from spiderflow.security.tls import channel_credentials
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import CompareFailedError
 from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.process import EtcdProcess
@@ -72,7 +74,7 @@ def plane(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
 async def repo(plane: dict[str, str], certs: Path) -> AsyncIterator[JobRepository]:
     """The control plane's own view of etcd (the test places jobs as the scheduler would)."""
     store = EtcdStore(plane["etcd"], tls=EtcdTLS.from_dir(certs / "etcd-client"))
-    for prefix in (keys.JOBS, keys.ALLOCATIONS, keys.ASSIGNMENTS, keys.RENDEZVOUS, keys.CHECKPOINTS, keys.QUEUE,
+    for prefix in (keys.JOBS, keys.ALLOCATIONS, keys.ASSIGNMENTS, keys.RENDEZVOUS, keys.CHECKPOINTS, keys.WAITS,
                    REQUESTS):
         await store.delete_prefix(prefix)
     try:
@@ -126,9 +128,9 @@ async def test_an_agent_credential_cannot_touch_another_clusters_keys_or_any_ten
         await _denied(ohio.get(keys.assignment_key("virginia", job)), keys.assignment_key("virginia", job))
         await _denied(ohio.put(keys.allocation_key("virginia"), b"{}"), keys.allocation_key("virginia"))
         # tenants' job records, plans, the queue, metrics: not readable, not listable, not writable
-        for key in (keys.job_key(job), keys.plan_key(job), keys.metrics_prefix(job)):
+        for key in (keys.job_key(job), keys.wait_key(job), keys.metrics_prefix(job)):
             await _denied(ohio.get(key), key)
-        for prefix in (keys.JOBS, keys.ROOT, keys.QUEUE, keys.PLANS):
+        for prefix in (keys.JOBS, keys.ROOT, keys.WAITS, keys.ALLOCATIONS):
             await _denied(ohio.get_prefix(prefix), prefix)
         await _denied(ohio.delete(keys.job_key(job)), keys.job_key(job))
         # the rendezvous and checkpoint of a job its cluster does not run
@@ -230,13 +232,21 @@ async def test_rendezvous_and_checkpoints_only_for_the_assigned_attempt(plane: d
     try:
         items, _ = await ohio.get_prefix(keys.assignments_prefix("ohio"))
         assert [json.loads(kv.value)["attempt"] for kv in items] == [1]
-        await ohio.put(keys.rendezvous_key(job, 1), b'{"host": "127.0.0.1", "port": 1}')
+        with pytest.raises(ValidationError) as bad_value:  # only a rendezvous record goes under a rendezvous key
+            await ohio.put(keys.rendezvous_key(job, 1), b'{"host": "127.0.0.1", "port": 1}')
+        assert bad_value.value.field == "value.checkpoint_dir", bad_value.value
+        await ohio.put(keys.rendezvous_key(job, 1), records.encode(records.RendezvousInfo(
+            host="127.0.0.1", port=1, checkpoint_dir="/c", checkpoint_every=0)))
         assert (await ohio.get(keys.rendezvous_key(job, 1))) is not None
         await _denied(ohio.put(keys.rendezvous_key(job, 2), b"{}"), keys.rendezvous_key(job, 2))
         await _denied(virginia.get(keys.rendezvous_key(job, 1)), keys.rendezvous_key(job, 1))
         # a checkpoint manifest: only for the current attempt, only naming the writer's cluster
         key = keys.checkpoint_key(job)
-        ok = json.dumps({"step": 5, "attempt": 1, "cluster": "ohio"}).encode()
+        gpt = model_preset("gpt-tiny")
+        ok = records.encode(records.CheckpointRecord(
+            manifest=CheckpointManifest(job_id=job, step=5, model=gpt, shards=(
+                ShardInfo(first_layer=0, last_layer=gpt.layers - 1, path="/c/step-5/.metadata"),)),
+            attempt=1, cluster="ohio"))
         rev = await ohio.compare_and_swap(key, ok, 0)
         with pytest.raises(CompareFailedError):
             await ohio.compare_and_swap(key, ok, 0)  # a compare that fails is not a refusal

@@ -49,7 +49,7 @@ def test_allowed_keys_and_what_the_server_still_checks(access: Access, key: str,
     (Access.LIST, keys.JOBS),
     (Access.LIST, keys.ROOT),
     (Access.WATCH, keys.ROOT),
-    (Access.READ, keys.plan_key("alice~j")),
+    (Access.READ, keys.wait_key("alice~j")),
     (Access.WRITE, keys.allocation_key("ohio")),
     (Access.READ, keys.metrics_prefix("alice~j")),
     (Access.WRITE, keys.checkpoint_key("alice~j")),  # only compare-and-swap

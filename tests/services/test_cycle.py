@@ -10,17 +10,18 @@ from typing import ClassVar
 
 import pytest
 
-from services.scheduler.cycle import DecisionKind, SchedulingCycle, _wait_doc, _wait_from_doc
+from services.scheduler.cycle import DecisionKind, SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.cycle import WaitState
 from spiderflow.domain import Cluster, JobSpec, Link, Plan, PlanOptions, Topology, Wait
+from spiderflow.errors import CorruptRecordError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.placement.base import Release
 from spiderflow.placement.spinsearch import SpinSearch
-from spiderflow.store import MemoryStore, keys
+from spiderflow.store import MemoryStore, keys, records
 from spiderflow.store.base import Compare, NotLeaderError
 from spiderflow.tpa import plan_chain as tpa_plan_chain
 
@@ -328,10 +329,11 @@ async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() 
     first = (await old.run()).decisions
     assert [d.kind for d in first] == [DecisionKind.DEFERRED]
     recorded = await repo.waits()
-    assert set(recorded) == {"long"} and recorded["long"]["until"] == old.next_wait_end()
-    assert recorded["long"]["claim"] == [["fast", 32]] and recorded["long"]["reason"] == first[0].reason
+    long_wait = recorded["long"]
+    assert set(recorded) == {"long"} and long_wait is not None and long_wait.until == old.next_wait_end()
+    assert long_wait.claim == (("fast", 32),) and long_wait.reason == first[0].reason
     await store.put(keys.wait_key("ghost"), b'{"until": 1}')  # malformed: no claim
-    await store.put(keys.wait_key("gone"), json.dumps({**recorded["long"], "reason": "x"}).encode())
+    await store.put(keys.wait_key("gone"), records.encode(replace(long_wait, reason="x")))
 
     new_repo = JobRepository(store)
     new = SchedulingCycle(new_repo, StaticTopologySource(_fast_and_slow()), wait_for_releases=True,
@@ -351,12 +353,17 @@ async def test_a_new_leader_adopts_the_recorded_waits_and_a_bind_removes_them() 
 
 def test_a_wait_record_round_trips_and_mistyped_fields_are_rejected() -> None:
     w = WaitState(until=12.5, gpus=32, claim=(("fast", 32),), run_s=600.0, reason="waiting")
-    assert _wait_from_doc(json.loads(json.dumps(_wait_doc(w)))) == w
-    doc = _wait_doc(w)
-    for bad in ({"until": "soon"}, {"until": math.inf}, {"gpus": True}, {"gpus": 1.5}, {"claim": [["fast"]]},
-                {"claim": 3}, {"reason": None}, {"run_s": math.nan}):
-        assert _wait_from_doc({**doc, **bad}) is None, bad
-    assert _wait_from_doc({k: v for k, v in doc.items() if k != "run_s"}) is None
+    key = keys.wait_key("j")
+    assert records.decode(key, records.encode(w)) == w
+    doc = json.loads(records.encode(w))
+    for bad, field in (({"until": "soon"}, "until"), ({"until": math.inf}, "until"), ({"gpus": True}, "gpus"),
+                       ({"gpus": 1.5}, "gpus"), ({"claim": [["fast"]]}, "claim[0]"), ({"claim": 3}, "claim"),
+                       ({"reason": None}, "reason"), ({"run_s": math.nan}, "run_s")):
+        with pytest.raises(CorruptRecordError) as e:
+            records.decode(key, json.dumps({**doc, **bad}).encode())
+        assert (e.value.key, e.value.field) == (key, field), bad
+    with pytest.raises(CorruptRecordError, match="run_s: is required"):
+        records.decode(key, json.dumps({k: v for k, v in doc.items() if k != "run_s"}).encode())
 
 
 async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_drops_them() -> None:
@@ -368,11 +375,11 @@ async def test_a_bind_deletes_a_wait_record_and_a_scheduler_that_does_not_wait_d
     await cycle.run()  # adopts (no records yet)
     await repo.submit(JOB, "r1")
     stale = WaitState(until=1.0, gpus=16, claim=(("a", 8), ("b", 8)), run_s=1.0, reason="waiting")
-    await repo.put_wait("big", _wait_doc(stale))
+    await repo.put_wait("big", stale)
     assert (await cycle.run()).placed == ["big"]
     assert await repo.waits() == {}
 
-    await repo.put_wait("big", _wait_doc(stale))
+    await repo.put_wait("big", stale)
     plain = SchedulingCycle(JobRepository(store), StaticTopologySource(_topo()))
     await plain.run()
     assert await repo.waits() == {} and plain.next_wait_end() is None

@@ -10,8 +10,8 @@ from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
 from spiderflow.domain import Cluster, Topology
 from spiderflow.formats import job_from_dict
-from spiderflow.jobs import JobRecord, JobState
-from spiderflow.store import MemoryStore, keys
+from spiderflow.jobs import JobState
+from spiderflow.store import MemoryStore, keys, records
 from spiderflow.store.base import CompareFailedError
 
 
@@ -36,7 +36,7 @@ async def test_another_replicas_write_is_never_served_from_the_cache() -> None:
     for s in listed:  # what the cache serves equals what decoding the stored value gives
         kv = await store.get(keys.job_key(s.record.id))
         assert kv is not None and kv.mod_revision == s.mod_revision
-        assert JobRecord.from_json(kv.value) == s.record
+        assert records.decode(kv.key, kv.value) == s.record
 
 
 class _FailCountingStore(MemoryStore):

@@ -19,46 +19,11 @@ from typing import Any
 
 from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
-from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Schedule, Sharding, Stage, Topology
+from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
 from spiderflow.errors import ValidationError
+from spiderflow.formats import plan_from_dict
 
-__all__ = ["estimate_plan", "plan_from_dict", "register"]
-
-
-def plan_from_dict(doc: Any) -> Plan:
-    """A :class:`Plan` from ``plan --json``'s document (``stages`` with ``cluster``, ``first_layer``,
-    ``last_layer``, ``tp``, ``dp`` and optionally ``sharding``/``recompute``; ``micro_batches``; ``schedule``;
-    optional ``extras``); :class:`ValidationError` naming the field otherwise."""
-    if not isinstance(doc, dict):
-        raise ValidationError("plan", "must be a JSON object", type(doc).__name__)
-    raw = doc.get("stages")
-    if not isinstance(raw, list) or not raw:
-        raise ValidationError("plan.stages", "must be a non-empty list", raw)
-    stages = []
-    for i, s in enumerate(raw):
-        if not isinstance(s, dict):
-            raise ValidationError(f"plan.stages[{i}]", "must be an object", s)
-        for k in ("cluster", "first_layer", "last_layer"):
-            if k not in s:
-                raise ValidationError(f"plan.stages[{i}].{k}", "is required", None)
-        tp = s.get("tp", 1)
-        dp = s.get("dp", (s["gpus"] // tp) if isinstance(s.get("gpus"), int) and isinstance(tp, int) and tp else 1)
-        stages.append(Stage(cluster=str(s["cluster"]), first_layer=s["first_layer"], last_layer=s["last_layer"],
-                            tp=tp, dp=dp, sharding=s.get("sharding", Sharding.REPLICATE.value),
-                            recompute=s.get("recompute", False)))
-    try:
-        schedule = Schedule(doc.get("schedule", Schedule.ONE_F_ONE_B.value))
-    except ValueError:
-        raise ValidationError("plan.schedule", f"must be one of {', '.join(v.value for v in Schedule)}",
-                              doc.get("schedule")) from None
-    extras = doc.get("extras") or {}
-    if not isinstance(extras, dict):
-        raise ValidationError("plan.extras", "must be an object", extras)
-    m = doc.get("micro_batches")
-    if isinstance(m, bool) or not isinstance(m, int):
-        raise ValidationError("plan.micro_batches", "must be a positive integer", m)
-    return Plan(stages=tuple(stages), micro_batches=m, schedule=schedule,
-                extras={str(k): float(v) for k, v in extras.items()})
+__all__ = ["estimate_plan", "register"]
 
 
 def estimate_plan(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False) -> dict[str, Any]:
@@ -110,7 +75,10 @@ def _estimate(args: argparse.Namespace) -> int:
         raise CliError(f"--plan: cannot read {args.plan}: {e.strerror}", EXIT_USAGE) from None
     except json.JSONDecodeError as e:
         raise CliError(f"--plan: {args.plan} is not JSON: {e}", EXIT_USAGE) from None
-    plan = plan_from_dict(doc)
+    try:
+        plan = plan_from_dict(doc, strict=False)
+    except ValidationError as e:
+        raise CliError(f"--plan: {e}", EXIT_USAGE) from None
     topo: Topology = resolve_topology(args.topology)
     job = JobSpec(id="estimate", model=model_preset(args.model), global_batch=args.global_batch,
                   micro_batch=max(1, args.global_batch // plan.micro_batches), seq_len=args.seq_len,

@@ -155,7 +155,8 @@ def _table(doc: dict[str, Any]) -> None:
 def _dry_run(doc: dict[str, Any], plan: Plan, job: JobSpec, topo: Topology | None) -> dict[str, Any]:
     """``doc`` plus the ``ranks`` the executor would start; :class:`CliError` (exit 1) if it would refuse."""
     from spiderflow.errors import SpiderFlowError
-    from spiderflow.exec.spec import TrainSpec, launch_ranks, plan_to_dict
+    from spiderflow.exec.spec import TrainSpec, launch_ranks
+    from spiderflow.formats import plan_to_dict
 
     try:
         spec = TrainSpec(job_id=job.id, model=job.model, plan=plan, seq_len=job.seq_len,
@@ -171,7 +172,7 @@ def _load_plan(path: Path) -> Plan:
     import json
 
     from spiderflow.errors import ValidationError
-    from spiderflow.exec.spec import plan_from_dict
+    from spiderflow.formats import plan_from_dict
 
     try:
         raw = json.loads(path.read_text())
@@ -180,7 +181,7 @@ def _load_plan(path: Path) -> Plan:
     if isinstance(raw, dict) and isinstance(raw.get("plan"), dict):
         raw = raw["plan"]
     try:
-        plan = plan_from_dict(raw, where="plan.")
+        plan = plan_from_dict(raw, strict=False)
     except ValidationError as e:
         raise CliError(f"--plan: {e}", EXIT_USAGE) from None
     mem = raw.get("memory_gib_per_gpu") if isinstance(raw, dict) else None
