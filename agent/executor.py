@@ -71,8 +71,8 @@ import structlog
 from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
 from agent.launchers.local import LocalLauncher
 from spiderflow import joblogs
-from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.core.domain import JobSpec, Plan
+from spiderflow.core.errors import NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.preflight import preflight
 from spiderflow.exec.spec import (
     CheckpointManifest,

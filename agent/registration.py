@@ -28,7 +28,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["PeerAddress", "Registration"]
 

@@ -28,8 +28,8 @@ its MFU column implies — the same count the cost model prices (``3·(24·b·s�
 
 Memory is priced with ``fused_attention`` (no stored attention scores: torchtitan and Megatron-LM run
 flash attention; the planner's default still charges the scores).
-Predicted: :func:`spiderflow.costmodel.evaluate` (the closed form the planner's searches and
-``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the table's
+Predicted: :func:`spiderflow.core.costmodel.evaluate` (the closed form the planner's searches and
+``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.core.tpa.simulate_plan`); the table's
 ``ratio`` is the timeline's (what the planner reports), with the closed form's alongside. The topology of a
 GPU record is one cluster of ``nodes × gpus_per_node`` of the stated GPU type, the stated device memory and
 the inter-node bandwidth the source states (per GPU × GPUs per node); the intra-node bandwidth is the GPU's
@@ -50,9 +50,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spiderflow.catalog import ModelSpec  # noqa: E402
-from spiderflow.costmodel import evaluate  # noqa: E402
-from spiderflow.domain import (  # noqa: E402
+from spiderflow.core.catalog import ModelSpec  # noqa: E402
+from spiderflow.core.costmodel import evaluate  # noqa: E402
+from spiderflow.core.domain import (  # noqa: E402
     Cluster,
     GpuRange,
     JobSpec,
@@ -63,7 +63,7 @@ from spiderflow.domain import (  # noqa: E402
     Stage,
     Topology,
 )
-from spiderflow.tpa import simulate_plan  # noqa: E402
+from spiderflow.core.tpa import simulate_plan  # noqa: E402
 
 RECORDS = ROOT / "bench" / "fidelity_records.json"
 TESTBED = sorted((ROOT / "bench" / "results").glob("testbed_exec*.json"))

@@ -51,8 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
-from spiderflow.errors import UnavailableError  # noqa: E402
+from spiderflow.core.domain import Cluster, Link, Topology  # noqa: E402
+from spiderflow.core.errors import UnavailableError  # noqa: E402
 from spiderflow.jobs import JobState  # noqa: E402
 from spiderflow.mesh import LocalMesh  # noqa: E402
 from spiderflow.sdk import Client, JobEvent  # noqa: E402

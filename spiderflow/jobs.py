@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from spiderflow.domain import JobSpec, Plan, ReplicaShare, Schedule, Stage
-from spiderflow.errors import PreconditionError, ValidationError
+from spiderflow.core.domain import JobSpec, Plan, ReplicaShare, Schedule, Stage
+from spiderflow.core.errors import PreconditionError, ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict
 
 __all__ = [

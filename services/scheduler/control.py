@@ -31,7 +31,7 @@ import grpc.aio
 import structlog
 
 from agent.registration import Registration
-from spiderflow.errors import PermissionDeniedError, ResourceExhaustedError, ValidationError
+from spiderflow.core.errors import PermissionDeniedError, ResourceExhaustedError, ValidationError
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security import ids

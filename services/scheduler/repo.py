@@ -31,8 +31,8 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import AlreadyExistsError, NotFoundError
+from spiderflow.core.domain import JobSpec, Plan
+from spiderflow.core.errors import AlreadyExistsError, NotFoundError
 from spiderflow.formats import job_to_dict
 from spiderflow.jobs import TERMINAL, JobRecord, JobState, plan_to_dict
 from spiderflow.security import ids

@@ -33,8 +33,8 @@ from typing import Any
 
 from agent.registration import Registration
 from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
-from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster, Link, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import topology_from_dict, topology_to_dict
 
 __all__ = [

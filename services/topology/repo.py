@@ -34,8 +34,8 @@ from services.topology.graph import (
     validate_measurements,
 )
 from services.topology.identity import Caller, authorize
-from spiderflow.domain import Cluster
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.core.domain import Cluster
+from spiderflow.core.errors import UnavailableError, ValidationError
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store
 

@@ -2,7 +2,7 @@
 
 All keys live under :data:`ROOT` (``/spiderflow/v1/``). Name components (cluster names, job ids,
 tenants) follow the id grammar of :mod:`spiderflow.security.ids`; the builders reject anything else with a
-:class:`~spiderflow.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
+:class:`~spiderflow.core.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
 
 =====================================================  ===========================================  =====
 key                                                    value                                        lease
@@ -32,7 +32,7 @@ its plan, the allocations and the assignments together (STYLE.md §3: decide on 
 
 from __future__ import annotations
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.security import ids
 
 __all__ = [

@@ -20,8 +20,8 @@ import pytest
 from agent.registration import PeerAddress, Registration
 from agent.remote_store import RemoteStore
 from services.scheduler.repo import REQUESTS, JobRepository
-from spiderflow.domain import Plan, Stage
-from spiderflow.errors import PermissionDeniedError
+from spiderflow.core.domain import Plan, Stage
+from spiderflow.core.errors import PermissionDeniedError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.procs import ManagedProcess, spiderflow_argv

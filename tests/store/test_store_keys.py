@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.store import keys
 
 
