@@ -64,8 +64,8 @@ from agent.profiler import DeviceProfile, profile_cpu, profile_devices
 from agent.registration import PeerAddress, Registration
 from agent.service import AgentService
 from spiderflow import joblogs, metrics
-from spiderflow.domain import Cluster
-from spiderflow.errors import (
+from spiderflow.core.domain import Cluster
+from spiderflow.core.errors import (
     AlreadyExistsError,
     PermissionDeniedError,
     SpiderFlowError,

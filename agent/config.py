@@ -85,8 +85,8 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from spiderflow.catalog import gpu_type
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import gpu_type
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import load_document
 from spiderflow.gateway.protocol import GatewayConfig, gateway_config
 from spiderflow.runtime import parse_hostport

@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 import structlog
 
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.rpc.errors import domain_errors
 from spiderflow.rpc.server import open_channel

@@ -72,7 +72,7 @@ import structlog
 from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
 from agent.launchers.local import LocalLauncher
 from spiderflow import joblogs
-from spiderflow.errors import CorruptRecordError, NotFoundError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.core.errors import CorruptRecordError, NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.preflight import preflight
 from spiderflow.exec.spec import (
     CheckpointManifest,

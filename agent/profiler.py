@@ -15,7 +15,7 @@ skips device discovery: its TFLOPS are the declared ones, or measured for type `
 Calibration of ``mfu``, ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` (type ``cpu``)
 --------------------------------------------------------------------------------------
 The cost model predicts a layer's forward + backward on one micro-batch as
-``3 · layer_fwd_flops / (tflops · mfu) + layer_overhead_ms`` (:func:`spiderflow.costmodel.stage_compute_time`):
+``3 · layer_fwd_flops / (tflops · mfu) + layer_overhead_ms`` (:func:`spiderflow.core.costmodel.stage_compute_time`):
 a rate plus a fixed cost. On a CPU the fixed cost is large — per-operator dispatch, autograd bookkeeping
 and small-kernel inefficiency do not shrink with ``b·s`` (on the 2-core dev machine, one thread, h=128:
 ~0.5 ms per layer against ~1.3 ms of FLOPs at gpt-tiny's s=64) — so one rate measured at one size
@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "CALIBRATION_SEQ_LENS",
@@ -197,8 +197,8 @@ def measure_training_tflops(
     the timed loop is used, so a burst of load from other processes skews it less."""
     import torch
 
-    from spiderflow.catalog import ModelSpec
-    from spiderflow.costmodel import layer_fwd_flops
+    from spiderflow.core.catalog import ModelSpec
+    from spiderflow.core.costmodel import layer_fwd_flops
     from spiderflow.exec.model import Block
 
     flops = 3.0 * layer_fwd_flops(ModelSpec(name="calibration", layers=1, hidden=hidden, heads=heads, vocab=1),
@@ -291,8 +291,8 @@ def measure_training_fit(
     medians over rounds are used. Takes about ``(1.25 + 1.5 · len(seq_lens)) · seconds`` plus warm-up."""
     import torch
 
-    from spiderflow.catalog import ModelSpec
-    from spiderflow.costmodel import layer_fwd_flops
+    from spiderflow.core.catalog import ModelSpec
+    from spiderflow.core.costmodel import layer_fwd_flops
     from spiderflow.exec.model import Block
 
     if rounds < 1 or not seq_lens:

@@ -7,11 +7,11 @@ replicas' ``Control`` service (``services/scheduler/control.py``), which authori
 agent's cluster identity (:mod:`spiderflow.security.keypolicy`). :class:`RemoteStore` implements the part
 of the Store contract the agent uses (get, get_prefix, revision, put, put_if_absent, compare_and_swap, a
 single-key commit, delete, grant with keep-alive, watch_prefix) so the agent's code is the same over
-either store; the rest raises :class:`~spiderflow.errors.PermissionDeniedError` without a call.
+either store; the rest raises :class:`~spiderflow.core.errors.PermissionDeniedError` without a call.
 
 Replicas: ``addresses`` are every scheduler replica (the agent's ``scheduler`` setting). A call goes to the
 replica that answered last; when it is unreachable (UNAVAILABLE or no answer within ``request_timeout``)
-the next one is tried, once round the list, then :class:`~spiderflow.errors.UnavailableError` (the
+the next one is tried, once round the list, then :class:`~spiderflow.core.errors.UnavailableError` (the
 store's contract: callers retry). A watch whose stream breaks resumes on the next replica from the last
 delivered revision + 1 (no gap, no duplicate), retrying with backoff for ``stream_retry_s``. Leases are
 kept alive by the shared keep-alive of :class:`~spiderflow.store.base.Lease` through ``KeepAlive`` calls,
@@ -30,7 +30,7 @@ import grpc
 import grpc.aio
 import structlog
 
-from spiderflow.errors import NotFoundError, PermissionDeniedError, UnavailableError, ValidationError
+from spiderflow.core.errors import NotFoundError, PermissionDeniedError, UnavailableError, ValidationError
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.rpc.errors import domain_errors
 from spiderflow.rpc.server import open_channel

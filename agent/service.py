@@ -34,7 +34,7 @@ import grpc.aio
 
 from agent.probe import Ingress
 from spiderflow import joblogs
-from spiderflow.errors import PermissionDeniedError, UnavailableError, ValidationError
+from spiderflow.core.errors import PermissionDeniedError, UnavailableError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security.identity import Role, current_principal

@@ -35,8 +35,8 @@ median error on the other source's records (leave one source out).
 
 Memory is priced with ``fused_attention`` (no stored attention scores: torchtitan and Megatron-LM run
 flash attention; the planner's default still charges the scores).
-Predicted: :func:`spiderflow.costmodel.evaluate` (the closed form the planner's searches and
-``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the table's
+Predicted: :func:`spiderflow.core.costmodel.evaluate` (the closed form the planner's searches and
+``spiderflow estimate`` use) and the exact timeline (:func:`spiderflow.core.tpa.simulate_plan`); the table's
 ``ratio`` is the timeline's (what the planner reports), with the closed form's alongside. The topology of a
 GPU record is one cluster of ``nodes × gpus_per_node`` of the stated GPU type, the stated device memory and
 the inter-node bandwidth the source states (per GPU × GPUs per node); the intra-node bandwidth is the GPU's
@@ -57,9 +57,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spiderflow.catalog import ModelSpec  # noqa: E402
-from spiderflow.costmodel import allreduce_time, breakdown, evaluate, wire_bytes  # noqa: E402
-from spiderflow.domain import (  # noqa: E402
+from spiderflow.core.catalog import ModelSpec  # noqa: E402
+from spiderflow.core.costmodel import allreduce_time, breakdown, evaluate, wire_bytes  # noqa: E402
+from spiderflow.core.domain import (  # noqa: E402
     Cluster,
     GpuRange,
     JobSpec,
@@ -70,7 +70,7 @@ from spiderflow.domain import (  # noqa: E402
     Stage,
     Topology,
 )
-from spiderflow.tpa import simulate_plan  # noqa: E402
+from spiderflow.core.tpa import simulate_plan  # noqa: E402
 
 RECORDS = ROOT / "bench" / "fidelity_records.json"
 TESTBED = sorted((ROOT / "bench" / "results").glob("testbed_exec*.json"))

@@ -29,7 +29,7 @@ from fuzz_harness import FuzzTarget  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from strategies import RPCS, documents, requests  # noqa: E402
 
-from spiderflow.errors import ValidationError  # noqa: E402
+from spiderflow.core.errors import ValidationError  # noqa: E402
 from spiderflow.formats import topology_from_dict, trace_from_dict  # noqa: E402
 from spiderflow.runtime import configure_logging  # noqa: E402
 from spiderflow.store.process import EtcdProcess  # noqa: E402

@@ -19,9 +19,9 @@ receiver-side throughput on the shaped link and on an unshaped one
 the testbed, once with direct links and once with ``--gateway`` (only the gateway port open between the
 clusters). For each: the agent-measured links the plan was made on (the agents' probes cross the gateways
 too, so the measured latency and bandwidth include the hop), the plan's predicted step time, the measured
-mean step time (steps after the first) and the cost model's closed form (:func:`spiderflow.costmodel.evaluate`)
+mean step time (steps after the first) and the cost model's closed form (:func:`spiderflow.core.costmodel.evaluate`)
 of the plan on those links; for the direct run also on the same links with the hop charged
-(:func:`spiderflow.gateway.cost.with_gateways`, figures from ``--hop-ms``/``--hop-mbit`` or this run's hop
+(:func:`spiderflow.core.gatewaycost.with_gateways`, figures from ``--hop-ms``/``--hop-mbit`` or this run's hop
 part).
 
 Needs root. Everything started is stopped on exit.
@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
-from spiderflow.gateway.cost import GatewayHop, with_gateways  # noqa: E402
+from spiderflow.core.domain import Cluster, Link, Topology  # noqa: E402
+from spiderflow.core.gatewaycost import GatewayHop, with_gateways  # noqa: E402
 from spiderflow.gateway.protocol import config_to_dict  # noqa: E402
 from spiderflow.security.certs import init_certs  # noqa: E402
 from spiderflow.testbed import Testbed  # noqa: E402
@@ -152,7 +152,7 @@ def job(args: argparse.Namespace, gateway: bool, hop_figures: GatewayHop | None 
     if final.state != JobState.SUCCEEDED or final.plan is None:
         raise RuntimeError(f"job ended {final.state}: {final.reason}")
     measured = [t for s, t in sorted(steps.items()) if s > 1]
-    from spiderflow.costmodel import evaluate
+    from spiderflow.core.costmodel import evaluate
 
     closed = evaluate(final.plan, live, final.spec).step_time_s  # the closed form on the links the plan saw
     with_hop = (evaluate(final.plan, with_gateways(live, live.names, hop_figures), final.spec).step_time_s

@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from spiderflow.catalog import ModelSpec  # noqa: E402
-from spiderflow.domain import Plan, Precision, Schedule, Stage  # noqa: E402
+from spiderflow.core.catalog import ModelSpec  # noqa: E402
+from spiderflow.core.domain import Plan, Precision, Schedule, Stage  # noqa: E402
 from spiderflow.exec.data import SyntheticTokens, micro_batch  # noqa: E402
 from spiderflow.exec.model import build_full, build_stage  # noqa: E402
 from spiderflow.exec.spec import Rendezvous, TrainSpec  # noqa: E402
@@ -158,7 +158,7 @@ def main() -> int:
             print("[2] tensor parallelism over 2 GPUs: skipped (fewer than 2 GPUs visible)", flush=True)
         peak = None
         if gpu:
-            from spiderflow.catalog import gpu_type  # type: ignore[attr-defined]
+            from spiderflow.core.catalog import gpu_type  # type: ignore[attr-defined]
 
             try:
                 peak = float(gpu_type("h100").tflops)

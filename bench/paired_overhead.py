@@ -46,13 +46,13 @@ from typing import Any, TypeVar
 import structlog
 
 from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.domain import JobSpec, Topology
-from spiderflow.errors import SpiderFlowError
-from spiderflow.placement import REGISTRY, load_builtin_policies
-from spiderflow.placement.base import Budget, PlacementResult, get_policy
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
-from spiderflow.sim.tracegen import generate_trace
-from spiderflow.topogen import generate_topology
+from spiderflow.core.domain import JobSpec, Topology
+from spiderflow.core.errors import SpiderFlowError
+from spiderflow.core.placement import REGISTRY, load_builtin_policies
+from spiderflow.core.placement.base import Budget, PlacementResult, get_policy
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
 
 POLICIES = ("spinsearch", "ilp", "genetic")
 

@@ -1,6 +1,6 @@
 """The paper's comparison, rebuilt: SpinSearch against every baseline, placement only and full system.
 
-One run measures three parts on the same topologies (the pure computation is :mod:`spiderflow.sim.grid`):
+One run measures three parts on the same topologies (the pure computation is :mod:`spiderflow.core.sim.grid`):
 
 1. **Placement only** (paired instances). For every topology and seed, ``--instances`` jobs (the trace
    generator's models in turn, each with its GPU range and batch) on a partly busy pool; every policy
@@ -21,7 +21,7 @@ One run measures three parts on the same topologies (the pure computation is :mo
    SpinSearch's (within 0.1%); an instance no budget reaches counts with the largest budget's time as a
    lower bound.
 3. **Full system**: for every topology × load × seed one trace of ``--jobs`` jobs (Poisson arrivals at the
-   offered load against the topology's capacity, :func:`spiderflow.sim.tracegen.generate_trace`), simulated
+   offered load against the topology's capacity, :func:`spiderflow.core.sim.tracegen.generate_trace`), simulated
    by every policy through the shared scheduling cycle with waiting for releases **on and off for every
    policy** (the cycle prices a later start with each policy's own placement), a fixed 0.01 s overhead per
    decision (so runs are reproducible — except ``ilp``, whose CP-SAT stops on wall-clock time). Budgets in
@@ -70,12 +70,11 @@ from typing import Any
 import structlog
 
 from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.domain import Budget, JobSpec, Topology
-from spiderflow.placement import REGISTRY, load_builtin_policies
-from spiderflow.placement.options import SearchOptions
-from spiderflow.presets import PRESETS, resolve_topology
-from spiderflow.sim.engine import SimConfig, simulate
-from spiderflow.sim.grid import (
+from spiderflow.core.domain import Budget, JobSpec, Topology
+from spiderflow.core.placement import REGISTRY, load_builtin_policies
+from spiderflow.core.placement.options import SearchOptions
+from spiderflow.core.sim.engine import SimConfig, simulate
+from spiderflow.core.sim.grid import (
     REFERENCE,
     PolicySetup,
     budget_curve,
@@ -87,9 +86,10 @@ from spiderflow.sim.grid import (
     ratio_summary,
     run_system,
 )
-from spiderflow.sim.metrics import summarize
-from spiderflow.sim.tracegen import generate_trace
-from spiderflow.topogen import generate_topology
+from spiderflow.core.sim.metrics import summarize
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
+from spiderflow.presets import PRESETS, resolve_topology
 
 GENERATED = ("geo", "hub", "mesh")
 KINDS = (*GENERATED, *PRESETS)

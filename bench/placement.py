@@ -1,6 +1,6 @@
 """Placement benchmark: planning time and predicted throughput of every policy on the same instances.
 
-Topologies: ``spiderflow.topogen.generate_topology(n, seed=1000 + n, kind="geo")`` for n in ``--sizes``
+Topologies: ``spiderflow.core.topogen.generate_topology(n, seed=1000 + n, kind="geo")`` for n in ``--sizes``
 (default 8, 16, 32, 64, 128, 256). Jobs (global batch 256, micro-batch 1, sequence 2048):
 
     gpt3-1.3b on 16..32 GPUs, gpt3-6.7b on 32..64, gpt3-13b on 64..128, llama3-70b on 128..256
@@ -11,7 +11,7 @@ at these sizes) plus ``spinsearch-l1`` (the same search with the level-1 planner
 own cost). ``ilp`` and ``genetic`` get ``--limit`` seconds per instance (default 20); the others take no
 limit. Planning time is the policy's own ``planning_seconds`` (wall time inside ``place``), median over
 ``--repeats`` runs (``ilp``/``genetic``: ``--slow-repeats``, default 1), each from cold memos
-(:func:`spiderflow.placement.clear_memos`: no search, plan or solve remembered from the run before);
+(:func:`spiderflow.core.placement.clear_memos`: no search, plan or solve remembered from the run before);
 ``cpu_seconds`` is the median process CPU time of the same calls (less sensitive to other load on a
 shared machine; CP-SAT's worker threads count in it). The topology's all-pairs widest-path matrices are
 computed once per topology before timing (a property of the snapshot, cached per revision, shared by all
@@ -45,14 +45,14 @@ import structlog
 from rich.console import Console
 from rich.table import Table
 
-from spiderflow.catalog import model_preset
 from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.domain import GpuRange, JobSpec
-from spiderflow.errors import SpiderFlowError
-from spiderflow.placement import REGISTRY, clear_memos, load_builtin_policies
-from spiderflow.placement.base import Budget, PlacementPolicy
-from spiderflow.placement.spinsearch import SpinSearch
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec
+from spiderflow.core.errors import SpiderFlowError
+from spiderflow.core.placement import REGISTRY, clear_memos, load_builtin_policies
+from spiderflow.core.placement.base import Budget, PlacementPolicy
+from spiderflow.core.placement.spinsearch import SpinSearch
+from spiderflow.core.topogen import generate_topology
 
 JOBS: tuple[tuple[str, int, int], ...] = (
     ("gpt3-1.3b", 16, 32),

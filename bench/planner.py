@@ -5,7 +5,7 @@ Three parts (all figures from the real code on this machine; nothing is a consta
 1. ``brute``: tiny random chains (1–3 clusters, ≤ 8 layers, memory often binding). For every micro-batch
    count TPA tries, level 1 + level 2 vs the exhaustive enumeration of every layer split × every
    per-cluster (tp, pp, dp) and sub-split (tests/tpa/bruteforce.py): ratio of closed-form step times.
-2. ``ilp``: ``spiderflow.topogen.generate_topology(n, seed=2000+n)`` for n in ``--sizes``; the joint
+2. ``ilp``: ``spiderflow.core.topogen.generate_topology(n, seed=2000+n)`` for n in ``--sizes``; the joint
    CP-SAT baseline (``get_policy("ilp")``, ``--limit`` seconds) picks clusters, chain, split and degrees
    for a job needing more GPUs than the largest cluster has free (so the chain spans ≥ 2 clusters);
    TPA then plans the *same* chain and GPUs pinned to the ILP's micro-batch count and 1F1B
@@ -14,7 +14,7 @@ Three parts (all figures from the real code on this machine; nothing is a consta
    note) when the ``ilp`` policy is not available.
 3. ``scale``: TPA on a 64-cluster chain of 256 GPUs (4 per cluster, A100/H100-80G, 10–100 Gbit/s,
    5–80 ms links, llama3-70b, batch 512): first call (cold level-2 cache) and a repeat (warm), with the
-   CP-SAT solves, CP-SAT seconds and level-2 lookups of each call (``spiderflow.tpa.level2.STATS``), for
+   CP-SAT solves, CP-SAT seconds and level-2 lookups of each call (``spiderflow.core.tpa.level2.STATS``), for
    each of ``--scale-solvers``: ``exact`` (the planner's default: every block by the exact solver),
    ``cpsat`` (``level2="cpsat"``: the plan's blocks solved again with CP-SAT) and ``cpsat-search`` (the
    level-1 search scores every trial split with CP-SAT too, instead of the exact optimum).
@@ -51,15 +51,15 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import spiderflow.tpa.level1 as level1_mod  # noqa: E402
-from spiderflow.catalog import ModelSpec, model_preset  # noqa: E402
+import spiderflow.core.tpa.level1 as level1_mod  # noqa: E402
 from spiderflow.cli.common import check_outputs  # noqa: E402
-from spiderflow.costmodel import evaluate  # noqa: E402
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology  # noqa: E402
-from spiderflow.errors import SpiderFlowError  # noqa: E402
-from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan  # noqa: E402
-from spiderflow.tpa.level1 import ChainContext, level1, polish  # noqa: E402
-from spiderflow.tpa.level2 import (  # noqa: E402
+from spiderflow.core.catalog import ModelSpec, model_preset  # noqa: E402
+from spiderflow.core.costmodel import evaluate  # noqa: E402
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Schedule, Topology  # noqa: E402
+from spiderflow.core.errors import SpiderFlowError  # noqa: E402
+from spiderflow.core.tpa import micro_batch_candidates, plan_chain, simulate_plan  # noqa: E402
+from spiderflow.core.tpa.level1 import ChainContext, level1, polish  # noqa: E402
+from spiderflow.core.tpa.level2 import (  # noqa: E402
     STATS,
     brute_force_block,
     cache_clear,
@@ -142,8 +142,8 @@ def _job_for(n: int, topo: Topology) -> JobSpec:
 
 
 def part_ilp(sizes: list[int], limit: float) -> list[dict[str, Any]]:
-    from spiderflow.placement import Budget, get_policy
-    from spiderflow.topogen import generate_topology
+    from spiderflow.core.placement import Budget, get_policy
+    from spiderflow.core.topogen import generate_topology
 
     try:
         ilp = get_policy("ilp")

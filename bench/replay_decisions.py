@@ -33,12 +33,12 @@ from typing import Any
 
 import structlog
 
-from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.placement import get_policy
-from spiderflow.placement.base import Budget, PlacementResult
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
-from spiderflow.sim.tracegen import generate_trace
-from spiderflow.topogen import generate_topology
+from spiderflow.core.domain import JobSpec, Plan, Topology
+from spiderflow.core.placement import get_policy
+from spiderflow.core.placement.base import Budget, PlacementResult
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
 
 RUNS: dict[str, tuple[str, int, int, float | None, bool]] = {
     # name: (policy, clusters, jobs, time limit per decision, wait for releases)

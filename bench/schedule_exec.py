@@ -12,7 +12,7 @@ executed target).
 Equal memory, precisely: both schedules run under the same in-flight cap ``K`` on every stage — no stage
 holds activations of more than ``K`` micro-batches (of the same size, so the same peak activation bytes
 per GPU) — with ``K`` = 1F1B's own peak ``min(m, S)`` by default (``--max-in-flight 0``). 1F1B is then
-unchanged; the latency-aware warm-ups become ``min(2(S − i) − 1, K − 1)`` (:mod:`spiderflow.schedules`), so
+unchanged; the latency-aware warm-ups become ``min(2(S − i) − 1, K − 1)`` (:mod:`spiderflow.core.schedules`), so
 its first stage holds exactly what 1F1B's does and no later stage more. (The later stages do hold more
 than under 1F1B — up to ``K`` — which is the peak per GPU both schedules need anyway.)
 
@@ -21,16 +21,16 @@ chain, both links ``--mbit`` Mbit/s with ``--latency-ms`` one-way latency (kerne
 The same three-stage pipeline (one layer block per cluster, one worker process per cluster namespace,
 ``python -m spiderflow.exec.worker``; rank 0 hosts the rendezvous TCPStore on its namespace address) trains
 the same inline model, batch and micro-batch count with schedule ``1f1b`` and with ``latency-aware``; the
-only difference between the runs is the per-stage operation order (:func:`spiderflow.schedules.replica_ops`).
+only difference between the runs is the per-stage operation order (:func:`spiderflow.core.schedules.replica_ops`).
 Runs alternate (``1f1b, latency-aware, latency-aware, 1f1b, …``) over ``--repeats`` rounds, so drift in
 the machine's load hits both schedules alike.
 
 Printed per schedule: the peak in-flight micro-batches per stage (``stage_warmup + 1``: what each stage
 holds in activations, under the cap) and the per-GPU memory under the cap
-(:func:`spiderflow.costmodel.evaluate`, which honours the plan's cap); the
-predicted step time of the cost model's closed form (:func:`spiderflow.costmodel.evaluate`, blind to the
-in-flight window), of the window-aware closed form (:func:`spiderflow.tpa.timeline.window_estimate`) and
-of the exact timeline (:func:`spiderflow.tpa.simulate_plan`); the measured mean step time of every run
+(:func:`spiderflow.core.costmodel.evaluate`, which honours the plan's cap); the
+predicted step time of the cost model's closed form (:func:`spiderflow.core.costmodel.evaluate`, blind to the
+in-flight window), of the window-aware closed form (:func:`spiderflow.core.tpa.timeline.window_estimate`) and
+of the exact timeline (:func:`spiderflow.core.tpa.simulate_plan`); the measured mean step time of every run
 (rank 0's step times, the first step skipped: it includes gloo's lazy connection set-up) and their mean;
 and the measured ratio ``1F1B / latency-aware``. Predictions use the clusters calibrated the way agents do
 it (:func:`agent.profiler.profile_cpu`: matmul TFLOPS × the mfu of a timed block, the fixed time per layer
@@ -62,15 +62,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spiderflow.catalog import ModelSpec  # noqa: E402
-from spiderflow.costmodel import evaluate  # noqa: E402
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology  # noqa: E402
+from spiderflow.core.catalog import ModelSpec  # noqa: E402
+from spiderflow.core.costmodel import evaluate  # noqa: E402
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology  # noqa: E402
+from spiderflow.core.schedules import MAX_IN_FLIGHT_KEY, peak_in_flight, stage_warmup  # noqa: E402
+from spiderflow.core.tpa import simulate_plan  # noqa: E402
+from spiderflow.core.tpa.timeline import window_estimate  # noqa: E402
 from spiderflow.exec.spec import Rendezvous, TrainSpec, rank_layout  # noqa: E402
 from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
-from spiderflow.schedules import MAX_IN_FLIGHT_KEY, peak_in_flight, stage_warmup  # noqa: E402
 from spiderflow.testbed import Testbed, cleanup  # noqa: E402
-from spiderflow.tpa import simulate_plan  # noqa: E402
-from spiderflow.tpa.timeline import window_estimate  # noqa: E402
 
 CLUSTERS = ("east", "mid", "west")
 SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)

@@ -30,11 +30,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.paper import _quiet, _topology  # noqa: E402
-from spiderflow.domain import JobSpec, Topology  # noqa: E402
-from spiderflow.placement import get_policy  # noqa: E402
-from spiderflow.placement.base import Budget, PlacementResult  # noqa: E402
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
-from spiderflow.sim.tracegen import generate_trace  # noqa: E402
+from spiderflow.core.domain import JobSpec, Topology  # noqa: E402
+from spiderflow.core.placement import get_policy  # noqa: E402
+from spiderflow.core.placement.base import Budget, PlacementResult  # noqa: E402
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
+from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
 
 
 class Shadowed:

@@ -52,13 +52,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from spiderflow.domain import Cluster, Link, Topology  # noqa: E402
-from spiderflow.errors import UnavailableError  # noqa: E402
+from spiderflow.core.domain import Cluster, Link, Topology  # noqa: E402
+from spiderflow.core.errors import UnavailableError  # noqa: E402
+from spiderflow.core.placement import get_policy, load_builtin_policies  # noqa: E402
+from spiderflow.core.placement.base import Budget  # noqa: E402
 from spiderflow.formats import job_from_dict  # noqa: E402
 from spiderflow.jobs import JobState  # noqa: E402
 from spiderflow.mesh import LocalMesh  # noqa: E402
-from spiderflow.placement import get_policy, load_builtin_policies  # noqa: E402
-from spiderflow.placement.base import Budget  # noqa: E402
 from spiderflow.sdk import Client, JobEvent  # noqa: E402
 
 CLUSTERS = ("alpha", "bravo", "charlie", "delta")

@@ -1,6 +1,6 @@
 """Timeline benchmark: the steady-state extrapolation against the full event simulation.
 
-TPA scores pipeline schedules with the exact timeline (``spiderflow.tpa.timeline.simulate_plan`` without
+TPA scores pipeline schedules with the exact timeline (``spiderflow.core.tpa.timeline.simulate_plan`` without
 records). For a long 1F1B-family pipeline it simulates about a quarter of the micro-batches, checks that
 the steady state repeats, and extrapolates the rest (``_steady_extrapolation``). This script draws random
 pipelines shaped like the plans TPA makes (2–20 stages, data-parallel degrees 1–8 with mixed layouts,
@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from spiderflow.cli.common import csv_ints  # noqa: E402
-from spiderflow.domain import Schedule  # noqa: E402
-from spiderflow.kernels import warm  # noqa: E402
-from spiderflow.tpa import timeline  # noqa: E402
-from spiderflow.tpa.timeline import StageTiming  # noqa: E402
+from spiderflow.core.domain import Schedule  # noqa: E402
+from spiderflow.core.kernels import warm  # noqa: E402
+from spiderflow.core.tpa import timeline  # noqa: E402
+from spiderflow.core.tpa.timeline import StageTiming  # noqa: E402
 
 Links = tuple[tuple[float, ...], ...]
 
@@ -85,7 +85,7 @@ def _cold() -> None:
 def _full(schedule: Schedule, m: int, chunks: int, stages: tuple[StageTiming, ...], ser: Links,
           lat: Links) -> timeline.Timeline:
     """The full event simulation of all ``m`` micro-batches (orders built and packed, then simulated: the
-    path :func:`~spiderflow.tpa.timeline.simulate_plan` takes when it does not extrapolate)."""
+    path :func:`~spiderflow.core.tpa.timeline.simulate_plan` takes when it does not extrapolate)."""
     return timeline._simulate_frozen(schedule, m, chunks, stages, ser, lat, None)
 
 

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import yaml
 
-from spiderflow.errors import NotFoundError, ValidationError
+from spiderflow.core.errors import NotFoundError, ValidationError
 
 __all__ = [
     "DEFAULT_ADDRESSES",

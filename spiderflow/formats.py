@@ -13,7 +13,7 @@ Trace::
                "steps": 1000, "gpus": {"min": 8, "max": 64}, "arrival_s": 0, "priority": 0, "tenant": "a"}]}
 
 An optional top-level ``"source"`` string cites where measured figures come from (bundled presets); it
-is informational and not part of the :class:`~spiderflow.domain.Topology`.
+is informational and not part of the :class:`~spiderflow.core.domain.Topology`.
 
 ``model`` is a preset name, a Hugging Face ``config.json`` path, or an object (see
 :func:`model_from_value`); ``data`` and ``optimizer`` are optional objects (:func:`data_from_value`,
@@ -27,7 +27,7 @@ is informational and not part of the :class:`~spiderflow.domain.Topology`.
 
     "constraints": {"gpu_types": ["A100", "H100-80G"], "exclude_clusters": ["ohio"], "regions": ["us-east"]}
  Every
-rejection is a :class:`~spiderflow.errors.ValidationError` whose ``field`` is the dotted path of the
+rejection is a :class:`~spiderflow.core.errors.ValidationError` whose ``field`` is the dotted path of the
 offending value (``clusters[2].gpu``), so callers can print one line that names the field and value.
 Unknown keys are rejected too: a misspelt optional field must not be silently ignored.
 """
@@ -42,8 +42,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from spiderflow.catalog import MeasuredCost, ModelSpec, model_preset
-from spiderflow.domain import (
+from spiderflow.core.catalog import MeasuredCost, ModelSpec, model_preset
+from spiderflow.core.domain import (
     Cluster,
     Constraints,
     DataSpec,
@@ -57,7 +57,7 @@ from spiderflow.domain import (
     Stage,
     Topology,
 )
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 T = TypeVar("T")
 
@@ -249,7 +249,7 @@ def model_from_value(value: Any, *, field: str = "model") -> ModelSpec:
     - a preset name (``"llama3-8b"``), or a path to a Hugging Face ``config.json`` (a string ending in
       ``.json``);
     - an inline object: ``{"layers", "hidden", "heads", "vocab"}`` plus optional architecture keys
-      (``family``, ``kv_heads``, ``ffn_hidden``, ... — the fields of :class:`~spiderflow.catalog.ModelSpec`);
+      (``family``, ``kv_heads``, ``ffn_hidden``, ... — the fields of :class:`~spiderflow.core.catalog.ModelSpec`);
     - ``{"hf_config": PATH}`` (read here), optionally with ``weights`` (initial safetensors weights) and
       ``save_to`` (where trained weights are written);
     - ``{"name": PRESET, "weights": ..., "save_to": ...}``: a preset with weights;
@@ -307,7 +307,7 @@ def model_to_value(model: ModelSpec) -> str | dict[str, Any]:
     """The job-format value of ``model``: its preset name when it is exactly a preset, else the inline
     object with every field that differs from the default (architecture fully resolved, so readers never
     need the original ``config.json``)."""
-    from spiderflow.catalog import MODEL_PRESETS
+    from spiderflow.core.catalog import MODEL_PRESETS
 
     if MODEL_PRESETS.get(model.name) == model:
         return model.name
@@ -331,7 +331,7 @@ def model_to_value(model: ModelSpec) -> str | dict[str, Any]:
 
 
 def data_from_value(raw: Any, *, field: str = "data") -> DataSpec:
-    """A job's ``data`` object (:class:`~spiderflow.domain.DataSpec`)."""
+    """A job's ``data`` object (:class:`~spiderflow.core.domain.DataSpec`)."""
     fields = _fields(field, raw, _DATA_FIELDS, ())
     try:
         return DataSpec(**fields)
@@ -350,7 +350,7 @@ def data_to_dict(data: DataSpec) -> dict[str, Any]:
 
 
 def optimizer_from_value(raw: Any, *, field: str = "optimizer") -> OptimizerSpec:
-    """A job's ``optimizer`` object (:class:`~spiderflow.domain.OptimizerSpec`)."""
+    """A job's ``optimizer`` object (:class:`~spiderflow.core.domain.OptimizerSpec`)."""
     fields = _fields(field, raw, _OPTIMIZER_FIELDS, ())
     if "betas" in fields:
         betas = fields["betas"]
@@ -413,7 +413,7 @@ _CONSTRAINT_FIELDS = {"gpu_types": list, "clusters": list, "exclude_clusters": l
 
 
 def constraints_from_value(raw: Any, *, field: str = "constraints") -> Constraints:
-    """A job's ``constraints`` object (:class:`~spiderflow.domain.Constraints`): lists of names under
+    """A job's ``constraints`` object (:class:`~spiderflow.core.domain.Constraints`): lists of names under
     ``gpu_types``, ``clusters``, ``exclude_clusters``, ``regions``, ``exclude_regions`` (each optional)."""
     fields = _fields(field, raw, _CONSTRAINT_FIELDS, ())
     try:

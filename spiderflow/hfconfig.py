@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` files as :class:`~spiderflow.catalog.ModelSpec` values (pure: no torch).
+"""Hugging Face ``config.json`` files as :class:`~spiderflow.core.catalog.ModelSpec` values (pure: no torch).
 
 Families read (``model_type``): ``llama``, ``mistral``, ``qwen2`` (→ ``llama``; Qwen2 with q/k/v biases),
 ``gpt2`` (→ ``gpt2``) and ``gpt_neox`` (→ ``neox``). Both the older flat keys (``rope_theta``,
@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spiderflow.catalog import ModelFamily, ModelSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelFamily, ModelSpec
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["HF_MODEL_TYPES", "hf_config_document", "load_hf_config", "model_from_hf_config"]
 

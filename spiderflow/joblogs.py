@@ -9,7 +9,7 @@ sharing a directory, as on one machine, never mix their files)::
 The files outlive the job and the mesh: an agent deletes a job's directory only by its retention policy
 (:func:`prune`: jobs whose newest file is older than ``retention_days``), when it starts and then hourly.
 Every id that becomes a path component is checked against :data:`NAME_RE` and the resulting path must stay
-inside the logs root (a job id such as ``../x`` is a :class:`~spiderflow.errors.ValidationError`).
+inside the logs root (a job id such as ``../x`` is a :class:`~spiderflow.core.errors.ValidationError`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.security import ids
 
 __all__ = [

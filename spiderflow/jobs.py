@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from spiderflow.domain import JobSpec, Plan
-from spiderflow.errors import PreconditionError
+from spiderflow.core.domain import JobSpec, Plan
+from spiderflow.core.errors import PreconditionError
 
 __all__ = [
     "TERMINAL",

@@ -38,8 +38,8 @@ from typing import Any, Self
 
 import structlog
 
-from spiderflow.domain import Cluster, Topology
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.core.domain import Cluster, Topology
+from spiderflow.core.errors import UnavailableError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 
@@ -60,7 +60,7 @@ def sample_topology(n: int = 3) -> Topology:
 
     On loopback the links are as fast as the machine; with the testbed they get the shaped figures below.
     """
-    from spiderflow.domain import Link
+    from spiderflow.core.domain import Link
 
     if not 1 <= n <= len(SAMPLE_CLUSTERS):
         raise ValidationError("--clusters", f"must be between 1 and {len(SAMPLE_CLUSTERS)}", n)
@@ -109,7 +109,7 @@ class LocalMesh:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.testbed_enabled = testbed
         if gateway and not testbed:
-            from spiderflow.errors import ValidationError
+            from spiderflow.core.errors import ValidationError
 
             raise ValidationError("--gateway", "needs --testbed (the firewall and the NAT live in its namespaces)")
         self.gateway = gateway

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.store.process import _pdeathsig_prefix
 
 __all__ = ["ManagedProcess", "spiderflow_argv"]

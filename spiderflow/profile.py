@@ -29,7 +29,7 @@ both TPA levels, the timeline, the simulator — prices with it unchanged:
   ``mfu`` is 1 (the blocks are the training rate). Else ``matmul_tflops[precision] × mfu``.
 - communication: ``intra_node_gbps``/``inter_node_gbps`` become the measured all-reduce bus bandwidths.
 - memory: the device memory the planner may use shrinks by the measured overhead beyond the cost model's
-  fixed reserve (:data:`spiderflow.costmodel.RESERVED_GIB`).
+  fixed reserve (:data:`spiderflow.core.costmodel.RESERVED_GIB`).
 
 Everything here except :func:`load_profile` is pure.
 """
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from spiderflow.catalog import GPU_CATALOG, ModelSpec
-from spiderflow.costmodel import RESERVED_GIB, layer_fwd_flops
-from spiderflow.domain import Cluster, Precision, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import GPU_CATALOG, ModelSpec
+from spiderflow.core.costmodel import RESERVED_GIB, layer_fwd_flops
+from spiderflow.core.domain import Cluster, Precision, Topology
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "BlockTiming",

@@ -59,7 +59,7 @@ def configure_logging(*, json_logs: bool | None = None, level: str = "info") -> 
 
 def parse_hostport(value: str, *, field: str = "address") -> tuple[str, int]:
     """``host:port`` → (host, port); ``ValidationError`` naming ``field`` otherwise."""
-    from spiderflow.errors import ValidationError
+    from spiderflow.core.errors import ValidationError
 
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:

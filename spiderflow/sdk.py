@@ -18,7 +18,7 @@ The asynchronous client has the same methods as coroutines (``watch`` is an asyn
         async for event in sf.watch(job.id):
             ...
 
-Errors are the domain errors of :mod:`spiderflow.errors` (``ValidationError`` with the offending field,
+Errors are the domain errors of :mod:`spiderflow.core.errors` (``ValidationError`` with the offending field,
 ``NotFoundError``, ``PreconditionError``, ``UnavailableError``, ...), never raw gRPC errors.
 
 Endpoint resolution (:func:`resolve_address`): an explicit argument, else the environment variable
@@ -46,8 +46,8 @@ import grpc
 import grpc.aio
 
 from spiderflow.contexts import DEFAULT_ADDRESSES, Service, config_path, context_value, resolve_endpoint
-from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.core.domain import JobSpec, Plan, Topology
+from spiderflow.core.errors import UnavailableError, ValidationError
 from spiderflow.formats import in_file, job_from_dict, job_to_dict, load_document
 from spiderflow.jobs import JobState
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc

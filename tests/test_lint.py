@@ -12,25 +12,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The pure core: algorithms and domain code that must stay strictly typed.
 CORE = [
-    "spiderflow/domain.py",
-    "spiderflow/catalog.py",
-    "spiderflow/costmodel.py",
+    "spiderflow/core/domain.py",
+    "spiderflow/core/catalog.py",
+    "spiderflow/core/costmodel.py",
     "spiderflow/formats.py",
-    "spiderflow/errors.py",
-    "spiderflow/ids.py",
-    "spiderflow/kernels",
-    "spiderflow/placement",
-    "spiderflow/tpa",
-    "spiderflow/schedules.py",
-    "spiderflow/queueing.py",
-    "spiderflow/cycle.py",
-    "spiderflow/constraints.py",
-    "spiderflow/sim",
+    "spiderflow/core/errors.py",
+    "spiderflow/core/ids.py",
+    "spiderflow/core/kernels",
+    "spiderflow/core/placement",
+    "spiderflow/core/tpa",
+    "spiderflow/core/schedules.py",
+    "spiderflow/core/queueing.py",
+    "spiderflow/core/cycle.py",
+    "spiderflow/core/constraints.py",
+    "spiderflow/core/sim",
     "spiderflow/store",
     "spiderflow/store/records.py",
-    "spiderflow/topogen.py",
+    "spiderflow/core/topogen.py",
     "spiderflow/gateway/protocol.py",
-    "spiderflow/gateway/cost.py",
+    "spiderflow/core/gatewaycost.py",
 ]
 
 
@@ -55,7 +55,12 @@ def test_mypy_strict_core() -> None:
 
 
 # Modules that must not touch the OS, the network, etcd or torch at import time (module-level imports).
-PURE = ["spiderflow/ids.py", "spiderflow/domain.py", "spiderflow/catalog.py", "spiderflow/errors.py"]
+PURE = [
+    "spiderflow/core/ids.py",
+    "spiderflow/core/domain.py",
+    "spiderflow/core/catalog.py",
+    "spiderflow/core/errors.py",
+]
 IMPURE = {"os", "pathlib", "grpc", "etcd3", "torch", "subprocess", "socket", "shutil", "spiderflow.security"}
 
 

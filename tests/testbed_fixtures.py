@@ -15,8 +15,8 @@ import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from spiderflow.domain import Topology
-from spiderflow.errors import SpiderFlowError
+from spiderflow.core.domain import Topology
+from spiderflow.core.errors import SpiderFlowError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 from spiderflow.testbed import Testbed, check_environment, cleanup

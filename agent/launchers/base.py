@@ -34,7 +34,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
 
-from spiderflow.errors import PreconditionError, ValidationError
+from spiderflow.core.errors import PreconditionError, ValidationError
 from spiderflow.exec.spec import RankInfo
 from spiderflow.security.secrets import worker_environment
 

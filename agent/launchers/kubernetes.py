@@ -41,7 +41,7 @@ import structlog
 from agent.config import KubernetesConfig
 from agent.launchers.base import GroupResult, LauncherKind, LaunchError, LineSink, StageGroup, worker_env
 from agent.launchers.node import decode_line
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "SPEC_DIR",

@@ -1,13 +1,13 @@
-"""The Planner service as a :class:`~spiderflow.placement.base.Planner`: the seam a policy plans through.
+"""The Planner service as a :class:`~spiderflow.core.placement.base.Planner`: the seam a policy plans through.
 
 :class:`RemotePlanner` sends the topology, the job, the whole ordered allocation and the objective
 (``PlanRequest.allocation``, ``budget.objective``, ``brief``) and returns the service's plan, which is the plan
-:class:`~spiderflow.placement.common.LocalPlanner` makes of the same inputs in process (the service runs it).
+:class:`~spiderflow.core.placement.common.LocalPlanner` makes of the same inputs in process (the service runs it).
 A policy built with it (``get_policy(name, planner=RemotePlanner(...))``) decides as in process, except that
 its chain plans come from the service. Blocking (a policy decides in a worker thread): one synchronous gRPC
 channel, a deadline per call; errors come back as the domain's (:func:`spiderflow.rpc.errors.from_rpc_error`:
-an :class:`~spiderflow.errors.UnschedulableError` with its binding constraint when nothing fits, an
-:class:`~spiderflow.errors.UnavailableError` when the service cannot be reached).
+an :class:`~spiderflow.core.errors.UnschedulableError` with its binding constraint when nothing fits, an
+:class:`~spiderflow.core.errors.UnavailableError` when the service cannot be reached).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import grpc
 
-from spiderflow.domain import Budget, JobSpec, Plan, PlanOptions, Topology
+from spiderflow.core.domain import Budget, JobSpec, Plan, PlanOptions, Topology
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import from_rpc_error
@@ -42,7 +42,7 @@ class RemotePlanner:
         return f"remote/{self.address}"
 
     def plan(self, topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], options: PlanOptions) -> Plan:
-        """The service's plan of ``allocation`` (see :class:`~spiderflow.placement.base.Planner`)."""
+        """The service's plan of ``allocation`` (see :class:`~spiderflow.core.placement.base.Planner`)."""
         req = planner_pb2.PlanRequest(
             topology=convert.topology_to_proto(topo), job=convert.job_to_proto(job),
             allocation=convert.allocation_to_proto(allocation),

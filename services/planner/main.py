@@ -9,9 +9,9 @@ from pathlib import Path
 import structlog
 
 from services.planner.service import DEFAULT_POLICY, PlannerService
-from spiderflow.kernels import warm
+from spiderflow.core.kernels import warm
+from spiderflow.core.placement.common import LEVEL2_CHOICES
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
-from spiderflow.placement.common import LEVEL2_CHOICES
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.tls import add_server_arguments, server_security

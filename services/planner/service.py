@@ -2,10 +2,10 @@
 
 Every request carries the topology it is about, so any replica answers any request and nothing is
 stored. The servicer only converts proto → domain (:mod:`spiderflow.rpc.convert`), calls the pure core
-(:func:`spiderflow.tpa.plan_chain` or a placement policy) in a worker thread so the event loop stays
+(:func:`spiderflow.core.tpa.plan_chain` or a placement policy) in a worker thread so the event loop stays
 responsive, and converts back. ``PlanRequest.max_in_flight = K`` caps the micro-batches in flight per stage
-replica: TPA on a chain plans under it (:func:`spiderflow.tpa.plan_chain`), a policy's plan is held to it
-afterwards (:func:`spiderflow.tpa.planner.with_in_flight_cap`). Errors keep their meaning
+replica: TPA on a chain plans under it (:func:`spiderflow.core.tpa.plan_chain`), a policy's plan is held to it
+afterwards (:func:`spiderflow.core.tpa.planner.with_in_flight_cap`). Errors keep their meaning
 (:mod:`spiderflow.rpc.errors`):
 
 - malformed topology/job/plan → INVALID_ARGUMENT naming the field (``job.gpus.min``, ``max_in_flight``);
@@ -13,7 +13,7 @@ afterwards (:func:`spiderflow.tpa.planner.with_in_flight_cap`). Errors keep thei
 - no feasible plan → FAILED_PRECONDITION whose message names the binding constraint (e.g. which stage
   exceeds memory by how many GiB); the constraint travels in the error metadata too;
 - a policy places a job with resource constraints on its allowed clusters only
-  (:func:`spiderflow.constraints.view`); when none can satisfy them → FAILED_PRECONDITION, constraint
+  (:func:`spiderflow.core.constraints.view`); when none can satisfy them → FAILED_PRECONDITION, constraint
   ``constraints``;
 - with authentication on, a tenant may plan only its own tenant's jobs and agents may not call the
   planner (PERMISSION_DENIED; :func:`spiderflow.security.authz.authorize_plan`).
@@ -29,20 +29,21 @@ from dataclasses import replace
 import grpc.aio
 import structlog
 
-from spiderflow import costmodel, metrics
-from spiderflow.constraints import unsatisfiable
-from spiderflow.constraints import view as constraint_view
-from spiderflow.domain import JobSpec, Plan, PlanOptions, Topology
-from spiderflow.errors import NotFoundError, UnschedulableError, ValidationError
-from spiderflow.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.common import Level2, LocalPlanner
+from spiderflow import metrics
+from spiderflow.core import costmodel
+from spiderflow.core.constraints import unsatisfiable
+from spiderflow.core.constraints import view as constraint_view
+from spiderflow.core.domain import JobSpec, Plan, PlanOptions, Topology
+from spiderflow.core.errors import NotFoundError, UnschedulableError, ValidationError
+from spiderflow.core.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
+from spiderflow.core.placement.common import Level2, LocalPlanner
+from spiderflow.core.tpa.planner import with_in_flight_cap
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security.authz import authorize_plan
 from spiderflow.security.identity import current_principal
-from spiderflow.tpa.planner import with_in_flight_cap
 
 __all__ = ["DEFAULT_POLICY", "PlannerService", "allocation_for_chain", "plan_allocation", "plan_on_chain"]
 
@@ -84,7 +85,7 @@ def plan_on_chain(
 ) -> PlacementResult:
     """TPA on a fixed chain (under the in-flight cap ``max_in_flight`` if given, level 2 solved by
     ``level2``), timed; raises :class:`UnschedulableError` when nothing fits."""
-    from spiderflow.tpa import plan_chain
+    from spiderflow.core.tpa import plan_chain
 
     t0 = time.perf_counter()
     plan = plan_chain(topo, job, allocation_for_chain(topo, job, chain), objective=objective,

@@ -15,7 +15,7 @@ Per submission the outcome is exactly that of :meth:`~services.scheduler.repo.Jo
 - when a compare fails, etcd names the keys that exist (``CompareFailedError.current``): only the
   submissions owning those keys leave the batch and are resolved one by one as a retry (same job →
   ``created=False``; another job or spec under the request id, or a job id taken by another request →
-  :class:`~spiderflow.errors.AlreadyExistsError`); the rest of the batch is committed again;
+  :class:`~spiderflow.core.errors.AlreadyExistsError`); the rest of the batch is committed again;
 - two queued submissions naming the same request key or job key never share a transaction: the later
   one waits for the next flush and then sees the first one's write (duplicate request ids in one burst
   give one job, every caller gets it, one of them ``created=True``);
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import structlog
 
 from services.scheduler.repo import JobRepository, StoredJob
-from spiderflow.domain import JobSpec
-from spiderflow.errors import UnavailableError
+from spiderflow.core.domain import JobSpec
+from spiderflow.core.errors import UnavailableError
 from spiderflow.jobs import JobRecord
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, Put

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 import grpc.aio
 import structlog
 
-from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ResourceExhaustedError, ValidationError
+from spiderflow.core.errors import CorruptRecordError, PermissionDeniedError, ResourceExhaustedError, ValidationError
 from spiderflow.proto.control.v1 import control_pb2, control_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security import ids

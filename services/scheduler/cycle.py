@@ -5,7 +5,7 @@
 2. **reconcile** – jobs holding GPUs on a cluster that left the graph, or whose plan's predicted step time
    grew by more than ``replan_threshold`` on the current snapshot (a link or cluster degraded), go
    RESCHEDULING (GPUs released, the reason says why); a RESCHEDULING job is queued again like a pending one.
-3. **decide** – :func:`spiderflow.cycle.run_cycle` (the simulator runs the same function), in a worker
+3. **decide** – :func:`spiderflow.core.cycle.run_cycle` (the simulator runs the same function), in a worker
    thread, on ``topology.with_free(free)``: it orders the queued jobs (PENDING, RESCHEDULING) by remaining
    steps, network share and aging, asks each job's policy (default SpinSearch; a job shaped like one already
    decided on the same snapshot reuses that decision: :data:`DECISION_CACHE_SIZE`), offers waiting for
@@ -46,8 +46,9 @@ import structlog
 from services.scheduler.liveness import DEFAULT_STALE_S, stale_reason
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
-from spiderflow import costmodel, metrics
-from spiderflow.cycle import (
+from spiderflow import metrics
+from spiderflow.core import costmodel
+from spiderflow.core.cycle import (
     CycleDecision,
     CycleInput,
     CycleOptions,
@@ -62,16 +63,16 @@ from spiderflow.cycle import (
     network_share,
     run_cycle,
 )
-from spiderflow.domain import JobSpec, Plan, Topology, Wait
-from spiderflow.errors import SpiderFlowError, ValidationError
+from spiderflow.core.domain import JobSpec, Plan, Topology, Wait
+from spiderflow.core.errors import SpiderFlowError, ValidationError
+from spiderflow.core.placement import Budget, PlacementResult, PlacementStatus, get_policy
+from spiderflow.core.placement.base import PlacementPolicy, Planner
+from spiderflow.core.placement.common import Level2, LocalPlanner
+from spiderflow.core.queueing import QueuePolicy
+from spiderflow.core.tenancy import TenantQuota
 from spiderflow.jobs import JobRecord, JobState
-from spiderflow.placement import Budget, PlacementResult, PlacementStatus, get_policy
-from spiderflow.placement.base import PlacementPolicy, Planner
-from spiderflow.placement.common import Level2, LocalPlanner
-from spiderflow.queueing import QueuePolicy
 from spiderflow.store import keys
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError
-from spiderflow.tenancy import TenantQuota
 
 __all__ = ["CycleReport", "Decision", "DecisionKind", "SchedulingCycle"]
 
@@ -149,7 +150,7 @@ def _kind(d: CycleDecision) -> DecisionKind:
 class _Cached:
     """A policy behind the scheduler's decision cache (:meth:`SchedulingCycle.place_cached`), built on its
     first decision (in the cycle's worker thread: building one may load compiled kernels). It answers waits
-    as the cycle would (:func:`spiderflow.cycle.decide`): the policy's own pricing, or the cycle's."""
+    as the cycle would (:func:`spiderflow.core.cycle.decide`): the policy's own pricing, or the cycle's."""
 
     def __init__(self, owner: SchedulingCycle, name: str) -> None:
         self.owner = owner
@@ -204,8 +205,8 @@ class SchedulingCycle:
         """Silence after which a job holding GPUs is re-placed (:mod:`services.scheduler.liveness`)."""
         self.tenant_quota = tenant_quota
         self.fair_share = fair_share
-        """Interleave the queue between tenants by max-min share of GPUs (:func:`spiderflow.tenancy.arrange`)."""
-        """Per-tenant GPU quota applied when the queue is arranged (:func:`spiderflow.tenancy.arrange`)."""
+        """Interleave the queue between tenants by max-min share of GPUs (:func:`spiderflow.core.tenancy.arrange`)."""
+        """Per-tenant GPU quota applied when the queue is arranged (:func:`spiderflow.core.tenancy.arrange`)."""
         self.topology = topology
         self.default_policy = default_policy
         self.queue_policy = queue_policy or QueuePolicy()
@@ -319,7 +320,7 @@ class SchedulingCycle:
             metrics.observe_cycle((), queued=0)
             return report
 
-        # 3–7. one pure cycle (spiderflow.cycle): order, filter, place, wait, admit, reserve
+        # 3–7. one pure cycle (spiderflow.core.cycle): order, filter, place, wait, admit, reserve
         holders = [sj for sj in stored if sj.record.state in HOLDING]
         self._bump_version(topo.revision, {sj.record.id for sj in holders})
         queued_ids = {sj.record.id for sj in queue}
@@ -370,7 +371,7 @@ class SchedulingCycle:
 
     def _decide(self, topo: Topology, free: dict[str, int], queue: list[StoredJob], holding: list[Holder],
                 now: float, gone: frozenset[str]) -> CycleResult:
-        """One pure cycle (:func:`spiderflow.cycle.run_cycle`) on this snapshot."""
+        """One pure cycle (:func:`spiderflow.core.cycle.run_cycle`) on this snapshot."""
         state = CycleInput(topology=topo.with_free(free), now=now, version=self._version, gone=gone,
                            queue=[self._entry(sj, topo) for sj in queue], holding=holding)
         options = CycleOptions(queue=self.queue_policy, budget=self.budget, wait=self.wait_for_releases,

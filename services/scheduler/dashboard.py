@@ -11,8 +11,8 @@ from typing import Any
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import TopologySource
+from spiderflow.core.domain import Topology
 from spiderflow.dashboard.server import DashboardServer, DashboardSources, StartedDashboard, start_dashboard
-from spiderflow.domain import Topology
 from spiderflow.jobs import JobRecord
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.runtime import parse_hostport

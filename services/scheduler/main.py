@@ -38,19 +38,19 @@ from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.retention import RetentionPolicy, add_retention_arguments, policy_from_args, sweep
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
-from spiderflow.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
+from spiderflow.core.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
+from spiderflow.core.placement import Budget
+from spiderflow.core.placement.base import Planner
+from spiderflow.core.placement.common import LEVEL2_CHOICES, Level2
+from spiderflow.core.tenancy import TenantQuota
 from spiderflow.jobs import JobState, Progress
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
-from spiderflow.placement import Budget
-from spiderflow.placement.base import Planner
-from spiderflow.placement.common import LEVEL2_CHOICES, Level2
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file
 from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.security.tls import add_etcd_arguments, add_server_arguments, etcd_options, server_security
 from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, NotLeaderError, Store
-from spiderflow.tenancy import TenantQuota
 
 __all__ = ["SchedulerReplica", "SimExecutor", "add_arguments", "run"]
 

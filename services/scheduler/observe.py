@@ -33,8 +33,14 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
-from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import CorruptRecordError, PreconditionError, SpiderFlowError, UnavailableError, ValidationError
+from spiderflow.core.domain import JobSpec, Plan, Topology
+from spiderflow.core.errors import (
+    CorruptRecordError,
+    PreconditionError,
+    SpiderFlowError,
+    UnavailableError,
+    ValidationError,
+)
 from spiderflow.jobs import JobRecord
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
@@ -57,8 +63,8 @@ _DONE = object()
 def predicted_stage_busy(plan: Plan, topo: Topology, spec: JobSpec) -> tuple[float, ...]:
     """The cost model's busy time of each stage of ``plan`` per step, seconds: its micro-batches' forward and
     backward (``ceil(m / dp)`` per replica), its gradient all-reduce and its optimizer step
-    (:func:`spiderflow.costmodel.breakdown`)."""
-    from spiderflow.costmodel import breakdown
+    (:func:`spiderflow.core.costmodel.breakdown`)."""
+    from spiderflow.core.costmodel import breakdown
 
     bd = breakdown(plan, topo, spec.model, micro_batch=max(1, spec.global_batch // plan.micro_batches),
                    seq_len=spec.seq_len, precision=spec.precision)

@@ -19,7 +19,7 @@ etcd revision, whichever replica wrote and whenever a process died):
 
 Every value is a record of :mod:`spiderflow.store.records` (job records, request records, allocations
 ``{"<job>": gpus}``, assignments, waits) and every key is built by :mod:`spiderflow.store.keys`; a value that
-does not decode raises :class:`~spiderflow.errors.CorruptRecordError` naming its key.
+does not decode raises :class:`~spiderflow.core.errors.CorruptRecordError` naming its key.
 
 The scheduling cycle reads its state with :meth:`JobRepository.snapshot`: the jobs, the allocations and the
 waits in one read at one etcd revision (:meth:`~spiderflow.store.base.Store.get_prefixes`), so it never sees
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 
 import structlog
 
-from spiderflow.cycle import WaitState
-from spiderflow.domain import JobSpec
-from spiderflow.errors import AlreadyExistsError, CorruptRecordError, NotFoundError
+from spiderflow.core.cycle import WaitState
+from spiderflow.core.domain import JobSpec
+from spiderflow.core.errors import AlreadyExistsError, CorruptRecordError, NotFoundError
 from spiderflow.jobs import TERMINAL, JobRecord, JobState
 from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store, WatchEvent

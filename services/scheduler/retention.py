@@ -29,7 +29,7 @@ import structlog
 
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository
-from spiderflow.errors import ConflictError, NotFoundError, PreconditionError, ValidationError
+from spiderflow.core.errors import ConflictError, NotFoundError, PreconditionError, ValidationError
 from spiderflow.jobs import JobRecord
 
 __all__ = [

@@ -54,7 +54,7 @@ from services.scheduler.batching import SubmitBatcher
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import TopologySource
-from spiderflow.errors import (
+from spiderflow.core.errors import (
     NotFoundError,
     PermissionDeniedError,
     PreconditionError,
@@ -63,6 +63,7 @@ from spiderflow.errors import (
     UnavailableError,
     ValidationError,
 )
+from spiderflow.core.tenancy import TenantQuota
 from spiderflow.exec.preflight import check_job_paths
 from spiderflow.jobs import JobRecord, JobState, Progress, Transition
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
@@ -75,7 +76,6 @@ from spiderflow.security.identity import Principal, Role, current_principal
 from spiderflow.security.ratelimit import RateLimiter
 from spiderflow.store import keys, records
 from spiderflow.store.base import CompareFailedError, EventType
-from spiderflow.tenancy import TenantQuota
 
 __all__ = ["SchedulerService", "job_to_proto"]
 
@@ -264,7 +264,7 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             # authenticate has no tenants to tell apart and keeps ids as given
             spec = replace(spec, id=ids.qualify(spec.tenant, spec.id))
         if request.policy:
-            from spiderflow.placement import get_policy
+            from spiderflow.core.placement import get_policy
 
             get_policy(request.policy)  # ValidationError(policy) for an unknown name
         if await self._queued() >= self.max_queued:

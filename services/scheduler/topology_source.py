@@ -19,8 +19,8 @@ from typing import Protocol
 import grpc.aio
 import structlog
 
-from spiderflow.domain import Topology
-from spiderflow.errors import UnavailableError
+from spiderflow.core.domain import Topology
+from spiderflow.core.errors import UnavailableError
 from spiderflow.formats import load_topology
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
-from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster, Link, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.store.records import LinkRecord, ProfileRecord, Registration
 
 __all__ = [

@@ -15,7 +15,7 @@ Two kinds of callers:
   iff it equals the ``principal`` of ``c``'s live registration (:func:`caller_from_request`).
 
 The resolver is a plain callable ``(claimed_agent_id, grpc_context) -> Caller`` handed to the servicer;
-failures are :class:`~spiderflow.errors.PermissionDeniedError` (PERMISSION_DENIED).
+failures are :class:`~spiderflow.core.errors.PermissionDeniedError` (PERMISSION_DENIED).
 
 Pure: no grpc import (the context is passed through untyped).
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.registration import Registration
-from spiderflow.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
+from spiderflow.core.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
 from spiderflow.security.identity import Role, current_principal
 
 __all__ = ["Caller", "IdentityResolver", "authorize", "authorize_cluster", "caller_from_principal",

@@ -26,7 +26,7 @@ from services.topology.identity import caller_from_principal, caller_from_reques
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
 from services.topology.smoothing import SmoothingConfig
-from spiderflow.errors import SpiderFlowError
+from spiderflow.core.errors import SpiderFlowError
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
 from spiderflow.rpc.server import serve
 from spiderflow.runtime import parse_hostport, write_ready_file

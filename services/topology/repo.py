@@ -33,8 +33,8 @@ from services.topology.graph import (
     validate_measurements,
 )
 from services.topology.identity import Caller, authorize
-from spiderflow.domain import Cluster
-from spiderflow.errors import CorruptRecordError, UnavailableError, ValidationError
+from spiderflow.core.domain import Cluster
+from spiderflow.core.errors import CorruptRecordError, UnavailableError, ValidationError
 from spiderflow.store import keys, records
 from spiderflow.store.base import Compare, CompareFailedError, KeyValue, Put, Store
 from spiderflow.store.keys import KeyKind

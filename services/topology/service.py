@@ -42,8 +42,8 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 from services.topology.graph import Change, ChangeKind, Measurement, Snapshot, diff
 from services.topology.identity import IdentityResolver, authorize_cluster, caller_from_request
 from services.topology.repo import RawState, TopologyRepo, record_of
-from spiderflow.domain import Cluster
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster
+from spiderflow.core.errors import ValidationError
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
 from spiderflow.rpc.errors import map_domain_errors

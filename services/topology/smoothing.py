@@ -61,7 +61,7 @@ class SmoothingConfig:
     shift_after: int = 2
 
     def __post_init__(self) -> None:
-        from spiderflow.errors import ValidationError
+        from spiderflow.core.errors import ValidationError
 
         if not 0 < self.alpha <= 1:
             raise ValidationError("smoothing.alpha", "must be in (0, 1]", self.alpha)

@@ -1,7 +1,7 @@
 """Placement-constraint options shared by ``submit``, ``plan`` and ``up``, in the style of SkyPilot and Slurm:
 ``--gpus A100:8`` (``TYPE:COUNT``; a plain count or ``MIN:MAX`` keeps working), ``--gpu-type``,
 ``--cluster``/``--exclude-cluster`` and ``--region``/``--exclude-region`` (each repeatable). They become the
-job's ``constraints`` (:class:`spiderflow.domain.Constraints`); over a job FILE they replace only the
+job's ``constraints`` (:class:`spiderflow.core.domain.Constraints`); over a job FILE they replace only the
 constraint lists they name.
 """
 
@@ -10,20 +10,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["CONSTRAINT_KEYS", "add_constraint_options", "constraint_overrides", "gpu_type_arg", "merge_constraints",
            "split_gpus"]
 
 CONSTRAINT_KEYS = ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions")
-"""The fields of :class:`spiderflow.domain.Constraints`, in the order of the options."""
+"""The fields of :class:`spiderflow.core.domain.Constraints`, in the order of the options."""
 _OPTIONS = {"gpu_types": "gpu_type", "clusters": "cluster", "exclude_clusters": "exclude_cluster",
             "regions": "region", "exclude_regions": "exclude_region"}
 
 
 def gpu_type_arg(value: str) -> str:
     """A GPU type name as the catalog spells it (``a100`` → ``A100``); an argparse error otherwise."""
-    from spiderflow.domain import Constraints
+    from spiderflow.core.domain import Constraints
 
     try:
         return Constraints(gpu_types=(value,)).gpu_types[0]

@@ -23,7 +23,7 @@ from spiderflow.cli.common import (
     EXIT_USAGE,
     CliError,
 )
-from spiderflow.errors import (
+from spiderflow.core.errors import (
     NotFoundError,
     PermissionDeniedError,
     SpiderFlowError,

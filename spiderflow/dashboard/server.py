@@ -33,8 +33,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from spiderflow.domain import Topology
-from spiderflow.errors import NotFoundError, SpiderFlowError, UnauthenticatedError, ValidationError
+from spiderflow.core.domain import Topology
+from spiderflow.core.errors import NotFoundError, SpiderFlowError, UnauthenticatedError, ValidationError
 from spiderflow.formats import plan_to_dict
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.security import authz

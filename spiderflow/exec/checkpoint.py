@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.spec import (
     CheckpointManifest,
     FileDigest,

@@ -8,7 +8,7 @@ importable on the machine that submits (to measure it) and on the workers (to bu
 :func:`measure_entry_point` builds the model under ``torch.device("meta")`` (no memory, no compute),
 counts the parameters of the embedding, the mean block and the head, runs one forward of a block on meta
 tensors under ``FlopCounterMode`` to count its FLOPs per token at ``seq_len``, and reads ``hidden`` and
-``vocab`` from the shapes — the figures the planner prices (:class:`~spiderflow.catalog.MeasuredCost`).
+``vocab`` from the shapes — the figures the planner prices (:class:`~spiderflow.core.catalog.MeasuredCost`).
 :func:`resolve_model_value` turns a job's model value naming an entry point into the inline object
 carrying those figures; the CLI and the SDK call it before submitting.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["ENTRY_POINT", "measure_entry_point", "resolve_job_model", "resolve_model_value"]
 

@@ -24,7 +24,7 @@ Sources:
   by a digest of the inputs (paths, sizes, modification times, the tokenizer file, the key), written
   under a temporary name and renamed, so concurrent preparers never expose a partial cache.
 
-:func:`open_data` builds the source of a :class:`~spiderflow.domain.DataSpec`; :func:`check_data_access`
+:func:`open_data` builds the source of a :class:`~spiderflow.core.domain.DataSpec`; :func:`check_data_access`
 is the cheap check of the paths (submission), :func:`open_data` the full one (placement: the agent opens
 the source before starting workers, so a bad file fails the job before any step).
 """
@@ -45,8 +45,8 @@ from typing import Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from spiderflow.domain import DataKind, DataSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import DataKind, DataSpec
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "SyntheticTokens",

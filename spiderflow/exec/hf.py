@@ -32,8 +32,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from spiderflow.catalog import ModelFamily, ModelSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelFamily, ModelSpec
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.hfnames import Src, edge_map, hf_names, layer_map, tied_source
 from spiderflow.exec.model import StageModule
 from spiderflow.exec.preflight import weight_files

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spiderflow.catalog import ModelFamily, ModelSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelFamily, ModelSpec
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["Src", "edge_map", "hf_names", "layer_map", "tied_source"]
 

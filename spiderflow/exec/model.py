@@ -1,4 +1,4 @@
-"""A GPT-style decoder in torch, built per pipeline stage from a :class:`~spiderflow.catalog.ModelSpec`.
+"""A GPT-style decoder in torch, built per pipeline stage from a :class:`~spiderflow.core.catalog.ModelSpec`.
 
 The full model is token + learned position embedding, ``L`` pre-LN blocks (``x + attn(LN(x))``, then
 ``x + mlp(LN(x))``; causal multi-head self-attention; MLP ``h → 4h → h`` with GELU), a final LayerNorm, an
@@ -18,7 +18,7 @@ so a full state dict is the union of the stages' state dicts and re-slicing is k
 parameter tensor is drawn from its own generator seeded from ``(seed, parameter name)``, so a stage's
 parameters equal the same parameters of the full model bit for bit, whatever the split.
 
-Families (:class:`~spiderflow.catalog.ModelFamily`) other than ``gpt`` use the same layer-indexed scheme
+Families (:class:`~spiderflow.core.catalog.ModelFamily`) other than ``gpt`` use the same layer-indexed scheme
 with their own leaf names: ``llama`` blocks hold ``attn_norm, q, k, v, o, mlp_norm, w1, w2, w3`` (RMSNorm,
 rotary positions, grouped-query attention, SwiGLU ``w2(silu(w1 x) · w3 x)``), the head ``head.norm`` and
 ``head.out``; ``gpt2`` and ``neox`` blocks hold ``ln1, q, k, v, o, ln2, fc1, fc2``; a ``custom`` model's
@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spiderflow.catalog import ModelFamily, ModelSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelFamily, ModelSpec
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "DEFAULT_MAX_SEQ_LEN",

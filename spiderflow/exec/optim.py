@@ -1,8 +1,8 @@
 """The optimizer of a stage: AdamW with warm-up, a decay schedule and global gradient-norm clipping.
 
-:func:`build_optimizer` turns an :class:`~spiderflow.domain.OptimizerSpec` into ``(optimizer,
+:func:`build_optimizer` turns an :class:`~spiderflow.core.domain.OptimizerSpec` into ``(optimizer,
 lr_scheduler)``. The scheduler is stateless in the step: :meth:`StepLr.at` sets the learning rate of step
-``t`` from :meth:`~spiderflow.domain.OptimizerSpec.lr_factor`, so a resumed or re-split job continues the
+``t`` from :meth:`~spiderflow.core.domain.OptimizerSpec.lr_factor`, so a resumed or re-split job continues the
 schedule exactly where it stopped without restoring any scheduler state. With ``weight_decay = 0`` AdamW's
 update is Adam's, bit for bit (the decay term is skipped), so existing checkpoints keep their meaning.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from spiderflow.domain import OptimizerSpec
+from spiderflow.core.domain import OptimizerSpec
 
 __all__ = ["StepLr", "build_optimizer", "clip_grad_norm_"]
 

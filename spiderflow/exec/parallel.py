@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spiderflow.domain import Precision, Sharding, Stage
+from spiderflow.core.domain import Precision, Sharding, Stage
 
 __all__ = [
     "FsdpSync",

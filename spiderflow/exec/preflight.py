@@ -6,7 +6,7 @@
   workers will open it (a corpus is tokenized into its cache here, token files are checked against the
   vocabulary) and the weight files' headers hold every tensor the model needs.
 
-Either raises :class:`~spiderflow.errors.ValidationError` naming the field (``data.path``,
+Either raises :class:`~spiderflow.core.errors.ValidationError` naming the field (``data.path``,
 ``data.tokenizer``, ``data.vocab``, ``model.weights``, ``model.save_to``), so a bad path fails the job at
 submission or placement, never during training.
 """
@@ -17,9 +17,9 @@ import glob
 import os
 from pathlib import Path
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.domain import DataSpec, JobSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import DataSpec, JobSpec
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["check_job_paths", "check_model_paths", "preflight", "weight_files"]
 

@@ -7,10 +7,10 @@ replica by replica, tp index by tp index (:func:`spiderflow.exec.spec.rank_layou
 Per step (``m`` micro-batches of ``b = global_batch / m`` sequences; stage ``s`` of ``S``; this rank is tp
 index ``t`` of replica ``r`` of ``dp_s``):
 
-1. the replica's operation order is :func:`spiderflow.schedules.replica_ops` for the plan's schedule
+1. the replica's operation order is :func:`spiderflow.core.schedules.replica_ops` for the plan's schedule
    (global micro-batch numbering; micro-batch ``j`` of stage ``s`` runs on replica ``j mod dp_s``, on all
    of its ``tp_s`` ranks), warm-ups capped by the plan's in-flight cap unless ``TrainSpec.warmup`` sets
-   them: exactly the orders :func:`spiderflow.tpa.timeline.plan_orders` simulates;
+   them: exactly the orders :func:`spiderflow.core.tpa.timeline.plan_orders` simulates;
 2. point-to-point traffic runs on one process group per *channel* — a virtual-stage link ``u → u+1`` and
    a direction — so messages match by issue order alone (``batch_isend_irecv``; no tags, which NCCL
    ignores): on a channel both ends issue their messages in increasing micro-batch order. A receiving tp

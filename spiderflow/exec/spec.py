@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.domain import DataSpec, OptimizerSpec, Plan, Precision, Schedule, Sharding, Stage
-from spiderflow.errors import PreconditionError, ValidationError
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import DataSpec, OptimizerSpec, Plan, Precision, Schedule, Sharding, Stage
+from spiderflow.core.errors import PreconditionError, ValidationError
+from spiderflow.core.schedules import Op, plan_max_in_flight, replica_ops
 from spiderflow.formats import (
     data_from_value,
     data_to_dict,
@@ -31,7 +32,6 @@ from spiderflow.formats import (
     plan_from_dict,
     plan_to_dict,
 )
-from spiderflow.schedules import Op, plan_max_in_flight, replica_ops
 
 __all__ = [
     "CheckpointManifest",
@@ -98,7 +98,7 @@ class TrainSpec:
     seed's initialisation. ``warmup`` optionally overrides the per-stage warm-up depth of the 1F1B family
     (one entry per stage, non-increasing). ``threads`` is ``torch.set_num_threads`` in the worker.
 
-    ``precision`` is the job's (:class:`~spiderflow.domain.Precision`; fp32 when a worker file does not say,
+    ``precision`` is the job's (:class:`~spiderflow.core.domain.Precision`; fp32 when a worker file does not say,
     so older files run as before). ``nccl_links`` sends pipeline traffic between stages on *different*
     clusters over NCCL instead of gloo/TCP (only where the operator has a routable GPU fabric between
     them; stages on one cluster always use the in-cluster backend). ``checkpoint_keep`` complete
@@ -200,9 +200,9 @@ def plan_chunks(plan: Plan) -> int:
 
 def rank_ops(spec: TrainSpec, stage: int, replica: int) -> list[Op]:
     """The operation order replica ``replica`` of stage ``stage`` runs each step
-    (:func:`spiderflow.schedules.replica_ops`): ``spec.warmup`` if given, else the schedule's warm-ups under
+    (:func:`spiderflow.core.schedules.replica_ops`): ``spec.warmup`` if given, else the schedule's warm-ups under
     the plan's in-flight cap ``K`` (``plan.extras["max_in_flight"]``, bounded by ``min_dp · (K − 1)`` per
-    stage, ``min_dp`` the smallest dp of the pipeline) — the orders :func:`spiderflow.tpa.timeline.plan_orders`
+    stage, ``min_dp`` the smallest dp of the pipeline) — the orders :func:`spiderflow.core.tpa.timeline.plan_orders`
     simulates, so a capped plan runs capped without explicit warm-ups."""
     plan = spec.plan
     dps = [st.dp for st in plan.stages]

@@ -17,7 +17,7 @@ JSON object per line on stdout (the agent forwards them):
   :attr:`spiderflow.exec.runtime.RunResult.phases`)
 - ``{"event": "error", "rank", "type", "message"}``
 
-Exit status: 0 done, 2 invalid spec (a :class:`~spiderflow.errors.SpiderFlowError`), 1 any other failure.
+Exit status: 0 done, 2 invalid spec (a :class:`~spiderflow.core.errors.SpiderFlowError`), 1 any other failure.
 Logs are structlog JSON events on stderr.
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from spiderflow.errors import SpiderFlowError, ValidationError
+from spiderflow.core.errors import SpiderFlowError, ValidationError
 from spiderflow.exec.spec import (
     CheckpointManifest,
     Rendezvous,

@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["main"]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import structlog
 
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.gateway.protocol import GatewayConfig, config_to_dict
 from spiderflow.security.secrets import worker_environment
 

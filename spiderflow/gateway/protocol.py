@@ -38,7 +38,7 @@ from dataclasses import MISSING, dataclass, fields
 from enum import IntEnum
 from typing import Any
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "FRAME_HEADER",

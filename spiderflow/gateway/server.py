@@ -72,7 +72,7 @@ def original_destination(sock: socket.socket) -> tuple[str, int]:
 def _read(tls_dir: Path, name: str) -> Path:
     path = tls_dir / name
     if not path.is_file():
-        from spiderflow.errors import ValidationError
+        from spiderflow.core.errors import ValidationError
 
         raise ValidationError("gateway.tls_dir", f"has no {name} (spiderflow certs init --cluster NAME)",
                               str(tls_dir))

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spiderflow.domain import Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import load_document, load_topology
 
 __all__ = ["PRESETS", "preset_path", "preset_source", "resolve_topology"]

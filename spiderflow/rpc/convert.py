@@ -5,7 +5,7 @@ Contract
 * ``*_to_proto(x)`` never fails for a valid domain object and writes every field, so
   ``*_from_proto(*_to_proto(x)) == x`` for every domain object ``x`` (the round-trip tests check it).
 * ``*_from_proto(msg, field=...)`` validates exactly like the file loaders of :mod:`spiderflow.formats`
-  (the message field names are the file keys) and raises :class:`~spiderflow.errors.ValidationError`
+  (the message field names are the file keys) and raises :class:`~spiderflow.core.errors.ValidationError`
   whose ``field`` is the dotted path from ``field``, e.g. ``job.gpus.min``, ``topology.clusters[2].gpu``,
   ``plan.stages[1].first_layer``. An unknown model preset fails with ``job.model``.
 * Proto3 presence: optional fields that are unset take the domain defaults; a field that is set is
@@ -22,8 +22,8 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2  # type: ignore[import-untyped]
 
-from spiderflow.catalog import MODEL_PRESETS, ModelSpec
-from spiderflow.domain import (
+from spiderflow.core.catalog import MODEL_PRESETS, ModelSpec
+from spiderflow.core.domain import (
     Cluster,
     DataSpec,
     JobSpec,
@@ -36,9 +36,9 @@ from spiderflow.domain import (
     Stage,
     Topology,
 )
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement.base import Budget, Objective, PlacementResult, PlacementStatus
 from spiderflow.formats import job_from_dict, model_from_value, model_to_value, topology_from_dict
-from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
 from spiderflow.proto.planner.v1 import planner_pb2
 from spiderflow.proto.types.v1 import types_pb2
 

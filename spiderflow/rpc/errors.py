@@ -1,8 +1,8 @@
 """Domain errors across gRPC, both ways.
 
 Server side: decorate grpc.aio servicer methods (unary or server-streaming) with :func:`rpc_method`, or a
-whole servicer class with :func:`map_domain_errors`. A :class:`~spiderflow.errors.SpiderFlowError` raised
-inside aborts the call with the code of :data:`STATUS_CODES` (the table of :mod:`spiderflow.errors`) and
+whole servicer class with :func:`map_domain_errors`. A :class:`~spiderflow.core.errors.SpiderFlowError` raised
+inside aborts the call with the code of :data:`STATUS_CODES` (the table of :mod:`spiderflow.core.errors`) and
 ``str(error)`` as the details, e.g. ``INVALID_ARGUMENT: job.gpus.min: must be ≤ gpus.max (8) (got 16)``.
 The error's class, field, reason, value and constraint also travel in the binary trailing metadata entry
 :data:`ERROR_METADATA_KEY` (JSON), so clients rebuild the same exception. ``NotImplementedError`` becomes
@@ -27,7 +27,7 @@ import grpc
 import grpc.aio
 import structlog
 
-from spiderflow import errors as E
+from spiderflow.core import errors as E
 
 __all__ = [
     "ERROR_METADATA_KEY",

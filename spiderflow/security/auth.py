@@ -36,7 +36,7 @@ import grpc.aio
 import structlog
 import yaml
 
-from spiderflow.errors import UnauthenticatedError, ValidationError
+from spiderflow.core.errors import UnauthenticatedError, ValidationError
 from spiderflow.security.certs import principal_of_pem
 from spiderflow.security.identity import Principal, current_principal, parse_principal, reset_principal, use_principal
 

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from spiderflow.errors import NotFoundError, PermissionDeniedError
+from spiderflow.core.errors import NotFoundError, PermissionDeniedError
 from spiderflow.security.identity import Principal, Role
 
 PLANNER_CLIENTS = frozenset({"scheduler"})
 """Services that call the planner on behalf of any tenant (the scheduler's final plans)."""
 UNSET_TENANTS = frozenset({"", "default"})
-"""Tenant values that mean "not given" (``default`` is :class:`~spiderflow.domain.JobSpec`'s default)."""
+"""Tenant values that mean "not given" (``default`` is :class:`~spiderflow.core.domain.JobSpec`'s default)."""
 
 __all__ = [
     "PLANNER_CLIENTS",

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["Principal", "Role", "current_principal", "parse_principal", "reset_principal", "use_principal"]
 

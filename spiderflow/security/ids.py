@@ -1,6 +1,6 @@
 """Paths built from ids that provably stay inside their root (:func:`inside`), and the id grammar.
 
-The grammar and tenant-qualified job ids live in the pure :mod:`spiderflow.ids`; they are re-exported
+The grammar and tenant-qualified job ids live in the pure :mod:`spiderflow.core.ids`; they are re-exported
 here, so ``from spiderflow.security import ids`` gives both the grammar and :func:`inside`.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from spiderflow.errors import ValidationError
-from spiderflow.ids import (
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.ids import (
     DEFAULT_TENANT,
     ID_PATTERN,
     MAX_ID,

@@ -23,7 +23,7 @@ key (under ``/spiderflow/v1/``)      access                         condition
 ===================================  =============================  ========================================
 
 Everything else (profiles, links, jobs, plans, allocations, queue, metrics, other clusters' keys, any
-prefix read beyond the two above) is :class:`~spiderflow.errors.PermissionDeniedError` naming the key.
+prefix read beyond the two above) is :class:`~spiderflow.core.errors.PermissionDeniedError` naming the key.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spiderflow.errors import CorruptRecordError, PermissionDeniedError, ValidationError
+from spiderflow.core.errors import CorruptRecordError, PermissionDeniedError, ValidationError
 from spiderflow.security import ids
 from spiderflow.store import keys, records
 from spiderflow.store.keys import KeyKind

@@ -38,7 +38,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable
 from spiderflow.security.certs import CA_CERT, CERT, KEY, SERVER_CERT, SERVER_KEY
 from spiderflow.store.tls import EtcdTLS

@@ -14,7 +14,7 @@ created it since it was last absent), ``mod_revision`` (the revision of its last
 (number of changes since creation) and ``lease`` (0 when none). A key that does not exist has
 ``mod_revision`` 0 for the purpose of every comparison below.
 
-Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableError`)
+Operations (all ``async``; all may raise :class:`~spiderflow.core.errors.UnavailableError`)
 ----------------------------------------------------------------------------------------
 - ``get(key)`` → :class:`KeyValue` or ``None``.
 - ``get_prefix(prefix)`` → ``(items sorted by key, revision of the read)``. The revision is the
@@ -25,10 +25,10 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
 - ``revision()`` → the current revision.
 - ``put(key, value, lease=None)`` → revision of the write.
 - ``put_if_absent(key, value, lease=None)`` → revision; raises
-  :class:`~spiderflow.errors.AlreadyExistsError` if the key exists.
+  :class:`~spiderflow.core.errors.AlreadyExistsError` if the key exists.
 - ``compare_and_swap(key, value, expected_mod_revision, lease=None)`` → new revision; writes only if
   the key's ``mod_revision`` equals ``expected_mod_revision`` (``0`` = the key must be absent), else
-  raises :class:`CompareFailedError` (a :class:`~spiderflow.errors.ConflictError`).
+  raises :class:`CompareFailedError` (a :class:`~spiderflow.core.errors.ConflictError`).
 - ``delete(key)`` → ``True`` if it existed. ``delete_if(key, mod_revision)`` → revision of the delete;
   raises :class:`CompareFailedError` unless the key exists with exactly that ``mod_revision``.
   ``delete_prefix(prefix)`` → number of keys deleted.
@@ -36,14 +36,14 @@ Operations (all ``async``; all may raise :class:`~spiderflow.errors.UnavailableE
   (``mod_revision`` equality, ``0`` = absent), all puts and deletes are applied at one new revision
   and that revision is returned; otherwise nothing is written and :class:`CompareFailedError` names
   the failed keys and their current ``mod_revision``. A key may appear at most once among puts and
-  deletes (:class:`~spiderflow.errors.ValidationError` otherwise). ``delete_prefixes`` deletes every key
+  deletes (:class:`~spiderflow.core.errors.ValidationError` otherwise). ``delete_prefixes`` deletes every key
   under each (non-empty) prefix in the same transaction, whatever their number (one operation each). With
   no puts and no deletes the
   current revision is returned (a consistent multi-key check). Size limits are the server's: etcd
   refuses more than ``--max-txn-ops`` compares, or puts + deletes (128 by default, 1024 in
   :class:`~spiderflow.store.process.EtcdProcess` and :class:`~spiderflow.store.memory.MemoryStore`),
   and requests over ``--max-request-bytes`` (1.5 MiB); both raise
-  :class:`~spiderflow.errors.ValidationError`.
+  :class:`~spiderflow.core.errors.ValidationError`.
 - ``compact(revision)``: discard history before ``revision``; later watches from an earlier revision
   raise :class:`CompactedError`.
 
@@ -74,7 +74,7 @@ Watches
 (at ``async with``, :meth:`Watch.start` or the first ``__anext__``). A start revision that has been
 compacted raises :class:`CompactedError` (on start or iteration). The watch survives server
 restarts and connection loss: it re-establishes itself from the last delivered revision + 1 and
-only raises :class:`~spiderflow.errors.UnavailableError` after failing to reconnect for the store's
+only raises :class:`~spiderflow.core.errors.UnavailableError` after failing to reconnect for the store's
 ``stream_retry_s``. :meth:`Watch.aclose` (or leaving ``async with``) releases it.
 
 Leader election
@@ -85,7 +85,7 @@ its lease; the leader is the owner of the key with the lowest ``create_revision`
 
 - ``campaign(name, value, lease)`` blocks until this campaigner is leader and returns a
   :class:`Leadership`. If the lease is lost while waiting it raises
-  :class:`~spiderflow.errors.ConflictError`; cancelling the call withdraws the candidacy.
+  :class:`~spiderflow.core.errors.ConflictError`; cancelling the call withdraws the candidacy.
 - ``leader(name)`` → :class:`LeaderInfo` of the current leader, or ``None``.
 - ``observe(name)`` → async iterator of :class:`LeaderInfo`: the current leader (once there is one),
   then each new proclamation and each new leader; no duplicates. Closed with ``aclose()``.
@@ -98,14 +98,14 @@ its lease; the leader is the owner of the key with the lowest ``create_revision`
 Errors
 ------
 - Connection failures and deadlines (each request is bounded by the store's ``request_timeout``) →
-  :class:`~spiderflow.errors.UnavailableError`. A write that raised it has an **unknown outcome**:
+  :class:`~spiderflow.core.errors.UnavailableError`. A write that raised it has an **unknown outcome**:
   the server may still apply it (e.g. a request buffered by a suspended etcd); re-read, or guard the
   write with a compare, before retrying.
 - Lost compare → :class:`CompareFailedError`; ``put_if_absent`` on a present key →
-  :class:`~spiderflow.errors.AlreadyExistsError`.
-- Putting with an unknown or expired lease → :class:`~spiderflow.errors.NotFoundError`.
+  :class:`~spiderflow.core.errors.AlreadyExistsError`.
+- Putting with an unknown or expired lease → :class:`~spiderflow.core.errors.NotFoundError`.
 - Compacted history → :class:`CompactedError`.
-- After :meth:`Store.close` every call raises :class:`~spiderflow.errors.UnavailableError`.
+- After :meth:`Store.close` every call raises :class:`~spiderflow.core.errors.UnavailableError`.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ from typing import Self
 
 import structlog
 
-from spiderflow.errors import (
+from spiderflow.core.errors import (
     AlreadyExistsError,
     ConflictError,
     NotFoundError,
@@ -635,7 +635,7 @@ class Store(abc.ABC):
         """Unconditional write; returns its revision."""
 
     async def put_if_absent(self, key: str, value: bytes, *, lease: LeaseLike = None) -> int:
-        """Create ``key``; :class:`~spiderflow.errors.AlreadyExistsError` if present."""
+        """Create ``key``; :class:`~spiderflow.core.errors.AlreadyExistsError` if present."""
         try:
             return await self.commit([absent(key)], [Put(key=key, value=value, lease=lease)])
         except CompareFailedError as exc:

@@ -11,14 +11,14 @@ authenticate against etcd's auth (the token etcd answers is sent with every requ
 etcd forgets a token (restart, ``--auth-token-ttl`` of inactivity) the next request fails with "invalid auth
 token": the store authenticates again and retries a unary call once; streams re-establish with the new
 token. Refused credentials (a wrong password, a client certificate etcd does not trust, a user without
-permission) are :class:`~spiderflow.errors.UnavailableError` like any unreachable etcd (etcd is unavailable
+permission) are :class:`~spiderflow.core.errors.UnavailableError` like any unreachable etcd (etcd is unavailable
 *to this process*; its callers' requests are not at fault), with etcd's reason in the message.
 
 Connection handling: the gRPC channel reconnects by itself (backoff 0.1–1 s) and sends HTTP/2
 keep-alive pings every ``keepalive_s`` (etcd refuses pings more often than its
 ``--grpc-keepalive-min-time``, 5 s by default), so a silent server (SIGSTOP, partition) breaks open
 streams within ``keepalive_s + 5`` s. Unary calls fail after ``request_timeout`` with
-:class:`~spiderflow.errors.UnavailableError`. Watches, observations and a campaign in progress
+:class:`~spiderflow.core.errors.UnavailableError`. Watches, observations and a campaign in progress
 re-establish themselves across restarts for up to ``stream_retry_s``.
 """
 
@@ -36,7 +36,7 @@ import grpc
 import grpc.aio
 import structlog
 
-from spiderflow.errors import (
+from spiderflow.core.errors import (
     ConflictError,
     NotFoundError,
     PreconditionError,

@@ -2,7 +2,7 @@
 
 All keys live under :data:`ROOT` (``/spiderflow/v1/``). Name components (cluster names, job ids,
 tenants) follow the id grammar of :mod:`spiderflow.security.ids`; the builders reject anything else with a
-:class:`~spiderflow.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
+:class:`~spiderflow.core.errors.ValidationError`. Values are JSON documents (UTF-8) unless noted.
 
 =====================================================  ===========================================  =====
 key                                                    value (record of :mod:`~spiderflow.store.records`)  lease
@@ -25,7 +25,7 @@ key                                                    value (record of :mod:`~s
 
 Every key is built by a function of this module and read back by :func:`parse` (a :class:`Key`: its
 :class:`KeyKind` and name components); a key under :data:`ROOT` that no builder makes is refused with a
-:class:`~spiderflow.errors.CorruptRecordError` naming it. The value of each kind is encoded and decoded by
+:class:`~spiderflow.core.errors.CorruptRecordError` naming it. The value of each kind is encoded and decoded by
 :mod:`spiderflow.store.records` only.
 
 Binding a job is one :meth:`~spiderflow.store.base.Store.commit`: compare ``jobs/<job>`` and each
@@ -39,8 +39,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from spiderflow import ids
-from spiderflow.errors import CorruptRecordError, ValidationError
+from spiderflow.core import ids
+from spiderflow.core.errors import CorruptRecordError, ValidationError
 
 __all__ = [
     "ALLOCATIONS",
@@ -271,7 +271,7 @@ class Key:
     """A link's destination."""
     job: str = ""
     tenant: str = ""
-    """A request key's tenant (:data:`spiderflow.ids.DEFAULT_TENANT` when unqualified)."""
+    """A request key's tenant (:data:`spiderflow.core.ids.DEFAULT_TENANT` when unqualified)."""
     request_id: str = ""
     attempt: int | None = None
     step: int | None = None
@@ -290,7 +290,7 @@ def _unknown(key: str, why: str) -> CorruptRecordError:
 
 def parse(key: str) -> Key:
     """The :class:`Key` that ``key`` is: exactly what one builder of this module makes (canonical: built
-    again from its parts it is the same string). :class:`~spiderflow.errors.CorruptRecordError` naming the key
+    again from its parts it is the same string). :class:`~spiderflow.core.errors.CorruptRecordError` naming the key
     (field ``key``) for anything else: outside :data:`ROOT`, an unknown directory, a malformed name."""
     if not isinstance(key, str) or not key.startswith(ROOT):
         raise _unknown(str(key), f"is not under {ROOT}")

@@ -6,7 +6,7 @@ compaction, and leader election follow the contract in :mod:`spiderflow.store.ba
 until :meth:`MemoryStore.compact`.
 
 Fault injection for callers' tests: :meth:`MemoryStore.set_available` ``(False)`` makes every request
-(and so every lease keep-alive) raise :class:`~spiderflow.errors.UnavailableError` while the "server"
+(and so every lease keep-alive) raise :class:`~spiderflow.core.errors.UnavailableError` while the "server"
 side keeps running: leases expire, established watches keep delivering.
 """
 
@@ -20,7 +20,7 @@ from typing import Self
 
 import structlog
 
-from spiderflow.errors import ConflictError, NotFoundError, UnavailableError, ValidationError
+from spiderflow.core.errors import ConflictError, NotFoundError, UnavailableError, ValidationError
 from spiderflow.store.base import (
     CompactedError,
     Compare,

@@ -7,7 +7,7 @@ and a data directory that is either given (kept) or a fresh temporary one (remov
 Contract:
 
 - :meth:`start` returns only when ``/health`` on the client URL answers healthy, or raises
-  :class:`~spiderflow.errors.UnavailableError` with the tail of etcd's log.
+  :class:`~spiderflow.core.errors.UnavailableError` with the tail of etcd's log.
 - :meth:`stop` sends SIGTERM, then SIGKILL after ``timeout``; :meth:`kill` sends SIGKILL at once. Both
   reap the child. A stopped (SIGSTOPped) child is killed as well.
 - :meth:`restart` = stop + start on the same ports and data dir: committed data and unexpired leases
@@ -50,7 +50,7 @@ from types import TracebackType
 
 import structlog
 
-from spiderflow.errors import PreconditionError, UnavailableError, ValidationError
+from spiderflow.core.errors import PreconditionError, UnavailableError, ValidationError
 from spiderflow.store.tls import EtcdTLS
 
 __all__ = ["MAX_TXN_OPS", "EtcdProcess", "find_etcd", "free_port"]

@@ -2,7 +2,7 @@
 
 Keys are built and parsed by :mod:`spiderflow.store.keys`; this module owns what their values hold. Writers
 call :func:`encode` (or a record's ``encode()``); readers call :func:`decode` with the key and the value and
-get the record the key's kind holds, or a :class:`~spiderflow.errors.CorruptRecordError` naming the key and
+get the record the key's kind holds, or a :class:`~spiderflow.core.errors.CorruptRecordError` naming the key and
 the field (``field`` is a dotted path inside the value: ``plan.stages[1].tp``), never a ``KeyError`` or a
 ``JSONDecodeError``. A service answering a call turns that error into the gRPC status DATA_LOSS
 (:mod:`spiderflow.rpc.errors`).
@@ -20,7 +20,7 @@ key kind                  record                                 value
 ``allocations/<c>``       :class:`AllocationRecord`              JSON ``{"<job>": gpus}``
 ``assignments/<c>/<j>``   :class:`Assignment`                    JSON ``{"job", "attempt", "stages",
                                                                  "plan", "spec"}``
-``waits/<j>``             :class:`~spiderflow.cycle.WaitState`   JSON ``{"until", "gpus", "claim", "run_s",
+``waits/<j>``             :class:`~spiderflow.core.cycle.WaitState`   JSON ``{"until", "gpus", "claim", "run_s",
                                                                  "reason"}``
 ``rendezvous/<j>/<a>``    :class:`RendezvousInfo`                JSON ``{"host", "port", "checkpoint_dir",
                                                                  "checkpoint_every", "resume"}``
@@ -42,10 +42,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from spiderflow import ids
-from spiderflow.cycle import WaitState
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, Topology
-from spiderflow.errors import CorruptRecordError, ValidationError
+from spiderflow.core import ids
+from spiderflow.core.cycle import WaitState
+from spiderflow.core.domain import Cluster, JobSpec, Link, Plan, Topology
+from spiderflow.core.errors import CorruptRecordError, ValidationError
 from spiderflow.exec.spec import CheckpointManifest, manifest_from_dict, manifest_to_dict
 from spiderflow.formats import (
     job_from_dict,
@@ -774,7 +774,7 @@ _DECODERS: dict[KeyKind, Callable[[Key, bytes], Record]] = {
 
 def decode(key: str, value: bytes) -> Record:
     """The record stored at ``key`` (its kind from :func:`spiderflow.store.keys.parse`);
-    :class:`~spiderflow.errors.CorruptRecordError` naming the key and the field when the key is unknown or the
+    :class:`~spiderflow.core.errors.CorruptRecordError` naming the key and the field when the key is unknown or the
     value is not that kind's record."""
     parsed = keys.parse(key)
     return _DECODERS[parsed.kind](parsed, bytes(value))

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.store import keys
 
 __all__ = ["SERVICE_GRANTS", "Grant", "etcdctl_commands"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["CA_FILE", "CERT_FILE", "KEY_FILE", "EtcdTLS"]
 

@@ -13,7 +13,7 @@
   (``StopAsyncIteration``), also when the close interrupts a read.
 
 Subclasses implement :meth:`_connect` (establish from ``_next``, ``None`` = from now, retrying as their store
-does and raising :class:`~spiderflow.errors.UnavailableError` when they give up; they set ``_call`` and may
+does and raising :class:`~spiderflow.core.errors.UnavailableError` when they give up; they set ``_call`` and may
 buffer the first answer's events with :meth:`_take`), :meth:`_read` (one answer of ``_call``: its events) and
 :meth:`_cancel` (cancel a call); :meth:`_on_break` and :meth:`_on_close` are optional hooks.
 """
@@ -60,7 +60,7 @@ class ResumableWatch(Watch):
     @abc.abstractmethod
     async def _connect(self) -> None:
         """Establish the stream from ``_next`` (``None``: from now, then set ``_next`` and ``_last``), retrying
-        as the store does; set ``_call``. :class:`~spiderflow.errors.UnavailableError` when giving up,
+        as the store does; set ``_call``. :class:`~spiderflow.core.errors.UnavailableError` when giving up,
         :class:`~spiderflow.store.base.CompactedError` when ``_next`` is compacted."""
 
     @abc.abstractmethod

@@ -20,8 +20,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from spiderflow.domain import Link, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Link, Topology
+from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "CLUSTER_IFACE",
@@ -114,7 +114,7 @@ class Layout:
         return f"10.{self.octet}.0.0/24"
 
     def slot(self, name: str) -> ClusterSlot:
-        from spiderflow.errors import NotFoundError
+        from spiderflow.core.errors import NotFoundError
 
         for s in self.clusters:
             if s.name == name:

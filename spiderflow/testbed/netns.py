@@ -56,8 +56,8 @@ from typing import Any
 
 import structlog
 
-from spiderflow.domain import Topology
-from spiderflow.errors import NotFoundError, PermissionDeniedError, PreconditionError, SpiderFlowError
+from spiderflow.core.domain import Topology
+from spiderflow.core.errors import NotFoundError, PermissionDeniedError, PreconditionError, SpiderFlowError
 from spiderflow.formats import topology_from_dict, topology_to_dict
 from spiderflow.gateway.protocol import GatewayConfig, GatewayPeer
 from spiderflow.testbed.layout import (

@@ -21,9 +21,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from spiderflow.domain import JobSpec, Plan, Topology
-from spiderflow.errors import ValidationError
-from spiderflow.tpa.timeline import Timeline, simulate_plan
+from spiderflow.core.domain import JobSpec, Plan, Topology
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.tpa.timeline import Timeline, simulate_plan
 from spiderflow.viz.palette import cluster_colors, hex_rgb
 
 __all__ = ["SUPPORTED_SUFFIXES", "render_gantt"]
@@ -117,7 +117,7 @@ def _title(plan: Plan, tl: Timeline, job: JobSpec) -> str:
 def render_gantt(plan: Plan, topo: Topology, job: JobSpec, path: str | Path) -> Path:
     """Draw ``plan``'s simulated step to ``path`` (``.png``, ``.svg`` or ``.html``); returns the path.
 
-    Raises :class:`~spiderflow.errors.ValidationError` (field ``path``) for another suffix.
+    Raises :class:`~spiderflow.core.errors.ValidationError` (field ``path``) for another suffix.
     """
     out = Path(path)
     suffix = out.suffix.lower()

@@ -9,7 +9,7 @@ import pytest
 from agent.agent import build_cluster
 from agent.config import ProbeConfig, etcd_options, load_config
 from agent.profiler import DeviceProfile, catalog_name
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 
 BASE = {"cluster": "a", "topology_service": "127.0.0.1:1", "etcd": "127.0.0.1:2"}
 

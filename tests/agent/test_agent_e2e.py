@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.domain import Topology
+from spiderflow.core.domain import Topology
 from spiderflow.formats import topology_from_dict
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from agent.executor import Assignment, Executor, ExecutorSettings, RendezvousInfo, is_peer_error
-from spiderflow.catalog import MODEL_PRESETS
-from spiderflow.domain import Plan, Schedule, Stage
+from spiderflow.core.catalog import MODEL_PRESETS
+from spiderflow.core.domain import Plan, Schedule, Stage
 from spiderflow.formats import job_from_dict, job_to_dict, plan_to_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.store import keys

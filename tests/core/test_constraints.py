@@ -8,14 +8,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import model_preset
-from spiderflow.constraints import allowed_clusters, unsatisfiable, view
-from spiderflow.cycle import CycleDecision, CycleInput, CycleOptions, Holder, Outcome, QueueEntry, run_cycle
-from spiderflow.domain import Cluster, Constraints, GpuRange, JobSpec, Link, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.constraints import allowed_clusters, unsatisfiable, view
+from spiderflow.core.cycle import CycleDecision, CycleInput, CycleOptions, Holder, Outcome, QueueEntry, run_cycle
+from spiderflow.core.domain import Cluster, Constraints, GpuRange, JobSpec, Link, Topology
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement import REGISTRY, get_policy, load_builtin_policies
+from spiderflow.core.placement.base import Budget
 from spiderflow.formats import job_from_dict, job_to_dict
-from spiderflow.placement import REGISTRY, get_policy, load_builtin_policies
-from spiderflow.placement.base import Budget
 from spiderflow.rpc.convert import job_from_proto, job_to_proto
 
 CLUSTERS = (
@@ -112,7 +112,7 @@ def test_views_of_one_snapshot_share_their_structure() -> None:
 def test_a_view_does_not_poison_spinsearch_memos() -> None:
     """SpinSearch memoises searches by path matrix: the same job on the whole topology and on a view gets
     each its own answer, in either order, equal to a cold decision."""
-    from spiderflow.placement import clear_memos, spinsearch
+    from spiderflow.core.placement import clear_memos, spinsearch
 
     spin = get_policy("spinsearch")
     free = _job(gmin=12, gmax=16)

@@ -1,4 +1,4 @@
-"""Hand-computed checks of every cost-model term (DESIGN.md §3; formulas in spiderflow/costmodel.py)."""
+"""Hand-computed checks of every cost-model term (DESIGN.md §3; formulas in spiderflow/core/costmodel.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from spiderflow import costmodel as cm
-from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core import costmodel as cm
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
 
 # A small model whose numbers are easy to do by hand: L=4, h=1024, a=8, V=1000.
 M = ModelSpec(name="hand", layers=4, hidden=1024, heads=8, vocab=1000)

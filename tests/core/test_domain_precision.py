@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Sharding, Stage
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec, Plan, Precision, Sharding, Stage
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import job_from_dict, job_to_dict, plan_from_dict, plan_to_dict
 
 

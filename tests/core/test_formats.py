@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import (
     job_from_dict,
     job_to_dict,

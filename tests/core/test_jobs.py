@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.domain import Plan, Stage
-from spiderflow.errors import PreconditionError
+from spiderflow.core.domain import Plan, Stage
+from spiderflow.core.errors import PreconditionError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobRecord, JobState
 from spiderflow.store import keys, records

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from spiderflow import mesh as mesh_mod
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.mesh import LocalMesh, sample_topology
 
 

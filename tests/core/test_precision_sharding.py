@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow import costmodel as cm
-from spiderflow.catalog import ModelSpec
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Plan, Precision, Sharding, Stage, Topology
+from spiderflow.core import costmodel as cm
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Plan, Precision, Sharding, Stage, Topology
 
 M = ModelSpec(name="t", layers=4, hidden=1024, heads=8, vocab=1000)
 B, S = 2, 512

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.catalog import ModelSpec
 from spiderflow.cli.main import main
-from spiderflow.costmodel import layer_fwd_flops
-from spiderflow.domain import Cluster, Precision, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.costmodel import layer_fwd_flops
+from spiderflow.core.domain import Cluster, Precision, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.profile import apply_profile, block_rate_tflops, parse_profile, profile_to_dict
 
 M = ModelSpec(name="t", layers=4, hidden=1024, heads=8, vocab=1000)

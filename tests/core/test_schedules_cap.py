@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.domain import Plan, Schedule, Stage
-from spiderflow.errors import ValidationError
-from spiderflow.schedules import (
+from spiderflow.core.domain import Plan, Schedule, Stage
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.schedules import (
     MAX_IN_FLIGHT_KEY,
     default_warmup,
     peak_in_flight,

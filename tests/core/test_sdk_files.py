@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.sdk import Client
 
 

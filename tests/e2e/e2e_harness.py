@@ -100,7 +100,7 @@ def walk_keyspace(etcd_data: Path) -> dict[str, int]:
     """Replay every write ever made to the etcd whose data directory is ``etcd_data`` (its whole history, from
     revision 1), then read the keys left: every key must parse through :mod:`spiderflow.store.keys` and every
     value decode through :mod:`spiderflow.store.records` — the first that does not raises the
-    :class:`~spiderflow.errors.CorruptRecordError` naming its key (an unknown key: field ``key``). Returns how
+    :class:`~spiderflow.core.errors.CorruptRecordError` naming its key (an unknown key: field ``key``). Returns how
     many writes of each key kind there were."""
     import asyncio
 

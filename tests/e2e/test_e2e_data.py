@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from e2e_harness import MARK, attempt_events, losses_by_step, wait_for_job, wait_no_marked_processes
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.data import micro_batch, open_data
 from spiderflow.exec.spec import TrainSpec, spec_from_dict
 from spiderflow.mesh import LocalMesh, sample_topology

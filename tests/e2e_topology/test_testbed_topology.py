@@ -39,7 +39,7 @@ import grpc.aio
 import pytest
 from testbed_fixtures import LiveMesh, live_mesh, netns_skip_reason
 
-from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.core.domain import Cluster, Link, Topology
 from spiderflow.formats import topology_from_dict
 from spiderflow.procs import spiderflow_argv
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc

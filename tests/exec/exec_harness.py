@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from spiderflow.catalog import ModelSpec
+from spiderflow.core.catalog import ModelSpec
 from spiderflow.exec.data import SyntheticTokens, micro_batch
 from spiderflow.exec.model import build_full
 from spiderflow.exec.runtime import RunResult

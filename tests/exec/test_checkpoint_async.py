@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Plan, Stage
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Plan, Stage
 from spiderflow.exec import checkpoint as ckpt
 from spiderflow.exec.spec import TrainSpec
 

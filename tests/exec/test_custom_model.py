@@ -9,9 +9,9 @@ import pytest
 import torch
 from exec_harness import Launcher
 
-from spiderflow.catalog import ModelFamily
-from spiderflow.costmodel import layer_fwd_flops, stage_params
-from spiderflow.domain import Plan, Stage
+from spiderflow.core.catalog import ModelFamily
+from spiderflow.core.costmodel import layer_fwd_flops, stage_params
+from spiderflow.core.domain import Plan, Stage
 from spiderflow.exec.custom import measure_entry_point
 from spiderflow.exec.data import SyntheticTokens, micro_batch
 from spiderflow.exec.model import build_full

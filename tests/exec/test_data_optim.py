@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from spiderflow.domain import DataKind, DataSpec, OptimizerSpec
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import DataKind, DataSpec, OptimizerSpec
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.data import TokenShards, micro_batch, open_data, prepare_corpus
 from spiderflow.exec.optim import build_optimizer, clip_grad_norm_
 from spiderflow.exec.preflight import check_job_paths
@@ -143,8 +143,8 @@ def test_a_pipeline_with_the_full_optimizer_equals_one_process(tmp_path: Path) -
     reading a token file: the losses equal one process running the same optimizer on the same batches."""
     from exec_harness import Launcher
 
-    from spiderflow.catalog import MODEL_PRESETS
-    from spiderflow.domain import Plan, Stage
+    from spiderflow.core.catalog import MODEL_PRESETS
+    from spiderflow.core.domain import Plan, Stage
     from spiderflow.exec.model import build_full
     from spiderflow.exec.spec import TrainSpec
 
@@ -190,8 +190,8 @@ def test_a_resumed_and_re_split_job_sees_the_same_sample_sequence(tmp_path: Path
     """One job run straight through (1 stage, 4 micro-batches) against the same job stopped after step 3
     and resumed on another split (2 stages × dp 2, 2 micro-batches; then 1 micro-batch) from a freshly
     opened source: every step trains on the same samples in the same order, across epochs of the data."""
-    from spiderflow.catalog import MODEL_PRESETS
-    from spiderflow.domain import Plan, Stage
+    from spiderflow.core.catalog import MODEL_PRESETS
+    from spiderflow.core.domain import Plan, Stage
     from spiderflow.exec.spec import TrainSpec
 
     if kind == "tokens":

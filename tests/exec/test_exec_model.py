@@ -11,9 +11,9 @@ import pytest
 import torch
 from exec_harness import reference_losses
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.domain import Plan, Schedule, Stage
-from spiderflow.errors import PreconditionError, ValidationError
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.domain import Plan, Schedule, Stage
+from spiderflow.core.errors import PreconditionError, ValidationError
 from spiderflow.exec.checkpoint import (
     latest_checkpoint,
     load_dcp,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from exec_harness import Launcher, reference_losses
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Plan, Precision, ReplicaShare, Schedule, Sharding, Stage
 from spiderflow.exec.checkpoint import complete_checkpoints, latest_checkpoint
 from spiderflow.exec.runtime import RunResult
 from spiderflow.exec.spec import TrainSpec

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from exec_harness import Launcher, losses_of, reference_losses
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Plan, Schedule, Stage
-from spiderflow.errors import PreconditionError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Plan, Schedule, Stage
+from spiderflow.core.errors import PreconditionError
 from spiderflow.exec.checkpoint import latest_checkpoint
 from spiderflow.exec.runtime import PHASES, RunResult
 from spiderflow.exec.spec import TrainSpec, check_runnable

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import torch
 
-from spiderflow.catalog import MODEL_PRESETS, ModelFamily, ModelSpec
 from spiderflow.cli.main import main as cli
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import MODEL_PRESETS, ModelFamily, ModelSpec
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec import hf
 from spiderflow.exec.model import build_full, build_stage
 from spiderflow.formats import model_from_value

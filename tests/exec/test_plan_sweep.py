@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.catalog import MODEL_PRESETS
 from spiderflow.cli.main import main
+from spiderflow.core.catalog import MODEL_PRESETS
+from spiderflow.core.topogen import generate_topology
 from spiderflow.formats import topology_to_dict
 from spiderflow.presets import PRESETS
-from spiderflow.topogen import generate_topology
 
 GPUS = {"gpt-tiny": "1:8", "llama-tiny": "1:8", "gpt3-1.3b": "8", "gpt3-2.7b": "8:16", "gpt3-6.7b": "32",
         "gpt3-13b": "64", "llama3-8b": "64", "llama3-70b": "128"}

@@ -1,4 +1,4 @@
-"""Properties of the pipeline schedule orders in :mod:`spiderflow.schedules`."""
+"""Properties of the pipeline schedule orders in :mod:`spiderflow.core.schedules`."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.domain import Schedule
-from spiderflow.errors import ValidationError
-from spiderflow.schedules import (
+from spiderflow.core.domain import Schedule
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.schedules import (
     ScheduleDeadlockError,
     default_warmup,
     replay,
@@ -224,10 +224,10 @@ def test_workers_run_the_capped_orders_the_timeline_simulates(
 ) -> None:
     """Without explicit warm-ups a worker's order (:func:`rank_ops`) is the timeline's
     (:func:`plan_orders`) under the plan's in-flight cap; no replica holds more than K in flight."""
-    from spiderflow.catalog import ModelSpec
-    from spiderflow.domain import Plan, Stage
+    from spiderflow.core.catalog import ModelSpec
+    from spiderflow.core.domain import Plan, Stage
+    from spiderflow.core.tpa.timeline import plan_orders
     from spiderflow.exec.spec import TrainSpec, rank_ops
-    from spiderflow.tpa.timeline import plan_orders
 
     stages = tuple(Stage(cluster=f"c{i}", first_layer=i, last_layer=i, dp=d) for i, d in enumerate(dps))
     extras = {} if cap is None else {"max_in_flight": float(cap)}

@@ -27,7 +27,7 @@ import pytest
 from fault_harness import list_jobs, submit_until_accepted, succeeded_once
 from testbed_fixtures import LiveMesh, live_mesh, netns_skip_reason
 
-from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.core.domain import Cluster, Link, Topology
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2

@@ -19,7 +19,7 @@ from fuzz_harness import FuzzTarget
 from hypothesis import HealthCheck, given, settings
 from strategies import RPCS, documents, requests
 
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import load_topology, load_trace, topology_from_dict, trace_from_dict
 from spiderflow.store.process import EtcdProcess
 

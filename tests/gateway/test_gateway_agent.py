@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import load_config
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.gateway.process import GatewayProcess
 from spiderflow.gateway.protocol import GatewayConfig, GatewayPeer
 from spiderflow.security.certs import init_certs
@@ -77,7 +77,7 @@ async def test_the_agent_keeps_its_gateway_running_and_stops_it(tmp_path: Path) 
 
 
 async def test_a_gateway_that_cannot_start_fails_the_agent_with_its_reason(tmp_path: Path) -> None:
-    from spiderflow.errors import UnavailableError
+    from spiderflow.core.errors import UnavailableError
 
     config = GatewayConfig(enabled=True, port=0, redirect="127.0.0.1:0", ranges=("127.0.1.0/24",))
     gw = GatewayProcess(cluster="east", config=config, tls_dir=tmp_path / "missing", work_dir=tmp_path / "work")

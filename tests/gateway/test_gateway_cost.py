@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import ValidationError
-from spiderflow.gateway.cost import GatewayHop, gateway_link, with_gateways
+from spiderflow.core.domain import Cluster, Link, Topology
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.gatewaycost import GatewayHop, gateway_link, with_gateways
 
 
 def _topology() -> Topology:
@@ -36,7 +36,7 @@ def test_only_links_with_a_gateway_at_both_ends_change() -> None:
 
 
 def test_the_cost_model_charges_the_hop() -> None:
-    from spiderflow.costmodel import transfer_time
+    from spiderflow.core.costmodel import transfer_time
 
     topo = _topology()
     hop = GatewayHop(latency_ms=3.8, gbps=0.3)

@@ -28,7 +28,7 @@ from agent.config import KubernetesConfig
 from agent.launchers.base import GroupResult, StageGroup
 from agent.launchers.kubernetes import config_map, headless_service, indexed_job, validate
 from agent.launchers.node import decode_line, encode_line, node_ranks
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.spec import RankInfo
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import pytest
 from agent.config import load_config
 from agent.launchers import LauncherKind, launcher_for, stage_groups
 from agent.launchers.base import StageGroup
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.exec.spec import RankInfo
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ from e2e_harness import (
 )
 from exec_harness import reference_losses
 
-from spiderflow.catalog import MODEL_PRESETS
+from spiderflow.core.catalog import MODEL_PRESETS
 from spiderflow.mesh import LocalMesh, sample_topology
 from spiderflow.sdk import Client
 

@@ -25,8 +25,8 @@ from agent.config import SlurmConfig
 from agent.executor import Executor, ExecutorSettings
 from agent.launchers.base import StageGroup
 from agent.launchers.slurm import SlurmLauncher, batch_script, sbatch_argv
-from spiderflow.catalog import MODEL_PRESETS
-from spiderflow.domain import Plan, Schedule, Stage
+from spiderflow.core.catalog import MODEL_PRESETS
+from spiderflow.core.domain import Plan, Schedule, Stage
 from spiderflow.exec.spec import RankInfo
 from spiderflow.formats import job_from_dict, job_to_dict, plan_to_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2

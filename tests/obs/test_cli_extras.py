@@ -16,7 +16,7 @@ import pytest
 
 from spiderflow.cli.commands.completion import render
 from spiderflow.cli.commands.topology import draw_map
-from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.core.domain import Cluster, Link, Topology
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 

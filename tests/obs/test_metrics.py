@@ -72,7 +72,7 @@ async def test_interceptor_counts_and_times_rpcs_by_method_and_code() -> None:
 
 
 def test_metrics_server_serves_the_registry_and_validates_its_address() -> None:
-    from spiderflow.errors import ValidationError
+    from spiderflow.core.errors import ValidationError
 
     assert metrics.start_metrics_server(None) is None
     with pytest.raises(ValidationError, match="--metrics-listen"):

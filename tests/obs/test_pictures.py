@@ -18,11 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_builtin_policy_has_its_own_colour_in_the_shared_palette() -> None:
-    from spiderflow.placement import REGISTRY, load_builtin_policies
-    from spiderflow.sim import plots
+    from spiderflow.core.placement import REGISTRY, load_builtin_policies
+    from spiderflow.core.sim import plots
 
     load_builtin_policies()
-    builtin = {n for n, f in REGISTRY.items() if getattr(f, "__module__", "").startswith("spiderflow.placement")}
+    builtin = {n for n, f in REGISTRY.items() if getattr(f, "__module__", "").startswith("spiderflow.core.placement")}
     names = builtin - {"bruteforce"}
     assert {"spinsearch", "genetic", "ilp", "firstfit", "bace"} <= names
     assert names <= set(palette.POLICY_COLORS), names - set(palette.POLICY_COLORS)
@@ -46,8 +46,8 @@ def _readme_gantt_args() -> list[str]:
 def test_the_readme_gantt_example_crosses_regions_without_overlapping_labels(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from spiderflow.cli.main import main
+    from spiderflow.core.tpa.timeline import simulate_plan
     from spiderflow.formats import load_topology
-    from spiderflow.tpa.timeline import simulate_plan
     from spiderflow.viz.gantt import _PLOT_PX, _fits_label
 
     args = _readme_gantt_args()
@@ -59,8 +59,8 @@ def test_the_readme_gantt_example_crosses_regions_without_overlapping_labels(
     assert len(clusters) >= 2 and len(set(clusters)) >= 2, clusters  # a pipeline across regions
     assert out.stat().st_size > 10_000
     # Labels: a block gets its micro-batch number only when the number fits inside it.
-    from spiderflow.catalog import model_preset
-    from spiderflow.domain import GpuRange, JobSpec
+    from spiderflow.core.catalog import model_preset
+    from spiderflow.core.domain import GpuRange, JobSpec
     from spiderflow.formats import plan_from_dict
 
     topo = load_topology(ROOT / "examples/topology-3.yaml")
@@ -103,7 +103,7 @@ def test_the_map_labels_latency_and_has_a_legend(tmp_path: Path, monkeypatch: py
 
 
 def test_the_report_reads_like_a_report(tmp_path: Path) -> None:
-    from spiderflow.sim.plots import write_plots
+    from spiderflow.viz.simplots import write_plots
 
     pol = {name: {"jobs": 2, "completed": 2, "mean_jct_s": 12520.0, "p95_jct_s": 20000.0, "makespan_s": 30000.0,
                   "throughput_tokens_per_s": 1.5e5, "sched_overhead_s": 0.2, "decisions": 2,

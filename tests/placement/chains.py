@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Topology
 
 __all__ = ["memory_bound_chain"]
 

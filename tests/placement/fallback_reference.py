@@ -1,6 +1,6 @@
 """The level-1 fallback planner in plain Python: the per-block search, the chain aggregate, the boundary
-local search and the memory-first dynamic programme as :mod:`spiderflow.placement.common` documents them,
-kept as the reference its compiled form (:mod:`spiderflow.kernels.fallback`) is compared against, bit for
+local search and the memory-first dynamic programme as :mod:`spiderflow.core.placement.common` documents them,
+kept as the reference its compiled form (:mod:`spiderflow.core.kernels.fallback`) is compared against, bit for
 bit. The helpers both share (the proportional split, validation, plan assembly and evaluation, the scorer)
 and the block and shape records are the production module's."""
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from spiderflow.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate, fits_memory
-from spiderflow.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
-from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.placement.base import Objective
-from spiderflow.placement.common import (
+from spiderflow.core.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate, fits_memory
+from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.placement.base import Objective
+from spiderflow.core.placement.common import (
     _MAX_TP,
     _PP_CHOICES,
     _ar,

@@ -1,5 +1,5 @@
 """One level of SpinSearch's beam as plain Python: the reference the compiled
-:func:`spiderflow.kernels.search.neighbour_table` and :func:`~spiderflow.kernels.search.extend_beam` must
+:func:`spiderflow.core.kernels.search.neighbour_table` and :func:`~spiderflow.core.kernels.search.extend_beam` must
 match exactly."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The chain scorer and the greedy GPU allocation of :mod:`spiderflow.placement.common` as vectorised numpy:
-the reference the compiled kernels (:mod:`spiderflow.kernels.scorer`) must match bit for bit.
+"""The chain scorer and the greedy GPU allocation of :mod:`spiderflow.core.placement.common` as vectorised numpy:
+the reference the compiled kernels (:mod:`spiderflow.core.kernels.scorer`) must match bit for bit.
 
 Same symbols and formulas as the scorer's documentation; every row sum is a left-to-right cumulative sum,
 so a row's figures do not depend on the other rows or on the padding width.
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spiderflow.costmodel import GIB, RESERVED_GIB
-from spiderflow.placement.common import (
+from spiderflow.core.costmodel import GIB, RESERVED_GIB
+from spiderflow.core.placement.common import (
     _TP_CHOICES,
     ChainScores,
     FArr,
@@ -37,7 +37,7 @@ _POW2_UPTO_8 = np.array([1, 1, 2, 2, 4, 4, 4, 4, 8], dtype=np.int64)
 
 def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr, gpus: IArr,
                  tables: ScoreTables | None = None) -> ChainScores:
-    """The scorer of :func:`spiderflow.placement.common.score_chains` as vectorised numpy (every row at once).
+    """The scorer of :func:`spiderflow.core.placement.common.score_chains` as vectorised numpy (every row at once).
 
     Positions are left-aligned (valid positions first). O(N·K) numpy work. Each row's scores depend on that
     row alone (not on the other chains or the padding width). ``tables``: :func:`score_tables` of ``ta`` and

@@ -1,13 +1,13 @@
-"""The GPU tuning of SpinSearch's candidates as plain Python over :class:`~spiderflow.placement.spinsearch._Scorer`
-calls: the reference the compiled :func:`spiderflow.kernels.scorer.trim_rows` must match exactly. The chains
+"""The GPU tuning of SpinSearch's candidates as plain Python over :class:`~spiderflow.core.placement.spinsearch._Scorer`
+calls: the reference the compiled :func:`spiderflow.core.kernels.scorer.trim_rows` must match exactly. The chains
 are tuned in lockstep, every chain's candidates of a round scored in one call."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from spiderflow.placement.base import Objective
-from spiderflow.placement.spinsearch import TRIM_TOLERANCE, Chain, _Scorer
+from spiderflow.core.placement.base import Objective
+from spiderflow.core.placement.spinsearch import TRIM_TOLERANCE, Chain, _Scorer
 
 __all__ = ["trim_reference"]
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec, Topology
-from spiderflow.placement.bace import Bace, bace_gpus, bace_paths
-from spiderflow.placement.base import REGISTRY
-from spiderflow.placement.common import check_plan, finalise
-from spiderflow.placement.greedy import Greedy, greedy_allocations
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec, Topology
+from spiderflow.core.placement.bace import Bace, bace_gpus, bace_paths
+from spiderflow.core.placement.base import REGISTRY
+from spiderflow.core.placement.common import check_plan, finalise
+from spiderflow.core.placement.greedy import Greedy, greedy_allocations
+from spiderflow.core.topogen import generate_topology
 
 
 def _llama(k: int) -> JobSpec:
@@ -41,7 +41,7 @@ def test_bace_counts_gpus_by_its_own_rule_and_keeps_the_cheapest_feasible_path()
     res = Bace().place(topo, job)
     assert res.ok and res.stats["target_gpus"] == g and res.stats["paths_planned"] >= 2
     paths = bace_paths(topo, job, g, float("inf"))
-    from spiderflow.placement.base import Objective
+    from spiderflow.core.placement.base import Objective
 
     cheapest = finalise(topo, job, paths, objective=Objective.COST, planner=None).plan
     assert cheapest is not None

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.domain import GpuRange, JobSpec, Topology
-from spiderflow.placement.base import Budget, Objective
-from spiderflow.placement.bruteforce import BruteForce, count_evaluations
-from spiderflow.placement.common import check_plan, plan_objective
-from spiderflow.placement.spinsearch import SpinSearch
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import GpuRange, JobSpec, Topology
+from spiderflow.core.placement.base import Budget, Objective
+from spiderflow.core.placement.bruteforce import BruteForce, count_evaluations
+from spiderflow.core.placement.common import check_plan, plan_objective
+from spiderflow.core.placement.spinsearch import SpinSearch
+from spiderflow.core.topogen import generate_topology
 
 
 def tiny_instance(seed: int, *, max_clusters: int = 4) -> tuple[Topology, JobSpec, Budget]:
@@ -61,9 +61,9 @@ def test_bruteforce_is_exact_on_two_cluster_instances(seed: int) -> None:
     """Independent enumeration of the same space with the cost model itself: nothing beats bruteforce."""
     import itertools
 
-    from spiderflow.costmodel import evaluate
-    from spiderflow.domain import Plan, Stage
-    from spiderflow.placement.bruteforce import cluster_options
+    from spiderflow.core.costmodel import evaluate
+    from spiderflow.core.domain import Plan, Stage
+    from spiderflow.core.placement.bruteforce import cluster_options
 
     topo, job, budget = tiny_instance(seed)
     assert len(topo.clusters) == 2
@@ -90,8 +90,8 @@ def test_bruteforce_is_exact_on_two_cluster_instances(seed: int) -> None:
 
 
 def test_bruteforce_refuses_more_than_six_clusters() -> None:
-    from spiderflow.errors import ValidationError
-    from spiderflow.topogen import generate_topology
+    from spiderflow.core.errors import ValidationError
+    from spiderflow.core.topogen import generate_topology
 
     topo = generate_topology(7, 0)
     _, job, _ = tiny_instance(0)

@@ -16,13 +16,13 @@ from chains import memory_bound_chain
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import MODEL_PRESETS, ModelSpec, model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Precision, Topology
-from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.kernels import _WARMUPS, fallback
-from spiderflow.placement import common
-from spiderflow.placement.common import JobConsts
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import MODEL_PRESETS, ModelSpec, model_preset
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Precision, Topology
+from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.kernels import _WARMUPS, fallback
+from spiderflow.core.placement import common
+from spiderflow.core.placement.common import JobConsts
+from spiderflow.core.topogen import generate_topology
 
 Case = tuple[Topology, JobSpec, list[tuple[str, int]]]
 

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Topology
-from spiderflow.placement.base import Budget, PlacementStatus
-from spiderflow.placement.genetic import (
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.costmodel import evaluate, fits_memory
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Topology
+from spiderflow.core.placement.base import Budget, PlacementStatus
+from spiderflow.core.placement.genetic import (
     EXACT_TSP_MAX,
     POPULATION,
     TRIALS,
@@ -25,7 +25,7 @@ from spiderflow.placement.genetic import (
     open_loop_tsp,
     shapes,
 )
-from spiderflow.topogen import generate_topology
+from spiderflow.core.topogen import generate_topology
 
 TINY_MODEL = ModelSpec(name="tiny6", layers=6, hidden=1024, heads=8, vocab=8192)
 
@@ -69,7 +69,7 @@ def test_crossover_respects_cluster_capacity_and_takes_parent_one_positions() ->
 
 
 def test_published_budget_is_the_default_and_budgets_are_validated() -> None:
-    from spiderflow.placement.base import REGISTRY
+    from spiderflow.core.placement.base import REGISTRY
 
     assert REGISTRY["genetic"] is GeneticPolicy
     pol = GeneticPolicy()

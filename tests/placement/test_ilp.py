@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
-from spiderflow.placement import get_policy
-from spiderflow.placement.base import Budget, PlacementStatus
-from spiderflow.placement.ilp import IlpPolicy, greedy_plan
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.costmodel import evaluate, fits_memory
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core.placement import get_policy
+from spiderflow.core.placement.base import Budget, PlacementStatus
+from spiderflow.core.placement.ilp import IlpPolicy, greedy_plan
 
 TINY_MODEL = ModelSpec(name="tiny6", layers=6, hidden=1024, heads=8, vocab=8192)
 GPU_TYPES = ("H100-80G", "A100-40G", "V100-32G", "RTX4090")
@@ -160,7 +160,7 @@ def test_greedy_hint_is_feasible_and_never_better_than_the_optimum() -> None:
 
 
 def _generated(n: int) -> Topology:
-    from spiderflow.topogen import generate_topology
+    from spiderflow.core.topogen import generate_topology
 
     return generate_topology(n, 7)
 
@@ -270,8 +270,8 @@ def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, 
 def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance() -> None:
     """``--hint``: the best baseline plan warm-starts the model and is no better than the ILP's answer;
     ``ilp-decomposed`` keeps the hinted chain and solves split and degrees; SpinSearch's plan as a hint."""
-    from spiderflow.errors import ValidationError
-    from spiderflow.placement.ilp import BASELINE_HINTS, parse_hint
+    from spiderflow.core.errors import ValidationError
+    from spiderflow.core.placement.ilp import BASELINE_HINTS, parse_hint
 
     assert parse_hint("baselines") == BASELINE_HINTS and parse_hint("own") == ()
     for bad in ("ilp", "nosuch", ","):
@@ -294,8 +294,8 @@ def test_spinsearch_hint_with_smaller_micro_batches_enters_the_model_whole() -> 
     """SpinSearch's plan uses micro-batches of 1 where the job says 4 (activation memory differs): the
     model is built at the hint's micro-batch size, every decision variable is hinted and completed, and
     the answer is never worse than the hint (the upper reference starts where SpinSearch ends)."""
-    from spiderflow.sim.grid import instance_job
-    from spiderflow.topogen import generate_topology
+    from spiderflow.core.sim.grid import instance_job
+    from spiderflow.core.topogen import generate_topology
 
     topo, job = generate_topology(12, 2, "geo"), instance_job(1)
     ss = get_policy("spinsearch").place(topo, job, Budget(seed=2000))

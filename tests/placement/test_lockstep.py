@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec
-from spiderflow.placement.base import Objective
-from spiderflow.placement.common import job_consts, topo_arrays
-from spiderflow.placement.spinsearch import _hops, _Scorer, _trim
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec
+from spiderflow.core.placement.base import Objective
+from spiderflow.core.placement.common import job_consts, topo_arrays
+from spiderflow.core.placement.spinsearch import _hops, _Scorer, _trim
+from spiderflow.core.topogen import generate_topology
 
 
 @pytest.mark.parametrize("objective", [Objective.JCT, Objective.COST])

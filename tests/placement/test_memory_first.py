@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from chains import memory_bound_chain
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
-from spiderflow.errors import UnschedulableError
-from spiderflow.placement import common
-from spiderflow.placement.common import _ChainEval, fallback_plan_chain, memory_first_split
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.costmodel import evaluate, fits_memory
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core.errors import UnschedulableError
+from spiderflow.core.placement import common
+from spiderflow.core.placement.common import _ChainEval, fallback_plan_chain, memory_first_split
 
 
 def _tiny(seed: int) -> tuple[Topology, JobSpec, list[tuple[str, int]]]:
@@ -120,7 +120,7 @@ def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a level-1 plan of the chain in hand, a TPA failure is not reported (the level-1 plan is kept), so
     TPA is asked not to explain it; without one (``force=True``), its explanation is the answer."""
-    import spiderflow.tpa as tpa
+    import spiderflow.core.tpa as tpa
 
     topo, job, alloc = memory_bound_chain()
     job = replace(job, gpus=GpuRange(min=1, max=128))  # the memory-first plan leaves 7 of tokyo's GPUs idle

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from spiderflow.cli.main import main
+from spiderflow.core.topogen import generate_topology
 from spiderflow.formats import topology_to_dict
-from spiderflow.topogen import generate_topology
 
 
 @pytest.fixture
@@ -121,8 +121,8 @@ def test_gantt_without_renderer_or_with_it(topo_file: Path, tmp_path: Path, caps
 
 
 def test_plan_with_the_cpsat_level2_solver(topo_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import spiderflow.tpa.level2 as l2
-    from spiderflow.placement.common import plan_cache_clear
+    import spiderflow.core.tpa.level2 as l2
+    from spiderflow.core.placement.common import plan_cache_clear
 
     plan_cache_clear()
     l2.cache_clear()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Precision, Topology
-from spiderflow.placement.base import Budget
-from spiderflow.placement.common import fallback_plan_chain, job_consts, score_chains, topo_arrays, transfer_matrix
-from spiderflow.placement.spinsearch import SpinSearch
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.costmodel import evaluate
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Precision, Topology
+from spiderflow.core.placement.base import Budget
+from spiderflow.core.placement.common import fallback_plan_chain, job_consts, score_chains, topo_arrays, transfer_matrix
+from spiderflow.core.placement.spinsearch import SpinSearch
 
 MODEL = ModelSpec(name="small", layers=16, hidden=1024, heads=16, vocab=32000)
 

@@ -8,15 +8,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Precision, Topology
-from spiderflow.placement.bace import Bace
-from spiderflow.placement.base import Budget, Objective, PlacementStatus
-from spiderflow.placement.common import check_plan, fallback_plan_chain
-from spiderflow.placement.firstfit import FirstFit
-from spiderflow.placement.spinsearch import SpinSearch
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.costmodel import evaluate
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Precision, Topology
+from spiderflow.core.placement.bace import Bace
+from spiderflow.core.placement.base import Budget, Objective, PlacementStatus
+from spiderflow.core.placement.common import check_plan, fallback_plan_chain
+from spiderflow.core.placement.firstfit import FirstFit
+from spiderflow.core.placement.spinsearch import SpinSearch
+from spiderflow.core.topogen import generate_topology
 
 POLICIES = (SpinSearch(planner=None), FirstFit(), Bace(planner=None))
 
@@ -71,7 +71,7 @@ def test_every_plan_respects_the_hard_constraints(inst: tuple[Topology, JobSpec,
 
 
 def _topo(*clusters: Cluster) -> Topology:
-    from spiderflow.domain import Link
+    from spiderflow.core.domain import Link
 
     links = tuple(
         Link(a=clusters[i].name, b=clusters[i + 1].name, bandwidth_gbps=5.0, latency_ms=10.0)
@@ -139,10 +139,10 @@ def test_fallback_matches_the_cost_model_and_uses_pipeline_inside_a_cluster_for_
 @given(st.integers(0, 10_000), st.sampled_from(["gpt3-1.3b", "gpt3-13b"]), st.integers(1, 4),
        st.sampled_from(Precision))
 def test_level1_planner_mirrors_the_cost_model(seed: int, model: str, k: int, precision: Precision) -> None:
-    """The planner's own step-time arithmetic equals spiderflow.costmodel.evaluate on the plan it returns, in
+    """The planner's own step-time arithmetic equals spiderflow.core.costmodel.evaluate on the plan it returns, in
     the job's precision."""
-    from spiderflow.errors import UnschedulableError
-    from spiderflow.placement.common import _ChainEval
+    from spiderflow.core.errors import UnschedulableError
+    from spiderflow.core.placement.common import _ChainEval
 
     topo = generate_topology(8, seed)
     rng = np.random.default_rng(seed)

@@ -15,12 +15,12 @@ from reference_beam import extend_reference, neighbours_reference
 from reference_scorer import allocate_greedy_reference, score_chains_reference
 from reference_trim import trim_reference
 
-from spiderflow.catalog import MODEL_PRESETS
-from spiderflow.domain import GpuRange, JobSpec, Precision
-from spiderflow.placement import spinsearch
-from spiderflow.placement.base import Objective
-from spiderflow.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import MODEL_PRESETS
+from spiderflow.core.domain import GpuRange, JobSpec, Precision
+from spiderflow.core.placement import spinsearch
+from spiderflow.core.placement.base import Objective
+from spiderflow.core.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
+from spiderflow.core.topogen import generate_topology
 
 MODELS = sorted(m for m in MODEL_PRESETS if m != "gpt-tiny")
 

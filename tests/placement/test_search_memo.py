@@ -7,11 +7,11 @@ import gc
 import math
 import time
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec, Plan
-from spiderflow.placement import spinsearch
-from spiderflow.placement.spinsearch import search_chains
-from spiderflow.topogen import generate_topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec, Plan
+from spiderflow.core.placement import spinsearch
+from spiderflow.core.placement.spinsearch import search_chains
+from spiderflow.core.topogen import generate_topology
 
 
 def _job() -> JobSpec:
@@ -54,10 +54,10 @@ def test_the_memo_forgets_a_topology_that_is_gone() -> None:
 
 
 def test_clear_memos_forgets_searches_plans_and_solves_and_the_decision_is_recomputed_the_same() -> None:
-    from spiderflow.placement import clear_memos
-    from spiderflow.placement.common import plan_cache_stats
-    from spiderflow.placement.spinsearch import SpinSearch
-    from spiderflow.tpa import level2, timeline
+    from spiderflow.core.placement import clear_memos
+    from spiderflow.core.placement.common import plan_cache_stats
+    from spiderflow.core.placement.spinsearch import SpinSearch
+    from spiderflow.core.tpa import level2, timeline
 
     topo = generate_topology(12, 7, "geo")
     policy = SpinSearch()

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from spiderflow.cli.main import main
-from spiderflow.errors import ValidationError
-from spiderflow.placement.genetic import GeneticPolicy
-from spiderflow.placement.ilp import IlpPolicy
-from spiderflow.placement.options import SearchOptions, make_policy
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement.genetic import GeneticPolicy
+from spiderflow.core.placement.ilp import IlpPolicy
+from spiderflow.core.placement.options import SearchOptions, make_policy
 
 
 def test_make_policy_applies_options_where_a_policy_takes_them() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import GPU_CATALOG
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import GPU_CATALOG
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.topogen import REGIONS, generate_topology, great_circle_km
 from spiderflow.formats import topology_from_dict, topology_to_dict
-from spiderflow.topogen import REGIONS, generate_topology, great_circle_km
 
 
 @pytest.mark.parametrize("kind", ["geo", "hub", "mesh"])

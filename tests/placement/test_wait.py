@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
-from spiderflow.placement.base import Budget, Objective, PlacementStatus, Release
-from spiderflow.placement.common import finalise, plan_chain, plan_key
-from spiderflow.placement.spinsearch import DEFER_MARGIN, MAX_LOOKAHEAD, SpinSearch, wait_or_start
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.core.placement.base import Budget, Objective, PlacementStatus, Release
+from spiderflow.core.placement.common import finalise, plan_chain, plan_key
+from spiderflow.core.placement.spinsearch import DEFER_MARGIN, MAX_LOOKAHEAD, SpinSearch, wait_or_start
 
 
 def _topo(free_big: int) -> Topology:

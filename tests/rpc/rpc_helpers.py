@@ -6,8 +6,8 @@ import asyncio
 
 import grpc
 
-from spiderflow import costmodel
-from spiderflow import errors as E
+from spiderflow.core import costmodel
+from spiderflow.core import errors as E
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2

@@ -10,8 +10,8 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import GPU_CATALOG, MODEL_PRESETS, ModelSpec
-from spiderflow.domain import (
+from spiderflow.core.catalog import GPU_CATALOG, MODEL_PRESETS, ModelSpec
+from spiderflow.core.domain import (
     Cluster,
     GpuRange,
     JobSpec,
@@ -24,9 +24,9 @@ from spiderflow.domain import (
     Topology,
     Wait,
 )
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement.base import Budget, Objective, PlacementResult, PlacementStatus
 from spiderflow.formats import job_from_dict, job_to_dict, topology_from_dict, topology_to_dict
-from spiderflow.placement.base import Budget, Objective, PlacementResult, PlacementStatus
 from spiderflow.proto.planner.v1 import planner_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert as cv

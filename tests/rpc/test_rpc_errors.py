@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import json_format
 from rpc_helpers import DOMAIN_ERRORS
 
-from spiderflow import errors as E
+from spiderflow.core import errors as E
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc.errors import (

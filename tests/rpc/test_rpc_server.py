@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rpc_helpers import CostPlanner, ErrorScheduler
 
-from spiderflow import costmodel
+from spiderflow.core import costmodel
 from spiderflow.formats import job_from_dict, topology_from_dict
 from spiderflow.proto.agent.v1 import agent_pb2_grpc
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc

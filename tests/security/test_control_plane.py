@@ -20,9 +20,9 @@ import pytest
 from agent.registration import PeerAddress, Registration
 from agent.remote_store import RemoteStore
 from services.scheduler.repo import REQUESTS, JobRepository
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Plan, Stage
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Plan, Stage
+from spiderflow.core.errors import PermissionDeniedError, ValidationError
 from spiderflow.exec.spec import CheckpointManifest, ShardInfo
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState

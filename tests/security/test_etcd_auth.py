@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from security_harness import submit_tiny_job_to_success
 
-from spiderflow.errors import SpiderFlowError
+from spiderflow.core.errors import SpiderFlowError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store import keys
 from spiderflow.store.etcd import EtcdStore

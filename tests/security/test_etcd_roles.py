@@ -13,7 +13,7 @@ from security_harness import submit_tiny_job_to_success
 
 from agent.registration import Registration
 from agent.remote_store import RemoteStore
-from spiderflow.errors import SpiderFlowError, ValidationError
+from spiderflow.core.errors import SpiderFlowError, ValidationError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from security_harness import submit_tiny_job_to_success
 
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc.server import open_channel

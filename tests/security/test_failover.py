@@ -17,8 +17,8 @@ from services.scheduler.liveness import stale_bound
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Plan, Stage
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.core.domain import Plan, Stage
+from spiderflow.core.errors import UnavailableError, ValidationError
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.jobs import JobState
 from spiderflow.proto.scheduler.v1 import scheduler_pb2

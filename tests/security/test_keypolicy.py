@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from spiderflow.errors import PermissionDeniedError, ValidationError
+from spiderflow.core.errors import PermissionDeniedError, ValidationError
 from spiderflow.security.keypolicy import Access, RuleKind, checkpoint_claim, decide
 from spiderflow.store import keys
 
@@ -87,7 +87,7 @@ async def test_open_watches_are_bounded_per_cluster() -> None:
     only; a closed watch frees its place."""
     from agent.remote_store import RemoteStore
     from services.scheduler.control import ControlService
-    from spiderflow.errors import ResourceExhaustedError
+    from spiderflow.core.errors import ResourceExhaustedError
     from spiderflow.rpc.server import serve
     from spiderflow.store.memory import MemoryStore
 

@@ -21,8 +21,8 @@ from services.planner.service import PlannerService
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.topology.service import check_profile_bounds
-from spiderflow.domain import Cluster, Plan, Stage
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster, Plan, Stage
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.jobs import JobState
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc

@@ -24,9 +24,9 @@ from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.errors import ResourceExhaustedError
+from spiderflow.core.errors import ResourceExhaustedError
+from spiderflow.core.placement import Budget
 from spiderflow.formats import job_from_dict, load_topology
-from spiderflow.placement import Budget
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2

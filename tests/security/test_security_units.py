@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.errors import NotFoundError, PermissionDeniedError, UnauthenticatedError, ValidationError
+from spiderflow.core.errors import NotFoundError, PermissionDeniedError, UnauthenticatedError, ValidationError
 from spiderflow.security import authz
 from spiderflow.security.auth import Authenticator, TokenTable
 from spiderflow.security.certs import CERT, init_certs, principal_of_pem

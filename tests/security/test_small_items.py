@@ -33,7 +33,7 @@ def test_workers_get_none_of_the_agents_secrets() -> None:
 def test_a_full_disk_leaves_no_tmp_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
-    from spiderflow.catalog import model_preset
+    from spiderflow.core.catalog import model_preset
     from spiderflow.exec.checkpoint import write_manifest_file
     from spiderflow.exec.spec import CheckpointManifest, ShardInfo
 

@@ -17,10 +17,11 @@ from services.scheduler.cycle import DecisionKind, SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement import Budget
+from spiderflow.core.tenancy import Entry, TenantQuota, arrange
 from spiderflow.formats import job_from_dict, topology_from_dict
 from spiderflow.jobs import JobState
-from spiderflow.placement import Budget
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
@@ -31,7 +32,6 @@ from spiderflow.security.tls import channel_credentials, server_credentials
 from spiderflow.store import keys
 from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.process import EtcdProcess
-from spiderflow.tenancy import Entry, TenantQuota, arrange
 
 Code = grpc.StatusCode
 POOL = topology_from_dict({"clusters": [{"name": "solo", "gpu": "A100-80G", "nodes": 1, "gpus_per_node": 2}],

@@ -13,17 +13,17 @@ import pytest
 from services.scheduler.cycle import DecisionKind, SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.cycle import WaitState
-from spiderflow.domain import Cluster, JobSpec, Link, Plan, PlanOptions, Topology, Wait
-from spiderflow.errors import CorruptRecordError
+from spiderflow.core.cycle import WaitState
+from spiderflow.core.domain import Cluster, JobSpec, Link, Plan, PlanOptions, Topology, Wait
+from spiderflow.core.errors import CorruptRecordError
+from spiderflow.core.placement import REGISTRY, Budget, PlacementResult, register_policy
+from spiderflow.core.placement.base import Release
+from spiderflow.core.placement.spinsearch import SpinSearch
+from spiderflow.core.tpa import plan_chain as tpa_plan_chain
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
-from spiderflow.placement import REGISTRY, Budget, PlacementResult, register_policy
-from spiderflow.placement.base import Release
-from spiderflow.placement.spinsearch import SpinSearch
 from spiderflow.store import MemoryStore, keys, records
 from spiderflow.store.base import Compare, NotLeaderError
-from spiderflow.tpa import plan_chain as tpa_plan_chain
 
 
 def _topo(bw_ab: float = 10.0, with_c: bool = True) -> Topology:
@@ -267,7 +267,7 @@ BIG = job_from_dict({"id": "big", "model": "gpt3-6.7b", "global_batch": 64, "ste
 
 
 class _Planner:
-    """Stands in for the Planner service (a :class:`~spiderflow.placement.base.Planner`): TPA in process on
+    """Stands in for the Planner service (a :class:`~spiderflow.core.placement.base.Planner`): TPA in process on
     the allocation it is given (the service runs the same function), optionally made worse; records what
     it was asked."""
 
@@ -415,8 +415,8 @@ async def test_a_deposed_leader_records_no_wait_and_a_leader_does() -> None:
 
 @pytest.mark.parametrize("level2", ["exact", "cpsat"])
 async def test_the_cycles_level2_solver_reaches_the_policy_that_plans_in_process(level2: str) -> None:
-    import spiderflow.tpa.level2 as l2
-    from spiderflow.placement.common import plan_cache_clear
+    import spiderflow.core.tpa.level2 as l2
+    from spiderflow.core.placement.common import plan_cache_clear
 
     plan_cache_clear()
     l2.cache_clear()

@@ -5,7 +5,7 @@ The simulator runs the trace (SpinSearch, waiting on, no decision overhead) and 
 The service replays it on a real etcd: every job is submitted at the trace's arrival time, and before each of
 the simulator's cycles the jobs the simulator completed by then are released in etcd; then one service cycle
 runs at that time (its clock is the simulated one) and binds its placements with compare-and-swap. Both call
-:func:`spiderflow.cycle.run_cycle`; the test checks that their inputs agree (the service reads them from
+:func:`spiderflow.core.cycle.run_cycle`; the test checks that their inputs agree (the service reads them from
 etcd, the simulator from its event heap): every decision's job, outcome, binding constraint, plan, estimated
 end and (for the decisions that asked the policy) reason are equal.
 """
@@ -19,13 +19,13 @@ from typing import Any
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.cycle import CycleDecision, CycleResult
+from spiderflow.core.cycle import CycleDecision, CycleResult
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
 from spiderflow.jobs import JobState
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
-from spiderflow.sim.tracegen import generate_trace
 from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.process import EtcdProcess
-from spiderflow.topogen import generate_topology
 
 
 def _key(d: CycleDecision) -> tuple[Any, ...]:

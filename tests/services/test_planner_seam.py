@@ -11,13 +11,13 @@ import pytest
 
 from services.planner.client import RemotePlanner
 from services.planner.service import PlannerService
-from spiderflow.domain import Budget, JobSpec, Objective, PlacementResult, Plan, PlanOptions, Topology
-from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.placement import get_policy
-from spiderflow.placement.common import LocalPlanner, plan_cache_clear
+from spiderflow.core.domain import Budget, JobSpec, Objective, PlacementResult, Plan, PlanOptions, Topology
+from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.placement import get_policy
+from spiderflow.core.placement.common import LocalPlanner, plan_cache_clear
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
 from spiderflow.rpc.server import RpcServer, serve
-from spiderflow.sim.tracegen import generate_trace
-from spiderflow.topogen import generate_topology
 
 TOPO = generate_topology(8, 3, "geo")
 JOBS = generate_trace(6, 3, 1.5, TOPO)
@@ -81,7 +81,7 @@ async def test_remote_errors_keep_their_meaning(remote: RemotePlanner) -> None:
 
 
 def test_an_unreachable_planner_service_is_unavailable() -> None:
-    from spiderflow.errors import UnavailableError
+    from spiderflow.core.errors import UnavailableError
 
     planner = RemotePlanner("127.0.0.1:9", timeout_s=2.0)
     try:

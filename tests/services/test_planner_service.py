@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 
 from services.planner.service import PlannerService
-from spiderflow.domain import Plan, Schedule
+from spiderflow.core.domain import Plan, Schedule
 from spiderflow.formats import job_from_dict, load_topology
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
@@ -106,8 +106,8 @@ async def test_errors_are_typed(stub: planner_pb2_grpc.PlannerStub) -> None:
 
 
 def _peak(plan: Plan) -> int:
-    from spiderflow.costmodel import in_flight_microbatches
-    from spiderflow.schedules import plan_max_in_flight
+    from spiderflow.core.costmodel import in_flight_microbatches
+    from spiderflow.core.schedules import plan_max_in_flight
 
     n = len(plan.stages)
     return max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n,
@@ -118,7 +118,7 @@ def _peak(plan: Plan) -> int:
 async def test_plan_honours_max_in_flight(stub: planner_pb2_grpc.PlannerStub) -> None:
     """``max_in_flight = K``: TPA on a chain plans under the cap, a policy's plan is held to it; either way
     no stage replica holds more than K micro-batches and the memory figures are evaluate's under the cap."""
-    from spiderflow import costmodel
+    from spiderflow.core import costmodel
 
     for req in (_req(chain=["virginia", "ohio"], max_in_flight=1), _req(policy="spinsearch", max_in_flight=1),
                 _req(chain=["virginia", "ohio"], max_in_flight=2, schedule=types_pb2.SCHEDULE_GPIPE)):
@@ -147,8 +147,8 @@ async def test_negative_max_in_flight_is_invalid(stub: planner_pb2_grpc.PlannerS
 @pytest.mark.parametrize("level2", ["exact", "cpsat"])
 @pytest.mark.parametrize("strategy", ["chain", "policy"])
 async def test_the_services_level2_solver_plans_chains_and_policies(level2: str, strategy: str) -> None:
-    import spiderflow.tpa.level2 as l2
-    from spiderflow.placement.common import plan_cache_clear
+    import spiderflow.core.tpa.level2 as l2
+    from spiderflow.core.placement.common import plan_cache_clear
 
     plan_cache_clear()
     l2.cache_clear()

@@ -17,7 +17,7 @@ from services.scheduler.retention import (
     policy_from_args,
     sweep,
 )
-from spiderflow.errors import ValidationError
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.store import keys

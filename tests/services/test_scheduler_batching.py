@@ -13,8 +13,8 @@ import pytest
 from services.scheduler.batching import SubmitBatcher
 from services.scheduler.repo import REQUESTS, JobRepository
 from services.scheduler.service import SchedulerService
-from spiderflow.domain import JobSpec
-from spiderflow.errors import AlreadyExistsError, UnavailableError, ValidationError
+from spiderflow.core.domain import JobSpec
+from spiderflow.core.errors import AlreadyExistsError, UnavailableError, ValidationError
 from spiderflow.formats import job_from_dict
 from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.rpc import convert

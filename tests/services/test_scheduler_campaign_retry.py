@@ -14,8 +14,8 @@ from services.scheduler import main as sched_main
 from services.scheduler.main import SchedulerReplica
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, Topology
-from spiderflow.placement import Budget
+from spiderflow.core.domain import Cluster, Topology
+from spiderflow.core.placement import Budget
 from spiderflow.store import MemoryStore
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, JobSpec, Link, Topology
+from spiderflow.core.domain import Cluster, JobSpec, Link, Topology
+from spiderflow.core.placement import Budget, PlacementResult
+from spiderflow.core.placement.base import PlacementPolicy
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
-from spiderflow.placement import Budget, PlacementResult
-from spiderflow.placement.base import PlacementPolicy
 from spiderflow.store import MemoryStore
 
 

@@ -8,7 +8,7 @@ import asyncio
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, Topology
+from spiderflow.core.domain import Cluster, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.store import MemoryStore, keys, records

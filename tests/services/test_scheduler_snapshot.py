@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.topology_source import StaticTopologySource
-from spiderflow.domain import Cluster, Plan, Stage, Topology
+from spiderflow.core.domain import Cluster, Plan, Stage, Topology
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobState
 from spiderflow.store import MemoryStore, keys

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import JobSpec, Plan, Stage, Topology
-from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus
+from spiderflow.core.costmodel import evaluate
+from spiderflow.core.domain import JobSpec, Plan, Stage, Topology
+from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus
 
 _DEFAULT_BUDGET = Budget()
 

@@ -9,8 +9,8 @@ from typing import ClassVar
 import pytest
 
 from spiderflow.cli.main import main
-from spiderflow.domain import JobSpec, Plan, Topology, Wait
-from spiderflow.placement.base import REGISTRY, Budget, PlacementResult, register_policy
+from spiderflow.core.domain import JobSpec, Plan, Topology, Wait
+from spiderflow.core.placement.base import REGISTRY, Budget, PlacementResult, register_policy
 from spiderflow.presets import PRESETS, preset_source, resolve_topology
 
 from .helpers import GreedyPolicy

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, Constraints, GpuRange, JobSpec, Link, Topology
-from spiderflow.sim.engine import OverheadMode, SimConfig, simulate
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Cluster, Constraints, GpuRange, JobSpec, Link, Topology
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
 
 TOPO = Topology(
     clusters=(Cluster(name="virginia", gpu="A100-80G", nodes=1, gpus_per_node=8, region="us-east"),

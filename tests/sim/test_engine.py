@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology, Wait
-from spiderflow.errors import ValidationError
-from spiderflow.placement.base import Budget, PlacementResult, PlacementStatus
-from spiderflow.sim.engine import (
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Stage, Topology, Wait
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus
+from spiderflow.core.sim.engine import (
     EventKind,
     OverheadMode,
     SimConfig,
@@ -22,9 +22,9 @@ from spiderflow.sim.engine import (
     events_from_dict,
     simulate,
 )
-from spiderflow.sim.metrics import summarize
-from spiderflow.sim.tracegen import generate_trace
-from spiderflow.topogen import generate_topology
+from spiderflow.core.sim.metrics import summarize
+from spiderflow.core.sim.tracegen import generate_trace
+from spiderflow.core.topogen import generate_topology
 
 from .helpers import GreedyPolicy
 
@@ -310,7 +310,7 @@ def _assert_same_completed_runs(a: SimResult, b: SimResult) -> None:
 
 def test_real_registered_policy_is_deterministic_in_fixed_mode() -> None:
     """The engine drives a real baseline from the registry (firstfit) on the bundled DT-FM preset."""
-    from spiderflow.placement import REGISTRY, load_builtin_policies
+    from spiderflow.core.placement import REGISTRY, load_builtin_policies
     from spiderflow.presets import resolve_topology
 
     load_builtin_policies()
@@ -444,7 +444,7 @@ def test_a_wait_ends_when_the_claimed_gpus_are_free() -> None:
 
 
 def test_spinsearch_waiting_is_deterministic_in_fixed_mode() -> None:
-    from spiderflow.placement import load_builtin_policies
+    from spiderflow.core.placement import load_builtin_policies
 
     load_builtin_policies()
     topo = generate_topology(8, 1, "geo")

@@ -11,8 +11,16 @@ from typing import Any
 
 import pytest
 
+from spiderflow.core.sim.grid import (
+    geomean_ci,
+    instance_job,
+    mean_ci,
+    occupy,
+    pair_ratios,
+    ratio_summary,
+    timeline_step_s,
+)
 from spiderflow.presets import resolve_topology
-from spiderflow.sim.grid import geomean_ci, instance_job, mean_ci, occupy, pair_ratios, ratio_summary, timeline_step_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,8 +87,8 @@ def test_instances_are_deterministic_and_plans_rescored_by_the_timeline() -> Non
     assert busy == occupy(topo, 3) and busy != occupy(topo, 4)
     assert all(topo.cluster(c.name).free // 4 <= c.free <= topo.cluster(c.name).free for c in busy.clusters)
     assert [instance_job(i).model.name for i in range(7)][::6] == [instance_job(0).model.name] * 2
-    from spiderflow.domain import Budget
-    from spiderflow.placement import get_policy
+    from spiderflow.core.domain import Budget
+    from spiderflow.core.placement import get_policy
 
     job = instance_job(0)
     res = get_policy("spinsearch").place(busy, job, Budget(seed=1))

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec
-from spiderflow.errors import ValidationError
-from spiderflow.queueing import (
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.queueing import (
     Claim,
     Holding,
     QueuedJob,

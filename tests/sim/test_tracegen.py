@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spiderflow.errors import ValidationError
-from spiderflow.sim.tracegen import (
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.sim.tracegen import (
     BASE_INTERARRIVAL_S,
     DURATION_RANGE_S,
     MODEL_MIX,
@@ -14,7 +14,7 @@ from spiderflow.sim.tracegen import (
     generate_trace,
     job_training_flops,
 )
-from spiderflow.topogen import generate_topology
+from spiderflow.core.topogen import generate_topology
 
 
 def test_deterministic_for_a_seed() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.errors import UnavailableError
+from spiderflow.core.errors import UnavailableError
 from spiderflow.store.etcd import EtcdStore
 from spiderflow.store.process import EtcdProcess
 
@@ -94,7 +94,7 @@ async def test_tls_etcd_serves_https_only_and_keeps_it_across_restarts(tmp_path:
     import urllib.error
     import urllib.request
 
-    from spiderflow.errors import ValidationError
+    from spiderflow.core.errors import ValidationError
     from spiderflow.security.certs import init_certs
     from spiderflow.store.tls import EtcdTLS
 

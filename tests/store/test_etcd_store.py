@@ -10,7 +10,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from spiderflow.errors import NotFoundError, UnavailableError, ValidationError
+from spiderflow.core.errors import NotFoundError, UnavailableError, ValidationError
 from spiderflow.store import CompactedError, EtcdStore, NotLeaderError, WatchEvent
 from spiderflow.store.base import Watch
 from spiderflow.store.etcd import map_rpc_error

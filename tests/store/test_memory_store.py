@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from spiderflow.errors import UnavailableError, ValidationError
+from spiderflow.core.errors import UnavailableError, ValidationError
 from spiderflow.store import MemoryStore
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from services.scheduler.repo import JobRepository
 from services.scheduler.service import SchedulerService
-from spiderflow.catalog import model_preset
-from spiderflow.cycle import WaitState
-from spiderflow.domain import Cluster, Plan, ReplicaShare, Stage
-from spiderflow.errors import CorruptRecordError, ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.cycle import WaitState
+from spiderflow.core.domain import Cluster, Plan, ReplicaShare, Stage
+from spiderflow.core.errors import CorruptRecordError, ValidationError
 from spiderflow.exec.spec import CheckpointManifest, ShardInfo
 from spiderflow.formats import job_from_dict, plan_from_dict, plan_to_dict
 from spiderflow.jobs import JobRecord, JobState, Progress

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.errors import AlreadyExistsError, ConflictError, NotFoundError, ValidationError
+from spiderflow.core.errors import AlreadyExistsError, ConflictError, NotFoundError, ValidationError
 from spiderflow.store import (
     CompactedError,
     Compare,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from spiderflow.errors import AlreadyExistsError, SpiderFlowError
+from spiderflow.core.errors import AlreadyExistsError, SpiderFlowError
 from spiderflow.store import CompareFailedError, EtcdStore, MemoryStore, Put, Store
 from spiderflow.store.base import Compare
 from spiderflow.store.process import EtcdProcess

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.errors import CorruptRecordError, ValidationError
+from spiderflow.core.errors import CorruptRecordError, ValidationError
 from spiderflow.store import keys
 
 BUILT = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from testbed_fixtures import leftovers_of_testbed, netns_skip_reason
 
-from spiderflow.domain import Cluster, Link, Topology
+from spiderflow.core.domain import Cluster, Link, Topology
 from spiderflow.gateway.protocol import config_to_dict
 from spiderflow.security.certs import init_certs
 from spiderflow.testbed import Testbed

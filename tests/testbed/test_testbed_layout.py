@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster, Link, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.testbed.layout import class_id, pair_figures, plan_layout, update_link, validate_prefix
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from testbed_fixtures import leftovers_of_testbed, netns_skip_reason
 
-from spiderflow.domain import Cluster, Link, Topology
-from spiderflow.errors import SpiderFlowError
+from spiderflow.core.domain import Cluster, Link, Topology
+from spiderflow.core.errors import SpiderFlowError
 from spiderflow.testbed import Testbed, TestbedError, cleanup
 from spiderflow.testbed.probe import wait_listening
 

@@ -23,8 +23,8 @@ from services.topology.graph import (
     validate_measurements,
 )
 from services.topology.smoothing import Closeness, Outcome, Series, SmoothingConfig, observe
-from spiderflow.domain import Cluster
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import Cluster
+from spiderflow.core.errors import ValidationError
 
 CFG = SmoothingConfig(alpha=0.5, outlier_ratio=2.0, shift_after=2)
 
@@ -188,7 +188,7 @@ _NAMES = ("a", "b", "c", "d", "e")
 
 @st.composite
 def _topologies(draw: st.DrawFn) -> object:
-    from spiderflow.domain import Link, Topology
+    from spiderflow.core.domain import Link, Topology
 
     names = sorted(draw(st.sets(st.sampled_from(_NAMES), max_size=5)))
     clusters = tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=draw(st.integers(1, 3))) for n in names)
@@ -202,7 +202,7 @@ def _topologies(draw: st.DrawFn) -> object:
 @settings(max_examples=80, deadline=None)
 @given(_topologies(), _topologies())
 def test_applying_the_diff_gives_the_new_topology(old: object, new: object) -> None:
-    from spiderflow.domain import Topology
+    from spiderflow.core.domain import Topology
 
     assert isinstance(old, Topology) and isinstance(new, Topology)
     got = apply_changes(old, diff(old, new))

@@ -6,8 +6,8 @@ import itertools
 import math
 from collections.abc import Iterator
 
-from spiderflow.tpa.level1 import ChainContext, SplitEval, step_estimate
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, block_candidates, config_cost, plain
+from spiderflow.core.tpa.level1 import ChainContext, SplitEval, step_estimate
+from spiderflow.core.tpa.level2 import BlockConfig, BlockProblem, block_candidates, config_cost, plain
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Topology
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Topology
 
 
 @pytest.fixture

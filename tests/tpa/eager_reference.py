@@ -1,5 +1,5 @@
 """The eager timeline pass as plain Python: the reference the compiled kernel
-(:mod:`spiderflow.kernels.timeline`, through :func:`spiderflow.tpa.timeline._simulate_eager`) is compared
+(:mod:`spiderflow.core.kernels.timeline`, through :func:`spiderflow.core.tpa.timeline._simulate_eager`) is compared
 against, bitwise. Same arguments as the simulator's event loop hands it: the executors' orders ``flat``
 (executor ``execs[e]`` = (stage, replica)), chunks, per-stage op durations and the link matrices."""
 
@@ -10,7 +10,7 @@ import math
 import operator
 from collections.abc import Sequence
 
-from spiderflow.tpa.timeline import Op, ScheduleDeadlockError, StageTiming, Timeline, _op_shape
+from spiderflow.core.tpa.timeline import Op, ScheduleDeadlockError, StageTiming, Timeline, _op_shape
 
 _MICRO_BATCH = operator.itemgetter(1)
 

@@ -1,7 +1,7 @@
-"""The plain Python formulation of level 2's exact solver and memory tests (:mod:`spiderflow.tpa.level2`), kept
-as the reference the compiled kernels (:mod:`spiderflow.kernels.level2`) are compared against, bitwise.
+"""The plain Python formulation of level 2's exact solver and memory tests (:mod:`spiderflow.core.tpa.level2`), kept
+as the reference the compiled kernels (:mod:`spiderflow.core.kernels.level2`) are compared against, bitwise.
 
-Every search below is the scalar formulation of its namesake in :mod:`spiderflow.tpa.level2`, with its own
+Every search below is the scalar formulation of its namesake in :mod:`spiderflow.core.tpa.level2`, with its own
 memo tables; the problem types come from the production modules. The cost formulas (a candidate's
 constants, whether FSDP's all-gathers hide behind compute) are written once: the reference runs the
 kernels' own formula functions as plain Python (``py_func``), so what it checks is the search.
@@ -15,9 +15,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from spiderflow.costmodel import GIB
-from spiderflow.kernels import level2 as kernels
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors, plain
+from spiderflow.core.costmodel import GIB
+from spiderflow.core.kernels import level2 as kernels
+from spiderflow.core.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors, plain
 
 
 def _divisors(n: int) -> list[int]:
@@ -67,7 +67,7 @@ def _coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
 
 
 def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
-    """The kernels' formula (:func:`spiderflow.kernels.level2.coefficients`), run as plain Python."""
+    """The kernels' formula (:func:`spiderflow.core.kernels.level2.coefficients`), run as plain Python."""
     fl, it = _vectors(p)
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
@@ -387,7 +387,7 @@ def _solve_tier(p: BlockProblem) -> BlockConfig | None:
 
 def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
     """The plain candidates first; where none fits memory and ``p`` allows them, every candidate
-    (recomputation and FSDP: a second tier, :func:`spiderflow.tpa.level2.plain`)."""
+    (recomputation and FSDP: a second tier, :func:`spiderflow.core.tpa.level2.plain`)."""
     for q in (plain(p), p) if plain(p) is not p else (p,):
         out = _solve_tier(q)
         if out is not None:

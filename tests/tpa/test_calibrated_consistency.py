@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
-from spiderflow.tpa import plan_chain, simulate_plan
-from spiderflow.tpa.level1 import ChainContext, evaluate_split
-from spiderflow.tpa.planner import plan_from_split
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.costmodel import evaluate
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core.tpa import plan_chain, simulate_plan
+from spiderflow.core.tpa.level1 import ChainContext, evaluate_split
+from spiderflow.core.tpa.planner import plan_from_split
 
 # L=4, h=64, a=4, V=128, s=32, b=1: per-layer forward FLOPs f = 24·32·64² + 4·32²·64 = 3 407 872,
 # head forward 2·32·64·128 = 524 288. A cpu "GPU" at 0.05 TFLOPS × mfu 0.5 = 2.5e10 FLOP/s.

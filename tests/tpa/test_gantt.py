@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from spiderflow.domain import JobSpec, Topology
-from spiderflow.errors import ValidationError
-from spiderflow.tpa import plan_chain
+from spiderflow.core.domain import JobSpec, Topology
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.tpa import plan_chain
 from spiderflow.viz import render_gantt
 
 

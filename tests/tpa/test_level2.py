@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.tpa.level2 import (
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.tpa.level2 import (
     STATS,
     BlockConfig,
     BlockProblem,
@@ -175,7 +175,7 @@ def test_cache_answers_repeated_problems_without_solving(monkeypatch: pytest.Mon
     p = _problem(np.random.default_rng(7))
     first = solve_block_cached(p)
     assert STATS.cpsat_solves >= 1  # the planner's path runs CP-SAT
-    import spiderflow.tpa.level2 as l2
+    import spiderflow.core.tpa.level2 as l2
 
     def boom(*_: object, **__: object) -> None:
         raise AssertionError("solved again")
@@ -186,7 +186,7 @@ def test_cache_answers_repeated_problems_without_solving(monkeypatch: pytest.Mon
 
 
 def test_cached_path_is_cpsat_and_agrees_with_the_exact_optimum(monkeypatch: pytest.MonkeyPatch) -> None:
-    import spiderflow.tpa.level2 as l2
+    import spiderflow.core.tpa.level2 as l2
 
     cache_clear()
     calls: list[BlockProblem] = []

@@ -1,8 +1,8 @@
-"""Level 2's compiled exact solver and memory tests (:mod:`spiderflow.kernels.level2` behind
-:mod:`spiderflow.tpa.level2`) against their plain Python formulation (:mod:`.level2_reference`) on random
+"""Level 2's compiled exact solver and memory tests (:mod:`spiderflow.core.kernels.level2` behind
+:mod:`spiderflow.core.tpa.level2`) against their plain Python formulation (:mod:`.level2_reference`) on random
 blocks of every bundled model family, precision and option (recomputation, FSDP): the same configurations,
 bitwise the same figures, the same memory caps and verdicts; and every candidate's figures against
-:mod:`spiderflow.costmodel`'s own functions."""
+:mod:`spiderflow.core.costmodel`'s own functions."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from spiderflow import costmodel
-from spiderflow.catalog import MODEL_PRESETS, ModelSpec
-from spiderflow.domain import Cluster, Precision, Sharding, Stage
-from spiderflow.kernels import level2 as kernels
-from spiderflow.tpa import level2 as l2
-from spiderflow.tpa.level2 import BlockConfig, BlockProblem, ClusterShape, Degrees
+from spiderflow.core import costmodel
+from spiderflow.core.catalog import MODEL_PRESETS, ModelSpec
+from spiderflow.core.domain import Cluster, Precision, Sharding, Stage
+from spiderflow.core.kernels import level2 as kernels
+from spiderflow.core.tpa import level2 as l2
+from spiderflow.core.tpa.level2 import BlockConfig, BlockProblem, ClusterShape, Degrees
 
 from . import level2_reference as ref
 
@@ -110,7 +110,7 @@ def test_costs_and_caps_of_any_degrees_match(p: BlockProblem, data: st.DataObjec
 @settings(max_examples=40, deadline=None)
 @given(p=problems())
 def test_memoised_solves_match(p: BlockProblem) -> None:
-    """The memoised path (:class:`~spiderflow.tpa.level2._Cached`) over the compiled and the reference
+    """The memoised path (:class:`~spiderflow.core.tpa.level2._Cached`) over the compiled and the reference
     solver, on a problem and its other in-flight profiles."""
     ours = l2._Cached(l2.solve_block_exact)
     theirs = l2._Cached(ref.solve_block_exact)
@@ -213,8 +213,8 @@ def test_fixed_cases_match(name: str) -> None:
 @pytest.mark.parametrize("model", ["llama3-70b", "llama3-8b", "gpt3-13b", "llama-tiny"])
 def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision: Precision) -> None:
     """Each candidate's per-sub-stage time, memory and gradient sync (any model family, precision,
-    recomputation, FSDP) equal :mod:`spiderflow.costmodel`'s for the same stage: the figures the planner
-    optimises are the ones :func:`~spiderflow.costmodel.evaluate` reports."""
+    recomputation, FSDP) equal :mod:`spiderflow.core.costmodel`'s for the same stage: the figures the planner
+    optimises are the ones :func:`~spiderflow.core.costmodel.evaluate` reports."""
     spec = MODEL_PRESETS[model]
     c = Cluster(name="c", gpu="A100-80G", nodes=8, gpus_per_node=8, intra_node_gbps=600.0, inter_node_gbps=100.0,
                 layer_overhead_ms=1.5, optimizer_ms_per_layer=0.5)

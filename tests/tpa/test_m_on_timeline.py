@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import model_preset
-from spiderflow.domain import GpuRange, JobSpec, Schedule
-from spiderflow.errors import UnschedulableError
-from spiderflow.topogen import generate_topology
-from spiderflow.tpa import micro_batch_candidates, plan_chain
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec, Schedule
+from spiderflow.core.errors import UnschedulableError
+from spiderflow.core.topogen import generate_topology
+from spiderflow.core.tpa import micro_batch_candidates, plan_chain
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec, model_preset
-from spiderflow.costmodel import evaluate, fits_memory
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Precision, Schedule, Sharding, Topology
-from spiderflow.errors import UnschedulableError, ValidationError
-from spiderflow.tpa import micro_batch_candidates, plan_chain, simulate_plan
-from spiderflow.tpa import planner as planner_mod
-from spiderflow.tpa.level1 import ChainContext, layer_caps, level1, no_split_fits, polish
-from spiderflow.tpa.planner import plan_from_split
+from spiderflow.core.catalog import ModelSpec, model_preset
+from spiderflow.core.costmodel import evaluate, fits_memory
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Precision, Schedule, Sharding, Topology
+from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.tpa import micro_batch_candidates, plan_chain, simulate_plan
+from spiderflow.core.tpa import planner as planner_mod
+from spiderflow.core.tpa.level1 import ChainContext, layer_caps, level1, no_split_fits, polish
+from spiderflow.core.tpa.planner import plan_from_split
 
 from .bruteforce import brute_force_chain
 
@@ -213,7 +213,7 @@ def test_a_brief_plan_skips_explaining_counts_the_caps_ruled_out(monkeypatch: py
     """``explain=False`` (a caller holding another plan of the chain): the memory error comes without level 1
     on the micro-batch counts the memory caps ruled out; with ``explain=True`` they are solved to name the
     least infeasible split."""
-    import spiderflow.tpa.planner as planner_mod
+    import spiderflow.core.tpa.planner as planner_mod
 
     cluster = Cluster(name="c0", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=8)
     topo = Topology(clusters=(cluster,), links=())
@@ -329,7 +329,7 @@ def test_planning_is_deterministic(three_region_topo: Topology, job_6b7: JobSpec
 
 def test_default_level2_is_the_exact_solver_and_runs_no_cpsat(three_region_topo: Topology, job_6b7: JobSpec,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    import spiderflow.tpa.level2 as l2
+    import spiderflow.core.tpa.level2 as l2
 
     l2.cache_clear()
 
@@ -360,8 +360,8 @@ def test_cpsat_level2_may_take_the_other_side_of_a_near_tie() -> None:
     """CP-SAT optimises times rounded to integer units. On this chain (a 70B model over three regions of
     the generated 8-cluster topology) it returns tp=4, dp=4 for the middle cluster where the exact solver
     keeps tp=8, dp=2, and the whole plan's closed-form step is longer with CP-SAT's choice."""
+    from spiderflow.core.topogen import generate_topology
     from spiderflow.formats import job_from_dict
-    from spiderflow.topogen import generate_topology
 
     topo = generate_topology(8, 1, "geo")
     job = job_from_dict({"id": "j", "model": "llama3-70b", "global_batch": 1024, "seq_len": 2048,
@@ -379,8 +379,8 @@ def test_recomputation_and_fsdp_are_chosen_where_they_make_the_step_faster() -> 
     level 2 shards the replicated stages and recomputes where the memory saved lets them fit, the plan's stage
     fields carry it and evaluate reproduces it, and its closed-form step beats the plain planner's. The
     unpinned planner chooses the count on the exact timeline, where the plain plan is the faster one."""
+    from spiderflow.core.topogen import generate_topology
     from spiderflow.formats import job_from_dict
-    from spiderflow.topogen import generate_topology
 
     topo = generate_topology(8, 1, "geo")
     job = job_from_dict({"id": "j", "model": "llama3-70b", "global_batch": 1024, "seq_len": 2048,
@@ -427,7 +427,7 @@ def test_cpsat_level2_solves_the_plan_blocks_with_cpsat(three_region_topo: Topol
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``level2="cpsat"`` the returned plan's blocks run on CP-SAT (hinted by the exact optimum, which
     it never beats: the two agree), and a repeated call is answered from the cache without a new solve."""
-    import spiderflow.tpa.level2 as l2
+    import spiderflow.core.tpa.level2 as l2
 
     l2.cache_clear()
     alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
@@ -447,8 +447,8 @@ def test_level1_scores_its_trial_splits_with_the_solver_the_module_names_at_call
         three_region_topo: Topology, job_6b7: JobSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     """``bench/planner.py --scale-solvers cpsat-search`` replaces ``level1.block_bound_cached``: every level-1
     block score must then go through the replacement (CP-SAT), and the plan stays the same."""
-    import spiderflow.tpa.level1 as l1
-    import spiderflow.tpa.level2 as l2
+    import spiderflow.core.tpa.level1 as l1
+    import spiderflow.core.tpa.level2 as l2
 
     alloc = [("ohio", 16), ("tokyo", 8), ("paris", 8)]
     l2.cache_clear()
@@ -471,9 +471,9 @@ def test_with_in_flight_cap_never_grows_memory_and_caps_every_schedule(
 ) -> None:
     from dataclasses import replace
 
-    from spiderflow.costmodel import in_flight_microbatches
-    from spiderflow.schedules import plan_max_in_flight
-    from spiderflow.tpa.planner import with_in_flight_cap
+    from spiderflow.core.costmodel import in_flight_microbatches
+    from spiderflow.core.schedules import plan_max_in_flight
+    from spiderflow.core.tpa.planner import with_in_flight_cap
 
     topo, job = three_region_topo, job_6b7
     base = plan_chain(topo, job, [("ohio", 16), ("tokyo", 8)])

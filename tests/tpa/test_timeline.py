@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.catalog import ModelSpec
-from spiderflow.costmodel import evaluate, fits_memory, in_flight_microbatches, pipeline_step_time
-from spiderflow.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
-from spiderflow.tpa import plan_chain
-from spiderflow.tpa.timeline import StageTiming, Timeline, plan_orders, simulate, simulate_plan, stage_warmup
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.costmodel import evaluate, fits_memory, in_flight_microbatches, pipeline_step_time
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core.tpa import plan_chain
+from spiderflow.core.tpa.timeline import StageTiming, Timeline, plan_orders, simulate, simulate_plan, stage_warmup
 
 
 def _run(schedule: Schedule, compute: list[float], m: int, *, ser: float = 0.0, lat: float = 0.0,
@@ -74,7 +74,7 @@ def test_timeline_respects_dependencies_links_and_in_flight_windows(
     compute = [float(x) for x in rng.uniform(0.1, 2.0, n)]
     dps = [int(x) for x in rng.integers(1, 4, n)]
     if chunks > 1:
-        # Interleaved orders restricted to replicas can deadlock (spiderflow.schedules.replica_ops); the
+        # Interleaved orders restricted to replicas can deadlock (spiderflow.core.schedules.replica_ops); the
         # planner skips such plans (test_planner_never_returns_a_deadlocking_schedule).
         dps = [1] * n
     ser, lat = float(rng.uniform(0, 0.5)), float(rng.uniform(0, 1.0))
@@ -178,7 +178,7 @@ def test_planner_never_returns_a_deadlocking_schedule() -> None:
 def test_step_lower_bound_never_exceeds_the_simulated_step(latency_ms: float, m: int, dp: int,
                                                             schedule: Schedule, split: tuple[int, ...]) -> None:
     """The bound the planner uses to skip simulations is a true lower bound of the exact timeline."""
-    from spiderflow.tpa.timeline import step_lower_bound
+    from spiderflow.core.tpa.timeline import step_lower_bound
 
     topo, job = _wan_chain(latency_ms)
     first = [sum(split[:i]) for i in range(4)]
@@ -195,7 +195,7 @@ def test_window_estimate_tracks_the_timeline_with_replicas(schedule: Schedule, d
     """The ranking estimate sees each replica's share of the window: with ``d`` replicas a stage holds
     ``(w + d)/v`` micro-batches in flight, not ``w + 1`` (which made 1F1B with data parallelism look
     several times slower than it runs), and interleaving's stage-wide warm-up is the one the orders use."""
-    from spiderflow.tpa.timeline import window_estimate
+    from spiderflow.core.tpa.timeline import window_estimate
 
     topo, job = _wan_chain(latency_ms)
     stages = tuple(Stage(cluster=f"r{i}", first_layer=4 * i, last_layer=4 * i + 3, tp=4 // dp, dp=dp)
@@ -208,7 +208,7 @@ def test_window_estimate_tracks_the_timeline_with_replicas(schedule: Schedule, d
 
 
 def test_stage_warmup_is_the_warmup_the_orders_use() -> None:
-    from spiderflow.schedules import stage_ops
+    from spiderflow.core.schedules import stage_ops
 
     for schedule, chunks in ((Schedule.ONE_F_ONE_B, 1), (Schedule.LATENCY_AWARE, 1), (Schedule.INTERLEAVED_1F1B, 2)):
         for reps in ([1, 1, 1], [2, 2, 2], [4, 2, 1]):
@@ -256,9 +256,9 @@ def test_latency_aware_against_1f1b_under_the_same_in_flight_cap(latency_ms: flo
 
 
 def test_planner_honours_an_in_flight_cap_for_every_schedule() -> None:
-    from spiderflow.costmodel import GIB, stage_memory_bytes
-    from spiderflow.schedules import plan_max_in_flight
-    from spiderflow.tpa.timeline import plan_orders
+    from spiderflow.core.costmodel import GIB, stage_memory_bytes
+    from spiderflow.core.schedules import plan_max_in_flight
+    from spiderflow.core.tpa.timeline import plan_orders
 
     topo, job = _wan_chain(60.0)
     alloc = [(f"r{i}", 4) for i in range(4)]
@@ -268,7 +268,7 @@ def test_planner_honours_an_in_flight_cap_for_every_schedule() -> None:
         if plan.schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
             assert plan_max_in_flight(plan) == k
             orders = plan_orders(plan.schedule, plan.micro_batches, reps, max_in_flight=k)
-            from spiderflow.schedules import replay
+            from spiderflow.core.schedules import replay
 
             assert max(max(p) for p in replay(orders).peak_in_flight) <= k
         else:  # GPipe / interleaved: admitted only where their own in-flight count is within the cap

@@ -1,5 +1,5 @@
-"""The compiled eager pass (:func:`spiderflow.tpa.timeline._simulate_eager` on
-:mod:`spiderflow.kernels.timeline`) against its plain Python formulation (:mod:`.eager_reference`) on random
+"""The compiled eager pass (:func:`spiderflow.core.tpa.timeline._simulate_eager` on
+:mod:`spiderflow.core.kernels.timeline`) against its plain Python formulation (:mod:`.eager_reference`) on random
 pipelines: bitwise the same makespan, step, recorded op ends and arrivals, and the same deadlock verdicts
 and messages."""
 
@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.domain import Schedule
-from spiderflow.kernels import timeline as kernels
-from spiderflow.tpa import timeline
-from spiderflow.tpa.timeline import Op, ScheduleDeadlockError, StageTiming, Timeline, plan_orders, simulate
+from spiderflow.core.domain import Schedule
+from spiderflow.core.kernels import timeline as kernels
+from spiderflow.core.tpa import timeline
+from spiderflow.core.tpa.timeline import Op, ScheduleDeadlockError, StageTiming, Timeline, plan_orders, simulate
 
 from .eager_reference import _simulate_eager as reference_eager
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.domain import Schedule
-from spiderflow.tpa.timeline import Op, StageTiming, plan_orders, simulate
+from spiderflow.core.domain import Schedule
+from spiderflow.core.tpa.timeline import Op, StageTiming, plan_orders, simulate
 
 
 def reference(stages: Sequence[StageTiming], orders: Sequence[Sequence[Sequence[Op]]],
@@ -194,8 +194,8 @@ def test_without_records_zero_length_ops_take_the_event_loop_and_agree(
 )
 def test_plan_orders_deal_out_exactly_the_replica_orders_execution_runs(
         schedule: Schedule, n: int, m: int, reps: list[int], cap: int | None, chunks: int) -> None:
-    """Every replica's order is :func:`spiderflow.schedules.replica_ops`' (the order its worker runs)."""
-    from spiderflow.schedules import replica_ops
+    """Every replica's order is :func:`spiderflow.core.schedules.replica_ops`' (the order its worker runs)."""
+    from spiderflow.core.schedules import replica_ops
 
     if schedule is not Schedule.INTERLEAVED_1F1B:
         chunks = 1

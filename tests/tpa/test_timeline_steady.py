@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spiderflow.domain import Schedule
-from spiderflow.tpa import timeline
-from spiderflow.tpa.timeline import StageTiming, Timeline, simulate
+from spiderflow.core.domain import Schedule
+from spiderflow.core.tpa import timeline
+from spiderflow.core.tpa.timeline import StageTiming, Timeline, simulate
 
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.INTERLEAVED_1F1B)
 

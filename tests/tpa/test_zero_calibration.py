@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spiderflow.catalog import model_preset
-from spiderflow.costmodel import evaluate
-from spiderflow.domain import GpuRange, JobSpec, Plan, Stage
-from spiderflow.errors import UnschedulableError
-from spiderflow.topogen import generate_topology
-from spiderflow.tpa import plan_chain, simulate_plan
-from spiderflow.tpa.timeline import window_estimate
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.costmodel import evaluate
+from spiderflow.core.domain import GpuRange, JobSpec, Plan, Stage
+from spiderflow.core.errors import UnschedulableError
+from spiderflow.core.topogen import generate_topology
+from spiderflow.core.tpa import plan_chain, simulate_plan
+from spiderflow.core.tpa.timeline import window_estimate
 
 GOLDEN = Path(__file__).parent / "data" / "zero_calibration.json"
 TOPOLOGIES = ((4, 0), (6, 1), (8, 2))

@@ -57,7 +57,7 @@ def _config(args: argparse.Namespace) -> Any:
                   "timeout_s": args.probe_timeout, "busy_mode": args.busy_mode},
     }
     if args.gpu is None and any(v is not None for v in overrides["gpus"].values()):
-        from spiderflow.errors import ValidationError
+        from spiderflow.core.errors import ValidationError
 
         raise ValidationError("--gpu", "is required with --nodes/--gpus-per-node/--tflops/--memory-gib")
     return load_config(args.config, overrides)

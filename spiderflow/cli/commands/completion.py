@@ -50,9 +50,9 @@ def _is_file(action: argparse.Action) -> bool:
 
 def _known_values() -> dict[str, list[str]]:
     """Values of options that name a known thing: model presets, placement policies, topology presets."""
-    from spiderflow.catalog import MODEL_PRESETS
-    from spiderflow.placement import load_builtin_policies
-    from spiderflow.placement.base import REGISTRY
+    from spiderflow.core.catalog import MODEL_PRESETS
+    from spiderflow.core.placement import load_builtin_policies
+    from spiderflow.core.placement.base import REGISTRY
 
     load_builtin_policies()
     presets = sorted(p.stem for p in Path(__file__).resolve().parents[2].joinpath("presets").glob("*.json"))
@@ -368,7 +368,7 @@ def render(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
 
 def _job_ids() -> int:
     """The job ids of the current context's scheduler, one a line (nothing when it does not answer)."""
-    from spiderflow.errors import SpiderFlowError
+    from spiderflow.core.errors import SpiderFlowError
     from spiderflow.sdk import Client
 
     try:

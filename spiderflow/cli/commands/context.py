@@ -7,7 +7,7 @@ import argparse
 
 from spiderflow.cli.common import add_json_flag, console, fit_table, print_json
 from spiderflow.contexts import config_path, is_stale, list_contexts, resolve_endpoint, use_context
-from spiderflow.errors import NotFoundError
+from spiderflow.core.errors import NotFoundError
 
 __all__ = ["register"]
 

@@ -17,10 +17,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
-from spiderflow.domain import GpuRange, JobSpec, Plan, Precision, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import GpuRange, JobSpec, Plan, Precision, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.formats import plan_from_dict
 
 __all__ = ["estimate_plan", "register"]
@@ -28,9 +28,9 @@ __all__ = ["estimate_plan", "register"]
 
 def estimate_plan(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False) -> dict[str, Any]:
     """The estimate document of the module docstring (``fused_attention``: memory without stored attention
-    scores, :func:`spiderflow.costmodel.layer_activation_bytes`)."""
-    from spiderflow.costmodel import breakdown, evaluate
-    from spiderflow.tpa import simulate_plan
+    scores, :func:`spiderflow.core.costmodel.layer_activation_bytes`)."""
+    from spiderflow.core.costmodel import breakdown, evaluate
+    from spiderflow.core.tpa import simulate_plan
 
     for i, st in enumerate(plan.stages):
         if st.cluster not in {c.name for c in topo.clusters}:

@@ -19,8 +19,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
 from spiderflow.cli.constraints import add_constraint_options, constraint_overrides, merge_constraints, split_gpus
-from spiderflow.domain import JobSpec, Precision
-from spiderflow.errors import ValidationError
+from spiderflow.core.domain import JobSpec, Precision
+from spiderflow.core.errors import ValidationError
 from spiderflow.jobs import JobState
 from spiderflow.sdk import Client, Job
 
@@ -147,7 +147,7 @@ def prepare_data(job: dict[str, Any]) -> None:
     data and for a corpus already cached)."""
     data = job.get("data")
     if isinstance(data, dict) and data.get("kind") == "corpus":
-        from spiderflow.domain import DataSpec
+        from spiderflow.core.domain import DataSpec
         from spiderflow.exec.data import prepare_corpus
         from spiderflow.formats import data_from_value
 

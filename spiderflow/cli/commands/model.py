@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.table import Table
 
-from spiderflow.catalog import MODEL_PRESETS, ModelSpec
 from spiderflow.cli.common import add_json_flag, console, print_json
+from spiderflow.core.catalog import MODEL_PRESETS, ModelSpec
 from spiderflow.formats import model_from_value
 
 __all__ = ["model_summary", "register"]

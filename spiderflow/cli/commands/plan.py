@@ -25,20 +25,20 @@ from typing import Any
 
 from rich.table import Table
 
-from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, print_json
 from spiderflow.cli.constraints import add_constraint_options, constraint_overrides, split_gpus
-from spiderflow.domain import Constraints, GpuRange, JobSpec, Plan, Precision, Topology
-from spiderflow.errors import ValidationError
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Constraints, GpuRange, JobSpec, Plan, Precision, Topology
+from spiderflow.core.errors import ValidationError
 
 __all__ = ["add_search_options", "parse_gpus", "register", "result_to_dict"]
 
 
 OBJECTIVES = ("jct", "cost", "balanced")
-"""The values of :class:`spiderflow.placement.base.Objective` (not imported here: the placement code loads
+"""The values of :class:`spiderflow.core.placement.base.Objective` (not imported here: the placement code loads
 its compiled kernels, and every CLI command would pay for it at start)."""
 LEVEL2 = ("exact", "cpsat")
-"""The values of :data:`spiderflow.placement.common.LEVEL2_CHOICES`."""
+"""The values of :data:`spiderflow.core.placement.common.LEVEL2_CHOICES`."""
 
 
 def parse_gpus(value: str) -> GpuRange:
@@ -71,7 +71,7 @@ def _job_constraints(args: argparse.Namespace) -> Constraints:
 def _constrained(topo: Topology, job: JobSpec) -> Topology:
     """The view of ``topo`` the policy gets for ``job``'s constraints; :class:`CliError` for a cluster name
     the topology lacks (exit 2) or constraints no cluster satisfies (exit 1)."""
-    from spiderflow.constraints import unsatisfiable, view
+    from spiderflow.core.constraints import unsatisfiable, view
 
     c = job.constraints
     for flag, names in (("--cluster", c.clusters), ("--exclude-cluster", c.exclude_clusters)):
@@ -154,7 +154,7 @@ def _table(doc: dict[str, Any]) -> None:
 
 def _dry_run(doc: dict[str, Any], plan: Plan, job: JobSpec, topo: Topology | None) -> dict[str, Any]:
     """``doc`` plus the ``ranks`` the executor would start; :class:`CliError` (exit 1) if it would refuse."""
-    from spiderflow.errors import SpiderFlowError
+    from spiderflow.core.errors import SpiderFlowError
     from spiderflow.exec.spec import TrainSpec, launch_ranks
     from spiderflow.formats import plan_to_dict
 
@@ -171,7 +171,7 @@ def _dry_run(doc: dict[str, Any], plan: Plan, job: JobSpec, topo: Topology | Non
 def _load_plan(path: Path) -> Plan:
     import json
 
-    from spiderflow.errors import ValidationError
+    from spiderflow.core.errors import ValidationError
     from spiderflow.formats import plan_from_dict
 
     try:
@@ -193,9 +193,9 @@ def _load_plan(path: Path) -> Plan:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from spiderflow.placement.base import Budget, Objective
-    from spiderflow.placement.common import LocalPlanner
-    from spiderflow.placement.options import SearchOptions, make_policy
+    from spiderflow.core.placement.base import Budget, Objective
+    from spiderflow.core.placement.common import LocalPlanner
+    from spiderflow.core.placement.options import SearchOptions, make_policy
     from spiderflow.presets import resolve_topology
     from spiderflow.runtime import configure_logging
 

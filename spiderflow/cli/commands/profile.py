@@ -16,9 +16,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from spiderflow.catalog import model_preset
 from spiderflow.cli.common import EXIT_USAGE, CliError, print_json
-from spiderflow.domain import Precision
+from spiderflow.core.catalog import model_preset
+from spiderflow.core.domain import Precision
 
 __all__ = ["register"]
 

@@ -21,8 +21,8 @@ from spiderflow.cli.common import (
     output_file,
     run_interruptible,
 )
-from spiderflow.errors import ValidationError
-from spiderflow.placement.options import SearchOptions, make_policy
+from spiderflow.core.errors import ValidationError
+from spiderflow.core.placement.options import SearchOptions, make_policy
 
 __all__ = ["register", "run_policies"]
 
@@ -34,11 +34,11 @@ def run_policies(topology: str, trace: str, policies: list[str], *, objective: s
     """Simulate each policy in turn on the same inputs; the JSON document the command writes. ``profile``:
     a hardware profile file (``docs/profiles.md``) folded into the topology (rates, bandwidths, memory);
     ``options``: the search budgets of the policies that take them."""
+    from spiderflow.core.placement.base import Objective
+    from spiderflow.core.sim.engine import OverheadMode, SimConfig, events_from_dict, simulate
+    from spiderflow.core.sim.metrics import summarize
     from spiderflow.formats import in_file, load_document, load_trace
-    from spiderflow.placement.base import Objective
     from spiderflow.presets import resolve_topology
-    from spiderflow.sim.engine import OverheadMode, SimConfig, events_from_dict, simulate
-    from spiderflow.sim.metrics import summarize
 
     topo = resolve_topology(topology)
     if profile is not None:
@@ -97,7 +97,7 @@ def _simulate(args: argparse.Namespace) -> int:
         profile=args.profile, options=options), what=f"the simulation (nothing written to {args.json})")
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     if args.plots is not None:
-        from spiderflow.sim.plots import write_plots
+        from spiderflow.viz.simplots import write_plots
 
         write_plots(doc, args.plots, rows)
     table_rows = [(name, f"{s['completed']}/{s['jobs']}",
@@ -138,8 +138,8 @@ def _scaling_rows(path: Path) -> list[dict[str, Any]]:
 def _grid_overhead_rows(bench: dict[str, Any]) -> list[dict[str, Any]]:
     """Mean and p95 wall time per placement decision, per (cluster count, policy label), of a rebuilt
     ``bench/paper.py`` grid: generated topologies have ``settings.clusters`` clusters, presets their own."""
+    from spiderflow.core.sim.metrics import percentile
     from spiderflow.presets import PRESETS, resolve_topology
-    from spiderflow.sim.metrics import percentile
 
     generated = ("geo", "hub", "mesh")
     sizes: dict[str, int] = {}

@@ -20,7 +20,7 @@ from typing import Any
 from rich.table import Table
 
 from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, print_json
-from spiderflow.errors import PermissionDeniedError, PreconditionError
+from spiderflow.core.errors import PermissionDeniedError, PreconditionError
 
 __all__ = ["register"]
 
@@ -136,7 +136,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    from spiderflow.errors import NotFoundError
+    from spiderflow.core.errors import NotFoundError
     from spiderflow.testbed import Testbed, cleanup
 
     _require_environment()

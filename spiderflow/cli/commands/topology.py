@@ -23,7 +23,7 @@ import yaml
 from rich.table import Table
 
 from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
-from spiderflow.domain import Topology
+from spiderflow.core.domain import Topology
 from spiderflow.formats import load_topology, topology_to_dict
 
 __all__ = ["DEFAULT_TOPOLOGY_SERVICE", "draw_map", "register", "summarize"]
@@ -76,7 +76,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from spiderflow.topogen import generate_topology
+    from spiderflow.core.topogen import generate_topology
 
     if args.clusters < 1 or args.clusters > 4096:
         raise CliError("--clusters: must be between 1 and 4096", EXIT_USAGE)
@@ -212,7 +212,7 @@ def _show(args: argparse.Namespace) -> int:
 
     address = resolve_address("topology", args.topology_service)
     parse_hostport(address, field="--address")
-    from spiderflow.errors import UnavailableError
+    from spiderflow.core.errors import UnavailableError
 
     try:
         resp = asyncio.run(_fetch(address, args.timeout, tls_dir=args.tls_dir, token=args.token))

@@ -12,7 +12,7 @@ import yaml
 from rich.table import Table
 
 from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, print_json
-from spiderflow.domain import JobSpec
+from spiderflow.core.domain import JobSpec
 from spiderflow.formats import load_trace, trace_to_dict
 
 __all__ = ["register", "summarize_trace"]
@@ -55,8 +55,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from spiderflow.core.sim.tracegen import generate_trace
     from spiderflow.presets import resolve_topology
-    from spiderflow.sim.tracegen import generate_trace
 
     if args.jobs < 1 or args.jobs > 1_000_000:
         raise CliError("--jobs: must be between 1 and 1000000", EXIT_USAGE)

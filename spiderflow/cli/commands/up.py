@@ -43,7 +43,7 @@ from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_an
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
 from spiderflow.cli.constraints import add_constraint_options
 from spiderflow.contexts import DEFAULT_ADDRESSES, add_context, config_path, remove_context, state_dir
-from spiderflow.domain import Topology
+from spiderflow.core.domain import Topology
 from spiderflow.formats import load_topology
 from spiderflow.jobs import JobState
 from spiderflow.mesh import LocalMesh, sample_topology
@@ -209,8 +209,8 @@ def _apply_constraints(job: dict[str, Any], topo: Topology, args: argparse.Names
     """``--gpus`` and the constraint options over the sample job; without ``--gpus`` it takes one GPU on each
     of up to 3 allowed clusters."""
     from spiderflow.cli.constraints import constraint_overrides
-    from spiderflow.constraints import allowed_clusters
-    from spiderflow.domain import Constraints
+    from spiderflow.core.constraints import allowed_clusters
+    from spiderflow.core.domain import Constraints
 
     gpus = dict(args.gpus or {})
     given = constraint_overrides(args, gpus.pop("type", None))

@@ -1,0 +1,437 @@
+r"""The closed-form cost model shared by the scheduler, the planner, the simulator and every baseline.
+
+Symbols (units in brackets):
+
+- ``b`` micro-batch [samples], ``s`` sequence length [tokens], ``h`` hidden, ``a`` heads, ``V`` vocab.
+- ``F_c`` achieved throughput of one GPU of cluster ``c`` [FLOP/s] = measured-or-peak TFLOPS × mfu.
+- ``o_c`` fixed time per layer and micro-batch, forward + backward, on one GPU of cluster ``c`` [s]
+  (``layer_overhead_ms``; per-operator launch and framework costs that do not scale with ``b·s``;
+  0 unless calibrated).
+- ``u_c`` optimizer step time per layer and training step on one GPU of cluster ``c`` [s]
+  (``optimizer_ms_per_layer``; 0 unless calibrated).
+- Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
+- Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same;
+  ``A_c = w_c·b·s·h`` on the wire from a stage on cluster ``c``, ``w_c`` its GPU type's ``wire_bytes``
+  (2 = bf16 on GPUs; 4 for ``cpu``: the CPU executor sends fp32 tensors, measured on the testbed).
+
+Stage ``s`` (cluster ``c``, tensor degree ``t``, ``d`` replicas, layers ``ℓ_s``) per micro-batch:
+
+    T_s = 3·FLOPs(ℓ_s) / (t · F_c)  +  |ℓ_s|·o_c  +  4·|ℓ_s|·AR_t(A, B_tp)           (compute + TP)
+    AR_k(x, B) = 2(k−1)/k · x / B  (+ 2(k−1)·λ)                                        (ring all-reduce)
+
+``B_tp`` is the intra-node bandwidth when ``t`` GPUs fit in one node, else the inter-node bandwidth.
+A stage with ``d`` replicas admits one micro-batch every ``T_s / d`` in steady state.
+
+Boundary between stages ``s`` and ``s+1``:
+
+    P_s = A_{c_s} / b_{c_s c_{s+1}} + l_{c_s c_{s+1}}     (0 when both stages share a cluster and t fits a node;
+                                                      else the cluster's inter-node bandwidth)
+
+Pipeline step for ``m`` micro-batches, GPipe and 1F1B alike (they differ in memory, not in this bound):
+
+    T_pipe = (m − 1) · max( max_s T_s/d_s , max_s P_s )  +  Σ_s T_s  +  2 · Σ_s P_s
+
+(the activation crosses each boundary once forward and the gradient once backward on the critical
+path, hence ``2·ΣP``). Interleaved 1F1B with ``v`` chunks divides the fill/drain term by ``v`` and
+multiplies boundary crossings by ``v``. Exact event-level timings of every schedule (including the
+latency-aware one) live in :mod:`spiderflow.core.schedules`; this closed form is what searches use.
+
+Gradient synchronisation and the optimizer step, after the pipeline drains, stages in parallel:
+
+    T_dp = max_s ( AR_{d_s}(2·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
+
+Memory per GPU of stage ``s`` (bytes):
+
+    M_s = 16·params_s / t_s  +  k_s · act_s  +  R
+    act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation; without the
+                                                        last term under ``fused_attention``)
+    k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages);
+          min(⌈m/d_s⌉, 2(S − i_s)) for the latency-aware schedule; under a plan's in-flight cap ``K``
+          (``plan.extras["max_in_flight"]``, :func:`spiderflow.core.schedules.plan_max_in_flight`) 1F1B and the
+          latency-aware schedule hold ``min(k_s, K)`` (their warm-ups run capped at ``K − 1``)
+
+``16`` bytes/parameter = bf16 weights and grads + fp32 master weights and two Adam moments.
+``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
+(``V·h`` params) and the head plus its fp32 logits (``4·b·s·V`` bytes).
+
+Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
+
+Precision, sharding and recomputation (the formulas above are the bf16, replicated, no-recompute case):
+
+- precision ``p`` (the job's): ``F_c`` scales by the GPU type's datasheet ratio of ``p``'s dense peak to the
+  bf16 peak (:func:`compute_rate_tflops`); activation, TP all-reduce and gradient values take
+  ``value_bytes(p)`` (2 for bf16/fp16, 4 for fp32/tf32); replicated state is 20 bytes/parameter in
+  fp32/tf32 (:func:`state_bytes_per_param`).
+- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
+  parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
+  (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
+  (``AG_d`` of the gradient bytes) instead of all-reduced.
+- ``recompute`` stages: 4 forward-equivalents per block instead of 3 (6 TP all-reduces instead of 4);
+  activations held per in-flight micro-batch are the blocks' inputs (``v·s·b·h`` per block), plus one
+  block's full activations rebuilt during backward.
+
+``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
+Fidelity against published GPU measurements and our executed runs: ``bench/fidelity.py`` (BENCHMARKS.md).
+Everything here is pure: no I/O, no randomness.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from spiderflow.core.catalog import ModelSpec
+from spiderflow.core.domain import Cluster, JobSpec, Plan, Precision, Schedule, Sharding, Stage, Topology
+from spiderflow.core.schedules import plan_max_in_flight
+
+__all__ = [
+    "BYTES_PER_PARAM",
+    "GIB",
+    "RESERVED_GIB",
+    "Breakdown",
+    "activation_bytes",
+    "allreduce_time",
+    "compute_rate_tflops",
+    "evaluate",
+    "grad_bytes_per_value",
+    "in_flight_microbatches",
+    "layer_activation_bytes",
+    "layer_fwd_flops",
+    "pipeline_step_time",
+    "stage_activation_bytes_per_microbatch",
+    "stage_compute_time",
+    "stage_fwd_flops",
+    "stage_memory_bytes",
+    "stage_params",
+    "state_bytes_per_param",
+    "transfer_time",
+    "wire_bytes",
+]
+
+GIB = float(1 << 30)
+BYTES_PER_PARAM = 16
+RESERVED_GIB = 0.5
+
+
+def layer_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
+    """Forward FLOPs of one transformer layer: ``2·b·s·P_layer + 4·b·s²·h`` (``24·b·s·h² + 4·b·s²·h`` for
+    the ``gpt`` family's ``12·h²`` parameters; :meth:`~spiderflow.core.catalog.ModelSpec.layer_fwd_flops`)."""
+    return model.layer_fwd_flops(b, s)
+
+
+def activation_bytes(model: ModelSpec, b: int, s: int, bytes_per_value: int = 2) -> float:
+    """Bytes of the activation (or its gradient) crossing a stage boundary: ``2·b·s·h`` (bf16), or
+    ``bytes_per_value·b·s·h``."""
+    return float(bytes_per_value) * b * s * model.hidden
+
+
+def stage_fwd_flops(model: ModelSpec, first: int, last: int, b: int, s: int) -> float:
+    """Forward FLOPs of layers ``first..last``; the last layer's stage also runs the head."""
+    flops = (last - first + 1) * layer_fwd_flops(model, b, s)
+    if last == model.layers - 1:
+        flops += 2.0 * b * s * model.hidden * model.vocab
+    return flops
+
+
+def stage_params(model: ModelSpec, first: int, last: int) -> float:
+    """Parameters of layers ``first..last`` plus embedding (first stage) and head (last stage)."""
+    p = (last - first + 1) * float(model.params_per_layer)
+    if first == 0:
+        p += model.embedding_params
+    if last == model.layers - 1:
+        p += model.head_params
+    return p
+
+
+def transfer_time(nbytes: float, gbps: float, latency_ms: float) -> float:
+    """Seconds to move ``nbytes`` over a ``gbps`` link with one-way latency ``latency_ms``."""
+    if gbps <= 0:
+        return math.inf
+    if math.isinf(gbps):
+        return latency_ms / 1e3
+    return nbytes * 8.0 / (gbps * 1e9) + latency_ms / 1e3
+
+
+def allreduce_time(nbytes: float, d: int, gbps: float, latency_ms: float = 0.0) -> float:
+    """Ring all-reduce of ``nbytes`` over ``d`` members: ``2(d−1)/d · x/B + 2(d−1)·λ``."""
+    if d <= 1:
+        return 0.0
+    if gbps <= 0:
+        return math.inf
+    return 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9) + 2.0 * (d - 1) * latency_ms / 1e3
+
+
+def _tp_bandwidth(cluster: Cluster, tp: int) -> float:
+    return cluster.intra_node_gbps if tp <= cluster.gpus_per_node else cluster.inter_node_gbps
+
+
+def _dp_bandwidth(cluster: Cluster, stage_gpus: int) -> float:
+    return cluster.intra_node_gbps if stage_gpus <= cluster.gpus_per_node else cluster.inter_node_gbps
+
+
+def compute_rate_tflops(cluster: Cluster, precision: Precision = Precision.BF16) -> float:
+    """Achieved TFLOPS per GPU of ``cluster`` in ``precision``: ``effective_tflops`` (measured-or-peak × mfu,
+    a bf16 figure on GPUs) scaled by the GPU type's datasheet ratio of the precision's dense peak to the bf16
+    peak (:meth:`spiderflow.core.catalog.GpuType.precision_tflops`: fp32 on CUDA cores, tf32 on TF32 tensor
+    cores). ``bf16``/``fp16`` and types without per-precision figures (``cpu``, measured in fp32) are
+    unscaled."""
+    if precision in (Precision.BF16, Precision.FP16):
+        return cluster.effective_tflops
+    gt = cluster.gpu_type
+    if gt.fp32_tflops is None:
+        return cluster.effective_tflops
+    return cluster.effective_tflops * gt.precision_tflops(precision.value) / gt.peak_tflops
+
+
+def wire_bytes(cluster: Cluster, precision: Precision = Precision.BF16) -> int:
+    """Bytes per activation value a stage on ``cluster`` sends: the GPU type's wire format, widened to the
+    precision's value size (fp32/tf32 training sends 4-byte activations)."""
+    return max(cluster.gpu_type.wire_bytes, precision.value_bytes)
+
+
+def grad_bytes_per_value(precision: Precision = Precision.BF16) -> int:
+    """Bytes per gradient value in the data-parallel all-reduce/reduce-scatter (2 in bf16/fp16, 4 in
+    fp32/tf32)."""
+    return precision.value_bytes
+
+
+def state_bytes_per_param(precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE) -> int:
+    """Bytes of weights, gradients and Adam state per parameter before sharding.
+
+    ``bf16``/``fp16``, replicated: 16 (:data:`BYTES_PER_PARAM`: 2 weights + 2 grads + 4 fp32 master + 8 Adam).
+    ``fp32``/``tf32``, replicated: 20 (4 weights + 4 grads + 8 Adam + 4 for DDP's flat gradient buckets, which
+    PyTorch keeps as a separate copy by default). ``fsdp`` (any precision): 16 on the shard (fp32 sharded
+    parameters and gradients, 8 Adam; FSDP2 mixed precision keeps the sharded state in fp32); the
+    unsharded working copy is priced separately (:func:`stage_memory_bytes`)."""
+    if sharding is Sharding.FSDP:
+        return 16
+    return BYTES_PER_PARAM if precision in (Precision.BF16, Precision.FP16) else 20
+
+
+def fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
+    """Ring all-gather (or reduce-scatter) of ``nbytes`` over ``d`` members: ``(d−1)/d · x/B``."""
+    if d <= 1:
+        return 0.0
+    if gbps <= 0:
+        return math.inf
+    return (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
+
+
+def stage_compute_time(
+    model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int, *,
+    precision: Precision = Precision.BF16, recompute: bool = False, fsdp_dp: int = 1,
+) -> float:
+    """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
+    overhead, TP all-reduces).
+
+    ``precision`` sets the compute rate (:func:`compute_rate_tflops`) and the TP all-reduce's value size;
+    ``recompute`` runs the blocks' forward a second time in backward (4 instead of 3 forward-equivalents per
+    block, 6 TP all-reduces instead of 4; the head is not recomputed); ``fsdp_dp > 1`` all-gathers the stage's
+    parameters over its ``fsdp_dp`` shards before forward and before backward, overlapped with compute by
+    prefetching: the stage takes ``max(T_s, 2·AG)``."""
+    layers = last - first + 1
+    flops = 3.0 * stage_fwd_flops(model, first, last, b, s)
+    if recompute:
+        flops += layers * layer_fwd_flops(model, b, s)
+    compute = flops / (tp * compute_rate_tflops(cluster, precision) * 1e12)
+    if cluster.layer_overhead_ms:
+        compute += layers * cluster.layer_overhead_ms / 1e3
+    n_ar = 6 if recompute else 4
+    vb = precision.value_bytes
+    comm = n_ar * layers * allreduce_time(activation_bytes(model, b, s, vb), tp, _tp_bandwidth(cluster, tp))
+    t = compute + comm
+    if fsdp_dp > 1:
+        gather = 2.0 * fsdp_gather_time(
+            vb * stage_params(model, first, last) / tp, fsdp_dp, _dp_bandwidth(cluster, tp * fsdp_dp)
+        )
+        t = max(t, gather)
+    return t
+
+
+def layer_activation_bytes(model: ModelSpec, tp: int, b: int, s: int, *, fused_attention: bool = False) -> float:
+    """Activation bytes one block keeps for backward per micro-batch on one GPU:
+    ``s·b·h·(10 + 24/t + 5·a·s/(h·t))`` (Korthikanti et al. 2022, no recomputation). With
+    ``fused_attention`` the ``5·a·s/(h·t)`` term of the stored attention scores is dropped: fused attention
+    (PyTorch's ``scaled_dot_product_attention``, flash/memory-efficient on GPUs) keeps no ``s×s`` matrix.
+    The fidelity benchmark's measured peaks agree with the fused form (BENCHMARKS.md); the planner's searches
+    and kernels still restate the unfused form, so it is the default until they change together."""
+    h = model.hidden
+    scores = 0.0 if fused_attention else 5.0 * model.heads * s / (h * tp)
+    return s * b * h * (10.0 + 24.0 / tp + scores)
+
+
+def stage_activation_bytes_per_microbatch(
+    model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, *,
+    recompute: bool = False, precision: Precision = Precision.BF16, fused_attention: bool = False,
+) -> float:
+    """Activation memory one in-flight micro-batch pins on one GPU of the stage. With ``recompute`` each block
+    keeps only its input (``value_bytes·s·b·h``) and the backward rebuilds one block's activations at a time
+    (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`)."""
+    per_layer = layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
+    kept = float(precision.value_bytes) * s * b * model.hidden if recompute else per_layer
+    act = (last - first + 1) * kept
+    if last == model.layers - 1:
+        act += 4.0 * b * s * model.vocab / tp
+    return act
+
+
+def stage_memory_bytes(
+    model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int, *,
+    precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE, dp: int = 1,
+    recompute: bool = False, fused_attention: bool = False,
+) -> float:
+    """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
+
+    Weights, gradients and optimizer state: :func:`state_bytes_per_param` per parameter, divided by ``tp``
+    and, under ``fsdp``, by ``dp`` — plus FSDP's unsharded working copy of two blocks (the one computing and
+    the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
+    activations are the blocks' inputs, plus one block's full activations rebuilt during backward."""
+    params = stage_params(model, first, last)
+    fsdp = sharding is Sharding.FSDP and dp > 1
+    state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
+    if fsdp:
+        state += 2.0 * 2.0 * precision.value_bytes * model.params_per_layer / tp
+    act = in_flight * stage_activation_bytes_per_microbatch(
+        model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention
+    )
+    if recompute:
+        act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
+    return state + act + RESERVED_GIB * GIB
+
+
+def in_flight_microbatches(
+    schedule: Schedule, m: int, dp: int, stage_index: int, n_stages: int, *, max_in_flight: int | None = None
+) -> int:
+    """``k_s``: micro-batches whose activations a replica of stage ``stage_index`` holds at peak; an in-flight
+    cap ``max_in_flight = K`` bounds it for 1F1B and the latency-aware schedule (the schedules whose
+    warm-ups the cap shortens; GPipe and interleaved orders ignore it)."""
+    per_replica = math.ceil(m / dp)
+    if schedule is Schedule.GPIPE:
+        return per_replica
+    if schedule is Schedule.LATENCY_AWARE:
+        # Deeper warm-up: up to twice the 1F1B depth (see spiderflow.core.schedules for the exact policy).
+        k = min(per_replica, 2 * (n_stages - stage_index))
+    else:
+        k = min(per_replica, n_stages - stage_index)
+    if max_in_flight is not None and schedule in (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE):
+        k = min(k, max_in_flight)
+    return k
+
+
+def pipeline_step_time(
+    compute: Sequence[float], replicas: Sequence[int], boundaries: Sequence[float], m: int, chunks: int = 1
+) -> float:
+    """``T_pipe`` of the module docstring; ``boundaries[i]`` is ``P`` between stage i and i+1."""
+    if not compute:
+        raise ValueError("a pipeline needs at least one stage")
+    bottleneck = max(max(t / d for t, d in zip(compute, replicas, strict=True)), max(boundaries, default=0.0))
+    fill = sum(compute) / chunks
+    comm = 2.0 * sum(boundaries) * chunks
+    return (m - 1) * bottleneck + fill + comm
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Breakdown:
+    """Per-stage figures behind an estimate (same order as the plan's stages). ``dp_sync_s`` is ``T_dp``:
+    the slowest stage's gradient all-reduce plus optimizer step (``optimizer_s`` per stage)."""
+
+    compute_s: tuple[float, ...]
+    boundary_s: tuple[float, ...]
+    allreduce_s: tuple[float, ...]
+    memory_gib: tuple[float, ...]
+    pipeline_s: float
+    dp_sync_s: float
+    optimizer_s: tuple[float, ...] = ()
+
+
+def boundary_time(
+    topo: Topology, model: ModelSpec, a: Stage, b_: Stage, b: int, s: int, precision: Precision = Precision.BF16
+) -> float:
+    """``P`` between consecutive stages ``a`` and ``b_`` (``A`` in the sending cluster's wire format,
+    :func:`wire_bytes`)."""
+    c = topo.cluster(a.cluster)
+    nbytes = activation_bytes(model, b, s, wire_bytes(c, precision))
+    if a.cluster == b_.cluster:
+        return transfer_time(nbytes, c.inter_node_gbps, 0.0)
+    return transfer_time(nbytes, topo.bandwidth_gbps(a.cluster, b_.cluster), topo.latency_ms(a.cluster, b_.cluster))
+
+
+def _dp_sync_time(model: ModelSpec, st: Stage, c: Cluster, precision: Precision) -> float:
+    """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated) or their
+    reduce-scatter over the shards (``fsdp``), gradient values in the precision's size."""
+    nbytes = float(grad_bytes_per_value(precision)) * stage_params(model, st.first_layer, st.last_layer) / st.tp
+    if st.sharding is Sharding.FSDP:
+        return fsdp_gather_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+    return allreduce_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+
+
+def breakdown(
+    plan: Plan, topo: Topology, model: ModelSpec, *, micro_batch: int, seq_len: int,
+    precision: Precision = Precision.BF16, fused_attention: bool = False,
+) -> Breakdown:
+    """Compute every term of the module docstring for ``plan`` (in ``precision``; each stage's ``sharding``
+    and ``recompute`` priced as :func:`stage_compute_time` and :func:`stage_memory_bytes` say)."""
+    b, s = micro_batch, seq_len
+    stages = plan.stages
+    clusters = [topo.cluster(st.cluster) for st in stages]
+    compute = tuple(
+        stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s, precision=precision,
+                           recompute=st.recompute, fsdp_dp=st.dp if st.sharding is Sharding.FSDP else 1)
+        for st, c in zip(stages, clusters, strict=True)
+    )
+    bounds = tuple(boundary_time(topo, model, stages[i], stages[i + 1], b, s, precision)
+                   for i in range(len(stages) - 1))
+    chunks = int(plan.extras.get("chunks", 2 if plan.schedule is Schedule.INTERLEAVED_1F1B else 1))
+    pipe = pipeline_step_time(compute, [st.dp for st in stages], bounds, plan.micro_batches, chunks)
+    ar = tuple(_dp_sync_time(model, st, c, precision) for st, c in zip(stages, clusters, strict=True))
+    opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
+                for st, c in zip(stages, clusters, strict=True))
+    n = len(stages)
+    cap = plan_max_in_flight(plan)
+    mem = tuple(
+        stage_memory_bytes(
+            model, st.first_layer, st.last_layer, st.tp, b, s,
+            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
+            precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
+            fused_attention=fused_attention,
+        ) / GIB
+        for i, st in enumerate(stages)
+    )
+    return Breakdown(
+        compute_s=compute, boundary_s=bounds, allreduce_s=ar, memory_gib=mem, pipeline_s=pipe,
+        dp_sync_s=max((a + o for a, o in zip(ar, opt, strict=True)), default=0.0), optimizer_s=opt,
+    )
+
+
+def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False) -> Plan:
+    """Return ``plan`` with its predictions filled in (step time, throughput, memory, $ per step).
+    ``fused_attention``: activation memory without stored attention scores (:func:`layer_activation_bytes`).
+
+    The micro-batch size is ``job.global_batch / plan.micro_batches``.
+    """
+    micro_batch = max(1, job.global_batch // plan.micro_batches)
+    bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len, precision=job.precision,
+                   fused_attention=fused_attention)
+    step = bd.pipeline_s + bd.dp_sync_s
+    usd = 0.0
+    for st in plan.stages:
+        c = topo.cluster(st.cluster)
+        usd += st.gpus * c.power_w / 1000.0 * step / 3600.0 * c.electricity_usd_per_kwh
+    return replace(
+        plan,
+        step_time_s=step,
+        throughput_tokens_per_s=(job.tokens_per_step / step) if step > 0 and math.isfinite(step) else 0.0,
+        memory_gib_per_gpu=bd.memory_gib,
+        usd_per_step=usd,
+    )
+
+
+def fits_memory(plan: Plan, topo: Topology) -> tuple[bool, int, float]:
+    """``(ok, worst_stage_index, excess_gib)`` for a plan already passed through :func:`evaluate`."""
+    worst, excess = -1, -math.inf
+    for i, (st, m) in enumerate(zip(plan.stages, plan.memory_gib_per_gpu, strict=True)):
+        over = m - topo.cluster(st.cluster).gpu_memory_gib
+        if over > excess:
+            worst, excess = i, over
+    return excess <= 0, worst, excess

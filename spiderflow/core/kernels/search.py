@@ -1,0 +1,91 @@
+"""Kernels of SpinSearch's beam (:func:`spiderflow.core.placement.spinsearch.search_chains`): the hops each
+cluster may extend a chain by, and one level's extensions of the beam.
+
+Chains are rows of cluster indices, left-aligned; every row of a beam has the same length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from spiderflow.core.kernels import kernel, register_warmup
+
+__all__ = ["extend_beam", "neighbour_table"]
+
+FArr = npt.NDArray[np.float64]
+IArr = npt.NDArray[np.int64]
+BArr = npt.NDArray[np.bool_]
+
+
+@kernel
+def neighbour_table(order: IArr, p: FArr, usable: BArr, theta: float, neighbours: int) -> IArr:
+    """``out[u]``: the usable clusters ``v`` a chain may take as its next hop from ``u``, nearest first (``order[u]``
+    lists the other clusters by ascending ``p[u, v]``): at most ``neighbours`` of them, only while
+    ``p[u, v] ≤ theta``; ``-1`` pads."""
+    n = order.shape[0]
+    out = np.full((n, max(neighbours, 1)), -1, dtype=np.int64)
+    for u in range(n):
+        k = 0
+        for i in range(order.shape[1]):
+            v = order[u, i]
+            if p[u, v] > theta:
+                break
+            if usable[v]:
+                out[u, k] = v
+                k += 1
+                if k >= neighbours:
+                    break
+    return out
+
+
+@kernel
+def extend_beam(beam: IArr, table: IArr) -> IArr:
+    """Every chain one hop longer than a beam chain, once each, in the order: beam chain by beam chain, its
+    tail's neighbours appended (``table`` order), then its head's neighbours prepended; a neighbour already
+    on the chain is skipped, and so is a chain generated earlier in this order."""
+    n_beam, depth = beam.shape
+    width = table.shape[1]
+    out = np.empty((2 * n_beam * width, depth + 1), dtype=np.int64)
+    count = 0
+    for b in range(n_beam):
+        for side in range(2):
+            end = beam[b, depth - 1] if side == 0 else beam[b, 0]
+            for i in range(width):
+                v = table[end, i]
+                if v < 0:
+                    break
+                member = False
+                for q in range(depth):
+                    if beam[b, q] == v:
+                        member = True
+                        break
+                if member:
+                    continue
+                if side == 0:
+                    out[count, :depth] = beam[b]
+                    out[count, depth] = v
+                else:
+                    out[count, 0] = v
+                    out[count, 1:] = beam[b]
+                seen = False
+                for c in range(count):
+                    same = True
+                    for q in range(depth + 1):
+                        if out[c, q] != out[count, q]:
+                            same = False
+                            break
+                    if same:
+                        seen = True
+                        break
+                if not seen:
+                    count += 1
+    return out[:count].copy()
+
+
+@register_warmup
+def _warm() -> None:
+    order = np.array([[1, 0], [0, 1]], dtype=np.int64)
+    p = np.zeros((2, 2))
+    table = neighbour_table(order, p, np.ones(2, dtype=np.bool_), 1.0, 10)
+    extend_beam(np.array([[0], [1]], dtype=np.int64), table)

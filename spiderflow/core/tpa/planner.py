@@ -1,0 +1,431 @@
+r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~spiderflow.core.domain.Plan` out.
+
+``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
+``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.core.tpa.level1`) with level 2
+(per-cluster degrees, :mod:`spiderflow.core.tpa.level2`) for the 1F1B memory profile and keeps the ``m`` whose
+polished 1F1B split has the best exact-timeline objective (:func:`_rank_on_timeline`: the simulated step the
+plan reports as ``timeline_step_s``; the closed form only orders the simulations and ranks counts the op
+budget leaves unsimulated). Level 2 solves
+every block exactly (``level2="exact"``, the default); with ``level2="cpsat"`` the chosen split's blocks are
+solved again with level 2's CP-SAT model (:func:`~spiderflow.core.tpa.level1.certify`). On that split
+it tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
+latency-aware schedule) and whose closed form is no worse than 1F1B's, ranks them with a window-aware
+estimate (:func:`~spiderflow.core.tpa.timeline.window_estimate`) and scores them in that order with the exact
+event-level timeline (:mod:`spiderflow.core.tpa.timeline`) within an op budget (the top-ranked one always).
+The schedule with the best simulated objective wins (the closed form cannot tell GPipe, 1F1B and the
+latency-aware schedule apart; the timeline can); objectives within :data:`SIMULATED_TIE` of each other tie,
+and the better-ranked schedule keeps it.
+
+Contract
+    * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses
+      exactly those GPUs (``plan.gpus_by_cluster()`` equals the allocation summed per cluster), its
+      stages follow the chain order, a cluster with intra-cluster pipelining appears as consecutive stages.
+    * The plan is passed through :func:`spiderflow.core.costmodel.evaluate`: ``step_time_s``, throughput,
+      memory and dollars are the shared closed form, comparable with every other policy.
+      ``extras`` adds ``timeline_step_s`` (the exact simulated step of the returned schedule: pipeline
+      makespan + gradient sync; what the schedule choice minimises), ``chunks`` (interleaving), ``closed_form_step_s``,
+      ``micro_batch_size``, ``plan_seconds`` and ``dp_cross_gain_s`` (the best margin of the
+      cross-cluster DP rule; ≤ 0 means pipelining is right everywhere).
+    * Raises :class:`~spiderflow.core.errors.ValidationError` for a malformed allocation and
+      :class:`~spiderflow.core.errors.UnschedulableError` (``constraint`` = ``"memory"``, ``"degrees"``,
+      ``"layers"``, ``"free_gpus"`` or ``"link"``) when no configuration fits, naming the binding stage,
+      cluster and GiB (e.g. ``stage 2 on cluster ohio needs 93.1 GiB per GPU, 13.1 GiB over the 80 GiB of
+      A100-80G``).
+    * Pure and deterministic: no I/O, no randomness; level-2 results are memoised process-wide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+import structlog
+
+from spiderflow.core.costmodel import evaluate, fits_memory, in_flight_microbatches
+from spiderflow.core.domain import Cluster, JobSpec, Objective, Plan, Schedule, Stage, Topology
+from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.schedules import MAX_IN_FLIGHT_KEY
+from spiderflow.core.tpa.level1 import (
+    ChainContext,
+    SplitEval,
+    certify,
+    dp_crossing,
+    evaluate_split,
+    level1,
+    no_split_fits,
+    polish,
+)
+from spiderflow.core.tpa.level2 import LEVEL2_SOLVERS, Level2Solver, solve_block_cached
+from spiderflow.core.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
+
+__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split", "with_in_flight_cap"]
+
+log = structlog.get_logger(__name__)
+
+_SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)
+_CAPPED = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)  # the schedules an in-flight cap shapes
+INTERLEAVE_CHUNKS = 2
+SIMULATION_OP_BUDGET = 100_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
+M_SIMULATION_OP_BUDGET = 100_000
+"""Ops the exact timeline may simulate per ``plan_chain`` call to rank the micro-batch counts (beyond the
+first)."""
+SIMULATED_TIE = 1e-9
+"""Simulated objectives this close (relative) are a tie, kept by the schedule simulated first (the better
+ranked): the timeline's steady-state extrapolation is exact up to float rounding, not to the last bit."""
+
+
+def micro_batch_candidates(global_batch: int, n_blocks: int, *, limit: int = 6) -> list[int]:
+    """Divisors ``m`` of the global batch to try: those ≥ the chain length (fewer micro-batches than
+    stages leaves stages idle) — all divisors if none is — thinned to ``limit`` values spread evenly in
+    ``log m`` and always including the largest (smallest micro-batches: least activation memory)."""
+    divs = [d for d in range(1, global_batch + 1) if global_batch % d == 0]
+    pool = [d for d in divs if d >= n_blocks] or divs
+    if len(pool) <= limit:
+        return pool
+    lo, hi = math.log(pool[0]), math.log(pool[-1])
+    picked: list[int] = []
+    for i in range(limit):
+        target = lo + (hi - lo) * i / (limit - 1)
+        best = min(pool, key=lambda d: (abs(math.log(d) - target), d))
+        if best not in picked:
+            picked.append(best)
+    return sorted(picked)
+
+
+def objective_score(plan: Plan, objective: Objective, step_s: float) -> float:
+    """The quantity ``objective`` minimises for a plan whose step takes ``step_s`` seconds."""
+    usd = plan.usd_per_step * (step_s / plan.step_time_s) if plan.step_time_s > 0 else plan.usd_per_step
+    if objective is Objective.COST:
+        return usd
+    if objective is Objective.BALANCED:
+        return step_s * math.sqrt(max(usd, 0.0))
+    return step_s
+
+
+def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Plan:
+    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order); the context's
+    in-flight cap goes to ``extras["max_in_flight"]`` for the 1F1B family."""
+    stages: list[Stage] = []
+    first = 0
+    for cl, cfg in zip(ctx.clusters, ev.configs, strict=True):
+        if cfg is None:
+            raise ValueError("plan_from_split needs a feasible split")
+        for n in cfg.layers:
+            stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp,
+                                sharding=cfg.sharding, recompute=cfg.recompute))
+            first += n
+    extras = {"chunks": float(chunks)} if ctx.schedule is Schedule.INTERLEAVED_1F1B else {}
+    if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
+        extras[MAX_IN_FLIGHT_KEY] = float(ctx.max_in_flight)
+    return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
+
+
+def with_in_flight_cap(plan: Plan, topo: Topology, job: JobSpec, max_in_flight: int) -> Plan:
+    """``plan`` (same stages and ``m``) held to at most ``K = max_in_flight`` micro-batches in flight per stage
+    replica, evaluated: 1F1B and the latency-aware schedule carry ``extras["max_in_flight"] = K`` (capped
+    warm-ups); GPipe and interleaved 1F1B stay as they are where their own in-flight count is within ``K``,
+    else run as capped 1F1B (their orders cannot be capped). Memory never grows; the closed-form step is
+    unchanged except that interleaving's shorter fill is lost when it becomes 1F1B. ``ValidationError`` for
+    ``K < 1``."""
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+        raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
+    if plan.schedule not in _CAPPED and _peak_in_flight(plan) <= max_in_flight:
+        return evaluate(plan, topo, job)
+    extras = {k: v for k, v in plan.extras.items() if k != "chunks"}
+    extras[MAX_IN_FLIGHT_KEY] = float(max_in_flight)
+    schedule = plan.schedule if plan.schedule in _CAPPED else Schedule.ONE_F_ONE_B
+    return evaluate(replace(plan, schedule=schedule, extras=extras), topo, job)
+
+
+def _peak_in_flight(plan: Plan) -> int:
+    """The most micro-batches any stage replica holds under ``plan``'s schedule (cost model, uncapped)."""
+    n = len(plan.stages)
+    return max(in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n)
+               for i, st in enumerate(plan.stages))
+
+
+def _validate(topo: Topology, allocation: Sequence[tuple[str, int]]) -> tuple[list[Cluster], list[int]]:
+    if not allocation:
+        raise ValidationError("allocation", "needs at least one (cluster, gpus) entry", [])
+    clusters: list[Cluster] = []
+    gpus: list[int] = []
+    used: dict[str, int] = {}
+    for i, entry in enumerate(allocation):
+        try:
+            name, n = entry
+        except (TypeError, ValueError):
+            raise ValidationError(f"allocation[{i}]", "must be a (cluster name, gpus) pair", entry) from None
+        if name not in topo.index:
+            raise ValidationError(f"allocation[{i}].cluster", "unknown cluster", name)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValidationError(f"allocation[{i}].gpus", "must be an integer ≥ 1", n)
+        c = topo.cluster(name)
+        clusters.append(c)
+        gpus.append(n)
+        used[name] = used.get(name, 0) + n
+    for name, n in used.items():
+        free = topo.cluster(name).free
+        if n > free:
+            raise UnschedulableError(
+                f"cluster {name} has {free} free GPUs, the chain asks for {n}", constraint="free_gpus"
+            )
+    for u, v in itertools.pairwise(clusters):
+        if u.name != v.name and topo.bandwidth_gbps(u.name, v.name) <= 0:
+            raise UnschedulableError(f"no network path from cluster {u.name} to cluster {v.name}", constraint="link")
+    return clusters, gpus
+
+
+def _rank_on_timeline(results: list[tuple[ChainContext, SplitEval]], topo: Topology, job: JobSpec,
+                      objective: Objective) -> list[tuple[ChainContext, SplitEval, bool]]:
+    """The feasible level-1 splits (one per micro-batch count) ordered by the exact timeline's objective of
+    their polished 1F1B plans (:func:`~spiderflow.core.tpa.level1.polish`,
+    :func:`~spiderflow.core.tpa.timeline.simulate_plan`), so the micro-batch count is chosen on what the plan
+    reports as ``timeline_step_s``, not on the closed form (which misses the in-flight window's round trip
+    and charges a full fill per replica). Counts are simulated best closed form first within
+    :data:`M_SIMULATION_OP_BUDGET` ops (the closed-form best always); a count whose lower bound
+    (:func:`~spiderflow.core.tpa.timeline.step_lower_bound`) cannot beat the best simulated one, or beyond the
+    budget, keeps its closed-form place after the simulated ones (unpolished). Near-ties (within
+    :data:`SIMULATED_TIE`) keep the closed-form order. Each entry says whether its split is polished."""
+    by_closed = sorted(results, key=lambda r: r[1].step_s)
+    scored: list[tuple[float, int]] = []
+    polished: dict[int, SplitEval] = {}
+    rest: list[int] = []
+    best = math.inf
+    spent = 0
+    for i, (ctx, ev) in enumerate(by_closed):
+        plan = evaluate(plan_from_split(ctx, ev), topo, job)
+        ops = 2 * plan.micro_batches * len(plan.stages)
+        if scored and (spent + ops > M_SIMULATION_OP_BUDGET
+                       or objective_score(plan, objective, step_lower_bound(plan, topo, job)) >= best):
+            rest.append(i)
+            continue
+        spent += ops
+        pev = polish(ctx, ev)
+        polished[i] = pev
+        if pev is not ev:
+            plan = evaluate(plan_from_split(ctx, pev), topo, job)
+        score = objective_score(plan, objective, simulate_plan(plan, topo, job, record=False).step_s)
+        scored.append((score, i))
+        best = min(best, score)
+    scored.sort()
+    # Near-ties (float rounding of the steady-state extrapolation) keep the closed-form order.
+    for k in range(1, len(scored)):
+        j = k
+        while j > 0 and scored[j][0] <= scored[j - 1][0] * (1.0 + SIMULATED_TIE) and scored[j][1] < scored[j - 1][1]:
+            scored[j - 1], scored[j] = scored[j], scored[j - 1]
+            j -= 1
+    order = [i for _, i in scored]
+    return [(by_closed[i][0], polished[i], True) for i in order] + [(*by_closed[i], False) for i in rest]
+
+
+def _memory_error(ctx: ChainContext, ev: SplitEval) -> UnschedulableError:
+    worst = max(ev.infeasible, key=lambda b: b.excess_gib)
+    c = ctx.clusters[worst.chain_index]
+    if math.isinf(worst.need_gib):
+        return UnschedulableError(
+            f"cluster {c.name} cannot run its {ev.split[worst.chain_index]} layers on "
+            f"{ctx.gpus[worst.chain_index]} GPUs with any tensor/pipeline/data degrees",
+            constraint="degrees",
+        )
+    return UnschedulableError(
+        f"stage {worst.stage_index} on cluster {c.name} needs {worst.need_gib:.1f} GiB per GPU, "
+        f"{worst.excess_gib:.1f} GiB over the {c.gpu_memory_gib:g} GiB of {c.gpu}",
+        constraint="memory",
+    )
+
+
+def plan_chain(
+    topo: Topology,
+    job: JobSpec,
+    allocation: Sequence[tuple[str, int]],
+    *,
+    objective: Objective = Objective.JCT,
+    finalists: int = 1,
+    micro_batches: Sequence[int] | None = None,
+    schedules: Sequence[Schedule] | None = None,
+    max_in_flight: int | None = None,
+    level2: Level2Solver = "exact",
+    explain: bool = True,
+    recompute: bool = True,
+    fsdp: bool = True,
+) -> Plan:
+    """Plan ``job`` on the chain ``allocation`` (module docstring: contract, errors, extras).
+
+    ``micro_batches`` pins the micro-batch counts tried (each must divide the global batch; default
+    :func:`micro_batch_candidates`); ``schedules`` the schedules tried (default all four). 1F1B always
+    serves as level 1's memory profile.
+
+    ``max_in_flight`` (``K``) is a memory cap applied the same way to every schedule: no stage replica
+    holds more than ``K`` micro-batches of activations. 1F1B and the latency-aware schedule run with their
+    warm-ups capped at ``K − 1`` (:mod:`spiderflow.core.schedules`; the plan carries
+    ``extras["max_in_flight"] = K``, and :func:`~spiderflow.core.costmodel.evaluate` charges memory under the
+    cap); GPipe and
+    interleaved 1F1B, whose orders cannot be capped, are tried only where they hold at most ``K`` anyway.
+    Level 1 and 2 solve the blocks under the capped in-flight profile.
+
+    ``level2`` (:data:`~spiderflow.core.tpa.level2.LEVEL2_SOLVERS`) is the solver of the returned plan's blocks
+    and of their re-solves under another schedule: ``"exact"`` (:func:`~spiderflow.core.tpa.level2.block_bound_cached`)
+    or ``"cpsat"`` (the CP-SAT model, :func:`~spiderflow.core.tpa.level2.solve_block_cached`). Both reach the
+    optimum of the same model; CP-SAT rounds times to integer units, so on near-ties it may pick another
+    configuration. ``"cpsat"`` costs about 2–8 ms more per uncached plan.
+
+    ``explain=False`` is for callers that only need to know that nothing fits (they hold another plan of the
+    chain): the memory error then names the least infeasible split among the micro-batch counts level 1
+    solved, without solving those the memory caps ruled out just to compare them.
+
+    Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
+    most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
+    """
+    t0 = time.perf_counter()
+    clusters, gpus = _validate(topo, allocation)
+    model = job.model
+    if model.layers < len(clusters):
+        raise UnschedulableError(
+            f"{model.name} has {model.layers} layers, fewer than the {len(clusters)} clusters of the chain",
+            constraint="layers",
+        )
+    ms = list(micro_batches) if micro_batches is not None else micro_batch_candidates(job.global_batch, len(clusters))
+    for i, m in enumerate(ms):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1 or job.global_batch % m:
+            raise ValidationError(f"micro_batches[{i}]", f"must divide the global batch {job.global_batch}", m)
+    if max_in_flight is not None and (
+        isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
+    ):
+        raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
+    if level2 not in LEVEL2_SOLVERS:
+        raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_SOLVERS)}", level2)
+    resolve = solve_block_cached if level2 == "cpsat" else None  # None: level 1's exact optimum
+    allowed = tuple(schedules) if schedules is not None else _SCHEDULES
+    if not allowed:
+        raise ValidationError("schedules", "needs at least one schedule", [])
+    results: list[tuple[ChainContext, SplitEval]] = []
+    least_bad: tuple[ChainContext, SplitEval] | None = None
+    # Level 1 for every micro-batch count, except those whose memory caps prove no split fits: they are
+    # only solved (for the error's figures) when no count fits at all.
+    tried: list[tuple[ChainContext, SplitEval | None]] = []
+    for m in ms:
+        ctx = ChainContext.build(
+            topo, clusters, gpus, model, micro_batch=job.global_batch // m, seq_len=job.seq_len, m=m,
+            schedule=Schedule.ONE_F_ONE_B, max_in_flight=max_in_flight, precision=job.precision,
+            recompute=recompute, fsdp=fsdp,
+        )
+        ev = None if no_split_fits(ctx) else level1(ctx)
+        tried.append((ctx, ev))
+        if ev is not None and ev.feasible:
+            results.append((ctx, ev))
+    if not results:
+        for ctx, maybe in tried:
+            if maybe is None and not explain:
+                continue
+            ev = maybe if maybe is not None else level1(ctx)
+            if least_bad is None or ev.excess_gib < least_bad[1].excess_gib:
+                least_bad = (ctx, ev)
+        if least_bad is None:  # brief, and every count was ruled out by its memory caps
+            raise UnschedulableError(
+                f"{model.name} fits this chain's memory at none of the micro-batch counts "
+                f"{', '.join(str(m) for m in ms)} (the clusters' layer caps hold fewer than its {model.layers} "
+                f"layers)", constraint="memory")
+        raise _memory_error(*least_bad)
+    ranked_m = _rank_on_timeline(results, topo, job, objective)
+    # The finalists are polished; with CP-SAT their blocks are solved again (certify), and a split CP-SAT
+    # cannot fit is dropped.
+    certified: list[tuple[ChainContext, SplitEval]] = []
+    # Every count the timeline ranked (simulated) goes on to the schedule choice, so the count and the
+    # schedule are chosen together on the timeline; at least ``finalists``.
+    n_final = max(finalists, sum(1 for *_, done in ranked_m if done))
+    for ctx, ev, done in ranked_m:
+        if len(certified) >= n_final:
+            break
+        cev = ev if done else polish(ctx, ev)
+        if level2 == "cpsat":
+            cev = certify(ctx, cev)
+        if cev.feasible:
+            certified.append((ctx, cev))
+        else:
+            least_bad = (ctx, cev)
+    if not certified:
+        assert least_bad is not None
+        raise _memory_error(*least_bad)
+    results = certified  # in the timeline's order
+    # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
+    # timeline then scores them in that order within an op budget (at least one is always simulated).
+    ranked: list[tuple[float, Plan]] = []
+    for ctx, ev in results:
+        n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
+        for sched in allowed:
+            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
+                continue
+            if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
+                continue  # Megatron's interleaved order needs m to be a multiple of the stage count
+            chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
+            sctx = replace(ctx, schedule=sched)
+            # The same stages under another schedule when they fit its in-flight memory; else re-solve.
+            plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
+            if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(plan) > max_in_flight:
+                continue  # its order holds more than the cap and cannot be capped
+            if not fits_memory(plan, topo)[0]:
+                sev = evaluate_split(sctx, ev.split, solver=resolve)
+                if not sev.feasible:
+                    continue
+                plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
+            if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
+                continue
+            ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))
+    # The shared closed form stays the plan's prediction (every policy is compared on it): at each
+    # micro-batch count a schedule may replace 1F1B only if its closed form is no worse; among those, over
+    # every count, the exact timeline decides.
+    closed = [objective_score(p, objective, p.step_time_s) for _, p in ranked]
+    base: dict[int, float] = {}
+    for c, (_, p) in zip(closed, ranked, strict=True):
+        if p.schedule is Schedule.ONE_F_ONE_B:
+            base[p.micro_batches] = min(base.get(p.micro_batches, math.inf), c)
+    fallback_base = min(closed, default=math.inf)
+    admissible = [r for c, r in zip(closed, ranked, strict=True)
+                  if c <= base.get(r[1].micro_batches, fallback_base) * (1.0 + 1e-9)]
+    admissible.sort(key=lambda r: r[0])
+    best: tuple[float, Plan, float] | None = None
+    spent = 0
+    for _, plan in admissible:
+        ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
+        if best is not None and spent + ops > SIMULATION_OP_BUDGET:
+            continue
+        if best is not None and objective_score(plan, objective, step_lower_bound(plan, topo, job)) >= best[0]:
+            continue  # even its lower bound cannot beat the best simulated schedule
+        spent += ops
+        try:
+            sim_step = simulate_plan(plan, topo, job, record=False).step_s
+        except ValueError:
+            # The order cannot run with this replica layout (schedules.replica_ops deadlocks, e.g. interleaving
+            # with data parallelism): not a candidate.
+            log.debug("tpa.schedule_skipped", job=job.id, schedule=str(plan.schedule), m=plan.micro_batches)
+            continue
+        score = objective_score(plan, objective, sim_step)
+        if best is None or score < best[0] * (1.0 - SIMULATED_TIE):
+            best = (score, plan, sim_step)
+    if best is None:  # only when the pinned schedules exclude every memory-feasible one
+        raise UnschedulableError(
+            f"no schedule among {', '.join(s.value for s in allowed)} fits memory on this chain",
+            constraint="memory",
+        )
+    _, plan, sim_step = best
+    ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)
+    crossings = dp_crossing(ctx, ev, topo)
+    gain = max((d.gain_s for d in crossings), default=-math.inf)
+    extras = dict(plan.extras)
+    extras.update(
+        timeline_step_s=sim_step,
+        closed_form_step_s=plan.step_time_s,
+        micro_batch_size=float(job.global_batch // plan.micro_batches),
+        dp_cross_gain_s=gain if math.isfinite(gain) else 0.0,
+        plan_seconds=time.perf_counter() - t0,
+    )
+    plan = replace(plan, extras=extras)
+    log.debug(
+        "tpa.plan", job=job.id, chain=[c.name for c in clusters], m=plan.micro_batches,
+        schedule=str(plan.schedule), stages=len(plan.stages), step_s=plan.step_time_s,
+        timeline_step_s=sim_step, seconds=extras["plan_seconds"],
+    )
+    return plan
