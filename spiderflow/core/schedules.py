@@ -65,6 +65,7 @@ __all__ = [
     "Op",
     "ReplayResult",
     "ScheduleDeadlockError",
+    "cache_clear",
     "default_warmup",
     "peak_in_flight",
     "plan_max_in_flight",
@@ -402,3 +403,8 @@ def replay(
         makespan=max(finish.values(), default=0.0),
         peak_in_flight=tuple(tuple(p) for p in peak),
     )
+
+
+def cache_clear() -> None:
+    """Forget the memoised per-shape operation orders (a function of the shape alone)."""
+    _directions.cache_clear()
