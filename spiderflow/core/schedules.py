@@ -113,11 +113,6 @@ def _check_cap(max_in_flight: int | None) -> None:
         raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
 
 
-def _capped(schedule: Schedule, chunks: int) -> bool:
-    """Whether ``schedule`` belongs to the 1F1B family the in-flight cap applies to."""
-    return schedule is not Schedule.GPIPE and not (schedule is Schedule.INTERLEAVED_1F1B and chunks > 1)
-
-
 def default_warmup(
     schedule: Schedule, n_stages: int, m: int, stage: int, *, chunks: int = 1, max_in_flight: int | None = None
 ) -> int:
