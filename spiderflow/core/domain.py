@@ -256,8 +256,8 @@ class Topology:
 
     @cached_property
     def memo(self) -> SnapshotMemo:
-        """The placement memo tables of this network snapshot (:mod:`spiderflow.core.memo`), shared by every
-        :meth:`with_free` copy and gone with the snapshot."""
+        """The placement memo tables of this network snapshot (:mod:`spiderflow.core.memo`): its tables are
+        shared by every :meth:`with_free` copy and go with the snapshot."""
         from spiderflow.core.memo import SnapshotMemo
 
         return SnapshotMemo()
@@ -341,7 +341,7 @@ class Topology:
         # Names, links and paths are unchanged: reuse what this snapshot already computed (and share its
         # sub-topologies, see only()).
         self.__dict__.setdefault("_subsets", {})
-        out.__dict__["memo"] = self.memo
+        out.__dict__["memo"] = self.memo.derive()
         for key in ("names", "index", "direct", "_paths", "_subsets"):
             if key in self.__dict__:
                 out.__dict__[key] = self.__dict__[key]

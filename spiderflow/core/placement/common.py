@@ -146,12 +146,11 @@ def _pow2_floor(x: int) -> int:
 
 
 def topo_arrays(topo: Topology) -> TopoArrays:
-    """The arrays of ``topo``, computed once per snapshot and free GPUs (``topo.memo.arrays``)."""
+    """The arrays of ``topo``, computed once per topology object (``topo.memo.arrays``)."""
+    memo = topo.memo
+    if memo.arrays is not None:
+        return memo.arrays
     cl = topo.clusters
-    key = tuple(c.free_gpus for c in cl)
-    hit = topo.memo.arrays.get(key)
-    if hit is not None:
-        return hit
     arrays = TopoArrays(
         names=topo.names,
         flops=np.array([c.effective_tflops * 1e12 for c in cl]),
@@ -166,7 +165,7 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         lat=np.asarray(topo.latency_matrix, dtype=np.float64) / 1e3,
         tp_cap=np.array([_pow2_floor(min(_MAX_TP, c.gpus_per_node)) for c in cl], dtype=np.int64),
     )
-    topo.memo.arrays.put(key, arrays)
+    memo.arrays = arrays
     return arrays
 
 
