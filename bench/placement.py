@@ -93,7 +93,7 @@ def run(sizes: list[int], jobs: list[tuple[str, int, int]], *, policies: list[st
                 error = ""
                 cpu: list[float] = []
                 for _ in range(reps):
-                    clear_memos()  # every repeat is a cold decision (no memoised search, plan or solve)
+                    clear_memos(topo)  # every repeat is a cold decision (no memoised search, plan or solve)
                     c0 = time.process_time()
                     try:
                         res = pol.place(topo, job, budget)

@@ -289,13 +289,6 @@ class LocalMesh:
         log.info("mesh.agent_started", cluster=c.name, address=proc.address, pid=proc.pid)
         return proc
 
-    def restart_agent(self, cluster: str) -> ManagedProcess:
-        old = self.agents[cluster]
-        old.stop()
-        host = self.testbed.host_address if self.testbed is not None else "127.0.0.1"
-        self.agents[cluster] = self._agent(self.topology.cluster(cluster), host, [])
-        return self.agents[cluster]
-
     def wait_for_clusters(self, n: int, timeout: float = 60.0) -> Topology:
         """Block until the topology service lists ``n`` clusters (their agents registered and profiled)."""
         from spiderflow.sdk import Client

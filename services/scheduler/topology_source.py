@@ -20,7 +20,6 @@ import grpc.aio
 import structlog
 
 from spiderflow.core.domain import Topology
-from spiderflow.core.errors import UnavailableError
 from spiderflow.formats import load_topology
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.rpc import convert
@@ -101,15 +100,3 @@ class TopologyServiceSource:
 
     async def close(self) -> None:
         await self._channel.close()
-
-
-async def first_snapshot(source: TopologySource, *, attempts: int = 1) -> Topology:
-    """A snapshot, retried ``attempts`` times on UnavailableError."""
-    for i in range(attempts):
-        try:
-            return await source.snapshot()
-        except UnavailableError:
-            if i == attempts - 1:
-                raise
-            await asyncio.sleep(0.2)
-    raise AssertionError("unreachable")

@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from spiderflow.core.memo import SnapshotMemo
+
 __all__ = [
     "Cluster",
     "DataKind",
@@ -253,6 +255,14 @@ class Topology:
         return out
 
     @cached_property
+    def memo(self) -> SnapshotMemo:
+        """The placement memo tables of this network snapshot (:mod:`spiderflow.core.memo`): its tables are
+        shared by every :meth:`with_free` copy and go with the snapshot."""
+        from spiderflow.core.memo import SnapshotMemo
+
+        return SnapshotMemo()
+
+    @cached_property
     def _paths(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """All-pairs widest paths (bandwidth Gbit/s, latency ms): a vectorised Floyd–Warshall, O(n³/…)."""
         import numpy as np
@@ -331,6 +341,7 @@ class Topology:
         # Names, links and paths are unchanged: reuse what this snapshot already computed (and share its
         # sub-topologies, see only()).
         self.__dict__.setdefault("_subsets", {})
+        out.__dict__["memo"] = self.memo.derive()
         for key in ("names", "index", "direct", "_paths", "_subsets"):
             if key in self.__dict__:
                 out.__dict__[key] = self.__dict__[key]

@@ -65,6 +65,7 @@ __all__ = [
     "Op",
     "ReplayResult",
     "ScheduleDeadlockError",
+    "cache_clear",
     "default_warmup",
     "peak_in_flight",
     "plan_max_in_flight",
@@ -110,11 +111,6 @@ def _check_cap(max_in_flight: int | None) -> None:
         isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1
     ):
         raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
-
-
-def _capped(schedule: Schedule, chunks: int) -> bool:
-    """Whether ``schedule`` belongs to the 1F1B family the in-flight cap applies to."""
-    return schedule is not Schedule.GPIPE and not (schedule is Schedule.INTERLEAVED_1F1B and chunks > 1)
 
 
 def default_warmup(
@@ -402,3 +398,8 @@ def replay(
         makespan=max(finish.values(), default=0.0),
         peak_in_flight=tuple(tuple(p) for p in peak),
     )
+
+
+def cache_clear() -> None:
+    """Forget the memoised per-shape operation orders (a function of the shape alone)."""
+    _directions.cache_clear()

@@ -185,12 +185,6 @@ class _PhaseTimer:
         return out
 
 
-def _posted(work: dist.Work | None) -> dist.Work:
-    """The handle of a point-to-point operation (``None`` only for ranks outside the group)."""
-    assert work is not None
-    return work
-
-
 @dataclass(slots=True)
 class _Recv:
     """A posted receive: the buffer (pinned host memory when a GPU tensor crosses a gloo link) and its

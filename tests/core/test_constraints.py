@@ -112,7 +112,7 @@ def test_views_of_one_snapshot_share_their_structure() -> None:
 def test_a_view_does_not_poison_spinsearch_memos() -> None:
     """SpinSearch memoises searches by path matrix: the same job on the whole topology and on a view gets
     each its own answer, in either order, equal to a cold decision."""
-    from spiderflow.core.placement import clear_memos, spinsearch
+    from spiderflow.core.placement import clear_memos
 
     spin = get_policy("spinsearch")
     free = _job(gmin=12, gmax=16)
@@ -123,18 +123,18 @@ def test_a_view_does_not_poison_spinsearch_memos() -> None:
         assert plan is not None
         return plan.stages, plan.micro_batches, plan.schedule, plan.step_time_s
 
-    clear_memos()
+    clear_memos(TOPO, view(TOPO, constrained))
     cold_free = decided(TOPO, free)
-    clear_memos()
+    clear_memos(TOPO, view(TOPO, constrained))
     cold_view = decided(view(TOPO, constrained), constrained)
     for _ in range(2):
         assert decided(TOPO, free) == cold_free
         assert decided(view(TOPO, constrained), constrained) == cold_view
     assert {s.cluster for s in cold_view[0]} <= {"c", "d", "e"}  # type: ignore[attr-defined]
-    clear_memos()
+    clear_memos(view(TOPO, constrained))
     for i in range(6):  # decisions on fresh with_free copies of the view share its matrices: memo hits
         spin.place(view(TOPO.with_free({"c": 8 - i % 2}), constrained), constrained)
-    assert len(spinsearch._SEARCH_CACHE) == 2  # one search per free-GPU state, not one per copy
+    assert len(view(TOPO, constrained).memo.searches) == 2  # one search per free-GPU state, not one per copy
 
 
 def test_unsatisfiable_reasons() -> None:

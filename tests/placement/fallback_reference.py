@@ -13,14 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from spiderflow.core.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate, fits_memory
+from spiderflow.core.costmodel import GIB, RESERVED_GIB, allreduce_time, compute_rate_tflops, evaluate, fits_memory
 from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
 from spiderflow.core.placement.base import Objective
 from spiderflow.core.placement.common import (
     _MAX_TP,
     _PP_CHOICES,
-    _ar,
     _Block,
     _blocks_to_plan,
     _finish,
@@ -123,7 +122,7 @@ class _ChainEval:
         out: list[tuple[int, float, float, float, float]] = []
         tp = 1
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
-            ar_tp = _ar(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
+            ar_tp = allreduce_time(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
             out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp),
                         3.0 * jc.head_f / (tp * fl)))
             tp *= 2
@@ -183,8 +182,8 @@ class _ChainEval:
                         is_last = j == pp - 1 and head
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             jc.head_params if is_last else 0.0)
-                        if dp > 1:  # _ar(2·params/tp, dp, bdp), inlined
-                            y = 2.0 * (dp - 1) / dp * (jc.grad_bytes * params / tp) * 8.0 / (bdp * 1e9)
+                        if dp > 1:
+                            y = allreduce_time(jc.grad_bytes * params / tp, dp, bdp)
                             if y > ymax:
                                 ymax = y
                         inflight = min(per_replica, s_total - (offset + j))

@@ -98,7 +98,7 @@ def test_search_returns_the_same_candidates_with_the_reference_scorer(
                   gpus=GpuRange(min=lo, max=hi))
 
     def search() -> tuple[list[spinsearch.ChainCandidate], dict[str, float]]:
-        spinsearch._SEARCH_CACHE.clear()
+        topo.memo.clear()
         return spinsearch.search_chains(topo, job, objective=objective)
 
     fast = search()

@@ -39,6 +39,7 @@ import numpy.typing as npt
 from numba import njit
 
 from spiderflow.core.kernels import kernel, register_warmup
+from spiderflow.core.kernels.level2 import _allreduce_time
 
 __all__ = ["POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
 
@@ -153,7 +154,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             p_head if is_last else 0.0)
                         if dp > 1:
-                            y = 2.0 * (dp - 1) / dp * (w_grad * params / tp) * 8.0 / (bdp * 1e9)
+                            y = _allreduce_time(w_grad * params / tp, dp, bdp, 0.0)
                             if y > ymax:
                                 ymax = y
                         ahead = ds + pp - j

@@ -22,6 +22,7 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+from spiderflow.core.costmodel import allreduce_time, fsdp_gather_time, transfer_time
 from spiderflow.core.kernels import kernel, register_warmup
 
 __all__ = [
@@ -40,6 +41,11 @@ __all__ = [
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
+
+# The cost model's communication formulas, compiled from their one definition in the cost model.
+_allreduce_time = kernel(allreduce_time)
+_fsdp_gather_time = kernel(fsdp_gather_time)
+_transfer_time = kernel(transfer_time)
 Picked = tuple[int, int, int, int, int, float, float]  # (t, p, d, recompute, fsdp, objective, P_in)
 
 # ``fl``: the problem's real figures.
@@ -121,39 +127,9 @@ def _floor(q: float, top: int) -> int:
 
 
 @kernel
-def _allreduce_time(nbytes: float, d: int, gbps: float, latency_ms: float) -> float:
-    """:func:`spiderflow.core.costmodel.allreduce_time`."""
-    if d <= 1:
-        return 0.0
-    if gbps <= 0:
-        return math.inf
-    return 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9) + 2.0 * (d - 1) * latency_ms / 1e3
-
-
-@kernel
-def _transfer_time(nbytes: float, gbps: float, latency_ms: float) -> float:
-    """:func:`spiderflow.core.costmodel.transfer_time`."""
-    if gbps <= 0:
-        return math.inf
-    if math.isinf(gbps):
-        return latency_ms / 1e3
-    return nbytes * 8.0 / (gbps * 1e9) + latency_ms / 1e3
-
-
-@kernel
 def _divides(tp: int, gpus: int, g: int, heads: int, kv_heads: int, hidden: int) -> bool:
     return (gpus % tp == 0 and (g % tp == 0 or tp % g == 0) and heads % tp == 0 and kv_heads % tp == 0
             and hidden % tp == 0)
-
-
-@kernel
-def _fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
-    """:func:`spiderflow.core.costmodel.fsdp_gather_time`: ring all-gather (or reduce-scatter) over ``d``."""
-    if d <= 1:
-        return 0.0
-    if gbps <= 0:
-        return math.inf
-    return (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
 
 
 @kernel

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spiderflow.core.kernels import kernel, register_warmup
+from spiderflow.core.kernels.level2 import _allreduce_time
 
 __all__ = ["greedy_rows", "score_rows"]
 
@@ -157,7 +158,7 @@ def score_rows(
                     if tt <= ints[1, c] and g1 % tt == 0:
                         b_dp = fig[2, c] if tt * d_t <= ints[0, c] else fig[3, c]
                         if d_t > 1:
-                            ys = 2.0 * (d_t - 1) / d_t * (by_tp[4, tt] * params / tt) * 8.0 / (b_dp * 1e9)
+                            ys = _allreduce_time(by_tp[4, tt] * params / tt, d_t, b_dp, 0.0)
                         local = (m - 1) * ts / d_t + ts + ys
                         if local != local:
                             local = inf

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from spiderflow.core.placement.base import (
     REGISTRY,
@@ -14,6 +15,9 @@ from spiderflow.core.placement.base import (
     get_policy,
     register_policy,
 )
+
+if TYPE_CHECKING:
+    from spiderflow.core.domain import Topology
 
 __all__ = [
     "REGISTRY",
@@ -47,21 +51,20 @@ def load_builtin_policies() -> None:
                 raise
 
 
-def clear_memos() -> None:
-    """Forget every process-wide memo of the placement and planning code: SpinSearch's searches and hop
-    orders, the chain plans, the level-1 planner's per-cluster figures, level 2's solves and the timeline's
-    orders and simulations. Decisions after it are computed from scratch (benchmarks time cold decisions
-    this way); the per-topology arrays, which a topology snapshot computes once, are kept."""
+def clear_memos(*topologies: Topology) -> None:
+    """Forget the memos of the placement and planning code: the given snapshots' tables
+    (``topology.memo``: arrays, SpinSearch's hop orders and searches; shared by their ``with_free``
+    copies) and the value-keyed memos of pure functions (chain plans and chain-position rows, level 2's
+    solves, the timeline's orders and simulations, the schedules' per-shape orders). Decisions after it
+    are computed from scratch (benchmarks time cold decisions this way)."""
     from spiderflow.core import schedules
-    from spiderflow.core.placement import common, spinsearch
+    from spiderflow.core.placement import common
     from spiderflow.core.tpa import level2, timeline
 
-    spinsearch._SEARCH_CACHE.clear()
-    spinsearch._HOP_CACHE.clear()
+    for topo in topologies:
+        topo.memo.clear()
     common.plan_cache_clear()
-    common._POSITIONS.clear()
     level2.cache_clear()
-    for fn in (timeline._simulate_memo, timeline._frozen_orders, timeline._stage_order, timeline._frozen_packed):
-        fn.cache_clear()
-    schedules._directions.cache_clear()
+    timeline.cache_clear()
+    schedules.cache_clear()
 

@@ -82,6 +82,7 @@ def count_evaluations(topo: Topology, job: JobSpec) -> int:
 
 
 def _ar(nbytes: FArr, d: IArr, gbps: FArr) -> FArr:
+    """:func:`~spiderflow.core.costmodel.allreduce_time` (no latency) elementwise over arrays."""
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(d > 1, 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9), 0.0)
     return np.asarray(out, dtype=np.float64)

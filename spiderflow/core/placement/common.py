@@ -52,7 +52,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -65,6 +64,7 @@ from spiderflow.core.costmodel import (
     GIB,
     RESERVED_GIB,
     activation_bytes,
+    allreduce_time,
     compute_rate_tflops,
     evaluate,
     fits_memory,
@@ -162,19 +162,15 @@ class TopoArrays:
         return self.flops
 
 
-_TOPO_CACHE: dict[int, tuple[weakref.ref[Topology], TopoArrays]] = {}
-
-
 def _pow2_floor(x: int) -> int:
     return 1 << (max(1, x).bit_length() - 1)
 
 
 def topo_arrays(topo: Topology) -> TopoArrays:
-    """The arrays of ``topo``, computed once per topology object (cached while it is alive)."""
-    key = id(topo)
-    hit = _TOPO_CACHE.get(key)
-    if hit is not None and hit[0]() is topo:
-        return hit[1]
+    """The arrays of ``topo``, computed once per topology object (``topo.memo.arrays``)."""
+    memo = topo.memo
+    if memo.arrays is not None:
+        return memo.arrays
     cl = topo.clusters
     arrays = TopoArrays(
         names=topo.names,
@@ -193,10 +189,7 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         flops_tf32=np.array([compute_rate_tflops(c, Precision.TF32) * 1e12 for c in cl]),
         wire=np.array([c.gpu_type.wire_bytes for c in cl], dtype=np.int64),
     )
-    def _drop(_r: weakref.ref[Topology], k: int = key) -> None:
-        _TOPO_CACHE.pop(k, None)
-
-    _TOPO_CACHE[key] = (weakref.ref(topo, _drop), arrays)
+    memo.arrays = arrays
     return arrays
 
 
@@ -309,7 +302,8 @@ class ChainScores:
 _TP_CHOICES = np.array([1, 2, 4, 8], dtype=np.int64)[:, None, None]
 """The tensor-parallel degrees :func:`score_chains` weighs, along a leading axis."""
 _TP_AR_COEF = 2.0 * (_TP_CHOICES - 1) / _TP_CHOICES
-"""``2(t − 1)/t``: the ring all-reduce factor of each degree."""
+"""``2(t − 1)/t``: the ring all-reduce factor of each degree (:func:`~spiderflow.core.costmodel.allreduce_time`
+over a degree axis; the scorer's tables multiply it in the formula's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,12 +387,6 @@ def allocate_greedy(ta: TopoArrays, chains: IArr, gpus_max: int, rate: FArr | No
 # --------------------------------------------------------------------------------------------------
 
 
-def _ar(nbytes: float, d: int, gbps: float) -> float:
-    if d <= 1:
-        return 0.0
-    return 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
-
-
 @dataclass(frozen=True, slots=True)
 class _Block:
     """The chosen configuration of one cluster's layer block."""
@@ -435,7 +423,7 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
     row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, wire * 8.0 / (inter * 1e9)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
-        ar_tp = _ar(jc.act, tp, intra if tp <= gpn else inter)
+        ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
         row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), 3.0 * jc.head_f / (tp * fl)]
         tp *= 2
     n = (len(row) - 4) // 4
@@ -896,8 +884,10 @@ def cached_plan(
 
 
 def plan_cache_clear() -> None:
-    """Forget every memoised chain plan and reset the counters (for tests and benchmarks)."""
+    """Forget every memoised chain plan and chain-position row and reset the counters (for tests and
+    benchmarks)."""
     _PLAN_CACHE.clear()
+    _POSITIONS.clear()
     _PLAN_CACHE_STATS.update(hits=0, misses=0)
 
 

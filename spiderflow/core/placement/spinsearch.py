@@ -69,7 +69,6 @@ from __future__ import annotations
 import itertools
 import math
 import time
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -136,30 +135,24 @@ class ChainCandidate:
 
 
 @dataclass(frozen=True, slots=True)
-class _Hops:
+class Hops:
+    """The transfer matrix ``P`` of one activation size and, per cluster, the other clusters by ascending
+    ``P`` (memoised per snapshot in ``topology.memo.hops``)."""
+
     p: FArr
     order: IArr  # per cluster: other clusters by ascending P
 
 
-_HOP_CACHE: dict[tuple[int, float], tuple[weakref.ref[Topology], _Hops]] = {}
-
-
-def _hops(topo: Topology, ta: TopoArrays, jc: JobConsts) -> _Hops:
-    key = (id(topo), jc.wire_act(0))
-    hit = _HOP_CACHE.get(key)
-    if hit is not None and hit[0]() is topo:
-        return hit[1]
+def _hops(topo: Topology, ta: TopoArrays, jc: JobConsts) -> Hops:
+    hit = topo.memo.hops.get(jc.wire_act(0))
+    if hit is not None:
+        return hit
     p = transfer_matrix(ta, jc)
     pm = p.copy()
     np.fill_diagonal(pm, np.inf)
     order = np.argsort(pm, axis=1, kind="stable").astype(np.int64)
-    hops = _Hops(p=p, order=order)
-    if len(_HOP_CACHE) > 64:
-        _HOP_CACHE.clear()
-    def _drop(_r: weakref.ref[Topology], k: tuple[int, float] = key) -> None:
-        _HOP_CACHE.pop(k, None)
-
-    _HOP_CACHE[key] = (weakref.ref(topo, _drop), hops)
+    hops = Hops(p=p, order=order)
+    topo.memo.hops.put(jc.wire_act(0), hops)
     return hops
 
 
@@ -235,7 +228,7 @@ _OBJECTIVE_CODES = {Objective.JCT: 0, Objective.COST: 1, Objective.BALANCED: 2}
 _RESERVED_BYTES = RESERVED_GIB * GIB
 
 
-def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr, nn: int) -> float:
+def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: Hops, usable: IArr, nn: int) -> float:
     """Smallest hop time at which a connected group has ``G_min`` free GPUs and the model's state memory
     (Kruskal over each usable cluster's ``nn`` nearest hops)."""
     states = jc.state_bytes * (jc.layers * jc.p_layer + 2 * jc.p_embed)
@@ -277,35 +270,6 @@ def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: _Hops, usable: IArr,
     return math.inf
 
 
-_SEARCH_CACHE: dict[tuple[object, ...], tuple[weakref.ref[object], list[ChainCandidate], dict[str, float]]] = {}
-_SEARCH_CACHE_MAX = 2048
-_SEARCH_MATRICES: dict[int, weakref.ref[object]] = {}
-"""The path matrices the memoised searches were made on, by id: when one is freed (no snapshot of that
-topology is left), its entries go with it, so the memo never keeps an old topology's matrices alive."""
-
-
-def _forget_matrix(mid: int) -> None:
-    # Runs as a weakref callback (at any allocation): iterate over a copy and tolerate entries gone already.
-    _SEARCH_MATRICES.pop(mid, None)
-    for k in list(_SEARCH_CACHE):
-        if k[0] == mid:
-            _SEARCH_CACHE.pop(k, None)
-
-
-def _memoise_search(key: tuple[object, ...], bw: object, cands: list[ChainCandidate], stats: dict[str, float]) -> None:
-    mid = id(bw)
-    ref = _SEARCH_MATRICES.get(mid)
-    if ref is None or ref() is not bw:
-        def _gone(_r: weakref.ref[object], m: int = mid) -> None:
-            _forget_matrix(m)
-
-        ref = weakref.ref(bw, _gone)
-        _SEARCH_MATRICES[mid] = ref
-    if len(_SEARCH_CACHE) >= _SEARCH_CACHE_MAX:
-        del _SEARCH_CACHE[next(iter(_SEARCH_CACHE))]
-    _SEARCH_CACHE[key] = (ref, list(cands), dict(stats))
-
-
 def search_chains(
     topo: Topology,
     job: JobSpec,
@@ -323,23 +287,23 @@ def search_chains(
     """The search of the module docstring (steps 1–4). Returns up to ``keep`` distinct feasible
     candidates, best first (cluster indices into ``topo.clusters``), and search statistics.
 
-    A search that ends before ``deadline`` (or has none) is memoised process-wide (bounded), and a later
-    call with the same key returns it, with or without a deadline: the result is a function of the job's
-    shape (model, batch, sequence length, GPU range, precision), the free GPUs per cluster, the topology's clusters
-    and path matrices (snapshots made by ``Topology.with_free`` share them; the key holds the matrix
-    object and compares it by identity) and the search parameters, and the deadline only ever cuts a
-    search short. A search cut short (``stats["deadline_hit"]``) is not memoised."""
-    bw = topo.bandwidth_matrix
-    key = (id(bw), tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
+    A search that ends before ``deadline`` (or has none) is memoised in the snapshot's
+    ``topology.memo.searches`` (bounded; shared by the ``Topology.with_free`` copies of the snapshot,
+    whose path matrices are the same), and a later call with the same key returns it, with or without a
+    deadline: the result is a function of the job's shape (model, batch, sequence length, GPU range,
+    precision), the clusters with their free GPUs, the snapshot's path matrices and the search parameters,
+    and the deadline only ever cuts a search short. A search cut short (``stats["deadline_hit"]``) is not
+    memoised."""
+    key = (tuple(topo.clusters), job.model, job.global_batch, job.micro_batch, job.seq_len, job.gpus,
            job.precision, objective, beam_width, neighbours, seeds, stall_factor, refine_top, trim_top, keep)
-    hit = _SEARCH_CACHE.get(key)
-    if hit is not None and hit[0]() is bw:
-        return list(hit[1]), dict(hit[2])
+    hit = topo.memo.searches.get(key)
+    if hit is not None:
+        return list(hit[0]), dict(hit[1])
     cands, stats = _search_chains(topo, job, objective=objective, beam_width=beam_width, neighbours=neighbours,
                                   seeds=seeds, stall_factor=stall_factor, refine_top=refine_top,
                                   trim_top=trim_top, keep=keep, deadline=deadline)
     if "deadline_hit" not in stats:
-        _memoise_search(key, bw, cands, stats)
+        topo.memo.searches.put(key, (list(cands), dict(stats)))
     return cands, stats
 
 
@@ -571,7 +535,7 @@ _NONE_F: FArr = np.zeros(0, dtype=np.float64)
 _NONE_I: IArr = np.zeros((0, 1), dtype=np.int64)
 
 
-def _moves(c: Chain, near: dict[int, list[int]], hops: _Hops, usable: np.ndarray, nn: int) -> list[Chain]:
+def _moves(c: Chain, near: dict[int, list[int]], hops: Hops, usable: np.ndarray, nn: int) -> list[Chain]:
     k = len(c)
     out: set[Chain] = set()
     if k > 1:

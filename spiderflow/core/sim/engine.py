@@ -334,7 +334,6 @@ class _Sim:
         self.snapshot: Topology | None = None
         self.free_cache: dict[str, int] | None = None
         self.snap_base: Topology | None = None
-        self.total_free_cache = 0
         self.qcache: dict[str, tuple[tuple[float, int, float | None], QueuedJob]] = {}
         self.decision_times: list[float] = []
         self.decision_cpu: list[float] = []
@@ -397,12 +396,7 @@ class _Sim:
     def _free(self) -> dict[str, int]:
         if self.free_cache is None:
             self.free_cache = {c: (0 if c in self.lost else self.capacity[c] - self.used[c]) for c in self.capacity}
-            self.total_free_cache = sum(self.free_cache.values())
         return self.free_cache
-
-    def _total_free(self) -> int:
-        self._free()
-        return self.total_free_cache
 
     def _changed(self) -> None:
         self.snapshot = None

@@ -253,10 +253,6 @@ class BlockConfig:
         return max(self.compute_s) / self.dp
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-
 def block_candidates(p: BlockProblem) -> list[Degrees]:
     """Every admissible candidate (module docstring), ordered by ``(t, p)``, each followed by its variants with
     FSDP (``d > 1``, all-gathers hidden behind compute: :func:`spiderflow.core.kernels.level2.fsdp_hidden`),

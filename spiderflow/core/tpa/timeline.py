@@ -87,6 +87,7 @@ __all__ = [
     "StageTiming",
     "Timeline",
     "TransferRecord",
+    "cache_clear",
     "default_warmup",
     "plan_orders",
     "plan_stage_timing",
@@ -839,3 +840,10 @@ def _steady_period(
             continue
         return p, delta
     return None
+
+
+def cache_clear() -> None:
+    """Forget the memoised orders, packed orders and simulations (they are functions of their arguments'
+    values alone; benchmarks time cold decisions this way)."""
+    for fn in (_simulate_memo, _frozen_orders, _stage_order, _frozen_packed):
+        fn.cache_clear()
