@@ -72,6 +72,10 @@ TERMINAL = {types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED.value, JobState.FAILED.value, JobState.CANCELLED.value})
 
 
+MAX_RETRIES = 5
+"""Retries of one submission answered UNAVAILABLE."""
+
+
 class BenchError(Exception):
     """A bounded wait ran out, or a part of the run failed: the run stops with this one-line reason."""
 
@@ -94,16 +98,27 @@ def _request(i: int, tenant: str) -> scheduler_pb2.SubmitJobRequest:
 
 
 async def _client(address: str, token: str, tenant: str, indices: list[int], latencies: list[float],
-                  credentials: Any) -> None:
+                  credentials: Any, retries: list[int]) -> None:
+    """Submit one after another; an UNAVAILABLE answer (the store was slow) is retried with the same request
+    id, as clients do: the retry returns the job the first try created, if it did (``created`` false)."""
     md = bearer_metadata(token)
     requests = [_request(i, tenant) for i in indices]
     async with open_channel(address, credentials=credentials) as channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         for req in requests:
             t0 = time.perf_counter()
-            resp = await stub.SubmitJob(req, timeout=30, metadata=md)
+            for attempt in range(MAX_RETRIES + 1):
+                try:
+                    resp = await stub.SubmitJob(req, timeout=30, metadata=md)
+                    break
+                except grpc.aio.AioRpcError as e:
+                    if e.code() is not grpc.StatusCode.UNAVAILABLE or attempt == MAX_RETRIES:
+                        raise
+                    retries.append(1)
+                    await asyncio.sleep(0.2 * (attempt + 1))
             latencies.append(time.perf_counter() - t0)
-            assert resp.created, req.request_id
+            if not resp.created and resp.job.spec.id != f"{tenant}~{req.job.id}":
+                raise BenchError(f"{req.request_id} answered another job: {resp.job.spec.id}")
 
 
 async def _all_jobs(address: str, token: str, credentials: Any) -> list[scheduler_pb2.Job]:
@@ -150,9 +165,9 @@ async def _wait_leader(store: EtcdStore, sched: ManagedProcess, timeout: float) 
 
 
 async def _submit_all(args: argparse.Namespace, address: str, tokens: dict[str, str], tenants: list[str],
-                      latencies: list[float], credentials: dict[str, Any]) -> None:
+                      latencies: list[float], credentials: dict[str, Any], retries: list[int]) -> None:
     share = [list(range(c, args.jobs, args.clients)) for c in range(args.clients)]
-    clients = asyncio.gather(*(_client(address, tokens[t], t, share[c], latencies, credentials[t])
+    clients = asyncio.gather(*(_client(address, tokens[t], t, share[c], latencies, credentials[t], retries)
                                for c, t in enumerate(tenants)))
     t0 = time.perf_counter()
     while True:
@@ -161,7 +176,8 @@ async def _submit_all(args: argparse.Namespace, address: str, tokens: dict[str, 
             try:
                 clients.result()
             except grpc.aio.AioRpcError as e:
-                raise BenchError(f"SubmitJob failed after {len(latencies)} of {args.jobs} submissions: "
+                raise BenchError(f"SubmitJob failed after {len(latencies)} of {args.jobs} submissions "
+                                 f"({len(retries)} retries): "
                                  f"{e.code().name}: {e.details()}") from None
             return
         elapsed = time.perf_counter() - t0
@@ -250,7 +266,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         assert etcd_pid is not None
         cpu0 = _cpu_seconds(sched.pid), _cpu_seconds(etcd_pid), time.process_time()
         t0 = time.perf_counter()
-        await _submit_all(args, sched.address, tokens, tenants, latencies, creds)
+        retries: list[int] = []
+        await _submit_all(args, sched.address, tokens, tenants, latencies, creds, retries)
         submit_s = time.perf_counter() - t0
         cpu1 = _cpu_seconds(sched.pid), _cpu_seconds(etcd_pid), time.process_time()
         load_after = os.getloadavg()[0]
@@ -281,6 +298,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "submit_cpu_seconds": {"scheduler": round(cpu1[0] - cpu0[0], 2), "etcd": round(cpu1[1] - cpu0[1], 2),
                                    "clients": round(cpu1[2] - cpu0[2], 2)},
             "load_average_1m": {"before": round(load_before, 2), "after": round(load_after, 2)},
+            "unavailable_retries": len(retries),
             "all_terminal_seconds": None if args.profile or args.submit_only else round(done_s, 1),
             "succeeded": succeeded,
             "nothing_lost_or_duplicated": ids == expected and len(reqs) == args.jobs and bool(complete),
