@@ -252,7 +252,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "--topology", args.topology,
                 "--executor", "sim", "--sim-min-s", str(args.sim_s), "--sim-max-s", str(args.sim_s),
                 "--cycle-interval", "1", "--tokens", str(work / "tokens.yaml"), *tls_args, "--log-format", "json",
-                "--max-queued", str(max(10_000, args.jobs * 2)), *args.scheduler_arg,
+                "--max-queued", str(max(10_000, args.jobs * 2)),
+                # keep every finished job: the check reads them all (the default keeps 1,000 and deletes the
+                # rest, so a run of more jobs never saw them all finish)
+                "--retain-finished-jobs", str(max(10_000, args.jobs * 2)), *args.scheduler_arg,
             ], log_dir=work).start(timeout=args.start_timeout)
         except SpiderFlowError as e:
             raise BenchError(f"the scheduler did not start: {e}") from None
