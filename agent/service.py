@@ -10,8 +10,9 @@
 - ``GetStatus``: the reported profile, the agent's identity and address, ``training``, the latest probe
   of each peer.
 
-- ``ReadLogs``: the workers' output this agent keeps (:mod:`spiderflow.joblogs`), from byte offsets; with
-  ``follow``, new output as it is written. On an mTLS server only a service or admin certificate may read
+- ``ReadLogs``: the workers' output this agent keeps (:mod:`spiderflow.joblogs`), from byte offsets
+  (``0 ≤ offset ≤`` :data:`MAX_LOG_OFFSET`, else INVALID_ARGUMENT naming ``offsets[i].offset``; ``attempt``
+  ≥ 0); with ``follow``, new output as it is written. On an mTLS server only a service or admin certificate may read
   (PERMISSION_DENIED otherwise): tenants read their logs through the scheduler, which checks the job's
   tenant.
 
@@ -53,6 +54,8 @@ def require_caller(roles: frozenset[Role], what: str) -> None:
         raise PermissionDeniedError(f"{principal} may not call {what} on an agent")
 
 MAX_ECHO_BYTES = 64 * 1024
+MAX_LOG_OFFSET = 1 << 53
+"""Largest ``ReadLogs`` resume offset (bytes): far beyond any log file, and exact in JSON and doubles."""
 DEFAULT_CHUNK_BYTES = 256 * 1024
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -146,6 +149,11 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             raise ValidationError("job_id", "is required")
         if request.stream not in ("", *joblogs.LogStream):
             raise ValidationError("stream", "must be stdout, stderr or empty", request.stream)
+        if request.attempt < 0:
+            raise ValidationError("attempt", "must be ≥ 0 (0: every attempt)", request.attempt)
+        for i, o in enumerate(request.offsets):
+            if not 0 <= o.offset <= MAX_LOG_OFFSET:
+                raise ValidationError(f"offsets[{i}].offset", f"must be in [0, {MAX_LOG_OFFSET}]", o.offset)
         streams = frozenset(joblogs.LogStream) if not request.stream else frozenset({joblogs.LogStream(request.stream)})
         offsets = {(o.attempt, o.rank, o.stream): o.offset for o in request.offsets}
         if self.work_dir is None:
@@ -159,7 +167,10 @@ class AgentService(agent_pb2_grpc.AgentServicer):
                 key = (f.attempt, f.rank, str(f.stream))
                 while True:
                     at = offsets.get(key, 0)
-                    data = await asyncio.to_thread(joblogs.read_chunk, f.path, at, LOG_CHUNK_BYTES)
+                    try:
+                        data = await asyncio.to_thread(joblogs.read_chunk, f.path, at, LOG_CHUNK_BYTES)
+                    except FileNotFoundError:  # pruned (log retention) since it was listed
+                        break
                     if not data:
                         break
                     offsets[key] = at + len(data)

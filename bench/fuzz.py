@@ -1,6 +1,8 @@
-"""Long fuzzing run: ``--cases N`` hypothesis cases per RPC (Scheduler, Planner, Topology) and per file
-format, against real servicers over a real etcd, with the oracle of ``tests/fuzz/fuzz_harness.py``
-(never INTERNAL/UNKNOWN/UNAVAILABLE, the server keeps answering, a refused request writes nothing).
+"""Long fuzzing run: ``--cases N`` hypothesis cases per RPC (Scheduler, Planner, Topology, Agent, Control) and
+per file format, against real servicers over a real etcd, with the oracle of ``tests/fuzz/fuzz_harness.py``
+(never INTERNAL/UNKNOWN/UNAVAILABLE, the server keeps answering, a refused request writes nothing; the
+agent's ``ReadLogs`` is called as the control plane and, every case, as a wrong identity, which must be
+PERMISSION_DENIED). ``--list`` prints every target.
 
     .venv/bin/python bench/fuzz.py --cases 10000            # every RPC and format
     .venv/bin/python bench/fuzz.py --cases 2000 --rpc Planner/Plan --seed 7
@@ -25,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz")]
 
-from fuzz_harness import FuzzTarget  # noqa: E402
+from fuzz_harness import WRONG_IDENTITY, FuzzTarget  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
 from strategies import RPCS, documents, requests  # noqa: E402
 
@@ -74,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rpc", action="append", help="only these targets (Service/Method or format/KIND)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="also write the JSON report here")
+    p.add_argument("--list", action="store_true", help="print every target (RPC and file format) and exit")
     args = p.parse_args(argv)
+    if args.list:
+        sys.stdout.write("\n".join([*sorted(RPCS), *FORMATS]) + "\n")
+        return 0
+    unknown = [t for t in args.rpc or [] if t not in RPCS and t not in FORMATS]
+    if unknown:
+        p.error(f"--rpc: unknown target(s) {', '.join(unknown)}; --list prints them")
     configure_logging(level="error")
     targets = args.rpc or [*sorted(RPCS), *FORMATS]
     etcd = EtcdProcess()
@@ -97,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                     row = _run_batches(name, args.cases, args.seed,
                                        lambda req, name=name: target.check(name, req), requests(name))
                     row["codes"] = dict(target.codes.get(name, {}))
+                    wrong = target.codes.get(name + WRONG_IDENTITY)
+                    if wrong:
+                        row["codes_wrong_identity"] = dict(wrong)
+                row["cases_per_s"] = round(row["cases"] / max(row["seconds"], 1e-9), 1)
                 failed = failed or bool(row["findings"])
             except Exception as e:  # the harness itself failed: report it and go on with the other targets
                 failed = True

@@ -14,6 +14,7 @@ inside the logs root (a job id such as ``../x`` is a :class:`~spiderflow.core.er
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -126,6 +127,8 @@ def read_chunk(path: Path, offset: int, limit: int) -> bytes:
     """Up to ``limit`` bytes of ``path`` from ``offset``, ending at a line end when one is in the chunk
     (so a follower never splits a line it will read whole later)."""
     with path.open("rb") as f:
+        if offset >= os.fstat(f.fileno()).st_size:
+            return b""  # nothing new (a seek past a file system's largest file size would fail)
         f.seek(offset)
         data = f.read(limit)
     if len(data) == limit and b"\n" in data:

@@ -171,13 +171,20 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         import time
 
         self._clock = clock or time.perf_counter
+        # the labelled series of each (method, code), looked up once: only served methods reach here (the
+        # server answers unknown ones before the interceptors), so this stays small
+        self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
 
     def _record(self, method: str, context: grpc.aio.ServicerContext, error: BaseException | None,
                 started: float) -> None:
-        service, name = _split(method)
         code = _code(context, error)
-        RPC_REQUESTS.labels(service=service, method=name, code=code).inc()
-        RPC_DURATION.labels(service=service, method=name, code=code).observe(self._clock() - started)
+        series = self._series.get((method, code))
+        if series is None:
+            service, name = _split(method)
+            series = self._series[(method, code)] = (RPC_REQUESTS.labels(service=service, method=name, code=code),
+                                                     RPC_DURATION.labels(service=service, method=name, code=code))
+        series[0].inc()
+        series[1].observe(self._clock() - started)
 
     def _unary(self, method: str, behavior: Behavior) -> Behavior:
         async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:

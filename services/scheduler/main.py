@@ -9,6 +9,10 @@ compare-and-swap on what was read, a deposed leader that still runs a cycle cann
 The leader also deletes finished jobs by the retention policy (``--retain-finished-jobs``,
 ``--retain-finished-for``; :mod:`services.scheduler.retention`).
 
+A replica campaigns only once the placement kernels are loaded (:func:`spiderflow.core.kernels.warm`, in a
+worker thread while the job API already serves): compiling them after an install takes a minute on a busy
+machine, and a leader must not hold its lease, nor the first cycle wait, meanwhile.
+
 ``--executor sim`` (simulator-backed mode): with no agents, the leader itself runs each placed job for
 its predicted duration × ``--sim-time-scale`` (clamped to ``[--sim-min-s, --sim-max-s]``) and then marks
 it SUCCEEDED. This is how the scheduler is load-tested without GPUs; with agents, use ``--executor
@@ -39,6 +43,7 @@ from services.scheduler.retention import RetentionPolicy, add_retention_argument
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
 from spiderflow.core.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
+from spiderflow.core.kernels import warm as warm_kernels
 from spiderflow.core.placement import Budget
 from spiderflow.core.placement.base import Planner
 from spiderflow.core.placement.common import LEVEL2_CHOICES, Level2
@@ -215,8 +220,9 @@ class SchedulerReplica:
                  wait_for_releases: bool = False, level2: Level2 = "exact",
                  tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S,
                  retention: RetentionPolicy | None = None, retention_interval_s: float = 60.0,
-                 observer: JobObserver | None = None) -> None:
+                 observer: JobObserver | None = None, warm: Callable[[], None] | None = warm_kernels) -> None:
         self.store = store
+        self.warm = warm
         self.retention = retention
         self.retention_interval_s = retention_interval_s
         self.observer = observer or JobObserver(repo)
@@ -237,6 +243,16 @@ class SchedulerReplica:
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
         loop = asyncio.get_running_loop()
+        if self.warm is not None:  # before campaigning: no lease is held while the kernels compile
+            t0 = loop.time()
+            warming = asyncio.ensure_future(asyncio.to_thread(self.warm))
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({warming, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            stopper.cancel()
+            if not warming.done():
+                return  # asked to stop while compiling (the thread finishes on its own)
+            warming.result()
+            log.info("scheduler.kernels_ready", seconds=round(loop.time() - t0, 2))
         while not stop.is_set():
             try:
                 lease = await self.store.grant(self.lease_ttl)

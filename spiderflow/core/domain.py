@@ -40,7 +40,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING
 
 from spiderflow.core import ids
@@ -524,9 +524,11 @@ class OptimizerSpec:
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * shape
 
 
+@cache
 def _gpu_names() -> dict[str, str]:
     """Every GPU name a constraint may use, lower-cased, to its canonical spelling: the catalog's type names
-    (``A100-80G``) and their families (``A100``: the name before the first ``-``)."""
+    (``A100-80G``) and their families (``A100``: the name before the first ``-``). Built once (the catalog
+    is fixed); callers only read it."""
     from spiderflow.core.catalog import GPU_CATALOG
 
     out = {n.split("-", 1)[0].lower(): n.split("-", 1)[0] for n in GPU_CATALOG}
@@ -573,6 +575,9 @@ class Constraints:
     exclude_regions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if (self.gpu_types == () and self.clusters == () and self.exclude_clusters == () and self.regions == ()
+                and self.exclude_regions == ()):
+            return  # the default (anywhere): nothing to check, the common case of every submission
         for name in ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions"):
             object.__setattr__(self, name, _names(f"constraints.{name}", getattr(self, name),
                                                   gpu=name == "gpu_types"))

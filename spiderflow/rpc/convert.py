@@ -272,6 +272,10 @@ def _optimizer_raw(msg: types_pb2.OptimizerConfig) -> dict[str, Any]:
     return raw
 
 
+_DEFAULT_DATA = DataSpec()
+_DEFAULT_OPTIMIZER = OptimizerSpec()
+
+
 def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
     msg = types_pb2.JobSpec(
         id=job.id, model=model_to_proto_value(job.model), global_batch=job.global_batch,
@@ -279,9 +283,9 @@ def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
         gpus=types_pb2.GpuRange(min=job.gpus.min, max=job.gpus.max), arrival_s=job.arrival_s,
         priority=job.priority, tenant=job.tenant, precision=job.precision.value,
     )
-    if job.data != DataSpec():
+    if job.data != _DEFAULT_DATA:
         msg.data.CopyFrom(data_to_proto(job.data))
-    if job.optimizer != OptimizerSpec():
+    if job.optimizer != _DEFAULT_OPTIMIZER:
         msg.optimizer.CopyFrom(optimizer_to_proto(job.optimizer))
     if not job.constraints.empty:
         c = job.constraints

@@ -1,5 +1,5 @@
-"""Hypothesis strategies for every RPC request of the Scheduler, Planner and Topology services and for the
-topology/trace file formats.
+"""Hypothesis strategies for every RPC request of the Scheduler, Planner, Topology, Agent and Control services
+and for the topology/trace file formats.
 
 Two families, mixed by :func:`requests`:
 
@@ -186,6 +186,15 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
     if rpc == "Scheduler/ReportProgress":
         return scheduler_pb2.ReportProgressRequest(job_id=draw(job_ids), cluster="virginia", attempt=1,
                                                    progress=[types_pb2.ProgressEvent(step=1, steps_total=5)])
+    if rpc == "Scheduler/GetJobLogs":
+        return scheduler_pb2.GetJobLogsRequest(
+            job_id=draw(job_ids), attempt=draw(st.integers(0, 2)), cluster=draw(st.sampled_from(["", "fz", "other"])),
+            rank=draw(st.integers(-1, 1)), follow=draw(st.booleans()),
+            stream=draw(st.sampled_from(["", "stdout", "stderr"])))
+    if rpc == "Scheduler/GetJobMetrics":
+        return scheduler_pb2.GetJobMetricsRequest(job_id=draw(job_ids), limit=draw(st.integers(0, 3)))
+    if rpc == "Scheduler/DeleteJob":
+        return scheduler_pb2.DeleteJobRequest(job_id=draw(job_ids))
     if rpc == "Planner/Plan":
         req = planner_pb2.PlanRequest(topology=topo, job=draw(valid_job()),
                                       budget=types_pb2.Budget(time_limit_s=0.2))
@@ -216,6 +225,15 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
                                               chunk_bytes=draw(st.integers(0, 1 << 14)))
     if rpc == "Agent/GetStatus":
         return agent_pb2.GetStatusRequest()
+    if rpc == "Agent/ReadLogs":
+        offsets = draw(st.lists(st.builds(
+            agent_pb2.ReadLogsOffset, attempt=st.integers(0, 2), rank=st.integers(-1, 1),
+            stream=st.sampled_from(["stdout", "stderr", ""]), offset=st.integers(0, 4000)), max_size=3))
+        return agent_pb2.ReadLogsRequest(job_id=draw(st.sampled_from(["fz-1", "fz-2", "nope"])),
+                                         attempt=draw(st.integers(0, 2)), rank=draw(st.integers(-1, 1)),
+                                         follow=draw(st.booleans()), stream=draw(st.sampled_from(["", "stdout",
+                                                                                                  "stderr"])),
+                                         offsets=offsets)
     if rpc.startswith("Control/"):
         return _control_request(draw, rpc)
     raise KeyError(rpc)
@@ -295,6 +313,9 @@ RPCS: dict[str, type[Message]] = {
     "Scheduler/WatchJob": scheduler_pb2.WatchJobRequest,
     "Scheduler/CancelJob": scheduler_pb2.CancelJobRequest,
     "Scheduler/ReportProgress": scheduler_pb2.ReportProgressRequest,
+    "Scheduler/GetJobLogs": scheduler_pb2.GetJobLogsRequest,
+    "Scheduler/GetJobMetrics": scheduler_pb2.GetJobMetricsRequest,
+    "Scheduler/DeleteJob": scheduler_pb2.DeleteJobRequest,
     "Planner/Plan": planner_pb2.PlanRequest,
     "Planner/Estimate": planner_pb2.EstimateRequest,
     "Topology/ReportProfile": topology_pb2.ReportProfileRequest,
@@ -304,6 +325,7 @@ RPCS: dict[str, type[Message]] = {
     "Agent/ProbeEcho": agent_pb2.ProbeEchoRequest,
     "Agent/ProbeDownload": agent_pb2.ProbeDownloadRequest,
     "Agent/GetStatus": agent_pb2.GetStatusRequest,
+    "Agent/ReadLogs": agent_pb2.ReadLogsRequest,
     "Control/Get": control_pb2.GetRequest,
     "Control/List": control_pb2.ListRequest,
     "Control/Revision": control_pb2.RevisionRequest,

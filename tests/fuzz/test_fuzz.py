@@ -1,4 +1,4 @@
-"""Fuzzing, CI subset: every RPC of the Scheduler, Planner and Topology services and the topology/trace
+"""Fuzzing, CI subset: every RPC of the Scheduler, Planner, Topology, Agent and Control services and the topology/trace
 loaders, a few dozen derandomized hypothesis cases each (``bench/fuzz.py --cases N`` is the long run).
 
 Oracle: :mod:`fuzz_harness` (never INTERNAL/UNKNOWN/UNAVAILABLE, the server keeps answering, a refused
@@ -117,3 +117,20 @@ def test_regression_out_of_range_timestamp_is_invalid_argument(target: FuzzTarge
         cluster=types_pb2.Cluster(name="fz", gpu="A100-80G", nodes=1, gpus_per_node=8, free_gpus=4),
         measured_at=timestamp_pb2.Timestamp(seconds=2**63 - 1))
     assert target.check("Topology/ReportProfile", req).name in ("INVALID_ARGUMENT", "PERMISSION_DENIED")
+
+
+def test_regression_read_logs_offsets_are_invalid_argument(target: FuzzTarget) -> None:
+    """Found by bench/fuzz.py: a negative or huge resume offset made the agent's ReadLogs seek fail
+    (INTERNAL); an offset past the end of a file reads nothing."""
+    from spiderflow.proto.agent.v1 import agent_pb2
+
+    for off in (-5, 2**63 - 1):
+        req = agent_pb2.ReadLogsRequest(job_id="fz-1", offsets=[
+            agent_pb2.ReadLogsOffset(attempt=1, rank=0, stream="stdout", offset=off)])
+        assert target.check("Agent/ReadLogs", req).name == "INVALID_ARGUMENT"
+    req = agent_pb2.ReadLogsRequest(job_id="fz-1", attempt=-1)
+    assert target.check("Agent/ReadLogs", req).name == "INVALID_ARGUMENT"
+    req = agent_pb2.ReadLogsRequest(job_id="fz-1", offsets=[
+        agent_pb2.ReadLogsOffset(attempt=1, rank=0, stream="stdout", offset=2**53)])
+    assert target.check("Agent/ReadLogs", req).name == "OK"
+    assert target.codes["Agent/ReadLogs (wrong identity)"]["PERMISSION_DENIED"] >= 4

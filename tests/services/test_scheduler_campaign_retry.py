@@ -34,7 +34,7 @@ async def test_campaign_retries_back_off_warn_rarely_and_recover(monkeypatch: py
     topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
     replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
                                default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
-                               cycle_interval=0.05, lease_ttl=2, budget=Budget())
+                               cycle_interval=0.05, lease_ttl=2, budget=Budget(), warm=None)
     stop = asyncio.Event()
     with structlog.testing.capture_logs() as logs:
         task = asyncio.create_task(replica.run(stop))
@@ -63,7 +63,7 @@ async def test_a_replica_asked_to_stop_while_backing_off_stops_at_once() -> None
     topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
     replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
                                default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
-                               cycle_interval=0.05, lease_ttl=2, budget=Budget())
+                               cycle_interval=0.05, lease_ttl=2, budget=Budget(), warm=None)
     stop = asyncio.Event()
     task = asyncio.create_task(replica.run(stop))
     await asyncio.sleep(2.0)  # inside the 2 s wait after the third attempt (at about 1.5 s)
@@ -72,3 +72,60 @@ async def test_a_replica_asked_to_stop_while_backing_off_stops_at_once() -> None
     stop.set()
     await asyncio.wait_for(task, timeout=2.0)
     assert loop.time() - t0 < 1.0  # not the rest of the 2 s backoff
+
+
+async def test_a_replica_campaigns_only_once_its_kernels_are_loaded() -> None:
+    """Compiling the placement kernels (a minute on a busy machine after an install) happens before the
+    campaign, in a worker thread: a leader never holds its lease, nor makes its first cycle wait, meanwhile
+    (a leader that compiled inside its first cycle lost its lease and stranded a load run)."""
+    import threading
+
+    store = MemoryStore()
+    grants: list[int] = []
+    real_grant = store.grant
+
+    async def grant(ttl: int, **kw: object):  # type: ignore[no-untyped-def]
+        grants.append(ttl)
+        return await real_grant(ttl, **kw)  # type: ignore[arg-type]
+
+    store.grant = grant  # type: ignore[method-assign]
+    release = threading.Event()
+    topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
+    replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
+                               default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
+                               cycle_interval=0.05, lease_ttl=2, budget=Budget(),
+                               warm=lambda: release.wait(10) and None)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(replica.run(stop))
+        await asyncio.sleep(0.5)  # the event loop keeps running while the kernels "compile"
+        assert grants == [] and not replica.is_leader
+        release.set()
+        for _ in range(100):
+            if replica.is_leader:
+                break
+            await asyncio.sleep(0.02)
+        assert replica.is_leader and grants == [2]
+        stop.set()
+        await asyncio.wait_for(task, timeout=2.0)
+    events = [e["event"] for e in logs]
+    assert events.index("scheduler.kernels_ready") < events.index("scheduler.leader")
+
+
+async def test_a_replica_asked_to_stop_while_its_kernels_load_stops_at_once() -> None:
+    import threading
+
+    release = threading.Event()
+    store = MemoryStore()
+    topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=1),), links=())
+    replica = SchedulerReplica(store, JobRepository(store), StaticTopologySource(topo), address="127.0.0.1:1",
+                               default_policy="firstfit", planner=None, executor=None, wake=asyncio.Event(),
+                               cycle_interval=0.05, lease_ttl=2, budget=Budget(),
+                               warm=lambda: release.wait(10) and None)
+    stop = asyncio.Event()
+    task = asyncio.create_task(replica.run(stop))
+    await asyncio.sleep(0.2)
+    stop.set()
+    await asyncio.wait_for(task, timeout=1.0)
+    assert not replica.is_leader
+    release.set()
