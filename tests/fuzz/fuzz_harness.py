@@ -58,7 +58,7 @@ from spiderflow.proto.topology.v1 import topology_pb2_grpc
 from spiderflow.rpc.server import RpcServer, channel_options, serve
 from spiderflow.security.auth import Authenticator, AuthInterceptor, TokenTable, bearer_metadata
 from spiderflow.security.identity import parse_principal
-from spiderflow.store import keys
+from spiderflow.store import keys, records
 from spiderflow.store.base import Lease
 from spiderflow.store.etcd import EtcdStore
 
@@ -161,7 +161,7 @@ class FuzzTarget:
                                   "gpus": {"min": 1, "max": 1}})
             record = JobRecord(spec=spec, state=state, request_id=f"seed-{jid}", created_at=1.0, updated_at=2.0,
                                attempt=1, progress=Progress(step=2))
-            await self._store.put(keys.job_key(jid), record.to_json())
+            await self._store.put(keys.job_key(jid), records.encode(record))
             await self._store.put(keys.metrics_prefix(jid) + "0", (
                 b'[{"attempt": 1, "step": 1, "loss": 2.5, "tokens_per_s": 10.0, "step_time_s": 0.5, '
                 b'"predicted_step_time_s": 0.4, "time": 1.5}, {"kind": "stage", "attempt": 1, "step": 1, '
