@@ -240,7 +240,7 @@ def test_spec_round_trip_and_rank_layout() -> None:
     with pytest.raises(ValidationError, match=r"plan\.stages"):
         TrainSpec(job_id="j", model=MODEL, plan=plan, seq_len=16, global_batch=12, steps=1)
     with pytest.raises(ValidationError, match=r"plan\.stages\[1\]\.last_layer"):
-        stages = [{"first_layer": 0, "last_layer": 0}, {"first_layer": 1}]
+        stages = [{"cluster": "a", "first_layer": 0, "last_layer": 0}, {"cluster": "a", "first_layer": 1}]
         spec_from_dict({**spec_to_dict(spec), "plan": {"stages": stages, "micro_batches": 2}})
 
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_every_builtin_policy_has_its_own_colour_in_the_shared_palette() -> None:
     from spiderflow.core.placement import REGISTRY, load_builtin_policies
-    from spiderflow.core.sim import plots
+    from spiderflow.viz import simplots as plots
 
     load_builtin_policies()
     builtin = {n for n, f in REGISTRY.items() if getattr(f, "__module__", "").startswith("spiderflow.core.placement")}

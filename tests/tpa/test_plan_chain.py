@@ -147,12 +147,7 @@ def test_layer_caps_see_that_more_layers_can_fit_than_fewer() -> None:
     ev = level1(ctx)
     assert ev.feasible and ev.split == (1, 31)
     plan = plan_chain(topo, job, alloc)
-    assert fits_memory(plan, topo)[0]
-    assert [sum(st.layers for st in plan.stages if st.cluster == c) for c, _ in alloc] == [1, 31]
-    # The micro-batch count is the timeline's choice (32: 16.8 s simulated), not the closed form's (256: 14.9 s
-    # closed form, 19.2 s simulated).
-    at_256 = plan_chain(topo, job, alloc, micro_batches=[256], schedules=[Schedule.ONE_F_ONE_B])
-    assert plan.extras["timeline_step_s"] <= at_256.extras["timeline_step_s"]
+    assert plan.micro_batches == 256 and fits_memory(plan, topo)[0]
 
 
 @settings(max_examples=150, deadline=None)
@@ -375,10 +370,9 @@ def test_cpsat_level2_may_take_the_other_side_of_a_near_tie() -> None:
 
 
 def test_recomputation_and_fsdp_are_chosen_where_they_make_the_step_faster() -> None:
-    """The same 70B chain at 256 micro-batches (four times larger than the 1024 the plain planner needs):
-    level 2 shards the replicated stages and recomputes where the memory saved lets them fit, the plan's stage
-    fields carry it and evaluate reproduces it, and its closed-form step beats the plain planner's. The
-    unpinned planner chooses the count on the exact timeline, where the plain plan is the faster one."""
+    """The same 70B chain: with recomputation and FSDP on offer, level 2 shards the replicated stages and
+    recomputes where the memory saved allows four times larger micro-batches (m = 256 instead of 1024) — a
+    faster step by the shared cost model, which the plan's stage fields carry and evaluate reproduces."""
     from spiderflow.core.topogen import generate_topology
     from spiderflow.formats import job_from_dict
 
@@ -387,7 +381,7 @@ def test_recomputation_and_fsdp_are_chosen_where_they_make_the_step_faster() -> 
                          "gpus": {"min": 64, "max": 256}})
     alloc = [("c006-eu-south-1", 32), ("c001-eu-north-1", 16), ("c003-us-east-2", 16)]
     plain = plan_chain(topo, job, alloc, recompute=False, fsdp=False)
-    both = plan_chain(topo, job, alloc, micro_batches=[256])
+    both = plan_chain(topo, job, alloc)
     assert all(st.sharding is Sharding.REPLICATE and not st.recompute for st in plain.stages)
     assert any(st.sharding is Sharding.FSDP for st in both.stages)
     assert any(st.recompute for st in both.stages)
@@ -397,10 +391,8 @@ def test_recomputation_and_fsdp_are_chosen_where_they_make_the_step_faster() -> 
     again = evaluate(both, topo, job)
     assert again.step_time_s == both.step_time_s and again.memory_gib_per_gpu == both.memory_gib_per_gpu
     assert fits_memory(both, topo)[0]
-    both_cpsat = plan_chain(topo, job, alloc, level2="cpsat", micro_batches=[256])
+    both_cpsat = plan_chain(topo, job, alloc, level2="cpsat")
     assert both_cpsat.stages == both.stages
-    unpinned = plan_chain(topo, job, alloc)
-    assert unpinned.extras["timeline_step_s"] <= both.extras["timeline_step_s"]
 
 
 def test_a_job_that_fits_only_with_recomputation_gets_a_plan() -> None:

@@ -2,10 +2,8 @@ r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~sp
 
 ``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
 ``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.core.tpa.level1`) with level 2
-(per-cluster degrees, :mod:`spiderflow.core.tpa.level2`) for the 1F1B memory profile and keeps the ``m`` whose
-polished 1F1B split has the best exact-timeline objective (:func:`_rank_on_timeline`: the simulated step the
-plan reports as ``timeline_step_s``; the closed form only orders the simulations and ranks counts the op
-budget leaves unsimulated). Level 2 solves
+(per-cluster degrees, :mod:`spiderflow.core.tpa.level2`) for the 1F1B memory profile and keeps the split and
+``m`` with the best closed-form step (the shared cost model every policy is compared on). Level 2 solves
 every block exactly (``level2="exact"``, the default); with ``level2="cpsat"`` the chosen split's blocks are
 solved again with level 2's CP-SAT model (:func:`~spiderflow.core.tpa.level1.certify`). On that split
 it tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
@@ -69,9 +67,6 @@ _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Sche
 _CAPPED = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)  # the schedules an in-flight cap shapes
 INTERLEAVE_CHUNKS = 2
 SIMULATION_OP_BUDGET = 100_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
-M_SIMULATION_OP_BUDGET = 100_000
-"""Ops the exact timeline may simulate per ``plan_chain`` call to rank the micro-batch counts (beyond the
-first)."""
 SIMULATED_TIE = 1e-9
 """Simulated objectives this close (relative) are a tie, kept by the schedule simulated first (the better
 ranked): the timeline's steady-state extrapolation is exact up to float rounding, not to the last bit."""
@@ -176,49 +171,6 @@ def _validate(topo: Topology, allocation: Sequence[tuple[str, int]]) -> tuple[li
         if u.name != v.name and topo.bandwidth_gbps(u.name, v.name) <= 0:
             raise UnschedulableError(f"no network path from cluster {u.name} to cluster {v.name}", constraint="link")
     return clusters, gpus
-
-
-def _rank_on_timeline(results: list[tuple[ChainContext, SplitEval]], topo: Topology, job: JobSpec,
-                      objective: Objective) -> list[tuple[ChainContext, SplitEval, bool]]:
-    """The feasible level-1 splits (one per micro-batch count) ordered by the exact timeline's objective of
-    their polished 1F1B plans (:func:`~spiderflow.core.tpa.level1.polish`,
-    :func:`~spiderflow.core.tpa.timeline.simulate_plan`), so the micro-batch count is chosen on what the plan
-    reports as ``timeline_step_s``, not on the closed form (which misses the in-flight window's round trip
-    and charges a full fill per replica). Counts are simulated best closed form first within
-    :data:`M_SIMULATION_OP_BUDGET` ops (the closed-form best always); a count whose lower bound
-    (:func:`~spiderflow.core.tpa.timeline.step_lower_bound`) cannot beat the best simulated one, or beyond the
-    budget, keeps its closed-form place after the simulated ones (unpolished). Near-ties (within
-    :data:`SIMULATED_TIE`) keep the closed-form order. Each entry says whether its split is polished."""
-    by_closed = sorted(results, key=lambda r: r[1].step_s)
-    scored: list[tuple[float, int]] = []
-    polished: dict[int, SplitEval] = {}
-    rest: list[int] = []
-    best = math.inf
-    spent = 0
-    for i, (ctx, ev) in enumerate(by_closed):
-        plan = evaluate(plan_from_split(ctx, ev), topo, job)
-        ops = 2 * plan.micro_batches * len(plan.stages)
-        if scored and (spent + ops > M_SIMULATION_OP_BUDGET
-                       or objective_score(plan, objective, step_lower_bound(plan, topo, job)) >= best):
-            rest.append(i)
-            continue
-        spent += ops
-        pev = polish(ctx, ev)
-        polished[i] = pev
-        if pev is not ev:
-            plan = evaluate(plan_from_split(ctx, pev), topo, job)
-        score = objective_score(plan, objective, simulate_plan(plan, topo, job, record=False).step_s)
-        scored.append((score, i))
-        best = min(best, score)
-    scored.sort()
-    # Near-ties (float rounding of the steady-state extrapolation) keep the closed-form order.
-    for k in range(1, len(scored)):
-        j = k
-        while j > 0 and scored[j][0] <= scored[j - 1][0] * (1.0 + SIMULATED_TIE) and scored[j][1] < scored[j - 1][1]:
-            scored[j - 1], scored[j] = scored[j], scored[j - 1]
-            j -= 1
-    order = [i for _, i in scored]
-    return [(by_closed[i][0], polished[i], True) for i in order] + [(*by_closed[i], False) for i in rest]
 
 
 def _memory_error(ctx: ChainContext, ev: SplitEval) -> UnschedulableError:
@@ -329,17 +281,14 @@ def plan_chain(
                 f"{', '.join(str(m) for m in ms)} (the clusters' layer caps hold fewer than its {model.layers} "
                 f"layers)", constraint="memory")
         raise _memory_error(*least_bad)
-    ranked_m = _rank_on_timeline(results, topo, job, objective)
+    results.sort(key=lambda r: r[1].step_s)
     # The finalists are polished; with CP-SAT their blocks are solved again (certify), and a split CP-SAT
     # cannot fit is dropped.
     certified: list[tuple[ChainContext, SplitEval]] = []
-    # Every count the timeline ranked (simulated) goes on to the schedule choice, so the count and the
-    # schedule are chosen together on the timeline; at least ``finalists``.
-    n_final = max(finalists, sum(1 for *_, done in ranked_m if done))
-    for ctx, ev, done in ranked_m:
-        if len(certified) >= n_final:
+    for ctx, ev in results:
+        if len(certified) >= finalists:
             break
-        cev = ev if done else polish(ctx, ev)
+        cev = polish(ctx, ev)
         if level2 == "cpsat":
             cev = certify(ctx, cev)
         if cev.feasible:
@@ -349,11 +298,11 @@ def plan_chain(
     if not certified:
         assert least_bad is not None
         raise _memory_error(*least_bad)
-    results = certified  # in the timeline's order
+    results = sorted(certified, key=lambda r: r[1].step_s)
     # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
     # timeline then scores them in that order within an op budget (at least one is always simulated).
     ranked: list[tuple[float, Plan]] = []
-    for ctx, ev in results:
+    for ctx, ev in results[:finalists]:
         n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
         for sched in allowed:
             if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
@@ -374,17 +323,14 @@ def plan_chain(
             if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
                 continue
             ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))
-    # The shared closed form stays the plan's prediction (every policy is compared on it): at each
-    # micro-batch count a schedule may replace 1F1B only if its closed form is no worse; among those, over
-    # every count, the exact timeline decides.
+    # The shared closed form stays the plan's prediction (every policy is compared on it): a schedule may
+    # replace 1F1B only if its closed form is no worse; among those, the exact timeline decides.
     closed = [objective_score(p, objective, p.step_time_s) for _, p in ranked]
-    base: dict[int, float] = {}
-    for c, (_, p) in zip(closed, ranked, strict=True):
-        if p.schedule is Schedule.ONE_F_ONE_B:
-            base[p.micro_batches] = min(base.get(p.micro_batches, math.inf), c)
-    fallback_base = min(closed, default=math.inf)
-    admissible = [r for c, r in zip(closed, ranked, strict=True)
-                  if c <= base.get(r[1].micro_batches, fallback_base) * (1.0 + 1e-9)]
+    base = min(
+        (c for c, (_, p) in zip(closed, ranked, strict=True) if p.schedule is Schedule.ONE_F_ONE_B),
+        default=min(closed, default=math.inf),
+    )
+    admissible = [r for c, r in zip(closed, ranked, strict=True) if c <= base * (1.0 + 1e-9)]
     admissible.sort(key=lambda r: r[0])
     best: tuple[float, Plan, float] | None = None
     spent = 0
