@@ -117,6 +117,8 @@ def catalog_name(device_name: str, memory_gib: float) -> str:
     """The catalog GPU type of a CUDA device name (``"NVIDIA A100-SXM4-80GB"`` → ``A100-80G``);
     :class:`ValidationError` (field ``gpu``) for a device the catalog does not know — declare it then."""
     n = device_name.upper()
+    if "H200" in n:
+        return "H200-141G"
     if "H100" in n:
         return "H100-80G"
     if "A100" in n:
@@ -151,38 +153,47 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
 
 
 def measure_matmul_tflops(*, device: str = "cpu", size: int = 512, seconds: float = 0.5,
-                          threads: int | None = None) -> float:
-    """Dense matmul throughput on ``device`` in TFLOPS: fp32 on the CPU, bf16 on CUDA (CPU work with
-    ``threads`` torch threads when given, else torch's default)."""
+                          threads: int | None = None, precision: str = "bf16") -> float:
+    """Dense matmul throughput on ``device`` in TFLOPS: fp32 on the CPU; on CUDA in ``precision`` (bf16/fp16
+    operands, ``tf32`` fp32 operands with TF32 matmuls, ``fp32`` without) — CPU work with ``threads`` torch
+    threads when given, else torch's default."""
     with _torch_threads(threads):
-        return _matmul_tflops(device, size, seconds)
+        return _matmul_tflops(device, size, seconds, precision)
 
 
-def _matmul_tflops(device: str, size: int, seconds: float) -> float:
+def _matmul_tflops(device: str, size: int, seconds: float, precision: str = "bf16") -> float:
     import torch
 
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    cuda = device.startswith("cuda")
+    dtype = getattr(torch, _DTYPES[precision]) if cuda else torch.float32
     gen = torch.Generator(device=device).manual_seed(0)
     a = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
     b = torch.randn(size, size, device=device, dtype=dtype, generator=gen)
 
     def sync() -> None:
-        if device.startswith("cuda"):
+        if cuda:
             torch.cuda.synchronize(device)
 
-    with torch.no_grad():
-        torch.matmul(a, b)  # warm-up
-        sync()
-        n = 0
-        t0 = time.perf_counter()
-        while True:
-            torch.matmul(a, b)
-            n += 1
-            if n % 4 == 0:
-                sync()
-                if time.perf_counter() - t0 >= seconds:
-                    break
-        elapsed = time.perf_counter() - t0
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if cuda else False
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        with torch.no_grad():
+            torch.matmul(a, b)  # warm-up
+            sync()
+            n = 0
+            t0 = time.perf_counter()
+            while True:
+                torch.matmul(a, b)
+                n += 1
+                if n % 4 == 0:
+                    sync()
+                    if time.perf_counter() - t0 >= seconds:
+                        break
+            elapsed = time.perf_counter() - t0
+    finally:
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
     return 2.0 * size**3 * n / elapsed / 1e12
 
 
@@ -409,21 +420,23 @@ def time_block(
     repeats: int = 3,
 ) -> tuple[float, float]:
     """``(forward_ms, backward_ms)`` of one real transformer block (:class:`spiderflow.exec.model.Block`, the
-    executor's module) on ``device`` in ``precision`` at ``micro_batch × seq_len``: medians of ``repeats``
-    timed runs after one warm-up (CUDA runs are synchronised around each phase). ``tf32`` enables TF32
-    matmuls for the duration."""
+    executor's module) on ``device`` in ``precision`` at ``micro_batch × seq_len``, run as the executor runs
+    it: fp32 parameters and residual stream, bf16/fp16 under autocast, TF32 matmuls for ``tf32``
+    (:func:`spiderflow.exec.parallel.autocast`). Medians of ``repeats`` timed runs after one warm-up (CUDA
+    runs are synchronised around each phase)."""
     import torch
 
+    from spiderflow.core.domain import Precision
     from spiderflow.exec.model import Block
+    from spiderflow.exec.parallel import autocast
 
-    dtype = getattr(torch, _DTYPES[precision])
     cuda = device.startswith("cuda")
-    prev_tf32 = torch.backends.cuda.matmul.allow_tf32 if cuda else False
-    if cuda:
-        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    dev = torch.device(device)
+    prec = Precision(precision)
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     try:
-        block = Block(hidden, heads, device=device).to(dtype)
-        x = torch.randn(micro_batch, seq_len, hidden, device=device, dtype=dtype, requires_grad=True)
+        block = Block(hidden, heads, device=device)
+        x = torch.randn(micro_batch, seq_len, hidden, device=device, requires_grad=True)
 
         def sync() -> None:
             if cuda:
@@ -433,7 +446,8 @@ def time_block(
         for i in range(repeats + 1):
             sync()
             t0 = time.perf_counter()
-            y = block(x)
+            with autocast(dev, prec):
+                y = block(x)
             sync()
             t1 = time.perf_counter()
             y.float().sum().backward()
@@ -446,8 +460,45 @@ def time_block(
                 bwd.append(t2 - t1)
         return 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
     finally:
-        if cuda:
-            torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
+def time_optimizer(*, hidden: int, heads: int, device: str = "cpu", repeats: int = 5) -> float:
+    """Milliseconds of the executor's optimizer step (:func:`spiderflow.exec.optim.build_optimizer`: AdamW on
+    fp32 master weights) over one block's parameters on ``device``: the median of ``repeats`` steps after
+    two warm-ups — the cost model's ``optimizer_ms_per_layer``."""
+    import torch
+
+    from spiderflow.core.domain import OptimizerSpec
+    from spiderflow.exec.model import Block
+    from spiderflow.exec.optim import build_optimizer
+
+    block = Block(hidden, heads, device=device)
+    for p in block.parameters():
+        p.grad = torch.randn_like(p)
+    opt, _ = build_optimizer(block.parameters(), OptimizerSpec())
+    ts = []
+    for i in range(repeats + 2):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        if i >= 2:
+            ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts)
+
+
+def cuda_context_gib(device: str = "cuda:0") -> float:
+    """GiB of ``device`` in use beyond what torch's caching allocator holds: the CUDA context, the cuBLAS
+    and cuDNN workspaces and kernel images (and other processes' memory, so measure on an idle device) —
+    the part of a worker's footprint no tensor accounts for."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return max(0.0, (total - free - torch.cuda.memory_reserved(device)) / 2**30)
 
 
 def measure_collectives(*, nbytes: int = 1 << 24, repeats: int = 5, device: str = "cpu") -> dict[str, float]:
@@ -511,7 +562,8 @@ def build_profile(
         gpu = catalog_name(props.name, mem)
         device = "cuda:0"
         entry: dict[str, object] = {
-            "matmul_tflops": {precision: measure_matmul_tflops(device=device, size=4096, seconds=seconds)},
+            "matmul_tflops": {precision: measure_matmul_tflops(device=device, size=8192, seconds=seconds,
+                                                               precision=precision)},
         }
     else:
         prof = profile_cpu(seconds=seconds)
@@ -528,6 +580,14 @@ def build_profile(
                               "seq_len": s, "tp": 1, "forward_ms": f, "backward_ms": bw})
     if timed:
         entry["blocks"] = timed
+    if device.startswith("cuda"):
+        # Measured block rates carry the blocks' own fixed costs (no separate per-layer overhead); the
+        # executor's optimizer step over the first block's shape (the job's model); the device memory no
+        # tensor accounts for (CUDA context, library workspaces).
+        entry["layer_overhead_ms"] = 0.0
+        if blocks:
+            entry["optimizer_ms_per_layer"] = time_optimizer(hidden=blocks[0][0], heads=blocks[0][1], device=device)
+        entry["memory_overhead_gib"] = cuda_context_gib(device)
     if collectives:
         entry["nccl"] = collectives
     return {"version": 1, "gpus": {gpu: entry}}

@@ -1,18 +1,29 @@
-"""Device check of the executor: ``python bench/gpu_check.py`` (≤ 8 min on one H100), ``--cpu`` smoke mode.
+"""Device check of the executor and the cost model on one GPU: ``python bench/gpu_check.py --out DIR``.
 
-Prints each figure beside what it compares to:
+Sized for one H100/H200 in about 6 minutes (``--budget-s`` stops starting new parts past it); ``--cpu`` runs
+the same code on CPU with a tiny model (the smoke test of this script). Every part is independent: a part
+that fails prints its error and the next one runs. ``DIR/gpu_check.json`` is rewritten after every part, so
+whatever finished survives a timeout; ``bench/gpu_fidelity.py`` prices its runs afterwards.
 
-1. bf16 training of a small GPT over 2 pipeline stages (two worker processes on the one device, gloo
-   between them, GPU tensors staged through pinned memory) against the fp32 single-process CPU reference
-   loss of the same steps;
-2. tensor parallelism over 2 processes where 2 GPUs exist (tp 2 stage vs the same reference);
-3. one stage's MFU: forward + backward FLOPs of the stage's blocks per second over the card's peak dense
-   bf16 FLOPS (from the catalog);
-4. a DCP checkpoint saved by the device run, resumed on CPU: the resumed loss against the reference;
-5. peak device memory of a rank against the cost model's prediction for that stage.
+Parts (``--parts``, comma-separated, default all):
 
-With ``--cpu`` everything runs on CPU with a tiny model (the same code path; MFU and memory are reported
-against the CPU's measured matmul rate and skipped respectively).
+``env``
+    torch, CUDA and the device as torch sees it.
+``profile``
+    What ``spiderflow profile`` measures on this node (``docs/profiles.md``): the matmul rate and the executor's
+    transformer blocks of the runs' models at their micro-batch sizes, in bf16 and in tf32, the optimizer
+    step per block and the memory no tensor accounts for → ``DIR/profile-bf16.json``, ``DIR/profile-tf32.json``.
+``runs``
+    Training runs of the executor itself (one worker process, one stage holding the whole model, synthetic
+    tokens): GPT-3 1.3B at global batch 16 × 2048 tokens under several plans of one job (micro-batch counts
+    2–16, recomputation, tf32) and GPT-3 2.7B. Per run: every step's wall time, the executor's phase split
+    and the peak memory (allocated, reserved, device).
+``pipeline``
+    bf16 training of a small GPT over 2 pipeline stages (two worker processes sharing the device, gloo
+    between them, GPU tensors staged through pinned memory) against an fp32 reference of the same steps;
+    the run checkpoints with torch.distributed.checkpoint.
+``resume``
+    That checkpoint resumed on CPU in fp32 for one step: the loss against the reference's.
 """
 
 from __future__ import annotations
@@ -20,28 +31,40 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from spiderflow.core.catalog import ModelSpec  # noqa: E402
+from spiderflow.core.catalog import ModelSpec, model_preset  # noqa: E402
 from spiderflow.core.domain import Plan, Precision, Schedule, Stage  # noqa: E402
 from spiderflow.exec.data import SyntheticTokens, micro_batch  # noqa: E402
-from spiderflow.exec.model import build_full, build_stage  # noqa: E402
 from spiderflow.exec.spec import Rendezvous, TrainSpec  # noqa: E402
 from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
+from spiderflow.formats import plan_to_dict  # noqa: E402
+
+PARTS = ("env", "profile", "runs", "pipeline", "resume")
 
 
-def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: float) -> list[float]:
-    net = build_full(model, 0, max_seq_len=seq)
+def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: float,
+              device: torch.device) -> list[float]:
+    """fp32 single-process training of the same steps (TF32 off): the losses the runs must reproduce."""
+    from spiderflow.exec.model import build_full
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    net = build_full(model, 0, max_seq_len=seq).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     src = SyntheticTokens(vocab=model.vocab, seq_len=seq, seed=0)
     out = []
@@ -49,7 +72,7 @@ def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: fl
         total = 0.0
         for j in range(m):
             x, y = micro_batch(src, step=step, global_batch=batch, micro_batch_size=batch // m, index=j)
-            loss = net(torch.from_numpy(x), torch.from_numpy(y))
+            loss = net(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
             (loss / m).backward()
             total += float(loss.detach())
         opt.step()
@@ -58,128 +81,244 @@ def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: fl
     return out
 
 
-def launch(spec: TrainSpec, tmp: Path, env_extra: dict[str, str]) -> list[list[dict[str, object]]]:
+def launch(spec: TrainSpec, tmp: Path, env_extra: dict[str, str]) -> list[list[dict[str, Any]]]:
+    """Run every rank of ``spec`` as a worker process on this node; their JSON events, rank by rank."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     rdv = Rendezvous(host="127.0.0.1", port=port, world_size=spec.world_size, rank=0, timeout_s=300)
     path = tmp / f"spec-{time.monotonic_ns()}.json"
     path.write_text(json.dumps(worker_document(spec, rdv)))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **env_extra)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", **env_extra)
     procs = [subprocess.Popen(worker_argv(str(path), r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for r in range(spec.world_size)]
     events = []
     for r, p in enumerate(procs):
         out, err = p.communicate(timeout=600)
         if p.returncode != 0:
-            raise SystemExit(f"rank {r} failed ({p.returncode}):\n{err[-2000:]}")
+            raise RuntimeError(f"rank {r} failed ({p.returncode}):\n{err[-3000:]}\n{out[-1000:]}")
         events.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
     return events
 
 
-def losses(events: list[list[dict[str, object]]]) -> list[float]:
+def done_event(events: list[list[dict[str, Any]]], *, with_losses: bool = False) -> dict[str, Any]:
     for evs in events:
         for e in evs:
-            if e["event"] == "done" and e["losses"]:
-                return [float(x) for x in e["losses"]]  # type: ignore[attr-defined]
-    raise SystemExit("no rank reported losses")
+            if e["event"] == "done" and (e["losses"] or not with_losses):
+                return e
+    raise RuntimeError("no rank reported its result")
 
 
-def mfu(model: ModelSpec, seq: int, b: int, device: torch.device, peak_tflops: float | None) -> str:
-    stage = build_stage(model, 1, min(2, model.layers - 2), 0, max_seq_len=seq).to(device)
-    x = torch.randn(b, seq, model.hidden, device=device, requires_grad=True)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+class Report:
+    """The JSON document of this check, rewritten after every part."""
 
-    def once() -> None:
-        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
-            out = stage(x)
-        out.sum().backward()
+    def __init__(self, out: Path) -> None:
+        self.path = out / "gpu_check.json"
+        self.doc: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}
 
-    once()
+    def put(self, part: str, value: Any) -> None:
+        self.doc["parts"][part] = value
+        self.path.write_text(json.dumps(self.doc, indent=1) + "\n")
+
+
+def part_env(device: torch.device) -> dict[str, Any]:
+    out: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
     if device.type == "cuda":
-        torch.cuda.synchronize()
+        p = torch.cuda.get_device_properties(device)
+        free, total = torch.cuda.mem_get_info(device)
+        out.update(name=p.name, capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
+                   memory_gib=total / 2**30, free_gib=free / 2**30, cuda=torch.version.cuda,
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+        try:
+            out["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm,clocks.max.mem",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError) as e:
+            out["nvidia_smi"] = f"unavailable: {e}"
+    print(f"[env] {out}", flush=True)
+    return out
+
+
+def part_profile(out: Path, gpu: bool) -> dict[str, Any]:
+    """The profile ``spiderflow profile`` writes (its function, :func:`agent.profiler.build_profile`, called in
+    this process: the device image need not hold the CLI's other dependencies), once per precision."""
+    from agent.profiler import build_profile
+    from spiderflow.profile import parse_profile
+
+    if gpu:
+        jobs = [("bf16", [(2048, 16), (2560, 32)], [1, 2, 4, 8, 16]), ("tf32", [(2048, 16)], [1, 2, 4, 8])]
+        seqs = [2048]
+    else:
+        jobs = [("fp32", [(64, 4)], [1, 2])]
+        seqs = [32]
+    docs: dict[str, Any] = {}
+    for precision, blocks, mbs in jobs:
+        t0 = time.perf_counter()
+        doc = build_profile(blocks=blocks, micro_batches=mbs, seq_lens=seqs, precision=precision, seconds=0.5)
+        parse_profile(doc)  # what is written reads back
+        (out / f"profile-{precision}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        docs[precision] = doc
+        entry = next(iter(doc["gpus"].values()))
+        print(f"[profile] {precision}: {time.perf_counter() - t0:.1f} s; matmul {entry.get('matmul_tflops')} TFLOPS; "
+              f"optimizer {entry.get('optimizer_ms_per_layer')} ms/block; "
+              f"memory overhead {entry.get('memory_overhead_gib')} GiB", flush=True)
+        for blk in entry.get("blocks", []):
+            print(f"    block h={blk['hidden']} a={blk['heads']} b={blk['micro_batch']} s={blk['seq_len']}: "
+                  f"fwd {blk['forward_ms']:.2f} ms bwd {blk['backward_ms']:.2f} ms", flush=True)
+    return docs
+
+
+def run_configs(gpu: bool) -> list[dict[str, Any]]:
+    """The training runs: name, model, precision, micro-batch count, recomputation, steps."""
+    if not gpu:
+        tiny = ModelSpec(name="check-tiny", layers=4, hidden=64, heads=4, vocab=256)
+        return [{"name": f"tiny-m{m}", "model": tiny, "precision": Precision.FP32, "m": m, "recompute": False,
+                 "global_batch": 8, "seq_len": 32, "steps": 4} for m in (2, 4)]
+    small, big = model_preset("gpt3-1.3b"), model_preset("gpt3-2.7b")
+    out: list[dict[str, Any]] = []
+    for m in (16, 8, 4, 2):
+        out.append({"name": f"gpt3-1.3b-bf16-m{m}", "model": small, "precision": Precision.BF16, "m": m,
+                    "recompute": False})
+    out.append({"name": "gpt3-1.3b-bf16-m4-recompute", "model": small, "precision": Precision.BF16, "m": 4,
+                "recompute": True})
+    out.append({"name": "gpt3-1.3b-tf32-m4", "model": small, "precision": Precision.TF32, "m": 4, "recompute": False})
+    out.append({"name": "gpt3-2.7b-bf16-m4", "model": big, "precision": Precision.BF16, "m": 4, "recompute": False})
+    for c in out:
+        c.update(global_batch=16, seq_len=2048, steps=6)
+    return out
+
+
+def part_runs(tmp: Path, gpu: bool, env_extra: dict[str, str], deadline: float,
+              save: Callable[[list[dict[str, Any]]], None]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for c in run_configs(gpu):
+        if time.monotonic() > deadline:
+            results.append({"name": c["name"], "skipped": "time budget spent"})
+            print(f"[runs] {c['name']}: skipped (time budget spent)", flush=True)
+            continue
+        model: ModelSpec = c["model"]
+        plan = Plan(stages=(Stage(cluster="gpu", first_layer=0, last_layer=model.layers - 1,
+                                  recompute=c["recompute"]),),
+                    micro_batches=c["m"], schedule=Schedule.ONE_F_ONE_B)
+        spec = TrainSpec(job_id=c["name"], model=model, plan=plan, seq_len=c["seq_len"],
+                         global_batch=c["global_batch"], steps=c["steps"], precision=c["precision"])
+        rec: dict[str, Any] = {"name": c["name"], "model": model.name, "precision": c["precision"].value,
+                               "global_batch": c["global_batch"], "seq_len": c["seq_len"],
+                               "micro_batch": c["global_batch"] // c["m"], "plan": plan_to_dict(plan)}
+        t0 = time.perf_counter()
+        try:
+            done = done_event(launch(spec, tmp, env_extra), with_losses=True)
+        except Exception as e:  # the next run still runs
+            rec["error"] = f"{type(e).__name__}: {e}"
+            print(f"[runs] {c['name']}: FAILED {rec['error'][:3000]}", flush=True)
+        else:
+            times = done["step_times_s"]
+            steady = sorted(times[2:] or times[1:] or times)
+            rec.update(wall_s=time.perf_counter() - t0, step_times_s=times,
+                       step_time_s=steady[len(steady) // 2], losses=done["losses"], phases=done["phases"],
+                       memory=done.get("memory"))
+            mem = rec["memory"] or {}
+            print(f"[runs] {c['name']}: step {rec['step_time_s']:.4f} s (median of steps 3-{len(times)}; all "
+                  f"{', '.join(f'{t:.3f}' for t in times)}); peak allocated "
+                  f"{mem.get('peak_allocated_gib', float('nan')):.2f} GiB, reserved "
+                  f"{mem.get('peak_reserved_gib', float('nan')):.2f} GiB, device "
+                  f"{mem.get('device_used_gib', float('nan')):.2f} GiB; loss {done['losses'][-1]:.4f}; "
+                  f"{rec['wall_s']:.1f} s wall", flush=True)
+        results.append(rec)
+        save(results)
+    return results
+
+
+def part_pipeline(tmp: Path, gpu: bool, device: torch.device, env_extra: dict[str, str]) -> dict[str, Any]:
+    if gpu:
+        model = ModelSpec(name="check-small", layers=4, hidden=1024, heads=16, vocab=32000)
+        seq, batch, m, steps = 512, 8, 4, 8
+    else:
+        model = ModelSpec(name="check-tiny", layers=4, hidden=64, heads=4, vocab=256)
+        seq, batch, m, steps = 32, 8, 4, 4
+    lr = 1e-3
+    ref = reference(model, seq, batch, m, steps + 1, lr, device)  # one more step: the CPU resume trains it
+    stages = (Stage(cluster="a", first_layer=0, last_layer=model.layers // 2 - 1),
+              Stage(cluster="b", first_layer=model.layers // 2, last_layer=model.layers - 1))
+    plan = Plan(stages=stages, micro_batches=m, schedule=Schedule.ONE_F_ONE_B)
+    spec = TrainSpec(job_id="check", model=model, plan=plan, seq_len=seq, global_batch=batch, steps=steps,
+                     lr=lr, precision=Precision.BF16, checkpoint_dir=str(tmp / "ck"), checkpoint_every=steps // 2)
     t0 = time.perf_counter()
-    n = 5
-    for _ in range(n):
-        once()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / n
-    layers = len(stage.layers)
-    flops = 3 * layers * (24 * b * seq * model.hidden**2 + 4 * b * seq**2 * model.hidden)
-    if peak_tflops is None:
-        a = torch.randn(512, 512)
-        t1 = time.perf_counter()
-        for _ in range(20):
-            a @ a
-        peak_tflops = 20 * 2 * 512**3 / (time.perf_counter() - t1) / 1e12
-    got = flops / dt / 1e12
-    return f"{got:.2f} TFLOP/s achieved vs peak {peak_tflops:.2f} TFLOP/s → MFU {got / peak_tflops:.1%}"
+    got = done_event(launch(spec, tmp, env_extra), with_losses=True)["losses"]
+    worst = max(abs(g - r) / abs(r) for g, r in zip(got, ref[:steps], strict=True))
+    print(f"[pipeline] bf16 2-stage loss (last step) {got[-1]:.4f} vs fp32 reference {ref[steps - 1]:.4f}; worst "
+          f"relative gap over {steps} steps {worst:.2%} ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return {"model": model.name, "steps": steps, "losses": got, "reference": ref, "worst_relative_gap": worst,
+            "checkpoint_dir": str(tmp / "ck"), "_model": model, "_shape": (seq, batch, m, lr)}
+
+
+def part_resume(tmp: Path, pipe: dict[str, Any]) -> dict[str, Any]:
+    model: ModelSpec = pipe["_model"]
+    seq, batch, m, lr = pipe["_shape"]
+    steps = pipe["steps"]
+    plan = Plan(stages=(Stage(cluster="c", first_layer=0, last_layer=model.layers - 1),), micro_batches=m)
+    spec = TrainSpec(job_id="check", model=model, plan=plan, seq_len=seq, global_batch=batch, steps=steps + 1,
+                     lr=lr, precision=Precision.FP32, checkpoint_dir=pipe["checkpoint_dir"], resume=True,
+                     threads=min(8, os.cpu_count() or 1))
+    got = done_event(launch(spec, tmp, {"CUDA_VISIBLE_DEVICES": ""}), with_losses=True)["losses"]
+    k = steps + 1 - len(got)
+    ref = pipe["reference"][k]
+    print(f"[resume] checkpoint of step {k} resumed on CPU fp32: loss {got[0]:.4f} vs reference {ref:.4f} "
+          f"(relative gap {abs(got[0] - ref) / abs(ref):.2%})", flush=True)
+    return {"from_step": k, "loss": got[0], "reference": ref}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cpu", action="store_true", help="smoke mode: tiny model on CPU")
-    ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--cpu", action="store_true", help="smoke mode: tiny models on CPU")
+    ap.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json and the profiles")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--budget-s", type=float, default=300.0, help="start no training run after this many seconds")
     args = ap.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        print(f"gpu_check: --parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})", file=sys.stderr)
+        return 2
+    start = time.monotonic()
     gpu = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
-    if gpu:
-        model = ModelSpec(name="check-small", layers=8, hidden=1024, heads=16, vocab=32000)
-        seq, batch, m, steps = 512, 16, 4, args.steps or 20
-    else:
-        model = ModelSpec(name="check-tiny", layers=4, hidden=64, heads=4, vocab=256)
-        seq, batch, m, steps = 32, 8, 4, args.steps or 4
-    lr = 1e-3
     env_extra = {} if gpu else {"CUDA_VISIBLE_DEVICES": ""}
-    print(f"device: {torch.cuda.get_device_name(0) if gpu else 'cpu'}; model {model}", flush=True)
-    ref = reference(model, seq, batch, m, steps + 1, lr)  # one more step: the CPU resume trains it
+    failed = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        stages = (Stage(cluster="a", first_layer=0, last_layer=model.layers // 2 - 1),
-                  Stage(cluster="b", first_layer=model.layers // 2, last_layer=model.layers - 1))
-        plan = Plan(stages=stages, micro_batches=m, schedule=Schedule.ONE_F_ONE_B)
-        spec = TrainSpec(job_id="check", model=model, plan=plan, seq_len=seq, global_batch=batch, steps=steps,
-                         lr=lr, precision=Precision.BF16, checkpoint_dir=str(tmp / "ck"),
-                         checkpoint_every=max(1, steps // 2))
-        t0 = time.perf_counter()
-        got = losses(launch(spec, tmp, env_extra))
-        worst = max(abs(g - r) / abs(r) for g, r in zip(got, ref[:steps], strict=True))
-        print(f"[1] bf16 2-stage loss (last step) {got[-1]:.4f} vs fp32 CPU reference {ref[steps - 1]:.4f}; "
-              f"worst relative gap over {steps} steps {worst:.2%} ({time.perf_counter() - t0:.1f} s)", flush=True)
-        if gpu and torch.cuda.device_count() >= 2:
-            tp_plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=model.layers - 1, tp=2),),
-                           micro_batches=m)
-            tp_spec = TrainSpec(job_id="check-tp", model=model, plan=tp_plan, seq_len=seq, global_batch=batch,
-                                steps=steps, lr=lr, precision=Precision.BF16)
-            tp = losses(launch(tp_spec, tmp, env_extra))
-            print(f"[2] tp 2 bf16 loss (last step) {tp[-1]:.4f} vs fp32 reference {ref[steps - 1]:.4f}", flush=True)
-        else:
-            print("[2] tensor parallelism over 2 GPUs: skipped (fewer than 2 GPUs visible)", flush=True)
-        peak = None
-        if gpu:
-            from spiderflow.core.catalog import gpu_type  # type: ignore[attr-defined]
-
+        out = args.out or tmp
+        out.mkdir(parents=True, exist_ok=True)
+        report = Report(out)
+        pipe: dict[str, Any] | None = None
+        for part in PARTS:
+            if part not in parts:
+                continue
+            t0 = time.perf_counter()
             try:
-                peak = float(gpu_type("h100").tflops)
-            except Exception:
-                peak = 989.0  # H100 SXM dense bf16
-        print(f"[3] stage MFU: {mfu(model, seq, batch // m, device, peak)}", flush=True)
-        resume_plan = Plan(stages=(Stage(cluster="c", first_layer=0, last_layer=model.layers - 1),),
-                           micro_batches=m)
-        resume = TrainSpec(job_id="check", model=model, plan=resume_plan, seq_len=seq, global_batch=batch,
-                           steps=steps + 1, lr=lr, precision=Precision.FP32, checkpoint_dir=str(tmp / "ck"),
-                           resume=True)
-        cpu_got = losses(launch(resume, tmp, {"CUDA_VISIBLE_DEVICES": ""}))
-        k = steps + 1 - len(cpu_got)
-        print(f"[4] DCP checkpoint of step {k} ({'GPU' if gpu else 'CPU'} run) resumed on CPU fp32: loss "
-              f"{cpu_got[0]:.4f} vs reference {ref[k]:.4f}", flush=True)
-        if gpu:
-            print("[5] peak memory: see the worker's phases (torch.cuda.max_memory_allocated) vs "
-                  "plan.memory_gib_per_gpu", flush=True)
-        else:
-            print("[5] peak device memory vs cost model: skipped on CPU", flush=True)
-    return 0
+                if part == "env":
+                    report.put("env", part_env(device))
+                elif part == "profile":
+                    report.put("profile", part_profile(out, gpu))
+                elif part == "runs":
+                    report.put("runs", part_runs(tmp, gpu, env_extra, start + args.budget_s,
+                                                 lambda rs: report.put("runs", rs)))
+                elif part == "pipeline":
+                    pipe = part_pipeline(tmp, gpu, device, env_extra)
+                    report.put("pipeline", {k: v for k, v in pipe.items() if not k.startswith("_")})
+                elif part == "resume":
+                    if pipe is None:
+                        raise RuntimeError("needs the pipeline part's checkpoint")
+                    report.put("resume", part_resume(tmp, pipe))
+            except Exception as e:
+                failed.append(part)
+                report.put(part, {"error": f"{type(e).__name__}: {e}"})
+                print(f"[{part}] FAILED: {type(e).__name__}: {e}", flush=True)
+                traceback.print_exc()
+            print(f"[{part}] {time.perf_counter() - t0:.1f} s (total {time.monotonic() - start:.1f} s)", flush=True)
+    print(f"done in {time.monotonic() - start:.1f} s; failed parts: {', '.join(failed) or 'none'}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

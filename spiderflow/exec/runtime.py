@@ -119,8 +119,9 @@ ManifestCallback = Callable[[CheckpointManifest], None]
 class RunResult:
     """What one rank did: steps ``first_step+1 … last_step`` (1-based completed-step numbers), the losses
     of those steps (last-stage ranks only, else empty), its step times, the manifests it published
-    (rank 0 only) and ``phases``: where its steps after the first went (:data:`PHASES`; mean seconds per
-    step, wall clock ``<phase>_s`` and this process's CPU time ``<phase>_cpu_s``)."""
+    (rank 0 only), ``phases``: where its steps after the first went (:data:`PHASES`; mean seconds per
+    step, wall clock ``<phase>_s`` and this process's CPU time ``<phase>_cpu_s``) and, on a GPU, ``memory``
+    (:func:`device_memory`: the rank's peak allocated and reserved bytes and the device's used memory, GiB)."""
 
     rank: int
     stage: int
@@ -131,6 +132,21 @@ class RunResult:
     step_times_s: tuple[float, ...]
     manifests: tuple[CheckpointManifest, ...]
     phases: dict[str, float] | None = None
+    memory: dict[str, float] | None = None
+
+
+def device_memory(device: torch.device) -> dict[str, float] | None:
+    """On a CUDA device: ``peak_allocated_gib`` (tensors, the caching allocator's high-water mark),
+    ``peak_reserved_gib`` (what the allocator held from the driver at its peak: tensors plus its cache and
+    fragmentation) and ``device_used_gib`` (the whole device's used memory now, as the driver reports it:
+    the reserve, the CUDA context, cuBLAS/NCCL workspaces and other processes); ``None`` on CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    free, total = torch.cuda.mem_get_info(device)
+    return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            "device_used_gib": (total - free) / 2**30, "device_total_gib": total / 2**30}
 
 
 def init_distributed(rdv: Rendezvous, *, namespace: str = "", backend: str = "gloo") -> None:
@@ -550,6 +566,7 @@ def run(
         if saver is not None:
             commit(saver.finish())
             saver.close()
+        memory = device_memory(device)  # before the barrier and export add their own buffers
         dist.barrier()
         if spec.model.save_to:  # trained weights back in the Hugging Face format they came in
             if info.replica == 0:
@@ -561,7 +578,7 @@ def run(
         return RunResult(
             rank=info.rank, stage=info.stage, replica=info.replica, first_step=start, last_step=spec.steps,
             losses=tuple(losses), step_times_s=tuple(times), manifests=tuple(published),
-            phases=runner.timer.means(),
+            phases=runner.timer.means(), memory=memory,
         )
     finally:
         dist.destroy_process_group()

@@ -13,8 +13,9 @@ JSON object per line on stdout (the agent forwards them):
   "busy_s"}``
 - ``{"event": "checkpoint", "manifest": {...}}`` (rank 0, after every complete checkpoint; the default
   ``manifest.json`` is written too)
-- ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s", "phases"}`` (``phases``:
-  :attr:`spiderflow.exec.runtime.RunResult.phases`)
+- ``{"event": "done", "rank", "first_step", "last_step", "losses", "step_times_s", "phases", "memory"}``
+  (``phases`` and ``memory``: :attr:`spiderflow.exec.runtime.RunResult.phases` and ``.memory``, the latter
+  ``null`` on CPU)
 - ``{"event": "error", "rank", "type", "message"}``
 
 Exit status: 0 done, 2 invalid spec (a :class:`~spiderflow.core.errors.SpiderFlowError`), 1 any other failure.
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     _emit({"event": "done", "rank": result.rank, "first_step": result.first_step, "last_step": result.last_step,
            "losses": list(result.losses), "step_times_s": list(result.step_times_s),
-           "phases": result.phases})
+           "phases": result.phases, "memory": result.memory})
     return 0
 
 

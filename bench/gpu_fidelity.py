@@ -1,0 +1,212 @@
+"""Predicted vs measured on a GPU: the cost model against the executor's own runs of ``bench/gpu_check.py``.
+
+::
+
+    .venv/bin/python bench/gpu_fidelity.py                                    # table + summary
+    .venv/bin/python bench/gpu_fidelity.py --check bench/results/gpu_check-h200.json \\
+        --profile bf16=bench/results/profile-h200-bf16.json --profile tf32=bench/results/profile-h200-tf32.json \\
+        --out bench/results/gpu_fidelity.json --md bench/results/gpu_fidelity.md
+
+Every run of the check is one stage holding the whole model on one GPU (``gpu_check.py``'s ``runs`` part).
+Each is priced as ``spiderflow estimate`` prices a plan (:func:`spiderflow.cli.commands.estimate.estimate_plan`,
+the exact timeline of the plan's schedule; memory without stored attention scores, since the executor's
+blocks run ``scaled_dot_product_attention``) on a one-GPU cluster of the device's catalog type:
+
+- **defaults**: the catalog's datasheet peak × its default utilisation, no per-layer overhead, no optimizer
+  time: what the planner uses when nobody profiled the hardware;
+- **profile**: the same cluster with the profile measured on that device in the same session
+  (``spiderflow profile``: the executor's blocks at the runs' micro-batch sizes, the optimizer step per
+  block, the memory no tensor accounts for) folded in (:func:`spiderflow.profile.apply_profile`, blocks
+  interpolated at the run's micro-batch size), in the run's precision.
+
+Measured step time: the median wall time of the run's steps 3 to 6 (the first two warm up the allocator
+and the kernels). Measured memory: the device's used memory at the end of training (the allocator's peak
+reserve, the CUDA context and library workspaces) and, beside it, the peak of allocated tensors.
+Per run: the ratio predicted / measured and the absolute error; summary: median and worst absolute error
+per pricing, and the rank correlation (Spearman) of predicted and measured step time across the plans of
+one job (the runs of GPT-3 1.3B in bf16 at global batch 16: micro-batch counts 2–16 and recomputation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from spiderflow.cli.commands.estimate import estimate_plan  # noqa: E402
+from spiderflow.core.catalog import model_preset  # noqa: E402
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Precision, Topology  # noqa: E402
+from spiderflow.formats import plan_from_dict  # noqa: E402
+from spiderflow.profile import Profile, apply_profile, load_profile  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_CHECK = RESULTS / "gpu_check-h200.json"
+DEFAULT_PROFILES = {"bf16": RESULTS / "profile-h200-bf16.json", "tf32": RESULTS / "profile-h200-tf32.json"}
+JOB_GROUP = ("gpt3-1.3b", "bf16", 16)
+"""(model, precision, global batch) of the runs that are plans of one job (rank correlation)."""
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    return r
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return num / den if den else float("nan")
+
+
+def device_gpu(check: dict[str, Any]) -> str:
+    """The catalog type of the device the check ran on."""
+    from agent.profiler import catalog_name
+
+    env = check["parts"]["env"]
+    return catalog_name(env["name"], float(env["memory_gib"]))
+
+
+def price(run: dict[str, Any], gpu: str, profile: Profile | None) -> dict[str, Any]:
+    """The estimate document of one run, with or without a profile."""
+    model = model_preset(run["model"])
+    plan = plan_from_dict(run["plan"], strict=False)
+    precision = Precision(run["precision"])
+    job = JobSpec(id=run["name"], model=model, global_batch=run["global_batch"], micro_batch=run["micro_batch"],
+                  seq_len=run["seq_len"], gpus=GpuRange(min=1, max=1), precision=precision)
+    topo = Topology(clusters=(Cluster(name=plan.stages[0].cluster, gpu=gpu, nodes=1, gpus_per_node=1),), links=())
+    if profile is not None:
+        topo = apply_profile(topo, profile, model=model, precision=precision, micro_batch=job.micro_batch,
+                             seq_len=job.seq_len)
+    return estimate_plan(plan, topo, job, fused_attention=True)
+
+
+def rows(check: dict[str, Any], profiles: dict[str, Profile]) -> list[dict[str, Any]]:
+    gpu = device_gpu(check)
+    out = []
+    for run in check["parts"]["runs"]:
+        if "step_time_s" not in run:
+            continue
+        default = price(run, gpu, None)
+        prof = profiles.get(run["precision"])
+        measured = float(run["step_time_s"])
+        mem = run.get("memory") or {}
+        row: dict[str, Any] = {
+            "run": run["name"], "model": run["model"], "precision": run["precision"],
+            "global_batch": run["global_batch"], "micro_batch": run["micro_batch"],
+            "micro_batches": run["plan"]["micro_batches"], "recompute": bool(run["plan"]["stages"][0]["recompute"]),
+            "measured_step_s": measured, "measured_steps_s": run["step_times_s"],
+            "default_step_s": default["step_time_s"], "default_ratio": default["step_time_s"] / measured,
+            "measured_device_gib": mem.get("device_used_gib"), "measured_allocated_gib": mem.get("peak_allocated_gib"),
+            "measured_reserved_gib": mem.get("peak_reserved_gib"),
+            "predicted_memory_gib": default["stages"][0]["memory_gib_per_gpu"],
+            "phases": run.get("phases"),
+        }
+        if prof is not None:
+            p = price(run, gpu, prof)
+            row.update(profile_step_s=p["step_time_s"], profile_ratio=p["step_time_s"] / measured,
+                       profile_parts=p["parts"], profile_memory_gib=p["stages"][0]["memory_gib_per_gpu"])
+        if mem.get("device_used_gib"):
+            row["memory_ratio"] = row["predicted_memory_gib"] / mem["device_used_gib"]
+        out.append(row)
+    return out
+
+
+def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    def errs(key: str) -> list[float]:
+        return [abs(r[key] - 1.0) for r in rs if key in r]
+
+    out: dict[str, Any] = {"runs": len(rs)}
+    for key, name in (("default_ratio", "defaults"), ("profile_ratio", "profile"), ("memory_ratio", "memory")):
+        e = errs(key)
+        if e:
+            out[name] = {"median_abs_error": statistics.median(e), "worst_abs_error": max(e),
+                         "within_10pct": sum(x <= 0.10 for x in e), "n": len(e),
+                         "ratios": [round(r[key], 4) for r in rs if key in r]}
+    group = [r for r in rs if (r["model"], r["precision"], r["global_batch"]) == JOB_GROUP]
+    if len(group) >= 2:
+        meas = [r["measured_step_s"] for r in group]
+        out["rank_correlation"] = {
+            "job": "/".join(map(str, JOB_GROUP)), "plans": len(group),
+            "defaults": spearman([r["default_step_s"] for r in group], meas),
+            **({"profile": spearman([r["profile_step_s"] for r in group], meas)}
+               if all("profile_step_s" in r for r in group) else {}),
+        }
+    return out
+
+
+def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str:
+    lines = [f"Executor runs on one {device} (`bench/gpu_check.py`), priced by `bench/gpu_fidelity.py`.", "",
+             "| run | b × m | measured s | defaults s | ratio | profile s | ratio | memory GiB (device / tensors) "
+             "| predicted GiB | ratio |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rs:
+        lines.append(
+            f"| {r['run']} | {r['micro_batch']} × {r['micro_batches']} | {r['measured_step_s']:.3f} "
+            f"| {r['default_step_s']:.3f} | {r['default_ratio']:.3f} | {r.get('profile_step_s', float('nan')):.3f} "
+            f"| {r.get('profile_ratio', float('nan')):.3f} | {r['measured_device_gib']:.1f} / "
+            f"{r['measured_allocated_gib']:.1f} | {r['predicted_memory_gib']:.1f} "
+            f"| {r.get('memory_ratio', float('nan')):.3f} |")
+    lines.append("")
+    for name in ("defaults", "profile", "memory"):
+        if name in summ:
+            s = summ[name]
+            lines.append(f"- {name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
+                         f"{s['within_10pct']} of {s['n']} within ±10 %")
+    if "rank_correlation" in summ:
+        rc = summ["rank_correlation"]
+        lines.append(f"- rank correlation over the {rc['plans']} plans of {rc['job']}: defaults "
+                     f"{rc['defaults']:+.2f}" + (f", profile {rc['profile']:+.2f}" if "profile" in rc else ""))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", type=Path, default=DEFAULT_CHECK, help="gpu_check.json of a device run")
+    ap.add_argument("--profile", action="append", default=None, metavar="PRECISION=FILE",
+                    help="profile measured on the same device, per precision (repeatable)")
+    ap.add_argument("--out", type=Path, help="write rows and summary as JSON")
+    ap.add_argument("--md", type=Path, help="write the table as Markdown")
+    args = ap.parse_args(argv)
+    try:
+        check = json.loads(args.check.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"gpu_fidelity: --check: cannot read {args.check}: {e}", file=sys.stderr)
+        return 2
+    paths = dict(DEFAULT_PROFILES)
+    for spec in args.profile or []:
+        prec, _, path = spec.partition("=")
+        if not path:
+            print(f"gpu_fidelity: --profile: expected PRECISION=FILE (got {spec!r})", file=sys.stderr)
+            return 2
+        paths[prec] = Path(path)
+    profiles = {prec: load_profile(p) for prec, p in paths.items() if Path(p).exists()}
+    rs = rows(check, profiles)
+    summ = summary(rs)
+    md = markdown(rs, summ, check["parts"]["env"].get("name", "GPU"))
+    print(md)
+    if args.out:
+        args.out.write_text(json.dumps({"rows": rs, "summary": summ}, indent=1) + "\n")
+    if args.md:
+        args.md.write_text(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

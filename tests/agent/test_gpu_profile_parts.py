@@ -1,0 +1,56 @@
+"""The parts of ``spiderflow profile`` that a GPU node adds (agent.profiler), run through their CPU path, and
+the device-check pricing (``bench/gpu_fidelity.py``) over the committed H200 results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.profiler import catalog_name, measure_matmul_tflops, time_block, time_optimizer
+from spiderflow.exec.runtime import device_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_catalog_names_the_h200_and_still_the_h100() -> None:
+    assert catalog_name("NVIDIA H200", 139.8) == "H200-141G"
+    assert catalog_name("NVIDIA H100 80GB HBM3", 79.6) == "H100-80G"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32", "tf32"])
+def test_blocks_are_timed_as_the_executor_runs_them(precision: str) -> None:
+    # fp32 parameters with bf16 autocast (or TF32 matmuls): the flags are restored afterwards
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    fwd, bwd = time_block(hidden=64, heads=4, micro_batch=1, seq_len=16, precision=precision, repeats=1)
+    assert fwd > 0.0 and bwd > 0.0
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+def test_optimizer_step_and_matmul_rate_are_measured() -> None:
+    assert time_optimizer(hidden=64, heads=4, repeats=2) > 0.0
+    assert measure_matmul_tflops(size=64, seconds=0.01, precision="fp32") > 0.0
+
+
+def test_cpu_ranks_report_no_device_memory() -> None:
+    assert device_memory(torch.device("cpu")) is None
+
+
+def test_device_check_pricing_reads_the_committed_h200_run(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_fidelity
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "f.json"
+    assert gpu_fidelity.main(["--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    summ = doc["summary"]
+    assert summ["runs"] == len(doc["rows"]) >= 5
+    assert {"defaults", "profile", "memory", "rank_correlation"} <= set(summ)
+    for row in doc["rows"]:  # every run was priced both ways, with a positive prediction
+        assert row["default_step_s"] > 0.0 and row["profile_step_s"] > 0.0
+    assert gpu_fidelity.main(["--profile", "bf16"]) == 2  # a malformed flag is refused, no traceback
