@@ -46,8 +46,13 @@ rate keeps rising slowly past the larger size (larger GEMMs), so much larger lay
 than predicted. The share is a snapshot: when other work on the host starts or stops between the
 calibration and the job, the job's step time moves by the ratio of the shares (measured: a calibration
 at σ ≈ 0.3 followed by a job whose workers got ≈ 0.7 ran 2.5× faster than predicted).
-**CUDA devices are not calibrated** (no GPU to test on here): their ``mfu`` stays
-the catalog's ``default_mfu`` and their overhead 0.
+CUDA devices are calibrated the same way (:func:`calibrate_gpu`): the executor's block of
+:data:`GPU_CALIBRATION_SHAPE` (bf16 autocast over fp32 master weights, as the executor trains) timed at the
+micro-batch sizes of :data:`GPU_CALIBRATION_BATCHES`, the same line fitted through the points, ``mfu`` the
+fitted rate over the measured bf16 matmul rate, ``layer_overhead_ms`` the intercept and
+``optimizer_ms_per_layer`` the executor's AdamW step over the block. The line is one shape's: blocks much
+wider or narrower than the calibration's run at other rates, which a profile of the job's own blocks
+(``spiderflow profile``, ``docs/profiles.md``) captures.
 """
 
 from __future__ import annotations
@@ -68,8 +73,12 @@ __all__ = [
     "CALIBRATION_SEQ_LENS",
     "CALIBRATION_SHAPE",
     "CPU_WORKER_THREADS",
+    "GPU_CALIBRATION_BATCHES",
+    "GPU_CALIBRATION_SHAPE",
     "DeviceProfile",
+    "GpuCalibration",
     "TrainingFit",
+    "calibrate_gpu",
     "calibrate_mfu",
     "catalog_name",
     "fit_rate_overhead",
@@ -394,6 +403,53 @@ def profile_cpu(*, seconds: float = 0.5, threads: int = CPU_WORKER_THREADS) -> D
                          layer_overhead_ms=overhead, optimizer_ms_per_layer=fit.optimizer_ms_per_layer)
 
 
+GPU_CALIBRATION_SHAPE = {"hidden": 2048, "heads": 16, "seq_len": 2048}
+GPU_CALIBRATION_BATCHES = (1, 8)
+"""The blocks :func:`calibrate_gpu` times on a CUDA device: a 1.3B-class GPT block at 2,048 tokens per
+sequence, micro-batches of 1 and 8 sequences (``3 · layer_fwd_flops`` ≈ 0.7 and 5.8 TFLOP; ~3 and ~11 ms
+on an H200, where the fixed cost is about 60 % and 17 % of the time)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuCalibration:
+    """What :func:`calibrate_gpu` found: matmul TFLOPS in bf16, the fitted training rate ``R`` (TFLOPS) and
+    fixed time per layer and micro-batch ``o`` (ms) of the executor's block, the points ``(FLOPs, seconds)``
+    the line went through and the optimizer step per block (ms)."""
+
+    matmul_tflops: float
+    rate_tflops: float
+    layer_overhead_ms: float
+    optimizer_ms_per_layer: float
+    points: tuple[tuple[float, float], ...]
+
+
+def calibrate_gpu(
+    *, device: str = "cuda:0", hidden: int = GPU_CALIBRATION_SHAPE["hidden"],
+    heads: int = GPU_CALIBRATION_SHAPE["heads"], seq_len: int = GPU_CALIBRATION_SHAPE["seq_len"],
+    batches: tuple[int, ...] = GPU_CALIBRATION_BATCHES, seconds: float = 0.5, matmul_size: int = 8192,
+    repeats: int = 5,
+) -> GpuCalibration:
+    """The GPU counterpart of :func:`measure_training_fit`: the executor's block (:func:`time_block`, bf16
+    autocast over fp32 master weights) timed at every micro-batch size of ``batches``, the line
+    ``t(F) = F / R + o`` fitted through the points (:func:`fit_rate_overhead`), the bf16 matmul rate and the
+    optimizer step (:func:`time_optimizer`). A GPU runs one worker alone, so wall clock is the measure."""
+    from spiderflow.core.catalog import ModelSpec
+    from spiderflow.core.costmodel import layer_fwd_flops
+
+    spec = ModelSpec(name="calibration", layers=1, hidden=hidden, heads=heads, vocab=1)
+    matmul = measure_matmul_tflops(device=device, size=matmul_size, seconds=seconds, precision="bf16")
+    points = tuple(
+        (3.0 * layer_fwd_flops(spec, b, seq_len),
+         sum(time_block(hidden=hidden, heads=heads, micro_batch=b, seq_len=seq_len, precision="bf16",
+                        device=device, repeats=repeats)) / 1e3)
+        for b in batches
+    )
+    rate, overhead = fit_rate_overhead(points)
+    return GpuCalibration(matmul_tflops=matmul, rate_tflops=rate / 1e12, layer_overhead_ms=overhead * 1e3,
+                          optimizer_ms_per_layer=time_optimizer(hidden=hidden, heads=heads, device=device),
+                          points=points)
+
+
 def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
     """Profile the local accelerators (or the CPU); see the module docstring."""
     import torch
@@ -401,9 +457,14 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         props = torch.cuda.get_device_properties(0)
         mem = props.total_memory / 2**30
-        tflops = measure_matmul_tflops(device="cuda:0", size=4096, seconds=seconds)
+        cal = calibrate_gpu(device="cuda:0", seconds=seconds)
+        log.info("agent.calibrated", gpu=props.name, matmul_tflops=cal.matmul_tflops,
+                 training_tflops=cal.rate_tflops, layer_overhead_ms=cal.layer_overhead_ms,
+                 optimizer_ms_per_layer=cal.optimizer_ms_per_layer, points=[(f, round(t, 6)) for f, t in cal.points])
         prof = DeviceProfile(gpu=catalog_name(props.name, mem), count=torch.cuda.device_count(), memory_gib=mem,
-                             tflops=tflops, device_name=props.name)
+                             tflops=cal.matmul_tflops, device_name=props.name,
+                             mfu=calibrate_mfu(cal.matmul_tflops, cal.rate_tflops),
+                             layer_overhead_ms=cal.layer_overhead_ms, optimizer_ms_per_layer=cal.optimizer_ms_per_layer)
     else:
         prof = profile_cpu(seconds=seconds)
     log.info("agent.profiled", gpu=prof.gpu, count=prof.count, memory_gib=round(prof.memory_gib, 2),

@@ -13,11 +13,17 @@ Parts (``--parts``, comma-separated, default all):
     What ``spiderflow profile`` measures on this node (``docs/profiles.md``): the matmul rate and the executor's
     transformer blocks of the runs' models at their micro-batch sizes, in bf16 and in tf32, the optimizer
     step per block and the memory no tensor accounts for → ``DIR/profile-bf16.json``, ``DIR/profile-tf32.json``.
+``agent``
+    What an agent on this node reports (:func:`agent.profiler.profile_devices`): the calibrated rate,
+    ``mfu``, per-layer overhead and optimizer step of the device.
 ``runs``
     Training runs of the executor itself (one worker process, one stage holding the whole model, synthetic
     tokens): GPT-3 1.3B at global batch 16 × 2048 tokens under several plans of one job (micro-batch counts
     2–16, recomputation, tf32) and GPT-3 2.7B. Per run: every step's wall time, the executor's phase split
     and the peak memory (allocated, reserved, device).
+``trace``
+    One run of the executor (GPT-3 1.3B, micro-batches of 8 sequences) in this process under
+    ``torch.profiler``: where one step's GPU time goes, by kernel → ``DIR/trace.txt``.
 ``pipeline``
     bf16 training of a small GPT over 2 pipeline stages (two worker processes sharing the device, gloo
     between them, GPU tensors staged through pinned memory) against an fp32 reference of the same steps;
@@ -54,7 +60,7 @@ from spiderflow.exec.spec import Rendezvous, TrainSpec  # noqa: E402
 from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
 from spiderflow.formats import plan_to_dict  # noqa: E402
 
-PARTS = ("env", "profile", "runs", "pipeline", "resume")
+PARTS = ("env", "profile", "agent", "runs", "trace", "pipeline", "resume")
 
 
 def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: float,
@@ -230,6 +236,46 @@ def part_runs(tmp: Path, gpu: bool, env_extra: dict[str, str], deadline: float,
     return results
 
 
+def part_agent() -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from agent.profiler import profile_devices
+
+    prof = asdict(profile_devices())
+    print(f"[agent] {prof}", flush=True)
+    return prof
+
+
+def part_trace(out: Path, gpu: bool) -> dict[str, Any]:
+    """One step of the executor under torch.profiler, in this process (one rank)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from spiderflow.exec.runtime import run
+
+    if gpu:
+        model, m, batch, seq, steps = model_preset("gpt3-1.3b"), 2, 16, 2048, 5
+    else:
+        model, m, batch, seq, steps = ModelSpec(name="check-tiny", layers=4, hidden=64, heads=4, vocab=256), 2, 8, 32, 5
+    plan = Plan(stages=(Stage(cluster="gpu", first_layer=0, last_layer=model.layers - 1),), micro_batches=m)
+    spec = TrainSpec(job_id="trace", model=model, plan=plan, seq_len=seq, global_batch=batch, steps=steps,
+                     precision=Precision.BF16 if gpu else Precision.FP32)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if gpu else [])]
+    with profile(activities=activities, schedule=schedule(wait=2, warmup=1, active=1)) as prof:
+        result = run(spec, Rendezvous(host="127.0.0.1", port=port, world_size=1, rank=0, timeout_s=120),
+                     on_step=lambda _r: prof.step())
+    sort = "self_device_time_total" if gpu else "self_cpu_time_total"
+    try:
+        table = prof.key_averages().table(sort_by=sort, row_limit=40)
+    except (AttributeError, KeyError, RuntimeError):
+        table = prof.key_averages().table(sort_by="self_cuda_time_total" if gpu else sort, row_limit=40)
+    (out / "trace.txt").write_text(table)
+    print("[trace] step 4 of gpt3-1.3b, b=8 × m=2:\n" + "\n".join(table.splitlines()[:28]), flush=True)
+    return {"step_times_s": list(result.step_times_s), "table": "trace.txt"}
+
+
 def part_pipeline(tmp: Path, gpu: bool, device: torch.device, env_extra: dict[str, str]) -> dict[str, Any]:
     if gpu:
         model = ModelSpec(name="check-small", layers=4, hidden=1024, heads=16, vocab=32000)
@@ -301,6 +347,10 @@ def main() -> int:
                     report.put("env", part_env(device))
                 elif part == "profile":
                     report.put("profile", part_profile(out, gpu))
+                elif part == "agent":
+                    report.put("agent", part_agent())
+                elif part == "trace":
+                    report.put("trace", part_trace(out, gpu))
                 elif part == "runs":
                     report.put("runs", part_runs(tmp, gpu, env_extra, start + args.budget_s,
                                                  lambda rs: report.put("runs", rs)))

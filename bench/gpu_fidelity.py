@@ -14,6 +14,9 @@ blocks run ``scaled_dot_product_attention``) on a one-GPU cluster of the device'
 
 - **defaults**: the catalog's datasheet peak × its default utilisation, no per-layer overhead, no optimizer
   time: what the planner uses when nobody profiled the hardware;
+- **agent**: the cluster as an agent on that device reports it (``gpu_check.py``'s ``agent`` part,
+  :func:`agent.profiler.profile_devices`: measured bf16 matmul rate, the rate and per-layer overhead fitted
+  on the executor's block at two micro-batch sizes, the optimizer step per block);
 - **profile**: the same cluster with the profile measured on that device in the same session
   (``spiderflow profile``: the executor's blocks at the runs' micro-batch sizes, the optimizer step per
   block, the memory no tensor accounts for) folded in (:func:`spiderflow.profile.apply_profile`, blocks
@@ -48,6 +51,7 @@ from spiderflow.profile import Profile, apply_profile, load_profile  # noqa: E40
 
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_CHECK = RESULTS / "gpu_check-h200.json"
+DEFAULT_AGENT = RESULTS / "gpu_check-h200-agent.json"
 DEFAULT_PROFILES = {"bf16": RESULTS / "profile-h200-bf16.json", "tf32": RESULTS / "profile-h200-tf32.json"}
 JOB_GROUP = ("gpt3-1.3b", "bf16", 16)
 """(model, precision, global batch) of the runs that are plans of one job (rank correlation)."""
@@ -84,21 +88,29 @@ def device_gpu(check: dict[str, Any]) -> str:
     return catalog_name(env["name"], float(env["memory_gib"]))
 
 
-def price(run: dict[str, Any], gpu: str, profile: Profile | None) -> dict[str, Any]:
-    """The estimate document of one run, with or without a profile."""
+def price(run: dict[str, Any], gpu: str, profile: Profile | None,
+          agent: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The estimate document of one run: catalog defaults, or the cluster an agent reported (``agent``: a
+    :class:`agent.profiler.DeviceProfile` as a dict), or with a profile folded in."""
     model = model_preset(run["model"])
     plan = plan_from_dict(run["plan"], strict=False)
     precision = Precision(run["precision"])
     job = JobSpec(id=run["name"], model=model, global_batch=run["global_batch"], micro_batch=run["micro_batch"],
                   seq_len=run["seq_len"], gpus=GpuRange(min=1, max=1), precision=precision)
-    topo = Topology(clusters=(Cluster(name=plan.stages[0].cluster, gpu=gpu, nodes=1, gpus_per_node=1),), links=())
+    cluster = Cluster(name=plan.stages[0].cluster, gpu=gpu, nodes=1, gpus_per_node=1)
+    if agent is not None:
+        cluster = Cluster(name=cluster.name, gpu=gpu, nodes=1, gpus_per_node=1, tflops=agent["tflops"],
+                          mfu=agent["mfu"], layer_overhead_ms=agent["layer_overhead_ms"],
+                          optimizer_ms_per_layer=agent["optimizer_ms_per_layer"])
+    topo = Topology(clusters=(cluster,), links=())
     if profile is not None:
         topo = apply_profile(topo, profile, model=model, precision=precision, micro_batch=job.micro_batch,
                              seq_len=job.seq_len)
     return estimate_plan(plan, topo, job, fused_attention=True)
 
 
-def rows(check: dict[str, Any], profiles: dict[str, Profile]) -> list[dict[str, Any]]:
+def rows(check: dict[str, Any], profiles: dict[str, Profile],
+         agent: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     gpu = device_gpu(check)
     out = []
     for run in check["parts"]["runs"]:
@@ -119,6 +131,9 @@ def rows(check: dict[str, Any], profiles: dict[str, Profile]) -> list[dict[str, 
             "predicted_memory_gib": default["stages"][0]["memory_gib_per_gpu"],
             "phases": run.get("phases"),
         }
+        if agent is not None:
+            a = price(run, gpu, None, agent)
+            row.update(agent_step_s=a["step_time_s"], agent_ratio=a["step_time_s"] / measured)
         if prof is not None:
             p = price(run, gpu, prof)
             row.update(profile_step_s=p["step_time_s"], profile_ratio=p["step_time_s"] / measured,
@@ -134,7 +149,8 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
         return [abs(r[key] - 1.0) for r in rs if key in r]
 
     out: dict[str, Any] = {"runs": len(rs)}
-    for key, name in (("default_ratio", "defaults"), ("profile_ratio", "profile"), ("memory_ratio", "memory")):
+    for key, name in (("default_ratio", "defaults"), ("agent_ratio", "agent"), ("profile_ratio", "profile"),
+                      ("memory_ratio", "memory")):
         e = errs(key)
         if e:
             out[name] = {"median_abs_error": statistics.median(e), "worst_abs_error": max(e),
@@ -146,6 +162,8 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
         out["rank_correlation"] = {
             "job": "/".join(map(str, JOB_GROUP)), "plans": len(group),
             "defaults": spearman([r["default_step_s"] for r in group], meas),
+            **({"agent": spearman([r["agent_step_s"] for r in group], meas)}
+               if all("agent_step_s" in r for r in group) else {}),
             **({"profile": spearman([r["profile_step_s"] for r in group], meas)}
                if all("profile_step_s" in r for r in group) else {}),
         }
@@ -154,25 +172,27 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str:
     lines = [f"Executor runs on one {device} (`bench/gpu_check.py`), priced by `bench/gpu_fidelity.py`.", "",
-             "| run | b × m | measured s | defaults s | ratio | profile s | ratio | memory GiB (device / tensors) "
-             "| predicted GiB | ratio |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| run | b × m | measured s | defaults s | ratio | agent s | ratio | profile s | ratio "
+             "| memory GiB (device / tensors) | predicted GiB | ratio |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(
             f"| {r['run']} | {r['micro_batch']} × {r['micro_batches']} | {r['measured_step_s']:.3f} "
-            f"| {r['default_step_s']:.3f} | {r['default_ratio']:.3f} | {r.get('profile_step_s', float('nan')):.3f} "
+            f"| {r['default_step_s']:.3f} | {r['default_ratio']:.3f} | {r.get('agent_step_s', float('nan')):.3f} "
+            f"| {r.get('agent_ratio', float('nan')):.3f} | {r.get('profile_step_s', float('nan')):.3f} "
             f"| {r.get('profile_ratio', float('nan')):.3f} | {r['measured_device_gib']:.1f} / "
             f"{r['measured_allocated_gib']:.1f} | {r['predicted_memory_gib']:.1f} "
             f"| {r.get('memory_ratio', float('nan')):.3f} |")
     lines.append("")
-    for name in ("defaults", "profile", "memory"):
+    for name in ("defaults", "agent", "profile", "memory"):
         if name in summ:
             s = summ[name]
             lines.append(f"- {name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
                          f"{s['within_10pct']} of {s['n']} within ±10 %")
     if "rank_correlation" in summ:
         rc = summ["rank_correlation"]
-        lines.append(f"- rank correlation over the {rc['plans']} plans of {rc['job']}: defaults "
-                     f"{rc['defaults']:+.2f}" + (f", profile {rc['profile']:+.2f}" if "profile" in rc else ""))
+        lines.append(f"- rank correlation over the {rc['plans']} plans of {rc['job']}: "
+                     + ", ".join(f"{k} {rc[k]:+.2f}" for k in ("defaults", "agent", "profile") if k in rc))
     return "\n".join(lines) + "\n"
 
 
@@ -181,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", type=Path, default=DEFAULT_CHECK, help="gpu_check.json of a device run")
     ap.add_argument("--profile", action="append", default=None, metavar="PRECISION=FILE",
                     help="profile measured on the same device, per precision (repeatable)")
+    ap.add_argument("--agent", type=Path, default=DEFAULT_AGENT,
+                    help="gpu_check.json whose agent part priced the 'agent' column (skipped when absent)")
     ap.add_argument("--out", type=Path, help="write rows and summary as JSON")
     ap.add_argument("--md", type=Path, help="write the table as Markdown")
     args = ap.parse_args(argv)
@@ -197,7 +219,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         paths[prec] = Path(path)
     profiles = {prec: load_profile(p) for prec, p in paths.items() if Path(p).exists()}
-    rs = rows(check, profiles)
+    agent = None
+    if args.agent.exists():
+        try:
+            agent = json.loads(args.agent.read_text())["parts"]["agent"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            print(f"gpu_fidelity: --agent: no agent part in {args.agent}: {e}", file=sys.stderr)
+            return 2
+    rs = rows(check, profiles, agent)
     summ = summary(rs)
     md = markdown(rs, summ, check["parts"]["env"].get("name", "GPU"))
     print(md)

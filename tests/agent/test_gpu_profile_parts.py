@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.profiler import catalog_name, measure_matmul_tflops, time_block, time_optimizer
+from agent.profiler import calibrate_gpu, calibrate_mfu, catalog_name, measure_matmul_tflops, time_block, time_optimizer
 from spiderflow.exec.runtime import device_memory
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +35,16 @@ def test_optimizer_step_and_matmul_rate_are_measured() -> None:
     assert measure_matmul_tflops(size=64, seconds=0.01, precision="fp32") > 0.0
 
 
+def test_gpu_calibration_fits_the_executor_block_line_on_any_device() -> None:
+    # the CUDA agent's calibration, run through its device-generic code on the CPU with a tiny block
+    cal = calibrate_gpu(device="cpu", hidden=64, heads=4, seq_len=32, batches=(1, 4), seconds=0.02,
+                        matmul_size=64, repeats=1)
+    assert len(cal.points) == 2 and cal.points[0][0] < cal.points[1][0]
+    assert cal.matmul_tflops > 0.0 and cal.rate_tflops > 0.0 and cal.layer_overhead_ms >= 0.0
+    assert cal.optimizer_ms_per_layer > 0.0
+    assert 0.0 < calibrate_mfu(cal.matmul_tflops, cal.rate_tflops) <= 1.0
+
+
 def test_cpu_ranks_report_no_device_memory() -> None:
     assert device_memory(torch.device("cpu")) is None
 
@@ -50,7 +60,7 @@ def test_device_check_pricing_reads_the_committed_h200_run(tmp_path: Path) -> No
     doc = json.loads(out.read_text())
     summ = doc["summary"]
     assert summ["runs"] == len(doc["rows"]) >= 5
-    assert {"defaults", "profile", "memory", "rank_correlation"} <= set(summ)
+    assert {"defaults", "agent", "profile", "memory", "rank_correlation"} <= set(summ)
     for row in doc["rows"]:  # every run was priced both ways, with a positive prediction
         assert row["default_step_s"] > 0.0 and row["profile_step_s"] > 0.0
     assert gpu_fidelity.main(["--profile", "bf16"]) == 2  # a malformed flag is refused, no traceback
