@@ -171,8 +171,9 @@ def gpu_case(
 def measured_step(rec: dict[str, Any], gpus: int) -> float:
     meas = rec["measured"]
     if "tokens_per_s_per_gpu" in meas:
-        return rec["global_batch"] * rec["seq_len"] / (float(meas["tokens_per_s_per_gpu"]) * gpus)
-    return megatron_flops(rec["model"], rec["global_batch"], rec["seq_len"]) / (gpus * meas["tflops_per_gpu"] * 1e12)
+        return float(rec["global_batch"]) * float(rec["seq_len"]) / (float(meas["tokens_per_s_per_gpu"]) * gpus)
+    return megatron_flops(rec["model"], rec["global_batch"], rec["seq_len"]) / (
+        gpus * float(meas["tflops_per_gpu"]) * 1e12)
 
 
 def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, float]:
@@ -347,7 +348,7 @@ def leave_one_source_out(*, options: bool = True) -> list[dict[str, Any]]:
     out = []
     for fit_on in ("torchtitan", "megatron"):
         def med(rows: list[dict[str, Any]], kind: str) -> float:
-            return statistics.median(r["abs_err"] for r in rows if r["source_kind"] == kind)
+            return float(statistics.median(r["abs_err"] for r in rows if r["source_kind"] == kind))
 
         best = min(MFU_GRID, key=lambda x: (med(per_mfu[x], fit_on), x))
         other = "megatron" if fit_on == "torchtitan" else "torchtitan"
