@@ -57,8 +57,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from spiderflow.core.catalog import ModelSpec  # noqa: E402
-from spiderflow.core.costmodel import allreduce_time, breakdown, evaluate, wire_bytes  # noqa: E402
+from spiderflow.core.catalog import ModelFamily, ModelSpec  # noqa: E402
+from spiderflow.core.costmodel import (  # noqa: E402
+    OVERLAP_KEY,
+    SELECTIVE_RECOMPUTE_KEY,
+    UPCAST_LOSS_KEY,
+    allreduce_time,
+    breakdown,
+    compute_rate_tflops,
+    evaluate,
+    exposed_tp_comm,
+    plan_options,
+    wire_bytes,
+)
 from spiderflow.core.domain import (  # noqa: E402
     Cluster,
     GpuRange,
@@ -83,10 +94,51 @@ def megatron_flops(model: dict[str, int], batch: int, seq: int) -> float:
     return 72.0 * batch * seq * n * h * h * (1.0 + seq / (6.0 * h) + v / (12.0 * n * h))
 
 
-def gpu_case(rec: dict[str, Any], profile: Any = None, mfu: float | None = None) -> tuple[Plan, Topology, JobSpec]:
-    """The plan, topology and job of one published record (``mfu``: override the GPU type's default)."""
+RECORD_FILES: tuple[Path, ...] = (RECORDS,)
+"""Files of GPU records (each ``{"records": [...]}`` in the schema of ``bench/fidelity_records.json``); a new
+source of records (for example our own executor's GPU runs) is one more file here."""
+
+
+def load_records(files: tuple[Path, ...] = RECORD_FILES) -> list[dict[str, Any]]:
+    """Every GPU record of every source file, in file order (the one place records are read)."""
+    out: list[dict[str, Any]] = []
+    for path in files:
+        if path.exists():
+            out.extend(json.loads(path.read_text())["records"])
+    return out
+
+
+def framework_extras(rec: dict[str, Any]) -> dict[str, float]:
+    """The cost model's framework options for a record (:func:`spiderflow.core.costmodel.plan_options`), set
+    only where the record's source says the framework runs them: ``overlap`` for Megatron-LM's
+    ``--tp-comm-overlap`` / ``--overlap-grad-reduce``, ``selective_recompute`` for torchtitan's op-level
+    selective checkpointing (``plan.selective_ac_option == 'op'``), ``upcast_loss`` for torchtitan's eager fp32
+    loss (``framework.loss == 'eager_fp32_upcast'``)."""
+    fw, p = rec.get("framework", {}), rec["plan"]
+    extras: dict[str, float] = {}
+    if fw.get("tp_comm_overlap") or fw.get("overlap_grad_reduce"):
+        extras[OVERLAP_KEY] = 1.0
+    if p.get("activation_checkpointing") == "selective" and p.get("selective_ac_option") == "op":
+        extras[SELECTIVE_RECOMPUTE_KEY] = 1.0
+    if fw.get("loss") == "eager_fp32_upcast":
+        extras[UPCAST_LOSS_KEY] = 1.0
+    return extras
+
+
+def record_model(m: dict[str, Any]) -> ModelSpec:
+    """The record's model: ``gpt`` blocks unless it names a ``family`` (``llama``: ``kv_heads``, ``ffn_hidden``)."""
+    fam = ModelFamily(m.get("family", "gpt"))
+    return ModelSpec(name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"], vocab=m["vocab"],
+                     family=fam, kv_heads=m.get("kv_heads"), ffn_hidden=m.get("ffn_hidden"))
+
+
+def gpu_case(
+    rec: dict[str, Any], profile: Any = None, mfu: float | None = None, *, options: bool = True
+) -> tuple[Plan, Topology, JobSpec]:
+    """The plan, topology and job of one published record (``mfu``: override the GPU type's default;
+    ``options``: price the framework options the record's source states, :func:`framework_extras`)."""
     hw, p, m = rec["hardware"], rec["plan"], rec["model"]
-    model = ModelSpec(name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"], vocab=m["vocab"])
+    model = record_model(m)
     gpn = int(hw["gpus_per_node"])
     cluster = Cluster(
         name=CLUSTER, gpu=hw["gpu"], nodes=int(hw["nodes"]), gpus_per_node=gpn,
@@ -108,7 +160,8 @@ def gpu_case(rec: dict[str, Any], profile: Any = None, mfu: float | None = None)
         for i in range(pp)
     )
     gb = int(rec["global_batch"])
-    plan = Plan(stages=stages, micro_batches=gb // int(p["micro_batch"]), schedule=Schedule(p["schedule"]))
+    plan = Plan(stages=stages, micro_batches=gb // int(p["micro_batch"]), schedule=Schedule(p["schedule"]),
+                extras=framework_extras(rec) if options else {})
     job = JobSpec(id=rec["id"], model=model, global_batch=gb, micro_batch=int(p["micro_batch"]),
                   seq_len=int(rec["seq_len"]), gpus=GpuRange(min=1, max=plan.gpus),
                   precision=Precision(rec.get("precision", "bf16")))
@@ -118,8 +171,9 @@ def gpu_case(rec: dict[str, Any], profile: Any = None, mfu: float | None = None)
 def measured_step(rec: dict[str, Any], gpus: int) -> float:
     meas = rec["measured"]
     if "tokens_per_s_per_gpu" in meas:
-        return rec["global_batch"] * rec["seq_len"] / (float(meas["tokens_per_s_per_gpu"]) * gpus)
-    return megatron_flops(rec["model"], rec["global_batch"], rec["seq_len"]) / (gpus * meas["tflops_per_gpu"] * 1e12)
+        return float(rec["global_batch"]) * float(rec["seq_len"]) / (float(meas["tokens_per_s_per_gpu"]) * gpus)
+    return megatron_flops(rec["model"], rec["global_batch"], rec["seq_len"]) / (
+        gpus * float(meas["tflops_per_gpu"]) * 1e12)
 
 
 def predict(plan: Plan, topo: Topology, job: JobSpec) -> tuple[float, float, float]:
@@ -156,6 +210,10 @@ def attribution(plan: Plan, topo: Topology, job: JobSpec, meas: float, tl: float
     vb = wire_bytes(c, job.precision)
     tp = n_ar * allreduce_time(vb * b * job.seq_len * job.model.hidden, st.tp,
                                c.intra_node_gbps if st.tp <= c.gpus_per_node else c.inter_node_gbps)
+    if plan_options(plan).overlap and tp > 0.0:
+        rate = st.tp * compute_rate_tflops(c, job.precision) * 1e12
+        tp = exposed_tp_comm(tp, (4.0 if st.recompute else 3.0) * st.layers * 2.0 * b * job.seq_len
+                             * job.model.params_per_layer / rate, st.tp)
     work = per_rep * bd.compute_s[busiest]
     tp_total = per_rep * tp
     return {
@@ -165,11 +223,10 @@ def attribution(plan: Plan, topo: Topology, job: JobSpec, meas: float, tl: float
     }
 
 
-def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, Any]]:
-    data = json.loads(RECORDS.read_text())
+def gpu_rows(profile: Any = None, mfu: float | None = None, *, options: bool = True) -> list[dict[str, Any]]:
     rows = []
-    for rec in data["records"]:
-        plan, topo, job = gpu_case(rec, profile, mfu)
+    for rec in load_records():
+        plan, topo, job = gpu_case(rec, profile, mfu, options=options)
         closed, tl, mem = predict(plan, topo, job)
         meas = measured_step(rec, plan.gpus)
         row: dict[str, Any] = {
@@ -179,7 +236,7 @@ def gpu_rows(profile: Any = None, mfu: float | None = None) -> list[dict[str, An
             "ratio": tl / meas, "ratio_closed": closed / meas, "abs_err": abs(tl - meas) / meas,
             "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
             "source_kind": "torchtitan" if "torchtitan" in rec["source"]["url"] else "megatron",
-            "terms": attribution(plan, topo, job, meas, tl),
+            "terms": attribution(plan, topo, job, meas, tl), "options": sorted(plan.extras),
         }
         if "memory_gib" in rec["measured"]:
             mm = float(rec["measured"]["memory_gib"])
@@ -283,15 +340,15 @@ MFU_GRID = tuple(round(0.25 + 0.005 * i, 3) for i in range(111))  # 0.25 … 0.8
 """H100 utilisations the leave-one-source-out fit tries."""
 
 
-def leave_one_source_out() -> list[dict[str, Any]]:
+def leave_one_source_out(*, options: bool = True) -> list[dict[str, Any]]:
     """The only constant a default-fitted GPU rate has, the GPU type's ``mfu``, fitted on one source's records
     (the grid value with the least median |error|) and scored on the other source's: how well a fitted
     default carries from one framework's measurements to another's."""
-    per_mfu = {x: gpu_rows(mfu=x) for x in MFU_GRID}
+    per_mfu = {x: gpu_rows(mfu=x, options=options) for x in MFU_GRID}
     out = []
     for fit_on in ("torchtitan", "megatron"):
         def med(rows: list[dict[str, Any]], kind: str) -> float:
-            return statistics.median(r["abs_err"] for r in rows if r["source_kind"] == kind)
+            return float(statistics.median(r["abs_err"] for r in rows if r["source_kind"] == kind))
 
         best = min(MFU_GRID, key=lambda x: (med(per_mfu[x], fit_on), x))
         other = "megatron" if fit_on == "torchtitan" else "torchtitan"
@@ -342,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mfu", type=float, help="price the GPU records with this mfu instead of the catalog default "
                     "(what-if; the fitted default is the catalog's)")
     ap.add_argument("--no-testbed", action="store_true", help="GPU records only")
+    ap.add_argument("--no-framework-options", action="store_true", help="price the GPU records without the "
+                    "framework options their sources state (overlap, selective recomputation): the model before")
     ap.add_argument("--loso", action="store_true", help="also fit the H100 mfu on each source and score it on the "
                     "other (leave one source out)")
     args = ap.parse_args(argv)
@@ -350,12 +409,15 @@ def main(argv: list[str] | None = None) -> int:
         from spiderflow.profile import load_profile
 
         profile = load_profile(args.profile)
-    rows = gpu_rows(profile, args.mfu) + ([] if args.no_testbed else testbed_rows())
+    options = not args.no_framework_options
+    rows = gpu_rows(profile, args.mfu, options=options) + ([] if args.no_testbed else testbed_rows())
     summ = summary(rows)
     title = "Fidelity" + (f" with profile {args.profile}" if args.profile else " (defaults, no profile)")
+    if not options:
+        title += ", framework options off"
     md = markdown(rows, summ, title)
     if args.loso:
-        loso = leave_one_source_out()
+        loso = leave_one_source_out(options=options)
         summ["leave_one_source_out"] = loso
         md += "\nLeave one source out (H100 `mfu` fitted on one source, scored on the other):\n\n"
         md += "| fitted on | mfu | median abs error there | held out | median abs error there | all records |\n"

@@ -70,6 +70,26 @@ Precision, sharding and recomputation (the formulas above are the bf16, replicat
   activations held per in-flight micro-batch are the blocks' inputs (``v·s·b·h`` per block), plus one
   block's full activations rebuilt during backward.
 
+Framework options a plan may carry in ``plan.extras`` (``1.0`` on, ``0.0`` or absent off; off prices exactly as
+above, and the planner never sets them: they describe how other frameworks run a plan, for
+``spiderflow estimate`` and ``bench/fidelity.py``):
+
+- ``overlap`` (:data:`OVERLAP_KEY`; Megatron-LM ``--tp-comm-overlap --overlap-grad-reduce``): the TP
+  all-reduces are decomposed into ``t`` chunks pipelined with the block's matmuls (Transformer Engine's
+  userbuffers; Wang et al., ASPLOS 2023), so ``max(C/t, C − G)`` of their time ``C`` stays exposed (``G``:
+  the matmul time they hide behind); the gradient all-reduce runs in buckets during the backward of the
+  step's last micro-batch, so ``max(T_ar − ⅔·T_s, T_ar·β/P)`` stays exposed (``β``: Megatron-core's default
+  bucket, ``max(4·10⁷, 10⁶·d)`` parameters; ``P`` the stage's parameters per GPU) — :func:`exposed_tp_comm`,
+  :func:`exposed_dp_sync`.
+- ``selective_recompute`` (:data:`SELECTIVE_RECOMPUTE_KEY`; torchtitan's ``selective_ac_option = 'op'``):
+  stages without full recomputation keep, per block, its input, the attention output and the output of
+  every odd-numbered matmul (1st, 3rd, …); the even-numbered matmuls and everything else are recomputed in
+  backward (:func:`selective_saved_bytes`, :func:`selective_recompute_flops`).
+- ``upcast_loss`` (:data:`UPCAST_LOSS_KEY`; torchtitan's ``loss_fn``: ``cross_entropy(pred.float(), …)``,
+  not compiled): the last stage's bf16 logits are copied to fp32 and the eager loss's backward holds its saved
+  log-softmax output, the incoming gradient and the result, three fp32 ``b·s·V`` buffers: ``12·b·s·V/t``
+  bytes once at the peak instead of the ``4·b·s·V/t`` above (:func:`stage_memory_bytes`).
+
 ``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
 Fidelity against published GPU measurements and our executed runs: ``bench/fidelity.py`` (BENCHMARKS.md).
 Everything here is pure: no I/O, no randomness.
@@ -81,24 +101,43 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from spiderflow.core.catalog import ModelSpec
-from spiderflow.core.domain import Cluster, JobSpec, Plan, Precision, Schedule, Sharding, Stage, Topology
+from spiderflow.core.catalog import ModelFamily, ModelSpec
+from spiderflow.core.domain import (
+    Cluster,
+    JobSpec,
+    Plan,
+    Precision,
+    Schedule,
+    Sharding,
+    Stage,
+    Topology,
+)
+from spiderflow.core.errors import ValidationError
 from spiderflow.core.schedules import plan_max_in_flight
 
 __all__ = [
     "BYTES_PER_PARAM",
     "GIB",
+    "OVERLAP_KEY",
     "RESERVED_GIB",
+    "SELECTIVE_RECOMPUTE_KEY",
+    "UPCAST_LOSS_KEY",
     "Breakdown",
+    "PlanOptions",
     "activation_bytes",
     "allreduce_time",
     "compute_rate_tflops",
     "evaluate",
+    "exposed_dp_sync",
+    "exposed_tp_comm",
     "grad_bytes_per_value",
     "in_flight_microbatches",
     "layer_activation_bytes",
     "layer_fwd_flops",
     "pipeline_step_time",
+    "plan_options",
+    "selective_recompute_flops",
+    "selective_saved_bytes",
     "stage_activation_bytes_per_microbatch",
     "stage_compute_time",
     "stage_fwd_flops",
@@ -112,6 +151,86 @@ __all__ = [
 GIB = float(1 << 30)
 BYTES_PER_PARAM = 16
 RESERVED_GIB = 0.5
+OVERLAP_KEY = "overlap"
+"""``plan.extras`` key: communication overlapped with compute as Megatron-LM runs it (module docstring)."""
+SELECTIVE_RECOMPUTE_KEY = "selective_recompute"
+"""``plan.extras`` key: op-level selective activation checkpointing as torchtitan runs it (module docstring)."""
+UPCAST_LOSS_KEY = "upcast_loss"
+"""``plan.extras`` key: the loss runs eagerly on fp32 copies of the logits, as torchtitan runs it (module
+docstring)."""
+DDP_BUCKET_PARAMS = 40_000_000
+"""Megatron-core's default gradient bucket (``max(4·10⁷, 10⁶·d)`` parameters; ``megatron/core/distributed/
+distributed_data_parallel.py``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanOptions:
+    """How the framework runs a plan beyond its stages (module docstring): both off for the plans the
+    planner emits."""
+
+    overlap: bool = False
+    selective_recompute: bool = False
+    upcast_loss: bool = False
+
+
+def _flag(plan: Plan, key: str) -> bool:
+    v = plan.extras.get(key, 0.0)
+    if v not in (0.0, 1.0):
+        raise ValidationError(f"plan.extras.{key}", "must be 0 or 1", v)
+    return v == 1.0
+
+
+def plan_options(plan: Plan) -> PlanOptions:
+    """The framework options ``plan.extras`` carries (:data:`OVERLAP_KEY`, :data:`SELECTIVE_RECOMPUTE_KEY`,
+    :data:`UPCAST_LOSS_KEY`); a value other than 0 or 1 raises :class:`~spiderflow.core.errors.ValidationError`
+    naming the key."""
+    return PlanOptions(overlap=_flag(plan, OVERLAP_KEY), selective_recompute=_flag(plan, SELECTIVE_RECOMPUTE_KEY),
+                       upcast_loss=_flag(plan, UPCAST_LOSS_KEY))
+
+
+def _block_matmul_widths(model: ModelSpec) -> tuple[int, ...]:
+    """Output widths of one block's matmuls in call order (the order a selective policy counts them)."""
+    h = model.hidden
+    if model.family is ModelFamily.LLAMA:
+        kv = model.kv_dim
+        return (h, kv, kv, h, model.ffn, model.ffn, h)  # wq, wk, wv, wo, w1, w3, w2
+    f = model.ffn_hidden or 4 * h
+    return (3 * h, h, f, h)  # fused qkv, projection, fc1, fc2
+
+
+def selective_saved_bytes(model: ModelSpec, tp: int, b: int, s: int, precision: Precision = Precision.BF16) -> float:
+    """Bytes one block keeps per micro-batch on one GPU under op-level selective checkpointing (torchtitan's
+    ``'op'`` policy: the attention output and every odd-numbered matmul's output are saved, the rest is
+    recomputed): the block's input, the attention output and the saved matmul outputs, in the precision's
+    value size, split over ``tp``."""
+    widths = _block_matmul_widths(model)
+    saved = sum(widths[0::2])
+    vb = float(precision.value_bytes)
+    return vb * s * b * (model.hidden + (model.hidden + saved) / tp)
+
+
+def selective_recompute_flops(model: ModelSpec, b: int, s: int) -> float:
+    """Forward FLOPs one block recomputes in backward under op-level selective checkpointing: the
+    even-numbered matmuls (``2·b·s·h·width`` each)."""
+    return sum(2.0 * b * s * model.hidden * w for w in _block_matmul_widths(model)[1::2])
+
+
+def exposed_tp_comm(comm_s: float, hide_s: float, tp: int) -> float:
+    """Exposed share of ``comm_s`` seconds of TP all-reduce decomposed into ``tp`` chunks and pipelined with
+    ``hide_s`` seconds of matmuls: ``max(comm/t, comm − hide)``."""
+    if tp <= 1:
+        return comm_s
+    return max(comm_s / tp, comm_s - hide_s)
+
+
+def exposed_dp_sync(ar_s: float, backward_s: float, params_per_gpu: float, dp: int) -> float:
+    """Exposed share of a gradient all-reduce of ``ar_s`` seconds run in buckets during ``backward_s`` seconds of
+    the last micro-batch's backward: ``max(ar − backward, ar·β/P)`` (the last bucket, ``β`` parameters of
+    ``P``, cannot overlap)."""
+    if ar_s <= 0.0 or params_per_gpu <= 0.0:
+        return ar_s
+    bucket = max(float(DDP_BUCKET_PARAMS), 1e6 * dp)
+    return max(ar_s - backward_s, ar_s * min(1.0, bucket / params_per_gpu))
 
 
 def layer_fwd_flops(model: ModelSpec, b: int, s: int) -> float:
@@ -221,6 +340,7 @@ def fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
 def stage_compute_time(
     model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int, *,
     precision: Precision = Precision.BF16, recompute: bool = False, fsdp_dp: int = 1,
+    selective: bool = False, overlap: bool = False,
 ) -> float:
     """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
     overhead, TP all-reduces).
@@ -229,17 +349,28 @@ def stage_compute_time(
     ``recompute`` runs the blocks' forward a second time in backward (4 instead of 3 forward-equivalents per
     block, 6 TP all-reduces instead of 4; the head is not recomputed); ``fsdp_dp > 1`` all-gathers the stage's
     parameters over its ``fsdp_dp`` shards before forward and before backward, overlapped with compute by
-    prefetching: the stage takes ``max(T_s, 2·AG)``."""
+    prefetching: the stage takes ``max(T_s, 2·AG)``. ``selective`` (without ``recompute``) adds the
+    even-numbered matmuls' forward (:func:`selective_recompute_flops`; the policy saves the reduce-scatters, so
+    the TP all-reduces stay 4); ``overlap`` leaves only :func:`exposed_tp_comm` of the TP all-reduces, hidden
+    behind the stage's matmuls."""
     layers = last - first + 1
     flops = 3.0 * stage_fwd_flops(model, first, last, b, s)
+    fwd_passes = 3.0
     if recompute:
         flops += layers * layer_fwd_flops(model, b, s)
-    compute = flops / (tp * compute_rate_tflops(cluster, precision) * 1e12)
+        fwd_passes = 4.0
+    elif selective:
+        flops += layers * selective_recompute_flops(model, b, s)
+    rate = tp * compute_rate_tflops(cluster, precision) * 1e12
+    compute = flops / rate
     if cluster.layer_overhead_ms:
         compute += layers * cluster.layer_overhead_ms / 1e3
     n_ar = 6 if recompute else 4
     vb = precision.value_bytes
     comm = n_ar * layers * allreduce_time(activation_bytes(model, b, s, vb), tp, _tp_bandwidth(cluster, tp))
+    if overlap and comm > 0.0:
+        matmuls = fwd_passes * layers * 2.0 * b * s * model.params_per_layer / rate
+        comm = exposed_tp_comm(comm, matmuls, tp)
     t = compute + comm
     if fsdp_dp > 1:
         gather = 2.0 * fsdp_gather_time(
@@ -264,12 +395,19 @@ def layer_activation_bytes(model: ModelSpec, tp: int, b: int, s: int, *, fused_a
 def stage_activation_bytes_per_microbatch(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, *,
     recompute: bool = False, precision: Precision = Precision.BF16, fused_attention: bool = False,
+    selective: bool = False,
 ) -> float:
     """Activation memory one in-flight micro-batch pins on one GPU of the stage. With ``recompute`` each block
     keeps only its input (``value_bytes·s·b·h``) and the backward rebuilds one block's activations at a time
-    (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`)."""
+    (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`).
+    With ``selective`` (and not ``recompute``) each block keeps :func:`selective_saved_bytes`."""
     per_layer = layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
-    kept = float(precision.value_bytes) * s * b * model.hidden if recompute else per_layer
+    if recompute:
+        kept = float(precision.value_bytes) * s * b * model.hidden
+    elif selective:
+        kept = selective_saved_bytes(model, tp, b, s, precision)
+    else:
+        kept = per_layer
     act = (last - first + 1) * kept
     if last == model.layers - 1:
         act += 4.0 * b * s * model.vocab / tp
@@ -279,24 +417,29 @@ def stage_activation_bytes_per_microbatch(
 def stage_memory_bytes(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int, *,
     precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE, dp: int = 1,
-    recompute: bool = False, fused_attention: bool = False,
+    recompute: bool = False, fused_attention: bool = False, selective: bool = False, upcast_loss: bool = False,
 ) -> float:
     """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
 
     Weights, gradients and optimizer state: :func:`state_bytes_per_param` per parameter, divided by ``tp``
     and, under ``fsdp``, by ``dp`` — plus FSDP's unsharded working copy of two blocks (the one computing and
     the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
-    activations are the blocks' inputs, plus one block's full activations rebuilt during backward."""
+    activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
+    ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
+    rebuilt. ``upcast_loss`` adds the eager fp32 loss's further ``8·b·s·V/t`` bytes once on the last stage."""
     params = stage_params(model, first, last)
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
     if fsdp:
         state += 2.0 * 2.0 * precision.value_bytes * model.params_per_layer / tp
     act = in_flight * stage_activation_bytes_per_microbatch(
-        model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention
+        model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention,
+        selective=selective,
     )
-    if recompute:
+    if recompute or selective:
         act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
+    if upcast_loss and last == model.layers - 1:
+        act += 8.0 * b * s * model.vocab / tp
     return state + act + RESERVED_GIB * GIB
 
 
@@ -357,13 +500,21 @@ def boundary_time(
     return transfer_time(nbytes, topo.bandwidth_gbps(a.cluster, b_.cluster), topo.latency_ms(a.cluster, b_.cluster))
 
 
-def _dp_sync_time(model: ModelSpec, st: Stage, c: Cluster, precision: Precision) -> float:
+def _dp_sync_time(
+    model: ModelSpec, st: Stage, c: Cluster, precision: Precision, *, overlap: bool = False, compute_s: float = 0.0
+) -> float:
     """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated) or their
-    reduce-scatter over the shards (``fsdp``), gradient values in the precision's size."""
-    nbytes = float(grad_bytes_per_value(precision)) * stage_params(model, st.first_layer, st.last_layer) / st.tp
+    reduce-scatter over the shards (``fsdp``), gradient values in the precision's size. With ``overlap`` only
+    :func:`exposed_dp_sync` of it, behind the backward (``⅔·compute_s``) of the last micro-batch."""
+    params = stage_params(model, st.first_layer, st.last_layer) / st.tp
+    nbytes = float(grad_bytes_per_value(precision)) * params
     if st.sharding is Sharding.FSDP:
-        return fsdp_gather_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
-    return allreduce_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+        t = fsdp_gather_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+    else:
+        t = allreduce_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+    if overlap:
+        t = exposed_dp_sync(t, 2.0 / 3.0 * compute_s, params, st.dp)
+    return t
 
 
 def breakdown(
@@ -371,20 +522,24 @@ def breakdown(
     precision: Precision = Precision.BF16, fused_attention: bool = False,
 ) -> Breakdown:
     """Compute every term of the module docstring for ``plan`` (in ``precision``; each stage's ``sharding``
-    and ``recompute`` priced as :func:`stage_compute_time` and :func:`stage_memory_bytes` say)."""
+    and ``recompute`` priced as :func:`stage_compute_time` and :func:`stage_memory_bytes` say, the plan's
+    framework options as :func:`plan_options` reads them)."""
     b, s = micro_batch, seq_len
+    opts = plan_options(plan)
     stages = plan.stages
     clusters = [topo.cluster(st.cluster) for st in stages]
     compute = tuple(
         stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s, precision=precision,
-                           recompute=st.recompute, fsdp_dp=st.dp if st.sharding is Sharding.FSDP else 1)
+                           recompute=st.recompute, fsdp_dp=st.dp if st.sharding is Sharding.FSDP else 1,
+                           selective=opts.selective_recompute, overlap=opts.overlap)
         for st, c in zip(stages, clusters, strict=True)
     )
     bounds = tuple(boundary_time(topo, model, stages[i], stages[i + 1], b, s, precision)
                    for i in range(len(stages) - 1))
     chunks = int(plan.extras.get("chunks", 2 if plan.schedule is Schedule.INTERLEAVED_1F1B else 1))
     pipe = pipeline_step_time(compute, [st.dp for st in stages], bounds, plan.micro_batches, chunks)
-    ar = tuple(_dp_sync_time(model, st, c, precision) for st, c in zip(stages, clusters, strict=True))
+    ar = tuple(_dp_sync_time(model, st, c, precision, overlap=opts.overlap, compute_s=t)
+               for st, c, t in zip(stages, clusters, compute, strict=True))
     opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
                 for st, c in zip(stages, clusters, strict=True))
     n = len(stages)
@@ -394,7 +549,7 @@ def breakdown(
             model, st.first_layer, st.last_layer, st.tp, b, s,
             in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
             precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
-            fused_attention=fused_attention,
+            fused_attention=fused_attention, selective=opts.selective_recompute, upcast_loss=opts.upcast_loss,
         ) / GIB
         for i, st in enumerate(stages)
     )

@@ -10,9 +10,11 @@ work and network use (the queue part is the shared scheduler cycle's, not this p
 What we do
 ----------
 1. **GPU count, by its own rule.** ``G_mem``: the fewest GPUs, cheapest electricity first, whose memory
-   (less the reserve) holds the model states (16 B/param) with :data:`MEMORY_HEADROOM` for activations.
+   (less the reserve) holds the model states (the job's precision: 16 B/param in bf16/fp16, 20 in fp32/tf32;
+   :func:`~spiderflow.core.costmodel.state_bytes_per_param`) with :data:`MEMORY_HEADROOM` for activations.
    ``G_bw``: the largest count at which the pipeline's compute per micro-batch still covers the median
-   activation transfer between clusters with free GPUs (``3·(L·f + f_head) / (G·F̄) ≥ median P_uv``):
+   activation transfer between clusters with free GPUs (``3·(L·f + f_head) / (G·F̄) ≥ median P_uv``, ``F̄`` the
+   mean rate in the job's precision):
    past it the stream, not compute, sets the pace, so more GPUs buy little — but never below the most
    free GPUs of one cluster, which need no wide-area link. ``G = clamp(max(G_mem,
    G_bw), gpus.min, min(gpus.max, Σ free))`` — not every free GPU up to the maximum.
@@ -76,12 +78,12 @@ def bace_gpus(topo: Topology, job: JobSpec) -> int:
     hi = min(jc.gpus_max, total)
     if hi < jc.gpus_min:
         return 0
-    need = MEMORY_HEADROOM * 16.0 * job.model.total_params
+    need = MEMORY_HEADROOM * jc.state_bytes * job.model.total_params
     g_mem = min(_count_to(ta, usable, need), hi)
     p = transfer_matrix(ta, jc)
     sub = p[np.ix_(usable, usable)]
     finite = sub[np.isfinite(sub) & ~np.eye(len(usable), dtype=bool)]
-    mean_flops = float(np.average(ta.flops[usable], weights=ta.free[usable]))
+    mean_flops = float(np.average(ta.rate(jc.precision)[usable], weights=ta.free[usable]))
     work = 3.0 * (jc.layers * jc.f + jc.head_f) / mean_flops
     local = int(ta.free[usable].max())  # GPUs inside one cluster never cross a wide-area link
     g_bw = hi if finite.size == 0 else max(local, int(work / float(np.median(finite))))
@@ -108,7 +110,7 @@ def bace_paths(topo: Topology, job: JobSpec, gpus: int, theta: float) -> list[li
     p = transfer_matrix(ta, jc)
     usable = [int(i) for i in np.flatnonzero(ta.free > 0)]
     by_price = sorted(usable, key=lambda i: (float(ta.price[i]), ta.names[i]))
-    need = MEMORY_HEADROOM * 16.0 * job.model.total_params
+    need = MEMORY_HEADROOM * jc.state_bytes * job.model.total_params
     per = np.maximum(ta.mem - RESERVED_GIB * GIB, 0.0)
     out: list[list[tuple[str, int]]] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
@@ -142,9 +144,10 @@ def _initial_theta(topo: Topology, job: JobSpec, gpus: int) -> float:
     ta = topo_arrays(topo)
     jc = job_consts(job)
     rate, left = 0.0, gpus
+    flops = ta.rate(jc.precision)
     for i in sorted((int(i) for i in np.flatnonzero(ta.free > 0)), key=lambda i: (float(ta.price[i]), ta.names[i])):
         take = min(int(ta.free[i]), left)
-        rate += take * float(ta.flops[i])
+        rate += take * float(flops[i])
         left -= take
         if left <= 0:
             break

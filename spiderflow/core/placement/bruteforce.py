@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from spiderflow.core.costmodel import GIB, RESERVED_GIB, evaluate
+from spiderflow.core.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate
 from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
 from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
@@ -94,17 +94,17 @@ def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: i
     dp = np.array([o[1] for o in opts], dtype=np.int64)[:, None]
     ell = np.arange(jc.layers + 1, dtype=np.float64)[None, :]
     first, last = i == 0, i == k - 1
-    fl = c.effective_tflops * 1e12
+    fl = compute_rate_tflops(c, jc.precision) * 1e12  # the job's precision, as the cost model
     b_tp = np.where(tp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     ar_tp = _ar(np.full(tp.shape, jc.act), tp, b_tp)
     t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (3.0 * jc.head_f / (tp * fl) if last else 0.0)
     params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.head_params if last else 0.0)
     b_dp = np.where(tp * dp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
-    y = _ar(2.0 * params / tp, dp, b_dp)
+    y = _ar(jc.grad_bytes * params / tp, dp, b_dp)
     inflight = np.minimum(np.ceil(jc.m / dp), k - i)
     tpf = tp.astype(np.float64)
     act = ell * jc.act_layer(tpf) + (jc.act_head(tpf) if last else 0.0)
-    mem = 16.0 * params / tp + inflight * act + RESERVED_GIB * GIB
+    mem = jc.state_bytes * params / tp + inflight * act + RESERVED_GIB * GIB
     ok = (mem <= c.gpu_memory_gib * GIB) & (ell >= 1)
     gpus = (tp * dp).astype(np.float64)
     wp = gpus * c.power_w * c.electricity_usd_per_kwh

@@ -90,7 +90,7 @@ import numpy as np
 import numpy.typing as npt
 import structlog
 
-from spiderflow.core.costmodel import activation_bytes, evaluate, fits_memory
+from spiderflow.core.costmodel import activation_bytes, compute_rate_tflops, evaluate, fits_memory, wire_bytes
 from spiderflow.core.domain import JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
 from spiderflow.core.placement.common import check_plan, diagnose
@@ -254,7 +254,9 @@ class _Fitness:
         self.topo, self.job, self.shape = topo, job, shape
         cs = topo.clusters
         m = job.micro_batches_total
-        act = math.ceil(m / shape.d_dp) * activation_bytes(job.model, job.micro_batch, job.seq_len)
+        # one activation per micro-batch a replica runs, in the sending cluster's wire format and the job's precision
+        act = math.ceil(m / shape.d_dp) * np.array(
+            [activation_bytes(job.model, job.micro_batch, job.seq_len, wire_bytes(c, job.precision)) for c in cs])
         bw = topo.bandwidth_matrix.copy()
         lat = topo.latency_matrix.copy()
         for i, c in enumerate(cs):
@@ -262,7 +264,7 @@ class _Fitness:
             lat[i, i] = 0.0
         with np.errstate(divide="ignore"):
             inv = np.where(bw > 0, 1.0 / (bw * 1e9), np.inf)
-        self.edge: FArr = lat / 1e3 + 8.0 * act * inv
+        self.edge: FArr = lat / 1e3 + 8.0 * act[:, None] * inv
         self.memo: dict[tuple[int, ...], tuple[float, Plan]] = {}
         self.evaluations = 0
 
@@ -278,7 +280,7 @@ class _Fitness:
         # groups on one cluster are consecutive: their mutual edge is the cluster's own, the cheapest
         chain = [distinct[k] for k in order for _ in range(key.count(distinct[k]))]
         L = job.model.layers
-        weights = [topo.clusters[c].effective_tflops for c in chain]
+        weights = [compute_rate_tflops(topo.clusters[c], job.precision) for c in chain]
         best: tuple[float, Plan] | None = None
         for split in {tuple(_proportional(L, weights)), tuple(_proportional(L, [1.0] * len(chain)))}:
             stages, first = [], 0

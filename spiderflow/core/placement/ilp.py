@@ -15,11 +15,15 @@ Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, g
 
 - ``O_c = {(t, d, p)}`` (:func:`degree_options`): ``t`` ∈ :func:`tp_options`, ``1 ≤ p ≤``
   :data:`MAX_PP_PER_CLUSTER`, ``t·d·p ≤ min(n_c, gpus.max)`` (``n_c`` free GPUs);
+- everything in the job's precision, as the cost model prices it: ``F_c`` the rate in that precision
+  (:func:`~spiderflow.core.costmodel.compute_rate_tflops`), ``A`` its value bytes (``A_u`` in the sending
+  cluster's wire format, :func:`~spiderflow.core.costmodel.wire_bytes`), ``w`` bytes of state per parameter
+  (16 in bf16/fp16, 20 in fp32/tf32) and ``g`` bytes per gradient value (2 or 4);
 - ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks;
-- ``P_uv`` = ``A / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
-  ``I_c = A / B_inter(c)`` between two stages inside ``c``;
-- ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · 2 B/param /(t·B_dp));
-- memory coefficients in bytes, rounded up: ``μ_t = 16·12h²/t`` per layer, ``ε_t = 16·V·h/t`` per
+- ``P_uv`` = ``A_u / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
+  ``I_c = A_c / B_inter(c)`` between two stages inside ``c``;
+- ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · g /(t·B_dp));
+- memory coefficients in bytes, rounded up: ``μ_t = w·P_layer/t`` per layer, ``ε_t = w·V·h/t`` per
   embedding/head, ``a_t`` activation bytes per layer and micro-batch, ``g_t = 4·b·s·V/t`` logits; the cap
   ``M_c − R``.
 
@@ -96,15 +100,18 @@ import structlog
 from ortools.sat.python import cp_model
 
 from spiderflow.core.costmodel import (
-    BYTES_PER_PARAM,
     GIB,
     RESERVED_GIB,
     activation_bytes,
     allreduce_time,
+    compute_rate_tflops,
     evaluate,
     fits_memory,
+    grad_bytes_per_value,
     layer_fwd_flops,
+    state_bytes_per_param,
     transfer_time,
+    wire_bytes,
 )
 from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
@@ -217,9 +224,10 @@ def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: 
     mdl, b, s = job.model, job.micro_batch, job.seq_len
     k = min(math.ceil(_micro_batches(job) / d), rank)
     free = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
-    free -= BYTES_PER_PARAM * mdl.embedding_params * (int(first) + int(last)) / t
+    w = state_bytes_per_param(job.precision)
+    free -= w * mdl.embedding_params * (int(first) + int(last)) / t
     free -= k * 4.0 * b * s * mdl.vocab / t if last else 0.0
-    per_layer = BYTES_PER_PARAM * mdl.params_per_layer / t + k * s * b * mdl.hidden * (
+    per_layer = w * mdl.params_per_layer / t + k * s * b * mdl.hidden * (
         10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))
     return max(0, int(free // per_layer))
 
@@ -262,7 +270,7 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
     L = job.model.layers
     bw = topo.bandwidth_matrix
     usable = [c for c in topo.clusters if c.free > 0 and tp_options(c, job)]
-    usable.sort(key=lambda c: (-min(c.free, job.gpus.max) * c.effective_tflops, c.name))
+    usable.sort(key=lambda c: (-min(c.free, job.gpus.max) * compute_rate_tflops(c, job.precision), c.name))
     if not usable:
         return None
     head = usable[0]
@@ -299,7 +307,7 @@ def greedy_plan(topo: Topology, job: JobSpec) -> Plan | None:
                 return _block_capacity(c, job, t, d, ps[i], ranks[i], i == 0, i == k - 1)
 
             tmax = [max(t for t in tp_options(c, job) if t * ps[i] <= gpus[c.name]) for i, c in enumerate(order)]
-            split = _capped_split(L, [gpus[c.name] * c.effective_tflops for c in order],
+            split = _capped_split(L, [gpus[c.name] * compute_rate_tflops(c, job.precision) for c in order],
                                   [cap(i, tmax[i]) for i in range(k)], ps)
             if split is None:
                 continue
@@ -567,21 +575,25 @@ class _Model:
         cand = [i for i, c in enumerate(topo.clusters) if c.free > 0 and tp_options(c, job)]
         self.cand = cand
         R = max(1, min(L, job.gpus.max))  # most stages a pipeline can have
-        A = activation_bytes(mdl, b, s)
+        A = activation_bytes(mdl, b, s, job.precision.value_bytes)  # the TP all-reduce's message
+
+        def sent(i: int) -> float:  # one activation leaving cluster i, in its wire format
+            return activation_bytes(mdl, b, s, wire_bytes(topo.clusters[i], job.precision))
+
         f = layer_fwd_flops(mdl, b, s)
         head = 2.0 * b * s * mdl.hidden * mdl.vocab
         p_layer = float(mdl.params_per_layer)
         emb = float(mdl.embedding_params)
         bwm, latm = topo.bandwidth_matrix, topo.latency_matrix
         ptick: dict[tuple[int, int], int] = {
-            (i, j): ticks(transfer_time(A, float(bwm[i, j]), float(latm[i, j])))
+            (i, j): ticks(transfer_time(sent(i), float(bwm[i, j]), float(latm[i, j])))
             for i in cand for j in cand if i != j and bwm[i, j] > 0
         }
-        itick = {i: ticks(transfer_time(A, topo.clusters[i].inter_node_gbps, 0.0)) for i in cand}
+        itick = {i: ticks(transfer_time(sent(i), topo.clusters[i].inter_node_gbps, 0.0)) for i in cand}
         t_hi = 1
         for i in cand:
             c = topo.clusters[i]
-            t_hi = max(t_hi, ticks(3.0 * (L * f + head) / (c.effective_tflops * 1e12)
+            t_hi = max(t_hi, ticks(3.0 * (L * f + head) / (compute_rate_tflops(c, job.precision) * 1e12)
                                    + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)) + 1)
         z_hi = max(t_hi, max(ptick.values(), default=0), max(itick.values(), default=0), 1)
         z = model.new_int_var(0, z_hi, "Z")
@@ -652,7 +664,7 @@ class _Model:
                     obj_terms.append(2 * itick[i] * (p - 1) * v)
                 # (9) gradient all-reduce (ticks per parameter × parameters of the stage)
                 bdp = c.intra_node_gbps if t * d <= c.gpus_per_node else c.inter_node_gbps
-                per_param = allreduce_time(2.0 / t, d, bdp) / tick
+                per_param = allreduce_time(grad_bytes_per_value(job.precision) / t, d, bdp) / tick
                 gl, ge = math.ceil(per_param * p_layer), math.ceil(per_param * emb)
                 if per_param > 0 and p == 1:
                     model.add(y >= gl * n + ge * (first + last)).only_enforce_if(v)
@@ -708,13 +720,14 @@ class _Model:
     def _coefs(c: Cluster, t: int, job: JobSpec, b: int, f: float, head: float, A: float,
                ticks: Callable[[float], int]) -> _Coefs:
         mdl, s = job.model, job.seq_len
-        F = c.effective_tflops * 1e12
+        F = compute_rate_tflops(c, job.precision) * 1e12
+        w = state_bytes_per_param(job.precision)
         btp = c.intra_node_gbps if t <= c.gpus_per_node else c.inter_node_gbps
         return _Coefs(
             alpha=ticks(3.0 * f / (t * F) + 4 * allreduce_time(A, t, btp)),
             beta=ticks(3.0 * head / (t * F)),
-            mem_layer=math.ceil(BYTES_PER_PARAM * mdl.params_per_layer / t),
-            mem_embed=math.ceil(BYTES_PER_PARAM * mdl.embedding_params / t),
+            mem_layer=math.ceil(w * mdl.params_per_layer / t),
+            mem_embed=math.ceil(w * mdl.embedding_params / t),
             act_layer=math.ceil(s * b * mdl.hidden * (10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))),
             logits=math.ceil(4.0 * b * s * mdl.vocab / t),
         )
