@@ -61,7 +61,6 @@ from spiderflow.core.catalog import ModelFamily, ModelSpec  # noqa: E402
 from spiderflow.core.costmodel import (  # noqa: E402
     OVERLAP_KEY,
     SELECTIVE_RECOMPUTE_KEY,
-    UPCAST_LOSS_KEY,
     allreduce_time,
     breakdown,
     compute_rate_tflops,
@@ -112,16 +111,15 @@ def framework_extras(rec: dict[str, Any]) -> dict[str, float]:
     """The cost model's framework options for a record (:func:`spiderflow.core.costmodel.plan_options`), set
     only where the record's source says the framework runs them: ``overlap`` for Megatron-LM's
     ``--tp-comm-overlap`` / ``--overlap-grad-reduce``, ``selective_recompute`` for torchtitan's op-level
-    selective checkpointing (``plan.selective_ac_option == 'op'``), ``upcast_loss`` for torchtitan's eager fp32
-    loss (``framework.loss == 'eager_fp32_upcast'``)."""
+    selective checkpointing (``plan.selective_ac_option == 'op'``). torchtitan's eager fp32 loss
+    (``framework.loss == 'eager_fp32_upcast'``) is the executor's own, which the cost model always prices
+    (:data:`spiderflow.core.costmodel.LOGIT_BYTES`)."""
     fw, p = rec.get("framework", {}), rec["plan"]
     extras: dict[str, float] = {}
     if fw.get("tp_comm_overlap") or fw.get("overlap_grad_reduce"):
         extras[OVERLAP_KEY] = 1.0
     if p.get("activation_checkpointing") == "selective" and p.get("selective_ac_option") == "op":
         extras[SELECTIVE_RECOMPUTE_KEY] = 1.0
-    if fw.get("loss") == "eager_fp32_upcast":
-        extras[UPCAST_LOSS_KEY] = 1.0
     return extras
 
 

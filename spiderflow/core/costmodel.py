@@ -42,7 +42,7 @@ Gradient synchronisation and the optimizer step, after the pipeline drains, stag
 
 Memory per GPU of stage ``s`` (bytes):
 
-    M_s = 16·params_s / t_s  +  k_s · act_s  +  R
+    M_s = 18·params_s / t_s  +  k_s · act_s  +  R
     act_s = |ℓ_s| · s·b·h·(10 + 24/t + 5·a·s/(h·t))     (Korthikanti et al., no recomputation; without the
                                                         last term under ``fused_attention``)
     k_s = ⌈m/d_s⌉ for GPipe; min(⌈m/d_s⌉, S − i_s) for 1F1B (``i_s`` = stage index, ``S`` stages);
@@ -50,9 +50,10 @@ Memory per GPU of stage ``s`` (bytes):
           (``plan.extras["max_in_flight"]``, :func:`spiderflow.core.schedules.plan_max_in_flight`) 1F1B and the
           latency-aware schedule hold ``min(k_s, K)`` (their warm-ups run capped at ``K − 1``)
 
-``16`` bytes/parameter = bf16 weights and grads + fp32 master weights and two Adam moments.
+``18`` bytes/parameter = fp32 master weights and gradients, two fp32 Adam moments and the bf16 weight copies
+autocast keeps for the backward (:func:`state_bytes_per_param`).
 ``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
-(``V·h`` params) and the head plus its fp32 logits (``4·b·s·V`` bytes).
+(``V·h`` params) and the head plus its loss (:data:`LOGIT_BYTES` ``·b·s·V`` bytes).
 
 Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
 
@@ -85,10 +86,6 @@ above, and the planner never sets them: they describe how other frameworks run a
   stages without full recomputation keep, per block, its input, the attention output and the output of
   every odd-numbered matmul (1st, 3rd, …); the even-numbered matmuls and everything else are recomputed in
   backward (:func:`selective_saved_bytes`, :func:`selective_recompute_flops`).
-- ``upcast_loss`` (:data:`UPCAST_LOSS_KEY`; torchtitan's ``loss_fn``: ``cross_entropy(pred.float(), …)``,
-  not compiled): the last stage's bf16 logits are copied to fp32 and the eager loss's backward holds its saved
-  log-softmax output, the incoming gradient and the result, three fp32 ``b·s·V`` buffers: ``12·b·s·V/t``
-  bytes once at the peak instead of the ``4·b·s·V/t`` above (:func:`stage_memory_bytes`).
 
 ``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
 Fidelity against published GPU measurements and our executed runs: ``bench/fidelity.py`` (BENCHMARKS.md).
@@ -118,10 +115,10 @@ from spiderflow.core.schedules import plan_max_in_flight
 __all__ = [
     "BYTES_PER_PARAM",
     "GIB",
+    "LOGIT_BYTES",
     "OVERLAP_KEY",
     "RESERVED_GIB",
     "SELECTIVE_RECOMPUTE_KEY",
-    "UPCAST_LOSS_KEY",
     "Breakdown",
     "PlanOptions",
     "activation_bytes",
@@ -149,15 +146,19 @@ __all__ = [
 ]
 
 GIB = float(1 << 30)
-BYTES_PER_PARAM = 16
+BYTES_PER_PARAM = 18
+LOGIT_BYTES = 18.0
+"""Bytes per logit value (``b·s·V/t`` of them) the last stage holds at its peak: the loss as the executor runs
+it, ``cross_entropy(logits.float())`` under bf16 autocast — the bf16 logits, their fp32 copy, the saved fp32
+log-softmax, and in the backward the fp32 incoming gradient, the fp32 gradient of the copy and its bf16 cast.
+Measured with the executor on an H200 (BENCHMARKS.md, "On a GPU"): each further sequence of a micro-batch
+added 1.73 GiB beyond the blocks' activations at GPT-3 1.3B's vocabulary, 18.0 bytes per logit. torchtitan
+runs the same eager loss."""
 RESERVED_GIB = 0.5
 OVERLAP_KEY = "overlap"
 """``plan.extras`` key: communication overlapped with compute as Megatron-LM runs it (module docstring)."""
 SELECTIVE_RECOMPUTE_KEY = "selective_recompute"
 """``plan.extras`` key: op-level selective activation checkpointing as torchtitan runs it (module docstring)."""
-UPCAST_LOSS_KEY = "upcast_loss"
-"""``plan.extras`` key: the loss runs eagerly on fp32 copies of the logits, as torchtitan runs it (module
-docstring)."""
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-core's default gradient bucket (``max(4·10⁷, 10⁶·d)`` parameters; ``megatron/core/distributed/
 distributed_data_parallel.py``)."""
@@ -170,7 +171,6 @@ class PlanOptions:
 
     overlap: bool = False
     selective_recompute: bool = False
-    upcast_loss: bool = False
 
 
 def _flag(plan: Plan, key: str) -> bool:
@@ -181,11 +181,9 @@ def _flag(plan: Plan, key: str) -> bool:
 
 
 def plan_options(plan: Plan) -> PlanOptions:
-    """The framework options ``plan.extras`` carries (:data:`OVERLAP_KEY`, :data:`SELECTIVE_RECOMPUTE_KEY`,
-    :data:`UPCAST_LOSS_KEY`); a value other than 0 or 1 raises :class:`~spiderflow.core.errors.ValidationError`
-    naming the key."""
-    return PlanOptions(overlap=_flag(plan, OVERLAP_KEY), selective_recompute=_flag(plan, SELECTIVE_RECOMPUTE_KEY),
-                       upcast_loss=_flag(plan, UPCAST_LOSS_KEY))
+    """The framework options ``plan.extras`` carries (:data:`OVERLAP_KEY`, :data:`SELECTIVE_RECOMPUTE_KEY`); a
+    value other than 0 or 1 raises :class:`~spiderflow.core.errors.ValidationError` naming the key."""
+    return PlanOptions(overlap=_flag(plan, OVERLAP_KEY), selective_recompute=_flag(plan, SELECTIVE_RECOMPUTE_KEY))
 
 
 def _block_matmul_widths(model: ModelSpec) -> tuple[int, ...]:
@@ -318,7 +316,11 @@ def grad_bytes_per_value(precision: Precision = Precision.BF16) -> int:
 def state_bytes_per_param(precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE) -> int:
     """Bytes of weights, gradients and Adam state per parameter before sharding.
 
-    ``bf16``/``fp16``, replicated: 16 (:data:`BYTES_PER_PARAM`: 2 weights + 2 grads + 4 fp32 master + 8 Adam).
+    ``bf16``/``fp16``, replicated: 18 (:data:`BYTES_PER_PARAM`): the executor trains fp32 master weights (4) with
+    fp32 gradients (4) and two fp32 Adam moments (8), and autocast keeps a bf16 copy of every weight for the
+    backward (2). Measured on an H200 (BENCHMARKS.md, "On a GPU"): at one sequence per micro-batch GPT-3
+    1.3B's peak of allocated tensors was 28.6 GiB against 28.7 predicted this way. Megatron-LM documents the
+    same 18 for bf16 parameters with fp32 gradients (``docs/source/api-guide/dist_optimizer.md``).
     ``fp32``/``tf32``, replicated: 20 (4 weights + 4 grads + 8 Adam + 4 for DDP's flat gradient buckets, which
     PyTorch keeps as a separate copy by default). ``fsdp`` (any precision): 16 on the shard (fp32 sharded
     parameters and gradients, 8 Adam; FSDP2 mixed precision keeps the sharded state in fp32); the
@@ -410,14 +412,14 @@ def stage_activation_bytes_per_microbatch(
         kept = per_layer
     act = (last - first + 1) * kept
     if last == model.layers - 1:
-        act += 4.0 * b * s * model.vocab / tp
+        act += LOGIT_BYTES * b * s * model.vocab / tp
     return act
 
 
 def stage_memory_bytes(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int, *,
     precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE, dp: int = 1,
-    recompute: bool = False, fused_attention: bool = False, selective: bool = False, upcast_loss: bool = False,
+    recompute: bool = False, fused_attention: bool = False, selective: bool = False,
 ) -> float:
     """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
 
@@ -426,7 +428,7 @@ def stage_memory_bytes(
     the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
-    rebuilt. ``upcast_loss`` adds the eager fp32 loss's further ``8·b·s·V/t`` bytes once on the last stage."""
+    rebuilt. The last stage adds the loss's :data:`LOGIT_BYTES` per logit value and in-flight micro-batch."""
     params = stage_params(model, first, last)
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
@@ -438,8 +440,6 @@ def stage_memory_bytes(
     )
     if recompute or selective:
         act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
-    if upcast_loss and last == model.layers - 1:
-        act += 8.0 * b * s * model.vocab / tp
     return state + act + RESERVED_GIB * GIB
 
 
@@ -549,7 +549,7 @@ def breakdown(
             model, st.first_layer, st.last_layer, st.tp, b, s,
             in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
             precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
-            fused_attention=fused_attention, selective=opts.selective_recompute, upcast_loss=opts.upcast_loss,
+            fused_attention=fused_attention, selective=opts.selective_recompute,
         ) / GIB
         for i, st in enumerate(stages)
     )

@@ -71,11 +71,11 @@ def test_pipeline_step_closed_form_by_hand() -> None:
 
 
 def test_memory_by_hand() -> None:
-    # stage with layers 1..2, tp=1: 16 B/param · 2·12h² + in-flight · activation + reserve
+    # stage with layers 1..2, tp=1: 18 B/param · 2·12h² + in-flight · activation + reserve
     params = 2 * 12 * 1024**2
     act = 2 * (512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024))
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, in_flight=3)
-    assert got == pytest.approx(16 * params + 3 * act + cm.RESERVED_GIB * cm.GIB)
+    assert got == pytest.approx(18 * params + 3 * act + cm.RESERVED_GIB * cm.GIB)
 
 
 def test_in_flight_gpipe_vs_1f1b() -> None:
@@ -198,8 +198,8 @@ def test_evaluate_charges_memory_under_the_plans_in_flight_cap_by_hand() -> None
     capped = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE, extras={"max_in_flight": 2.0})
     # Activation bytes per micro-batch and layer (tp=1): s·b·h·(10 + 24 + 5·a·s/h) = 512·2·1024·54
     act = 512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024)
-    logits = 4 * 2 * 512 * 1000
-    fixed0 = 16 * (2 * 12 * 1024**2 + 1000 * 1024) + cm.RESERVED_GIB * cm.GIB
+    logits = cm.LOGIT_BYTES * 2 * 512 * 1000
+    fixed0 = 18 * (2 * 12 * 1024**2 + 1000 * 1024) + cm.RESERVED_GIB * cm.GIB
     fixed1 = fixed0
     # uncapped latency-aware: stage 0 holds min(8, 2·2) = 4, stage 1 min(8, 2) = 2; capped at K=2: 2 and 2
     want_la = ((fixed0 + 4 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + logits)) / cm.GIB)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import fidelity  # type: ignore[import-not-found]  # noqa: E402
 
-from spiderflow.core.costmodel import OVERLAP_KEY, SELECTIVE_RECOMPUTE_KEY, UPCAST_LOSS_KEY, evaluate  # noqa: E402
+from spiderflow.core.costmodel import OVERLAP_KEY, SELECTIVE_RECOMPUTE_KEY, evaluate  # noqa: E402
 
 
 def test_records_carry_sources_and_the_options_their_sources_state() -> None:
@@ -27,9 +27,9 @@ def test_records_carry_sources_and_the_options_their_sources_state() -> None:
         if "Megatron-LM" in rec["source"]["url"]:
             assert extras == {OVERLAP_KEY: 1.0}
         elif rec["plan"]["activation_checkpointing"] == "selective":
-            assert extras == {SELECTIVE_RECOMPUTE_KEY: 1.0, UPCAST_LOSS_KEY: 1.0}
+            assert extras == {SELECTIVE_RECOMPUTE_KEY: 1.0}
         else:
-            assert extras == {UPCAST_LOSS_KEY: 1.0}
+            assert extras == {}
 
 
 def test_a_further_source_is_one_more_file(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def _job() -> JobSpec:
 def test_options_off_price_exactly_as_before() -> None:
     topo, job = _topo(), _job()
     base = cm.evaluate(_plan(), topo, job)
-    off = cm.evaluate(_plan(overlap=0.0, selective_recompute=0.0, upcast_loss=0.0), topo, job)
+    off = cm.evaluate(_plan(overlap=0.0, selective_recompute=0.0), topo, job)
     assert (off.step_time_s, off.memory_gib_per_gpu) == (base.step_time_s, base.memory_gib_per_gpu)
 
 
@@ -75,8 +75,11 @@ def test_selective_recompute_by_hand_on_a_llama_block() -> None:
     assert sac == pytest.approx(full - 2 * act + 2 * saved + act)
 
 
-def test_upcast_loss_adds_the_eager_fp32_buffers_on_the_last_stage() -> None:
-    base = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 1)
-    up = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 1, upcast_loss=True)
-    assert up - base == pytest.approx(8.0 * B * S * M.vocab / 2)
-    assert cm.stage_memory_bytes(M, 0, 1, 2, B, S, 1, upcast_loss=True) == cm.stage_memory_bytes(M, 0, 1, 2, B, S, 1)
+def test_the_loss_is_held_on_the_last_stage_per_in_flight_micro_batch() -> None:
+    # the eager fp32 loss (the executor's and torchtitan's): LOGIT_BYTES per logit value, last stage only
+    one = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 1)
+    two = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 2)
+    blocks = 2 * cm.stage_activation_bytes_per_microbatch(M, 2, 2, 2, B, S)
+    assert two - one == pytest.approx(blocks + cm.LOGIT_BYTES * B * S * M.vocab / 2)
+    first_one, first_two = cm.stage_memory_bytes(M, 0, 1, 2, B, S, 1), cm.stage_memory_bytes(M, 0, 1, 2, B, S, 2)
+    assert first_two - first_one == pytest.approx(2 * cm.stage_activation_bytes_per_microbatch(M, 0, 0, 2, B, S))

@@ -131,7 +131,7 @@ def test_seed_determinism_and_time_cap() -> None:
 
 def test_memory_is_the_cost_models_and_tensor_parallelism_is_chosen_when_needed() -> None:
     job = JobSpec(id="tp", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
-    tight = Topology(clusters=(Cluster(name="a", gpu="A100-40G", nodes=1, gpus_per_node=2, memory_gib=1.3),))
+    tight = Topology(clusters=(Cluster(name="a", gpu="A100-40G", nodes=1, gpus_per_node=2, memory_gib=1.45),))
     res = GeneticPolicy(population=8, trials=8).place(tight, job, Budget(seed=0))
     assert res.ok and res.plan is not None
     _assert_valid(res.plan, tight, job)

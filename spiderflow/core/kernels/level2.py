@@ -62,7 +62,8 @@ F_LAYER_PARAMS = 9  # P: parameters of one layer (the model family's, :attr:`Mod
 F_LAYER_FLOPS = 10  # f: forward FLOPs of one layer per micro-batch (:func:`spiderflow.core.costmodel.layer_fwd_flops`)
 F_EMBED_PARAMS = 11  # E: the embedding's parameters (first sub-stage of an embedding block)
 F_HEAD_PARAMS = 12  # H: the head's parameters (last sub-stage of a head block)
-F_SIZE = 13
+F_LOGIT_BYTES = 13  # the loss's bytes per logit value (:data:`spiderflow.core.costmodel.LOGIT_BYTES`)
+F_SIZE = 14
 
 # ``it``: the problem's integers (flags 0/1).
 I_GPUS = 0
@@ -244,9 +245,9 @@ def coefficients(
       FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``) and ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
       activations a block keeps (``v·s·b·h``, its input, with recomputation);
     * ``ν_j = σ·X_j/(t·d_σ) + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
-      last of a head block) plus ``κ_j·4·b·s·V/t`` (fp32 logits) on the head sub-stage, plus FSDP's
-      unsharded two-block working copy ``2·2·v·P/t``, plus one block's full activations rebuilt in backward
-      under recomputation;
+      last of a head block) plus ``κ_j·λ·b·s·V/t`` (the loss, ``λ`` = ``fl[F_LOGIT_BYTES]``) on the head
+      sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
+      activations rebuilt in backward under recomputation;
     * ``α = S_d(v·P/t, B_dp) + u``; ``β_j = S_d(v·X_j/t, B_dp)`` (0 when ``X_j = 0``), ``S = AR`` for
       replicas, ``AG`` (the gradients' reduce-scatter) under FSDP;
     * ``P_in = w·b·s·h / B_inter`` (the cluster's wire format in the job's precision).
@@ -297,7 +298,7 @@ def coefficients(
         if recompute:
             const += act_full
         if head:
-            const += inflight * 4.0 * b * s * v / tp
+            const += inflight * fl[F_LOGIT_BYTES] * b * s * v / tp
         nu[j] = const
         if extra_params == 0.0:
             beta[j] = 0.0

@@ -62,6 +62,7 @@ import structlog
 
 from spiderflow.core.costmodel import (
     GIB,
+    LOGIT_BYTES,
     RESERVED_GIB,
     activation_bytes,
     allreduce_time,
@@ -232,7 +233,7 @@ class JobConsts:
         return self.s * self.b * self.h * (10.0 + 24.0 / tp + 5.0 * self.heads * self.s / (self.h * tp))
 
     def act_head(self, tp: float | FArr) -> Any:
-        return 4.0 * self.b * self.s * self.vocab / tp
+        return LOGIT_BYTES * self.b * self.s * self.vocab / tp
 
 
 def job_consts(job: JobSpec) -> JobConsts:
@@ -1007,7 +1008,7 @@ def diagnose(topo: Topology, job: JobSpec, policy: str) -> PlacementResult | Non
             status=PlacementStatus.UNSCHEDULABLE, policy=policy, constraint="free_gpus",
             reason=f"the job needs at least {need} GPUs; {free} are free",
         )
-    states = 16.0 * job.model.total_params
+    states = float(state_bytes_per_param(job.precision)) * job.model.total_params
     mem_per_gpu = [c.gpu_memory_gib - RESERVED_GIB for c in topo.clusters]
     for which, counts in (("all", [c.total_gpus for c in topo.clusters]), ("free", [c.free for c in topo.clusters])):
         left, have = job.gpus.max, 0.0

@@ -91,6 +91,7 @@ from ortools.sat.python import cp_model
 from spiderflow.core.catalog import ModelSpec
 from spiderflow.core.costmodel import (
     GIB,
+    LOGIT_BYTES,
     RESERVED_GIB,
     compute_rate_tflops,
     layer_fwd_flops,
@@ -286,7 +287,8 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     sh, model = p.shape, p.model
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
-         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len)),
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len),
+         LOGIT_BYTES),
         dtype=np.float64,
     )
     it = np.array(
