@@ -71,6 +71,7 @@ from spiderflow.core.costmodel import (
     grad_bytes_per_value,
     layer_fwd_flops,
     state_bytes_per_param,
+    transfer_time,
 )
 from spiderflow.core.domain import Cluster, JobSpec, Plan, PlanOptions, Precision, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
@@ -78,6 +79,7 @@ from spiderflow.core.kernels.fallback import POS_WIDTH, new_memo
 from spiderflow.core.kernels.fallback import evaluate_split as evaluate_split_kernel
 from spiderflow.core.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.core.kernels.fallback import optimise_split as optimise_split_kernel
+from spiderflow.core.kernels.formulas import allreduce_times, transfer_times
 from spiderflow.core.kernels.scorer import greedy_rows, score_rows
 from spiderflow.core.placement.base import Objective, PlacementResult, PlacementStatus, Planner
 
@@ -147,7 +149,7 @@ class TopoArrays:
     watts: FArr
     price: FArr
     bw: FArr
-    lat: FArr
+    lat_ms: FArr  # one-way latency between every pair, ms
     tp_cap: IArr
     flops_fp32: FArr
     flops_tf32: FArr
@@ -183,7 +185,7 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         watts=np.array([c.power_w for c in cl]),
         price=np.array([c.electricity_usd_per_kwh for c in cl]),
         bw=np.asarray(topo.bandwidth_matrix, dtype=np.float64),
-        lat=np.asarray(topo.latency_matrix, dtype=np.float64) / 1e3,
+        lat_ms=np.asarray(topo.latency_matrix, dtype=np.float64),
         tp_cap=np.array([_pow2_floor(min(_MAX_TP, c.gpus_per_node)) for c in cl], dtype=np.int64),
         flops_fp32=np.array([compute_rate_tflops(c, Precision.FP32) * 1e12 for c in cl]),
         flops_tf32=np.array([compute_rate_tflops(c, Precision.TF32) * 1e12 for c in cl]),
@@ -256,11 +258,9 @@ def transfer_matrix(ta: TopoArrays, jc: JobConsts) -> FArr:
     """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable), in the
     sending cluster's wire format and the job's precision (:meth:`JobConsts.wire_act`)."""
     sent = np.array([jc.wire_act(int(w)) for w in ta.wire], dtype=np.float64)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = sent * 8.0 / (ta.bw * 1e9) + ta.lat
-    p = np.where(ta.bw > 0, p, np.inf)
+    p = transfer_times(sent, ta.bw, ta.lat_ms)
     np.fill_diagonal(p, 0.0)
-    return np.asarray(p, dtype=np.float64)
+    return p
 
 
 def objective_value(step_s: Any, usd: Any, objective: Objective) -> Any:
@@ -301,9 +301,6 @@ class ChainScores:
 
 _TP_CHOICES = np.array([1, 2, 4, 8], dtype=np.int64)[:, None, None]
 """The tensor-parallel degrees :func:`score_chains` weighs, along a leading axis."""
-_TP_AR_COEF = 2.0 * (_TP_CHOICES - 1) / _TP_CHOICES
-"""``2(t − 1)/t``: the ring all-reduce factor of each degree (:func:`~spiderflow.core.costmodel.allreduce_time`
-over a degree axis; the scorer's tables multiply it in the formula's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +324,8 @@ def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
     precision)."""
     rate = ta.rate(jc.precision)
     fl = rate[None, :]
+    ar_tp = allreduce_times(jc.act, _TP_CHOICES[:, :, 0], ta.intra[None, :])
     with np.errstate(divide="ignore", invalid="ignore"):
-        ar_tp = np.where(_TP_CHOICES[:, :, 0] > 1, _TP_AR_COEF[:, :, 0] * jc.act * 8.0 / (ta.intra[None, :] * 1e9), 0.0)
         per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
     by_tp = np.zeros((5, 9))
@@ -420,7 +417,7 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
     hit = _POSITIONS.get(key)
     if hit is not None:
         return hit
-    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, wire * 8.0 / (inter * 1e9)]
+    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
@@ -449,9 +446,8 @@ class _ChainEval:
         self.slack = slack if exact_gpus else 0  # GPUs each cluster may leave unused in exact mode
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
-            bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
             sent = jc.wire_act(topo.cluster(a).gpu_type.wire_bytes)
-            self.hops.append(math.inf if bw <= 0 else sent * 8.0 / (bw * 1e9) + lat)
+            self.hops.append(transfer_time(sent, topo.bandwidth_gbps(a, b), topo.latency_ms(a, b)))
         rows = [_position(jc, c, g) for c, g in zip(self.clusters, self.gpus, strict=True)]
         k = len(rows)
         self.pos = np.array([x for r in rows for x in r[0]], dtype=np.float64).reshape(k, POS_WIDTH)
