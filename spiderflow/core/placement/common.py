@@ -53,7 +53,8 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -81,6 +82,7 @@ from spiderflow.core.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.core.kernels.fallback import optimise_split as optimise_split_kernel
 from spiderflow.core.kernels.formulas import allreduce_times, transfer_times
 from spiderflow.core.kernels.scorer import greedy_rows, score_rows
+from spiderflow.core.memo import BoundedTable
 from spiderflow.core.placement.base import Objective, PlacementResult, PlacementStatus, Planner
 
 __all__ = [
@@ -400,24 +402,23 @@ class _Block:
     p_int: float  # internal boundary time
 
 
-_POSITIONS: dict[tuple[Any, ...], tuple[tuple[float, ...], tuple[int, ...]]] = {}
-_POSITIONS_MAX = 50_000
-
-
 def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """One chain position's row of the kernels' ``pos`` and ``pos_i`` (:mod:`spiderflow.core.kernels.fallback`):
     memory bytes per GPU left after the reserve, intra- and inter-node Gbit/s, ``P_int``, then per tensor
     degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
     activation bytes and head ``T`` (zeros for the degrees not tried); ``(g, GPUs per node, degrees tried)``.
-    Memoised process-wide (bounded) on the job's constants, the cluster's figures and ``g``."""
-    fl = compute_rate_tflops(c, jc.precision) * 1e12
-    gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
-    wire = jc.wire_act(c.gpu_type.wire_bytes)
-    key = (jc, fl, c.gpu_memory_gib, gpn, intra, inter, wire, g)
-    hit = _POSITIONS.get(key)
-    if hit is not None:
-        return hit
-    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
+    Memoised process-wide (bounded, :func:`_position_row`) on the job's constants, the cluster's figures and
+    ``g``: a pure function of those values, shared by every snapshot that has such a cluster."""
+    return _position_row(jc, compute_rate_tflops(c, jc.precision) * 1e12, c.gpu_memory_gib, c.gpus_per_node,
+                         c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g)
+
+
+@lru_cache(maxsize=50_000)
+def _position_row(jc: JobConsts, fl: float, mem_gib: float, gpn: int, intra: float, inter: float, wire: float,
+                  g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """:func:`_position` of a cluster with these figures (``fl`` FLOP/s per GPU in the job's precision,
+    ``wire`` activation bytes on the wire)."""
+    row: list[float] = [mem_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
@@ -425,11 +426,7 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
         tp *= 2
     n = (len(row) - 4) // 4
     row += [0.0] * (POS_WIDTH - len(row))
-    out = (tuple(row), (g, gpn, n))
-    if len(_POSITIONS) >= _POSITIONS_MAX:
-        _POSITIONS.clear()
-    _POSITIONS[key] = out
-    return out
+    return tuple(row), (g, gpn, n)
 
 
 class _ChainEval:
@@ -800,20 +797,19 @@ def _plan_chain_uncached(
 
 
 PLAN_CACHE_SIZE = 4096
-_PLAN_CACHE: dict[tuple[Any, ...], Plan | UnschedulableError] = {}
+_PLAN_CACHE: BoundedTable[Plan | UnschedulableError] = BoundedTable(PLAN_CACHE_SIZE)
+"""Chain plans by :func:`plan_key`: a memo of a pure function keyed by value (every figure the plan depends
+on is in the key, none by identity), so it is shared across snapshots and topology revisions: a new
+revision keeps the plans of the allocations whose clusters and paths it did not change."""
 _PLAN_CACHE_STATS = {"hits": 0, "misses": 0}
 
 
-_STATIC_FIELDS: tuple[str, ...] = ()
+_STATIC_FIELDS = tuple(f.name for f in fields(Cluster) if f.name != "free_gpus")
+"""Every field of a cluster but its free GPUs (calibration fields included)."""
 
 
 def _static(c: Cluster) -> tuple[Any, ...]:
     """Every field of the cluster except its free GPUs (calibration fields included)."""
-    global _STATIC_FIELDS
-    if not _STATIC_FIELDS:
-        import dataclasses
-
-        _STATIC_FIELDS = tuple(f.name for f in dataclasses.fields(Cluster) if f.name != "free_gpus")
     return tuple(getattr(c, f) for f in _STATIC_FIELDS)
 
 
@@ -871,9 +867,7 @@ def cached_plan(
         out: Plan | UnschedulableError = planner(topo, job, allocation, objective)
     except UnschedulableError as e:
         out = e
-    if len(_PLAN_CACHE) >= PLAN_CACHE_SIZE:
-        del _PLAN_CACHE[next(iter(_PLAN_CACHE))]
-    _PLAN_CACHE[key] = out
+    _PLAN_CACHE.put(key, out)
     if isinstance(out, UnschedulableError):
         raise out
     return out
@@ -883,7 +877,7 @@ def plan_cache_clear() -> None:
     """Forget every memoised chain plan and chain-position row and reset the counters (for tests and
     benchmarks)."""
     _PLAN_CACHE.clear()
-    _POSITIONS.clear()
+    _position_row.cache_clear()
     _PLAN_CACHE_STATS.update(hits=0, misses=0)
 
 
