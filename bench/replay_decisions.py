@@ -14,6 +14,13 @@ Usage::
     .venv/bin/python bench/replay_decisions.py --out /tmp/base.json          # record
     .venv/bin/python bench/replay_decisions.py --out /tmp/new.json --compare /tmp/base.json
     .venv/bin/python bench/replay_decisions.py --runs spinsearch-8 --out /tmp/s8.json
+    .venv/bin/python bench/replay_decisions.py --runs spinsearch-8,spinsearch-16 --out /tmp/new.json \
+        --compare bench/results/replay-decisions.json                      # against the kept recording
+
+The kept recording, ``bench/results/replay-decisions.json`` (:data:`RECORDING`), holds ``spinsearch-8`` and
+``spinsearch-16``; BENCHMARKS.md says which commit made it and what changed the decisions since the one
+before. A deliberate change of the cost model or of a policy changes the decisions: record again and say so
+there. A refactoring must leave them identical.
 
 Runs (``--runs``, comma-separated; default all): ``spinsearch-8``, ``spinsearch-16`` (no time limit, waiting
 on), ``ilp-8`` (1 s per decision), ``genetic-32`` (0.5 s per decision), both without waiting, and
@@ -53,6 +60,8 @@ cycle offered waiting to every policy (they ignored the releases then); ``ilp-8-
 capability."""
 SEED = 3
 LOAD = 1.5
+RECORDING = Path(__file__).resolve().parent / "results" / "replay-decisions.json"
+"""The kept recording of ``spinsearch-8`` and ``spinsearch-16`` (see the module docstring)."""
 
 
 def _plan(plan: Plan | None) -> dict[str, Any] | None:
@@ -135,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", default=",".join(r for r in RUNS if r != "ilp-8-wait"))
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--compare", type=Path)
+    ap.add_argument("--compare", type=Path,
+                    help="a recording to compare with (the kept one: bench/results/replay-decisions.json)")
     args = ap.parse_args(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     names = [r for r in args.runs.split(",") if r]

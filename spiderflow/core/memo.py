@@ -14,8 +14,9 @@ nothing is kept in module globals or keyed by object identity.
   shape, clusters with their free GPUs and search parameters.
 
 Pure functions memoised on their values alone (the chain-plan cache keyed by the allocated clusters'
-figures, the level-2 block solves, the timeline's orders) are not tied to a snapshot and keep their own
-bounded tables, each with a public ``cache_clear``.
+figures, the level-1 planner's position rows, the level-2 block solves, the timeline's orders) are not tied
+to a snapshot and keep their own bounded tables, each with a public ``cache_clear``; docs/architecture.md
+lists every one with its key and why it is process-wide.
 """
 
 from __future__ import annotations

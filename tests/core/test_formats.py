@@ -149,3 +149,21 @@ def test_layer_overhead_crosses_the_proto() -> None:
         assert msg.HasField("layer_overhead_ms") == (c.layer_overhead_ms > 0)
         assert msg.HasField("optimizer_ms_per_layer") == (c.optimizer_ms_per_layer > 0)
         assert cluster_from_proto(msg) == c
+
+
+def test_the_core_codec_reads_no_file_and_the_adapter_reads_the_hf_config(tmp_path: Path) -> None:
+    from spiderflow.core import codec
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                               "num_attention_heads": 4, "vocab_size": 128, "intermediate_size": 256}))
+    raw = {"id": "j", "model": str(cfg), "global_batch": 8, "gpus": {"min": 1, "max": 2}}
+    with pytest.raises(ValidationError) as e:
+        codec.job_from_dict(raw, where="jobs[0]")
+    assert e.value.field == "jobs[0].model" and e.value.value == str(cfg)
+    with pytest.raises(ValidationError) as e:
+        codec.model_from_value({"hf_config": str(cfg)})
+    assert e.value.field == "model.hf_config"
+    job = job_from_dict(raw)  # the adapter passes a reader of the file
+    assert job.model.layers == 2 and job.model.hidden == 64
+    assert codec.job_from_dict(job_to_dict(job)) == job  # what is written back needs no file

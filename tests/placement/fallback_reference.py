@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from spiderflow.core.costmodel import GIB, RESERVED_GIB, allreduce_time, compute_rate_tflops, evaluate, fits_memory
+from spiderflow.core.costmodel import (
+    GIB,
+    RESERVED_GIB,
+    allreduce_time,
+    compute_rate_tflops,
+    evaluate,
+    fits_memory,
+    transfer_time,
+)
 from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
 from spiderflow.core.placement.base import Objective
@@ -65,9 +73,8 @@ class _ChainEval:
         self.slack = slack if exact_gpus else 0  # GPUs each cluster may leave unused in exact mode
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
-            bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
             sent = self.jc.wire_act(topo.cluster(a).gpu_type.wire_bytes)
-            self.hops.append(math.inf if bw <= 0 else sent * 8.0 / (bw * 1e9) + lat)
+            self.hops.append(transfer_time(sent, topo.bandwidth_gbps(a, b), topo.latency_ms(a, b)))
         # A block depends only on the job's constants, the cluster's shape and these figures: shared
         # process-wide (bounded), across chains, jobs and topology snapshots; ``cache`` is accepted for
         # interface parity.
@@ -105,7 +112,7 @@ class _ChainEval:
                                  total_stages_other)
         if best is None:  # exact_gpus with no divisor shape: fall back to tp=1, pp=1
             best = _Block(math.inf, math.inf, 1, 1, g, (nl,), math.inf, math.inf, 0.0,
-                          jc.wire_act(c.gpu_type.wire_bytes) * 8.0 / (c.inter_node_gbps * 1e9))
+                          transfer_time(jc.wire_act(c.gpu_type.wire_bytes), c.inter_node_gbps, 0.0))
         if len(self._cache) >= _BLOCK_CACHE_MAX:
             self._cache.clear()
         self._cache[key] = best
@@ -135,7 +142,7 @@ class _ChainEval:
                  nl: int, first: int, last: int, offset: int, total_stages_other: int) -> _Block | None:
         jc = self.jc
         m = jc.m
-        p_int = jc.wire_act(c.gpu_type.wire_bytes) * 8.0 / (c.inter_node_gbps * 1e9)
+        p_int = transfer_time(jc.wire_act(c.gpu_type.wire_bytes), c.inter_node_gbps, 0.0)
         p_layer, p_embed = jc.p_layer, jc.p_embed
         gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
         exact, slack = self.exact, self.slack

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from spiderflow.core.costmodel import GIB, RESERVED_GIB
+from spiderflow.core.kernels.formulas import allreduce_times
 from spiderflow.core.placement.common import (
     _TP_CHOICES,
     ChainScores,
@@ -96,7 +97,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     d_t = np.maximum(g1 // tt, 1)
     ts = np.where(valid, ell * tables.per_layer_t[:, idx] + last * tables.head_t[:, idx], 0.0)
     b_dp = np.where(tt * d_t <= gpn, intra, inter)
-    ys = np.where(valid & (d_t > 1), 2.0 * (d_t - 1) / d_t * (jc.grad_bytes * params / tt) * 8.0 / (b_dp * 1e9), 0.0)
+    ys = np.where(valid, allreduce_times(jc.grad_bytes * params / tt, d_t, b_dp), 0.0)
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
     local = np.where(np.isnan(local), np.inf, local)
     pick = local.argmin(axis=0)

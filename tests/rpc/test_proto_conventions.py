@@ -106,14 +106,14 @@ def test_everything_public_is_documented(files: dict[str, descriptor_pb2.FileDes
 def test_job_spec_fields_are_the_trace_keys(files: dict[str, descriptor_pb2.FileDescriptorProto]) -> None:
     types = files["spiderflow/proto/types/v1/types.proto"]
     job = next(m for m in types.message_type if m.name == "JobSpec")
-    from spiderflow.formats import _JOB_FIELDS
+    from spiderflow.core.codec import _JOB_FIELDS
 
     assert [fd.name for fd in job.field][:10] == ["id", "model", "global_batch", "micro_batch", "seq_len", "steps",
                                                  "gpus", "arrival_s", "priority", "tenant"]
     assert {fd.name for fd in job.field} == set(_JOB_FIELDS)
     assert next(fd for fd in job.field if fd.name == "model").type_name == ".google.protobuf.Value"
     cluster = next(m for m in types.message_type if m.name == "Cluster")
-    from spiderflow.formats import _CLUSTER_FIELDS, _LINK_FIELDS
+    from spiderflow.core.codec import _CLUSTER_FIELDS, _LINK_FIELDS
 
     assert {fd.name for fd in cluster.field} == set(_CLUSTER_FIELDS)
     link = next(m for m in types.message_type if m.name == "Link")

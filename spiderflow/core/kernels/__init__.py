@@ -51,6 +51,7 @@ def warm() -> None:
         return
     from spiderflow.core.kernels import (  # noqa: F401  (each registers its warm-up)
         fallback,
+        formulas,
         level2,
         scorer,
         search,

@@ -39,7 +39,7 @@ import numpy.typing as npt
 from numba import njit
 
 from spiderflow.core.kernels import kernel, register_warmup
-from spiderflow.core.kernels.level2 import _allreduce_time
+from spiderflow.core.kernels.formulas import allreduce_time as _allreduce_time
 
 __all__ = ["POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
 

@@ -22,8 +22,10 @@ import math
 import numpy as np
 import numpy.typing as npt
 
-from spiderflow.core.costmodel import allreduce_time, fsdp_gather_time, transfer_time
 from spiderflow.core.kernels import kernel, register_warmup
+from spiderflow.core.kernels.formulas import allreduce_time as _allreduce_time
+from spiderflow.core.kernels.formulas import fsdp_gather_time as _fsdp_gather_time
+from spiderflow.core.kernels.formulas import transfer_time as _transfer_time
 
 __all__ = [
     "C_SIZE",
@@ -42,10 +44,6 @@ __all__ = [
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
 
-# The cost model's communication formulas, compiled from their one definition in the cost model.
-_allreduce_time = kernel(allreduce_time)
-_fsdp_gather_time = kernel(fsdp_gather_time)
-_transfer_time = kernel(transfer_time)
 Picked = tuple[int, int, int, int, int, float, float]  # (t, p, d, recompute, fsdp, objective, P_in)
 
 # ``fl``: the problem's real figures.

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from spiderflow.core.kernels import kernel, register_warmup
-from spiderflow.core.kernels.level2 import _allreduce_time
+from spiderflow.core.kernels.formulas import allreduce_time as _allreduce_time
 
 __all__ = ["greedy_rows", "score_rows"]
 

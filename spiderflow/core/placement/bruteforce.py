@@ -32,6 +32,7 @@ import numpy as np
 from spiderflow.core.costmodel import GIB, RESERVED_GIB, compute_rate_tflops, evaluate
 from spiderflow.core.domain import Cluster, JobSpec, Plan, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
+from spiderflow.core.kernels.formulas import allreduce_times
 from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
 from spiderflow.core.placement.common import (
     FArr,
@@ -81,13 +82,6 @@ def count_evaluations(topo: Topology, job: JobSpec) -> int:
     return total
 
 
-def _ar(nbytes: FArr, d: IArr, gbps: FArr) -> FArr:
-    """:func:`~spiderflow.core.costmodel.allreduce_time` (no latency) elementwise over arrays."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = np.where(d > 1, 2.0 * (d - 1) / d * nbytes * 8.0 / (gbps * 1e9), 0.0)
-    return np.asarray(out, dtype=np.float64)
-
-
 def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: int) -> tuple[FArr, ...]:
     """Per option × block length ``ℓ = 0..L``: T, T/dp, Y, memory-ok (as float 0/1), GPUs, watts·price."""
     tp = np.array([o[0] for o in opts], dtype=np.int64)[:, None]
@@ -96,11 +90,11 @@ def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: i
     first, last = i == 0, i == k - 1
     fl = compute_rate_tflops(c, jc.precision) * 1e12  # the job's precision, as the cost model
     b_tp = np.where(tp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
-    ar_tp = _ar(np.full(tp.shape, jc.act), tp, b_tp)
+    ar_tp = allreduce_times(jc.act, tp, b_tp)
     t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (3.0 * jc.head_f / (tp * fl) if last else 0.0)
     params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.head_params if last else 0.0)
     b_dp = np.where(tp * dp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
-    y = _ar(jc.grad_bytes * params / tp, dp, b_dp)
+    y = allreduce_times(jc.grad_bytes * params / tp, dp, b_dp)
     inflight = np.minimum(np.ceil(jc.m / dp), k - i)
     tpf = tp.astype(np.float64)
     act = ell * jc.act_layer(tpf) + (jc.act_head(tpf) if last else 0.0)

@@ -53,7 +53,8 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
@@ -72,6 +73,7 @@ from spiderflow.core.costmodel import (
     grad_bytes_per_value,
     layer_fwd_flops,
     state_bytes_per_param,
+    transfer_time,
 )
 from spiderflow.core.domain import Cluster, JobSpec, Plan, PlanOptions, Precision, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
@@ -79,7 +81,9 @@ from spiderflow.core.kernels.fallback import POS_WIDTH, new_memo
 from spiderflow.core.kernels.fallback import evaluate_split as evaluate_split_kernel
 from spiderflow.core.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.core.kernels.fallback import optimise_split as optimise_split_kernel
+from spiderflow.core.kernels.formulas import allreduce_times, transfer_times
 from spiderflow.core.kernels.scorer import greedy_rows, score_rows
+from spiderflow.core.memo import BoundedTable
 from spiderflow.core.placement.base import Objective, PlacementResult, PlacementStatus, Planner
 
 __all__ = [
@@ -148,7 +152,7 @@ class TopoArrays:
     watts: FArr
     price: FArr
     bw: FArr
-    lat: FArr
+    lat_ms: FArr  # one-way latency between every pair, ms
     tp_cap: IArr
     flops_fp32: FArr
     flops_tf32: FArr
@@ -184,7 +188,7 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         watts=np.array([c.power_w for c in cl]),
         price=np.array([c.electricity_usd_per_kwh for c in cl]),
         bw=np.asarray(topo.bandwidth_matrix, dtype=np.float64),
-        lat=np.asarray(topo.latency_matrix, dtype=np.float64) / 1e3,
+        lat_ms=np.asarray(topo.latency_matrix, dtype=np.float64),
         tp_cap=np.array([_pow2_floor(min(_MAX_TP, c.gpus_per_node)) for c in cl], dtype=np.int64),
         flops_fp32=np.array([compute_rate_tflops(c, Precision.FP32) * 1e12 for c in cl]),
         flops_tf32=np.array([compute_rate_tflops(c, Precision.TF32) * 1e12 for c in cl]),
@@ -257,11 +261,9 @@ def transfer_matrix(ta: TopoArrays, jc: JobConsts) -> FArr:
     """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable), in the
     sending cluster's wire format and the job's precision (:meth:`JobConsts.wire_act`)."""
     sent = np.array([jc.wire_act(int(w)) for w in ta.wire], dtype=np.float64)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = sent * 8.0 / (ta.bw * 1e9) + ta.lat
-    p = np.where(ta.bw > 0, p, np.inf)
+    p = transfer_times(sent, ta.bw, ta.lat_ms)
     np.fill_diagonal(p, 0.0)
-    return np.asarray(p, dtype=np.float64)
+    return p
 
 
 def objective_value(step_s: Any, usd: Any, objective: Objective) -> Any:
@@ -302,9 +304,6 @@ class ChainScores:
 
 _TP_CHOICES = np.array([1, 2, 4, 8], dtype=np.int64)[:, None, None]
 """The tensor-parallel degrees :func:`score_chains` weighs, along a leading axis."""
-_TP_AR_COEF = 2.0 * (_TP_CHOICES - 1) / _TP_CHOICES
-"""``2(t − 1)/t``: the ring all-reduce factor of each degree (:func:`~spiderflow.core.costmodel.allreduce_time`
-over a degree axis; the scorer's tables multiply it in the formula's order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,8 +327,8 @@ def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
     precision)."""
     rate = ta.rate(jc.precision)
     fl = rate[None, :]
+    ar_tp = allreduce_times(jc.act, _TP_CHOICES[:, :, 0], ta.intra[None, :])
     with np.errstate(divide="ignore", invalid="ignore"):
-        ar_tp = np.where(_TP_CHOICES[:, :, 0] > 1, _TP_AR_COEF[:, :, 0] * jc.act * 8.0 / (ta.intra[None, :] * 1e9), 0.0)
         per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
     by_tp = np.zeros((5, 9))
@@ -404,24 +403,23 @@ class _Block:
     p_int: float  # internal boundary time
 
 
-_POSITIONS: dict[tuple[Any, ...], tuple[tuple[float, ...], tuple[int, ...]]] = {}
-_POSITIONS_MAX = 50_000
-
-
 def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """One chain position's row of the kernels' ``pos`` and ``pos_i`` (:mod:`spiderflow.core.kernels.fallback`):
     memory bytes per GPU left after the reserve, intra- and inter-node Gbit/s, ``P_int``, then per tensor
     degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
     activation bytes and head ``T`` (zeros for the degrees not tried); ``(g, GPUs per node, degrees tried)``.
-    Memoised process-wide (bounded) on the job's constants, the cluster's figures and ``g``."""
-    fl = compute_rate_tflops(c, jc.precision) * 1e12
-    gpn, intra, inter = c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps
-    wire = jc.wire_act(c.gpu_type.wire_bytes)
-    key = (jc, fl, c.gpu_memory_gib, gpn, intra, inter, wire, g)
-    hit = _POSITIONS.get(key)
-    if hit is not None:
-        return hit
-    row: list[float] = [c.gpu_memory_gib * GIB - RESERVED_GIB * GIB, intra, inter, wire * 8.0 / (inter * 1e9)]
+    Memoised process-wide (bounded, :func:`_position_row`) on the job's constants, the cluster's figures and
+    ``g``: a pure function of those values, shared by every snapshot that has such a cluster."""
+    return _position_row(jc, compute_rate_tflops(c, jc.precision) * 1e12, c.gpu_memory_gib, c.gpus_per_node,
+                         c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g)
+
+
+@lru_cache(maxsize=50_000)
+def _position_row(jc: JobConsts, fl: float, mem_gib: float, gpn: int, intra: float, inter: float, wire: float,
+                  g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """:func:`_position` of a cluster with these figures (``fl`` FLOP/s per GPU in the job's precision,
+    ``wire`` activation bytes on the wire)."""
+    row: list[float] = [mem_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
@@ -429,11 +427,7 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
         tp *= 2
     n = (len(row) - 4) // 4
     row += [0.0] * (POS_WIDTH - len(row))
-    out = (tuple(row), (g, gpn, n))
-    if len(_POSITIONS) >= _POSITIONS_MAX:
-        _POSITIONS.clear()
-    _POSITIONS[key] = out
-    return out
+    return tuple(row), (g, gpn, n)
 
 
 class _ChainEval:
@@ -450,9 +444,8 @@ class _ChainEval:
         self.slack = slack if exact_gpus else 0  # GPUs each cluster may leave unused in exact mode
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
-            bw, lat = topo.bandwidth_gbps(a, b), topo.latency_ms(a, b) / 1e3
             sent = jc.wire_act(topo.cluster(a).gpu_type.wire_bytes)
-            self.hops.append(math.inf if bw <= 0 else sent * 8.0 / (bw * 1e9) + lat)
+            self.hops.append(transfer_time(sent, topo.bandwidth_gbps(a, b), topo.latency_ms(a, b)))
         rows = [_position(jc, c, g) for c, g in zip(self.clusters, self.gpus, strict=True)]
         k = len(rows)
         self.pos = np.array([x for r in rows for x in r[0]], dtype=np.float64).reshape(k, POS_WIDTH)
@@ -805,20 +798,19 @@ def _plan_chain_uncached(
 
 
 PLAN_CACHE_SIZE = 4096
-_PLAN_CACHE: dict[tuple[Any, ...], Plan | UnschedulableError] = {}
+_PLAN_CACHE: BoundedTable[Plan | UnschedulableError] = BoundedTable(PLAN_CACHE_SIZE)
+"""Chain plans by :func:`plan_key`: a memo of a pure function keyed by value (every figure the plan depends
+on is in the key, none by identity), so it is shared across snapshots and topology revisions: a new
+revision keeps the plans of the allocations whose clusters and paths it did not change."""
 _PLAN_CACHE_STATS = {"hits": 0, "misses": 0}
 
 
-_STATIC_FIELDS: tuple[str, ...] = ()
+_STATIC_FIELDS = tuple(f.name for f in fields(Cluster) if f.name != "free_gpus")
+"""Every field of a cluster but its free GPUs (calibration fields included)."""
 
 
 def _static(c: Cluster) -> tuple[Any, ...]:
     """Every field of the cluster except its free GPUs (calibration fields included)."""
-    global _STATIC_FIELDS
-    if not _STATIC_FIELDS:
-        import dataclasses
-
-        _STATIC_FIELDS = tuple(f.name for f in dataclasses.fields(Cluster) if f.name != "free_gpus")
     return tuple(getattr(c, f) for f in _STATIC_FIELDS)
 
 
@@ -876,9 +868,7 @@ def cached_plan(
         out: Plan | UnschedulableError = planner(topo, job, allocation, objective)
     except UnschedulableError as e:
         out = e
-    if len(_PLAN_CACHE) >= PLAN_CACHE_SIZE:
-        del _PLAN_CACHE[next(iter(_PLAN_CACHE))]
-    _PLAN_CACHE[key] = out
+    _PLAN_CACHE.put(key, out)
     if isinstance(out, UnschedulableError):
         raise out
     return out
@@ -888,7 +878,7 @@ def plan_cache_clear() -> None:
     """Forget every memoised chain plan and chain-position row and reset the counters (for tests and
     benchmarks)."""
     _PLAN_CACHE.clear()
-    _POSITIONS.clear()
+    _position_row.cache_clear()
     _PLAN_CACHE_STATS.update(hits=0, misses=0)
 
 

@@ -92,6 +92,7 @@ import structlog
 
 from spiderflow.core.costmodel import activation_bytes, compute_rate_tflops, evaluate, fits_memory, wire_bytes
 from spiderflow.core.domain import JobSpec, Plan, Schedule, Stage, Topology
+from spiderflow.core.kernels.formulas import transfer_times
 from spiderflow.core.placement.base import Budget, PlacementResult, PlacementStatus, register_policy
 from spiderflow.core.placement.common import check_plan, diagnose
 
@@ -262,9 +263,7 @@ class _Fitness:
         for i, c in enumerate(cs):
             bw[i, i] = c.inter_node_gbps
             lat[i, i] = 0.0
-        with np.errstate(divide="ignore"):
-            inv = np.where(bw > 0, 1.0 / (bw * 1e9), np.inf)
-        self.edge: FArr = lat / 1e3 + 8.0 * act[:, None] * inv
+        self.edge: FArr = transfer_times(act[:, None], bw, lat)
         self.memo: dict[tuple[int, ...], tuple[float, Plan]] = {}
         self.evaluations = 0
 
