@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -72,6 +72,10 @@ class SchedulerState:
 
 MAX_REMEMBERED = 200_000
 """Decoded records kept between two :meth:`JobRepository.list` calls at most (each list keeps only live keys)."""
+
+MAX_TXN_RECORDS = 64
+"""Job records written by one :meth:`JobRepository.update_many` transaction at most (a compare and a put each:
+within etcd's default ``--max-txn-ops`` of 128)."""
 
 SubmitOps = tuple[list[Compare], list[Put]]
 """The compares and puts of one submission's transaction."""
@@ -260,6 +264,29 @@ class JobRepository:
         """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""
         rev = await self.store.compare_and_swap(keys.job_key(new.id), records.encode(new), stored.mod_revision)
         return self.remember(StoredJob(record=new, mod_revision=rev))
+
+    async def update_many(self, updates: Sequence[tuple[StoredJob, JobRecord]]) -> tuple[StoredJob, ...]:
+        """:meth:`update` of several records in as few transactions as etcd takes (:data:`MAX_TXN_RECORDS`
+        records each, every record compared on its own ``mod_revision``: invariant 4). Best effort per
+        record: one that changed since it was read is left out (its compare failed) and the others are
+        written in a retry of the transaction. Returns the records written."""
+        written: list[StoredJob] = []
+        for i in range(0, len(updates), MAX_TXN_RECORDS):
+            chunk = updates[i:i + MAX_TXN_RECORDS]
+            live = [(keys.job_key(new.id), old, new, records.encode(new)) for old, new in chunk]
+            while live:
+                try:
+                    rev = await self.store.commit([Compare(key=k, mod_revision=o.mod_revision) for k, o, _, _ in live],
+                                                  [Put(key=k, value=v) for k, _, _, v in live])
+                except CompareFailedError as e:
+                    kept = [item for item in live if item[0] not in e.current]
+                    if len(kept) == len(live):  # the store did not say which record changed: give up these
+                        break
+                    live = kept
+                    continue
+                written.extend(self.remember(StoredJob(record=new, mod_revision=rev)) for _, _, new, _ in live)
+                break
+        return tuple(written)
 
     async def bind(
         self,
