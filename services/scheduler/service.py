@@ -183,6 +183,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._queued_cache: tuple[float, int] = (-QUEUE_RECOUNT_S, 0)
         self._created_since = 0
         self._recount = asyncio.Lock()
+        self.last_submission = -math.inf
+        """``time.monotonic()`` when this replica last created a job (the leader paces its cycles by it)."""
 
     async def _get_visible(self, job_id: str, *, write: bool = False) -> StoredJob:
         """The job the caller names ``job_id`` (a tenant names its own jobs by their bare or qualified id),
@@ -257,12 +259,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             check_job_paths(spec)  # data and weights paths: refused now, not first during training
         except ValidationError as e:
             raise ValidationError(f"job.{e.field}", e.reason, e.value) from None
-        if tenant not in authz.UNSET_TENANTS and tenant != spec.tenant:
-            spec = replace(spec, tenant=tenant)
-        if current_principal() is not None and ids.SEP not in spec.id:
-            # job ids are namespaced per tenant (spiderflow.security.ids); a server that does not
-            # authenticate has no tenants to tell apart and keeps ids as given
-            spec = replace(spec, id=ids.qualify(spec.tenant, spec.id))
+        owner = tenant if tenant not in authz.UNSET_TENANTS else spec.tenant
+        # job ids are namespaced per tenant (spiderflow.security.ids); a server that does not authenticate
+        # has no tenants to tell apart and keeps ids as given
+        job_id = ids.qualify(owner, spec.id) if current_principal() is not None and ids.SEP not in spec.id \
+            else spec.id
+        if owner != spec.tenant or job_id != spec.id:
+            spec = replace(spec, tenant=owner, id=job_id)  # one more validation of the spec, not one per change
         if request.policy:
             from spiderflow.core.placement import get_policy
 
@@ -280,7 +283,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if created:
             self._created_since += 1
             self._created_by[spec.tenant] = self._created_by.get(spec.tenant, 0) + 1
-            log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
+            self.last_submission = time.monotonic()
+            if self.batcher is None:  # the batcher logs one line per transaction, naming every job it created
+                log.info("scheduler.submitted", jobs=[spec.id], tenants=[spec.tenant],
+                         request_ids=[request.request_id])
             self._poke()
         return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)
 
