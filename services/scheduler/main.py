@@ -411,6 +411,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
+    if not 0.0 < args.busy_cycle_share <= 1.0:
+        raise ValidationError("--busy-cycle-share", "must be in (0, 1]", args.busy_cycle_share)
     retention = policy_from_args(args)
     security = server_security(args, host=host)
     store = EtcdStore(args.etcd, **etcd_options(args))

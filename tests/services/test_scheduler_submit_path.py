@@ -156,3 +156,13 @@ async def test_list_jobs_pages_with_a_cursor_in_submission_order_even_when_jobs_
                 assert "page_token" in (err.value.details() or "")
     finally:
         await server.stop(grace_s=0)
+
+
+def test_a_busy_cycle_share_outside_its_range_is_a_one_line_cli_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from spiderflow.cli.main import main
+
+    code = main(["serve", "scheduler", "--etcd", "127.0.0.1:1", "--topology", "examples/topology-3.yaml",
+                 "--listen", "127.0.0.1:0", "--busy-cycle-share", "1.5"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and [line.lower() for line in err.splitlines()] == \
+        ["error: --busy-cycle-share: must be in (0, 1] (got 1.5)"]
