@@ -11,8 +11,8 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
-import structlog
 
+from services.scheduler import batching
 from services.scheduler.batching import SubmitBatcher
 from services.scheduler.cycle import SchedulingCycle
 from services.scheduler.main import BURST_SUBMISSIONS, SchedulerReplica
@@ -83,7 +83,22 @@ async def test_a_cycle_writes_its_notes_in_one_transaction_per_64_records() -> N
     assert sorted(store.job_commits) == sorted([1, MAX_TXN_RECORDS, 79 - MAX_TXN_RECORDS])  # the bind, 2 note txns
 
 
-async def test_a_submit_transaction_leaves_one_audit_line_naming_every_job_it_created() -> None:
+class _Lines:
+    """Records what a module logs (independent of the process's structlog configuration)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def info(self, event: str, **kw: Any) -> None:
+        self.events.append({"event": event, **kw})
+
+    debug = warning = info
+
+
+async def test_a_submit_transaction_leaves_one_audit_line_naming_every_job_it_created(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = _Lines()
+    monkeypatch.setattr(batching, "log", logs)
     store = CountingStore()
     batcher = SubmitBatcher(JobRepository(store))
     store.gate.clear()  # the first submission's transaction waits: the next five queue behind it
@@ -91,11 +106,10 @@ async def test_a_submit_transaction_leaves_one_audit_line_naming_every_job_it_cr
     await asyncio.sleep(0.01)
     rest = [asyncio.ensure_future(batcher.submit(_spec(i, "b" if i % 2 else "a"), f"req-{i}")) for i in range(1, 6)]
     await asyncio.sleep(0.01)
-    with structlog.testing.capture_logs() as logs:
-        store.gate.set()
-        outcomes = await asyncio.gather(first, *rest)
+    store.gate.set()
+    outcomes = await asyncio.gather(first, *rest)
     assert all(created for _, created in outcomes)
-    lines = [e for e in logs if e["event"] == "scheduler.submitted"]
+    lines = [e for e in logs.events if e["event"] == "scheduler.submitted"]
     assert [len(e["jobs"]) for e in lines] == [1, 5]  # one line per transaction
     assert lines[1]["jobs"] == [f"{'b' if i % 2 else 'a'}~job-{i:03d}" for i in range(1, 6)]
     assert lines[1]["tenants"] == ["b" if i % 2 else "a" for i in range(1, 6)]
