@@ -74,6 +74,9 @@ BUSY_CYCLE_SHARE = 0.25
 time. A cycle costs time in proportion to the queue and competes with SubmitJob for the same core; during a
 burst most of what it would decide is the same again (the new jobs queue behind the head), so its pace, not
 its outcome, changes. Jobs that finished and topology changes still wake it, at that pace."""
+BUSY_PAUSE_MAX_S = 5.0
+"""The longest pause the pacing puts between the end of a cycle and the next one (a long cycle, e.g. a big
+job's search, does not hold back the next one by four times its length)."""
 BURST_SUBMISSIONS = 16
 """A burst: at least this many submissions accepted while the last cycle ran (a few submissions now and
 then never delay a cycle)."""
@@ -99,8 +102,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="min seconds between cycle starts (wakes in between coalesce)")
     p.add_argument("--busy-cycle-share", type=float, default=BUSY_CYCLE_SHARE,
                    help="during a burst of submissions, scheduling cycles take at most this share of the leader's "
-                        "time: the next cycle starts no earlier than the last one's duration / share (at most "
-                        "--cycle-interval) after it started (1 = cycles back to back)")
+                        "time: the next cycle starts no earlier than the last one's duration / share after it "
+                        "started (a pause of at most 5 s; 1 = cycles back to back)")
     p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
     p.add_argument("--max-queued", type=int, default=10_000)
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
@@ -374,10 +377,12 @@ class SchedulerReplica:
     def _cycle_gap(self, last_cycle_s: float, submitted: int) -> float:
         """Least seconds between the start of the last cycle and the next one: ``--min-cycle-interval``; and
         when the last cycle (which took ``last_cycle_s``) saw a burst (``submitted`` ≥ :data:`BURST_SUBMISSIONS`
-        jobs created meanwhile), ``last_cycle_s / --busy-cycle-share``, at most ``--cycle-interval``."""
+        jobs created meanwhile), ``last_cycle_s / --busy-cycle-share``, with a pause after it of at most
+        :data:`BUSY_PAUSE_MAX_S`."""
         gap = self.min_cycle_interval
         if self.busy_cycle_share < 1.0 and submitted >= BURST_SUBMISSIONS:
-            gap = max(gap, min(self.cycle_interval, last_cycle_s / self.busy_cycle_share))
+            pause = last_cycle_s * (1.0 / self.busy_cycle_share - 1.0)
+            gap = max(gap, last_cycle_s + min(BUSY_PAUSE_MAX_S, pause))
         return gap
 
     async def _retain(self) -> None:
