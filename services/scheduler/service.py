@@ -578,7 +578,7 @@ def _parse_page_token(token: str) -> tuple[float, str]:
         if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(job_id, str):
             raise ValueError
         return float(at), job_id
-    except (ValueError, TypeError, UnicodeError):
+    except (ValueError, TypeError, OverflowError):
         raise ValidationError("page_token", "is not a token this server issued", token[:64]) from None
 
 

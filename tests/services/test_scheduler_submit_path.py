@@ -5,6 +5,7 @@ naming every job it created, and while submissions arrive cycles are paced by th
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 from typing import Any
 
@@ -163,7 +164,8 @@ async def test_list_jobs_pages_with_a_cursor_in_submission_order_even_when_jobs_
                 if not token:
                     break
             assert seen == [f"t~job-{i:03d}" for i in range(26)]
-            for bad in ("10", "bm90IGpzb24", "WzEsIDJd", "!"):  # an offset, not JSON, [1, 2], not base64
+            huge = base64.urlsafe_b64encode(f'[{"9" * 400}, "x"]'.encode()).decode()  # no float that large
+            for bad in ("10", "bm90IGpzb24", "WzEsIDJd", "!", huge):  # an offset, not JSON, [1, 2], not base64
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await stub.ListJobs(scheduler_pb2.ListJobsRequest(page_token=bad), timeout=5)
                 assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
