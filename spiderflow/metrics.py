@@ -106,14 +106,15 @@ def observe_cycle(decisions: Iterable[Any], *, queued: int) -> None:
     """Record one scheduling cycle: its decisions (``kind`` and ``seconds`` attributes, as
     :class:`services.scheduler.cycle.Decision`) and the number of jobs still queued after it."""
     SCHEDULER_CYCLES.inc()
-    placed = 0
+    counts: dict[str, int] = {}
     for d in decisions:
         kind = str(d.kind)
-        SCHEDULER_DECISIONS.labels(kind=kind).inc()
+        counts[kind] = counts.get(kind, 0) + 1
         if d.seconds > 0:  # a policy ran (decisions made without one take no time)
             SCHEDULER_DECISION_SECONDS.labels(kind=kind).observe(d.seconds)
-        if kind == "placed":
-            placed += 1
+    for kind, n in counts.items():  # one series lookup per kind, not per decision (a queue of 10^4 jobs)
+        SCHEDULER_DECISIONS.labels(kind=kind).inc(n)
+    placed = counts.get("placed", 0)
     SCHEDULER_PLACEMENTS.inc(placed)
     SCHEDULER_QUEUE_LENGTH.set(max(0, queued - placed))
 

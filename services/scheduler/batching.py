@@ -23,6 +23,9 @@ Per submission the outcome is exactly that of :meth:`~services.scheduler.repo.Jo
   with the same error; a retry with the same request id is safe as always;
 - a caller that gave up (its call was cancelled) before its flush started is not written.
 
+Every transaction that created jobs leaves one audit line (``scheduler.submitted``) naming each job it created
+with its tenant and request id, and the revision that holds them: one line per transaction, not per job.
+
 Transactions stay within etcd's default ``--max-txn-ops`` (128) with ``max_batch`` = 64 (two compares
 and two puts per submission) and well under its request size limit (1.5 MiB) with ``max_bytes``.
 """
@@ -63,6 +66,13 @@ class _Item:
     puts: list[Put]
     size: int
     fut: asyncio.Future[Outcome] = field(repr=False)
+
+
+def _log_created(created: list[JobRecord], revision: int) -> None:
+    """The audit line of one transaction: every job it created, with its tenant and request id (in the same
+    order), and the etcd revision that holds them. One line per transaction, not one per job."""
+    log.info("scheduler.submitted", jobs=[r.id for r in created], tenants=[r.spec.tenant for r in created],
+             request_ids=[r.request_id for r in created], revision=revision)
 
 
 def _settle(fut: asyncio.Future[Outcome], outcome: Outcome | BaseException) -> None:
@@ -151,8 +161,7 @@ class SubmitBatcher:
                     continue
                 for it in live:
                     _settle(it.fut, (self.repo.remember(StoredJob(record=it.record, mod_revision=rev)), True))
-                if len(live) > 1:
-                    log.debug("scheduler.submit_batch", jobs=len(live), revision=rev)
+                _log_created([it.record for it in live], rev)
                 return
         except asyncio.CancelledError:
             err = UnavailableError("the scheduler is stopping; retry the submission")
@@ -169,6 +178,8 @@ class SubmitBatcher:
             found = await self.repo.existing_submission(it.record)
             outcome: Outcome | BaseException = (found, False) if found is not None else \
                 await self.repo.submit_record(it.record)  # the keys vanished meanwhile: write it now
+            if not isinstance(outcome, BaseException) and outcome[1]:
+                _log_created([it.record], outcome[0].mod_revision)
         except Exception as e:
             outcome = e
         _settle(it.fut, outcome)

@@ -34,7 +34,6 @@ decision's wall time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -344,7 +343,8 @@ class SchedulingCycle:
             report.seconds = time.perf_counter() - t_start
             return report
         report.cycle = result
-        # 8. bind the placements in order with compare-and-swap; write the waits and the notes
+        # 8. bind the placements in order with compare-and-swap; write the waits; then the notes, batched
+        notes: list[tuple[StoredJob, JobRecord]] = []
         for d in result.decisions:
             sj = by_id[d.job_id]
             if d.tried and d.outcome is not Outcome.PLACE:
@@ -364,7 +364,10 @@ class SchedulingCycle:
                 log.info("scheduler.waiting", job=d.job_id, until=d.wait.until, reason=d.reason)
             decision = Decision(job_id=d.job_id, kind=_kind(d), reason=d.reason, seconds=d.seconds)
             report.decisions.append(decision)
-            await self._note(sj, decision)
+            note = self._note(sj, decision)
+            if note is not None:
+                notes.append((sj, note))
+        await self.repo.update_many(notes)  # queued jobs changed meanwhile (cancelled, re-bound) are left alone
         report.seconds = time.perf_counter() - t_start
         metrics.observe_cycle(report.decisions, queued=len(queue))
         log.info("scheduler.cycle", topology_revision=topo.revision, queued=len(queue), placed=len(report.placed),
@@ -540,8 +543,10 @@ class SchedulingCycle:
                 allocs[c], alloc_revs[c] = current, rev
         return None
 
-    async def _note(self, sj: StoredJob, decision: Decision) -> None:
-        """Record why a queued job was not placed (only when the reason changed: no write storms)."""
+    def _note(self, sj: StoredJob, decision: Decision) -> JobRecord | None:
+        """The record saying why a queued job was not placed, to be written (only when the reason changed: no
+        write storms; at most :data:`NOTE_WRITES_PER_CYCLE` a cycle). The cycle writes its notes together
+        (:meth:`JobRepository.update_many`: one transaction per 64 records, each compared on its own revision)."""
         r = sj.record
         if decision.kind is DecisionKind.UNRESOLVABLE:
             reason = f"cannot fit this topology: {decision.reason}"
@@ -549,5 +554,5 @@ class SchedulingCycle:
             reason = decision.reason
         if reason and reason != r.reason and self._notes_left > 0:
             self._notes_left -= 1
-            with contextlib.suppress(CompareFailedError):
-                await self.repo.update(sj, r.with_reason(reason, now=self.clock()))
+            return r.with_reason(reason, now=self.clock())
+        return None

@@ -42,7 +42,7 @@ from services.scheduler.repo import JobRepository, StoredJob
 from services.scheduler.retention import RetentionPolicy, add_retention_arguments, policy_from_args, sweep
 from services.scheduler.service import SchedulerService
 from services.scheduler.topology_source import StaticTopologySource, TopologyServiceSource, TopologySource
-from spiderflow.core.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError
+from spiderflow.core.errors import ConflictError, NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.core.kernels import warm as warm_kernels
 from spiderflow.core.placement import Budget
 from spiderflow.core.placement.base import Planner
@@ -69,6 +69,18 @@ CAMPAIGN_RETRY_MAX_S = 2.0
 within 2 s)."""
 CAMPAIGN_WARN_EVERY_S = 30.0
 
+BUSY_CYCLE_SHARE = 0.25
+"""Default ``--busy-cycle-share``: during a burst of submissions, cycles take at most a quarter of the leader's
+time. A cycle costs time in proportion to the queue and competes with SubmitJob for the same core; during a
+burst most of what it would decide is the same again (the new jobs queue behind the head), so its pace, not
+its outcome, changes. Jobs that finished and topology changes still wake it, at that pace."""
+BUSY_PAUSE_MAX_S = 5.0
+"""The longest pause the pacing puts between the end of a cycle and the next one (a long cycle, e.g. a big
+job's search, does not hold back the next one by four times its length)."""
+BURST_SUBMISSIONS = 16
+"""A burst: at least this many submissions accepted while the last cycle ran (a few submissions now and
+then never delay a cycle)."""
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", required=True, help="etcd endpoint host:port")
@@ -88,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cycle-interval", type=float, default=5.0, help="max seconds between cycles")
     p.add_argument("--min-cycle-interval", type=float, default=0.2,
                    help="min seconds between cycle starts (wakes in between coalesce)")
+    p.add_argument("--busy-cycle-share", type=float, default=BUSY_CYCLE_SHARE,
+                   help="during a burst of submissions, scheduling cycles take at most this share of the leader's "
+                        "time: the next cycle starts no earlier than the last one's duration / share after it "
+                        "started (a pause of at most 5 s; 1 = cycles back to back)")
     p.add_argument("--lease-ttl", type=int, default=3, help="leader lease TTL in seconds")
     p.add_argument("--max-queued", type=int, default=10_000)
     p.add_argument("--time-limit", type=float, default=30.0, help="search time limit of ilp/genetic policies")
@@ -220,7 +236,13 @@ class SchedulerReplica:
                  wait_for_releases: bool = False, level2: Level2 = "exact",
                  tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S,
                  retention: RetentionPolicy | None = None, retention_interval_s: float = 60.0,
-                 observer: JobObserver | None = None, warm: Callable[[], None] | None = warm_kernels) -> None:
+                 observer: JobObserver | None = None, warm: Callable[[], None] | None = warm_kernels,
+                 busy_cycle_share: float = 1.0, submissions: Callable[[], int] | None = None) -> None:
+        if not 0.0 < busy_cycle_share <= 1.0:
+            raise ValidationError("--busy-cycle-share", "must be in (0, 1]", busy_cycle_share)
+        self.busy_cycle_share = busy_cycle_share
+        self.submissions = submissions
+        """How many jobs this replica's job API has created so far (cycles are paced during bursts)."""
         self.store = store
         self.warm = warm
         self.retention = retention
@@ -316,6 +338,7 @@ class SchedulerReplica:
             self.wake.set()
             loop = asyncio.get_running_loop()
             last_cycle = loop.time() - self.min_cycle_interval
+            last_cycle_s, submitted = 0.0, 0
             while not lost.is_set() and not stop.is_set():
                 # A job waiting for releases is due at its wait's end: sleep no longer than that.
                 timeout = self.cycle_interval
@@ -328,10 +351,12 @@ class SchedulerReplica:
                     return
                 # Wakes that arrive within --min-cycle-interval of the last cycle start coalesce into one
                 # cycle: a burst of submissions costs one cycle, not one per submission.
-                pause = last_cycle + self.min_cycle_interval - loop.time()
+                # During a burst of submissions, cycles are also paced by their own duration (--busy-cycle-share).
+                pause = last_cycle + self._cycle_gap(last_cycle_s, submitted) - loop.time()
                 if pause > 0:
                     await asyncio.sleep(pause)
                 last_cycle = loop.time()
+                before = self.submissions() if self.submissions is not None else 0
                 self.wake.clear()
                 try:
                     report = await self.cycle.run()
@@ -340,12 +365,25 @@ class SchedulerReplica:
                 except UnavailableError as e:
                     log.warning("scheduler.cycle_unavailable", error=str(e))
                     await asyncio.sleep(0.5)
+                last_cycle_s = loop.time() - last_cycle
+                submitted = (self.submissions() if self.submissions is not None else 0) - before
         finally:
             watcher.cancel()
             if retainer is not None:
                 retainer.cancel()
                 with contextlib.suppress(BaseException):
                     await retainer
+
+    def _cycle_gap(self, last_cycle_s: float, submitted: int) -> float:
+        """Least seconds between the start of the last cycle and the next one: ``--min-cycle-interval``; and
+        when the last cycle (which took ``last_cycle_s``) saw a burst (``submitted`` ≥ :data:`BURST_SUBMISSIONS`
+        jobs created meanwhile), ``last_cycle_s / --busy-cycle-share``, with a pause after it of at most
+        :data:`BUSY_PAUSE_MAX_S`."""
+        gap = self.min_cycle_interval
+        if self.busy_cycle_share < 1.0 and submitted >= BURST_SUBMISSIONS:
+            pause = last_cycle_s * (1.0 / self.busy_cycle_share - 1.0)
+            gap = max(gap, last_cycle_s + min(BUSY_PAUSE_MAX_S, pause))
+        return gap
 
     async def _retain(self) -> None:
         """While leader: delete the finished jobs the retention policy no longer keeps, at once and then every
@@ -378,6 +416,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
     host, port = parse_hostport(args.listen, field="--listen")
     parse_hostport(args.etcd, field="--etcd")
+    if not 0.0 < args.busy_cycle_share <= 1.0:
+        raise ValidationError("--busy-cycle-share", "must be in (0, 1]", args.busy_cycle_share)
     retention = policy_from_args(args)
     security = server_security(args, host=host)
     store = EtcdStore(args.etcd, **etcd_options(args))
@@ -408,6 +448,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         replan_threshold=args.replan_threshold, wait_for_releases=args.wait_for_releases, level2=args.level2,
         tenant_quota=quota, stale_s=args.stale_after,
         retention=retention, retention_interval_s=args.retention_interval, observer=service.observer,
+        busy_cycle_share=args.busy_cycle_share, submissions=lambda: service.created,
     )
     dashboard = await start_scheduler_dashboard(args, repo, topology, service.observer)
     write_ready_file(Path(args.ready_file) if args.ready_file else None, address=server.address,

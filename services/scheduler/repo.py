@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import structlog
@@ -73,6 +73,10 @@ class SchedulerState:
 MAX_REMEMBERED = 200_000
 """Decoded records kept between two :meth:`JobRepository.list` calls at most (each list keeps only live keys)."""
 
+MAX_TXN_RECORDS = 64
+"""Job records written by one :meth:`JobRepository.update_many` transaction at most (a compare and a put each:
+within etcd's default ``--max-txn-ops`` of 128)."""
+
 SubmitOps = tuple[list[Compare], list[Put]]
 """The compares and puts of one submission's transaction."""
 
@@ -106,6 +110,7 @@ class JobRepository:
         # ever the expected value of a compare: a stale entry fails the compare and is read again.
         self._alloc_cache: dict[str, tuple[dict[str, int], int]] = {}
         self._alloc_locks: dict[str, asyncio.Lock] = {}
+        self._snapshot_revision = 0  # the revision of the last snapshot (0: none yet)
 
     def remember(self, stored: StoredJob) -> StoredJob:
         """Note a record this process wrote at its revision, so :meth:`list` and :meth:`count_in` need not
@@ -138,18 +143,52 @@ class JobRepository:
         self._decoded = decoded  # records are immutable: a (key, mod_revision) always decodes the same
         return out
 
+    def _jobs_since(self, changed: Iterable[KeyValue], present: Mapping[str, int]) -> list[StoredJob] | None:
+        """Every job of a read that brought only the records modified since the previous snapshot
+        (``changed``) and every key's ``mod_revision`` (``present``): the others are the records decoded
+        before at the same revision. ``None`` when one of those is not at hand (the caller reads all)."""
+        fresh = {kv.key: kv for kv in changed}
+        out: list[StoredJob] = []
+        decoded: dict[str, tuple[int, JobRecord]] = {}
+        for key, mod in present.items():
+            kv = fresh.get(key)
+            if kv is not None and kv.mod_revision == mod:
+                record = self._record(kv)  # decoded (and validated) once, as every record read
+            else:
+                hit = self._decoded.get(key)
+                if hit is None or hit[0] != mod:
+                    return None
+                record = hit[1]
+            decoded[key] = (mod, record)
+            out.append(StoredJob(record=record, mod_revision=mod))
+        self._decoded = decoded
+        return out
+
     async def list(self) -> tuple[list[StoredJob], int]:
         """Every job (sorted by id) and the revision of the read."""
         items, rev = await self.store.get_prefix(keys.JOBS)
         return self._jobs(items), rev
 
     async def snapshot(self) -> SchedulerState:
-        """The jobs, the allocations and the waits in ONE read at ONE revision (:class:`SchedulerState`)."""
-        items, rev = await self.store.get_prefixes((keys.JOBS, keys.ALLOCATIONS, keys.WAITS))
+        """The jobs, the allocations and the waits in ONE read at ONE revision (:class:`SchedulerState`).
+
+        After the first, a snapshot reads the values of the job records modified since the previous one only
+        (and every job key's revision): the rest are the records this process decoded then, unchanged since
+        (a key at a ``mod_revision`` always holds the same record). When one is not at hand, everything is
+        read again. A cycle therefore costs etcd and this process little per job that did not change."""
+        prefixes = (keys.JOBS, keys.ALLOCATIONS, keys.WAITS)
+        jobs: list[StoredJob] | None = None
+        if self._snapshot_revision:
+            items, present, rev = await self.store.get_prefixes_changed(prefixes,
+                                                                         {keys.JOBS: self._snapshot_revision})
+            jobs = self._jobs_since(items.get(keys.JOBS, []), present[keys.JOBS])
+        if jobs is None:
+            items, rev = await self.store.get_prefixes(prefixes)
+            jobs = self._jobs(items.get(keys.JOBS, []))
+        self._snapshot_revision = rev
         allocs, revs = self._allocations(items.get(keys.ALLOCATIONS, []))
         waits = {keys.parse(kv.key).job: _decode_wait(kv) for kv in items.get(keys.WAITS, [])}
-        return SchedulerState(jobs=self._jobs(items.get(keys.JOBS, [])), allocations=allocs,
-                              allocation_revisions=revs, waits=waits, revision=rev)
+        return SchedulerState(jobs=jobs, allocations=allocs, allocation_revisions=revs, waits=waits, revision=rev)
 
     async def count_in(self, states: Iterable[JobState]) -> int:
         """How many jobs are in one of ``states`` (reads only each record's state: cheap at 10^4 jobs)."""
@@ -260,6 +299,29 @@ class JobRepository:
         """CAS-write a record that holds no GPUs before and after (reason or progress updates)."""
         rev = await self.store.compare_and_swap(keys.job_key(new.id), records.encode(new), stored.mod_revision)
         return self.remember(StoredJob(record=new, mod_revision=rev))
+
+    async def update_many(self, updates: Sequence[tuple[StoredJob, JobRecord]]) -> tuple[StoredJob, ...]:
+        """:meth:`update` of several records in as few transactions as etcd takes (:data:`MAX_TXN_RECORDS`
+        records each, every record compared on its own ``mod_revision``: invariant 4). Best effort per
+        record: one that changed since it was read is left out (its compare failed) and the others are
+        written in a retry of the transaction. Returns the records written."""
+        written: list[StoredJob] = []
+        for i in range(0, len(updates), MAX_TXN_RECORDS):
+            chunk = updates[i:i + MAX_TXN_RECORDS]
+            live = [(keys.job_key(new.id), old, new, records.encode(new)) for old, new in chunk]
+            while live:
+                try:
+                    rev = await self.store.commit([Compare(key=k, mod_revision=o.mod_revision) for k, o, _, _ in live],
+                                                  [Put(key=k, value=v) for k, _, _, v in live])
+                except CompareFailedError as e:
+                    kept = [item for item in live if item[0] not in e.current]
+                    if len(kept) == len(live):  # the store did not say which record changed: give up these
+                        break
+                    live = kept
+                    continue
+                written.extend(self.remember(StoredJob(record=new, mod_revision=rev)) for _, _, new, _ in live)
+                break
+        return tuple(written)
 
     async def bind(
         self,

@@ -11,8 +11,9 @@ Any replica answers every RPC (all state is in etcd; writes are compare-and-swap
   tenant-qualified id (``alice~train``) and request ids are scoped per tenant, so nothing a tenant
   submits reveals or touches another tenant's jobs. Validation happens before anything is written
   (INVALID_ARGUMENT naming the field), so etcd never holds a part of a malformed job.
-- GetJob / ListJobs (state and tenant filters, pages in submission order) / WatchJob (the record, then
-  every state change and, on request, progress, until a terminal state) / CancelJob (releases GPUs;
+- GetJob / ListJobs (state and tenant filters, pages in submission order, each token a cursor after the
+  previous page's last job) / WatchJob (the record, then every state change and, on request, progress,
+  until a terminal state) / CancelJob (releases GPUs;
   FAILED_PRECONDITION for a finished job).
 - ReportProgress: agents report steps and worker outcomes; stale attempts are ignored. Reports are
   validated against the job (steps within the job's, finite numbers) and an agent reports outcomes only
@@ -38,7 +39,10 @@ DEADLINE_EXCEEDED; every etcd call also has the store's own ``request_timeout``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
+import heapq
+import json
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -183,6 +187,8 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         self._queued_cache: tuple[float, int] = (-QUEUE_RECOUNT_S, 0)
         self._created_since = 0
         self._recount = asyncio.Lock()
+        self.created = 0
+        """Jobs this replica created so far (the leader paces its cycles during bursts by it)."""
 
     async def _get_visible(self, job_id: str, *, write: bool = False) -> StoredJob:
         """The job the caller names ``job_id`` (a tenant names its own jobs by their bare or qualified id),
@@ -257,12 +263,13 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             check_job_paths(spec)  # data and weights paths: refused now, not first during training
         except ValidationError as e:
             raise ValidationError(f"job.{e.field}", e.reason, e.value) from None
-        if tenant not in authz.UNSET_TENANTS and tenant != spec.tenant:
-            spec = replace(spec, tenant=tenant)
-        if current_principal() is not None and ids.SEP not in spec.id:
-            # job ids are namespaced per tenant (spiderflow.security.ids); a server that does not
-            # authenticate has no tenants to tell apart and keeps ids as given
-            spec = replace(spec, id=ids.qualify(spec.tenant, spec.id))
+        owner = tenant if tenant not in authz.UNSET_TENANTS else spec.tenant
+        # job ids are namespaced per tenant (spiderflow.security.ids); a server that does not authenticate
+        # has no tenants to tell apart and keeps ids as given
+        job_id = ids.qualify(owner, spec.id) if current_principal() is not None and ids.SEP not in spec.id \
+            else spec.id
+        if owner != spec.tenant or job_id != spec.id:
+            spec = replace(spec, tenant=owner, id=job_id)  # one more validation of the spec, not one per change
         if request.policy:
             from spiderflow.core.placement import get_policy
 
@@ -280,7 +287,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if created:
             self._created_since += 1
             self._created_by[spec.tenant] = self._created_by.get(spec.tenant, 0) + 1
-            log.info("scheduler.submitted", job=spec.id, tenant=spec.tenant, request_id=request.request_id)
+            self.created += 1
+            if self.batcher is None:  # the batcher logs one line per transaction, naming every job it created
+                log.info("scheduler.submitted", jobs=[spec.id], tenants=[spec.tenant],
+                         request_ids=[request.request_id])
             self._poke()
         return scheduler_pb2.SubmitJobResponse(job=job_to_proto(stored), created=created)
 
@@ -298,21 +308,17 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
         if request.page_size < 0:
             raise ValidationError("page_size", "must be ≥ 0", request.page_size)
         size = min(request.page_size or DEFAULT_PAGE, MAX_PAGE)
-        try:
-            offset = int(request.page_token or "0")
-            if offset < 0:
-                raise ValueError
-        except ValueError:
-            raise ValidationError("page_token", "is not a token this server issued", request.page_token) from None
+        after = _parse_page_token(request.page_token) if request.page_token else None
         states = {JobState(convert.job_state_from_proto(s, field="states").upper()) for s in request.states}
         tenant = authz.authorize_list(current_principal(), request.tenant)
         stored, _ = await self.repo.list()
         rows = [s for s in stored
-                if (not states or s.record.state in states) and (not tenant or s.record.spec.tenant == tenant)]
-        rows.sort(key=lambda s: (s.record.created_at, s.record.id))
-        page = rows[offset: offset + size]
-        nxt = str(offset + size) if offset + size < len(rows) else ""
-        return scheduler_pb2.ListJobsResponse(jobs=[job_to_proto(s) for s in page], next_page_token=nxt)
+                if (not states or s.record.state in states) and (not tenant or s.record.spec.tenant == tenant)
+                and (after is None or _order(s) > after)]
+        # the page's rows only (and one more: is there a next page?), not a sort of every job for every page
+        page = heapq.nsmallest(size + 1, rows, key=_order)
+        nxt = _page_token(_order(page[size - 1])) if len(page) > size else ""
+        return scheduler_pb2.ListJobsResponse(jobs=[job_to_proto(s) for s in page[:size]], next_page_token=nxt)
 
     async def WatchJob(
         self, request: scheduler_pb2.WatchJobRequest, context: grpc.aio.ServicerContext
@@ -552,6 +558,28 @@ def _of_last_stage(ev: types_pb2.ProgressEvent, r: JobRecord) -> bool:
 def _clusters(r: JobRecord) -> set[str]:
     """Clusters that run (or ran) a stage of the job: its allocation and its plan's stages."""
     return set(r.allocation) | ({st.cluster for st in r.plan.stages} if r.plan is not None else set())
+
+
+def _order(sj: StoredJob) -> tuple[float, str]:
+    """ListJobs' order: submission time, then id."""
+    return sj.record.created_at, sj.record.id
+
+
+def _page_token(last: tuple[float, str]) -> str:
+    """The cursor after the row ``last`` (opaque to clients): the next page starts after it, so jobs created
+    or deleted between two pages never shift a row into the next page twice or out of it."""
+    return base64.urlsafe_b64encode(json.dumps(list(last)).encode()).decode()
+
+
+def _parse_page_token(token: str) -> tuple[float, str]:
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token.encode()))
+        at, job_id = doc
+        if not isinstance(at, int | float) or isinstance(at, bool) or not isinstance(job_id, str):
+            raise ValueError
+        return float(at), job_id
+    except (ValueError, TypeError, OverflowError):
+        raise ValidationError("page_token", "is not a token this server issued", token[:64]) from None
 
 
 def _require_id(job_id: str) -> None:

@@ -22,6 +22,8 @@ Operations (all ``async``; all may raise :class:`~spiderflow.core.errors.Unavail
   with no gap and no duplicate (list-then-watch).
 - ``get_prefixes(prefixes)`` → ``({prefix: items sorted by key}, revision)``: several prefixes read
   atomically at one revision (one consistent snapshot, e.g. clusters + profiles + links).
+- ``get_prefixes_changed(prefixes, changed_after)``: the same read, with values only of the keys modified
+  after a given revision under the prefixes named (and every key's ``mod_revision``).
 - ``revision()`` → the current revision.
 - ``put(key, value, lease=None)`` → revision of the write.
 - ``put_if_absent(key, value, lease=None)`` → revision; raises
@@ -625,6 +627,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_prefixes(self, prefixes: Sequence[str]) -> tuple[dict[str, list[KeyValue]], int]:
         """Several prefixes read atomically at one revision: ``({prefix: items by key}, revision)``."""
+
+    async def get_prefixes_changed(
+        self, prefixes: Sequence[str], changed_after: Mapping[str, int],
+    ) -> tuple[dict[str, list[KeyValue]], dict[str, dict[str, int]], int]:
+        """:meth:`get_prefixes`, where for each prefix ``p`` of ``changed_after`` only the keys modified after
+        revision ``changed_after[p]`` come with their values; ``({prefix: items by key}, {p: {key:
+        mod_revision} of every key under p}, revision)``, all at one revision. A reader that holds the
+        values of an earlier read at revision ``changed_after[p]`` has the whole prefix again without
+        reading what did not change. (This default reads everything; etcd reads only what changed.)"""
+        items, rev = await self.get_prefixes(prefixes)
+        present = {p: {kv.key: kv.mod_revision for kv in items[p]} for p in changed_after}
+        changed = {p: [kv for kv in kvs if kv.mod_revision > changed_after.get(p, 0)] for p, kvs in items.items()}
+        return changed, present, rev
 
     @abc.abstractmethod
     async def revision(self) -> int:

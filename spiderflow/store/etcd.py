@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -548,6 +548,30 @@ class EtcdStore(Store):
         resp = await self._unary("Txn", rpc.TxnRequest(success=ops))
         out = {p: [_kv(m) for m in r.response_range.kvs] for p, r in zip(unique, resp.responses, strict=True)}
         return out, int(resp.header.revision)
+
+    async def get_prefixes_changed(
+        self, prefixes: Sequence[str], changed_after: Mapping[str, int],
+    ) -> tuple[dict[str, list[KeyValue]], dict[str, dict[str, int]], int]:
+        unique = list(dict.fromkeys(prefixes))
+        ops = []
+        for p in unique:
+            rng = self._prefix_range(p)
+            if p in changed_after:  # every key without its value, then the values of those modified since
+                keys_only = rpc.RangeRequest()
+                keys_only.CopyFrom(rng)
+                keys_only.keys_only = True
+                ops.append(rpc.RequestOp(request_range=keys_only))
+                rng.min_mod_revision = changed_after[p] + 1
+            ops.append(rpc.RequestOp(request_range=rng))
+        resp = await self._unary("Txn", rpc.TxnRequest(success=ops))
+        results = iter(resp.responses)
+        changed: dict[str, list[KeyValue]] = {}
+        present: dict[str, dict[str, int]] = {}
+        for p in unique:
+            if p in changed_after:
+                present[p] = {bytes(m.key).decode(): int(m.mod_revision) for m in next(results).response_range.kvs}
+            changed[p] = [_kv(m) for m in next(results).response_range.kvs]
+        return changed, present, int(resp.header.revision)
 
     async def revision(self) -> int:
         resp = await self._unary("Range", rpc.RangeRequest(key=b"\0", limit=1, count_only=True))

@@ -603,6 +603,44 @@ Record = (Registration | PeerAddress | LeaseOwner | ProfileRecord | LinkRecord |
 # ---------------------------------------------------------------------------------------------- jobs
 
 
+FRAGMENTS_KEPT = 8192
+"""Encoded specs and plans kept for reuse at most (oldest dropped first)."""
+_fragments: dict[int, tuple[object, str]] = {}
+
+
+def _fragment(obj: Any, to_doc: Callable[[Any], dict[str, Any]]) -> str:
+    """The JSON text of ``to_doc(obj)``, built once per object: a job's spec (and its plan) stay the same
+    objects across its record's states, and every state is one more encoding. Keyed by identity with the
+    object held, so an id is never reused while its entry lives (specs and plans are frozen)."""
+    hit = _fragments.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    text = json.dumps(to_doc(obj), separators=(",", ":"))
+    if len(_fragments) >= FRAGMENTS_KEPT:
+        _fragments.pop(next(iter(_fragments)), None)
+    _fragments[id(obj)] = (obj, text)
+    return text
+
+
+def _encode_job(r: JobRecord) -> bytes:
+    """The JSON of :func:`_job_to_doc` (same keys and values; ``spec`` and ``plan`` first), with the spec's and
+    the plan's text reused (:func:`_fragment`)."""
+    rest = {
+        "state": r.state.value, "reason": r.reason, "request_id": r.request_id, "created_at": r.created_at,
+        "updated_at": r.updated_at, "policy": r.policy, "allocation": dict(r.allocation), "attempt": r.attempt,
+        "progress": {k: getattr(r.progress, k) for k in _PROGRESS_FIELDS},
+        "history": [{"from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
+                     "reason": t.reason, "at": t.at} for t in r.history],
+        "topology_revision": r.topology_revision,
+    }
+    plan = _fragment(r.plan, plan_to_dict) if r.plan else "null"
+    text = f'{{"spec":{_fragment(r.spec, job_to_dict)},"plan":{plan},{json.dumps(rest, separators=(",", ":"))[1:]}'
+    return text.encode()
+
+
+_PROGRESS_FIELDS = tuple(Progress.__dataclass_fields__)
+
+
 def _job_to_doc(r: JobRecord) -> dict[str, Any]:
     return {
         "spec": job_to_dict(r.spec), "state": r.state.value, "reason": r.reason,
@@ -688,7 +726,7 @@ def _wait_from_doc(key: str, raw: Any) -> WaitState:
 def encode(record: Record) -> bytes:
     """The stored value of ``record`` (what :func:`decode` reads back under the record's key)."""
     if isinstance(record, JobRecord):
-        return json.dumps(_job_to_doc(record), separators=(",", ":")).encode()
+        return _encode_job(record)
     if isinstance(record, WaitState):
         return _dump(_wait_to_doc(record))
     return record.encode()

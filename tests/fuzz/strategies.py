@@ -177,8 +177,10 @@ def valid_request(draw: st.DrawFn, rpc: str) -> Message:
     if rpc == "Scheduler/GetJob":
         return scheduler_pb2.GetJobRequest(job_id=draw(job_ids))
     if rpc == "Scheduler/ListJobs":
+        # no token, an old offset, cursors ([0.0, "alice~j1"] and [1e18, "x"]), and anything
+        page_tokens = st.sampled_from(["", "1", "WzAuMCwgImFsaWNlfmoxIl0=", "WzFlKzE4LCAieCJd"]) | st.text(max_size=40)
         return scheduler_pb2.ListJobsRequest(page_size=draw(st.integers(0, 5)), tenant=draw(st.sampled_from(
-            ["", "alice"])), page_token=draw(st.sampled_from(["", "1", "2"])))
+            ["", "alice"])), page_token=draw(page_tokens))
     if rpc == "Scheduler/WatchJob":
         return scheduler_pb2.WatchJobRequest(job_id=draw(job_ids), from_revision=draw(st.integers(0, 10)))
     if rpc == "Scheduler/CancelJob":
