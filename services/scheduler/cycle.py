@@ -356,6 +356,9 @@ class SchedulingCycle:
                     report.conflict = True
                     break  # later decisions assumed this placement: decide again on a fresh snapshot
                 self._failed.pop(d.job_id, None)
+                # a holder from now on: if it is gone by the next cycle, its release bumps the pool version
+                # (as the simulator's release does), however short its run
+                self._holders.add(d.job_id)
                 await self._end_waits([d.job_id] if d.job_id in self._waits else [])
                 continue
             if d.outcome is Outcome.WAIT and d.tried and d.wait is not None:
