@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from fidelity import spearman  # noqa: E402
+
 from spiderflow.cli.commands.estimate import estimate_plan  # noqa: E402
 from spiderflow.core.catalog import model_preset  # noqa: E402
 from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Precision, Topology  # noqa: E402
@@ -55,29 +57,6 @@ DEFAULT_AGENT = RESULTS / "gpu_check-h200-agent.json"
 DEFAULT_PROFILES = {"bf16": RESULTS / "profile-h200-bf16.json", "tf32": RESULTS / "profile-h200-tf32.json"}
 JOB_GROUP = ("gpt3-1.3b", "bf16", 16)
 """(model, precision, global batch) of the runs that are plans of one job (rank correlation)."""
-
-
-def _ranks(xs: list[float]) -> list[float]:
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2.0 + 1.0
-        i = j + 1
-    return r
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    den = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return num / den if den else float("nan")
 
 
 def device_gpu(check: dict[str, Any]) -> str:
