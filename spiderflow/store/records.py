@@ -625,7 +625,17 @@ def _fragment(obj: Any, to_doc: Callable[[Any], dict[str, Any]]) -> str:
 def _encode_job(r: JobRecord) -> bytes:
     """The JSON of :func:`_job_to_doc` (same keys and values; ``spec`` and ``plan`` first), with the spec's and
     the plan's text reused (:func:`_fragment`)."""
-    rest = {
+    plan = _fragment(r.plan, plan_to_dict) if r.plan else "null"
+    rest = json.dumps(_job_state_doc(r), separators=(",", ":"))
+    return f'{{"spec":{_fragment(r.spec, job_to_dict)},"plan":{plan},{rest[1:]}'.encode()
+
+
+_PROGRESS_FIELDS = tuple(Progress.__dataclass_fields__)
+
+
+def _job_state_doc(r: JobRecord) -> dict[str, Any]:
+    """Every field of a job's stored document but its spec and plan (those change far less often)."""
+    return {
         "state": r.state.value, "reason": r.reason, "request_id": r.request_id, "created_at": r.created_at,
         "updated_at": r.updated_at, "policy": r.policy, "allocation": dict(r.allocation), "attempt": r.attempt,
         "progress": {k: getattr(r.progress, k) for k in _PROGRESS_FIELDS},
@@ -633,25 +643,10 @@ def _encode_job(r: JobRecord) -> bytes:
                      "reason": t.reason, "at": t.at} for t in r.history],
         "topology_revision": r.topology_revision,
     }
-    plan = _fragment(r.plan, plan_to_dict) if r.plan else "null"
-    text = f'{{"spec":{_fragment(r.spec, job_to_dict)},"plan":{plan},{json.dumps(rest, separators=(",", ":"))[1:]}'
-    return text.encode()
-
-
-_PROGRESS_FIELDS = tuple(Progress.__dataclass_fields__)
 
 
 def _job_to_doc(r: JobRecord) -> dict[str, Any]:
-    return {
-        "spec": job_to_dict(r.spec), "state": r.state.value, "reason": r.reason,
-        "request_id": r.request_id, "created_at": r.created_at, "updated_at": r.updated_at,
-        "plan": plan_to_dict(r.plan) if r.plan else None, "policy": r.policy,
-        "allocation": dict(r.allocation), "attempt": r.attempt,
-        "progress": {k: getattr(r.progress, k) for k in Progress.__dataclass_fields__},
-        "history": [{"from": t.from_state.value if t.from_state else None, "to": t.to_state.value,
-                     "reason": t.reason, "at": t.at} for t in r.history],
-        "topology_revision": r.topology_revision,
-    }
+    return {"spec": job_to_dict(r.spec), "plan": plan_to_dict(r.plan) if r.plan else None, **_job_state_doc(r)}
 
 
 def _state(r: _Reader, name: str, *, optional: bool = False) -> JobState | None:
