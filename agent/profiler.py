@@ -92,6 +92,9 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+"""The torch dtype of each precision's operands (tf32: fp32 operands, TF32 matmuls)."""
+
 CPU_WORKER_THREADS = 1
 """``torch.set_num_threads`` of a CPU stage worker (the executor's ``TrainSpec.threads``): one CPU "GPU"."""
 
@@ -471,9 +474,6 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
              tflops=prof.tflops, mfu=prof.mfu, layer_overhead_ms=prof.layer_overhead_ms,
              optimizer_ms_per_layer=prof.optimizer_ms_per_layer, device=prof.device_name)
     return prof
-
-
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
 
 
 def time_block(
