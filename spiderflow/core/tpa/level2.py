@@ -665,7 +665,8 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
     accept a relative ``10⁻¹²`` above the level. ``O(L_b·p·log L_b)`` per candidate in the worst case.
     """
     for q in _tiers(p):
-        out = _solved(q, kernels.solve_exact)
+        # A first tier of its own is memoised (:func:`_plain_fits` asks it first).
+        out = _exact_memo(q) if q is not p else _solved(q, kernels.solve_exact)
         if out is not None:
             return out
     return None
@@ -710,10 +711,16 @@ class _Cached:
     memory-free model is solved once per (shape, GPUs, block, b, s, m, floor) and reused whenever it fits
     ``p``'s memory (the feasible set shrinks, the optimum stays). Otherwise the optimum already solved for a
     shallower in-flight depth of the same block is reused when it fits; only then is ``p`` itself solved.
+
+    ``plain_first`` (the exact solver): the memory-free optimum is a plain configuration whenever ``p`` has
+    plain candidates (its first tier has no memory to fail on), so where no plain configuration fits ``p``
+    (:func:`_plain_fits`, one memory-bound solve of the first tier, far cheaper than the memory-free one)
+    it cannot fit either and is not solved: the answer is the one the memory-free test would have passed on.
     """
 
-    def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None]) -> None:
+    def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None], *, plain_first: bool = False) -> None:
         self._solve = solve
+        self._plain_first = plain_first
         self._answers: dict[BlockProblem, BlockConfig | None] = {}
         self._families: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
 
@@ -733,13 +740,14 @@ class _Cached:
         return out
 
     def _compute(self, p: BlockProblem) -> BlockConfig | None:
-        free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
-        if free is None:
-            return None
         cap = p.shape.memory_gib
-        cfg = config_cost(p, free.degrees, free.layers)
-        if max(cfg.memory_gib) <= cap:
-            return cfg
+        if not self._plain_first or _plain_fits(p):
+            free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
+            if free is None:
+                return None
+            cfg = config_cost(p, free.degrees, free.layers)
+            if max(cfg.memory_gib) <= cap:
+                return cfg
         family = replace(p, downstream=-1)
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
@@ -755,9 +763,16 @@ class _Cached:
         return out
 
 
+def _plain_fits(p: BlockProblem) -> bool:
+    """Whether some plain configuration (no recomputation, no FSDP) of ``p`` fits its memory, or ``p`` has no
+    plain candidate at all (its memory-free optimum may then use the options)."""
+    q = plain(p)
+    return _exact_memo(q) is not None or not _candidates(q)
+
+
 _MAX_ANSWERS = 262144
 _CPSAT = _Cached(_cpsat_memo)
-_EXACT = _Cached(_exact_memo)
+_EXACT = _Cached(_exact_memo, plain_first=True)
 
 
 def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
