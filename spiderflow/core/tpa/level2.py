@@ -309,7 +309,11 @@ def _solved(p: BlockProblem, solve: _Solve) -> BlockConfig | None:
     """Run ``solve`` (:func:`spiderflow.core.kernels.level2.solve_exact` or a kernel with its signature) on ``p``
     and build the configuration it picks (``None`` when it picks none)."""
     fl, it = _vectors(p)
-    width = max(1, min(p.layers, p.gpus))
+    return _solved_vectors(fl, it, max(1, min(p.layers, p.gpus)), solve)
+
+
+def _solved_vectors(fl: FArray, it: IArray, width: int, solve: _Solve) -> BlockConfig | None:
+    """:func:`_solved` of the problem with vectors ``fl``/``it`` (``width``: ``max(1, min(L_b, n))``)."""
     lay = np.empty(width, np.int64)
     figs = np.empty((3, width), np.float64)
     tp, pp, dp, rc, fs, obj, p_in = solve(fl, it, lay, figs)
@@ -665,8 +669,7 @@ def solve_block_exact(p: BlockProblem) -> BlockConfig | None:
     accept a relative ``10⁻¹²`` above the level. ``O(L_b·p·log L_b)`` per candidate in the worst case.
     """
     for q in _tiers(p):
-        # A first tier of its own is memoised (:func:`_plain_fits` asks it first).
-        out = _exact_memo(q) if q is not p else _solved(q, kernels.solve_exact)
+        out = _solved(q, kernels.solve_exact)
         if out is not None:
             return out
     return None
@@ -711,16 +714,10 @@ class _Cached:
     memory-free model is solved once per (shape, GPUs, block, b, s, m, floor) and reused whenever it fits
     ``p``'s memory (the feasible set shrinks, the optimum stays). Otherwise the optimum already solved for a
     shallower in-flight depth of the same block is reused when it fits; only then is ``p`` itself solved.
-
-    ``plain_first`` (the exact solver): the memory-free optimum is a plain configuration whenever ``p`` has
-    plain candidates (its first tier has no memory to fail on), so where no plain configuration fits ``p``
-    (:func:`_plain_fits`, one memory-bound solve of the first tier, far cheaper than the memory-free one)
-    it cannot fit either and is not solved: the answer is the one the memory-free test would have passed on.
     """
 
-    def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None], *, plain_first: bool = False) -> None:
+    def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None]) -> None:
         self._solve = solve
-        self._plain_first = plain_first
         self._answers: dict[BlockProblem, BlockConfig | None] = {}
         self._families: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
 
@@ -740,14 +737,18 @@ class _Cached:
         return out
 
     def _compute(self, p: BlockProblem) -> BlockConfig | None:
+        free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
+        if free is None:
+            return None
+        cfg = config_cost(p, free.degrees, free.layers)
+        if max(cfg.memory_gib) <= p.shape.memory_gib:
+            return cfg
+        return self._family(p, lambda: self._solve(p))
+
+    def _family(self, p: BlockProblem, solve: Callable[[], BlockConfig | None]) -> BlockConfig | None:
+        """The optimum of ``p`` already solved for a shallower in-flight depth of the same block when it fits,
+        else ``solve()`` (``p`` solved), remembered for the deeper ones."""
         cap = p.shape.memory_gib
-        if not self._plain_first or _plain_fits(p):
-            free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
-            if free is None:
-                return None
-            cfg = config_cost(p, free.degrees, free.layers)
-            if max(cfg.memory_gib) <= cap:
-                return cfg
         family = replace(p, downstream=-1)
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
@@ -758,21 +759,81 @@ class _Cached:
             cfg = config_cost(p, prev.degrees, prev.layers)
             if max(cfg.memory_gib) <= cap:
                 return cfg
-        out = self._solve(p)
+        out = solve()
         solved.append((p.downstream, out))
         return out
 
 
-def _plain_fits(p: BlockProblem) -> bool:
-    """Whether some plain configuration (no recomputation, no FSDP) of ``p`` fits its memory, or ``p`` has no
-    plain candidate at all (its memory-free optimum may then use the options)."""
-    q = plain(p)
-    return _exact_memo(q) is not None or not _candidates(q)
+class _ExactCached(_Cached):
+    """:class:`_Cached` for the exact solver, run on the kernels' problem vectors (:func:`_vectors`, built once
+    per problem): the memory-free problem and the first tier are the problem's vectors with their fields
+    set, and every solve is memoised on its vectors (the kernel's whole input), so no intermediate problem
+    is built or hashed. Same answers as ``_Cached(solve_block_exact)``.
+
+    One more saving: the memory-free optimum is a plain configuration whenever ``p`` has plain candidates
+    (its first tier has no memory to fail on), so where no plain configuration fits ``p`` (its first tier,
+    memory-bound, far cheaper to solve than the memory-free problem) the memory-free optimum cannot fit
+    either and is not solved; the answer is the one the memory-free test would have passed on to.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_exact_memo)
+        self._solves: dict[bytes, BlockConfig | None] = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self._solves.clear()
+
+    def _tier(self, fl: FArray, it: IArray, width: int) -> BlockConfig | None:
+        key = fl.tobytes() + it.tobytes()
+        try:
+            return self._solves[key]
+        except KeyError:
+            pass
+        if len(self._solves) >= _MAX_ANSWERS:
+            self._solves.clear()
+        out = self._solves[key] = _solved_vectors(fl, it, width, kernels.solve_exact)
+        return out
+
+    def _compute(self, p: BlockProblem) -> BlockConfig | None:
+        fl, it = _vectors(p)
+        width = max(1, min(p.layers, p.gpus))
+        options = p.allow_recompute or p.allow_fsdp
+        first = it.copy()  # the first tier: plain(p)
+        first[kernels.I_ALLOW_RECOMPUTE] = 0
+        first[kernels.I_ALLOW_FSDP] = 0
+        if self._tier(fl, first, width) is not None or not kernels.candidates(fl, first).shape[0]:
+            free = it.copy()  # replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None)
+            free[kernels.I_DOWNSTREAM] = 0
+            free[kernels.I_HAS_DOWNSTREAM] = 1
+            free[kernels.I_DEPTH_FACTOR] = 1
+            free[kernels.I_MEMORY_BOUND] = 0
+            free[kernels.I_MAX_IN_FLIGHT] = 0
+            free[kernels.I_HAS_MAX_IN_FLIGHT] = 0
+            cfg = self._exact(fl, free, width, options)
+            if cfg is None:
+                return None
+            cfg = config_cost(p, cfg.degrees, cfg.layers)
+            if max(cfg.memory_gib) <= p.shape.memory_gib:
+                return cfg
+        return self._family(p, lambda: self._exact(fl, it, width, options))
+
+    def _exact(self, fl: FArray, it: IArray, width: int, options: bool) -> BlockConfig | None:
+        """:func:`solve_block_exact` of the problem with vectors ``fl``/``it`` (``options``: it allows
+        recomputation or FSDP, so it has a second tier)."""
+        if options:
+            first = it.copy()
+            first[kernels.I_ALLOW_RECOMPUTE] = 0
+            first[kernels.I_ALLOW_FSDP] = 0
+            out = self._tier(fl, first, width)
+            if out is not None:
+                return out
+        return self._tier(fl, it, width)
 
 
 _MAX_ANSWERS = 262144
 _CPSAT = _Cached(_cpsat_memo)
-_EXACT = _Cached(_exact_memo, plain_first=True)
+_EXACT = _ExactCached()
 
 
 def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
