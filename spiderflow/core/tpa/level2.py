@@ -790,7 +790,7 @@ class _ExactCached(_Cached):
             return self._solves[key]
         except KeyError:
             pass
-        if len(self._solves) >= _MAX_ANSWERS:
+        if len(self._solves) >= _MAX_SOLVES:  # as many as the problem-keyed memo of solve_block_exact holds
             self._solves.clear()
         out = self._solves[key] = _solved_vectors(fl, it, width, kernels.solve_exact)
         return out
@@ -832,6 +832,7 @@ class _ExactCached(_Cached):
 
 
 _MAX_ANSWERS = 262144
+_MAX_SOLVES = 65536
 _CPSAT = _Cached(_cpsat_memo)
 _EXACT = _ExactCached()
 
