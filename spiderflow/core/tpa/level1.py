@@ -35,7 +35,10 @@ the same optimum as the CP-SAT model, microseconds instead of milliseconds), so 
 
 Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (an exact solve on a miss); at most
 ``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third); ``C`` CP-SAT
-lookups to certify.
+lookups to certify. A split is evaluated once per call (the phases and the rounds revisit splits; the
+first evaluation is reused), and a block's level-2 answer is memoised on what its problem depends on
+(cluster, layers, embedding, head, stages downstream), so blocks at other offsets of a middle cluster share
+it. Neither changes a result: the same level-2 questions are asked in the same order, less often.
 
 Cross-cluster data parallelism (:func:`dp_crossing`)
     A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
