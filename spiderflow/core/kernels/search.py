@@ -1,5 +1,6 @@
 """Kernels of SpinSearch's beam (:func:`spiderflow.core.placement.spinsearch.search_chains`): the hops each
-cluster may extend a chain by, and one level's extensions of the beam.
+cluster may extend a chain by, and one level's extensions of the beam; and of the layer-split search that
+plans a chain (:mod:`spiderflow.core.tpa.level1`): a block's layer cap.
 
 Chains are rows of cluster indices, left-aligned; every row of a beam has the same length.
 """
@@ -10,8 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 from spiderflow.core.kernels import kernel, register_warmup
+from spiderflow.core.kernels.level2 import memory_caps_all
 
-__all__ = ["extend_beam", "neighbour_table"]
+__all__ = ["block_layer_cap", "extend_beam", "neighbour_table"]
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
@@ -83,9 +85,32 @@ def extend_beam(beam: IArr, table: IArr) -> IArr:
     return out[:count].copy()
 
 
+@kernel
+def block_layer_cap(fl: FArr, it: IArr) -> int:
+    """The most layers a level-2 block problem (:mod:`spiderflow.core.kernels.level2`'s ``fl``/``it``) holds
+    under some degrees: ``max_k Σ_j u_{k,j}`` over its candidates ``k`` whose sub-stage caps ``u_{k,j}``
+    (:func:`~spiderflow.core.kernels.level2.memory_caps_all`) are all ``≥ 1``; 0 when none is."""
+    cands, start, caps = memory_caps_all(fl, it)
+    best = 0
+    for i in range(cands.shape[0]):
+        low = caps[start[i]]
+        total = 0
+        for q in range(start[i], start[i + 1]):
+            low = min(low, caps[q])
+            total += caps[q]
+        if low >= 1 and total > best:
+            best = total
+    return best
+
+
 @register_warmup
 def _warm() -> None:
     order = np.array([[1, 0], [0, 1]], dtype=np.int64)
     p = np.zeros((2, 2))
     table = neighbour_table(order, p, np.ones(2, dtype=np.bool_), 1.0, 10)
     extend_beam(np.array([[0], [1]], dtype=np.int64), table)
+    fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
+                   12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256,
+                   4.0])
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4], np.int64)
+    block_layer_cap(fl, it)

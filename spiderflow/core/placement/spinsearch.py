@@ -230,27 +230,28 @@ _RESERVED_BYTES = RESERVED_GIB * GIB
 
 def _connect_threshold(ta: TopoArrays, jc: JobConsts, hops: Hops, usable: IArr, nn: int) -> float:
     """Smallest hop time at which a connected group has ``G_min`` free GPUs and the model's state memory
-    (Kruskal over each usable cluster's ``nn`` nearest hops)."""
+    (Kruskal over each usable cluster's ``nn`` nearest hops: the edges ``(P_uv, u, v)`` for the first ``nn``
+    usable ``v`` of ``hops.order[u]`` with a finite ``P_uv``, in ascending order)."""
     states = jc.state_bytes * (jc.layers * jc.p_layer + 2 * jc.p_embed)
-    parent = {int(u): int(u) for u in usable}
-    gp = {int(u): int(min(ta.free[u], jc.gpus_max)) for u in usable}
-    mem = {int(u): float(ta.free[u] * ta.mem[u]) for u in usable}
-    if any(gp[u] >= jc.gpus_min and mem[u] >= states for u in parent):
+    members: list[int] = usable.tolist()
+    parent = {u: u for u in members}
+    gp = dict(zip(members, np.minimum(ta.free[usable], jc.gpus_max).tolist(), strict=True))
+    mem = dict(zip(members, (ta.free[usable] * ta.mem[usable]).tolist(), strict=True))
+    if any(gp[u] >= jc.gpus_min and mem[u] >= states for u in members):
         return 0.0
-    usable_set = set(parent)
-    edges: list[tuple[float, int, int]] = []
-    for u in parent:
-        cnt = 0
-        for v in hops.order[u]:
-            v = int(v)
-            if v in usable_set:
-                pv = float(hops.p[u, v])
-                if math.isfinite(pv):
-                    edges.append((pv, u, v))
-                cnt += 1
-                if cnt >= nn:
-                    break
-    edges.sort()
+    mask = np.zeros(len(ta.free), dtype=np.bool_)
+    mask[usable] = True
+    order = hops.order[usable]
+    take = mask[order]
+    take &= np.cumsum(take, axis=1) <= nn  # each row's first nn usable hops
+    us = np.repeat(usable, take.sum(axis=1))
+    vs = order[take]
+    hop = hops.p[us, vs]
+    finite = np.isfinite(hop)
+    us, vs, hop = us[finite], vs[finite], hop[finite]
+    ranked = np.lexsort((vs, us, hop))
+    times: list[float] = hop[ranked].tolist()
+    edges = zip(times, us[ranked].tolist(), vs[ranked].tolist(), strict=True)
 
     def find(x: int) -> int:
         while parent[x] != x:

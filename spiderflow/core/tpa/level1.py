@@ -35,7 +35,10 @@ the same optimum as the CP-SAT model, microseconds instead of milliseconds), so 
 
 Complexity: each evaluation is ``O(C)`` memoised level-2 lookups (an exact solve on a miss); at most
 ``L·C`` moves, each 2 evaluations (≤ 11 in the second phase, ≤ 3·C ≤ 48 in the third); ``C`` CP-SAT
-lookups to certify.
+lookups to certify. A split is evaluated once per call (the phases and the rounds revisit splits; the
+first evaluation is reused), and a block's level-2 answer is memoised on what its problem depends on
+(cluster, layers, embedding, head, stages downstream), so blocks at other offsets of a middle cluster share
+it. Neither changes a result: the same level-2 questions are asked in the same order, less often.
 
 Cross-cluster data parallelism (:func:`dp_crossing`)
     A layer block may be replicated on two adjacent clusters of the chain (instead of pipelining through
@@ -53,22 +56,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from spiderflow.core.catalog import ModelSpec
 from spiderflow.core.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time, wire_bytes
 from spiderflow.core.domain import Cluster, Precision, Schedule, Topology
+from spiderflow.core.kernels import level2 as kernels
+from spiderflow.core.kernels.search import block_layer_cap
 from spiderflow.core.tpa.level2 import (
     BlockConfig,
     BlockProblem,
     ClusterShape,
     block_bound_cached,
-    block_candidates,
     min_memory_config,
-    min_peak_fits,
     solve_block_cached,
 )
-from spiderflow.core.tpa.level2 import memory_caps as substage_caps
+from spiderflow.core.tpa.level2 import _vectors as problem_vectors
 
 __all__ = [
     "BlockInfeasibility",
@@ -114,6 +117,12 @@ class ChainContext:
     precision: Precision = Precision.BF16  # the job's: compute rates, value and state bytes
     recompute: bool = True  # level 2 may choose activation recomputation
     fsdp: bool = True  # level 2 may choose FSDP-sharded replicas
+    shapes: tuple[ClusterShape, ...] = field(init=False, repr=False, compare=False)
+    """Each cluster's level-2 shape in the job's precision (derived from ``clusters`` and ``precision``, made
+    once per context instead of once per block problem)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shapes", tuple(ClusterShape.of(c, self.precision) for c in self.clusters))
 
     @classmethod
     def build(
@@ -141,7 +150,7 @@ class ChainContext:
         gpipe, factor = _profile(self.schedule)
         per_replica_max = self.m  # in-flight never exceeds m: clamp so equivalent problems share a key
         return BlockProblem(
-            shape=ClusterShape.of(self.clusters[c], self.precision),
+            shape=self.shapes[c],
             gpus=self.gpus[c],
             layers=layers,
             has_embed=first == 0,
@@ -214,18 +223,21 @@ def proportional_split(layers: int, weights: Sequence[float]) -> tuple[int, ...]
 
 _NO_DEGREES_GIB = 1e6
 _FULL_NEIGHBOURHOOD = 16  # chains up to this length get the third move phase
-_Memo = dict[tuple[int, int, int, int], tuple[BlockConfig | None, float]]
+_Memo = dict[tuple[int, int, bool, bool, int], tuple[BlockConfig | None, float]]
 BlockSolver = Callable[[BlockProblem], BlockConfig | None]
 
 
 def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int,
            solver: BlockSolver | None = None) -> tuple[BlockConfig | None, float, float]:
-    """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1`."""
-    key = (c, first, layers, downstream)
+    """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1` on what
+    its problem depends on: the cluster, the layer count, whether it holds the embedding and the head, and
+    the stages downstream (a block's first layer matters only through the first two)."""
+    key = (c, layers, first == 0, first + layers == ctx.model.layers, downstream)
     cap = ctx.clusters[c].gpu_memory_gib
-    if memo is not None and key in memo:
-        cfg, need = memo[key]
-        return cfg, need, cap
+    if memo is not None:
+        hit = memo.get(key)
+        if hit is not None:
+            return hit[0], hit[1], cap
     p = ctx.problem(c, first, layers, downstream)
     cfg = (solver or block_bound_cached)(p)
     need = 0.0
@@ -257,11 +269,17 @@ def _memory_caps(ctx: ChainContext) -> list[int]:
     caps: list[int] = []
     for c in range(n):
         lo, hi = 1, L - (n - 1)
+        # One problem per block, its layer count and embedding/head flags set per probe (the only fields the
+        # probes change): min_peak_fits of ctx.problem(c, first, mid, n − 1 − c) without building each problem.
+        fl, it = problem_vectors(ctx.problem(c, 0 if c == 0 else 1, hi, n - 1 - c))
         while lo < hi:
             mid = (lo + hi + 1) // 2
             # Block 0 holds the embedding, the last block the head, the others neither.
             first = 0 if c == 0 else (L - mid if c == n - 1 else 1)
-            if min_peak_fits(ctx.problem(c, first, mid, n - 1 - c)):
+            it[kernels.I_LAYERS] = mid
+            it[kernels.I_HAS_EMBED] = first == 0
+            it[kernels.I_HAS_HEAD] = first + mid == L
+            if kernels.min_peak_fits(fl, it):
                 lo = mid
             else:
                 hi = mid - 1
@@ -286,12 +304,9 @@ def layer_caps(ctx: ChainContext) -> list[int]:
     caps: list[int] = []
     for c in range(n):
         first = 0 if c == 0 else (L - hi if c == n - 1 else 1)
-        p = ctx.problem(c, first, hi, n - 1 - c)
-        best = 0
-        for k in block_candidates(p):
-            u = substage_caps(p, k)
-            if min(u) >= 1:
-                best = max(best, sum(u))
+        # max_k Σ_j u_{k,j} over the degrees whose every u_{k,j} ≥ 1, in one kernel call (the same caps as
+        # level 2's memory_caps of each of block_candidates(p)).
+        best = block_layer_cap(*problem_vectors(ctx.problem(c, first, hi, n - 1 - c)))
         caps.append(min(best, hi))
     return caps
 
@@ -424,6 +439,9 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
         initial = water_filled_split(L, weights, memory_caps(ctx))
     memo: _Memo = {}
     ev = evaluate_split(ctx, initial, memo=memo)
+    # Every split evaluated so far (the phases and the rounds revisit splits; with the block memo shared, a
+    # second evaluation would give the same result).
+    seen: dict[tuple[int, ...], SplitEval] = {ev.split: ev}
     budget = max_moves if max_moves is not None else L * n
     for _ in range(budget):
         best: SplitEval | None = None
@@ -434,7 +452,10 @@ def level1(ctx: ChainContext, *, initial: Sequence[int] | None = None, max_moves
                 split = list(ev.split)
                 split[src] -= 1
                 split[dst] += 1
-                cand = evaluate_split(ctx, split, memo=memo)
+                key = tuple(split)
+                cand = seen.get(key)
+                if cand is None:
+                    cand = seen[key] = evaluate_split(ctx, split, memo=memo)
                 if best is None or cand.score < best.score:
                     best = cand
             if best is not None and _improves(best, ev):

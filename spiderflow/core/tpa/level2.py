@@ -309,7 +309,11 @@ def _solved(p: BlockProblem, solve: _Solve) -> BlockConfig | None:
     """Run ``solve`` (:func:`spiderflow.core.kernels.level2.solve_exact` or a kernel with its signature) on ``p``
     and build the configuration it picks (``None`` when it picks none)."""
     fl, it = _vectors(p)
-    width = max(1, min(p.layers, p.gpus))
+    return _solved_vectors(fl, it, max(1, min(p.layers, p.gpus)), solve)
+
+
+def _solved_vectors(fl: FArray, it: IArray, width: int, solve: _Solve) -> BlockConfig | None:
+    """:func:`_solved` of the problem with vectors ``fl``/``it`` (``width``: ``max(1, min(L_b, n))``)."""
     lay = np.empty(width, np.int64)
     figs = np.empty((3, width), np.float64)
     tp, pp, dp, rc, fs, obj, p_in = solve(fl, it, lay, figs)
@@ -736,10 +740,15 @@ class _Cached:
         free = self._solve(replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None))
         if free is None:
             return None
-        cap = p.shape.memory_gib
         cfg = config_cost(p, free.degrees, free.layers)
-        if max(cfg.memory_gib) <= cap:
+        if max(cfg.memory_gib) <= p.shape.memory_gib:
             return cfg
+        return self._family(p, lambda: self._solve(p))
+
+    def _family(self, p: BlockProblem, solve: Callable[[], BlockConfig | None]) -> BlockConfig | None:
+        """The optimum of ``p`` already solved for a shallower in-flight depth of the same block when it fits,
+        else ``solve()`` (``p`` solved), remembered for the deeper ones."""
+        cap = p.shape.memory_gib
         family = replace(p, downstream=-1)
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
@@ -750,14 +759,82 @@ class _Cached:
             cfg = config_cost(p, prev.degrees, prev.layers)
             if max(cfg.memory_gib) <= cap:
                 return cfg
-        out = self._solve(p)
+        out = solve()
         solved.append((p.downstream, out))
         return out
 
 
+class _ExactCached(_Cached):
+    """:class:`_Cached` for the exact solver, run on the kernels' problem vectors (:func:`_vectors`, built once
+    per problem): the memory-free problem and the first tier are the problem's vectors with their fields
+    set, and every solve is memoised on its vectors (the kernel's whole input), so no intermediate problem
+    is built or hashed. Same answers as ``_Cached(solve_block_exact)``.
+
+    One more saving: the memory-free optimum is a plain configuration whenever ``p`` has plain candidates
+    (its first tier has no memory to fail on), so where no plain configuration fits ``p`` (its first tier,
+    memory-bound, far cheaper to solve than the memory-free problem) the memory-free optimum cannot fit
+    either and is not solved; the answer is the one the memory-free test would have passed on to.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(_exact_memo)
+        self._solves: dict[bytes, BlockConfig | None] = {}
+
+    def clear(self) -> None:
+        super().clear()
+        self._solves.clear()
+
+    def _tier(self, fl: FArray, it: IArray, width: int) -> BlockConfig | None:
+        key = fl.tobytes() + it.tobytes()
+        try:
+            return self._solves[key]
+        except KeyError:
+            pass
+        if len(self._solves) >= _MAX_SOLVES:  # as many as the problem-keyed memo of solve_block_exact holds
+            self._solves.clear()
+        out = self._solves[key] = _solved_vectors(fl, it, width, kernels.solve_exact)
+        return out
+
+    def _compute(self, p: BlockProblem) -> BlockConfig | None:
+        fl, it = _vectors(p)
+        width = max(1, min(p.layers, p.gpus))
+        options = p.allow_recompute or p.allow_fsdp
+        first = it.copy()  # the first tier: plain(p)
+        first[kernels.I_ALLOW_RECOMPUTE] = 0
+        first[kernels.I_ALLOW_FSDP] = 0
+        if self._tier(fl, first, width) is not None or not kernels.candidates(fl, first).shape[0]:
+            free = it.copy()  # replace(p, downstream=0, depth_factor=1, memory_bound=False, max_in_flight=None)
+            free[kernels.I_DOWNSTREAM] = 0
+            free[kernels.I_HAS_DOWNSTREAM] = 1
+            free[kernels.I_DEPTH_FACTOR] = 1
+            free[kernels.I_MEMORY_BOUND] = 0
+            free[kernels.I_MAX_IN_FLIGHT] = 0
+            free[kernels.I_HAS_MAX_IN_FLIGHT] = 0
+            cfg = self._exact(fl, free, width, options)
+            if cfg is None:
+                return None
+            cfg = config_cost(p, cfg.degrees, cfg.layers)
+            if max(cfg.memory_gib) <= p.shape.memory_gib:
+                return cfg
+        return self._family(p, lambda: self._exact(fl, it, width, options))
+
+    def _exact(self, fl: FArray, it: IArray, width: int, options: bool) -> BlockConfig | None:
+        """:func:`solve_block_exact` of the problem with vectors ``fl``/``it`` (``options``: it allows
+        recomputation or FSDP, so it has a second tier)."""
+        if options:
+            first = it.copy()
+            first[kernels.I_ALLOW_RECOMPUTE] = 0
+            first[kernels.I_ALLOW_FSDP] = 0
+            out = self._tier(fl, first, width)
+            if out is not None:
+                return out
+        return self._tier(fl, it, width)
+
+
 _MAX_ANSWERS = 262144
+_MAX_SOLVES = 65536
 _CPSAT = _Cached(_cpsat_memo)
-_EXACT = _Cached(_exact_memo)
+_EXACT = _ExactCached()
 
 
 def solve_block_cached(p: BlockProblem) -> BlockConfig | None:
