@@ -125,6 +125,7 @@ __all__ = [
     "allreduce_time",
     "compute_rate_tflops",
     "evaluate",
+    "evaluate_with_breakdown",
     "exposed_dp_sync",
     "exposed_tp_comm",
     "grad_bytes_per_value",
@@ -132,6 +133,7 @@ __all__ = [
     "layer_activation_bytes",
     "layer_fwd_flops",
     "pipeline_step_time",
+    "plan_fits_memory",
     "plan_options",
     "selective_recompute_flops",
     "selective_saved_bytes",
@@ -565,6 +567,13 @@ def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool 
 
     The micro-batch size is ``job.global_batch / plan.micro_batches``.
     """
+    return evaluate_with_breakdown(plan, topo, job, fused_attention=fused_attention)[0]
+
+
+def evaluate_with_breakdown(
+    plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False
+) -> tuple[Plan, Breakdown]:
+    """:func:`evaluate` and the :func:`breakdown` it priced the plan with."""
     micro_batch = max(1, job.global_batch // plan.micro_batches)
     bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len, precision=job.precision,
                    fused_attention=fused_attention)
@@ -579,7 +588,24 @@ def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool 
         throughput_tokens_per_s=(job.tokens_per_step / step) if step > 0 and math.isfinite(step) else 0.0,
         memory_gib_per_gpu=bd.memory_gib,
         usd_per_step=usd,
-    )
+    ), bd
+
+
+def plan_fits_memory(plan: Plan, topo: Topology, job: JobSpec) -> bool:
+    """Whether every stage of ``plan`` (not yet evaluated) fits its GPUs' memory as :func:`breakdown` prices it
+    (without the other terms: a cheap check before :func:`evaluate`)."""
+    b, s = max(1, job.global_batch // plan.micro_batches), job.seq_len
+    opts = plan_options(plan)
+    cap = plan_max_in_flight(plan)
+    n = len(plan.stages)
+    for i, st in enumerate(plan.stages):
+        k = in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap)
+        mem = stage_memory_bytes(job.model, st.first_layer, st.last_layer, st.tp, b, s, k, precision=job.precision,
+                                 sharding=st.sharding, dp=st.dp, recompute=st.recompute,
+                                 selective=opts.selective_recompute) / GIB
+        if mem > topo.cluster(st.cluster).gpu_memory_gib:
+            return False
+    return True
 
 
 def fits_memory(plan: Plan, topo: Topology) -> tuple[bool, int, float]:
