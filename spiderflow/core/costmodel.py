@@ -38,7 +38,9 @@ latency-aware one) live in :mod:`spiderflow.core.schedules`; this closed form is
 
 Gradient synchronisation and the optimizer step, after the pipeline drains, stages in parallel:
 
-    T_dp = max_s ( AR_{d_s}(2·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
+    T_dp = max_s ( AR_{d_s}(4·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
+
+(``4``: gradients are reduced in fp32 in every precision, :data:`GRAD_REDUCE_BYTES`.)
 
 Memory per GPU of stage ``s`` (bytes):
 
@@ -60,9 +62,9 @@ Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
 Precision, sharding and recomputation (the formulas above are the bf16, replicated, no-recompute case):
 
 - precision ``p`` (the job's): ``F_c`` scales by the GPU type's datasheet ratio of ``p``'s dense peak to the
-  bf16 peak (:func:`compute_rate_tflops`); activation, TP all-reduce and gradient values take
-  ``value_bytes(p)`` (2 for bf16/fp16, 4 for fp32/tf32); replicated state is 20 bytes/parameter in
-  fp32/tf32 (:func:`state_bytes_per_param`).
+  bf16 peak (:func:`compute_rate_tflops`); activation and TP all-reduce values take ``value_bytes(p)`` (2 for
+  bf16/fp16, 4 for fp32/tf32), gradient values 4 in every precision (:data:`GRAD_REDUCE_BYTES`); replicated
+  state is 20 bytes/parameter in fp32/tf32 (:func:`state_bytes_per_param`).
 - ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
   parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
   (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
@@ -115,6 +117,7 @@ from spiderflow.core.schedules import plan_max_in_flight
 __all__ = [
     "BYTES_PER_PARAM",
     "GIB",
+    "GRAD_REDUCE_BYTES",
     "LOGIT_BYTES",
     "OVERLAP_KEY",
     "RESERVED_GIB",
@@ -309,10 +312,21 @@ def wire_bytes(cluster: Cluster, precision: Precision = Precision.BF16) -> int:
     return max(cluster.gpu_type.wire_bytes, precision.value_bytes)
 
 
+GRAD_REDUCE_BYTES = 4
+"""Bytes per gradient value the data-parallel all-reduce/reduce-scatter moves in every precision: the executor
+keeps fp32 master weights, so their gradients are fp32 even under bf16/fp16 autocast, and it reduces them as
+they are (``exec/runtime.py``, one flat fp32 all-reduce; FSDP2 without a ``reduce_dtype`` reduce-scatters
+fp32). Megatron-LM's default (``--accumulate-allreduce-grads-in-fp32`` with its distributed optimizer) and
+torchtitan's ``mixed_precision_reduce = "float32"`` also reduce in fp32."""
+
+
 def grad_bytes_per_value(precision: Precision = Precision.BF16) -> int:
-    """Bytes per gradient value in the data-parallel all-reduce/reduce-scatter (2 in bf16/fp16, 4 in
-    fp32/tf32)."""
-    return precision.value_bytes
+    """Bytes per gradient value in the data-parallel all-reduce/reduce-scatter: :data:`GRAD_REDUCE_BYTES`
+    (fp32) in every precision, mixed precision included (gradients are reduced in their master weights'
+    fp32). Every restatement of the gradient sync (level 1 and 2 and their kernels, the chain scorers, the
+    baselines) takes it from here."""
+    del precision  # the same in every precision; kept so that a precision-dependent rule has one place
+    return GRAD_REDUCE_BYTES
 
 
 def state_bytes_per_param(precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE) -> int:

@@ -291,14 +291,14 @@ def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance
 
 
 def test_spinsearch_hint_with_smaller_micro_batches_enters_the_model_whole() -> None:
-    """SpinSearch's plan uses micro-batches of 1 where the job says 4 (activation memory differs): the
+    """SpinSearch's plan uses smaller micro-batches than the job says (activation memory differs): the
     model is built at the hint's micro-batch size, every decision variable is hinted and completed, and
     the answer is never worse than the hint on the closed form the model optimises (the upper reference starts
     where SpinSearch ends; SpinSearch reports its plan's exact timeline, the closed form rides along)."""
     from spiderflow.core.sim.grid import instance_job
     from spiderflow.core.topogen import generate_topology
 
-    topo, job = generate_topology(12, 2, "geo"), instance_job(1)
+    topo, job = generate_topology(12, 2, "geo"), instance_job(2)
     ss = get_policy("spinsearch").place(topo, job, Budget(seed=2000))
     assert ss.ok and ss.plan is not None and ss.plan.micro_batches != job.micro_batches_total
     ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=2, seed=2000))

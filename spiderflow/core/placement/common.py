@@ -220,7 +220,7 @@ class JobConsts:
     p_head: float | None = None  # the head's parameters (None: as many as the embedding, a GPT-shaped head)
     precision: Precision = Precision.BF16  # the job's precision (compute rates, value and state bytes)
     state_bytes: float = 16.0  # weights, gradients and Adam state per parameter (replicated)
-    grad_bytes: float = 2.0  # bytes per gradient value in the data-parallel all-reduce
+    grad_bytes: float = 4.0  # bytes per gradient value in the data-parallel all-reduce (fp32 in every precision)
 
     def wire_act(self, wire: int) -> float:
         """Bytes of one activation crossing a stage boundary from a cluster whose GPU type sends ``wire``-byte
