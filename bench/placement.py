@@ -53,6 +53,7 @@ from spiderflow.core.placement import REGISTRY, clear_memos, load_builtin_polici
 from spiderflow.core.placement.base import Budget, PlacementPolicy
 from spiderflow.core.placement.spinsearch import SpinSearch
 from spiderflow.core.topogen import generate_topology
+from spiderflow.core.tpa.timeline import result_on_timeline
 
 JOBS: tuple[tuple[str, int, int], ...] = (
     ("gpt3-1.3b", 16, 32),
@@ -102,6 +103,7 @@ def run(sizes: list[int], jobs: list[tuple[str, int, int]], *, policies: list[st
                         break
                     cpu.append(time.process_time() - c0)
                     times.append(res.planning_seconds)
+                    res = result_on_timeline(res, topo, job)  # every policy on the one prediction
                 row: dict[str, Any] = {
                     "clusters": n, "model": model, "gpus": f"{gmin}:{gmax}", "policy": name,
                     "status": res.status.value if res else "error", "reason": (res.reason if res else error),

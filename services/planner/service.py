@@ -38,6 +38,7 @@ from spiderflow.core.errors import NotFoundError, UnschedulableError, Validation
 from spiderflow.core.placement import Budget, Objective, PlacementResult, PlacementStatus, get_policy
 from spiderflow.core.placement.common import Level2, LocalPlanner
 from spiderflow.core.tpa.planner import with_in_flight_cap
+from spiderflow.core.tpa.timeline import evaluate_on_timeline, result_on_timeline
 from spiderflow.proto.planner.v1 import planner_pb2, planner_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
@@ -159,9 +160,10 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         plan = _force_schedule(result.plan, topo, job, request.schedule)
         if cap is not None:  # a policy's plan (or a forced schedule) held to the cap; TPA's chain plan already is
             plan = with_in_flight_cap(plan, topo, job, cap)
-        result = replace(result, plan=plan)
+        result = result_on_timeline(replace(result, plan=plan), topo, job)  # every policy on the one prediction
+        assert result.plan is not None
         log.info("planner.planned", job=job.id, policy=result.policy, chain=list(plan.chain),
-                 step_time_s=plan.step_time_s, planning_seconds=result.planning_seconds,
+                 step_time_s=result.plan.step_time_s, planning_seconds=result.planning_seconds,
                  topology_revision=topo.revision)
         return convert.placement_result_to_proto(result)
 
@@ -181,8 +183,12 @@ class PlannerService(planner_pb2_grpc.PlannerServicer):
         if plan.layers != job.model.layers:
             raise ValidationError("plan.stages", f"must cover the model's {job.model.layers} layers",
                                   plan.layers)
-        # A plan carrying an in-flight cap (extras["max_in_flight"]) is charged memory under it by evaluate.
-        out = costmodel.evaluate(plan, topo, job)
+        # A plan carrying an in-flight cap (extras["max_in_flight"]) is charged memory under it by evaluate; the
+        # step is the exact timeline's, as the planner reports it (the closed form for an order it cannot run).
+        try:
+            out = evaluate_on_timeline(plan, topo, job)
+        except ValueError:
+            out = costmodel.evaluate(plan, topo, job)
         ok, worst, excess = costmodel.fits_memory(out, topo)
         return planner_pb2.EstimateResponse(
             plan=convert.plan_to_proto(out), fits_memory=ok, worst_stage=worst, excess_gib=excess

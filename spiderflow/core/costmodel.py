@@ -38,7 +38,9 @@ latency-aware one) live in :mod:`spiderflow.core.schedules`; this closed form is
 
 Gradient synchronisation and the optimizer step, after the pipeline drains, stages in parallel:
 
-    T_dp = max_s ( AR_{d_s}(2·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
+    T_dp = max_s ( AR_{d_s}(4·params_s / t_s, B_dp(s))  +  |ℓ_s|·u_{c_s} )
+
+(``4``: gradients are reduced in fp32 in every precision, :data:`GRAD_REDUCE_BYTES`.)
 
 Memory per GPU of stage ``s`` (bytes):
 
@@ -60,9 +62,9 @@ Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
 Precision, sharding and recomputation (the formulas above are the bf16, replicated, no-recompute case):
 
 - precision ``p`` (the job's): ``F_c`` scales by the GPU type's datasheet ratio of ``p``'s dense peak to the
-  bf16 peak (:func:`compute_rate_tflops`); activation, TP all-reduce and gradient values take
-  ``value_bytes(p)`` (2 for bf16/fp16, 4 for fp32/tf32); replicated state is 20 bytes/parameter in
-  fp32/tf32 (:func:`state_bytes_per_param`).
+  bf16 peak (:func:`compute_rate_tflops`); activation and TP all-reduce values take ``value_bytes(p)`` (2 for
+  bf16/fp16, 4 for fp32/tf32), gradient values 4 in every precision (:data:`GRAD_REDUCE_BYTES`); replicated
+  state is 20 bytes/parameter in fp32/tf32 (:func:`state_bytes_per_param`).
 - ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
   parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
   (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
@@ -115,6 +117,7 @@ from spiderflow.core.schedules import plan_max_in_flight
 __all__ = [
     "BYTES_PER_PARAM",
     "GIB",
+    "GRAD_REDUCE_BYTES",
     "LOGIT_BYTES",
     "OVERLAP_KEY",
     "RESERVED_GIB",
@@ -125,6 +128,7 @@ __all__ = [
     "allreduce_time",
     "compute_rate_tflops",
     "evaluate",
+    "evaluate_with_breakdown",
     "exposed_dp_sync",
     "exposed_tp_comm",
     "grad_bytes_per_value",
@@ -132,6 +136,7 @@ __all__ = [
     "layer_activation_bytes",
     "layer_fwd_flops",
     "pipeline_step_time",
+    "plan_fits_memory",
     "plan_options",
     "selective_recompute_flops",
     "selective_saved_bytes",
@@ -307,10 +312,21 @@ def wire_bytes(cluster: Cluster, precision: Precision = Precision.BF16) -> int:
     return max(cluster.gpu_type.wire_bytes, precision.value_bytes)
 
 
+GRAD_REDUCE_BYTES = 4
+"""Bytes per gradient value the data-parallel all-reduce/reduce-scatter moves in every precision: the executor
+keeps fp32 master weights, so their gradients are fp32 even under bf16/fp16 autocast, and it reduces them as
+they are (``exec/runtime.py``, one flat fp32 all-reduce; FSDP2 without a ``reduce_dtype`` reduce-scatters
+fp32). Megatron-LM's default (``--accumulate-allreduce-grads-in-fp32`` with its distributed optimizer) and
+torchtitan's ``mixed_precision_reduce = "float32"`` also reduce in fp32."""
+
+
 def grad_bytes_per_value(precision: Precision = Precision.BF16) -> int:
-    """Bytes per gradient value in the data-parallel all-reduce/reduce-scatter (2 in bf16/fp16, 4 in
-    fp32/tf32)."""
-    return precision.value_bytes
+    """Bytes per gradient value in the data-parallel all-reduce/reduce-scatter: :data:`GRAD_REDUCE_BYTES`
+    (fp32) in every precision, mixed precision included (gradients are reduced in their master weights'
+    fp32). Every restatement of the gradient sync (level 1 and 2 and their kernels, the chain scorers, the
+    baselines) takes it from here."""
+    del precision  # the same in every precision; kept so that a precision-dependent rule has one place
+    return GRAD_REDUCE_BYTES
 
 
 def state_bytes_per_param(precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE) -> int:
@@ -565,6 +581,13 @@ def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool 
 
     The micro-batch size is ``job.global_batch / plan.micro_batches``.
     """
+    return evaluate_with_breakdown(plan, topo, job, fused_attention=fused_attention)[0]
+
+
+def evaluate_with_breakdown(
+    plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool = False
+) -> tuple[Plan, Breakdown]:
+    """:func:`evaluate` and the :func:`breakdown` it priced the plan with."""
     micro_batch = max(1, job.global_batch // plan.micro_batches)
     bd = breakdown(plan, topo, job.model, micro_batch=micro_batch, seq_len=job.seq_len, precision=job.precision,
                    fused_attention=fused_attention)
@@ -579,7 +602,24 @@ def evaluate(plan: Plan, topo: Topology, job: JobSpec, *, fused_attention: bool 
         throughput_tokens_per_s=(job.tokens_per_step / step) if step > 0 and math.isfinite(step) else 0.0,
         memory_gib_per_gpu=bd.memory_gib,
         usd_per_step=usd,
-    )
+    ), bd
+
+
+def plan_fits_memory(plan: Plan, topo: Topology, job: JobSpec) -> bool:
+    """Whether every stage of ``plan`` (not yet evaluated) fits its GPUs' memory as :func:`breakdown` prices it
+    (without the other terms: a cheap check before :func:`evaluate`)."""
+    b, s = max(1, job.global_batch // plan.micro_batches), job.seq_len
+    opts = plan_options(plan)
+    cap = plan_max_in_flight(plan)
+    n = len(plan.stages)
+    for i, st in enumerate(plan.stages):
+        k = in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap)
+        mem = stage_memory_bytes(job.model, st.first_layer, st.last_layer, st.tp, b, s, k, precision=job.precision,
+                                 sharding=st.sharding, dp=st.dp, recompute=st.recompute,
+                                 selective=opts.selective_recompute) / GIB
+        if mem > topo.cluster(st.cluster).gpu_memory_gib:
+            return False
+    return True
 
 
 def fits_memory(plan: Plan, topo: Topology) -> tuple[bool, int, float]:

@@ -14,7 +14,9 @@ The cycle
 2. walk the order. A job is **tried** (its policy asked) only when a decision could change its answer
    (:func:`worth_trying`): enough GPUs are free for its minimum, it is not waiting for releases (or the
    GPUs it waits for are all free already), and the pool grew or changed since its last failed decision.
-3. each decision calls the job's policy on the snapshot with the GPUs still free. With waiting on
+3. each decision calls the job's policy on the snapshot with the GPUs still free; its plan is re-scored on
+   the exact timeline (:func:`spiderflow.core.tpa.timeline.result_on_timeline`), the one prediction every
+   policy is compared on. With waiting on
    (:attr:`CycleOptions.wait`) every policy is offered it: the budget lists the GPUs expected back
    (:func:`spiderflow.core.queueing.expected_releases`: holders at their estimated ends, and the claims of
    jobs already waiting), a policy that prices waits itself (:class:`~spiderflow.core.placement.base.WaitPricer`,
@@ -97,6 +99,7 @@ from spiderflow.core.queueing import (
     reserve_at,
 )
 from spiderflow.core.tenancy import Entry, TenantQuota, arrange
+from spiderflow.core.tpa.timeline import result_on_timeline
 
 __all__ = [
     "Advance",
@@ -360,6 +363,8 @@ def price_wait(policy: PlacementPolicy, topo: Topology, job: JobSpec, now: Plan,
             continue
         if not res.ok or res.plan is None:
             continue
+        res = result_on_timeline(res, topo, job)
+        assert res.plan is not None
         v = _job_total(obj, after, job.steps, res.plan.step_time_s, res.plan.usd_per_step)
         if v < min(threshold, best[1] if best else math.inf):
             best = (after, v, res.plan)
@@ -455,6 +460,7 @@ def decide(policy: PlacementPolicy, snap: Topology, spec: JobSpec, budget: Budge
                                constraint=e.constraint)
     except SpiderFlowError as e:
         return PlacementResult(status=PlacementStatus.ERROR, policy=_name(policy), reason=str(e))
+    result = result_on_timeline(result, snap, spec)
     if not prices_itself and budget.releases and result.ok and result.plan is not None:
         w = price_wait(policy, snap, spec, result.plan, budget)
         if w is not None:

@@ -32,7 +32,7 @@ def test_bytes_per_precision() -> None:
     c, cpu = _h100(), Cluster(name="c", gpu="cpu", nodes=1, gpus_per_node=1)
     assert cm.wire_bytes(c, Precision.BF16) == 2 and cm.wire_bytes(c, Precision.FP32) == 4
     assert cm.wire_bytes(cpu, Precision.BF16) == 4  # the CPU executor sends fp32
-    assert cm.grad_bytes_per_value(Precision.TF32) == 4 and cm.grad_bytes_per_value(Precision.FP16) == 2
+    assert all(cm.grad_bytes_per_value(p) == 4 for p in Precision)  # fp32 gradients are reduced in every precision
     assert cm.state_bytes_per_param(Precision.BF16) == cm.BYTES_PER_PARAM == 18
     assert cm.state_bytes_per_param(Precision.FP32) == 20
     assert cm.state_bytes_per_param(Precision.FP32, Sharding.FSDP) == 16
@@ -85,4 +85,5 @@ def test_evaluate_prices_sharding_recompute_and_precision() -> None:
     assert f.step_time_s > r.step_time_s  # recomputation costs a forward
     fp32 = cm.evaluate(rep, topo, JobSpec(id="j", model=M, global_batch=16, micro_batch=2, seq_len=S,
                                           gpus=GpuRange(min=1, max=16), precision=Precision.FP32))
-    assert fp32.step_time_s > 5 * r.step_time_s and fp32.memory_gib_per_gpu[0] > r.memory_gib_per_gpu[0]
+    # fp32 compute is far slower; the gradient all-reduce moves fp32 values in both precisions
+    assert fp32.step_time_s > 4 * r.step_time_s and fp32.memory_gib_per_gpu[0] > r.memory_gib_per_gpu[0]

@@ -297,10 +297,12 @@ async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_bette
         assert len(planner.asked) == 1
         plan = (await repo.get("big")).record.plan
         assert plan is not None and plan.gpus_by_cluster() == dict(planner.asked[0])
+        # Every plan is re-scored on the exact timeline (timeline_step_s); only TPA's says its micro-batch size.
+        assert plan.extras["timeline_step_s"] == plan.step_time_s
         if worse:
-            assert "worse" not in plan.extras and "timeline_step_s" not in plan.extras  # the level-1 plan
+            assert "worse" not in plan.extras and "micro_batch_size" not in plan.extras  # the level-1 plan
         else:
-            assert "timeline_step_s" in plan.extras
+            assert "micro_batch_size" in plan.extras
 
 
 async def test_with_a_planner_service_the_other_baselines_keep_their_own_plans() -> None:

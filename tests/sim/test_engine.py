@@ -32,6 +32,13 @@ _DEFAULT_BUDGET = Budget()
 FIXED = SimConfig(overhead=OverheadMode.FIXED, fixed_overhead_s=0.5)
 
 
+
+def given_step(step: float) -> dict[str, float]:
+    """A hand-made plan's step as its timeline step: the scheduling cycle re-scores on the exact timeline only
+    plans that do not carry one (TPA's do), so these fakes keep the step they are given."""
+    return {"timeline_step_s": step, "closed_form_step_s": step}
+
+
 class FixedStepPolicy:
     """All of a job's max GPUs on the first cluster with enough free, at a fixed step time."""
 
@@ -45,7 +52,7 @@ class FixedStepPolicy:
             if c.free >= job.gpus.max:
                 plan = Plan(stages=(Stage(cluster=c.name, first_layer=0, last_layer=job.model.layers - 1,
                                           tp=1, dp=job.gpus.max),), micro_batches=1, step_time_s=self.step,
-                            usd_per_step=0.0)
+                            extras=given_step(self.step), usd_per_step=0.0)
                 return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=plan)
         return PlacementResult(status=PlacementStatus.UNSCHEDULABLE, policy=self.name, reason="no room")
 
@@ -215,7 +222,7 @@ def test_policy_over_allocation_is_an_error() -> None:
     class Cheat(FixedStepPolicy):
         def place(self, topo: Topology, job: JobSpec, budget: Budget = _DEFAULT_BUDGET) -> PlacementResult:
             plan = Plan(stages=(Stage(cluster="c0", first_layer=0, last_layer=job.model.layers - 1, dp=99),),
-                        micro_batches=1, step_time_s=1.0)
+                        micro_batches=1, step_time_s=1.0, extras=given_step(1.0))
             return PlacementResult(status=PlacementStatus.SUCCESS, policy="cheat", plan=plan)
 
     with pytest.raises(SimulationError, match="takes 99 GPUs"):
@@ -336,7 +343,7 @@ class WaitingPolicy(FixedStepPolicy):
         if not res.ok and budget.releases:
             later = Plan(stages=(Stage(cluster=budget.releases[0].gpus[0][0], first_layer=0,
                                        last_layer=job.model.layers - 1, tp=1, dp=job.gpus.max),),
-                         micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+                         micro_batches=1, step_time_s=self.step, extras=given_step(self.step), usd_per_step=0.0)
             return _waits(self.name, budget.releases[0].after_s, later)
         return res
 
@@ -386,7 +393,8 @@ class ClaimingPolicy(FixedStepPolicy):
             return res
         cluster = gives[0].gpus[0][0]
         later = Plan(stages=(Stage(cluster=cluster, first_layer=0, last_layer=job.model.layers - 1, tp=1,
-                                   dp=job.gpus.max),), micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+                                   dp=job.gpus.max),), micro_batches=1, step_time_s=self.step,
+                     extras=given_step(self.step), usd_per_step=0.0)
         return _waits(self.name, gives[0].after_s, later)
 
     def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
@@ -422,7 +430,7 @@ class PessimisticWaitPolicy(FixedStepPolicy):
         if res.ok:
             return res
         later = Plan(stages=(Stage(cluster="c0", first_layer=0, last_layer=job.model.layers - 1, tp=1, dp=8),),
-                     micro_batches=1, step_time_s=self.step, usd_per_step=0.0)
+                     micro_batches=1, step_time_s=self.step, extras=given_step(self.step), usd_per_step=0.0)
         return _waits(self.name, 100.0, later)
 
     def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:

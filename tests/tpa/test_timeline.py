@@ -159,8 +159,8 @@ def test_planner_does_not_settle_for_1f1b_on_slow_links(latency_ms: float) -> No
     plan = plan_chain(topo, job, [(f"r{i}", 4) for i in range(4)])
     assert plan.schedule is not Schedule.ONE_F_ONE_B
     f1 = evaluate(replace(plan, schedule=Schedule.ONE_F_ONE_B, extras={}), topo, job)
-    assert plan.step_time_s <= f1.step_time_s * (1 + 1e-9)  # the closed form is no worse...
-    assert plan.extras["timeline_step_s"] < simulate_plan(f1, topo, job).step_s  # ...and the timeline better
+    assert plan.step_time_s == plan.extras["timeline_step_s"]  # the plan reports what it optimises
+    assert plan.step_time_s < simulate_plan(f1, topo, job).step_s
 
 
 def test_planner_never_returns_a_deadlocking_schedule() -> None:

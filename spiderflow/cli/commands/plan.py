@@ -236,7 +236,9 @@ def _plan(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise CliError(f"--{e.field.replace('_', '-')}: {e.reason} (got {e.value!r})", EXIT_USAGE) from None
     budget = Budget(time_limit_s=args.time_limit, seed=args.seed, objective=Objective(args.objective))
-    res = policy.place(topo, job, budget)
+    from spiderflow.core.tpa.timeline import result_on_timeline
+
+    res = result_on_timeline(policy.place(topo, job, budget), topo, job)  # every policy on one prediction
     doc = result_to_dict(res)
     if not res.ok:
         if args.json:

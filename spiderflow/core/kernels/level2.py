@@ -88,7 +88,8 @@ I_FSDP_BYTES_PER_PARAM = 20  # the same on an FSDP shard
 I_ALLOW_RECOMPUTE = 21  # candidates with activation recomputation
 I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1, all-gathers hidden behind compute)
 I_KV_HEADS = 23  # key/value heads (grouped-query attention; = heads otherwise): t divides them too
-I_SIZE = 24
+I_GRAD_BYTES = 24  # bytes of one gradient value in the data-parallel sync (costmodel.grad_bytes_per_value)
+I_SIZE = 25
 
 # A candidate's row: ``(t, p, d, recompute, fsdp)``.
 C_TP = 0
@@ -246,7 +247,8 @@ def coefficients(
       last of a head block) plus ``κ_j·λ·b·s·V/t`` (the loss, ``λ`` = ``fl[F_LOGIT_BYTES]``) on the head
       sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
       activations rebuilt in backward under recomputation;
-    * ``α = S_d(v·P/t, B_dp) + u``; ``β_j = S_d(v·X_j/t, B_dp)`` (0 when ``X_j = 0``), ``S = AR`` for
+    * ``α = S_d(γ·P/t, B_dp) + u``; ``β_j = S_d(γ·X_j/t, B_dp)`` (0 when ``X_j = 0``; ``γ`` the gradient
+      bytes per value, ``it[I_GRAD_BYTES]``), ``S = AR`` for
       replicas, ``AG`` (the gradients' reduce-scatter) under FSDP;
     * ``P_in = w·b·s·h / B_inter`` (the cluster's wire format in the job's precision).
 
@@ -259,6 +261,7 @@ def coefficients(
     m = it[I_M]
     g = it[I_GPUS_PER_NODE]
     vb = it[I_VALUE_BYTES]
+    gb = it[I_GRAD_BYTES]
     intra = fl[F_INTRA_GBPS]
     inter = fl[F_INTER_GBPS]
     params_per_layer = fl[F_LAYER_PARAMS]
@@ -269,11 +272,11 @@ def coefficients(
     stage_gpus = tp * dp
     dp_bw = intra if stage_gpus <= g else inter
     if fsdp:
-        alpha = _fsdp_gather_time(vb * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S]
+        alpha = _fsdp_gather_time(gb * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S]
         bpp = it[I_FSDP_BYTES_PER_PARAM]
         shards = tp * dp
     else:
-        alpha = _allreduce_time(vb * params_per_layer / tp, dp, dp_bw, 0.0) + fl[F_OPTIMIZER_S]
+        alpha = _allreduce_time(gb * params_per_layer / tp, dp, dp_bw, 0.0) + fl[F_OPTIMIZER_S]
         bpp = it[I_BYTES_PER_PARAM]
         shards = tp
     gpipe = it[I_HAS_DOWNSTREAM] == 0
@@ -301,9 +304,9 @@ def coefficients(
         if extra_params == 0.0:
             beta[j] = 0.0
         elif fsdp:
-            beta[j] = _fsdp_gather_time(vb * extra_params / tp, dp, dp_bw)
+            beta[j] = _fsdp_gather_time(gb * extra_params / tp, dp, dp_bw)
         else:
-            beta[j] = _allreduce_time(vb * extra_params / tp, dp, dp_bw, 0.0)
+            beta[j] = _allreduce_time(gb * extra_params / tp, dp, dp_bw, 0.0)
     p_in = _transfer_time(float(it[I_WIRE_BYTES]) * b * s * h, inter, 0.0)
     return tau, eta_head, alpha, p_in
 

@@ -220,7 +220,7 @@ class JobConsts:
     p_head: float | None = None  # the head's parameters (None: as many as the embedding, a GPT-shaped head)
     precision: Precision = Precision.BF16  # the job's precision (compute rates, value and state bytes)
     state_bytes: float = 16.0  # weights, gradients and Adam state per parameter (replicated)
-    grad_bytes: float = 2.0  # bytes per gradient value in the data-parallel all-reduce
+    grad_bytes: float = 4.0  # bytes per gradient value in the data-parallel all-reduce (fp32 in every precision)
 
     def wire_act(self, wire: int) -> float:
         """Bytes of one activation crossing a stage boundary from a cluster whose GPU type sends ``wire``-byte
@@ -909,7 +909,9 @@ def finalise(
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan that chain
-    with it and keep whichever of the two plans of the chain scores better. ``force``: ask the planner for
+    with it and keep whichever of the two plans of the chain scores better on the exact timeline (TPA's
+    prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the level-1 plans are compared among
+    themselves on the closed form). ``force``: ask the planner for
     the first allocation even when the level-1 planner found no plan (its error then names the binding
     constraint); ``planner=None``: the level-1 plans only. Where the level-1 planner found no allocation's
     memory enough, the planner is asked for the first one too: TPA may fit it with recomputation or FSDP.
@@ -945,6 +947,11 @@ def finalise(
         if target:
             try:
                 tplan = planner.plan(topo, job, target, PlanOptions(objective=objective, explain=best is None))
+                if best is not None:  # the two plans compared on TPA's prediction, the exact timeline
+                    from spiderflow.core.tpa.timeline import evaluate_on_timeline
+
+                    best = evaluate_on_timeline(best, topo, job)
+                    best_val = plan_objective(best, objective)
                 if not check_plan(tplan, topo, job) and (
                     best is None or plan_objective(tplan, objective) <= best_val
                 ):

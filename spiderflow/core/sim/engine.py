@@ -49,7 +49,6 @@ from typing import Any
 
 import structlog
 
-from spiderflow.core.costmodel import evaluate
 from spiderflow.core.cycle import (
     Advance,
     CycleInput,
@@ -70,6 +69,7 @@ from spiderflow.core.domain import JobSpec, Link, Plan, Topology
 from spiderflow.core.errors import SpiderFlowError, ValidationError
 from spiderflow.core.placement.base import Budget, Objective, PlacementPolicy, PlacementStatus
 from spiderflow.core.queueing import QueuedJob, QueuePolicy, queued_job
+from spiderflow.core.tpa.timeline import evaluate_on_timeline
 
 __all__ = [
     "EventKind",
@@ -557,7 +557,7 @@ class _Sim:
                 continue
             if ev.kind is not EventKind.LINK_CHANGE:
                 continue
-            new = evaluate(j.plan, self.topo, j.spec)
+            new = evaluate_on_timeline(j.plan, self.topo, j.spec)
             if math.isclose(new.step_time_s, j.plan.step_time_s, rel_tol=1e-12):
                 continue
             if new.step_time_s > j.plan.step_time_s * self.cfg.replan_slowdown:

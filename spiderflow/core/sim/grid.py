@@ -47,7 +47,7 @@ from spiderflow.core.placement.options import SearchOptions, make_policy
 from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
 from spiderflow.core.sim.metrics import percentile
 from spiderflow.core.sim.tracegen import MODEL_MIX, SEQ_LEN
-from spiderflow.core.tpa.timeline import simulate_plan
+from spiderflow.core.tpa.timeline import result_on_timeline, simulate_plan
 
 __all__ = [
     "RATIO_KEYS",
@@ -169,18 +169,22 @@ def decide(policy: PlacementPolicy, topo: Topology, job: JobSpec, budget: Budget
     t0 = time.perf_counter()
     try:
         res = policy.place(topo, job, budget)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        res = result_on_timeline(res, topo, job)
         status, plan, stats, reason = res.status.value, res.plan if res.ok else None, dict(res.stats), res.reason
     except SpiderFlowError as e:
         status, plan, stats, reason = "error", None, {}, str(e)
-    wall = time.perf_counter() - t0
-    cpu = time.process_time() - c0
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     out: dict[str, Any] = {"status": status, "wall_s": wall, "cpu_s": cpu, "stats": stats}
     if plan is None:
         out["reason"] = reason
         return out
     tl = timeline_step_s(plan, topo, job)
-    out.update(gpus=plan.gpus, chain=list(plan.chain), step_s=plan.step_time_s,
-               tps=job.tokens_per_step / plan.step_time_s, step_timeline_s=tl,
+    closed = plan.extras.get("closed_form_step_s", plan.step_time_s)
+    out.update(gpus=plan.gpus, chain=list(plan.chain), step_s=closed,
+               tps=job.tokens_per_step / closed, step_timeline_s=tl,
                tps_timeline=job.tokens_per_step / tl if tl else None)
     return out
 

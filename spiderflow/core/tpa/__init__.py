@@ -8,6 +8,9 @@ for the math.
 from __future__ import annotations
 
 from spiderflow.core.tpa.planner import micro_batch_candidates, plan_chain
-from spiderflow.core.tpa.timeline import Timeline, simulate, simulate_plan, stage_ops
+from spiderflow.core.tpa.timeline import Timeline, evaluate_on_timeline, simulate, simulate_plan, stage_ops
 
-__all__ = ["Timeline", "micro_batch_candidates", "plan_chain", "simulate", "simulate_plan", "stage_ops"]
+__all__ = [
+    "Timeline", "evaluate_on_timeline", "micro_batch_candidates", "plan_chain", "simulate", "simulate_plan",
+    "stage_ops",
+]

@@ -59,7 +59,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from spiderflow.core.catalog import ModelSpec
-from spiderflow.core.costmodel import activation_bytes, allreduce_time, stage_params, transfer_time, wire_bytes
+from spiderflow.core.costmodel import (
+    activation_bytes,
+    allreduce_time,
+    grad_bytes_per_value,
+    stage_params,
+    transfer_time,
+    wire_bytes,
+)
 from spiderflow.core.domain import Cluster, Precision, Schedule, Topology
 from spiderflow.core.kernels import level2 as kernels
 from spiderflow.core.kernels.search import block_layer_cap
@@ -621,7 +628,8 @@ def dp_crossing(ctx: ChainContext, ev: SplitEval, topo: Topology) -> list[DpCros
             out.append(DpCrossing(index=c, allowed=False, reason="the merged block does not fit in memory",
                                   hierarchical_allreduce_s=math.inf, pipeline_saving_s=0.0))
             continue
-        grad = float(ctx.precision.value_bytes) * stage_params(ctx.model, first, first + merged_layers - 1) / merged.tp
+        grad = float(grad_bytes_per_value(ctx.precision)) * stage_params(ctx.model, first, first + merged_layers - 1) \
+            / merged.tp
         t_ar = hierarchical_allreduce_time(
             grad, (u, v), (ctx.gpus[c], ctx.gpus[c + 1]),
             topo.bandwidth_gbps(u.name, v.name), topo.latency_ms(u.name, v.name),

@@ -2,26 +2,30 @@ r"""The TPA planner entry point: a chain allocation in, an evaluated :class:`~sp
 
 ``plan_chain`` searches the micro-batch count ``m`` over divisors of the global batch (micro-batch size
 ``b = B/m``), runs level 1 (layer split across clusters, :mod:`spiderflow.core.tpa.level1`) with level 2
-(per-cluster degrees, :mod:`spiderflow.core.tpa.level2`) for the 1F1B memory profile and keeps the split and
-``m`` with the best closed-form step (the shared cost model every policy is compared on). Level 2 solves
-every block exactly (``level2="exact"``, the default); with ``level2="cpsat"`` the chosen split's blocks are
-solved again with level 2's CP-SAT model (:func:`~spiderflow.core.tpa.level1.certify`). On that split
-it tries every pipeline schedule whose in-flight memory fits (GPipe, 1F1B, interleaved 1F1B, the
-latency-aware schedule) and whose closed form is no worse than 1F1B's, ranks them with a window-aware
-estimate (:func:`~spiderflow.core.tpa.timeline.window_estimate`) and scores them in that order with the exact
-event-level timeline (:mod:`spiderflow.core.tpa.timeline`) within an op budget (the top-ranked one always).
-The schedule with the best simulated objective wins (the closed form cannot tell GPipe, 1F1B and the
-latency-aware schedule apart; the timeline can); objectives within :data:`SIMULATED_TIE` of each other tie,
-and the better-ranked schedule keeps it.
+(per-cluster degrees, :mod:`spiderflow.core.tpa.level2`) for the 1F1B memory profile and polishes every
+feasible count's split. The count and the pipeline schedule are then chosen together on the exact event-level
+timeline (:mod:`spiderflow.core.tpa.timeline`): for every polished split, every schedule whose in-flight memory
+fits (GPipe, 1F1B, interleaved 1F1B, the latency-aware schedule; the split re-solved for a schedule whose
+memory its configurations exceed) is ranked by a window-aware estimate
+(:func:`~spiderflow.core.tpa.timeline.window_estimate`) and simulated in that order within an op budget (the
+top-ranked one always; a candidate whose :func:`~spiderflow.core.tpa.timeline.step_lower_bound` cannot beat the
+best simulated one is skipped). The best simulated objective wins, and its simulated step is the plan's
+``step_time_s``: what the planner optimises is what it reports. Objectives within :data:`SIMULATED_TIE` of each
+other tie, and the better-ranked candidate keeps it. Level 2 solves every block exactly (``level2="exact"``, the
+default); with ``level2="cpsat"`` the chosen count's blocks are solved again with level 2's CP-SAT model
+(:func:`~spiderflow.core.tpa.level1.certify`) and its schedules scored again on them.
 
 Contract
     * ``allocation`` is the ordered chain of ``(cluster name, GPUs used there)``; the returned plan uses
       exactly those GPUs (``plan.gpus_by_cluster()`` equals the allocation summed per cluster), its
       stages follow the chain order, a cluster with intra-cluster pipelining appears as consecutive stages.
-    * The plan is passed through :func:`spiderflow.core.costmodel.evaluate`: ``step_time_s``, throughput,
-      memory and dollars are the shared closed form, comparable with every other policy.
-      ``extras`` adds ``timeline_step_s`` (the exact simulated step of the returned schedule: pipeline
-      makespan + gradient sync; what the schedule choice minimises), ``chunks`` (interleaving), ``closed_form_step_s``,
+    * The plan is passed through :func:`~spiderflow.core.tpa.timeline.evaluate_on_timeline`: memory per GPU is
+      the shared cost model's; ``step_time_s`` is the exact simulated step of the returned plan (pipeline
+      makespan + gradient sync; what the choice of ``m`` and schedule minimises), throughput and dollars
+      follow from it. Every other policy's plan is re-scored the same way where plans are compared (the
+      scheduling cycle, ``spiderflow plan``, the benchmarks: :func:`~spiderflow.core.tpa.timeline.result_on_timeline`).
+      ``extras`` adds ``timeline_step_s`` (= ``step_time_s``), ``closed_form_step_s`` (the cost model's
+      closed form, what level 1 and 2 and the chain searches rank with), ``chunks`` (interleaving),
       ``micro_batch_size``, ``plan_seconds`` and ``dp_cross_gain_s`` (the best margin of the
       cross-cluster DP rule; ≤ 0 means pipelining is right everywhere).
     * Raises :class:`~spiderflow.core.errors.ValidationError` for a malformed allocation and
@@ -39,14 +43,21 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Literal
 
 import structlog
 
-from spiderflow.core.costmodel import evaluate, fits_memory, in_flight_microbatches
+from spiderflow.core.costmodel import (
+    evaluate,
+    evaluate_with_breakdown,
+    in_flight_microbatches,
+    plan_fits_memory,
+)
 from spiderflow.core.domain import Cluster, JobSpec, Objective, Plan, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
 from spiderflow.core.schedules import MAX_IN_FLIGHT_KEY
 from spiderflow.core.tpa.level1 import (
+    BlockSolver,
     ChainContext,
     SplitEval,
     certify,
@@ -57,7 +68,14 @@ from spiderflow.core.tpa.level1 import (
     polish,
 )
 from spiderflow.core.tpa.level2 import LEVEL2_SOLVERS, Level2Solver, solve_block_cached
-from spiderflow.core.tpa.timeline import simulate_plan, step_lower_bound, window_estimate
+from spiderflow.core.tpa.timeline import (
+    StageInputs,
+    evaluate_on_timeline,
+    plan_stage_timing,
+    simulate_plan,
+    step_lower_bound,
+    window_estimate,
+)
 
 __all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split", "with_in_flight_cap"]
 
@@ -66,7 +84,10 @@ log = structlog.get_logger(__name__)
 _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)
 _CAPPED = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)  # the schedules an in-flight cap shapes
 INTERLEAVE_CHUNKS = 2
-SIMULATION_OP_BUDGET = 100_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
+SIMULATION_OP_BUDGET = 400_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
+RESOLVED_COUNTS = 99
+"""Micro-batch counts (the best simulated on their polished splits) whose schedules that exceed the split's
+memory are re-solved and scored too."""
 SIMULATED_TIE = 1e-9
 """Simulated objectives this close (relative) are a tie, kept by the schedule simulated first (the better
 ranked): the timeline's steady-state extrapolation is exact up to float rounding, not to the last bit."""
@@ -189,13 +210,100 @@ def _memory_error(ctx: ChainContext, ev: SplitEval) -> UnschedulableError:
     )
 
 
+def _schedule_plans(
+    ctx: ChainContext, ev: SplitEval, allowed: Sequence[Schedule], topo: Topology, job: JobSpec,
+    objective: Objective, max_in_flight: int | None, *, resolve: BlockSolver | None | Literal[False],
+) -> list[_Candidate]:
+    """The evaluated plans of ``ev``'s split under each allowed schedule (with their simulator inputs), with
+    their window-aware objective
+    (:func:`~spiderflow.core.tpa.timeline.window_estimate`): the same stages where they fit the schedule's
+    in-flight memory, else the split re-solved for it (``resolve``: the level-2 solver; ``False``: no
+    re-solve, the schedule is skipped)."""
+    out: list[_Candidate] = []
+    n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
+    for sched in allowed:
+        if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
+            continue
+        if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
+            continue  # Megatron's interleaved order needs m to be a multiple of the stage count
+        chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
+        sctx = replace(ctx, schedule=sched)
+        raw = plan_from_split(sctx, ev, chunks=chunks)
+        if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(raw) > max_in_flight:
+            continue  # its order holds more than the cap and cannot be capped
+        if not plan_fits_memory(raw, topo, job):
+            if resolve is False:
+                continue
+            sev = evaluate_split(sctx, ev.split, solver=resolve)
+            if not sev.feasible:
+                continue
+            raw = plan_from_split(sctx, sev, chunks=chunks)
+        plan, bd = evaluate_with_breakdown(raw, topo, job)
+        if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
+            continue
+        timing = plan_stage_timing(plan, topo, job, bd=bd)
+        out.append((objective_score(plan, objective, window_estimate(plan, topo, job, timing=timing)), plan, timing))
+    return out
+
+
+_Candidate = tuple[float, Plan, StageInputs]
+"""A candidate plan: its window-aware objective, the plan (evaluated), its simulator inputs."""
+
+
+def _timing_of(plan: Plan, cands: Sequence[_Candidate]) -> StageInputs:
+    return next(t for _, p, t in cands if p is plan)
+
+
+class _Simulations:
+    """The exact timeline's scores of candidate plans within :data:`SIMULATION_OP_BUDGET` (``spent``)."""
+
+    def __init__(self, topo: Topology, job: JobSpec, objective: Objective) -> None:
+        self.topo, self.job, self.objective = topo, job, objective
+        self.spent = 0
+        self.by_count: dict[int, float] = {}
+        """Per micro-batch count, the best objective simulated or (where none was) the least bound that
+        ruled its candidates out."""
+
+    def _note(self, m: int, score: float) -> None:
+        self.by_count[m] = min(self.by_count.get(m, math.inf), score)
+
+    def best(self, cands: list[_Candidate]) -> tuple[float, Plan, float] | None:
+        """The best simulated ``(objective, plan, step)`` of ``cands``, simulated in window-estimate order
+        (the first always, the rest within the budget); a candidate whose lower bound cannot beat the best
+        simulated objective so far is skipped."""
+        best: tuple[float, Plan, float] | None = None
+        for _, plan, timing in sorted(cands, key=lambda r: r[0]):
+            ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
+            if best is not None:  # the first candidate is always simulated
+                if self.spent + ops > SIMULATION_OP_BUDGET:
+                    continue
+                bound = objective_score(plan, self.objective, step_lower_bound(plan, self.topo, self.job,
+                                                                               timing=timing))
+                if bound >= best[0]:
+                    self._note(plan.micro_batches, bound)
+                    continue  # even its lower bound cannot beat the best simulated schedule
+            self.spent += ops
+            try:
+                step = simulate_plan(plan, self.topo, self.job, record=False, timing=timing).step_s
+            except ValueError:
+                # The order cannot run with this replica layout (schedules.replica_ops deadlocks, e.g.
+                # interleaving with data parallelism): not a candidate.
+                log.debug("tpa.schedule_skipped", job=self.job.id, schedule=str(plan.schedule),
+                          m=plan.micro_batches)
+                continue
+            score = objective_score(plan, self.objective, step)
+            self._note(plan.micro_batches, score)
+            if best is None or score < best[0] * (1.0 - SIMULATED_TIE):
+                best = (score, plan, step)
+        return best
+
+
 def plan_chain(
     topo: Topology,
     job: JobSpec,
     allocation: Sequence[tuple[str, int]],
     *,
     objective: Objective = Objective.JCT,
-    finalists: int = 1,
     micro_batches: Sequence[int] | None = None,
     schedules: Sequence[Schedule] | None = None,
     max_in_flight: int | None = None,
@@ -228,8 +336,8 @@ def plan_chain(
     chain): the memory error then names the least infeasible split among the micro-batch counts level 1
     solved, without solving those the memory caps ruled out just to compare them.
 
-    Complexity: ``|m candidates| × level 1`` plus timeline simulations of ``O(m·S·log(m·S))`` each, at
-    most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
+    Complexity: ``|m candidates| × (level 1 + polish)`` plus timeline simulations of ``O(m·S·log(m·S))`` each,
+    at most :data:`SIMULATION_OP_BUDGET` ops beyond the first; level-2 solves are cached across calls.
     """
     t0 = time.perf_counter()
     clusters, gpus = _validate(topo, allocation)
@@ -249,7 +357,6 @@ def plan_chain(
         raise ValidationError("max_in_flight", "must be an integer ≥ 1", max_in_flight)
     if level2 not in LEVEL2_SOLVERS:
         raise ValidationError("level2", f"must be one of {', '.join(LEVEL2_SOLVERS)}", level2)
-    resolve = solve_block_cached if level2 == "cpsat" else None  # None: level 1's exact optimum
     allowed = tuple(schedules) if schedules is not None else _SCHEDULES
     if not allowed:
         raise ValidationError("schedules", "needs at least one schedule", [])
@@ -281,89 +388,54 @@ def plan_chain(
                 f"{', '.join(str(m) for m in ms)} (the clusters' layer caps hold fewer than its {model.layers} "
                 f"layers)", constraint="memory")
         raise _memory_error(*least_bad)
-    results.sort(key=lambda r: r[1].step_s)
-    # The finalists are polished; with CP-SAT their blocks are solved again (certify), and a split CP-SAT
-    # cannot fit is dropped.
-    certified: list[tuple[ChainContext, SplitEval]] = []
-    for ctx, ev in results:
-        if len(certified) >= finalists:
-            break
-        cev = polish(ctx, ev)
-        if level2 == "cpsat":
-            cev = certify(ctx, cev)
-        if cev.feasible:
-            certified.append((ctx, cev))
-        else:
-            least_bad = (ctx, cev)
-    if not certified:
-        assert least_bad is not None
-        raise _memory_error(*least_bad)
-    results = sorted(certified, key=lambda r: r[1].step_s)
-    # Every schedule whose memory fits on the best splits, ranked by the window-aware estimate; the exact
-    # timeline then scores them in that order within an op budget (at least one is always simulated).
-    ranked: list[tuple[float, Plan]] = []
-    for ctx, ev in results[:finalists]:
-        n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
-        for sched in allowed:
-            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
-                continue
-            if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
-                continue  # Megatron's interleaved order needs m to be a multiple of the stage count
-            chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
-            sctx = replace(ctx, schedule=sched)
-            # The same stages under another schedule when they fit its in-flight memory; else re-solve.
-            plan = evaluate(plan_from_split(sctx, ev, chunks=chunks), topo, job)
-            if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(plan) > max_in_flight:
-                continue  # its order holds more than the cap and cannot be capped
-            if not fits_memory(plan, topo)[0]:
-                sev = evaluate_split(sctx, ev.split, solver=resolve)
-                if not sev.feasible:
-                    continue
-                plan = evaluate(plan_from_split(sctx, sev, chunks=chunks), topo, job)
-            if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
-                continue
-            ranked.append((objective_score(plan, objective, window_estimate(plan, topo, job)), plan))
-    # The shared closed form stays the plan's prediction (every policy is compared on it): a schedule may
-    # replace 1F1B only if its closed form is no worse; among those, the exact timeline decides.
-    closed = [objective_score(p, objective, p.step_time_s) for _, p in ranked]
-    base = min(
-        (c for c, (_, p) in zip(closed, ranked, strict=True) if p.schedule is Schedule.ONE_F_ONE_B),
-        default=min(closed, default=math.inf),
-    )
-    admissible = [r for c, r in zip(closed, ranked, strict=True) if c <= base * (1.0 + 1e-9)]
-    admissible.sort(key=lambda r: r[0])
-    best: tuple[float, Plan, float] | None = None
-    spent = 0
-    for _, plan in admissible:
-        ops = 2 * plan.micro_batches * len(plan.stages) * int(plan.extras.get("chunks", 1))
-        if best is not None and spent + ops > SIMULATION_OP_BUDGET:
-            continue
-        if best is not None and objective_score(plan, objective, step_lower_bound(plan, topo, job)) >= best[0]:
-            continue  # even its lower bound cannot beat the best simulated schedule
-        spent += ops
-        try:
-            sim_step = simulate_plan(plan, topo, job, record=False).step_s
-        except ValueError:
-            # The order cannot run with this replica layout (schedules.replica_ops deadlocks, e.g. interleaving
-            # with data parallelism): not a candidate.
-            log.debug("tpa.schedule_skipped", job=job.id, schedule=str(plan.schedule), m=plan.micro_batches)
-            continue
-        score = objective_score(plan, objective, sim_step)
-        if best is None or score < best[0] * (1.0 - SIMULATED_TIE):
-            best = (score, plan, sim_step)
+    # The micro-batch count and the schedule are chosen together on the exact timeline: every feasible
+    # count's split is polished, and its plans under every schedule whose memory fits (re-solved where the
+    # split's configurations do not) are ranked by the window-aware estimate and simulated in that order
+    # within the op budget; the best simulated objective is the plan, its simulated step its step_time_s.
+    sim = _Simulations(topo, job, objective)
+    polished: list[tuple[ChainContext, SplitEval]] = []
+    ranked: list[_Candidate] = []
+    for ctx, ev in sorted(results, key=lambda r: r[1].step_s):
+        pev = polish(ctx, ev)
+        polished.append((ctx, pev))
+        ranked += _schedule_plans(ctx, pev, allowed, topo, job, objective, max_in_flight, resolve=False)
+    best = sim.best(ranked)
+    # The schedules whose memory the split's configurations exceed, re-solved for the counts whose other
+    # schedules score best (RESOLVED_COUNTS of them: a re-solve costs a level-2 solve per block).
+    order = sorted(range(len(polished)), key=lambda i: sim.by_count.get(polished[i][0].m, math.inf))
+    extra: list[_Candidate] = []
+    for i in order[:RESOLVED_COUNTS]:
+        ctx, pev = polished[i]
+        have = {p.schedule for _, p, _ in ranked if p.micro_batches == ctx.m}
+        extra += _schedule_plans(ctx, pev, [s for s in allowed if s not in have], topo, job, objective,
+                                 max_in_flight, resolve=None)
+    if extra:
+        more = sim.best(extra if best is None else [(-math.inf, best[1], _timing_of(best[1], ranked)), *extra])
+        if more is not None:
+            best = more
+    if level2 == "cpsat" and best is not None:
+        # The chosen count's blocks solved again with CP-SAT (certify); its schedules scored again on them.
+        ctx, pev = next((c, e) for c, e in polished if c.m == best[1].micro_batches)
+        cev = certify(ctx, pev)
+        polished = [(ctx, cev)]
+        if not cev.feasible:
+            raise _memory_error(ctx, cev)
+        sim.spent = 0
+        best = sim.best(_schedule_plans(ctx, cev, allowed, topo, job, objective, max_in_flight,
+                                        resolve=solve_block_cached))
     if best is None:  # only when the pinned schedules exclude every memory-feasible one
         raise UnschedulableError(
             f"no schedule among {', '.join(s.value for s in allowed)} fits memory on this chain",
             constraint="memory",
         )
+    results = polished
     _, plan, sim_step = best
     ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)
     crossings = dp_crossing(ctx, ev, topo)
     gain = max((d.gain_s for d in crossings), default=-math.inf)
+    plan = evaluate_on_timeline(plan, topo, job, step_s=sim_step)
     extras = dict(plan.extras)
     extras.update(
-        timeline_step_s=sim_step,
-        closed_form_step_s=plan.step_time_s,
         micro_batch_size=float(job.global_batch // plan.micro_batches),
         dp_cross_gain_s=gain if math.isfinite(gain) else 0.0,
         plan_seconds=time.perf_counter() - t0,
@@ -372,6 +444,6 @@ def plan_chain(
     log.debug(
         "tpa.plan", job=job.id, chain=[c.name for c in clusters], m=plan.micro_batches,
         schedule=str(plan.schedule), stages=len(plan.stages), step_s=plan.step_time_s,
-        timeline_step_s=sim_step, seconds=extras["plan_seconds"],
+        closed_form_step_s=extras["closed_form_step_s"], seconds=extras["plan_seconds"],
     )
     return plan

@@ -60,15 +60,22 @@ import heapq
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from operator import itemgetter
 
 import numpy as np
 import numpy.typing as npt
 
-from spiderflow.core.costmodel import activation_bytes, breakdown, wire_bytes
-from spiderflow.core.domain import JobSpec, Plan, Schedule, Topology
+from spiderflow.core.costmodel import (
+    Breakdown,
+    activation_bytes,
+    breakdown,
+    evaluate,
+    evaluate_with_breakdown,
+    wire_bytes,
+)
+from spiderflow.core.domain import JobSpec, PlacementResult, Plan, Schedule, Topology
 from spiderflow.core.errors import ValidationError
 from spiderflow.core.kernels.timeline import simulate_eager as _eager_kernel
 from spiderflow.core.schedules import (
@@ -89,8 +96,10 @@ __all__ = [
     "TransferRecord",
     "cache_clear",
     "default_warmup",
+    "evaluate_on_timeline",
     "plan_orders",
     "plan_stage_timing",
+    "result_on_timeline",
     "simulate",
     "simulate_plan",
     "stage_ops",
@@ -513,16 +522,20 @@ def _simulate_eager(
     )
 
 
-def plan_stage_timing(
-    plan: Plan, topo: Topology, job: JobSpec
-) -> tuple[list[StageTiming], list[list[float]], list[list[float]], int]:
+StageInputs = tuple[list[StageTiming], list[list[float]], list[list[float]], int]
+""":func:`plan_stage_timing`'s result: stage timings, serialisation and latency matrices, chunks."""
+
+
+def plan_stage_timing(plan: Plan, topo: Topology, job: JobSpec, *, bd: Breakdown | None = None) -> StageInputs:
     """The simulator's inputs for ``plan`` from the cost model: stage timings (``compute_s`` = ``T_s``
     with the calibrated per-layer overhead, ``allreduce_s`` = gradient all-reduce + optimizer step, the
     stage's share of ``T_dp``), link matrices (filled for the pairs a pipeline uses: neighbours and the
-    interleaving wrap; activations in the sending cluster's wire format), chunks."""
+    interleaving wrap; activations in the sending cluster's wire format), chunks. ``bd``: the plan's
+    :func:`~spiderflow.core.costmodel.breakdown` when the caller has it."""
     m = plan.micro_batches
     b = max(1, job.global_batch // m)
-    bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len, precision=job.precision)
+    if bd is None:
+        bd = breakdown(plan, topo, job.model, micro_batch=b, seq_len=job.seq_len, precision=job.precision)
     n = len(plan.stages)
     # The stage's work after the drain: gradient all-reduce plus the optimizer step (the cost model's T_dp).
     opt = bd.optimizer_s or (0.0,) * n
@@ -554,7 +567,7 @@ def plan_stage_timing(
     return stages, ser, lat, chunks
 
 
-def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
+def window_estimate(plan: Plan, topo: Topology, job: JobSpec, *, timing: StageInputs | None = None) -> float:
     r"""A closed-form step estimate that, unlike the cost model's, sees the in-flight window (cheap ranking
     of schedules before the exact simulation; within about −30 %/+50 % of the timeline).
 
@@ -574,7 +587,7 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
 
     GPipe has no window term (all ``m`` are in flight).
     """
-    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    stages, ser, lat, chunks = timing if timing is not None else plan_stage_timing(plan, topo, job)
     n = len(stages)
     m = plan.micro_batches
     links = [(ser[i][i + 1], lat[i][i + 1]) for i in range(n - 1)]
@@ -607,7 +620,7 @@ def window_estimate(plan: Plan, topo: Topology, job: JobSpec) -> float:
     return (m - 1) * period + fill + max(st.allreduce_s for st in stages)
 
 
-def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec) -> float:
+def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec, *, timing: StageInputs | None = None) -> float:
     r"""A lower bound on :func:`simulate_plan`'s ``step_s`` for any op order (cheap; used to skip
     simulations that cannot win).
 
@@ -617,7 +630,7 @@ def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec) -> float:
     cross stages ``i−1 … 0`` (``Σ_{q<i} (2T_q/3 + ser_{q+1,q} + lat_{q+1,q})``) before stage 0 can finish. So
     ``step ≥ max_i a_i + ⌈m/d_i⌉·T_i + max(AR_i, tail_i + AR_0)`` (``tail_i`` only when ``v = 1``).
     """
-    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    stages, ser, lat, chunks = timing if timing is not None else plan_stage_timing(plan, topo, job)
     m = plan.micro_batches
     best = 0.0
     head = 0.0
@@ -633,7 +646,59 @@ def step_lower_bound(plan: Plan, topo: Topology, job: JobSpec) -> float:
     return best if math.isfinite(best) else 0.0
 
 
-def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True) -> Timeline:
+TIMELINE_STEP_KEY = "timeline_step_s"
+CLOSED_FORM_STEP_KEY = "closed_form_step_s"
+
+
+def evaluate_on_timeline(plan: Plan, topo: Topology, job: JobSpec, *, step_s: float | None = None) -> Plan:
+    """``plan`` with the prediction every policy reports and is compared on: the cost model's figures
+    (:func:`~spiderflow.core.costmodel.evaluate`: memory per GPU, the closed form), its step the exact
+    timeline's (:func:`simulate_plan` of its schedule, ``m`` and replicas), throughput and dollars per step
+    from that step. ``extras`` gains ``timeline_step_s`` (= ``step_time_s``) and ``closed_form_step_s``.
+    ``step_s``: the timeline step when the caller has simulated it already. Idempotent; raises
+    :class:`ScheduleDeadlockError` (a ``ValueError``) for an order the replica layout cannot run."""
+    if step_s is None:
+        ev, bd = evaluate_with_breakdown(plan, topo, job)
+        step = simulate_plan(ev, topo, job, record=False, timing=plan_stage_timing(ev, topo, job, bd=bd)).step_s
+    else:
+        ev, step = evaluate(plan, topo, job), step_s
+    closed = ev.step_time_s
+    usd = ev.usd_per_step * (step / closed) if closed > 0 and math.isfinite(closed) else ev.usd_per_step
+    extras = dict(ev.extras)
+    extras[TIMELINE_STEP_KEY] = step
+    extras[CLOSED_FORM_STEP_KEY] = closed
+    return replace(
+        ev, step_time_s=step, usd_per_step=usd, extras=extras,
+        throughput_tokens_per_s=(job.tokens_per_step / step) if step > 0 and math.isfinite(step) else 0.0,
+    )
+
+
+def _on_timeline(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
+    if plan.extras.get(TIMELINE_STEP_KEY) == plan.step_time_s and CLOSED_FORM_STEP_KEY in plan.extras:
+        return plan  # the planner's own (it simulated the plan on the same figures)
+    try:
+        return evaluate_on_timeline(plan, topo, job)
+    except ValueError:
+        return plan  # an order the timeline cannot run keeps the closed form (no planner emits one)
+
+
+def result_on_timeline(result: PlacementResult, topo: Topology, job: JobSpec) -> PlacementResult:
+    """A policy's answer with its plan (and the plan it waits for) re-scored by :func:`evaluate_on_timeline`,
+    so that every policy is reported and compared on the same prediction; a plan that already carries its
+    timeline step (TPA's) is kept as it is. The policy's own statistics (its search objective) are
+    unchanged."""
+    if result.plan is None:
+        return result
+    plan = _on_timeline(result.plan, topo, job)
+    wait = result.wait
+    if wait is not None:
+        wait = replace(wait, plan=plan if wait.plan is result.plan else _on_timeline(wait.plan, topo, job))
+    return replace(result, plan=plan, wait=wait)
+
+
+def simulate_plan(
+    plan: Plan, topo: Topology, job: JobSpec, *, record: bool = True, timing: StageInputs | None = None
+) -> Timeline:
     """Simulate one step of ``plan`` (its schedule, ``m``, replicas) with the cost model's figures.
 
     With ``record=False`` the result is memoised on the simulator's inputs (schedule, ``m``, chunks, the
@@ -641,8 +706,10 @@ def simulate_plan(plan: Plan, topo: Topology, job: JobSpec, *, record: bool = Tr
     not re-simulated, and a long pipeline's step may come from the exact simulation of fewer micro-batches
     and its steady state (:func:`_steady_extrapolation`; equal to the full simulation up to float rounding,
     ~1e-14 relative). The plan's in-flight cap (``plan.extras["max_in_flight"]``) caps the warm-ups.
+    ``timing``: the plan's :func:`plan_stage_timing` when the caller has it (likewise for
+    :func:`window_estimate` and :func:`step_lower_bound`).
     """
-    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    stages, ser, lat, chunks = timing if timing is not None else plan_stage_timing(plan, topo, job)
     cap = plan_max_in_flight(plan)
     if not record:
         return _simulate_memo(
