@@ -820,8 +820,8 @@ def _warm() -> None:
     fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
                    12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256,
                    18.0])
-    assert fl.shape[0] == F_SIZE
-    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4], np.int64)
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4], np.int64)
+    assert fl.shape[0] == F_SIZE and it.shape[0] == I_SIZE
     lay = np.empty(4, np.int64)
     figs = np.empty((3, 4), np.float64)
     solve_exact(fl, it, lay, figs)
