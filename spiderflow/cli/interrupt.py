@@ -33,12 +33,12 @@ class Cancellable(Protocol):
 @contextlib.contextmanager
 def cancel_on_interrupt(stream: Cancellable) -> Iterator[Callable[[], bool]]:
     """Within the block, SIGINT cancels ``stream`` instead of raising ``KeyboardInterrupt``; yields a function
-    telling whether that happened. The previous handler is restored on the way out. Outside the main thread
-    (where Python cannot install handlers), or where SIGINT is ignored (a shell's background job), the block
-    runs unchanged."""
+    telling whether that happened. The previous handler is restored on the way out. The handler is installed
+    even where the process started with SIGINT ignored (a background job of a non-interactive shell, a
+    child of ``nohup ... &``): ``kill -INT`` must still stop the command, as it stops ``spiderflow up``.
+    Outside the main thread (where Python cannot install handlers) the block runs unchanged."""
     fired = threading.Event()
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is signal.SIG_IGN):
+    if threading.current_thread() is not threading.main_thread():
         yield fired.is_set
         return
 

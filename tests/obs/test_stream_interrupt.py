@@ -5,7 +5,8 @@ inside the blocked gRPC iterator.
 A real gRPC server on port 0 serves ``WatchJob`` and ``GetJobLogs``: one message, then nothing until the
 client goes away (a job that waits for GPUs, a rank that prints nothing). The command runs as its own
 process; SIGINT is sent once its first line is out (the stream is open and blocked), and it must exit 130
-within seconds, say how to resume, and the server must see its call cancelled.
+within seconds, say how to resume, and the server must see its call cancelled, also when the command
+started with SIGINT ignored.
 """
 
 from __future__ import annotations
@@ -73,6 +74,11 @@ def server() -> Iterator[tuple[str, _Blocking]]:
         srv.stop(grace=None)
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
 @pytest.mark.parametrize(("name", "args", "first", "said"), [
     ("watch", ["watch", "waits-1"], "waits-1 PENDING -> PENDING: waiting for GPUs",
      "the job keeps running (re-attach: spiderflow watch waits-1; stop it: spiderflow cancel waits-1)"),
@@ -80,12 +86,16 @@ def server() -> Iterator[tuple[str, _Blocking]]:
      "the job keeps running (spiderflow logs waits-1 --follow resumes)"),
 ])
 def test_sigint_while_the_stream_is_blocked_cancels_it_and_exits_at_once(
-        server: tuple[str, _Blocking], name: str, args: list[str], first: str, said: str) -> None:
+        server: tuple[str, _Blocking], name: str, args: list[str], first: str, said: str, inherited: str) -> None:
+    """``inherited="ignored"``: the command starts with SIGINT ignored, as every child of a background job of
+    a non-interactive shell does (``nohup pytest ... &``); ``kill -INT`` must still stop it."""
     address, servicer = server
+    servicer.ended[name].clear()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPIDERFLOW_")}
     env.update(PYTHONPATH=str(ROOT), SPIDERFLOW_CONFIG=str(ROOT / "nonexistent-config.yaml"))
     proc = subprocess.Popen([sys.executable, "-m", "spiderflow.cli.main", *args, "--address", address], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if inherited == "ignored" else None)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -94,7 +104,12 @@ def test_sigint_while_the_stream_is_blocked_cancels_it_and_exits_at_once(
         assert not servicer.ended[name].is_set()
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            masks = " ".join(x for x in status.splitlines() if x.startswith("Sig"))
+            raise AssertionError(f"{name} did not exit within 15 s of SIGINT ({masks})") from None
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
