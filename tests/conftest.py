@@ -28,17 +28,6 @@ def etcd() -> Iterator[EtcdProcess]:
         proc.close()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """The suite starts hundreds of interpreters (services, agents, workers, CLI runs): let them reuse the
-    bytecode of the project's modules instead of compiling every module at every start, even where the
-    environment sets ``PYTHONDONTWRITEBYTECODE`` (``__pycache__`` is not tracked)."""
-    import os
-    import sys
-
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    sys.dont_write_bytecode = False
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Compile (or load) the numba kernels once, in this process, before any test starts a service: after
     a change to a kernel's module, the first processes to need it would otherwise each compile every kernel
