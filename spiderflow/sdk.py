@@ -34,13 +34,14 @@ metadata on every call. Neither: plaintext, unauthenticated (a loopback developm
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 import grpc
 import grpc.aio
@@ -54,7 +55,7 @@ from spiderflow.proto.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.rpc import convert
-from spiderflow.rpc.errors import domain_errors
+from spiderflow.rpc.errors import domain_errors, from_rpc_error
 from spiderflow.rpc.server import channel_options, open_channel
 from spiderflow.security.auth import bearer_metadata
 from spiderflow.security.tls import channel_credentials, client_tls_dir, client_token
@@ -68,10 +69,51 @@ __all__ = [
     "LogChunk",
     "MetricPoint",
     "Metrics",
+    "Stream",
     "Transition",
     "config_path",
     "resolve_address",
 ]
+
+_T = TypeVar("_T")
+
+
+class Stream(Iterator[_T]):
+    """A server stream of :class:`Client` (``watch``, ``logs``): iterate it for its items.
+
+    :meth:`cancel` ends it from anywhere (another thread, a signal handler): the iteration blocked on the
+    next message returns at once and stops without an error (``StopIteration``), and the server sees the call
+    cancelled. Any other end of the call raises its domain error, as a unary call does."""
+
+    __slots__ = ("_call", "_cancelled", "_item")
+
+    def __init__(self, call: Any, item: Callable[[Any], _T]) -> None:
+        self._call = call
+        self._item = item
+        self._cancelled = threading.Event()
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> _T:
+        try:
+            msg = next(self._call)
+        except grpc.RpcError as err:
+            if self._cancelled.is_set() and err.code() == grpc.StatusCode.CANCELLED:
+                raise StopIteration from None
+            raise from_rpc_error(err) from err
+        return self._item(msg)
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """End the stream now (idempotent; safe from any thread)."""
+        self._cancelled.set()
+        self._call.cancel()
+
 
 def resolve_address(service: Service, explicit: str | None = None) -> str:
     """The endpoint of ``service`` (see :mod:`spiderflow.contexts` for the order)."""
@@ -332,13 +374,12 @@ class Client:
                 if not token:
                     return out
 
-    def watch(self, job_id: str, *, include_progress: bool = True, from_revision: int = 0) -> Iterator[JobEvent]:
-        """The job's record, then its state changes (and progress) until it ends."""
+    def watch(self, job_id: str, *, include_progress: bool = True, from_revision: int = 0) -> Stream[JobEvent]:
+        """The job's record, then its state changes (and progress) until it ends; :meth:`Stream.cancel` stops
+        watching."""
         req = scheduler_pb2.WatchJobRequest(job_id=job_id, include_progress=include_progress,
                                             from_revision=from_revision)
-        with domain_errors():
-            for msg in self._stub.WatchJob(req, metadata=self._md):
-                yield _event(msg)
+        return Stream(self._stub.WatchJob(req, metadata=self._md), _event)
 
     def follow(self, job_id: str, *, deadline: float, include_progress: bool = True) -> Iterator[JobEvent]:
         """:meth:`watch` until the job ends, watching again from the last revision seen when the stream breaks
@@ -375,13 +416,12 @@ class Client:
                                                      **self._call))
 
     def logs(self, job_id: str, *, follow: bool = False, attempt: int | None = None, cluster: str | None = None,
-             rank: int | None = None, stream: str | None = None) -> Iterator[LogChunk]:
+             rank: int | None = None, stream: str | None = None) -> Stream[LogChunk]:
         """The workers' output of the job, relayed from the agents that keep it; with ``follow``, until the
-        job has ended. Filters: ``attempt``, ``cluster``, ``rank``, ``stream`` (``stdout``/``stderr``)."""
+        job has ended (or :meth:`Stream.cancel`). Filters: ``attempt``, ``cluster``, ``rank``, ``stream``
+        (``stdout``/``stderr``)."""
         req = _logs_request(job_id, follow, attempt, cluster, rank, stream)
-        with domain_errors():
-            for m in self._stub.GetJobLogs(req, metadata=self._md):
-                yield _chunk(m)
+        return Stream(self._stub.GetJobLogs(req, metadata=self._md), _chunk)
 
     def topology(self) -> Topology:
         """The live topology snapshot from the topology service."""

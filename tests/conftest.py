@@ -28,6 +28,15 @@ def etcd() -> Iterator[EtcdProcess]:
         proc.close()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Compile (or load) the numba kernels once, in this process, before any test starts a service: after
+    a change to a kernel's module, the first processes to need it would otherwise each compile every kernel
+    at once (a minute of CPU apiece on this machine), racing their own start-up deadlines."""
+    from spiderflow.core.kernels import warm
+
+    warm()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``heavy`` (multi-minute training across many processes) run only when asked for:
     ``SPIDERFLOW_HEAVY_TESTS=1`` or a ``-m`` expression naming ``heavy``; the default run stays within the

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -97,12 +98,14 @@ class LiveMesh:
             log_dir=self.tmp, env=self._env(),
         ).start()
         self.started.append(self.service)
-        for name in self.tb.topology.names:
-            self.start_agent(name)
+        spawned = [self.start_agent(name, wait=False) for name in self.tb.topology.names]  # side by side
+        for proc in spawned:
+            proc.wait_ready(timeout=60)
         return self
 
-    def start_agent(self, cluster: str) -> ManagedProcess:
-        """A ``spiderflow agent`` for ``cluster`` inside its namespace (a new process each call)."""
+    def start_agent(self, cluster: str, *, wait: bool = True) -> ManagedProcess:
+        """A ``spiderflow agent`` for ``cluster`` inside its namespace (a new process each call); with
+        ``wait=False`` it is only spawned (:meth:`ManagedProcess.wait_ready` then waits for it)."""
         host = self.tb.host_address
         etcd_port = self.etcd.endpoint.rpartition(":")[2]
         service_port = self.address.rpartition(":")[2]
@@ -117,7 +120,7 @@ class LiveMesh:
             prefix=["ip", "netns", "exec", self.tb.netns(cluster), *NICE],
         )
         self.started.append(proc)
-        self.agents[cluster] = proc.start(timeout=60)
+        self.agents[cluster] = proc.start(timeout=60) if wait else proc.spawn()
         return proc
 
     def start_scheduler(self, *flags: str) -> ManagedProcess:
@@ -132,6 +135,11 @@ class LiveMesh:
         return self.scheduler
 
     def close(self) -> None:
+        """Stop the agents (signalled side by side, then each awaited), then the services, then etcd."""
+        agents = [p for p in self.started if p is not self.service and p is not self.scheduler]
+        for proc in agents:
+            with contextlib.suppress(Exception):
+                proc.signal(signal.SIGTERM)
         for proc in reversed(self.started):
             with contextlib.suppress(Exception):
                 proc.stop(grace_s=5)

@@ -56,6 +56,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
      "constraints.exclude_regions[0]: contradicts regions"),
     (["up", "--gpu-type", "Z80"], "--gpu-type: unknown GPU type"),
     (["up", "--exclude-region", "x", "--region", "x"], "constraints.exclude_regions[0]"),
+    (["up", "--profile-seconds", "0"], "--profile-seconds: must be > 0"),
 ])
 def test_bad_constraints_end_with_one_line_and_exit_2(argv: list[str], needle: str,
                                                       capsys: pytest.CaptureFixture[str],

@@ -1,15 +1,15 @@
 """End to end with every part real: embedded etcd, the topology, planner and scheduler services, one agent
 per cluster and the agents' torch.distributed workers (gloo on loopback), all separate processes.
 
-- ``spiderflow up`` (the README's main-job command) trains the sample job (gpt-tiny pipelined over three
-  CPU clusters) to SUCCEEDED, the loss falls, and no process of the run survives it; then every write of the
+- ``spiderflow up --etcd-tls`` (the README's main-job command, with etcd serving TLS only and requiring
+  client certificates) trains the sample job (gpt-tiny pipelined over three CPU clusters) to SUCCEEDED, the
+  loss falls, the agents never see etcd, and no process of the run survives it; then every write of the
   run's whole etcd history is walked: each key parses through ``spiderflow.store.keys`` and each value decodes
   through ``spiderflow.store.records`` (an unknown key fails naming it);
 - an agent killed with SIGKILL mid-training: the job goes RESCHEDULING, is re-placed on the remaining
   clusters (another layer split), resumes from its last complete checkpoint and completes; the loss after
   the resume continues from the checkpoint (it equals the first run's loss at the same step), not from the
-  initial loss;
-- ``spiderflow up --etcd-tls`` (etcd with TLS and client certificates) runs a 5-step job to SUCCEEDED.
+  initial loss.
 
 Every process a test starts carries an environment tag; the tests fail if any tagged process is left.
 """
@@ -40,6 +40,10 @@ from spiderflow.sdk import Client
 
 pytestmark = pytest.mark.timeout(300)
 
+PROFILE_SECONDS = 0.3
+"""The agents' timed CPU calibration: what these tests check does not depend on its precision (the
+default, 1.5 s, costs each agent about 2 s more CPU on every start)."""
+
 
 def _summary(stdout: str) -> dict[str, object]:
     """The JSON summary ``spiderflow up --json`` prints (an indented object between progress lines)."""
@@ -55,7 +59,7 @@ def _run_up(mesh_dir: Path, token: str, *args: str) -> tuple[int, str, str]:
     env = {**os.environ, MARK: token, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "spiderflow.cli.main", "up", *args, "--json", "--data-dir", str(mesh_dir),
-         "--timeout", "200"],
+         "--timeout", "200", "--profile-seconds", str(PROFILE_SECONDS)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -67,11 +71,17 @@ def _run_up(mesh_dir: Path, token: str, *args: str) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
-def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> None:
+def test_up_trains_the_sample_job_over_tls_etcd_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """``spiderflow up --etcd-tls``: one run of the main-job command serves both checks of a full mesh. etcd
+    serves TLS only with client certificates required, and the services connect with the generated
+    etcd-client bundle; the agents get no etcd address or credentials (they register, report and run stages
+    through the scheduler's Control API). The sample job trains to SUCCEEDED with a falling loss on three
+    clusters, no process of the run survives it, and every write of its etcd history decodes. (``up``
+    without TLS trains jobs in tests/obs/test_operator_mesh.py and tests/e2e/test_e2e_testbed.py.)"""
     token = uuid.uuid4().hex
     mesh_dir = tmp_path / "mesh"
     try:
-        code, out, err = _run_up(mesh_dir, token, "--steps", "20")
+        code, out, err = _run_up(mesh_dir, token, "--etcd-tls", "--steps", "20")
         assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
         s = _summary(out)
         assert s["state"] == "SUCCEEDED", s
@@ -81,6 +91,14 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
         assert float(s["measured_step_time_s"]) > 0 and float(s["predicted_step_time_s"]) > 0  # type: ignore[arg-type]
         chain = s["chain"]
         assert isinstance(chain, list) and len(chain) == 3
+        assert (mesh_dir / "certs" / "etcd-server" / "tls.crt").is_file()
+        started = []
+        for log in sorted((mesh_dir / "logs").glob("agent-*.log")):
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("{") and '"agent.started"' in line:
+                    started.append(json.loads(line))
+        assert len(started) == 3 and all(doc["etcd"] is None and doc["etcd_tls"] is False and doc["control_plane"]
+                                         for doc in started), started
         # every stage ran as a real worker process on its cluster's agent, and finished all steps
         events = attempt_events(mesh_dir, str(s["job"]), 1)
         assert sorted(events) == [0, 1, 2]
@@ -97,31 +115,6 @@ def test_up_trains_the_sample_job_and_leaves_nothing_running(tmp_path: Path) -> 
             "rendezvous", "checkpoint", "metrics", "leader"} <= set(kinds), kinds
 
 
-def test_up_with_etcd_tls_trains_the_sample_job(tmp_path: Path) -> None:
-    """``spiderflow up --etcd-tls``: etcd serves TLS only with client certificates required, and the services
-    connect with the generated etcd-client bundle; the agents get no etcd address or credentials (they register,
-    report and run stages through the scheduler's Control API); a short job still reaches SUCCEEDED."""
-    token = uuid.uuid4().hex
-    mesh_dir = tmp_path / "mesh"
-    try:
-        code, out, err = _run_up(mesh_dir, token, "--etcd-tls", "--steps", "5")
-        assert code == 0, f"exit {code}\n{out[-3000:]}\n{err[-3000:]}"
-        s = _summary(out)
-        assert s["state"] == "SUCCEEDED" and s["steps"] == 5, s
-        assert (mesh_dir / "certs" / "etcd-server" / "tls.crt").is_file()
-        started = []
-        for log in sorted((mesh_dir / "logs").glob("agent-*.log")):
-            for line in log.read_text(errors="replace").splitlines():
-                if line.startswith("{") and '"agent.started"' in line:
-                    started.append(json.loads(line))
-        assert len(started) == 3 and all(doc["etcd"] is None and doc["etcd_tls"] is False and doc["control_plane"]
-                                         for doc in started), started
-        assert sorted(attempt_events(mesh_dir, str(s["job"]), 1)) == [0, 1, 2]
-    finally:
-        left = wait_no_marked_processes(token)
-        assert not left, f"processes of the run survived it: {left}"
-
-
 def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     token = uuid.uuid4().hex
@@ -130,7 +123,7 @@ def test_killed_agent_job_resumes_from_its_last_checkpoint_elsewhere(tmp_path: P
     # seconds of training left when its agent is killed, or it may finish first.
     every, steps = 2, 60
     mesh_dir = tmp_path / "mesh"
-    mesh = LocalMesh(sample_topology(3), workdir=mesh_dir, lease_ttl=3,
+    mesh = LocalMesh(sample_topology(3), workdir=mesh_dir, lease_ttl=3, profile_seconds=PROFILE_SECONDS,
                      agent_args=["--checkpoint-every", str(every)])
     job_id = "resume-e2e"
     try:

@@ -26,13 +26,15 @@ TERMINAL = {types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2
 
 
 def start_scheduler(etcd: str, logs: Path, name: str, *extra: str, min_s: float = 0.5,
-                    max_s: float = 1.0) -> ManagedProcess:
-    """A scheduler replica in simulator-backed mode on a free loopback port."""
-    return ManagedProcess(name, spiderflow_argv(
+                    max_s: float = 1.0, wait: bool = True) -> ManagedProcess:
+    """A scheduler replica in simulator-backed mode on a free loopback port; with ``wait=False`` only
+    spawned (several then start side by side; ``wait_ready`` before using one)."""
+    proc = ManagedProcess(name, spiderflow_argv(
         "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd, "--topology", str(TOPOLOGY),
         "--executor", "sim", "--sim-min-s", str(min_s), "--sim-max-s", str(max_s), "--lease-ttl", "2",
         "--cycle-interval", "1", "--log-format", "json", *extra,
-    ), log_dir=logs).start(timeout=60)
+    ), log_dir=logs)
+    return proc.start(timeout=60) if wait else proc.spawn()
 
 
 def start_planner(logs: Path, name: str, listen: str = "127.0.0.1:0") -> ManagedProcess:

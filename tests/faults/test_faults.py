@@ -103,10 +103,12 @@ async def _wait_leader(etcd: str, among: set[str], timeout: float = 10.0) -> str
 
 
 async def test_scheduler_leader_sigkill_while_jobs_run(etcd: EtcdProcess, tmp_path: Path) -> None:
-    a = start_scheduler(etcd.endpoint, tmp_path, "sched-a")
-    b = start_scheduler(etcd.endpoint, tmp_path, "sched-b")
-    procs = {a.address: a, b.address: b}
+    a = start_scheduler(etcd.endpoint, tmp_path, "sched-a", wait=False)
+    b = start_scheduler(etcd.endpoint, tmp_path, "sched-b", wait=False)  # side by side
     try:
+        a.wait_ready(timeout=60)
+        b.wait_ready(timeout=60)
+        procs = {a.address: a, b.address: b}
         leader = await _wait_leader(etcd.endpoint, set(procs))
         other = procs[b.address if leader == a.address else a.address]
         await submit_until_accepted(other.address, range(0, 25))

@@ -113,10 +113,20 @@ class Stack:
         self.procs: dict[str, ManagedProcess] = {}
 
     def start(self, name: str, *args: str) -> ManagedProcess:
-        proc = ManagedProcess(name, spiderflow_argv(*args, "--log-format", "json", "--metrics-listen",
-                                                    "127.0.0.1:0"), log_dir=self.tmp)
-        self.procs[name] = proc.start(timeout=60)
-        return proc
+        return self.start_all((name, args))[0]
+
+    def start_all(self, *specs: tuple[str, tuple[str, ...]]) -> list[ManagedProcess]:
+        """Spawn processes ``(name, args)`` side by side (their interpreter starts overlap), then wait for
+        each to be ready."""
+        spawned = []
+        for name, args in specs:
+            proc = ManagedProcess(name, spiderflow_argv(*args, "--log-format", "json", "--metrics-listen",
+                                                        "127.0.0.1:0"), log_dir=self.tmp)
+            self.procs[name] = proc.spawn()
+            spawned.append(proc)
+        for proc in spawned:
+            proc.wait_ready(timeout=60)
+        return spawned
 
     def metrics(self, name: str) -> str:
         return str(self.procs[name].ready_doc["metrics"])
@@ -133,16 +143,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         s.etcd.start()
         etcd = s.etcd.endpoint
-        topo = s.start("topology", "serve", "topology", "--listen", "127.0.0.1:0", "--etcd", etcd)
-        planner = s.start("planner", "serve", "planner", "--listen", "127.0.0.1:0", "--insecure")
+        topo, planner = s.start_all(("topology", ("serve", "topology", "--listen", "127.0.0.1:0", "--etcd", etcd)),
+                                    ("planner", ("serve", "planner", "--listen", "127.0.0.1:0", "--insecure")))
         s.start("scheduler", "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd, "--topology",
                 str(TOPOLOGY), "--planner", planner.address, "--executor", "sim", "--sim-min-s", "0.1",
                 "--sim-max-s", "0.2", "--cycle-interval", "1", "--insecure")
-        for name in ("a", "b"):
-            s.start(f"agent-{name}", "agent", "--cluster", name, "--etcd", etcd, "--topology-service", topo.address,
-                    "--listen", "127.0.0.1:0", "--gpu", "A100-80G", "--nodes", "1", "--gpus-per-node", "8",
-                    "--probe-period", "1", "--probe-bytes", "262144", "--probe-chunk-bytes", "65536",
-                    "--probe-max-s", "1", "--probe-echoes", "3", "--lease-ttl", "2")
+        s.start_all(*((f"agent-{name}", (
+            "agent", "--cluster", name, "--etcd", etcd, "--topology-service", topo.address, "--listen", "127.0.0.1:0",
+            "--gpu", "A100-80G", "--nodes", "1", "--gpus-per-node", "8", "--probe-period", "1", "--probe-bytes",
+            "262144", "--probe-chunk-bytes", "65536", "--probe-max-s", "1", "--probe-echoes", "3", "--lease-ttl", "2",
+        )) for name in ("a", "b")))
         yield s
     finally:
         s.close()

@@ -119,9 +119,10 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     out = tmp / "up.out"
     m = Mesh(proc=None, env=env, out=out, config=tmp / "config.yaml", state=tmp / "state", tmp=tmp)  # type: ignore[arg-type]
     with out.open("w") as f:
+        # a short calibration: nothing here depends on its precision
         m.proc = subprocess.Popen([sys.executable, "-m", "spiderflow.cli.main", "up", "--clusters", "2", "--keep",
-                                   "--no-job", "--timeout", "120"], cwd=ROOT, env=m.full_env, stdout=f,
-                                  stderr=subprocess.STDOUT, text=True)
+                                   "--no-job", "--timeout", "120", "--profile-seconds", "0.3"], cwd=ROOT,
+                                  env=m.full_env, stdout=f, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 150
         while "mesh is up as context" not in out.read_text():

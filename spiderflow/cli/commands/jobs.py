@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from rich.live import Live
@@ -19,10 +20,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, add_json_flag, console, fit_table, print_json
 from spiderflow.cli.constraints import add_constraint_options, constraint_overrides, merge_constraints, split_gpus
+from spiderflow.cli.interrupt import cancel_on_interrupt
 from spiderflow.core.domain import JobSpec, Precision
 from spiderflow.core.errors import ValidationError
 from spiderflow.jobs import JobState
-from spiderflow.sdk import Client, Job
+from spiderflow.sdk import Client, Job, JobEvent
 
 __all__ = [
     "add_address",
@@ -273,21 +275,26 @@ def _progress_line(job_id: str, p: dict[str, float]) -> str:
 
 
 def _follow(sf: Client, job_id: str, *, json_out: bool) -> int:
-    """Follow a job to its end; exit 0 on SUCCEEDED, 1 otherwise. Ctrl-C stops following (exit 130) and
-    says that the job keeps running."""
+    """Follow a job to its end; exit 0 on SUCCEEDED, 1 otherwise. Ctrl-C cancels the watch stream (exit 130)
+    and says that the job keeps running."""
+    stream = sf.watch(job_id)
     try:
-        return _follow_events(sf, job_id, json_out=json_out)
-    except KeyboardInterrupt:
-        sys.stdout.flush()
-        sys.stderr.write(f"\nstopped watching {job_id}; the job keeps running "
-                         f"(re-attach: spiderflow watch {job_id}; stop it: spiderflow cancel {job_id})\n")
-        return 130
+        with cancel_on_interrupt(stream) as interrupted:
+            code = _follow_events(stream, job_id, json_out=json_out)
+        if not interrupted():
+            return code
+    except KeyboardInterrupt:  # before the stream was followed
+        stream.cancel()
+    sys.stdout.flush()
+    sys.stderr.write(f"\nstopped watching {job_id}; the job keeps running "
+                     f"(re-attach: spiderflow watch {job_id}; stop it: spiderflow cancel {job_id})\n")
+    return 130
 
 
-def _follow_events(sf: Client, job_id: str, *, json_out: bool) -> int:
+def _follow_events(events: Iterable[JobEvent], job_id: str, *, json_out: bool) -> int:
     final = ""
     if json_out:
-        for ev in sf.watch(job_id):
+        for ev in events:
             doc: dict[str, Any] = {"kind": ev.kind, "revision": ev.revision}
             if ev.job:
                 doc["job"] = ev.job.to_dict()
@@ -301,7 +308,7 @@ def _follow_events(sf: Client, job_id: str, *, json_out: bool) -> int:
             print_json(doc)
         return 0 if final == JobState.SUCCEEDED else EXIT_FAILED
     if not console.is_terminal:  # piped: plain lines, one per event, ending with a newline
-        for ev in sf.watch(job_id):
+        for ev in events:
             if ev.job is not None:
                 final = ev.job.state
                 print(f"{job_id} {ev.job.state} step {_steps(ev.job)}: {ev.job.reason}", flush=True)
@@ -316,7 +323,7 @@ def _follow_events(sf: Client, job_id: str, *, json_out: bool) -> int:
                         TimeElapsedColumn(), console=console)
     task = progress.add_task(job_id, total=None, info="", steps="?")
     with Live(progress, console=console, refresh_per_second=8, transient=False):
-        for ev in sf.watch(job_id):
+        for ev in events:
             if ev.job is not None:
                 j = ev.job
                 final = j.state

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from spiderflow.cli.commands.jobs import add_address, client
 from spiderflow.cli.common import add_json_flag, console, fit_table, output_dir, print_json
+from spiderflow.cli.interrupt import cancel_on_interrupt
 from spiderflow.sdk import Client, LogChunk, MetricPoint, Metrics
 
 __all__ = ["metrics_table", "register", "write_tensorboard"]
@@ -27,17 +28,22 @@ __all__ = ["metrics_table", "register", "write_tensorboard"]
 def _logs(args: argparse.Namespace) -> int:
     tails: dict[tuple[str, int, int, str], str] = {}
     with client(args) as sf:
+        chunks = sf.logs(args.job_id, follow=args.follow, attempt=args.attempt, cluster=args.cluster,
+                         rank=args.rank, stream=args.stream)
         try:
-            for chunk in sf.logs(args.job_id, follow=args.follow, attempt=args.attempt, cluster=args.cluster,
-                                 rank=args.rank, stream=args.stream):
-                _print_chunk(chunk, tails, prefix=args.prefix)
-        except KeyboardInterrupt:
-            _flush(tails, prefix=args.prefix)
-            sys.stderr.write(f"stopped following {args.job_id}; the job keeps running "
-                             f"(spiderflow logs {args.job_id} --follow resumes)\n")
-            return 130
+            with cancel_on_interrupt(chunks) as interrupted:  # Ctrl-C cancels the stream: see cli.interrupt
+                for chunk in chunks:
+                    _print_chunk(chunk, tails, prefix=args.prefix)
+        except KeyboardInterrupt:  # before the stream was followed
+            chunks.cancel()
+        else:
+            if not interrupted():
+                _flush(tails, prefix=args.prefix)
+                return 0
     _flush(tails, prefix=args.prefix)
-    return 0
+    sys.stderr.write(f"stopped following {args.job_id}; the job keeps running "
+                     f"(spiderflow logs {args.job_id} --follow resumes)\n")
+    return 130
 
 
 def _label(key: tuple[str, int, int, str]) -> str:

@@ -124,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
     topo = load_topology(args.topology) if args.topology else sample_topology(clusters)
     if args.steps < 1:
         raise CliError("--steps: must be ≥ 1", EXIT_USAGE)
+    if not args.profile_seconds > 0:
+        raise CliError("--profile-seconds: must be > 0", EXIT_USAGE)
     if not args.no_job:
         _apply_constraints({}, topo, args)  # bad constraints end here (exit 2), before anything starts
     workdir = Path(args.data_dir) if args.data_dir else None
@@ -138,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
                      testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports,
                      agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port,
-                     gateway=args.gateway)
+                     gateway=args.gateway, profile_seconds=args.profile_seconds)
     code = 0
     context: str | None = None
     try:
@@ -242,6 +244,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps of the sample job")
     p.add_argument("--data-dir", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for startup and for the job")
+    p.add_argument("--profile-seconds", type=float, default=1.5, metavar="S",
+                   help="timed part of each agent's CPU calibration (it takes about 4 × S plus warm-up; "
+                        "shorter: a faster start, a noisier calibration)")
     p.add_argument("--dashboard-port", type=int, default=8265,
                    help="serve the web dashboard on this loopback port (taken: any free port)")
     p.add_argument("--no-dashboard", action="store_true", help="no web dashboard")
