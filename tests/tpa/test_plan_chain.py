@@ -465,7 +465,10 @@ def test_level1_scores_its_trial_splits_with_the_solver_the_module_names_at_call
 
     monkeypatch.setattr(l1, "block_bound_cached", cpsat)
     plan = plan_chain(three_region_topo, job_6b7, alloc)
-    assert len(calls) > l2.STATS.cpsat_solves > 0  # repeated blocks are answered from the CP-SAT cache
+    # Every level-1 block score went through the replacement and reached CP-SAT (level 1 memoises its own
+    # blocks, so a repeat no longer reaches the cache; one lookup may solve the memory-free problem too).
+    assert calls and l2.STATS.cpsat_solves > 0
+    assert l2.STATS.lookups >= len(calls)
     assert (plan.stages, plan.micro_batches, plan.schedule) == (exact.stages, exact.micro_batches, exact.schedule)
 
 
