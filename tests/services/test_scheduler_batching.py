@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 
 from services.scheduler.batching import SubmitBatcher
-from services.scheduler.repo import REQUESTS, JobRepository
+from services.scheduler.repo import REQUESTS, JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from spiderflow.core.domain import JobSpec
 from spiderflow.core.errors import AlreadyExistsError, UnavailableError, ValidationError
@@ -255,13 +255,13 @@ async def test_a_lone_submission_is_written_at_once_and_a_loaded_flush_lingers_f
     await asyncio.gather(*(batcher.submit(_spec(i), f"r{i}") for i in (2, 3)))  # two at once: under load
     assert store.commits[-1] == 4
 
-    async def later(i: int, delay: float) -> object:
+    async def later(i: int, delay: float) -> tuple[StoredJob, bool]:
         await asyncio.sleep(delay)
         return await batcher.submit(_spec(i), f"r{i}")
 
     # under load the next flush waits for the submissions that arrive within the linger: one transaction
     out = await asyncio.gather(batcher.submit(_spec(4), "r4"), later(5, 0.02), later(6, 0.05))
-    assert all(created for _, created in out)  # type: ignore[misc]
+    assert all(created for _, created in out)
     assert store.commits[-1] == 6 and len(store.commits) == 4
     t0 = loop.time()
     await batcher.submit(_spec(7), "r7")  # that flush carried three: this one lingers once, then none does
