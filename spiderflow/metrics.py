@@ -176,8 +176,14 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         # server answers unknown ones before the interceptors), so this stays small
         self._series: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    def _record(self, method: str, context: grpc.aio.ServicerContext, error: BaseException | None,
-                started: float) -> None:
+    def now(self) -> float:
+        """The clock calls are timed with (seconds)."""
+        return self._clock()
+
+    def record(self, method: str, context: grpc.aio.ServicerContext, error: BaseException | None,
+               started: float) -> None:
+        """Count one finished call of ``method`` (``/pkg.Service/Method``) with its final code (from
+        ``context``, else from ``error``) and its time since ``started`` (:meth:`now`)."""
         code = _code(context, error)
         series = self._series.get((method, code))
         if series is None:
@@ -196,7 +202,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 error = e
                 raise
             finally:
-                self._record(method, context, error, started)
+                self.record(method, context, error, started)
 
         return call
 
@@ -214,7 +220,7 @@ class RpcMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 error = e
                 raise
             finally:
-                self._record(method, context, error, started)
+                self.record(method, context, error, started)
 
         return call
 

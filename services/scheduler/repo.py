@@ -111,6 +111,9 @@ class JobRepository:
         self._alloc_cache: dict[str, tuple[dict[str, int], int]] = {}
         self._alloc_locks: dict[str, asyncio.Lock] = {}
         self._snapshot_revision = 0  # the revision of the last snapshot (0: none yet)
+        # key -> (mod_revision, state, tenant) of every job at the last count_by_tenant, and its revision
+        self._counted: dict[str, tuple[int, JobState, str]] = {}
+        self._counted_revision = 0
 
     def remember(self, stored: StoredJob) -> StoredJob:
         """Note a record this process wrote at its revision, so :meth:`list` and :meth:`count_in` need not
@@ -203,18 +206,50 @@ class JobRepository:
         return n
 
     async def count_by_tenant(self, states: Iterable[JobState]) -> dict[str, int]:
-        """How many jobs of each tenant are in one of ``states`` (tenants with none are absent)."""
-        wanted = {s.value for s in states}
-        items, _ = await self.store.get_prefix(keys.JOBS)
+        """How many jobs of each tenant are in one of ``states`` (tenants with none are absent).
+
+        After the first, a count reads the values of the job records modified since the previous count only
+        (and every job key's revision); every other job keeps the state and tenant read then (a key at a
+        ``mod_revision`` always holds the same record). A count therefore costs etcd and this process little
+        per job that did not change, however many jobs are kept."""
+        wanted = set(states)
+        counted: dict[str, tuple[int, JobState, str]] | None = None
+        if self._counted_revision:
+            items, present, rev = await self.store.get_prefixes_changed((keys.JOBS,),
+                                                                        {keys.JOBS: self._counted_revision})
+            counted = self._count_since(items.get(keys.JOBS, []), present[keys.JOBS])
+        if counted is None:
+            everything, rev = await self.store.get_prefix(keys.JOBS)
+            counted = {kv.key: self._state_and_tenant(kv) for kv in everything}
+        self._counted, self._counted_revision = counted, rev
         out: dict[str, int] = {}
-        for kv in items:
-            hit = self._decoded.get(kv.key)
-            if hit is not None and hit[0] == kv.mod_revision:
-                state, tenant = hit[1].state, hit[1].spec.tenant
-            else:
-                state, tenant = records.job_state_and_tenant(kv.key, kv.value)
-            if state.value in wanted:
+        for _, state, tenant in counted.values():
+            if state in wanted:
                 out[tenant] = out.get(tenant, 0) + 1
+        return out
+
+    def _state_and_tenant(self, kv: KeyValue) -> tuple[int, JobState, str]:
+        hit = self._decoded.get(kv.key)
+        if hit is not None and hit[0] == kv.mod_revision:
+            return kv.mod_revision, hit[1].state, hit[1].spec.tenant
+        state, tenant = records.job_state_and_tenant(kv.key, kv.value)
+        return kv.mod_revision, state, tenant
+
+    def _count_since(self, changed: Iterable[KeyValue],
+                     present: Mapping[str, int]) -> dict[str, tuple[int, JobState, str]] | None:
+        """Every job's (mod_revision, state, tenant) from the records modified since the last count
+        (``changed``) and the last count's entries; ``None`` when one is not at hand (the caller reads all)."""
+        fresh = {kv.key: kv for kv in changed}
+        out: dict[str, tuple[int, JobState, str]] = {}
+        for key, mod in present.items():
+            kv = fresh.get(key)
+            if kv is not None and kv.mod_revision == mod:
+                out[key] = self._state_and_tenant(kv)
+                continue
+            old = self._counted.get(key)
+            if old is None or old[0] != mod:
+                return None
+            out[key] = old
         return out
 
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
@@ -246,7 +281,8 @@ class JobRepository:
     def new_record(self, spec: JobSpec, request_id: str, *, policy: str = "") -> JobRecord:
         """The PENDING record a submission writes (validates ``request_id`` first)."""
         request_key(request_id, spec.tenant)
-        return replace(JobRecord.new(spec, request_id=request_id, now=self.clock()), policy=policy)
+        record = JobRecord.new(spec, request_id=request_id, now=self.clock())
+        return replace(record, policy=policy) if policy else record  # the default policy: no second record
 
     @staticmethod
     def submit_ops(record: JobRecord) -> SubmitOps:

@@ -191,11 +191,12 @@ async def serve(
         ("grpc.http2.max_ping_strikes", 0),
     ]
     server_options = [*channel_options(max_message_bytes), *keepalive_policy, ("grpc.so_reuseport", 0), *options]
-    # DecodeGuard last, closest to the servicers: undecodable requests are INVALID_ARGUMENT (not UNKNOWN),
-    # after the interceptors before it (authentication) have run
-    from spiderflow.security.guard import DecodeGuard
+    # the decode guard last, closest to the servicers: undecodable requests are INVALID_ARGUMENT (not
+    # UNKNOWN), after the interceptors before it (authentication) have run; metrics, authentication and the
+    # guard run as one interceptor (spiderflow.rpc.pipeline)
+    from spiderflow.rpc.pipeline import fuse
 
-    server = grpc.aio.server(options=server_options, interceptors=[*interceptors, DecodeGuard()])
+    server = grpc.aio.server(options=server_options, interceptors=fuse(list(interceptors)))
     for s in services:
         s.register(s.servicer, server)
     health = HealthServicer()

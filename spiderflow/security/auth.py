@@ -26,6 +26,7 @@ message (with mTLS, the TLS handshake authenticates before any byte of a request
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
@@ -55,6 +56,8 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 """Methods served without authentication."""
 
 MIN_TOKEN_CHARS = 16
+CERTIFICATE_CACHE = 1024
+"""Client certificates whose principal is remembered (least recently used beyond)."""
 
 
 def _digest(token: str) -> bytes:
@@ -118,42 +121,54 @@ class Authenticator:
     def __init__(self, *, tokens: TokenTable | None = None, certificates: bool = False) -> None:
         self.tokens = tokens
         self.certificates = certificates
+        # a certificate's principal, parsed once per certificate (its bytes are the key: every call of a
+        # connection presents the same verified certificate, and it names the same principal every time)
+        self._principal_of_certificate = functools.lru_cache(maxsize=CERTIFICATE_CACHE)(principal_of_pem)
+
+    def identify(self, metadata: Sequence[tuple[str, Any]] | None) -> Principal | None:
+        """The caller its metadata names (its bearer token), or None when only its certificate can tell
+        (mTLS: the TLS handshake already verified it). Raises :class:`UnauthenticatedError` when the
+        metadata alone refuses the call: before its request is read or parsed."""
+        token = _bearer(metadata)
+        if token is None:
+            if self.certificates:
+                return None
+            raise UnauthenticatedError("no credentials: present a client certificate or a bearer token")
+        if self.tokens is None:
+            raise UnauthenticatedError("this server accepts no bearer tokens (use a client certificate)")
+        principal = self.tokens.lookup(token)
+        if principal is None:
+            raise UnauthenticatedError("unknown bearer token")
+        return principal
 
     def refuse_early(self, metadata: Sequence[tuple[str, Any]] | None) -> UnauthenticatedError | None:
         """Why a call is refused from its metadata alone (before its request is read or parsed), or None
-        when only its certificate can tell (mTLS: the TLS handshake already verified it)."""
+        when it may go on (:meth:`identify`)."""
         try:
-            token = _bearer(metadata)
+            self.identify(metadata)
         except UnauthenticatedError as e:
             return e
-        if token is None:
-            return None if self.certificates else \
-                UnauthenticatedError("no credentials: present a client certificate or a bearer token")
-        if self.tokens is None:
-            return UnauthenticatedError("this server accepts no bearer tokens (use a client certificate)")
-        if self.tokens.lookup(token) is None:
-            return UnauthenticatedError("unknown bearer token")
         return None
 
-    def authenticate(self, metadata: Sequence[tuple[str, Any]] | None,
-                     auth_context: Mapping[str, Sequence[bytes]] | None) -> Principal:
-        """The caller's principal; raises :class:`UnauthenticatedError`."""
-        token = _bearer(metadata)
-        if token is not None:
-            if self.tokens is None:
-                raise UnauthenticatedError("this server accepts no bearer tokens (use a client certificate)")
-            principal = self.tokens.lookup(token)
-            if principal is None:
-                raise UnauthenticatedError("unknown bearer token")
-            return principal
+    def from_certificate(self, auth_context: Mapping[str, Sequence[bytes]] | None) -> Principal:
+        """The principal of the verified client certificate of the call's connection; raises
+        :class:`UnauthenticatedError` when there is none (or it names no SpiderFlow role). A certificate is
+        parsed once, not at every call (the last :data:`CERTIFICATE_CACHE` certificates are remembered)."""
         if self.certificates and auth_context:
             pems = auth_context.get("x509_pem_cert") or ()
             if pems:
-                principal = principal_of_pem(bytes(pems[0]))
+                principal = self._principal_of_certificate(bytes(pems[0]))
                 if principal is None:
                     raise UnauthenticatedError("the client certificate names no SpiderFlow role (OU)")
                 return principal
         raise UnauthenticatedError("no credentials: present a client certificate or a bearer token")
+
+    def authenticate(self, metadata: Sequence[tuple[str, Any]] | None,
+                     auth_context: Mapping[str, Sequence[bytes]] | None) -> Principal:
+        """The caller's principal: its bearer token's, else its certificate's; raises
+        :class:`UnauthenticatedError`."""
+        principal = self.identify(metadata)
+        return principal if principal is not None else self.from_certificate(auth_context)
 
 
 def _skip(data: bytes) -> None:
@@ -204,7 +219,9 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     async def _principal(self, details: grpc.HandlerCallDetails, context: grpc.aio.ServicerContext) -> Principal:
         try:
-            return self.authenticator.authenticate(details.invocation_metadata, context.auth_context())
+            principal = self.authenticator.identify(details.invocation_metadata)
+            # the connection's certificate is read only when no token names the caller
+            return principal if principal is not None else self.authenticator.from_certificate(context.auth_context())
         except UnauthenticatedError as e:
             log.info("auth.refused", method=details.method, peer=context.peer(), error=str(e))
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))

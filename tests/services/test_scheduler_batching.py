@@ -11,7 +11,7 @@ import grpc.aio
 import pytest
 
 from services.scheduler.batching import SubmitBatcher
-from services.scheduler.repo import REQUESTS, JobRepository
+from services.scheduler.repo import REQUESTS, JobRepository, StoredJob
 from services.scheduler.service import SchedulerService
 from spiderflow.core.domain import JobSpec
 from spiderflow.core.errors import AlreadyExistsError, UnavailableError, ValidationError
@@ -241,4 +241,41 @@ async def test_a_burst_with_one_invalid_job_creates_the_others(
     assert [r.job.revision for r in dup] == [r.job.revision for r in created[:3]]
     assert await store.get(keys.job_key("job-099")) is None and await store.get(REQUESTS + "bad") is None
     assert sum(store.commits[:2]) == 24  # the burst took two transactions (retries come after)
+    await _check_whole(store)
+
+
+async def test_a_lone_submission_is_written_at_once_and_a_loaded_flush_lingers_for_the_next() -> None:
+    store = CountingStore()
+    batcher = SubmitBatcher(JobRepository(store), linger_s=0.2)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await batcher.submit(_spec(0), "r0")  # alone, after nothing: no linger
+    await batcher.submit(_spec(1), "r1")
+    assert loop.time() - t0 < 0.15 and store.commits == [2, 2]
+    await asyncio.gather(*(batcher.submit(_spec(i), f"r{i}") for i in (2, 3)))  # two at once: under load
+    assert store.commits[-1] == 4
+
+    async def later(i: int, delay: float) -> tuple[StoredJob, bool]:
+        await asyncio.sleep(delay)
+        return await batcher.submit(_spec(i), f"r{i}")
+
+    # under load the next flush waits for the submissions that arrive within the linger: one transaction
+    out = await asyncio.gather(batcher.submit(_spec(4), "r4"), later(5, 0.02), later(6, 0.05))
+    assert all(created for _, created in out)
+    assert store.commits[-1] == 6 and len(store.commits) == 4
+    t0 = loop.time()
+    await batcher.submit(_spec(7), "r7")  # that flush carried three: this one lingers once, then none does
+    await batcher.submit(_spec(8), "r8")
+    assert store.commits[-2:] == [2, 2] and 0.2 <= loop.time() - t0 < 0.35
+    await _check_whole(store)
+
+
+async def test_a_full_batch_does_not_linger() -> None:
+    store = CountingStore()
+    batcher = SubmitBatcher(JobRepository(store), max_batch=4, linger_s=5.0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    out = await asyncio.gather(*(batcher.submit(_spec(i), f"r{i}") for i in range(12)))
+    assert all(created for _, created in out)
+    assert store.commits == [8, 8, 8] and loop.time() - t0 < 2.0
     await _check_whole(store)

@@ -117,3 +117,36 @@ async def test_a_queued_jobs_queue_view_is_computed_once_across_cycles(monkeypat
     await repo.submit(_spec(5), "r5")
     second = await cycle.run()  # no GPU free: the three still queued are ordered again from their kept views
     assert second.placed == [] and calls == ["job-5"]
+
+
+async def test_tenant_counts_follow_every_change_and_read_only_what_changed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    store = MemoryStore()
+    a, b = JobRepository(store), JobRepository(store)  # b writes, a counts: a never decoded b's records
+
+    def spec(i: int):  # type: ignore[no-untyped-def]
+        return job_from_dict({"id": f"job-{i}", "model": "gpt-tiny", "global_batch": 8, "steps": 2,
+                              "gpus": {"min": 1, "max": 1}, "tenant": f"t{i % 2 if i < 6 else 2}"})
+
+    for i in range(6):
+        await b.submit(spec(i), f"r{i}")
+    decoded: list[str] = []
+    real = records.job_state_and_tenant
+
+    def counting(key: str, value: bytes):  # type: ignore[no-untyped-def]
+        decoded.append(key)
+        return real(key, value)
+
+    monkeypatch.setattr(records, "job_state_and_tenant", counting)
+    queued = (JobState.PENDING, JobState.RESCHEDULING)
+    assert await a.count_by_tenant(queued) == {"t0": 3, "t1": 3} and len(decoded) == 6
+    decoded.clear()
+    assert await a.count_by_tenant(queued) == {"t0": 3, "t1": 3} and decoded == []  # nothing changed
+    job = await b.get("job-1")
+    await b.update(job, job.record.to(JobState.CANCELLED, "by b", now=1.0))
+    await store.delete(keys.job_key("job-2"))
+    await b.submit(spec(6), "r6")
+    assert await a.count_by_tenant(queued) == {"t0": 2, "t1": 2, "t2": 1}
+    assert sorted(decoded) == [keys.job_key("job-1"), keys.job_key("job-6")]  # only the changed records
+    fresh = JobRepository(store)  # a first count reads everything and agrees
+    assert await fresh.count_by_tenant(queued) == {"t0": 2, "t1": 2, "t2": 1}
+    assert await a.count_by_tenant((JobState.CANCELLED,)) == {"t1": 1}
