@@ -16,6 +16,12 @@ A profile is a plain JSON or YAML document (format in ``docs/profiles.md``)::
         blocks:                       # measured transformer blocks (optional)
           - {hidden: 4096, heads: 32, precision: bf16, micro_batch: 1, seq_len: 8192, tp: 1,
              forward_ms: 14.2, backward_ms: 29.1}
+        embedding:                    # measured embedding / head + loss per micro-batch (optional)
+          - {hidden: 4096, vocab: 128256, precision: bf16, micro_batch: 1, seq_len: 8192,
+             forward_ms: 0.3, backward_ms: 2.9, optimizer_ms: 6.1}
+        head: [...]                   # the same keys
+        data:                         # the host's input pipeline (optional)
+          - {seq_len: 8192, ms_per_sample: 2.4}
     clusters:                         # per-cluster overrides of the same keys (optional)
       east: {nccl: {inter_node: {allreduce_gbps: 200.0}}}
 
@@ -28,6 +34,10 @@ both TPA levels, the timeline, the simulator — prices with it unchanged:
   clamped at the ends) as ``3·f / (tp · (forward + backward))`` with ``f`` the block's forward FLOPs, and
   ``mfu`` is 1 (the blocks are the training rate). Else ``matmul_tflops[precision] × mfu``.
 - communication: ``intra_node_gbps``/``inter_node_gbps`` become the measured all-reduce bus bandwidths.
+- outside the blocks: measured embedding and head (with its loss) entries of the job's shape become the
+  cluster's forward + backward µs per token (interpolated like the blocks) and their optimizer steps, the
+  data entry its input pipeline per sample (:func:`outer_us_per_token`, :func:`data_ms_per_sample`;
+  priced by :func:`spiderflow.core.costmodel.measured_outer_time` and ``measured_step_extra``).
 - memory: the device memory the planner may use shrinks by the measured overhead beyond the cost model's
   fixed reserve (:data:`spiderflow.core.costmodel.RESERVED_GIB`).
 
