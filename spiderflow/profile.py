@@ -488,14 +488,14 @@ def _apply_cluster(c: Cluster, e: DeviceEntry, model: ModelSpec | None, precisio
         changes["intra_node_gbps"] = e.intra_node.allreduce_gbps
     if e.inter_node.allreduce_gbps is not None:
         changes["inter_node_gbps"] = e.inter_node.allreduce_gbps
-    if model is not None:
+    if model is not None:  # the work outside the blocks is the job's: its shape and sequence length
         for key, entries in (("embedding", e.embedding), ("head", e.head)):
             got = outer_us_per_token(entries, model, precision, micro_batch, seq_len)
             if got is not None:
                 changes[f"{key}_us_per_token"], changes[f"{key}_optimizer_ms"] = got
-    data = data_ms_per_sample(e.data, seq_len)
-    if data is not None:
-        changes["data_ms_per_sample"] = data
+        data = data_ms_per_sample(e.data, seq_len)
+        if data is not None:
+            changes["data_ms_per_sample"] = data
     if e.memory_overhead_gib is not None:
         changes["memory_gib"] = max(0.0, c.gpu_memory_gib - max(0.0, e.memory_overhead_gib - RESERVED_GIB))
     return replace(c, **changes) if changes else c
@@ -507,7 +507,8 @@ def apply_profile(
 ) -> Topology:
     """``topo`` with every cluster's figures replaced by the profile's (module docstring): the entry of the
     cluster's GPU type, overridden by the cluster's own entry. Clusters the profile does not mention are
-    unchanged. ``model``/``precision``/``micro_batch``/``seq_len`` select and interpolate measured blocks."""
+    unchanged. ``model``/``precision``/``micro_batch``/``seq_len`` select and interpolate measured blocks and
+    the work outside them (embedding, head, input pipeline: applied only for a given ``model``)."""
     out = []
     for c in topo.clusters:
         e = _merge(profile.gpus.get(c.gpu), profile.clusters.get(c.name))

@@ -118,3 +118,10 @@ def test_without_measured_outer_work_the_prices_are_unchanged() -> None:
 def test_cluster_refuses_negative_measured_figures() -> None:
     with pytest.raises(ValidationError, match=r"clusters\[a\]\.head_us_per_token"):
         Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=8, head_us_per_token=-1.0)
+
+
+def test_without_a_model_only_the_blocks_rates_apply() -> None:
+    # ``spiderflow simulate --profile`` folds a profile for many jobs: nothing job-specific is applied
+    topo = Topology(clusters=(Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=8),))
+    c = apply_profile(topo, parse_profile(_doc())).clusters[0]
+    assert (c.embedding_us_per_token, c.head_us_per_token, c.data_ms_per_sample, c.head_optimizer_ms) == (0,) * 4
