@@ -166,8 +166,8 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str:
     lines = [f"Executor runs on one {device} (`bench/gpu_check.py`), priced by `bench/gpu_fidelity.py`.", "",
              "| run | b × m | measured s | defaults s | ratio | agent s | ratio | profile s | ratio "
-             "| memory GiB (device / tensors) | predicted GiB | ratio |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| memory GiB (device / tensors) | predicted GiB | ratio | with profile GiB | ratio |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(
             f"| {r['run']} | {r['micro_batch']} × {r['micro_batches']} | {r['measured_step_s']:.3f} "
@@ -175,7 +175,8 @@ def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str
             f"| {r.get('agent_ratio', float('nan')):.3f} | {r.get('profile_step_s', float('nan')):.3f} "
             f"| {r.get('profile_ratio', float('nan')):.3f} | {r['measured_device_gib']:.1f} / "
             f"{r['measured_allocated_gib']:.1f} | {r['predicted_memory_gib']:.1f} "
-            f"| {r.get('memory_ratio', float('nan')):.3f} |")
+            f"| {r.get('memory_ratio', float('nan')):.3f} | {r.get('profile_device_gib', float('nan')):.1f} "
+            f"| {r.get('profile_memory_ratio', float('nan')):.3f} |")
     lines.append("")
     for name in ("defaults", "agent", "profile", "memory", "profile_memory"):
         if name in summ:
