@@ -64,6 +64,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -476,68 +477,184 @@ def profile_devices(*, seconds: float = 0.5) -> DeviceProfile:
     return prof
 
 
+def _fwd_bwd_ms(
+    forward: Callable[[], Any], backward: Callable[[Any], None], *, device: str, repeats: int,
+    reset: Callable[[], None],
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)``: medians of ``repeats`` timed ``backward(forward())`` runs after one
+    warm-up, synchronised around each phase on CUDA; ``reset`` runs between runs, untimed."""
+    import torch
+
+    cuda = device.startswith("cuda")
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        sync()
+        t0 = time.perf_counter()
+        out = forward()
+        sync()
+        t1 = time.perf_counter()
+        backward(out)
+        sync()
+        t2 = time.perf_counter()
+        reset()
+        if i:  # the first run warms up
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    return 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
+
+
+@contextlib.contextmanager
+def _tf32_restored() -> Iterator[None]:
+    """Restore the TF32 flags that :func:`spiderflow.exec.parallel.autocast` sets for ``tf32``/``fp32``."""
+    import torch
+
+    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+
 def time_block(
     *, hidden: int, heads: int, micro_batch: int, seq_len: int, precision: str = "bf16", device: str = "cpu",
-    repeats: int = 3,
+    repeats: int = 3, accumulate: bool = True,
 ) -> tuple[float, float]:
     """``(forward_ms, backward_ms)`` of one real transformer block (:class:`spiderflow.exec.model.Block`, the
     executor's module) on ``device`` in ``precision`` at ``micro_batch × seq_len``, run as the executor runs
-    it: fp32 parameters and residual stream, bf16/fp16 under autocast, TF32 matmuls for ``tf32``
-    (:func:`spiderflow.exec.parallel.autocast`). Medians of ``repeats`` timed runs after one warm-up (CUDA
-    runs are synchronised around each phase)."""
+    it: fp32 parameters and residual stream, bf16/fp16 under autocast (the weights cast afresh every
+    micro-batch), TF32 matmuls for ``tf32`` (:func:`spiderflow.exec.parallel.autocast`). With ``accumulate``
+    the parameters' gradients are kept between runs, so every timed backward accumulates into existing
+    gradients, as the executor's micro-batches 2..m do. Medians of ``repeats`` timed runs after one
+    warm-up (CUDA runs are synchronised around each phase)."""
     import torch
 
     from spiderflow.core.domain import Precision
     from spiderflow.exec.model import Block
     from spiderflow.exec.parallel import autocast
 
-    cuda = device.startswith("cuda")
     dev = torch.device(device)
     prec = Precision(precision)
-    prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    try:
+    with _tf32_restored():
         block = Block(hidden, heads, device=device)
         x = torch.randn(micro_batch, seq_len, hidden, device=device, requires_grad=True)
 
-        def sync() -> None:
-            if cuda:
-                torch.cuda.synchronize(device)
-
-        fwd, bwd = [], []
-        for i in range(repeats + 1):
-            sync()
-            t0 = time.perf_counter()
+        def forward() -> torch.Tensor:
             with autocast(dev, prec):
-                y = block(x)
-            sync()
-            t1 = time.perf_counter()
-            y.float().sum().backward()
-            sync()
-            t2 = time.perf_counter()
-            block.zero_grad(set_to_none=True)
+                y: torch.Tensor = block(x)
+            return y
+
+        def reset() -> None:
+            if not accumulate:
+                block.zero_grad(set_to_none=True)
             x.grad = None
-            if i:  # the first run warms up
-                fwd.append(t1 - t0)
-                bwd.append(t2 - t1)
-        return 1e3 * statistics.median(fwd), 1e3 * statistics.median(bwd)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = prev
+
+        return _fwd_bwd_ms(forward, lambda y: y.float().sum().backward(),
+                           device=device, repeats=repeats, reset=reset)
 
 
-def time_optimizer(*, hidden: int, heads: int, device: str = "cpu", repeats: int = 5) -> float:
-    """Milliseconds of the executor's optimizer step (:func:`spiderflow.exec.optim.build_optimizer`: AdamW on
-    fp32 master weights) over one block's parameters on ``device``: the median of ``repeats`` steps after
-    two warm-ups — the cost model's ``optimizer_ms_per_layer``."""
+def time_embedding(
+    *, hidden: int, vocab: int, micro_batch: int, seq_len: int, precision: str = "bf16", device: str = "cpu",
+    repeats: int = 3,
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)`` of the executor's embedding (token + learned position lookup, fp32
+    weights; :mod:`spiderflow.exec.model`) at ``micro_batch × seq_len`` under the executor's autocast, the
+    backward accumulating into existing gradients (the dense ``vocab × hidden`` gradient of the token
+    table); medians as :func:`time_block`."""
+    import torch
+
+    from spiderflow.core.domain import Precision
+    from spiderflow.exec.model import _Embed
+    from spiderflow.exec.parallel import autocast
+
+    dev = torch.device(device)
+    prec = Precision(precision)
+    with _tf32_restored():
+        embed = _Embed(vocab, hidden, seq_len, device=device)
+        ids = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
+        grad = torch.randn(micro_batch, seq_len, hidden, device=device)
+
+        def forward() -> torch.Tensor:
+            with autocast(dev, prec):
+                y: torch.Tensor = embed(ids)
+            return y
+
+        return _fwd_bwd_ms(forward, lambda y: y.backward(grad),
+                           device=device, repeats=repeats, reset=lambda: None)
+
+
+def time_head(
+    *, hidden: int, vocab: int, micro_batch: int, seq_len: int, precision: str = "bf16", device: str = "cpu",
+    repeats: int = 3,
+) -> tuple[float, float]:
+    """``(forward_ms, backward_ms)`` of the executor's head and loss (final LayerNorm, the ``hidden × vocab``
+    projection under autocast, ``cross_entropy`` of the logits upcast to fp32; :mod:`spiderflow.exec.model`)
+    at ``micro_batch × seq_len``, from an fp32 residual stream, the backward accumulating into existing
+    gradients and returning the input's gradient; medians as :func:`time_block`."""
+    import torch
+
+    from spiderflow.core.domain import Precision
+    from spiderflow.exec.model import _Head
+    from spiderflow.exec.parallel import autocast
+
+    dev = torch.device(device)
+    prec = Precision(precision)
+    with _tf32_restored():
+        head = _Head(vocab, hidden, device=device)
+        x = torch.randn(micro_batch, seq_len, hidden, device=device, requires_grad=True)
+        targets = torch.randint(0, vocab, (micro_batch, seq_len), device=device)
+
+        def forward() -> torch.Tensor:
+            with autocast(dev, prec):
+                loss: torch.Tensor = head(x, targets)
+            return loss
+
+        def reset() -> None:
+            x.grad = None
+
+        return _fwd_bwd_ms(forward, lambda loss: (loss * 0.5).backward(),
+                           device=device, repeats=repeats, reset=reset)
+
+
+def time_data(*, vocab: int, seq_len: int, samples: int = 4, device: str = "cpu", repeats: int = 3) -> float:
+    """Milliseconds per sample of the executor's per-step input pipeline: the synthetic token source
+    (:class:`spiderflow.exec.data.SyntheticTokens`, built once as the executor builds it) drawing
+    ``samples`` samples of ``seq_len + 1`` tokens and copying inputs and targets to ``device``; the median
+    of ``repeats`` batches after one warm-up. It runs on the host before every step's first forward."""
+    import torch
+
+    from spiderflow.exec.data import SyntheticTokens, micro_batch
+
+    source = SyntheticTokens(vocab=vocab, seq_len=seq_len, seed=0)
+    ts = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        x, y = micro_batch(source, step=i, global_batch=samples, micro_batch_size=samples, index=0)
+        xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        del xt, yt
+        if i:
+            ts.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(ts) / samples
+
+
+def time_module_optimizer(module: object, *, device: str = "cpu", repeats: int = 5) -> float:
+    """Milliseconds of the executor's optimizer step (AdamW on fp32 master weights) over ``module``'s
+    parameters (a ``torch.nn.Module``) on ``device``: the median of ``repeats`` steps after two warm-ups."""
     import torch
 
     from spiderflow.core.domain import OptimizerSpec
-    from spiderflow.exec.model import Block
     from spiderflow.exec.optim import build_optimizer
 
-    block = Block(hidden, heads, device=device)
-    for p in block.parameters():
+    assert isinstance(module, torch.nn.Module)
+    for p in module.parameters():
         p.grad = torch.randn_like(p)
-    opt, _ = build_optimizer(block.parameters(), OptimizerSpec())
+    opt, _ = build_optimizer(module.parameters(), OptimizerSpec())
     ts = []
     for i in range(repeats + 2):
         if device.startswith("cuda"):
@@ -549,6 +666,15 @@ def time_optimizer(*, hidden: int, heads: int, device: str = "cpu", repeats: int
         if i >= 2:
             ts.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(ts)
+
+
+def time_optimizer(*, hidden: int, heads: int, device: str = "cpu", repeats: int = 5) -> float:
+    """Milliseconds of the executor's optimizer step (:func:`spiderflow.exec.optim.build_optimizer`: AdamW on
+    fp32 master weights) over one block's parameters on ``device``: the median of ``repeats`` steps after
+    two warm-ups — the cost model's ``optimizer_ms_per_layer``."""
+    from spiderflow.exec.model import Block
+
+    return time_module_optimizer(Block(hidden, heads, device=device), device=device, repeats=repeats)
 
 
 def cuda_context_gib(device: str = "cuda:0") -> float:
@@ -606,15 +732,49 @@ def measure_collectives(*, nbytes: int = 1 << 24, repeats: int = 5, device: str 
     return {"allreduce_gbps": ar_gbps, "p2p_gbps": p2p_gbps, "latency_us": 1e6 * t_lat}
 
 
+def _time_outer(
+    outer: list[tuple[int, int]], micro_batches: list[int], seq_lens: list[int], precision: str, device: str,
+    repeats: int,
+) -> dict[str, list[dict[str, object]]]:
+    """The ``embedding``, ``head`` and ``data`` entries of :func:`build_profile`."""
+    import torch
+
+    from spiderflow.exec.model import _Embed, _Head
+
+    out: dict[str, list[dict[str, object]]] = {"embedding": [], "head": [], "data": []}
+    for hidden, vocab in outer:
+        shape: dict[str, object] = {"hidden": hidden, "vocab": vocab, "precision": precision}
+        opt_embed = time_module_optimizer(_Embed(vocab, hidden, max(seq_lens), device=device), device=device)
+        opt_head = time_module_optimizer(_Head(vocab, hidden, device=device), device=device)
+        for b in micro_batches:
+            for s in seq_lens:
+                for key, fn, opt in (("embedding", time_embedding, opt_embed), ("head", time_head, opt_head)):
+                    f, bw = fn(hidden=hidden, vocab=vocab, micro_batch=b, seq_len=s, precision=precision,
+                               device=device, repeats=repeats)
+                    out[key].append({**shape, "micro_batch": b, "seq_len": s, "forward_ms": f, "backward_ms": bw,
+                                     "optimizer_ms": opt})
+                if device.startswith("cuda"):
+                    torch.cuda.empty_cache()  # the next size's logits need not fit beside this one's cache
+    for s in seq_lens:
+        out["data"].append({"seq_len": s, "ms_per_sample": time_data(vocab=outer[0][1], seq_len=s, device=device)})
+    return out
+
+
 def build_profile(
     *, blocks: list[tuple[int, int]], micro_batches: list[int], seq_lens: list[int], precision: str = "bf16",
     seconds: float = 0.5, repeats: int = 3, collectives: dict[str, dict[str, float]] | None = None,
+    outer: list[tuple[int, int]] | None = None,
 ) -> dict[str, object]:
     """A profile document (``docs/profiles.md``) of this machine: on CPU the agent's calibration
     (:func:`profile_cpu`: matmul TFLOPS, mfu, per-layer and optimizer times) and the named blocks
     (``(hidden, heads)``) timed at every micro-batch × sequence length; on a CUDA device its matmul TFLOPS
-    (:func:`measure_matmul_tflops`) and the blocks timed on ``cuda:0`` in ``precision``. ``collectives``
-    (from :func:`measure_collectives`, keyed ``intra_node``/``inter_node``) become the ``nccl`` entry."""
+    (:func:`measure_matmul_tflops`) and the blocks timed on ``cuda:0`` in ``precision``. ``outer``
+    (``(hidden, vocab)`` pairs) adds the work outside the blocks, timed the same way on the same device: the
+    embedding and the head with its loss at every micro-batch × sequence length (:func:`time_embedding`,
+    :func:`time_head`; each with the optimizer step over its parameters, :func:`time_module_optimizer`) and
+    the per-step input pipeline at every sequence length (:func:`time_data`, the first pair's vocabulary).
+    ``collectives`` (from :func:`measure_collectives`, keyed ``intra_node``/``inter_node``) become the
+    ``nccl`` entry."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
@@ -641,6 +801,8 @@ def build_profile(
                               "seq_len": s, "tp": 1, "forward_ms": f, "backward_ms": bw})
     if timed:
         entry["blocks"] = timed
+    if outer:
+        entry.update(_time_outer(outer, micro_batches, seq_lens, precision, device, repeats))
     if device.startswith("cuda"):
         # Measured block rates carry the blocks' own fixed costs (no separate per-layer overhead); the
         # executor's optimizer step over the first block's shape (the job's model); the device memory no

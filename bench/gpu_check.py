@@ -1,26 +1,31 @@
 """Device check of the executor and the cost model on one GPU: ``python bench/gpu_check.py --out DIR``.
 
-Sized for one H100/H200 in about 6 minutes (``--budget-s`` stops starting new parts past it); ``--cpu`` runs
-the same code on CPU with a tiny model (the smoke test of this script). Every part is independent: a part
+Sized for one H100/H200 in about 6 minutes (``--budget-s`` stops starting new training runs past it); ``--cpu``
+runs the same code on CPU with a tiny model (the smoke test of this script). Like the executor's workers, the
+check runs with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` unless the variable is set
+(:data:`spiderflow.exec.worker.CUDA_ALLOC_CONF`). Every part is independent: a part
 that fails prints its error and the next one runs. ``DIR/gpu_check.json`` is rewritten after every part, so
 whatever finished survives a timeout; ``bench/gpu_fidelity.py`` prices its runs afterwards.
 
-Parts (``--parts``, comma-separated, default all):
+Parts (``--parts``, comma-separated; default ``env,profile,agent,runs``, the others on request):
 
 ``env``
     torch, CUDA and the device as torch sees it.
 ``profile``
     What ``spiderflow profile`` measures on this node (``docs/profiles.md``): the matmul rate and the executor's
-    transformer blocks of the runs' models at their micro-batch sizes, in bf16 and in tf32, the optimizer
-    step per block and the memory no tensor accounts for → ``DIR/profile-bf16.json``, ``DIR/profile-tf32.json``.
+    transformer blocks of the runs' models at their micro-batch sizes, in bf16 and in tf32, their embedding
+    and head with its loss at the same sizes, the optimizer step per block, over the embedding and over the
+    head, the input pipeline per sample and the memory no tensor accounts for → ``DIR/profile-bf16.json``,
+    ``DIR/profile-tf32.json``.
 ``agent``
     What an agent on this node reports (:func:`agent.profiler.profile_devices`): the calibrated rate,
     ``mfu``, per-layer overhead and optimizer step of the device.
 ``runs``
     Training runs of the executor itself (one worker process, one stage holding the whole model, synthetic
     tokens): GPT-3 1.3B at global batch 16 × 2048 tokens under several plans of one job (micro-batch counts
-    2–16, recomputation, tf32) and GPT-3 2.7B. Per run: every step's wall time, the executor's phase split
-    and the peak memory (allocated, reserved, device).
+    2–16, recomputation, tf32) and GPT-3 2.7B, then, if the time budget allows, GPT-3 1.3B in one
+    micro-batch of 16. Per run: every step's wall time, the executor's phase split and the peak memory
+    (allocated, reserved, device).
 ``trace``
     One run of the executor (GPT-3 1.3B, micro-batches of 8 sequences) in this process under
     ``torch.profiler``: where one step's GPU time goes, by kernel → ``DIR/trace.txt``.
@@ -57,10 +62,12 @@ from spiderflow.core.catalog import ModelSpec, model_preset  # noqa: E402
 from spiderflow.core.domain import Plan, Precision, Schedule, Stage  # noqa: E402
 from spiderflow.exec.data import SyntheticTokens, micro_batch  # noqa: E402
 from spiderflow.exec.spec import Rendezvous, TrainSpec  # noqa: E402
-from spiderflow.exec.worker import worker_argv, worker_document  # noqa: E402
+from spiderflow.exec.worker import cuda_allocator_env, worker_argv, worker_document  # noqa: E402
 from spiderflow.formats import plan_to_dict  # noqa: E402
 
 PARTS = ("env", "profile", "agent", "runs", "trace", "pipeline", "resume")
+DEFAULT_PARTS = ("env", "profile", "agent", "runs")
+"""The parts run without ``--parts`` (about 6 minutes on one H200); trace, pipeline and resume on request."""
 
 
 def reference(model: ModelSpec, seq: int, batch: int, m: int, steps: int, lr: float,
@@ -129,13 +136,14 @@ class Report:
 
 
 def part_env(device: torch.device) -> dict[str, Any]:
-    out: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    out: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+                           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
         out.update(name=p.name, capability=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
                    memory_gib=total / 2**30, free_gib=free / 2**30, cuda=torch.version.cuda,
-                   nccl=".".join(map(str, torch.cuda.nccl.version())))
+                   nccl=".".join(map(str, torch.cuda.nccl.version())))  # type: ignore[no-untyped-call]
         try:
             out["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm,clocks.max.mem",
@@ -153,25 +161,37 @@ def part_profile(out: Path, gpu: bool) -> dict[str, Any]:
     from spiderflow.profile import parse_profile
 
     if gpu:
-        jobs = [("bf16", [(2048, 16), (2560, 32)], [1, 2, 4, 8, 16]), ("tf32", [(2048, 16)], [1, 2, 4, 8])]
+        small, big = model_preset("gpt3-1.3b"), model_preset("gpt3-2.7b")
+        jobs = [("bf16", [small, big], [1, 2, 4, 8, 16]), ("tf32", [small], [1, 2, 4, 8])]
         seqs = [2048]
     else:
-        jobs = [("fp32", [(64, 4)], [1, 2])]
+        jobs = [("fp32", [ModelSpec(name="check-tiny", layers=4, hidden=64, heads=4, vocab=256)], [1, 2])]
         seqs = [32]
     docs: dict[str, Any] = {}
-    for precision, blocks, mbs in jobs:
+    for precision, models, mbs in jobs:
         t0 = time.perf_counter()
-        doc = build_profile(blocks=blocks, micro_batches=mbs, seq_lens=seqs, precision=precision, seconds=0.5)
+        doc = build_profile(blocks=[(m.hidden, m.heads) for m in models], micro_batches=mbs, seq_lens=seqs,
+                            precision=precision, seconds=0.5, outer=[(m.hidden, m.vocab) for m in models])
         parse_profile(doc)  # what is written reads back
         (out / f"profile-{precision}.json").write_text(json.dumps(doc, indent=1) + "\n")
         docs[precision] = doc
-        entry = next(iter(doc["gpus"].values()))
+        gpus: dict[str, Any] = doc["gpus"]  # type: ignore[assignment]
+        entry = next(iter(gpus.values()))
         print(f"[profile] {precision}: {time.perf_counter() - t0:.1f} s; matmul {entry.get('matmul_tflops')} TFLOPS; "
               f"optimizer {entry.get('optimizer_ms_per_layer')} ms/block; "
               f"memory overhead {entry.get('memory_overhead_gib')} GiB", flush=True)
         for blk in entry.get("blocks", []):
             print(f"    block h={blk['hidden']} a={blk['heads']} b={blk['micro_batch']} s={blk['seq_len']}: "
                   f"fwd {blk['forward_ms']:.2f} ms bwd {blk['backward_ms']:.2f} ms", flush=True)
+        for key in ("embedding", "head"):
+            for o in entry.get(key, []):
+                print(f"    {key} h={o['hidden']} V={o['vocab']} b={o['micro_batch']} s={o['seq_len']}: "
+                      f"fwd {o['forward_ms']:.2f} ms bwd {o['backward_ms']:.2f} ms; optimizer "
+                      f"{o['optimizer_ms']:.2f} ms", flush=True)
+        for d in entry.get("data", []):
+            print(f"    data s={d['seq_len']}: {d['ms_per_sample']:.2f} ms per sample", flush=True)
+    if gpu:
+        torch.cuda.empty_cache()  # the runs' workers measure the device's memory: hold none of it here
     return docs
 
 
@@ -190,6 +210,7 @@ def run_configs(gpu: bool) -> list[dict[str, Any]]:
                 "recompute": True})
     out.append({"name": "gpt3-1.3b-tf32-m4", "model": small, "precision": Precision.TF32, "m": 4, "recompute": False})
     out.append({"name": "gpt3-2.7b-bf16-m4", "model": big, "precision": Precision.BF16, "m": 4, "recompute": False})
+    out.append({"name": "gpt3-1.3b-bf16-m1", "model": small, "precision": Precision.BF16, "m": 1, "recompute": False})
     for c in out:
         c.update(global_batch=16, seq_len=2048, steps=6)
     return out
@@ -210,6 +231,7 @@ def part_runs(tmp: Path, gpu: bool, env_extra: dict[str, str], deadline: float,
         spec = TrainSpec(job_id=c["name"], model=model, plan=plan, seq_len=c["seq_len"],
                          global_batch=c["global_batch"], steps=c["steps"], precision=c["precision"])
         rec: dict[str, Any] = {"name": c["name"], "model": model.name, "precision": c["precision"].value,
+                               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                                "global_batch": c["global_batch"], "seq_len": c["seq_len"],
                                "micro_batch": c["global_batch"] // c["m"], "plan": plan_to_dict(plan)}
         t0 = time.perf_counter()
@@ -243,6 +265,8 @@ def part_agent() -> dict[str, Any]:
 
     prof = asdict(profile_devices())
     print(f"[agent] {prof}", flush=True)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return prof
 
 
@@ -319,8 +343,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="smoke mode: tiny models on CPU")
     ap.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json and the profiles")
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="start no training run after this many seconds")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                    help=f"comma-separated subset of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="start no training run after this many seconds (default 330: the last, 16 × 1, is skipped "
+                    "unless the others ran fast; 400 runs it, about 45 s more on an H200)")
     args = ap.parse_args()
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     unknown = sorted(set(parts) - set(PARTS))
@@ -328,6 +355,7 @@ def main() -> int:
         print(f"gpu_check: --parts: unknown {', '.join(unknown)} (known: {', '.join(PARTS)})", file=sys.stderr)
         return 2
     start = time.monotonic()
+    cuda_allocator_env(os.environ)  # before the first CUDA allocation; the workers inherit it
     gpu = torch.cuda.is_available() and not args.cpu
     device = torch.device("cuda", 0) if gpu else torch.device("cpu")
     env_extra = {} if gpu else {"CUDA_VISIBLE_DEVICES": ""}

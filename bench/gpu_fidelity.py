@@ -19,12 +19,17 @@ blocks run ``scaled_dot_product_attention``) on a one-GPU cluster of the device'
   on the executor's block at two micro-batch sizes, the optimizer step per block);
 - **profile**: the same cluster with the profile measured on that device in the same session
   (``spiderflow profile``: the executor's blocks at the runs' micro-batch sizes, the optimizer step per
-  block, the memory no tensor accounts for) folded in (:func:`spiderflow.profile.apply_profile`, blocks
-  interpolated at the run's micro-batch size), in the run's precision.
+  block, the memory no tensor accounts for; in profiles that carry them, the embedding and the head with its
+  loss at the same sizes, their optimizer steps and the input pipeline per sample) folded in
+  (:func:`spiderflow.profile.apply_profile`, blocks, embedding and head interpolated at the run's
+  micro-batch size), in the run's precision.
 
 Measured step time: the median wall time of the run's steps 3 to 6 (the first two warm up the allocator
 and the kernels). Measured memory: the device's used memory at the end of training (the allocator's peak
-reserve, the CUDA context and library workspaces) and, beside it, the peak of allocated tensors.
+reserve, the CUDA context and library workspaces) and, beside it, the peak of allocated tensors. Predicted
+memory: the cost model's per GPU (its fixed reserve included) and, with a profile, that plus the measured
+memory outside torch's allocator beyond the reserve (``memory_overhead_gib``), the device's used memory as
+the profile prices it.
 Per run: the ratio predicted / measured and the absolute error; summary: median and worst absolute error
 per pricing, and the rank correlation (Spearman) of predicted and measured step time across the plans of
 one job (the runs of GPT-3 1.3B in bf16 at global batch 16: micro-batch counts 2–16 and recomputation).
@@ -47,6 +52,7 @@ from fidelity import spearman  # noqa: E402
 
 from spiderflow.cli.commands.estimate import estimate_plan  # noqa: E402
 from spiderflow.core.catalog import model_preset  # noqa: E402
+from spiderflow.core.costmodel import RESERVED_GIB  # noqa: E402
 from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Precision, Topology  # noqa: E402
 from spiderflow.formats import plan_from_dict  # noqa: E402
 from spiderflow.profile import Profile, apply_profile, load_profile  # noqa: E402
@@ -115,8 +121,15 @@ def rows(check: dict[str, Any], profiles: dict[str, Profile],
             row.update(agent_step_s=a["step_time_s"], agent_ratio=a["step_time_s"] / measured)
         if prof is not None:
             p = price(run, gpu, prof)
+            entry = prof.gpus.get(gpu)
+            overhead = entry.memory_overhead_gib if entry is not None and entry.memory_overhead_gib else 0.0
+            device_gib = p["stages"][0]["memory_gib_per_gpu"] + max(0.0, overhead - RESERVED_GIB)
             row.update(profile_step_s=p["step_time_s"], profile_ratio=p["step_time_s"] / measured,
-                       profile_parts=p["parts"], profile_memory_gib=p["stages"][0]["memory_gib_per_gpu"])
+                       profile_parts=p["parts"], profile_memory_gib=p["stages"][0]["memory_gib_per_gpu"],
+                       profile_device_gib=device_gib,
+                       profile_compute_s_per_microbatch=p["stages"][0]["compute_s_per_microbatch"])
+            if mem.get("device_used_gib"):
+                row["profile_memory_ratio"] = device_gib / mem["device_used_gib"]
         if mem.get("device_used_gib"):
             row["memory_ratio"] = row["predicted_memory_gib"] / mem["device_used_gib"]
         out.append(row)
@@ -129,12 +142,13 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
 
     out: dict[str, Any] = {"runs": len(rs)}
     for key, name in (("default_ratio", "defaults"), ("agent_ratio", "agent"), ("profile_ratio", "profile"),
-                      ("memory_ratio", "memory")):
+                      ("memory_ratio", "memory"), ("profile_memory_ratio", "profile_memory")):
         e = errs(key)
         if e:
             out[name] = {"median_abs_error": statistics.median(e), "worst_abs_error": max(e),
                          "within_10pct": sum(x <= 0.10 for x in e), "n": len(e),
-                         "ratios": [round(r[key], 4) for r in rs if key in r]}
+                         "ratios": [round(r[key], 4) for r in rs if key in r],
+                         "worst_under": max((1.0 - r[key] for r in rs if key in r), default=0.0)}
     group = [r for r in rs if (r["model"], r["precision"], r["global_batch"]) == JOB_GROUP]
     if len(group) >= 2:
         meas = [r["measured_step_s"] for r in group]
@@ -152,8 +166,8 @@ def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str:
     lines = [f"Executor runs on one {device} (`bench/gpu_check.py`), priced by `bench/gpu_fidelity.py`.", "",
              "| run | b × m | measured s | defaults s | ratio | agent s | ratio | profile s | ratio "
-             "| memory GiB (device / tensors) | predicted GiB | ratio |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| memory GiB (device / tensors) | predicted GiB | ratio | with profile GiB | ratio |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rs:
         lines.append(
             f"| {r['run']} | {r['micro_batch']} × {r['micro_batches']} | {r['measured_step_s']:.3f} "
@@ -161,13 +175,15 @@ def markdown(rs: list[dict[str, Any]], summ: dict[str, Any], device: str) -> str
             f"| {r.get('agent_ratio', float('nan')):.3f} | {r.get('profile_step_s', float('nan')):.3f} "
             f"| {r.get('profile_ratio', float('nan')):.3f} | {r['measured_device_gib']:.1f} / "
             f"{r['measured_allocated_gib']:.1f} | {r['predicted_memory_gib']:.1f} "
-            f"| {r.get('memory_ratio', float('nan')):.3f} |")
+            f"| {r.get('memory_ratio', float('nan')):.3f} | {r.get('profile_device_gib', float('nan')):.1f} "
+            f"| {r.get('profile_memory_ratio', float('nan')):.3f} |")
     lines.append("")
-    for name in ("defaults", "agent", "profile", "memory"):
+    for name in ("defaults", "agent", "profile", "memory", "profile_memory"):
         if name in summ:
             s = summ[name]
             lines.append(f"- {name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
-                         f"{s['within_10pct']} of {s['n']} within ±10 %")
+                         f"{s['within_10pct']} of {s['n']} within ±10 %; worst under-prediction "
+                         f"{max(0.0, s['worst_under']):.1%}")
     if "rank_correlation" in summ:
         rc = summ["rank_correlation"]
         lines.append(f"- rank correlation over the {rc['plans']} plans of {rc['job']}: "

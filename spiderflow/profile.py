@@ -16,6 +16,12 @@ A profile is a plain JSON or YAML document (format in ``docs/profiles.md``)::
         blocks:                       # measured transformer blocks (optional)
           - {hidden: 4096, heads: 32, precision: bf16, micro_batch: 1, seq_len: 8192, tp: 1,
              forward_ms: 14.2, backward_ms: 29.1}
+        embedding:                    # measured embedding / head + loss per micro-batch (optional)
+          - {hidden: 4096, vocab: 128256, precision: bf16, micro_batch: 1, seq_len: 8192,
+             forward_ms: 0.3, backward_ms: 2.9, optimizer_ms: 6.1}
+        head: [...]                   # the same keys
+        data:                         # the host's input pipeline (optional)
+          - {seq_len: 8192, ms_per_sample: 2.4}
     clusters:                         # per-cluster overrides of the same keys (optional)
       east: {nccl: {inter_node: {allreduce_gbps: 200.0}}}
 
@@ -28,6 +34,10 @@ both TPA levels, the timeline, the simulator — prices with it unchanged:
   clamped at the ends) as ``3·f / (tp · (forward + backward))`` with ``f`` the block's forward FLOPs, and
   ``mfu`` is 1 (the blocks are the training rate). Else ``matmul_tflops[precision] × mfu``.
 - communication: ``intra_node_gbps``/``inter_node_gbps`` become the measured all-reduce bus bandwidths.
+- outside the blocks: measured embedding and head (with its loss) entries of the job's shape become the
+  cluster's forward + backward µs per token (interpolated like the blocks) and their optimizer steps, the
+  data entry its input pipeline per sample (:func:`outer_us_per_token`, :func:`data_ms_per_sample`;
+  priced by :func:`spiderflow.core.costmodel.measured_outer_time` and ``measured_step_extra``).
 - memory: the device memory the planner may use shrinks by the measured overhead beyond the cost model's
   fixed reserve (:data:`spiderflow.core.costmodel.RESERVED_GIB`).
 
@@ -51,12 +61,16 @@ from spiderflow.core.errors import ValidationError
 
 __all__ = [
     "BlockTiming",
+    "DataTiming",
     "DeviceEntry",
     "LinkEntry",
+    "OuterTiming",
     "Profile",
     "apply_profile",
     "block_rate_tflops",
+    "data_ms_per_sample",
     "load_profile",
+    "outer_us_per_token",
     "parse_profile",
     "profile_to_dict",
 ]
@@ -76,6 +90,29 @@ class BlockTiming:
     tp: int
     forward_ms: float
     backward_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OuterTiming:
+    """The embedding, or the head with its loss, measured: forward and backward milliseconds of one micro-batch
+    on one GPU, and (optional) the optimizer step over its parameters per training step."""
+
+    hidden: int
+    vocab: int
+    precision: Precision
+    micro_batch: int
+    seq_len: int
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataTiming:
+    """The host's input pipeline: milliseconds per sample of ``seq_len`` tokens drawn and copied to the GPU."""
+
+    seq_len: int
+    ms_per_sample: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +136,9 @@ class DeviceEntry:
     intra_node: LinkEntry = LinkEntry()
     inter_node: LinkEntry = LinkEntry()
     blocks: tuple[BlockTiming, ...] = ()
+    embedding: tuple[OuterTiming, ...] = ()
+    head: tuple[OuterTiming, ...] = ()
+    data: tuple[DataTiming, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,10 +192,55 @@ def _precision(path: str, v: Any) -> Precision:
         raise ValidationError(path, f"must be one of {', '.join(p.value for p in Precision)}", v) from None
 
 
+_OUTER_KEYS = ("hidden", "vocab", "precision", "micro_batch", "seq_len", "forward_ms", "backward_ms", "optimizer_ms")
+
+
+def _list(path: str, v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise ValidationError(path, "must be a list", v)
+    return v
+
+
+def _known(path: str, d: Mapping[str, Any], known: tuple[str, ...], required: tuple[str, ...]) -> None:
+    for k in d:
+        if k not in known:
+            raise ValidationError(f"{path}.{k}", f"unknown key (known: {', '.join(sorted(known))})", k)
+    for k in required:
+        if k not in d:
+            raise ValidationError(f"{path}.{k}", "is required", None)
+
+
+def _outer_list(path: str, v: Any) -> tuple[OuterTiming, ...]:
+    out = []
+    for i, raw in enumerate(_list(path, v)):
+        p = f"{path}[{i}]"
+        d = _mapping(p, raw)
+        _known(p, d, _OUTER_KEYS, ("hidden", "vocab", "micro_batch", "seq_len", "forward_ms", "backward_ms"))
+        out.append(OuterTiming(
+            hidden=_int(f"{p}.hidden", d["hidden"]), vocab=_int(f"{p}.vocab", d["vocab"]),
+            precision=_precision(f"{p}.precision", d.get("precision", "bf16")),
+            micro_batch=_int(f"{p}.micro_batch", d["micro_batch"]), seq_len=_int(f"{p}.seq_len", d["seq_len"]),
+            forward_ms=_num(f"{p}.forward_ms", d["forward_ms"]), backward_ms=_num(f"{p}.backward_ms", d["backward_ms"]),
+            optimizer_ms=(_num(f"{p}.optimizer_ms", d["optimizer_ms"], nonneg=True) if "optimizer_ms" in d else None),
+        ))
+    return tuple(out)
+
+
+def _data_list(path: str, v: Any) -> tuple[DataTiming, ...]:
+    out = []
+    for i, raw in enumerate(_list(path, v)):
+        p = f"{path}[{i}]"
+        d = _mapping(p, raw)
+        _known(p, d, ("seq_len", "ms_per_sample"), ("seq_len", "ms_per_sample"))
+        out.append(DataTiming(seq_len=_int(f"{p}.seq_len", d["seq_len"]),
+                              ms_per_sample=_num(f"{p}.ms_per_sample", d["ms_per_sample"], nonneg=True)))
+    return tuple(out)
+
+
 def _entry(path: str, v: Any) -> DeviceEntry:
     d = _mapping(path, v)
     known = {"matmul_tflops", "mfu", "layer_overhead_ms", "optimizer_ms_per_layer", "memory_overhead_gib", "nccl",
-             "blocks"}
+             "blocks", "embedding", "head", "data"}
     for k in d:
         if k not in known:
             raise ValidationError(f"{path}.{k}", f"unknown key (known: {', '.join(sorted(known))})", k)
@@ -186,6 +271,9 @@ def _entry(path: str, v: Any) -> DeviceEntry:
             backward_ms=_num(f"{bp}.backward_ms", bd["backward_ms"]),
         ))
     return DeviceEntry(
+        embedding=_outer_list(f"{path}.embedding", d.get("embedding", [])),
+        head=_outer_list(f"{path}.head", d.get("head", [])),
+        data=_data_list(f"{path}.data", d.get("data", [])),
         matmul_tflops=mt, mfu=mfu,
         layer_overhead_ms=(_num(f"{path}.layer_overhead_ms", d["layer_overhead_ms"], nonneg=True)
                            if "layer_overhead_ms" in d else None),
@@ -258,6 +346,14 @@ def _entry_dict(e: DeviceEntry) -> dict[str, Any]:
         out["blocks"] = [{"hidden": b.hidden, "heads": b.heads, "precision": b.precision.value,
                           "micro_batch": b.micro_batch, "seq_len": b.seq_len, "tp": b.tp,
                           "forward_ms": b.forward_ms, "backward_ms": b.backward_ms} for b in e.blocks]
+    for key, entries in (("embedding", e.embedding), ("head", e.head)):
+        if entries:
+            out[key] = [{"hidden": o.hidden, "vocab": o.vocab, "precision": o.precision.value,
+                         "micro_batch": o.micro_batch, "seq_len": o.seq_len, "forward_ms": o.forward_ms,
+                         "backward_ms": o.backward_ms,
+                         **({} if o.optimizer_ms is None else {"optimizer_ms": o.optimizer_ms})} for o in entries]
+    if e.data:
+        out["data"] = [{"seq_len": x.seq_len, "ms_per_sample": x.ms_per_sample} for x in e.data]
     return out
 
 
@@ -302,6 +398,45 @@ def block_rate_tflops(
     return pts[-1][1]  # pragma: no cover - the loop always returns
 
 
+def _log_linear(pts: list[tuple[float, float]], x: float) -> float:
+    """``y`` at ``x`` on the polyline through ``pts`` (sorted by ``x``), clamped to the end points."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return pts[-1][1]  # pragma: no cover - the loop always returns
+
+
+def outer_us_per_token(
+    entries: tuple[OuterTiming, ...], model: ModelSpec, precision: Precision, micro_batch: int, seq_len: int
+) -> tuple[float, float] | None:
+    """``(µs per token, optimizer ms)`` of a measured embedding or head of ``model``'s shape (``hidden``,
+    ``vocab``) in ``precision``: forward + backward per token of a micro-batch, interpolated log-linearly in
+    tokens per micro-batch between the nearest measured sizes and clamped at the ends (as
+    :func:`block_rate_tflops`); the optimizer step the median of the entries that carry one (0 if none).
+    ``None`` without a matching entry."""
+    match = [o for o in entries if (o.hidden, o.vocab, o.precision) == (model.hidden, model.vocab, precision)]
+    if not match:
+        return None
+    pts = sorted((math.log(tokens), 1e3 * (o.forward_ms + o.backward_ms) / tokens)
+                 for o in match for tokens in (o.micro_batch * o.seq_len,))
+    opts = sorted(o.optimizer_ms for o in match if o.optimizer_ms is not None)
+    return _log_linear(pts, math.log(micro_batch * seq_len)), (opts[len(opts) // 2] if opts else 0.0)
+
+
+def data_ms_per_sample(entries: tuple[DataTiming, ...], seq_len: int) -> float | None:
+    """The input pipeline's milliseconds per sample at ``seq_len``: the entry of the nearest measured
+    sequence length scaled by ``seq_len`` over its own (the pipeline is linear in tokens); ``None`` without
+    entries."""
+    if not entries:
+        return None
+    near = min(entries, key=lambda x: (abs(math.log(x.seq_len / seq_len)), x.seq_len))
+    return near.ms_per_sample * seq_len / near.seq_len
+
+
 def _merge(a: DeviceEntry | None, b: DeviceEntry | None) -> DeviceEntry | None:
     """``b`` over ``a`` field by field."""
     if a is None or b is None:
@@ -320,7 +455,8 @@ def _merge(a: DeviceEntry | None, b: DeviceEntry | None) -> DeviceEntry | None:
                                 else a.optimizer_ms_per_layer),
         memory_overhead_gib=b.memory_overhead_gib if b.memory_overhead_gib is not None else a.memory_overhead_gib,
         intra_node=link(a.intra_node, b.intra_node), inter_node=link(a.inter_node, b.inter_node),
-        blocks=b.blocks or a.blocks,
+        blocks=b.blocks or a.blocks, embedding=b.embedding or a.embedding, head=b.head or a.head,
+        data=b.data or a.data,
     )
 
 
@@ -352,6 +488,14 @@ def _apply_cluster(c: Cluster, e: DeviceEntry, model: ModelSpec | None, precisio
         changes["intra_node_gbps"] = e.intra_node.allreduce_gbps
     if e.inter_node.allreduce_gbps is not None:
         changes["inter_node_gbps"] = e.inter_node.allreduce_gbps
+    if model is not None:  # the work outside the blocks is the job's: its shape and sequence length
+        for key, entries in (("embedding", e.embedding), ("head", e.head)):
+            got = outer_us_per_token(entries, model, precision, micro_batch, seq_len)
+            if got is not None:
+                changes[f"{key}_us_per_token"], changes[f"{key}_optimizer_ms"] = got
+        data = data_ms_per_sample(e.data, seq_len)
+        if data is not None:
+            changes["data_ms_per_sample"] = data
     if e.memory_overhead_gib is not None:
         changes["memory_gib"] = max(0.0, c.gpu_memory_gib - max(0.0, e.memory_overhead_gib - RESERVED_GIB))
     return replace(c, **changes) if changes else c
@@ -363,7 +507,8 @@ def apply_profile(
 ) -> Topology:
     """``topo`` with every cluster's figures replaced by the profile's (module docstring): the entry of the
     cluster's GPU type, overridden by the cluster's own entry. Clusters the profile does not mention are
-    unchanged. ``model``/``precision``/``micro_batch``/``seq_len`` select and interpolate measured blocks."""
+    unchanged. ``model``/``precision``/``micro_batch``/``seq_len`` select and interpolate measured blocks and
+    the work outside them (embedding, head, input pipeline: applied only for a given ``model``)."""
     out = []
     for c in topo.clusters:
         e = _merge(profile.gpus.get(c.gpu), profile.clusters.get(c.name))

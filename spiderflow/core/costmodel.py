@@ -57,6 +57,14 @@ autocast keeps for the backward (:func:`state_bytes_per_param`).
 ``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
 (``V·h`` params) and the head plus its loss (:data:`LOGIT_BYTES` ``·b·s·V`` bytes).
 
+Measured work outside the blocks (only where a profile measured it: the cluster's ``embedding_us_per_token``,
+``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``, ``data_ms_per_sample``; all 0
+otherwise and the formulas above are unchanged): the first stage's ``T_s`` adds the embedding's
+``e_c·b·s``, the last stage's replaces the head's FLOPs with ``η_c·b·s`` (head and loss, not divided by
+``t``: the executor replicates them); after the drain the first stage adds its embedding's optimizer step and
+the host's input pipeline for its ``⌈m/d⌉·b`` samples, the last stage its head's optimizer step
+(:func:`measured_outer_time`, :func:`measured_step_extra`).
+
 Dollars per step: ``Σ_s gpus_s · W_c/1000 · step/3600 · price_c``.
 
 Precision, sharding and recomputation (the formulas above are the bf16, replicated, no-recompute case):
@@ -135,6 +143,8 @@ __all__ = [
     "in_flight_microbatches",
     "layer_activation_bytes",
     "layer_fwd_flops",
+    "measured_outer_time",
+    "measured_step_extra",
     "pipeline_step_time",
     "plan_fits_memory",
     "plan_options",
@@ -373,6 +383,9 @@ def stage_compute_time(
     behind the stage's matmuls."""
     layers = last - first + 1
     flops = 3.0 * stage_fwd_flops(model, first, last, b, s)
+    outer = measured_outer_time(model, cluster, first, last, b, s)
+    if cluster.head_us_per_token and last == model.layers - 1:
+        flops -= 3.0 * 2.0 * b * s * model.hidden * model.vocab  # measured instead (in ``outer``)
     fwd_passes = 3.0
     if recompute:
         flops += layers * layer_fwd_flops(model, b, s)
@@ -383,6 +396,8 @@ def stage_compute_time(
     compute = flops / rate
     if cluster.layer_overhead_ms:
         compute += layers * cluster.layer_overhead_ms / 1e3
+    if outer:
+        compute += outer
     n_ar = 6 if recompute else 4
     vb = precision.value_bytes
     comm = n_ar * layers * allreduce_time(activation_bytes(model, b, s, vb), tp, _tp_bandwidth(cluster, tp))
@@ -395,6 +410,34 @@ def stage_compute_time(
             vb * stage_params(model, first, last) / tp, fsdp_dp, _dp_bandwidth(cluster, tp * fsdp_dp)
         )
         t = max(t, gather)
+    return t
+
+
+def measured_outer_time(model: ModelSpec, cluster: Cluster, first: int, last: int, b: int, s: int) -> float:
+    """Seconds per micro-batch (forward + backward) of the work outside the blocks that a profile measured on
+    ``cluster`` (:func:`spiderflow.profile.apply_profile`): the embedding on the stage holding layer 0, the
+    head and its loss on the stage holding the last layer, each ``us_per_token · b·s``. Both run replicated
+    under tensor parallelism (the executor shards only the blocks), so ``tp`` does not divide them. 0 when
+    nothing was measured (the head is then priced by its FLOPs at the blocks' rate, the embedding not)."""
+    t = 0.0
+    if first == 0 and cluster.embedding_us_per_token:
+        t += cluster.embedding_us_per_token * b * s / 1e6
+    if last == model.layers - 1 and cluster.head_us_per_token:
+        t += cluster.head_us_per_token * b * s / 1e6
+    return t
+
+
+def measured_step_extra(model: ModelSpec, cluster: Cluster, first: int, last: int, samples: int) -> float:
+    """Seconds per training step of the work outside the blocks and the pipeline that a profile measured on
+    ``cluster``: the optimizer step over the embedding (stage holding layer 0) and over the head (stage
+    holding the last layer), and on the first stage the host's input pipeline for its ``samples`` samples
+    of the step (drawn before the step's first forward; the last stage draws its targets while the
+    pipeline fills). 0 when nothing was measured."""
+    t = 0.0
+    if first == 0:
+        t += cluster.embedding_optimizer_ms / 1e3 + cluster.data_ms_per_sample * samples / 1e3
+    if last == model.layers - 1:
+        t += cluster.head_optimizer_ms / 1e3
     return t
 
 
@@ -493,7 +536,8 @@ def pipeline_step_time(
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Breakdown:
     """Per-stage figures behind an estimate (same order as the plan's stages). ``dp_sync_s`` is ``T_dp``:
-    the slowest stage's gradient all-reduce plus optimizer step (``optimizer_s`` per stage)."""
+    the slowest stage's gradient all-reduce plus optimizer step (``optimizer_s`` per stage, with the measured
+    per-step work outside the blocks, :func:`measured_step_extra`, where a profile supplied it)."""
 
     compute_s: tuple[float, ...]
     boundary_s: tuple[float, ...]
@@ -558,6 +602,11 @@ def breakdown(
                for st, c, t in zip(stages, clusters, compute, strict=True))
     opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
                 for st, c in zip(stages, clusters, strict=True))
+    extra = tuple(measured_step_extra(model, c, st.first_layer, st.last_layer,
+                                      b * math.ceil(plan.micro_batches / st.dp))
+                  for st, c in zip(stages, clusters, strict=True))
+    if any(extra):  # a profile measured the work outside the blocks: per step, after the drain
+        opt = tuple(o + e for o, e in zip(opt, extra, strict=True))
     n = len(stages)
     cap = plan_max_in_flight(plan)
     mem = tuple(

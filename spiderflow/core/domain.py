@@ -15,7 +15,11 @@ GPU
     ``layer_overhead_ms`` a fixed time per transformer layer and micro-batch (forward + backward) on top of
     FLOPs at that rate — per-operator launch and framework costs that do not shrink with the problem size
     — and ``optimizer_ms_per_layer`` the optimizer step's time per layer and training step (both 0 unless
-    an agent's calibration measured them).
+    an agent's calibration measured them). The work outside the layers, when a profile measured it
+    (:func:`spiderflow.profile.apply_profile`; all 0 otherwise, and the embedding and head are priced by
+    FLOPs): ``embedding_us_per_token`` and ``head_us_per_token`` (head and loss) forward + backward per
+    token of a micro-batch, ``embedding_optimizer_ms`` and ``head_optimizer_ms`` their optimizer steps per
+    training step, ``data_ms_per_sample`` the host's input pipeline per sample and step.
 link
     A measured inter-cluster connection ``a → b`` with ``bandwidth_gbps`` (Gbit/s) and one-way
     ``latency_ms``. Symmetric unless ``directed``. Clusters without a link talk through relays along the
@@ -106,6 +110,11 @@ class Cluster:
     region: str = ""
     lat: float | None = None
     lon: float | None = None
+    embedding_us_per_token: float = 0.0
+    head_us_per_token: float = 0.0
+    embedding_optimizer_ms: float = 0.0
+    head_optimizer_ms: float = 0.0
+    data_ms_per_sample: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or len(self.name) > 63:
@@ -135,6 +144,9 @@ class Cluster:
             _positive(f"{where}.memory_gib", self.memory_gib)
         _positive(f"{where}.layer_overhead_ms", self.layer_overhead_ms, allow_zero=True)
         _positive(f"{where}.optimizer_ms_per_layer", self.optimizer_ms_per_layer, allow_zero=True)
+        for measured in ("embedding_us_per_token", "head_us_per_token", "embedding_optimizer_ms",
+                         "head_optimizer_ms", "data_ms_per_sample"):
+            _positive(f"{where}.{measured}", getattr(self, measured), allow_zero=True)
 
     @property
     def gpu_type(self) -> GpuType:

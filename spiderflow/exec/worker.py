@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+from collections.abc import MutableMapping
 from dataclasses import asdict
 from typing import Any
 
@@ -84,6 +86,20 @@ def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+CUDA_ALLOC_CONF = "expandable_segments:True"
+"""The CUDA caching allocator's setting in a worker unless the user set one: segments that grow in place
+instead of new fixed-size blocks, which removes most of the memory the allocator holds beyond the tensors
+(fragmentation; measured up to 8 GiB on an H200, BENCHMARKS.md "On a GPU"). torchtitan and Megatron-LM
+recommend it."""
+
+
+def cuda_allocator_env(environ: MutableMapping[str, str]) -> None:
+    """Set ``PYTORCH_CUDA_ALLOC_CONF`` to :data:`CUDA_ALLOC_CONF` in ``environ`` unless it or its newer name
+    ``PYTORCH_ALLOC_CONF`` is set (the user's choice wins). Must run before the first CUDA allocation."""
+    if "PYTORCH_CUDA_ALLOC_CONF" not in environ and "PYTORCH_ALLOC_CONF" not in environ:
+        environ["PYTORCH_CUDA_ALLOC_CONF"] = CUDA_ALLOC_CONF
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spiderflow.exec.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="worker spec JSON file")
@@ -114,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         _emit({"event": "error", "rank": rank, "type": type(e).__name__, "message": str(e)})
         return 2
 
+    cuda_allocator_env(os.environ)
     from spiderflow.exec.runtime import run  # torch is imported only once the spec is valid
 
     def on_step(report: StepReport) -> None:

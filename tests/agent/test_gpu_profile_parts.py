@@ -10,8 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent.profiler import calibrate_gpu, calibrate_mfu, catalog_name, measure_matmul_tflops, time_block, time_optimizer
+from agent.profiler import (
+    build_profile,
+    calibrate_gpu,
+    calibrate_mfu,
+    catalog_name,
+    measure_matmul_tflops,
+    time_block,
+    time_data,
+    time_embedding,
+    time_head,
+    time_optimizer,
+)
 from spiderflow.exec.runtime import device_memory
+from spiderflow.exec.worker import CUDA_ALLOC_CONF, cuda_allocator_env
+from spiderflow.profile import parse_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +41,35 @@ def test_blocks_are_timed_as_the_executor_runs_them(precision: str) -> None:
     fwd, bwd = time_block(hidden=64, heads=4, micro_batch=1, seq_len=16, precision=precision, repeats=1)
     assert fwd > 0.0 and bwd > 0.0
     assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_embedding_head_and_input_pipeline_are_timed_as_the_executor_runs_them(precision: str) -> None:
+    for fn in (time_embedding, time_head):
+        fwd, bwd = fn(hidden=32, vocab=64, micro_batch=2, seq_len=8, precision=precision, repeats=1)
+        assert fwd > 0.0 and bwd > 0.0
+    assert time_data(vocab=64, seq_len=8, samples=2, repeats=1) > 0.0
+
+
+def test_profile_carries_the_work_outside_the_blocks_and_reads_back() -> None:
+    # the same code a CUDA node runs, selected by device: here the CPU
+    doc = build_profile(blocks=[(32, 4)], micro_batches=[1, 2], seq_lens=[8], seconds=0.02, repeats=1,
+                        outer=[(32, 64)])
+    entry = parse_profile(doc).gpus["cpu"]
+    assert [(o.micro_batch, o.vocab) for o in entry.embedding] == [(1, 64), (2, 64)]
+    assert [(o.micro_batch, o.seq_len) for o in entry.head] == [(1, 8), (2, 8)]
+    assert all(o.forward_ms > 0 and o.optimizer_ms for o in (*entry.embedding, *entry.head))
+    assert [d.seq_len for d in entry.data] == [8] and entry.data[0].ms_per_sample > 0
+
+
+def test_workers_expand_cuda_segments_unless_the_user_chose() -> None:
+    env: dict[str, str] = {}
+    cuda_allocator_env(env)
+    assert env == {"PYTORCH_CUDA_ALLOC_CONF": CUDA_ALLOC_CONF}
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        mine = {name: "backend:cudaMallocAsync"}
+        cuda_allocator_env(mine)
+        assert mine == {name: "backend:cudaMallocAsync"}
 
 
 def test_optimizer_step_and_matmul_rate_are_measured() -> None:

@@ -49,6 +49,14 @@ def _blocks(args: argparse.Namespace) -> list[tuple[int, int]]:
     return out
 
 
+def _outer(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """``(hidden, vocab)`` of ``--model``: its embedding and head are timed beside its blocks."""
+    if not args.model:
+        return []
+    m = model_preset(args.model)
+    return [(m.hidden, m.vocab)]
+
+
 def _profile(args: argparse.Namespace) -> int:
     from agent.profiler import build_profile, measure_collectives
     from spiderflow.profile import parse_profile
@@ -76,7 +84,7 @@ def _profile(args: argparse.Namespace) -> int:
     try:
         doc: dict[str, Any] = (
             build_profile(blocks=blocks, micro_batches=mbs, seq_lens=seqs, precision=args.precision,
-                          seconds=args.seconds, collectives=collectives) if rank == 0 else {}
+                          seconds=args.seconds, collectives=collectives, outer=_outer(args)) if rank == 0 else {}
         )
     finally:
         if world > 1:
@@ -95,7 +103,8 @@ def _profile(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure this node and write a hardware profile (docs/profiles.md)")
-    p.add_argument("--model", help="time the blocks of this model preset (e.g. llama3-8b)")
+    p.add_argument("--model", help="time the blocks, embedding and head (with its loss) of this model preset "
+                   "(e.g. gpt3-1.3b)")
     p.add_argument("--block", action="append", help="time a block of HIDDEN:HEADS (repeatable)")
     p.add_argument("--micro-batches", default="1", help="micro-batch sizes to time, comma-separated (default 1)")
     p.add_argument("--seq-lens", default="2048", help="sequence lengths to time, comma-separated (default 2048)")
