@@ -387,15 +387,7 @@ def block_rate_tflops(
     if not pts:
         return None
     pts.sort()
-    x = math.log(micro_batch * seq_len)
-    if x <= pts[0][0]:
-        return pts[0][1]
-    if x >= pts[-1][0]:
-        return pts[-1][1]
-    for (x0, y0), (x1, y1) in itertools.pairwise(pts):
-        if x0 <= x <= x1:
-            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return pts[-1][1]  # pragma: no cover - the loop always returns
+    return _log_linear(pts, math.log(micro_batch * seq_len))
 
 
 def _log_linear(pts: list[tuple[float, float]], x: float) -> float:
