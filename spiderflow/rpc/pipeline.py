@@ -37,7 +37,7 @@ import structlog
 from spiderflow.core.errors import UnauthenticatedError
 from spiderflow.metrics import RpcMetricsInterceptor
 from spiderflow.security.auth import EXEMPT_PREFIXES, Authenticator, AuthInterceptor
-from spiderflow.security.guard import Malformed, guard_deserializer
+from spiderflow.security.guard import Malformed, checked_stream, guard_deserializer, refuse_malformed
 from spiderflow.security.identity import Principal, reset_principal, use_principal
 
 __all__ = ["CallPipeline", "fuse"]
@@ -138,9 +138,9 @@ class CallPipeline(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 token = use_principal(await self._caller(method, context, principal)) if authenticate else None
                 try:
                     if streaming:
-                        request = _checked(request, context)
+                        request = checked_stream(request, context)
                     elif isinstance(request, Malformed):
-                        await _refuse(context, request)
+                        await refuse_malformed(context, request)
                     return await behavior(request, context)
                 finally:
                     if token is not None:
@@ -164,9 +164,9 @@ class CallPipeline(grpc.aio.ServerInterceptor):  # type: ignore[misc]
                 if authenticate:  # for the rest of the stream (an async generator has its own context)
                     use_principal(await self._caller(method, context, principal))
                 if streaming:
-                    request = _checked(request, context)
+                    request = checked_stream(request, context)
                 elif isinstance(request, Malformed):
-                    await _refuse(context, request)
+                    await refuse_malformed(context, request)
                 result = behavior(request, context)
                 if hasattr(result, "__aiter__"):
                     async for item in result:
@@ -211,20 +211,6 @@ class CallPipeline(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return grpc.stream_unary_rpc_method_handler(refuse, request_deserializer=_skip, response_serializer=ser)
         return grpc.stream_stream_rpc_method_handler(refuse_stream, request_deserializer=_skip,
                                                      response_serializer=ser)
-
-
-async def _refuse(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: is not a valid message ({bad.error})")
-
-
-def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-    """A client stream whose first undecodable message answers the call INVALID_ARGUMENT."""
-    async def gen() -> AsyncIterator[Any]:
-        async for item in requests:
-            if isinstance(item, Malformed):
-                await _refuse(context, item)
-            yield item
-    return gen()
 
 
 def fuse(interceptors: list[grpc.aio.ServerInterceptor]) -> list[grpc.aio.ServerInterceptor]:

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-__all__ = ["DecodeGuard", "Malformed", "guard_deserializer"]
+__all__ = ["DecodeGuard", "Malformed", "checked_stream", "guard_deserializer", "refuse_malformed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +40,19 @@ def guard_deserializer(deserialize: Callable[[bytes], Any] | None) -> Callable[[
     return call
 
 
-async def _refuse(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
+async def refuse_malformed(context: grpc.aio.ServicerContext, bad: Malformed) -> None:
+    """Answer the call INVALID_ARGUMENT naming ``request`` (its message did not decode)."""
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: is not a valid message ({bad.error})")
+
+
+def checked_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    """A client stream whose first undecodable message answers the call INVALID_ARGUMENT."""
+    async def gen() -> AsyncIterator[Any]:
+        async for item in requests:
+            if isinstance(item, Malformed):
+                await refuse_malformed(context, item)
+            yield item
+    return gen()
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
@@ -60,7 +71,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 if isinstance(request, Malformed):
-                    await _refuse(context, request)
+                    await refuse_malformed(context, request)
                 return await inner(request, context)
 
             return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=des, response_serializer=ser)
@@ -69,7 +80,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 if isinstance(request, Malformed):
-                    await _refuse(context, request)
+                    await refuse_malformed(context, request)
                 result = inner_us(request, context)
                 if hasattr(result, "__aiter__"):
                     async for item in result:
@@ -80,26 +91,18 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=des,
                                                         response_serializer=ser)
 
-        def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            async def gen() -> AsyncIterator[Any]:
-                async for item in requests:
-                    if isinstance(item, Malformed):
-                        await _refuse(context, item)
-                    yield item
-            return gen()
-
         if handler.stream_unary is not None:
             inner_su = handler.stream_unary
 
             async def stream_unary(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
-                return await inner_su(checked(requests, context), context)
+                return await inner_su(checked_stream(requests, context), context)
 
             return grpc.stream_unary_rpc_method_handler(stream_unary, request_deserializer=des,
                                                         response_serializer=ser)
         inner_ss = handler.stream_stream
 
         async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            result = inner_ss(checked(requests, context), context)
+            result = inner_ss(checked_stream(requests, context), context)
             if hasattr(result, "__aiter__"):
                 async for item in result:
                     yield item
