@@ -85,9 +85,6 @@ _SCHEDULES = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE, Schedule.GPIPE, Sche
 _CAPPED = (Schedule.ONE_F_ONE_B, Schedule.LATENCY_AWARE)  # the schedules an in-flight cap shapes
 INTERLEAVE_CHUNKS = 2
 SIMULATION_OP_BUDGET = 400_000  # ops the exact timeline may simulate per plan_chain call (beyond the first)
-RESOLVED_COUNTS = 99
-"""Micro-batch counts (the best simulated on their polished splits) whose schedules that exceed the split's
-memory are re-solved and scored too."""
 SIMULATED_TIE = 1e-9
 """Simulated objectives this close (relative) are a tie, kept by the schedule simulated first (the better
 ranked): the timeline's steady-state extrapolation is exact up to float rounding, not to the last bit."""
@@ -400,11 +397,11 @@ def plan_chain(
         polished.append((ctx, pev))
         ranked += _schedule_plans(ctx, pev, allowed, topo, job, objective, max_in_flight, resolve=False)
     best = sim.best(ranked)
-    # The schedules whose memory the split's configurations exceed, re-solved for the counts whose other
-    # schedules score best (RESOLVED_COUNTS of them: a re-solve costs a level-2 solve per block).
+    # The schedules whose memory the split's configurations exceed, re-solved for every count (a re-solve costs
+    # a level-2 solve per block), the counts whose other schedules score best first.
     order = sorted(range(len(polished)), key=lambda i: sim.by_count.get(polished[i][0].m, math.inf))
     extra: list[_Candidate] = []
-    for i in order[:RESOLVED_COUNTS]:
+    for i in order:
         ctx, pev = polished[i]
         have = {p.schedule for _, p, _ in ranked if p.micro_batches == ctx.m}
         extra += _schedule_plans(ctx, pev, [s for s in allowed if s not in have], topo, job, objective,
