@@ -33,6 +33,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import structlog
 
@@ -47,6 +48,8 @@ from spiderflow.store.keys import REQUESTS, request_key
 __all__ = ["REQUESTS", "JobRepository", "SchedulerState", "StoredJob", "request_key"]
 
 log = structlog.get_logger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +102,26 @@ def _decode_wait(kv: KeyValue) -> WaitState | None:
         return None
 
 
+def _merge_since(changed: Iterable[KeyValue], present: Mapping[str, int], known: Mapping[str, tuple[int, _T]],
+                 read: Callable[[KeyValue], _T]) -> dict[str, tuple[int, _T]] | None:
+    """Every key of ``present`` (key → ``mod_revision`` now) with its ``(mod_revision, value)``: ``read`` of
+    the record when it is among ``changed`` (the records modified since an earlier read) at that revision,
+    else ``known``'s entry at the same revision (a key at a ``mod_revision`` always holds the same record).
+    ``None`` when a key is in neither (the caller reads everything)."""
+    fresh = {kv.key: kv for kv in changed}
+    out: dict[str, tuple[int, _T]] = {}
+    for key, mod in present.items():
+        kv = fresh.get(key)
+        if kv is not None and kv.mod_revision == mod:
+            out[key] = (mod, read(kv))
+            continue
+        old = known.get(key)
+        if old is None or old[0] != mod:
+            return None
+        out[key] = old
+    return out
+
+
 class JobRepository:
     """Typed access to the scheduler's keys over a :class:`Store`. ``clock`` gives wall time (seconds)."""
 
@@ -112,7 +135,7 @@ class JobRepository:
         self._alloc_locks: dict[str, asyncio.Lock] = {}
         self._snapshot_revision = 0  # the revision of the last snapshot (0: none yet)
         # key -> (mod_revision, state, tenant) of every job at the last count_by_tenant, and its revision
-        self._counted: dict[str, tuple[int, JobState, str]] = {}
+        self._counted: dict[str, tuple[int, tuple[JobState, str]]] = {}
         self._counted_revision = 0
 
     def remember(self, stored: StoredJob) -> StoredJob:
@@ -150,22 +173,12 @@ class JobRepository:
         """Every job of a read that brought only the records modified since the previous snapshot
         (``changed``) and every key's ``mod_revision`` (``present``): the others are the records decoded
         before at the same revision. ``None`` when one of those is not at hand (the caller reads all)."""
-        fresh = {kv.key: kv for kv in changed}
-        out: list[StoredJob] = []
-        decoded: dict[str, tuple[int, JobRecord]] = {}
-        for key, mod in present.items():
-            kv = fresh.get(key)
-            if kv is not None and kv.mod_revision == mod:
-                record = self._record(kv)  # decoded (and validated) once, as every record read
-            else:
-                hit = self._decoded.get(key)
-                if hit is None or hit[0] != mod:
-                    return None
-                record = hit[1]
-            decoded[key] = (mod, record)
-            out.append(StoredJob(record=record, mod_revision=mod))
+        # a changed record is decoded (and validated) once, as every record read
+        decoded = _merge_since(changed, present, self._decoded, self._record)
+        if decoded is None:
+            return None
         self._decoded = decoded
-        return out
+        return [StoredJob(record=record, mod_revision=mod) for mod, record in decoded.values()]
 
     async def list(self) -> tuple[list[StoredJob], int]:
         """Every job (sorted by id) and the revision of the read."""
@@ -213,44 +226,27 @@ class JobRepository:
         ``mod_revision`` always holds the same record). A count therefore costs etcd and this process little
         per job that did not change, however many jobs are kept."""
         wanted = set(states)
-        counted: dict[str, tuple[int, JobState, str]] | None = None
+        counted: dict[str, tuple[int, tuple[JobState, str]]] | None = None
         if self._counted_revision:
             items, present, rev = await self.store.get_prefixes_changed((keys.JOBS,),
                                                                         {keys.JOBS: self._counted_revision})
-            counted = self._count_since(items.get(keys.JOBS, []), present[keys.JOBS])
+            counted = _merge_since(items.get(keys.JOBS, []), present[keys.JOBS], self._counted,
+                                   self._state_and_tenant)
         if counted is None:
             everything, rev = await self.store.get_prefix(keys.JOBS)
-            counted = {kv.key: self._state_and_tenant(kv) for kv in everything}
+            counted = {kv.key: (kv.mod_revision, self._state_and_tenant(kv)) for kv in everything}
         self._counted, self._counted_revision = counted, rev
         out: dict[str, int] = {}
-        for _, state, tenant in counted.values():
+        for _, (state, tenant) in counted.values():
             if state in wanted:
                 out[tenant] = out.get(tenant, 0) + 1
         return out
 
-    def _state_and_tenant(self, kv: KeyValue) -> tuple[int, JobState, str]:
+    def _state_and_tenant(self, kv: KeyValue) -> tuple[JobState, str]:
         hit = self._decoded.get(kv.key)
         if hit is not None and hit[0] == kv.mod_revision:
-            return kv.mod_revision, hit[1].state, hit[1].spec.tenant
-        state, tenant = records.job_state_and_tenant(kv.key, kv.value)
-        return kv.mod_revision, state, tenant
-
-    def _count_since(self, changed: Iterable[KeyValue],
-                     present: Mapping[str, int]) -> dict[str, tuple[int, JobState, str]] | None:
-        """Every job's (mod_revision, state, tenant) from the records modified since the last count
-        (``changed``) and the last count's entries; ``None`` when one is not at hand (the caller reads all)."""
-        fresh = {kv.key: kv for kv in changed}
-        out: dict[str, tuple[int, JobState, str]] = {}
-        for key, mod in present.items():
-            kv = fresh.get(key)
-            if kv is not None and kv.mod_revision == mod:
-                out[key] = self._state_and_tenant(kv)
-                continue
-            old = self._counted.get(key)
-            if old is None or old[0] != mod:
-                return None
-            out[key] = old
-        return out
+            return hit[1].state, hit[1].spec.tenant
+        return records.job_state_and_tenant(kv.key, kv.value)
 
     async def allocations(self) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
         """``(cluster → {job → gpus}, cluster → mod_revision, revision)``."""
