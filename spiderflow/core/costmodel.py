@@ -607,17 +607,7 @@ def breakdown(
                   for st, c in zip(stages, clusters, strict=True))
     if any(extra):  # a profile measured the work outside the blocks: per step, after the drain
         opt = tuple(o + e for o, e in zip(opt, extra, strict=True))
-    n = len(stages)
-    cap = plan_max_in_flight(plan)
-    mem = tuple(
-        stage_memory_bytes(
-            model, st.first_layer, st.last_layer, st.tp, b, s,
-            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
-            precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
-            fused_attention=fused_attention, selective=opts.selective_recompute,
-        ) / GIB
-        for i, st in enumerate(stages)
-    )
+    mem = _stage_memory_gib(plan, model, b, s, precision, fused_attention=fused_attention)
     return Breakdown(
         compute_s=compute, boundary_s=bounds, allreduce_s=ar, memory_gib=mem, pipeline_s=pipe,
         dp_sync_s=max((a + o for a, o in zip(ar, opt, strict=True)), default=0.0), optimizer_s=opt,
@@ -657,18 +647,27 @@ def evaluate_with_breakdown(
 def plan_fits_memory(plan: Plan, topo: Topology, job: JobSpec) -> bool:
     """Whether every stage of ``plan`` (not yet evaluated) fits its GPUs' memory as :func:`breakdown` prices it
     (without the other terms: a cheap check before :func:`evaluate`)."""
-    b, s = max(1, job.global_batch // plan.micro_batches), job.seq_len
+    mem = _stage_memory_gib(plan, job.model, max(1, job.global_batch // plan.micro_batches), job.seq_len,
+                            job.precision)
+    return all(g <= topo.cluster(st.cluster).gpu_memory_gib for st, g in zip(plan.stages, mem, strict=True))
+
+
+def _stage_memory_gib(plan: Plan, model: ModelSpec, b: int, s: int, precision: Precision, *,
+                      fused_attention: bool = False) -> tuple[float, ...]:
+    """Per stage of ``plan``, the GiB one GPU holds (:func:`stage_memory_bytes` at the stage's in-flight count
+    under the plan's schedule and cap, with the plan's framework options)."""
     opts = plan_options(plan)
     cap = plan_max_in_flight(plan)
     n = len(plan.stages)
-    for i, st in enumerate(plan.stages):
-        k = in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap)
-        mem = stage_memory_bytes(job.model, st.first_layer, st.last_layer, st.tp, b, s, k, precision=job.precision,
-                                 sharding=st.sharding, dp=st.dp, recompute=st.recompute,
-                                 selective=opts.selective_recompute) / GIB
-        if mem > topo.cluster(st.cluster).gpu_memory_gib:
-            return False
-    return True
+    return tuple(
+        stage_memory_bytes(
+            model, st.first_layer, st.last_layer, st.tp, b, s,
+            in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
+            precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
+            fused_attention=fused_attention, selective=opts.selective_recompute,
+        ) / GIB
+        for i, st in enumerate(plan.stages)
+    )
 
 
 def fits_memory(plan: Plan, topo: Topology) -> tuple[bool, int, float]:
