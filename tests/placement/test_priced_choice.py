@@ -72,7 +72,7 @@ def test_priced_choice_keeps_the_fastest_without_a_price_and_fewer_gpus_at_a_hig
     assert priced_choice(topo, big, [(("slow", 8),)], price=1.0) is None  # no variant holds it in memory
 
 
-def test_the_option_reaches_the_plan_only_under_queue_pressure() -> None:
+def test_the_option_reaches_the_plan_only_on_a_busy_pool() -> None:
     topo, job = _topo(), _job()
     off = SpinSearch().place(topo, job, Budget(demand_gpus=128))
     idle = SpinSearch(gpu_price=4.0).place(topo, job, Budget(demand_gpus=0))

@@ -57,7 +57,8 @@ Search:
      pool the plan holds, weighted by how scarce GPUs are. On an idle pool with an empty queue (``ρ = 0``)
      or with ``λ = 0`` the choice is exactly the fastest plan. Rationale: a job given its fastest plan often
      takes a whole region for a few per cent, and the next job finds only slow GPUs left; per-job greed is
-     optimal for the job, not for the jobs arriving after it.
+     optimal for the job, not for the jobs arriving after it. Measured on the benchmark grid
+     (BENCHMARKS.md): no gain in plan throughput or JCT beyond noise, hence off by default.
   6. start now or wait (:func:`wait_or_start`, when the scheduler passes expected GPU releases in
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
