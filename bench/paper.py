@@ -33,6 +33,8 @@ One run measures three parts on the same topologies (the pure computation is :mo
    JCT ratios (baseline ÷ SpinSearch) and per-job plan-throughput ratios (SpinSearch ÷ baseline; closed form
    and timeline), then the geometric mean over the seeds with a 95% interval; the cell's best baseline is
    the hardest one. Simulations run in ``--workers`` processes (results do not depend on it).
+   ``--gpu-price λ`` runs SpinSearch with its priced choice (a shadow price of the GPUs under pressure on the pool)
+   in the simulations; 0 (default): its fastest plan.
 
 Topologies (``--kinds``): generated ``geo``, ``hub`` and ``mesh`` (``--clusters`` clusters, the seed is the
 topology's seed too) and the bundled presets ``aws-10-dtfm`` and ``ibm-10-latency`` (fixed topology; partly
@@ -321,12 +323,15 @@ def _worker_init() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def system_setups(policies: Sequence[str], ilp_limit: float, trials: int, population: int) -> list[PolicySetup]:
+def system_setups(policies: Sequence[str], ilp_limit: float, trials: int, population: int,
+                  gpu_price: float = 0.0) -> list[PolicySetup]:
     out = []
     for p in policies:
         if p not in REGISTRY:
             continue
-        if p.startswith("ilp"):
+        if p == REFERENCE and gpu_price:
+            out.append(PolicySetup(label=p, name=p, options=SearchOptions(gpu_price=gpu_price)))
+        elif p.startswith("ilp"):
             out.append(PolicySetup(label=p, name=p, time_limit_s=ilp_limit))
         elif p == "genetic":
             out.append(PolicySetup(label=p, name=p, options=SearchOptions(trials=trials, population=population)))
@@ -620,6 +625,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="loads at which ilp and genetic are simulated")
     ap.add_argument("--sim-genetic-trials", type=int, default=50)
     ap.add_argument("--sim-genetic-population", type=int, default=10)
+    ap.add_argument("--gpu-price", type=float, default=0.0,
+                    help="SpinSearch's shadow price λ of the GPUs a plan holds under pressure on the pool, in the "
+                         "simulations (default 0: its fastest plan)")
     ap.add_argument("--workers", type=int, default=2, help="processes for the simulations")
     ap.add_argument("--parts", default="placement,curves,system", help="which parts to run")
     ap.add_argument("--quick", action="store_true",
@@ -640,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("ilp_limit", "sim_ilp_limit"):
         if not math.isfinite(getattr(args, name)) or getattr(args, name) <= 0:
             ap.error(f"argument --{name.replace('_', '-')}: must be a positive number")
+    if not math.isfinite(args.gpu_price) or args.gpu_price < 0:
+        ap.error("argument --gpu-price: must be a finite number ≥ 0")
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     if parts - {"placement", "curves", "system"}:
         ap.error(f"argument --parts: unknown {', '.join(sorted(parts - {'placement', 'curves', 'system'}))}")
@@ -684,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
                                        args.curve_instances)
         if "system" in parts:
             setups = system_setups(sim_policies, args.sim_ilp_limit, args.sim_genetic_trials,
-                                   args.sim_genetic_population)
+                                   args.sim_genetic_population, args.gpu_price)
             doc["system"] = system_part(args.kinds, args.loads, args.seeds, args.clusters, args.jobs, setups,
                                         args.workers, search_kinds=args.sim_search_kinds,
                                         search_loads=args.sim_search_loads)

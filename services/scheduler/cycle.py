@@ -67,6 +67,7 @@ from spiderflow.core.errors import SpiderFlowError, ValidationError
 from spiderflow.core.placement import Budget, PlacementResult, PlacementStatus, get_policy
 from spiderflow.core.placement.base import PlacementPolicy, Planner
 from spiderflow.core.placement.common import Level2, LocalPlanner
+from spiderflow.core.placement.options import SearchOptions, make_policy
 from spiderflow.core.queueing import QueuedJob, QueuePolicy, queued_job
 from spiderflow.core.tenancy import TenantQuota
 from spiderflow.jobs import JobRecord, JobState
@@ -195,8 +196,12 @@ class SchedulingCycle:
         tenant_quota: TenantQuota | None = None,
         stale_s: float = DEFAULT_STALE_S,
         fair_share: bool = True,
+        search_options: SearchOptions | None = None,
     ) -> None:
         self.repo = repo
+        self.search_options = search_options
+        """Options of the policies it builds (:func:`spiderflow.core.placement.options.make_policy`), e.g.
+        SpinSearch's ``gpu_price``; ``None``: their defaults."""
         self.planner: Planner = planner if planner is not None else LocalPlanner(level2=level2)
         """What the policies that plan their chains (SpinSearch, ``bace``) plan them with: the Planner
         service (:class:`services.planner.client.RemotePlanner`) or in process (TPA's level 2: ``level2``)."""
@@ -431,12 +436,19 @@ class SchedulingCycle:
 
     def build_policy(self, name: str) -> PlacementPolicy:
         """A new instance of the named policy, with this scheduler's planner."""
+        if self.search_options is not None:
+            return make_policy(name, self.search_options, planner=self.planner)
         return get_policy(name, planner=self.planner)
 
     def place_cached(self, name: str, inner: PlacementPolicy, snap: Topology, spec: JobSpec,
                      budget: Budget) -> PlacementResult:
         """The policy's decision, from the decision cache when a job of the same shape was decided on the same
-        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before."""
+        snapshot (same topology, free GPUs and revision) with the same budget (and releases) before. The demand
+        on the pool (``Budget.demand_gpus``) is part of the key only for a policy that prices GPUs by it
+        (SpinSearch with ``gpu_price`` > 0); for any other it is left out, so a growing queue does not
+        defeat the cache."""
+        if not getattr(inner, "gpu_price", 0.0):
+            budget = replace(budget, demand_gpus=0)
         key = (name, _shape(spec), snap, budget)
         hit = self._decisions.get(key)
         if hit is not None:

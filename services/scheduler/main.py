@@ -48,6 +48,7 @@ from spiderflow.core.kernels import warm as warm_kernels
 from spiderflow.core.placement import Budget
 from spiderflow.core.placement.base import Planner
 from spiderflow.core.placement.common import LEVEL2_CHOICES, Level2
+from spiderflow.core.placement.options import SearchOptions
 from spiderflow.core.tenancy import TenantQuota
 from spiderflow.jobs import JobState, Progress
 from spiderflow.metrics import RpcMetricsInterceptor, add_metrics_argument, start_metrics_server
@@ -91,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planner", help="planner service address: SpinSearch and bace plan their chosen chains through "
                                      "it (default: plan in-process; the plans are the same)")
     p.add_argument("--policy", default="spinsearch", help="default placement policy")
+    p.add_argument("--gpu-price", type=float, default=None,
+                   help="spinsearch: shadow price λ ≥ 0 of the GPUs a plan holds on a busy pool (default 0: the "
+                        "fastest plan; docs/architecture.md)")
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
                    help="TPA's solver for the blocks of an in-process plan: the exact optimum (default) or the "
                         "CP-SAT model")
@@ -238,7 +242,8 @@ class SchedulerReplica:
                  tenant_quota: TenantQuota | None = None, stale_s: float = DEFAULT_STALE_S,
                  retention: RetentionPolicy | None = None, retention_interval_s: float = 60.0,
                  observer: JobObserver | None = None, warm: Callable[[], None] | None = warm_kernels,
-                 busy_cycle_share: float = 1.0, submissions: Callable[[], int] | None = None) -> None:
+                 busy_cycle_share: float = 1.0, submissions: Callable[[], int] | None = None,
+                 search_options: SearchOptions | None = None) -> None:
         if not 0.0 < busy_cycle_share <= 1.0:
             raise ValidationError("--busy-cycle-share", "must be in (0, 1]", busy_cycle_share)
         self.busy_cycle_share = busy_cycle_share
@@ -261,7 +266,8 @@ class SchedulerReplica:
         self.cycle = SchedulingCycle(repo, topology, default_policy=default_policy, planner=planner,
                                      budget=budget, on_placed=executor.arm if executor else None,
                                      replan_threshold=replan_threshold, wait_for_releases=wait_for_releases,
-                                     level2=level2, tenant_quota=tenant_quota, stale_s=stale_s)
+                                     level2=level2, tenant_quota=tenant_quota, stale_s=stale_s,
+                                     search_options=search_options)
 
     async def run(self, stop: asyncio.Event) -> None:
         delay, failing_since, last_warned = CAMPAIGN_RETRY_MIN_S, None, -math.inf
@@ -433,6 +439,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     parse_hostport(args.etcd, field="--etcd")
     if not 0.0 < args.busy_cycle_share <= 1.0:
         raise ValidationError("--busy-cycle-share", "must be in (0, 1]", args.busy_cycle_share)
+    if args.gpu_price is not None and not (math.isfinite(args.gpu_price) and args.gpu_price >= 0):
+        raise ValidationError("--gpu-price", "must be a finite number ≥ 0", args.gpu_price)
     retention = policy_from_args(args)
     security = server_security(args, host=host)
     store = EtcdStore(args.etcd, **etcd_options(args))
@@ -456,6 +464,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,
+        search_options=None if args.gpu_price is None else SearchOptions(gpu_price=args.gpu_price),
         planner=(RemotePlanner(args.planner, credentials=security.client_credentials) if args.planner
                  else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,

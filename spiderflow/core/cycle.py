@@ -23,6 +23,10 @@ The cycle
    e.g. SpinSearch) answers :attr:`~spiderflow.core.domain.PlacementStatus.WAIT` directly, and for any other
    policy the cycle prices a later start with that policy's own placement on the GPUs free at each release
    point (:func:`price_wait`): it waits iff the whole job finishes (or costs) enough less that way.
+   Every budget also carries the demand on the pool besides the job (:attr:`~spiderflow.core.domain.Budget.
+   demand_gpus`: the GPUs held, including by jobs placed earlier in this cycle, plus the minimum GPUs of the
+   other queued jobs not placed yet), which a policy may use to price the GPUs its plan holds (SpinSearch's
+   ``gpu_price``).
 4. **admit** with EASY backfilling (:func:`spiderflow.core.queueing.admits`): the first job in order that does
    not start becomes the *head* and gets a reservation (at the time it waits for, if it waits); at most
    ``queue.backfill_depth`` jobs behind it are tried, the rest are left pending ("queued behind").
@@ -526,6 +530,9 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
     tries_behind = 0
     tried = 0
     final_pool = not state.gone and not state.topology_may_change
+    # The demand on the pool (Budget.demand_gpus): the GPUs held plus the queued jobs' minimum GPUs; a job
+    # placed in this cycle moves from the second term to the first.
+    demand = sum(g for h in st.holding for _, g in h.gpus) + sum(entries[q.id].spec.gpus.min for q in ordered)
     for qj in ordered:
         e = entries[qj.id]
         jid = qj.id
@@ -562,6 +569,7 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
                 budget = replace(budget, seed=options.budget.seed * 1_000_003 + seq)
             if options.wait:
                 budget = replace(budget, releases=_releases(st, clock, jid, state.gone, allowed))
+            budget = replace(budget, demand_gpus=max(0, demand - e.spec.gpus.min))
             total_before = total_v
             c0 = time.process_time()
             w0 = time.perf_counter()
@@ -605,6 +613,7 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
                                              link_gbps=link_gbps(plan, e.spec, plan.step_time_s),
                                              tenant=e.spec.tenant))
                     st.waits.pop(jid, None)
+                    demand += plan.gpus - e.spec.gpus.min
                     res = after_admit(res, plan.gpus, est_end)
                     out.append(replace(base, outcome=Outcome.PLACE, reason=result.reason, plan=plan, est_end_s=est_end))
                     continue

@@ -881,12 +881,18 @@ class Budget:
 
     ``releases`` (sorted by ``after_s``) is what the scheduler knows about GPUs coming back; it is given
     only to a policy that prices waiting itself, which may answer :attr:`PlacementStatus.WAIT` when
-    starting later on the released GPUs scores better than starting now. Empty: no such information."""
+    starting later on the released GPUs scores better than starting now. Empty: no such information.
+
+    ``demand_gpus`` is the demand on the pool besides this job that the scheduler sees at this decision:
+    the GPUs held by running jobs plus the minimum GPUs of every other queued job not placed (yet) in this
+    cycle. A policy may price the GPUs a plan holds by it (SpinSearch's ``gpu_price``); 0: an idle pool
+    and an empty queue, or the caller does not know."""
 
     time_limit_s: float | None = None
     seed: int = 0
     objective: Objective = Objective.JCT
     releases: tuple[Release, ...] = ()
+    demand_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -42,6 +42,7 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("paper", ["--jobs", "0"], "argument --jobs: must be ≥ 1 (got 0)"),
     ("paper", ["--sim-policies", "spinsearch,nope"], "argument --sim-policies: unknown nope"),
     ("paper", ["--parts", "placement,nope"], "argument --parts: unknown nope"),
+    ("paper", ["--gpu-price", "-1"], "argument --gpu-price: must be a finite number ≥ 0"),
     ("paired_overhead", ["--sizes", "0"], "argument --sizes: 0 is below the minimum 1"),
     ("paired_overhead", ["--policies", "ilp,nope"], "argument --policies: unknown nope"),
     ("placement", ["--sizes", "a"], "argument --sizes: 'a' is not an integer"),
@@ -90,3 +91,22 @@ def test_timeline_bench_compares_the_extrapolation_with_the_full_simulation(tmp_
     for r in rows.values():
         assert 0 <= r["extrapolated"] <= r["pipelines"] <= 2  # two drawn per size
         assert r["max_rel_diff"] <= 1e-12
+
+
+def _run(label: str, seed: int, jct: float, tps: float) -> dict[str, object]:
+    jobs = {"j": {"status": "completed", "jct_s": jct, "tps": tps, "tps_timeline": tps}}
+    return {"label": label, "kind": "geo", "load": 1.0, "seed": seed, "wait": True, "jobs": jobs, "completed": 1,
+            "decisions": 1, "decision_wall_s": 0.01, "decision_cpu_s": 0.01, "run_cpu_s": 0.1}
+
+
+def test_pair_runs_pairs_one_outputs_spinsearch_with_anothers_baselines(tmp_path: Path) -> None:
+    base, mine, out = tmp_path / "base.json", tmp_path / "mine.json", tmp_path / "paired.json"
+    base.write_text(json.dumps({"system": {"runs": [_run("spinsearch", 1, 100.0, 1.0), _run("bace", 1, 200.0, 1.0),
+                                                    _run("spinsearch", 2, 100.0, 1.0), _run("bace", 2, 200.0, 1.0)]}}))
+    mine.write_text(json.dumps({"system": {"runs": [_run("spinsearch", s, 50.0, 2.0) for s in (1, 2)]}}))
+    assert _script("pair_runs").main(["--baselines", str(base), "--out", str(out), str(mine)]) == 0
+    grid = json.loads(out.read_text())["grid"][0]["baselines"]["bace"]
+    assert grid["seeds"] == 2 and grid["mean_jct_ratio"]["estimate"] == pytest.approx(4.0)
+    assert grid["tps_ratio"]["estimate"] == pytest.approx(2.0)
+    with pytest.raises(SystemExit):  # the same trace twice
+        _script("pair_runs").main(["--baselines", str(base), "--out", str(out), str(mine), str(mine)])

@@ -428,3 +428,15 @@ async def test_the_cycles_level2_solver_reaches_the_policy_that_plans_in_process
     await repo.submit(JOB, "r1")
     assert (await cycle.run()).placed == ["big"]
     assert (l2.STATS.cpsat_solves > 0) is (level2 == "cpsat")
+
+
+def test_search_options_reach_the_policies_the_scheduler_builds() -> None:
+    from spiderflow.core.placement.options import SearchOptions
+
+    source = StaticTopologySource(_topo())
+    priced = SchedulingCycle(JobRepository(MemoryStore()), source, search_options=SearchOptions(gpu_price=2.0))
+    plain = SchedulingCycle(JobRepository(MemoryStore()), source)
+    built = priced.build_policy("spinsearch")
+    assert isinstance(built, SpinSearch) and built.gpu_price == 2.0
+    default = plain.build_policy("spinsearch")
+    assert isinstance(default, SpinSearch) and default.gpu_price == 0.0

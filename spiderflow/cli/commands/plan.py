@@ -122,12 +122,16 @@ def result_to_dict(res: Any) -> dict[str, Any]:
 
 
 def add_search_options(p: Any) -> None:
-    """``--trials``/``--population`` (genetic) and ``--hint`` (ilp): search budgets as options."""
+    """``--trials``/``--population`` (genetic), ``--hint`` (ilp) and ``--gpu-price`` (spinsearch): search
+    budgets as options."""
     p.add_argument("--trials", type=int, default=None, help="genetic: GA trials (default: the published 4900)")
     p.add_argument("--population", type=int, default=None, help="genetic: GA population (default: 100)")
     p.add_argument("--hint", default=None,
                    help="ilp: policies whose best plan warm-starts the solver: 'baselines' (default: firstfit, "
                         "bace, greedy), 'own', or names such as 'spinsearch' (the upper reference)")
+    p.add_argument("--gpu-price", type=float, default=None,
+                   help="spinsearch: shadow price λ ≥ 0 of the GPUs a plan holds on a busy pool (the plan "
+                        "of least finish time × (1 + λ·pressure·GPU share) is kept; default 0: the fastest plan)")
 
 
 _SEARCH_KEYS = ("trials", "evaluations", "population", "shapes", "initial_step_s", "cp_status", "objective_s",
@@ -231,8 +235,9 @@ def _plan(args: argparse.Namespace) -> int:
         except (ImportError, AttributeError):
             raise CliError("--gantt: the Gantt renderer (spiderflow.viz.gantt) is not available", EXIT_USAGE) from None
     try:
-        policy = make_policy(args.policy, SearchOptions(trials=args.trials, population=args.population,
-                                                        hint=args.hint), planner=LocalPlanner(level2=args.level2))
+        options = SearchOptions(trials=args.trials, population=args.population, hint=args.hint,
+                                gpu_price=args.gpu_price)
+        policy = make_policy(args.policy, options, planner=LocalPlanner(level2=args.level2))
     except ValidationError as e:
         raise CliError(f"--{e.field.replace('_', '-')}: {e.reason} (got {e.value!r})", EXIT_USAGE) from None
     budget = Budget(time_limit_s=args.time_limit, seed=args.seed, objective=Objective(args.objective))

@@ -80,7 +80,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.time_limit is not None and not args.time_limit > 0:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
     try:
-        options = SearchOptions(trials=args.trials, population=args.population, hint=args.hint)
+        options = SearchOptions(trials=args.trials, population=args.population, hint=args.hint,
+                                gpu_price=args.gpu_price)
         for p in policies:
             make_policy(p, options)  # unknown names and bad options fail before any simulation runs
     except ValidationError as e:

@@ -1,4 +1,4 @@
-"""Search budgets as policy options: ``genetic``'s population and trials, ``ilp``'s hint.
+"""Search budgets as policy options: ``genetic``'s population and trials, ``ilp``'s hint, SpinSearch's GPU price.
 
 The CLI (``spiderflow plan`` / ``simulate``) and the benchmarks build policies through
 :func:`make_policy`, so a budget reaches every place a policy runs. Options a policy does not take are
@@ -6,6 +6,7 @@ ignored (one ``simulate`` run compares several policies with one set of options)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from spiderflow.core.errors import ValidationError
@@ -18,17 +19,24 @@ __all__ = ["SearchOptions", "make_policy"]
 class SearchOptions:
     """``trials``/``population``: ``genetic``'s budget (``None``: the published 4,900 and 100);
     ``hint``: the policies whose best plan warm-starts ``ilp`` (see :func:`spiderflow.core.placement.ilp.parse_hint`;
-    ``None``: its default, the other baselines)."""
+    ``None``: its default, the other baselines); ``gpu_price``: SpinSearch's shadow price λ of the GPUs a
+    plan holds under pressure on the pool (:class:`~spiderflow.core.placement.spinsearch.SpinSearch`; ``None``
+    or 0: its fastest plan)."""
 
     trials: int | None = None
     population: int | None = None
     hint: str | None = None
+    gpu_price: float | None = None
 
     def __post_init__(self) -> None:
         if self.trials is not None and (isinstance(self.trials, bool) or self.trials < 0):
             raise ValidationError("trials", "must be an integer ≥ 0", self.trials)
         if self.population is not None and (isinstance(self.population, bool) or self.population < 1):
             raise ValidationError("population", "must be an integer ≥ 1", self.population)
+        price = self.gpu_price
+        if price is not None and (isinstance(price, bool) or not isinstance(price, int | float)
+                                  or not math.isfinite(price) or price < 0):
+            raise ValidationError("gpu_price", "must be a finite number ≥ 0", self.gpu_price)
 
 
 def make_policy(name: str, options: SearchOptions | None = None, *, planner: Planner | None = None) -> PlacementPolicy:
@@ -44,4 +52,8 @@ def make_policy(name: str, options: SearchOptions | None = None, *, planner: Pla
                              trials=opts.trials if opts.trials is not None else TRIALS)
     if isinstance(policy, IlpPolicy) and opts.hint is not None:
         return IlpPolicy(hint=opts.hint, decomposed=policy.decomposed)
+    from spiderflow.core.placement.spinsearch import SpinSearch
+
+    if isinstance(policy, SpinSearch) and opts.gpu_price:
+        policy.gpu_price = float(opts.gpu_price)
     return policy

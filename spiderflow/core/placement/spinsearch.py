@@ -46,6 +46,19 @@ Search:
      than :data:`TRIM_TOLERANCE`) with the level-1 planner on the exact cost model, keep the best valid
      plan, and re-plan that chain with TPA when it is importable (:func:`~spiderflow.core.placement.common.
      finalise`); if no finalist fits memory exactly, the remaining candidates are tried.
+  5b. *priced choice* (optional, ``gpu_price`` λ > 0, ``jct`` only, and only on a busy pool): the
+     finalists and fewer-GPU variants of them (:func:`fewer_gpus`) are planned by the level-1 planner and
+     the one with the least priced finish time ``S·step·(1 + λ·ρ·g/F)`` is kept (:func:`priced_choice`),
+     where ``g`` is the GPUs the plan holds, ``F`` the GPUs free now and ``ρ`` the pressure on the pool
+     (:func:`queue_pressure`: ``D/F`` with ``D`` = :attr:`Budget.demand_gpus`, the GPUs held by other
+     jobs plus the other queued jobs' minimum GPUs, capped at :data:`PRESSURE_CAP`). With nothing queued,
+     ``ρ = u/(1 − u)`` for the pool's utilisation ``u``: the congestion factor of a queue, which grows
+     without bound as the pool fills. ``λ·ρ·g/F`` is a shadow price of the GPUs: the share of the free
+     pool the plan holds, weighted by how scarce GPUs are. On an idle pool with an empty queue (``ρ = 0``)
+     or with ``λ = 0`` the choice is exactly the fastest plan. Rationale: a job given its fastest plan often
+     takes a whole region for a few per cent, and the next job finds only slow GPUs left; per-job greed is
+     optimal for the job, not for the jobs arriving after it. Measured on the benchmark grid
+     (BENCHMARKS.md): no gain in plan throughput or JCT beyond noise, hence off by default.
   6. start now or wait (:func:`wait_or_start`, when the scheduler passes expected GPU releases in
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
@@ -77,7 +90,7 @@ import structlog
 
 from spiderflow.core.costmodel import GIB, RESERVED_GIB
 from spiderflow.core.domain import JobSpec, Plan, Topology, Wait
-from spiderflow.core.errors import UnschedulableError
+from spiderflow.core.errors import UnschedulableError, ValidationError
 from spiderflow.core.kernels import warm
 from spiderflow.core.kernels.scorer import estimate_rows, trim_rows
 from spiderflow.core.kernels.search import extend_beam, neighbour_table
@@ -97,7 +110,10 @@ from spiderflow.core.placement.common import (
     JobConsts,
     TopoArrays,
     allocate_greedy,
+    cached_plan,
+    check_plan,
     diagnose,
+    fallback_plan_chain,
     finalise,
     job_consts,
     score_chains,
@@ -108,7 +124,8 @@ from spiderflow.core.placement.common import (
 )
 
 __all__ = [
-    "DEFER_MARGIN", "MAX_LOOKAHEAD", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "search_chains", "wait_or_start",
+    "DEFER_MARGIN", "MAX_LOOKAHEAD", "PRESSURE_CAP", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "fewer_gpus",
+    "priced_choice", "priced_value", "queue_pressure", "search_chains", "wait_or_start",
 ]
 
 log = structlog.get_logger(__name__)
@@ -119,6 +136,9 @@ DEFER_MARGIN = 0.25
 GPUs may go to another job first and the release times are estimates."""
 MAX_LOOKAHEAD = 6
 """At most this many future release points are searched per decision."""
+PRESSURE_CAP = 2.0
+"""The pool pressure of the priced choice (:func:`queue_pressure`) is capped here: beyond a demand of twice
+the free GPUs, more demand does not make the GPUs dearer."""
 
 Chain = tuple[int, ...]
 
@@ -686,6 +706,79 @@ def wait_or_start(
     return best
 
 
+def queue_pressure(demand_gpus: int, free_gpus: int) -> float:
+    """``ρ = min(demand_gpus / free_gpus, PRESSURE_CAP)``: how scarce the GPUs free now are, given the
+    other jobs' demand on the pool (GPUs held plus queued minimums); 0 when there is none or nothing is
+    free."""
+    if demand_gpus <= 0 or free_gpus <= 0:
+        return 0.0
+    return min(demand_gpus / free_gpus, PRESSURE_CAP)
+
+
+def priced_value(steps: int, step_s: float, gpus: int, free_gpus: int, price: float) -> float:
+    """The priced finish time of a plan started now: ``S·step·(1 + price·g/F)``; ``price = λ·ρ``."""
+    share = gpus / free_gpus if free_gpus > 0 else 0.0
+    return steps * step_s * (1.0 + price * share)
+
+
+Allocation = tuple[tuple[str, int], ...]
+
+
+def fewer_gpus(alloc: Allocation, gpus_min: int) -> list[Allocation]:
+    """Variants of ``alloc`` (``(cluster, GPUs)`` in chain order) holding fewer GPUs: totals ¾, ½ and ¼ of
+    its own and ``gpus_min`` (those ≥ ``gpus_min`` and below the total, largest first, each once). Every
+    cluster keeps at least one GPU; the GPUs are removed in proportion to each cluster's share, the rounding
+    remainder given back to the clusters with most GPUs first (ties: chain order)."""
+    total = sum(g for _, g in alloc)
+    k = len(alloc)
+    targets = sorted({t for t in (math.ceil(total * 3 / 4), math.ceil(total / 2), math.ceil(total / 4), gpus_min)
+                      if max(gpus_min, k) <= t < total}, reverse=True)
+    out: list[Allocation] = []
+    for t in targets:
+        g = [max(1, (n * t) // total) for _, n in alloc]
+        order = sorted(range(k), key=lambda i: (-alloc[i][1], i))
+        j = 0
+        while sum(g) < t:
+            i = order[j % k]
+            if g[i] < alloc[i][1]:
+                g[i] += 1
+            j += 1
+        while sum(g) > t:  # only when the one-GPU floor overshoots
+            i = max(range(k), key=lambda i: (g[i], -i))
+            g[i] -= 1
+        v = tuple((c, n) for (c, _), n in zip(alloc, g, strict=True))
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def priced_choice(
+    topo: Topology, job: JobSpec, allocs: list[Allocation], *, price: float,
+) -> tuple[Allocation, Plan] | None:
+    """The allocation (with its level-1 plan) of least :func:`priced_value` among ``allocs`` and their
+    :func:`fewer_gpus` variants, on the GPUs free in ``topo``; earlier allocations win ties. ``None`` when
+    no allocation has a valid plan."""
+    free = topo.total_free_gpus
+    seen: set[Allocation] = set()
+    best: tuple[float, Allocation, Plan] | None = None
+    for a in allocs:
+        for v in (a, *fewer_gpus(a, job.gpus.min)):
+            if v in seen:
+                continue
+            seen.add(v)
+            try:
+                plan = cached_plan("fallback", topo, job, v, Objective.JCT,
+                                   lambda t, j, al, o: fallback_plan_chain(t, j, al, objective=o))
+            except UnschedulableError:
+                continue
+            if check_plan(plan, topo, job) or not math.isfinite(plan.step_time_s):
+                continue
+            val = priced_value(job.steps, plan.step_time_s, plan.gpus, free, price)
+            if best is None or val < best[0]:
+                best = (val, v, plan)
+    return None if best is None else (best[1], best[2])
+
+
 _UNITS = {Objective.JCT: "finish time, s", Objective.COST: "dollars", Objective.BALANCED: "s·√$"}
 
 
@@ -697,10 +790,15 @@ class SpinSearch:
 
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
-        planner: Planner | None = LOCAL_PLANNER,
+        planner: Planner | None = LOCAL_PLANNER, gpu_price: float = 0.0,
     ) -> None:
         """``planner`` plans the chosen chain (in process by default, or the Planner service) and its plan
-        is kept when better than the level-1 plan; ``None``: the level-1 plans only."""
+        is kept when better than the level-1 plan; ``None``: the level-1 plans only. ``gpu_price`` (λ ≥ 0)
+        turns on the priced choice (module docstring, step 5b) for ``jct``; 0: the fastest plan."""
+        if isinstance(gpu_price, bool) or not isinstance(gpu_price, int | float) or not (
+                math.isfinite(gpu_price) and gpu_price >= 0):
+            raise ValidationError("gpu_price", "must be a finite number ≥ 0", gpu_price)
+        self.gpu_price = float(gpu_price)
         self.planner = planner
         self.beam_width = beam_width
         self.neighbours = neighbours
@@ -726,6 +824,13 @@ class SpinSearch:
         # (pipelining inside a cluster); they win only by more than TRIM_TOLERANCE.
         allocs += [[(names[u], g) for u, g in zip(c.chain, c.untrimmed, strict=True)]
                    for c in cands[: self.finalists] if c.untrimmed]
+        price = self.gpu_price * queue_pressure(budget.demand_gpus, topo.total_free_gpus)
+        if price > 0 and budget.objective is Objective.JCT:
+            # Step 5b: the GPUs are priced by the demand on the pool; the pick is then planned as usual.
+            pick = priced_choice(topo, job, [tuple(a) for a in allocs], price=price)
+            if pick is not None:
+                allocs = [list(pick[0])]
+                stats["gpu_price"] = price
         # With releases to weigh, the level-1 plans decide between starting now and waiting (the same
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
