@@ -55,7 +55,8 @@ Memory per GPU of stage ``s`` (bytes):
 ``18`` bytes/parameter = fp32 master weights and gradients, two fp32 Adam moments and the bf16 weight copies
 autocast keeps for the backward (:func:`state_bytes_per_param`).
 ``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
-(``V·h`` params) and the head plus its loss (:data:`LOGIT_BYTES` ``·b·s·V`` bytes).
+(``V·h`` params) and the head plus its loss: ``(4·k_s + 14)·b·s·V/t`` bytes (:func:`loss_bytes`: the saved fp32
+log-softmax per in-flight micro-batch, the logits' copies and gradients once).
 
 Measured work outside the blocks (only where a profile measured it: the cluster's ``embedding_us_per_token``,
 ``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``, ``data_ms_per_sample``; all 0
@@ -127,6 +128,8 @@ __all__ = [
     "GIB",
     "GRAD_REDUCE_BYTES",
     "LOGIT_BYTES",
+    "LOGIT_ONCE_BYTES",
+    "LOGIT_SAVED_BYTES",
     "OVERLAP_KEY",
     "RESERVED_GIB",
     "SELECTIVE_RECOMPUTE_KEY",
@@ -143,6 +146,7 @@ __all__ = [
     "in_flight_microbatches",
     "layer_activation_bytes",
     "layer_fwd_flops",
+    "loss_bytes",
     "measured_outer_time",
     "measured_step_extra",
     "pipeline_step_time",
@@ -162,13 +166,32 @@ __all__ = [
 
 GIB = float(1 << 30)
 BYTES_PER_PARAM = 18
-LOGIT_BYTES = 18.0
-"""Bytes per logit value (``b·s·V/t`` of them) the last stage holds at its peak: the loss as the executor runs
-it, ``cross_entropy(logits.float())`` under bf16 autocast — the bf16 logits, their fp32 copy, the saved fp32
-log-softmax, and in the backward the fp32 incoming gradient, the fp32 gradient of the copy and its bf16 cast.
-Measured with the executor on an H200 (BENCHMARKS.md, "On a GPU"): each further sequence of a micro-batch
-added 1.73 GiB beyond the blocks' activations at GPT-3 1.3B's vocabulary, 18.0 bytes per logit. torchtitan
-runs the same eager loss."""
+LOGIT_SAVED_BYTES = 4.0
+"""Bytes per logit value (``b·s·V/t`` of them) the last stage keeps for every in-flight micro-batch: the fp32
+log-softmax ``cross_entropy(logits.float())`` saves for its backward (:func:`loss_bytes`)."""
+LOGIT_ONCE_BYTES = 14.0
+"""Bytes per logit value the last stage holds once, whatever its in-flight count: the bf16 logits and their fp32
+copy while the loss runs, then in the loss's backward the fp32 incoming gradient, the fp32 gradient of the copy
+and its bf16 cast — transient, one micro-batch at a time (:func:`loss_bytes`)."""
+LOGIT_BYTES = LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES
+"""Bytes per logit value the last stage holds at its peak with one micro-batch in flight (18): the loss as the
+executor runs it, ``cross_entropy(logits.float())`` under bf16 autocast. Measured with the executor on an H200
+(BENCHMARKS.md, "On a GPU"): each further sequence of a micro-batch added 1.73 GiB beyond the blocks' activations
+at GPT-3 1.3B's vocabulary, 18.0 bytes per logit. Of these only the saved fp32 log-softmax
+(:data:`LOGIT_SAVED_BYTES`) stays per in-flight micro-batch; the rest (:data:`LOGIT_ONCE_BYTES`) exists once,
+during a forward or backward of the loss. torchtitan runs the same eager loss."""
+
+
+def loss_bytes(model: ModelSpec, b: int, s: int, tp: int, in_flight: int) -> float:
+    """Bytes of the loss the last stage holds per GPU with ``in_flight`` micro-batches in flight:
+    ``(k·LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES)·b·s·V/t`` (0 with none in flight). At ``k = 1`` (1F1B's last
+    stage) this is :data:`LOGIT_BYTES` per logit, bit for bit. Every restatement of the last stage's memory
+    (level 2's kernel, the placement scorer and fallback tables, the ILP) takes its bytes from here."""
+    if in_flight <= 0:
+        return 0.0
+    return (in_flight * LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES) * b * s * model.vocab / tp
+
+
 RESERVED_GIB = 0.5
 OVERLAP_KEY = "overlap"
 """``plan.extras`` key: communication overlapped with compute as Megatron-LM runs it (module docstring)."""
@@ -461,6 +484,8 @@ def stage_activation_bytes_per_microbatch(
     """Activation memory one in-flight micro-batch pins on one GPU of the stage. With ``recompute`` each block
     keeps only its input (``value_bytes·s·b·h``) and the backward rebuilds one block's activations at a time
     (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`).
+    The last stage adds the loss's saved log-softmax (:data:`LOGIT_SAVED_BYTES` per logit value; the loss's
+    once-per-stage bytes are added by :func:`stage_memory_bytes`).
     With ``selective`` (and not ``recompute``) each block keeps :func:`selective_saved_bytes`."""
     per_layer = layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     if recompute:
@@ -471,7 +496,7 @@ def stage_activation_bytes_per_microbatch(
         kept = per_layer
     act = (last - first + 1) * kept
     if last == model.layers - 1:
-        act += LOGIT_BYTES * b * s * model.vocab / tp
+        act += LOGIT_SAVED_BYTES * b * s * model.vocab / tp
     return act
 
 
@@ -487,7 +512,8 @@ def stage_memory_bytes(
     the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
-    rebuilt. The last stage adds the loss's :data:`LOGIT_BYTES` per logit value and in-flight micro-batch."""
+    rebuilt. The last stage adds the loss (:func:`loss_bytes`): :data:`LOGIT_SAVED_BYTES` per logit value and
+    in-flight micro-batch, and :data:`LOGIT_ONCE_BYTES` per logit value once."""
     params = stage_params(model, first, last)
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
@@ -497,6 +523,8 @@ def stage_memory_bytes(
         model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention,
         selective=selective,
     )
+    if last == model.layers - 1 and in_flight > 0:
+        act += LOGIT_ONCE_BYTES * b * s * model.vocab / tp
     if recompute or selective:
         act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     return state + act + RESERVED_GIB * GIB

@@ -60,8 +60,9 @@ F_LAYER_PARAMS = 9  # P: parameters of one layer (the model family's, :attr:`Mod
 F_LAYER_FLOPS = 10  # f: forward FLOPs of one layer per micro-batch (:func:`spiderflow.core.costmodel.layer_fwd_flops`)
 F_EMBED_PARAMS = 11  # E: the embedding's parameters (first sub-stage of an embedding block)
 F_HEAD_PARAMS = 12  # H: the head's parameters (last sub-stage of a head block)
-F_LOGIT_BYTES = 13  # the loss's bytes per logit value (:data:`spiderflow.core.costmodel.LOGIT_BYTES`)
-F_SIZE = 14
+F_LOGIT_SAVED_BYTES = 13  # the loss's bytes per logit value and in-flight micro-batch (costmodel.LOGIT_SAVED_BYTES)
+F_LOGIT_ONCE_BYTES = 14  # the loss's bytes per logit value held once (costmodel.LOGIT_ONCE_BYTES)
+F_SIZE = 15
 
 # ``it``: the problem's integers (flags 0/1).
 I_GPUS = 0
@@ -244,8 +245,9 @@ def coefficients(
       FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``) and ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
       activations a block keeps (``v·s·b·h``, its input, with recomputation);
     * ``ν_j = σ·X_j/(t·d_σ) + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
-      last of a head block) plus ``κ_j·λ·b·s·V/t`` (the loss, ``λ`` = ``fl[F_LOGIT_BYTES]``) on the head
-      sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
+      last of a head block) plus ``(κ_j·λ + λ₁)·b·s·V/t`` (the loss, :func:`spiderflow.core.costmodel.loss_bytes`:
+      ``λ`` = ``fl[F_LOGIT_SAVED_BYTES]`` per in-flight micro-batch, ``λ₁`` = ``fl[F_LOGIT_ONCE_BYTES]`` once) on
+      the head sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
       activations rebuilt in backward under recomputation;
     * ``α = S_d(γ·P/t, B_dp) + u``; ``β_j = S_d(γ·X_j/t, B_dp)`` (0 when ``X_j = 0``; ``γ`` the gradient
       bytes per value, ``it[I_GRAD_BYTES]``), ``S = AR`` for
@@ -299,7 +301,7 @@ def coefficients(
         if recompute:
             const += act_full
         if head:
-            const += inflight * fl[F_LOGIT_BYTES] * b * s * v / tp
+            const += (inflight * fl[F_LOGIT_SAVED_BYTES] + fl[F_LOGIT_ONCE_BYTES]) * b * s * v / tp
         nu[j] = const
         if extra_params == 0.0:
             beta[j] = 0.0
@@ -819,7 +821,7 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> P
 def _warm() -> None:
     fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
                    12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256,
-                   18.0])
+                   4.0, 14.0])
     it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4], np.int64)
     assert fl.shape[0] == F_SIZE and it.shape[0] == I_SIZE
     lay = np.empty(4, np.int64)

@@ -57,7 +57,9 @@ def score_rows(
     Gbit/s, watts, $/kWh; ``ints`` rows GPUs per node and the largest TP degree; ``per_layer_t[t]`` and
     ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: w·p/t, activation bytes
     per layer, w·p_embed/t, head bytes, gradient bytes per value (``w`` state bytes per parameter; rates and
-    bytes in the job's precision). ``p``: activation transfer seconds between clusters. ``reserved``:
+    bytes in the job's precision; head bytes: the loss of a last stage holding one micro-batch, which 1F1B's
+    last position does, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`).
+    ``p``: activation transfer seconds between clusters. ``reserved``:
     bytes of every GPU kept free. Outputs: step (``inf`` where not finite), dollars per step, GPUs used,
     feasibility, Σ capacity / L and the water-filled layer split (``N × K``).
     """

@@ -63,7 +63,8 @@ import structlog
 
 from spiderflow.core.costmodel import (
     GIB,
-    LOGIT_BYTES,
+    LOGIT_ONCE_BYTES,
+    LOGIT_SAVED_BYTES,
     RESERVED_GIB,
     activation_bytes,
     allreduce_time,
@@ -236,8 +237,12 @@ class JobConsts:
         """Activation bytes one in-flight micro-batch pins per layer on one GPU at TP degree ``tp``."""
         return self.s * self.b * self.h * (10.0 + 24.0 / tp + 5.0 * self.heads * self.s / (self.h * tp))
 
-    def act_head(self, tp: float | FArr) -> Any:
-        return LOGIT_BYTES * self.b * self.s * self.vocab / tp
+    def act_head(self, tp: float | FArr, in_flight: int = 1) -> Any:
+        """The loss's bytes per GPU of the last stage with ``in_flight`` micro-batches in flight
+        (:func:`~spiderflow.core.costmodel.loss_bytes`: the saved log-softmax per micro-batch, the logits' copies
+        and gradients once). The chain scorers price 1F1B, whose last stage holds one micro-batch: their tables
+        take the default, and their ``in-flight × head bytes`` at the last position is this figure."""
+        return (in_flight * LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES) * self.b * self.s * self.vocab / tp
 
 
 def job_consts(job: JobSpec) -> JobConsts:

@@ -91,7 +91,8 @@ from ortools.sat.python import cp_model
 from spiderflow.core.catalog import ModelSpec
 from spiderflow.core.costmodel import (
     GIB,
-    LOGIT_BYTES,
+    LOGIT_ONCE_BYTES,
+    LOGIT_SAVED_BYTES,
     RESERVED_GIB,
     compute_rate_tflops,
     grad_bytes_per_value,
@@ -289,7 +290,7 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
          sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len),
-         LOGIT_BYTES),
+         LOGIT_SAVED_BYTES, LOGIT_ONCE_BYTES),
         dtype=np.float64,
     )
     it = np.array(
