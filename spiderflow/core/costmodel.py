@@ -74,10 +74,14 @@ Precision, sharding and recomputation (the formulas above are the bf16, replicat
   bf16 peak (:func:`compute_rate_tflops`); activation and TP all-reduce values take ``value_bytes(p)`` (2 for
   bf16/fp16, 4 for fp32/tf32), gradient values 4 in every precision (:data:`GRAD_REDUCE_BYTES`); replicated
   state is 20 bytes/parameter in fp32/tf32 (:func:`state_bytes_per_param`).
-- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
-  parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
-  (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
-  (``AG_d`` of the gradient bytes) instead of all-reduced.
+- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy. As the executor runs
+  FSDP2 inside a pipeline (``exec/parallel.py``: ``fully_shard(..., reshard_after_forward=False)``, no
+  ``MixedPrecisionPolicy``; ``FsdpSync`` unshards every module once at the start of a step, keeps it unsharded
+  through all micro-batches' forwards and backwards — no reshard after backward — and reduce-scatters and
+  reshards once at the end), the stage's parameters are all-gathered once per step, in their fp32 master
+  dtype (:data:`PARAM_GATHER_BYTES`), before the stage's first forward and not overlapped with compute:
+  ``T_s`` is unchanged and the stage's per-step sync is ``AG_d(4·params_s/t) + AG_d(4·params_s/t)`` (the
+  gather, and the gradients' reduce-scatter instead of the all-reduce; ``AG_d(x) = (d−1)/d · x/B``).
 - ``recompute`` stages: 4 forward-equivalents per block instead of 3 (6 TP all-reduces instead of 4);
   activations held per in-flight micro-batch are the blocks' inputs (``v·s·b·h`` per block), plus one
   block's full activations rebuilt during backward.
@@ -131,6 +135,7 @@ __all__ = [
     "LOGIT_ONCE_BYTES",
     "LOGIT_SAVED_BYTES",
     "OVERLAP_KEY",
+    "PARAM_GATHER_BYTES",
     "RESERVED_GIB",
     "SELECTIVE_RECOMPUTE_KEY",
     "Breakdown",
@@ -388,19 +393,25 @@ def fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
     return (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
 
 
+PARAM_GATHER_BYTES = 4
+"""Bytes per parameter value FSDP all-gathers in every precision: the executor shards its fp32 master weights
+with FSDP2 and no ``MixedPrecisionPolicy``, so ``param_dtype`` is the parameters' own fp32 (torch's
+``FSDPParam.init_dtype_attrs``: no cast when ``param_dtype`` is unset); autocast casts them per op."""
+
+
 def stage_compute_time(
     model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int, *,
-    precision: Precision = Precision.BF16, recompute: bool = False, fsdp_dp: int = 1,
-    selective: bool = False, overlap: bool = False,
+    precision: Precision = Precision.BF16, recompute: bool = False, selective: bool = False,
+    overlap: bool = False,
 ) -> float:
     """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
     overhead, TP all-reduces).
 
     ``precision`` sets the compute rate (:func:`compute_rate_tflops`) and the TP all-reduce's value size;
     ``recompute`` runs the blocks' forward a second time in backward (4 instead of 3 forward-equivalents per
-    block, 6 TP all-reduces instead of 4; the head is not recomputed); ``fsdp_dp > 1`` all-gathers the stage's
-    parameters over its ``fsdp_dp`` shards before forward and before backward, overlapped with compute by
-    prefetching: the stage takes ``max(T_s, 2·AG)``. ``selective`` (without ``recompute``) adds the
+    block, 6 TP all-reduces instead of 4; the head is not recomputed). FSDP adds nothing per micro-batch: the
+    executor gathers a stage's parameters once per step (priced with the gradient sync, :func:`breakdown`).
+    ``selective`` (without ``recompute``) adds the
     even-numbered matmuls' forward (:func:`selective_recompute_flops`; the policy saves the reduce-scatters, so
     the TP all-reduces stay 4); ``overlap`` leaves only :func:`exposed_tp_comm` of the TP all-reduces, hidden
     behind the stage's matmuls."""
@@ -427,13 +438,7 @@ def stage_compute_time(
     if overlap and comm > 0.0:
         matmuls = fwd_passes * layers * 2.0 * b * s * model.params_per_layer / rate
         comm = exposed_tp_comm(comm, matmuls, tp)
-    t = compute + comm
-    if fsdp_dp > 1:
-        gather = 2.0 * fsdp_gather_time(
-            vb * stage_params(model, first, last) / tp, fsdp_dp, _dp_bandwidth(cluster, tp * fsdp_dp)
-        )
-        t = max(t, gather)
-    return t
+    return compute + comm
 
 
 def measured_outer_time(model: ModelSpec, cluster: Cluster, first: int, last: int, b: int, s: int) -> float:
@@ -591,18 +596,24 @@ def boundary_time(
 def _dp_sync_time(
     model: ModelSpec, st: Stage, c: Cluster, precision: Precision, *, overlap: bool = False, compute_s: float = 0.0
 ) -> float:
-    """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated) or their
-    reduce-scatter over the shards (``fsdp``), gradient values in the precision's size. With ``overlap`` only
-    :func:`exposed_dp_sync` of it, behind the backward (``⅔·compute_s``) of the last micro-batch."""
+    """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated), or under ``fsdp``
+    their reduce-scatter over the shards plus the step's one all-gather of the fp32 parameters
+    (``AG_d`` of :data:`PARAM_GATHER_BYTES` per parameter, :func:`fsdp_gather_time`); gradient values in
+    :func:`grad_bytes_per_value`. With ``overlap`` only :func:`exposed_dp_sync` of the gradients' part, behind
+    the backward (``⅔·compute_s``) of the last micro-batch (the gather runs before the step's first forward:
+    never hidden)."""
     params = stage_params(model, st.first_layer, st.last_layer) / st.tp
     nbytes = float(grad_bytes_per_value(precision)) * params
+    bw = _dp_bandwidth(c, st.gpus)
     if st.sharding is Sharding.FSDP:
-        t = fsdp_gather_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+        t = fsdp_gather_time(nbytes, st.dp, bw)
+        gather = fsdp_gather_time(PARAM_GATHER_BYTES * params, st.dp, bw)
     else:
-        t = allreduce_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+        t = allreduce_time(nbytes, st.dp, bw)
+        gather = 0.0
     if overlap:
         t = exposed_dp_sync(t, 2.0 / 3.0 * compute_s, params, st.dp)
-    return t
+    return t + gather
 
 
 def breakdown(
@@ -618,7 +629,7 @@ def breakdown(
     clusters = [topo.cluster(st.cluster) for st in stages]
     compute = tuple(
         stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s, precision=precision,
-                           recompute=st.recompute, fsdp_dp=st.dp if st.sharding is Sharding.FSDP else 1,
+                           recompute=st.recompute,
                            selective=opts.selective_recompute, overlap=opts.overlap)
         for st, c in zip(stages, clusters, strict=True)
     )
