@@ -514,7 +514,9 @@ def stage_memory_bytes(
 
     Weights, gradients and optimizer state: :func:`state_bytes_per_param` per parameter, divided by ``tp``
     and, under ``fsdp``, by ``dp`` — plus FSDP's unsharded working copy of two blocks (the one computing and
-    the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
+    the one prefetched; parameters and gradients in the precision's value size; the executor's
+    step-granular FSDP keeps the whole stage unsharded through a step, which this term does not price yet).
+    With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
     rebuilt. The last stage adds the loss (:func:`loss_bytes`): :data:`LOGIT_SAVED_BYTES` per logit value and

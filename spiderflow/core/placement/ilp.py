@@ -19,7 +19,8 @@ Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, g
   (:func:`~spiderflow.core.costmodel.compute_rate_tflops`), ``A`` its value bytes (``A_u`` in the sending
   cluster's wire format, :func:`~spiderflow.core.costmodel.wire_bytes`), ``w`` bytes of state per parameter
   (16 in bf16/fp16, 20 in fp32/tf32) and ``g`` bytes per gradient value (2 or 4);
-- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks;
+- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks (its FLOPs,
+  or the head's measured time where a profile measured it, :func:`~spiderflow.core.costmodel.measured_outer_time`);
 - ``P_uv`` = ``A_u / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
   ``I_c = A_c / B_inter(c)`` between two stages inside ``c``;
 - ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · g /(t·B_dp));
@@ -729,7 +730,8 @@ class _Model:
         btp = c.intra_node_gbps if t <= c.gpus_per_node else c.inter_node_gbps
         return _Coefs(
             alpha=ticks(3.0 * f / (t * F) + 4 * allreduce_time(A, t, btp)),
-            beta=ticks(3.0 * head / (t * F)),
+            # the head and its loss: measured where a profile did (replicated under TP), else their FLOPs
+            beta=ticks(c.head_us_per_token * b * s / 1e6 if c.head_us_per_token else 3.0 * head / (t * F)),
             mem_layer=math.ceil(w * mdl.params_per_layer / t),
             mem_embed=math.ceil(w * mdl.embedding_params / t),
             act_layer=math.ceil(s * b * mdl.hidden * (10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))),
