@@ -55,7 +55,8 @@ Memory per GPU of stage ``s`` (bytes):
 ``18`` bytes/parameter = fp32 master weights and gradients, two fp32 Adam moments and the bf16 weight copies
 autocast keeps for the backward (:func:`state_bytes_per_param`).
 ``R`` is a fixed reserve for the runtime (:data:`RESERVED_GIB`). First/last stages add the embedding
-(``V·h`` params) and the head plus its loss (:data:`LOGIT_BYTES` ``·b·s·V`` bytes).
+(``V·h`` params) and the head plus its loss: ``(4·k_s + 14)·b·s·V/t`` bytes (:func:`loss_bytes`: the saved fp32
+log-softmax per in-flight micro-batch, the logits' copies and gradients once).
 
 Measured work outside the blocks (only where a profile measured it: the cluster's ``embedding_us_per_token``,
 ``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``, ``data_ms_per_sample``; all 0
@@ -73,10 +74,14 @@ Precision, sharding and recomputation (the formulas above are the bf16, replicat
   bf16 peak (:func:`compute_rate_tflops`); activation and TP all-reduce values take ``value_bytes(p)`` (2 for
   bf16/fp16, 4 for fp32/tf32), gradient values 4 in every precision (:data:`GRAD_REDUCE_BYTES`); replicated
   state is 20 bytes/parameter in fp32/tf32 (:func:`state_bytes_per_param`).
-- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy; the stage's
-  parameters are all-gathered before forward and before backward, overlapped with compute by prefetch
-  (``T_s ← max(T_s, 2·AG_d(v·params_s/t))``, ``AG_d(x) = (d−1)/d · x/B``); gradients are reduce-scattered
-  (``AG_d`` of the gradient bytes) instead of all-reduced.
+- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy. As the executor runs
+  FSDP2 inside a pipeline (``exec/parallel.py``: ``fully_shard(..., reshard_after_forward=False)``, no
+  ``MixedPrecisionPolicy``; ``FsdpSync`` unshards every module once at the start of a step, keeps it unsharded
+  through all micro-batches' forwards and backwards — no reshard after backward — and reduce-scatters and
+  reshards once at the end), the stage's parameters are all-gathered once per step, in their fp32 master
+  dtype (:data:`PARAM_GATHER_BYTES`), before the stage's first forward and not overlapped with compute:
+  ``T_s`` is unchanged and the stage's per-step sync is ``AG_d(4·params_s/t) + AG_d(4·params_s/t)`` (the
+  gather, and the gradients' reduce-scatter instead of the all-reduce; ``AG_d(x) = (d−1)/d · x/B``).
 - ``recompute`` stages: 4 forward-equivalents per block instead of 3 (6 TP all-reduces instead of 4);
   activations held per in-flight micro-batch are the blocks' inputs (``v·s·b·h`` per block), plus one
   block's full activations rebuilt during backward.
@@ -127,7 +132,10 @@ __all__ = [
     "GIB",
     "GRAD_REDUCE_BYTES",
     "LOGIT_BYTES",
+    "LOGIT_ONCE_BYTES",
+    "LOGIT_SAVED_BYTES",
     "OVERLAP_KEY",
+    "PARAM_GATHER_BYTES",
     "RESERVED_GIB",
     "SELECTIVE_RECOMPUTE_KEY",
     "Breakdown",
@@ -143,6 +151,7 @@ __all__ = [
     "in_flight_microbatches",
     "layer_activation_bytes",
     "layer_fwd_flops",
+    "loss_bytes",
     "measured_outer_time",
     "measured_step_extra",
     "pipeline_step_time",
@@ -162,13 +171,32 @@ __all__ = [
 
 GIB = float(1 << 30)
 BYTES_PER_PARAM = 18
-LOGIT_BYTES = 18.0
-"""Bytes per logit value (``b·s·V/t`` of them) the last stage holds at its peak: the loss as the executor runs
-it, ``cross_entropy(logits.float())`` under bf16 autocast — the bf16 logits, their fp32 copy, the saved fp32
-log-softmax, and in the backward the fp32 incoming gradient, the fp32 gradient of the copy and its bf16 cast.
-Measured with the executor on an H200 (BENCHMARKS.md, "On a GPU"): each further sequence of a micro-batch
-added 1.73 GiB beyond the blocks' activations at GPT-3 1.3B's vocabulary, 18.0 bytes per logit. torchtitan
-runs the same eager loss."""
+LOGIT_SAVED_BYTES = 4.0
+"""Bytes per logit value (``b·s·V/t`` of them) the last stage keeps for every in-flight micro-batch: the fp32
+log-softmax ``cross_entropy(logits.float())`` saves for its backward (:func:`loss_bytes`)."""
+LOGIT_ONCE_BYTES = 14.0
+"""Bytes per logit value the last stage holds once, whatever its in-flight count: the bf16 logits and their fp32
+copy while the loss runs, then in the loss's backward the fp32 incoming gradient, the fp32 gradient of the copy
+and its bf16 cast — transient, one micro-batch at a time (:func:`loss_bytes`)."""
+LOGIT_BYTES = LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES
+"""Bytes per logit value the last stage holds at its peak with one micro-batch in flight (18): the loss as the
+executor runs it, ``cross_entropy(logits.float())`` under bf16 autocast. Measured with the executor on an H200
+(BENCHMARKS.md, "On a GPU"): each further sequence of a micro-batch added 1.73 GiB beyond the blocks' activations
+at GPT-3 1.3B's vocabulary, 18.0 bytes per logit. Of these only the saved fp32 log-softmax
+(:data:`LOGIT_SAVED_BYTES`) stays per in-flight micro-batch; the rest (:data:`LOGIT_ONCE_BYTES`) exists once,
+during a forward or backward of the loss. torchtitan runs the same eager loss."""
+
+
+def loss_bytes(model: ModelSpec, b: int, s: int, tp: int, in_flight: int) -> float:
+    """Bytes of the loss the last stage holds per GPU with ``in_flight`` micro-batches in flight:
+    ``(k·LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES)·b·s·V/t`` (0 with none in flight). At ``k = 1`` (1F1B's last
+    stage) this is :data:`LOGIT_BYTES` per logit, bit for bit. Every restatement of the last stage's memory
+    (level 2's kernel, the placement scorer and fallback tables, the ILP) takes its bytes from here."""
+    if in_flight <= 0:
+        return 0.0
+    return (in_flight * LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES) * b * s * model.vocab / tp
+
+
 RESERVED_GIB = 0.5
 OVERLAP_KEY = "overlap"
 """``plan.extras`` key: communication overlapped with compute as Megatron-LM runs it (module docstring)."""
@@ -365,19 +393,25 @@ def fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
     return (d - 1) / d * nbytes * 8.0 / (gbps * 1e9)
 
 
+PARAM_GATHER_BYTES = 4
+"""Bytes per parameter value FSDP all-gathers in every precision: the executor shards its fp32 master weights
+with FSDP2 and no ``MixedPrecisionPolicy``, so ``param_dtype`` is the parameters' own fp32 (torch's
+``FSDPParam.init_dtype_attrs``: no cast when ``param_dtype`` is unset); autocast casts them per op."""
+
+
 def stage_compute_time(
     model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int, *,
-    precision: Precision = Precision.BF16, recompute: bool = False, fsdp_dp: int = 1,
-    selective: bool = False, overlap: bool = False,
+    precision: Precision = Precision.BF16, recompute: bool = False, selective: bool = False,
+    overlap: bool = False,
 ) -> float:
     """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
     overhead, TP all-reduces).
 
     ``precision`` sets the compute rate (:func:`compute_rate_tflops`) and the TP all-reduce's value size;
     ``recompute`` runs the blocks' forward a second time in backward (4 instead of 3 forward-equivalents per
-    block, 6 TP all-reduces instead of 4; the head is not recomputed); ``fsdp_dp > 1`` all-gathers the stage's
-    parameters over its ``fsdp_dp`` shards before forward and before backward, overlapped with compute by
-    prefetching: the stage takes ``max(T_s, 2·AG)``. ``selective`` (without ``recompute``) adds the
+    block, 6 TP all-reduces instead of 4; the head is not recomputed). FSDP adds nothing per micro-batch: the
+    executor gathers a stage's parameters once per step (priced with the gradient sync, :func:`breakdown`).
+    ``selective`` (without ``recompute``) adds the
     even-numbered matmuls' forward (:func:`selective_recompute_flops`; the policy saves the reduce-scatters, so
     the TP all-reduces stay 4); ``overlap`` leaves only :func:`exposed_tp_comm` of the TP all-reduces, hidden
     behind the stage's matmuls."""
@@ -404,13 +438,7 @@ def stage_compute_time(
     if overlap and comm > 0.0:
         matmuls = fwd_passes * layers * 2.0 * b * s * model.params_per_layer / rate
         comm = exposed_tp_comm(comm, matmuls, tp)
-    t = compute + comm
-    if fsdp_dp > 1:
-        gather = 2.0 * fsdp_gather_time(
-            vb * stage_params(model, first, last) / tp, fsdp_dp, _dp_bandwidth(cluster, tp * fsdp_dp)
-        )
-        t = max(t, gather)
-    return t
+    return compute + comm
 
 
 def measured_outer_time(model: ModelSpec, cluster: Cluster, first: int, last: int, b: int, s: int) -> float:
@@ -461,6 +489,8 @@ def stage_activation_bytes_per_microbatch(
     """Activation memory one in-flight micro-batch pins on one GPU of the stage. With ``recompute`` each block
     keeps only its input (``value_bytes·s·b·h``) and the backward rebuilds one block's activations at a time
     (counted once here; the in-flight count multiplies only the inputs — see :func:`stage_memory_bytes`).
+    The last stage adds the loss's saved log-softmax (:data:`LOGIT_SAVED_BYTES` per logit value; the loss's
+    once-per-stage bytes are added by :func:`stage_memory_bytes`).
     With ``selective`` (and not ``recompute``) each block keeps :func:`selective_saved_bytes`."""
     per_layer = layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     if recompute:
@@ -471,7 +501,7 @@ def stage_activation_bytes_per_microbatch(
         kept = per_layer
     act = (last - first + 1) * kept
     if last == model.layers - 1:
-        act += LOGIT_BYTES * b * s * model.vocab / tp
+        act += LOGIT_SAVED_BYTES * b * s * model.vocab / tp
     return act
 
 
@@ -484,10 +514,13 @@ def stage_memory_bytes(
 
     Weights, gradients and optimizer state: :func:`state_bytes_per_param` per parameter, divided by ``tp``
     and, under ``fsdp``, by ``dp`` — plus FSDP's unsharded working copy of two blocks (the one computing and
-    the one prefetched; parameters and gradients in the precision's value size). With ``recompute`` the held
+    the one prefetched; parameters and gradients in the precision's value size; the executor's
+    step-granular FSDP keeps the whole stage unsharded through a step, which this term does not price yet).
+    With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
-    rebuilt. The last stage adds the loss's :data:`LOGIT_BYTES` per logit value and in-flight micro-batch."""
+    rebuilt. The last stage adds the loss (:func:`loss_bytes`): :data:`LOGIT_SAVED_BYTES` per logit value and
+    in-flight micro-batch, and :data:`LOGIT_ONCE_BYTES` per logit value once."""
     params = stage_params(model, first, last)
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
@@ -497,6 +530,8 @@ def stage_memory_bytes(
         model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention,
         selective=selective,
     )
+    if last == model.layers - 1 and in_flight > 0:
+        act += LOGIT_ONCE_BYTES * b * s * model.vocab / tp
     if recompute or selective:
         act += layer_activation_bytes(model, tp, b, s, fused_attention=fused_attention)
     return state + act + RESERVED_GIB * GIB
@@ -563,18 +598,24 @@ def boundary_time(
 def _dp_sync_time(
     model: ModelSpec, st: Stage, c: Cluster, precision: Precision, *, overlap: bool = False, compute_s: float = 0.0
 ) -> float:
-    """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated) or their
-    reduce-scatter over the shards (``fsdp``), gradient values in the precision's size. With ``overlap`` only
-    :func:`exposed_dp_sync` of it, behind the backward (``⅔·compute_s``) of the last micro-batch."""
+    """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated), or under ``fsdp``
+    their reduce-scatter over the shards plus the step's one all-gather of the fp32 parameters
+    (``AG_d`` of :data:`PARAM_GATHER_BYTES` per parameter, :func:`fsdp_gather_time`); gradient values in
+    :func:`grad_bytes_per_value`. With ``overlap`` only :func:`exposed_dp_sync` of the gradients' part, behind
+    the backward (``⅔·compute_s``) of the last micro-batch (the gather runs before the step's first forward:
+    never hidden)."""
     params = stage_params(model, st.first_layer, st.last_layer) / st.tp
     nbytes = float(grad_bytes_per_value(precision)) * params
+    bw = _dp_bandwidth(c, st.gpus)
     if st.sharding is Sharding.FSDP:
-        t = fsdp_gather_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+        t = fsdp_gather_time(nbytes, st.dp, bw)
+        gather = fsdp_gather_time(PARAM_GATHER_BYTES * params, st.dp, bw)
     else:
-        t = allreduce_time(nbytes, st.dp, _dp_bandwidth(c, st.gpus))
+        t = allreduce_time(nbytes, st.dp, bw)
+        gather = 0.0
     if overlap:
         t = exposed_dp_sync(t, 2.0 / 3.0 * compute_s, params, st.dp)
-    return t
+    return t + gather
 
 
 def breakdown(
@@ -590,7 +631,7 @@ def breakdown(
     clusters = [topo.cluster(st.cluster) for st in stages]
     compute = tuple(
         stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s, precision=precision,
-                           recompute=st.recompute, fsdp_dp=st.dp if st.sharding is Sharding.FSDP else 1,
+                           recompute=st.recompute,
                            selective=opts.selective_recompute, overlap=opts.overlap)
         for st, c in zip(stages, clusters, strict=True)
     )

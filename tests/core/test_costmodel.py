@@ -198,12 +198,13 @@ def test_evaluate_charges_memory_under_the_plans_in_flight_cap_by_hand() -> None
     capped = Plan(stages=stages, micro_batches=8, schedule=Schedule.LATENCY_AWARE, extras={"max_in_flight": 2.0})
     # Activation bytes per micro-batch and layer (tp=1): s·b·h·(10 + 24 + 5·a·s/h) = 512·2·1024·54
     act = 512 * 2 * 1024 * (10 + 24 + 5 * 8 * 512 / 1024)
-    logits = cm.LOGIT_BYTES * 2 * 512 * 1000
+    saved = cm.LOGIT_SAVED_BYTES * 2 * 512 * 1000  # per in-flight micro-batch
+    once = cm.LOGIT_ONCE_BYTES * 2 * 512 * 1000  # once on the last stage
     fixed0 = 18 * (2 * 12 * 1024**2 + 1000 * 1024) + cm.RESERVED_GIB * cm.GIB
     fixed1 = fixed0
     # uncapped latency-aware: stage 0 holds min(8, 2·2) = 4, stage 1 min(8, 2) = 2; capped at K=2: 2 and 2
-    want_la = ((fixed0 + 4 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + logits)) / cm.GIB)
-    want_cap = ((fixed0 + 2 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + logits)) / cm.GIB)
+    want_la = ((fixed0 + 4 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + saved) + once) / cm.GIB)
+    want_cap = ((fixed0 + 2 * 2 * act) / cm.GIB, (fixed1 + 2 * (2 * act + saved) + once) / cm.GIB)
     assert cm.evaluate(la, topo, job).memory_gib_per_gpu == pytest.approx(want_la)
     out = cm.evaluate(capped, topo, job)
     assert out.memory_gib_per_gpu == pytest.approx(want_cap)

@@ -76,10 +76,15 @@ def test_selective_recompute_by_hand_on_a_llama_block() -> None:
 
 
 def test_the_loss_is_held_on_the_last_stage_per_in_flight_micro_batch() -> None:
-    # the eager fp32 loss (the executor's and torchtitan's): LOGIT_BYTES per logit value, last stage only
+    # the eager fp32 loss (the executor's and torchtitan's), last stage only: the saved log-softmax per in-flight
+    # micro-batch, the logits' copies and gradients once; one in flight prices LOGIT_BYTES per logit value
     one = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 1)
     two = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 2)
     blocks = 2 * cm.stage_activation_bytes_per_microbatch(M, 2, 2, 2, B, S)
-    assert two - one == pytest.approx(blocks + cm.LOGIT_BYTES * B * S * M.vocab / 2)
+    assert two - one == pytest.approx(blocks + cm.LOGIT_SAVED_BYTES * B * S * M.vocab / 2)
+    idle = cm.stage_memory_bytes(M, 2, 3, 2, B, S, 0)  # state and reserve: nothing in flight, no loss
+    assert one - idle == pytest.approx(blocks + cm.LOGIT_BYTES * B * S * M.vocab / 2)
+    assert cm.loss_bytes(M, B, S, 2, 1) == cm.LOGIT_BYTES * B * S * M.vocab / 2  # 1F1B's last stage: as before
+    assert cm.loss_bytes(M, B, S, 2, 3) == pytest.approx((3 * 4 + 14) * B * S * M.vocab / 2)
     first_one, first_two = cm.stage_memory_bytes(M, 0, 1, 2, B, S, 1), cm.stage_memory_bytes(M, 0, 1, 2, B, S, 2)
     assert first_two - first_one == pytest.approx(2 * cm.stage_activation_bytes_per_microbatch(M, 0, 0, 2, B, S))

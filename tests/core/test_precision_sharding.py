@@ -41,7 +41,7 @@ def test_bytes_per_precision() -> None:
 def test_defaults_are_unchanged_by_the_new_arguments() -> None:
     c = _h100()
     assert cm.stage_compute_time(M, c, 0, 3, 2, B, S) == cm.stage_compute_time(
-        M, c, 0, 3, 2, B, S, precision=Precision.BF16, recompute=False, fsdp_dp=1)
+        M, c, 0, 3, 2, B, S, precision=Precision.BF16, recompute=False)
     assert cm.stage_memory_bytes(M, 0, 3, 1, B, S, 2) == cm.stage_memory_bytes(
         M, 0, 3, 1, B, S, 2, precision=Precision.BF16, sharding=Sharding.REPLICATE, dp=4)
 
@@ -59,7 +59,6 @@ def test_recompute_by_hand() -> None:
 
 
 def test_fsdp_by_hand() -> None:
-    c = _h100()
     params = 2 * 12 * 1024**2
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4)
     work = 2 * 2 * 2 * 12 * 1024**2  # two blocks, params + grads, bf16
@@ -67,11 +66,22 @@ def test_fsdp_by_hand() -> None:
     assert got == pytest.approx(16 * params / 4 + work + act + cm.RESERVED_GIB * cm.GIB)
     fused = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4, fused_attention=True)
     assert got - fused == pytest.approx(2 * S * B * 1024 * 5 * 8 * S / 1024)  # no stored s×s scores
-    # the gather of a big stage on a slow network bounds the stage; a small one hides under compute
+    # as the executor runs FSDP2 in a pipeline: one all-gather of the fp32 parameters per step (not per
+    # micro-batch, not twice), with the gradients' fp32 reduce-scatter after the drain; nothing per micro-batch
     slow = _h100(inter_node_gbps=1.0)
-    t = cm.stage_compute_time(M, slow, 1, 2, 1, B, S, fsdp_dp=16)
-    assert t == pytest.approx(2 * 15 / 16 * 2 * params * 8 / 1e9)
-    assert cm.stage_compute_time(M, c, 1, 2, 1, 32, S, fsdp_dp=2) == cm.stage_compute_time(M, c, 1, 2, 1, 32, S)
+    st = Stage(cluster="a", first_layer=1, last_layer=2, dp=16, sharding=Sharding.FSDP)
+    assert cm.PARAM_GATHER_BYTES == 4
+    sync = cm._dp_sync_time(M, st, slow, Precision.BF16)
+    assert sync == pytest.approx(15 / 16 * 4 * params * 8 / 1e9 + 15 / 16 * 4 * params * 8 / 1e9)
+    assert cm._dp_sync_time(M, st, slow, Precision.FP32) == sync  # fp32 master weights in every precision
+    topo = Topology(clusters=(slow,))
+    job = JobSpec(id="j", model=M, global_batch=64, micro_batch=2, seq_len=S, gpus=GpuRange(min=1, max=16))
+    plan = Plan(stages=(Stage(cluster="a", first_layer=0, last_layer=3, dp=16, sharding=Sharding.FSDP),),
+                micro_batches=32)
+    bd = cm.evaluate_with_breakdown(plan, topo, job)[1]
+    assert bd.compute_s[0] == cm.stage_compute_time(M, slow, 0, 3, 1, B, S)
+    full = cm.stage_params(M, 0, 3)
+    assert bd.dp_sync_s == pytest.approx(2 * 15 / 16 * 4 * full * 8 / 1e9)
 
 
 def test_evaluate_prices_sharding_recompute_and_precision() -> None:

@@ -53,7 +53,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     pos = np.arange(chains.shape[1])[None, :]
     last = valid & (pos == (k - 1)[:, None])
     first = valid & (pos == 0)
-    fl, mem, intra, inter, watts, price = tables.fig[:, idx]
+    fl, mem, intra, inter, watts, price, emb_t, emb_step, data_t, head_step = tables.fig[:, idx]
     gpn, tp_cap = tables.ints[:, idx]
     r = np.where(valid, g * fl, 0.0)
     g1 = np.maximum(g, 1)
@@ -96,8 +96,14 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     ok = (tt <= tp_cap) & (g1 % tt == 0)
     d_t = np.maximum(g1 // tt, 1)
     ts = np.where(valid, ell * tables.per_layer_t[:, idx] + last * tables.head_t[:, idx], 0.0)
+    ts = np.where(first & (emb_t != 0.0), ts + emb_t, ts)  # a measured embedding (first position)
     b_dp = np.where(tt * d_t <= gpn, intra, inter)
     ys = np.where(valid, allreduce_times(jc.grad_bytes * params / tt, d_t, b_dp), 0.0)
+    # measured per-step work outside the blocks: first position's embedding optimizer and input pipeline, the
+    # last's head optimizer
+    outer = np.where(first, emb_step + data_t * np.ceil(jc.m / d_t), 0.0)
+    outer = np.where(last, outer + head_step, outer)
+    ys = np.where(valid & (outer != 0.0), ys + outer, ys)
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
     local = np.where(np.isnan(local), np.inf, local)
     pick = local.argmin(axis=0)

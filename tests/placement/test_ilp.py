@@ -306,3 +306,25 @@ def test_spinsearch_hint_with_smaller_micro_batches_enters_the_model_whole() -> 
     assert ref.stats["hint_in_model"] == 4.0 and ref.stats["hint_source"] == 0.0
     assert ref.plan.step_time_s <= ss.plan.extras["closed_form_step_s"] * (1 + 1e-6)
     _assert_valid(ref.plan, topo, job)
+
+
+def test_the_model_prices_a_measured_head_and_the_loss_as_the_cost_model() -> None:
+    """The head's ticks: its measured time where a profile measured it (not divided by tp), else its FLOPs; the
+    last stage's loss at one micro-batch in flight (1F1B): ``loss_bytes`` = 18 bytes per logit value."""
+    from spiderflow.core.costmodel import LOGIT_BYTES, compute_rate_tflops, loss_bytes
+    from spiderflow.core.placement.ilp import _Model
+
+    job = JobSpec(id="j", model=TINY_MODEL, global_batch=16, micro_batch=2, seq_len=512, gpus=GpuRange(min=1, max=8))
+    b, s, head = 2, 512, 2.0 * 2 * 512 * 1024 * 8192
+
+    def ticks(x: float) -> int:
+        return round(x / 1e-6)
+
+    plain = Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=8)
+    measured = Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=8, head_us_per_token=1.5)
+    for t in (1, 2):
+        co = _Model._coefs(plain, t, job, b, 1.0, head, 1.0, ticks)
+        assert co.beta == ticks(3.0 * head / (t * compute_rate_tflops(plain) * 1e12))
+        assert co.beta != 0 and co.logits == math.ceil(LOGIT_BYTES * b * s * 8192 / t)
+        assert co.logits == math.ceil(loss_bytes(TINY_MODEL, b, s, t, 1))
+        assert _Model._coefs(measured, t, job, b, 1.0, head, 1.0, ticks).beta == ticks(1.5 * b * s / 1e6)

@@ -6,6 +6,7 @@ one ends; the beam's next hops and extensions equal the Python ones."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from reference_scorer import allocate_greedy_reference, score_chains_reference
 from reference_trim import trim_reference
 
 from spiderflow.core.catalog import MODEL_PRESETS
-from spiderflow.core.domain import GpuRange, JobSpec, Precision
+from spiderflow.core.domain import GpuRange, JobSpec, Precision, Topology
 from spiderflow.core.placement import spinsearch
 from spiderflow.core.placement.base import Objective
 from spiderflow.core.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
@@ -31,6 +32,8 @@ def instances(draw: st.DrawFn) -> tuple[object, ...]:
     topo = generate_topology(n, draw(st.integers(0, 50)), draw(st.sampled_from(["geo", "hub", "mesh"])))
     if draw(st.booleans()):  # some clusters busy or empty
         topo = topo.with_free({c.name: draw(st.integers(0, c.total_gpus)) for c in topo.clusters})
+    if draw(st.booleans()):  # a profile measured the work outside the blocks on some clusters
+        topo = measured_outer(topo, draw(st.integers(0, 2**31)))
     batch = draw(st.sampled_from([8, 32, 128, 512]))
     micro = draw(st.sampled_from([d for d in (1, 2, 4, 8) if batch % d == 0]))
     lo = draw(st.integers(1, 64))
@@ -44,6 +47,22 @@ def instances(draw: st.DrawFn) -> tuple[object, ...]:
         k = draw(st.integers(1, width))
         chains[r, :k] = draw(st.permutations(range(n)))[:k]
     return topo, job, chains, draw(st.booleans()), draw(st.booleans()), draw(st.integers(0, 2**31))
+
+
+def measured_outer(topo: Topology, seed: int) -> Topology:
+    """``topo`` with measured embedding/head times, optimizer steps and input pipeline on some of its clusters
+    (:func:`spiderflow.profile.apply_profile` sets these fields; 0 elsewhere: not measured)."""
+    rng = random.Random(seed)
+    out = []
+    for c in topo.clusters:
+        if rng.random() < 0.6:
+            c = replace(c, embedding_us_per_token=rng.choice([0.0, rng.uniform(0.01, 0.5)]),
+                        head_us_per_token=rng.choice([0.0, rng.uniform(0.05, 2.0)]),
+                        embedding_optimizer_ms=rng.choice([0.0, rng.uniform(0.1, 20.0)]),
+                        head_optimizer_ms=rng.choice([0.0, rng.uniform(0.1, 20.0)]),
+                        data_ms_per_sample=rng.choice([0.0, rng.uniform(0.01, 2.0)]))
+        out.append(c)
+    return replace(topo, clusters=tuple(out))
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,3 +180,47 @@ def test_beam_kernels_equal_the_python_reference(
     want = extend_reference(beam, nbrs)
     assert [tuple(int(x) for x in row) for row in got] == want
     assert got.shape == (len(want), depth + 1)
+
+
+def test_scorer_prices_measured_outer_work_as_the_closed_form() -> None:
+    """Where a profile measured the embedding, the head, their optimizer steps and the input pipeline, the
+    scorer's stage time ``T`` and per-step ``Y`` of every position (first, middle, last; every TP degree) equal
+    the closed form's (:func:`~spiderflow.core.costmodel.stage_compute_time`,
+    :func:`~spiderflow.core.costmodel.measured_step_extra`), and a one-GPU chain scores the closed form's step."""
+    from spiderflow.core import costmodel
+    from spiderflow.core.domain import Plan, Schedule, Stage
+
+    topo = measured_outer(generate_topology(8, 3, "geo"), 7)
+    spec = MODEL_PRESETS["llama-tiny"]
+    for precision in (Precision.BF16, Precision.FP32):
+        job = JobSpec(id="j", model=spec, global_batch=64, micro_batch=4, seq_len=512, steps=1,
+                      gpus=GpuRange(min=1, max=64), precision=precision)
+        ta, jc = topo_arrays(topo), job_consts(job)
+        tables = score_tables(ta, jc)
+        b, s, m, n = jc.b, jc.s, jc.m, 3
+        measured = 0
+        for ci, c in enumerate(topo.clusters):
+            assert c.layer_overhead_ms == 0.0 and c.optimizer_ms_per_layer == 0.0  # the scorer prices neither
+            measured += c.head_us_per_token != 0.0 or c.embedding_us_per_token != 0.0
+            for ti, tp in enumerate((1, 2, 4, 8)):
+                if tp > ta.tp_cap[ci] or spec.heads % tp:
+                    continue
+                for first_layer in (0, 1, spec.layers - n):
+                    last_layer = first_layer + n - 1
+                    is_first, is_last = first_layer == 0, last_layer == spec.layers - 1
+                    t = n * tables.per_layer_t[ti, ci] + (tables.head_t[ti, ci] if is_last else 0.0)
+                    if is_first and tables.fig[6, ci] != 0.0:
+                        t += tables.fig[6, ci]
+                    want = costmodel.stage_compute_time(spec, c, first_layer, last_layer, tp, b, s,
+                                                        precision=precision)
+                    assert t == pytest.approx(want, rel=1e-9), (c.name, tp, first_layer)
+                    for d in (1, 3, 16):
+                        y = (tables.fig[7, ci] + tables.fig[8, ci] * -(-m // d)) if is_first else 0.0
+                        y += tables.fig[9, ci] if is_last else 0.0
+                        extra = costmodel.measured_step_extra(spec, c, first_layer, last_layer, b * -(-m // d))
+                        assert y == pytest.approx(extra, rel=1e-9, abs=1e-15), (c.name, d)
+            one = score_chains(ta, jc, spinsearch.transfer_matrix(ta, jc), np.array([[ci]]), np.array([[1]]), tables)
+            plan = Plan(stages=(Stage(cluster=c.name, first_layer=0, last_layer=spec.layers - 1),), micro_batches=m,
+                        schedule=Schedule.ONE_F_ONE_B)
+            assert one.step[0] == pytest.approx(costmodel.evaluate(plan, topo, job).step_time_s, rel=1e-9), c.name
+        assert measured >= 2

@@ -3,7 +3,7 @@ as the reference the compiled kernels (:mod:`spiderflow.core.kernels.level2`) ar
 
 Every search below is the scalar formulation of its namesake in :mod:`spiderflow.core.tpa.level2`, with its own
 memo tables; the problem types come from the production modules. The cost formulas (a candidate's
-constants, whether FSDP's all-gathers hide behind compute) are written once: the reference runs the
+constants) are written once: the reference runs the
 kernels' own formula functions as plain Python (``py_func``), so what it checks is the search.
 """
 
@@ -39,14 +39,9 @@ def block_candidates(p: BlockProblem) -> list[Degrees]:
                 continue
             for rc in (False, True) if p.allow_recompute else (False,):
                 out.append(Degrees(tp=tp, pp=pp, dp=dp, recompute=rc))
-                if p.allow_fsdp and dp > 1 and _fsdp_hidden(p, tp, pp, dp, rc):
+                if p.allow_fsdp and dp > 1:
                     out.append(Degrees(tp=tp, pp=pp, dp=dp, recompute=rc, fsdp=True))
     return out
-
-
-def _fsdp_hidden(p: BlockProblem, tp: int, pp: int, dp: int, recompute: bool) -> bool:
-    fl, it = _vectors(p)
-    return bool(kernels.fsdp_hidden.py_func(fl, it, tp, pp, dp, recompute))
 
 
 _COEFFS: dict[tuple[object, ...], _Coeffs] = {}
@@ -72,10 +67,10 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
     beta = np.empty(k.pp, np.float64)
-    tau, eta_head, alpha, p_in = kernels.coefficients.py_func(
+    tau, eta_head, eta_embed, alpha, p_in = kernels.coefficients.py_func(
         fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
     return _Coeffs(float(tau), float(eta_head), tuple(mu.tolist()), tuple(nu.tolist()), float(alpha),
-                   tuple(beta.tolist()), float(p_in))
+                   tuple(beta.tolist()), float(p_in), float(eta_embed))
 
 
 def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _Coeffs | None = None) -> BlockConfig:
@@ -83,7 +78,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
     ``coeffs``: ``k``'s constants for ``p`` when the caller has them already."""
     c = coeffs if coeffs is not None else _coeffs(p, k)
     compute = tuple(
-        c.tau * n + (c.eta_head if (p.has_head and j == k.pp - 1) else 0.0) for j, n in enumerate(layers)
+        c.stage_time(p, k, j, n) for j, n in enumerate(layers)
     )
     mem = tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
     ar = tuple(c.alpha * n + c.beta[j] for j, n in enumerate(layers))
@@ -172,7 +167,7 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         if p.memory_bound and any(c.mu[j] + c.nu[j] > cap for j in range(k.pp)):
             continue
         p_in = c.p_in if k.pp > 1 else 0.0
-        eta = c.eta_head if p.has_head else 0.0
+        eta = c.eta_total(p)
         fill = c.tau * p.layers + eta + 2 * (k.pp - 1) * p_in
         lower = (
             (p.m - 1) * max((c.tau * p.layers + eta) / (k.pp * k.dp), p_in, p.floor_s)
@@ -281,8 +276,7 @@ def _best_split(p: BlockProblem, k: Degrees, c: _Coeffs, bound: float) -> BlockC
     lb, pp = p.layers, k.pp
     if pp > lb:
         return None
-    head = p.has_head
-    etas = [c.eta_head if (head and j == pp - 1) else 0.0 for j in range(pp)]
+    etas = [c.eta(p, k, j) for j in range(pp)]
     caps = list(memory_caps(p, k))
     if min(caps) < 1 or sum(caps) < lb:
         return None

@@ -92,3 +92,36 @@ def test_planner_prediction_timeline_and_closed_form_agree_on_calibrated_cluster
     bd_opt = max(st.layers * U_MS[st.cluster] for st in plan.stages) / 1e3
     tl = simulate_plan(plan, topo, JOB)
     assert tl.step_s - tl.makespan_s >= bd_opt - 1e-12
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_level1_estimate_equals_evaluate_with_measured_outer_work_on_generated_chains(seed: int) -> None:
+    """With a profile's measured embedding, head (and loss), optimizer steps and input pipeline on every
+    cluster, level 1's step estimate of a split — built from level 2's configurations — is ``evaluate``'s step
+    of the plan it makes (to 1e-9 relative), and the measured terms move it: the compiled searches price the
+    work outside the blocks as the closed form does."""
+    from dataclasses import replace
+
+    from spiderflow.core.catalog import model_preset
+    from spiderflow.core.topogen import generate_topology
+
+    base = generate_topology(8, seed, "geo")
+    chain = [c for c in base.clusters if c.free >= 8][:3]
+    model = model_preset("gpt3-1.3b")
+    job = JobSpec(id="j", model=model, global_batch=64, micro_batch=4, seq_len=2048, gpus=GpuRange(min=1, max=64))
+    measured = replace(base, clusters=tuple(
+        replace(c, embedding_us_per_token=0.05 + 0.01 * i, head_us_per_token=0.4 + 0.1 * i,
+                embedding_optimizer_ms=6.0, head_optimizer_ms=5.0 + i, data_ms_per_sample=0.3)
+        for i, c in enumerate(base.clusters)))
+    split = (8, 8, model.layers - 16)
+    steps = []
+    for topo in (base, measured):
+        cl = [topo.cluster(c.name) for c in chain]
+        ctx = ChainContext.build(topo, cl, [8, 8, 8], model, micro_batch=4, seq_len=2048, m=16,
+                                 schedule=Schedule.ONE_F_ONE_B)
+        ev = evaluate_split(ctx, split)
+        assert ev.feasible
+        plan = evaluate(plan_from_split(ctx, ev), topo, job)
+        assert plan.step_time_s == pytest.approx(ev.step_s, rel=1e-9)
+        steps.append(ev.step_s)
+    assert steps[1] != steps[0]

@@ -48,6 +48,12 @@ def problems(draw: st.DrawFn) -> BlockProblem:
         optimizer_s=draw(st.sampled_from([0.0]) | st.floats(0.0, 0.05)),
         wire_bytes=draw(st.sampled_from([2, 4])),
     )
+    if draw(st.booleans()):  # a profile measured the work outside the blocks
+        shape = replace(shape, embedding_us_per_token=draw(st.sampled_from([0.0]) | st.floats(0.01, 1.0)),
+                        head_us_per_token=draw(st.sampled_from([0.0]) | st.floats(0.01, 5.0)),
+                        embedding_optimizer_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 20.0)),
+                        head_optimizer_ms=draw(st.sampled_from([0.0]) | st.floats(0.0, 20.0)),
+                        data_ms_per_sample=draw(st.sampled_from([0.0]) | st.floats(0.0, 2.0)))
     p = BlockProblem(
         shape=shape,
         gpus=draw(st.integers(1, 64)),
@@ -238,7 +244,7 @@ def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision:
                 assert (first == 0, last == spec.layers - 1) == (embed, head)
                 sharding = Sharding.FSDP if k.fsdp else Sharding.REPLICATE
                 t = costmodel.stage_compute_time(spec, c, first, last, k.tp, b, s, precision=precision,
-                                                 recompute=k.recompute, fsdp_dp=k.dp if k.fsdp else 1)
+                                                 recompute=k.recompute)
                 assert cfg.compute_s[j] == pytest.approx(t, rel=1e-12), (k, j)
                 mem = costmodel.stage_memory_bytes(spec, first, last, k.tp, b, s, math.ceil(m / k.dp),
                                                    precision=precision, sharding=sharding, dp=k.dp,
@@ -249,6 +255,43 @@ def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision:
                 sync = costmodel._dp_sync_time(spec, st_, c, precision) + n * c.optimizer_ms_per_layer / 1e3
                 assert cfg.allreduce_s[j] == pytest.approx(sync, rel=1e-12, abs=1e-15), (k, j)
         assert {(False, False), (True, False), (False, True), (True, True)} <= kinds
+
+
+@pytest.mark.parametrize("precision", [Precision.BF16, Precision.FP32])
+@pytest.mark.parametrize("model", ["llama3-8b", "gpt3-13b"])
+def test_measured_outer_work_is_priced_as_the_cost_model_does(model: str, precision: Precision) -> None:
+    """With a profile's measured embedding, head, optimizer steps and input pipeline on the cluster, every
+    candidate's sub-stage times and gradient syncs equal the closed form's (to 1e-9 relative): the head at its
+    measured time instead of its FLOPs, the embedding on sub-stage 0 of an embedding block, the per-step work
+    with the sync after the drain; and the exact solver and its plain-Python reference still agree."""
+    spec = MODEL_PRESETS[model]
+    c = Cluster(name="c", gpu="A100-80G", nodes=8, gpus_per_node=8, intra_node_gbps=600.0, inter_node_gbps=100.0,
+                layer_overhead_ms=1.5, optimizer_ms_per_layer=0.5, embedding_us_per_token=0.21,
+                head_us_per_token=1.7, embedding_optimizer_ms=3.5, head_optimizer_ms=4.25, data_ms_per_sample=0.6)
+    shape = ClusterShape.of(c, precision)
+    n_layers = min(spec.layers - 2, 6)
+    b, s, m = 2, 1024, 8
+    for has_embed, has_head in ((True, False), (False, True), (False, False)):
+        p = BlockProblem(shape=shape, gpus=16, layers=n_layers, has_embed=has_embed, has_head=has_head, model=spec,
+                         micro_batch=b, seq_len=s, m=m, downstream=None, memory_bound=False, precision=precision)
+        for k in l2.block_candidates(p):
+            layers = (n_layers - k.pp + 1,) + (1,) * (k.pp - 1)
+            cfg = l2.config_cost(p, k, layers)
+            for j, n in enumerate(layers):
+                embed = has_embed and j == 0
+                head = has_head and j == k.pp - 1
+                first = 0 if embed else (spec.layers - n if head else 1)
+                last = first + n - 1
+                t = costmodel.stage_compute_time(spec, c, first, last, k.tp, b, s, precision=precision,
+                                                 recompute=k.recompute)
+                assert cfg.compute_s[j] == pytest.approx(t, rel=1e-9), (k, j)
+                sharding = Sharding.FSDP if k.fsdp else Sharding.REPLICATE
+                st_ = Stage(cluster="c", first_layer=first, last_layer=last, tp=k.tp, dp=k.dp, sharding=sharding,
+                            recompute=k.recompute)
+                sync = (costmodel._dp_sync_time(spec, st_, c, precision) + n * c.optimizer_ms_per_layer / 1e3
+                        + costmodel.measured_step_extra(spec, c, first, last, b * math.ceil(m / k.dp)))
+                assert cfg.allreduce_s[j] == pytest.approx(sync, rel=1e-9, abs=1e-15), (k, j)
+        _check(replace(p, memory_bound=True))
 
 
 def test_a_tie_keeps_the_first_candidate() -> None:

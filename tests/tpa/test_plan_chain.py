@@ -379,8 +379,9 @@ def test_recomputation_and_fsdp_are_chosen_where_they_let_larger_micro_batches_f
     """The same 70B chain: at m = 256 no replicated, non-recomputed configuration holds its activations;
     with recomputation and FSDP on offer level 2 shards the replicated stages and recomputes, and the plan's
     stage fields carry it (evaluate reproduces its memory). Unpinned, the count is chosen on the exact
-    timeline, where m = 1024 without either is faster than m = 256 with them (the closed form ranked them the
-    other way); offering them never makes the plan slower."""
+    timeline, at least as fast as m = 256 with them (since FSDP is priced as the executor runs it, one
+    all-gather per step, m = 256 with both is the unpinned choice too); offering them never makes the plan
+    slower."""
     from spiderflow.core.topogen import generate_topology
     from spiderflow.formats import job_from_dict
 
@@ -403,7 +404,7 @@ def test_recomputation_and_fsdp_are_chosen_where_they_let_larger_micro_batches_f
     plain = plan_chain(topo, job, alloc, recompute=False, fsdp=False)
     free = plan_chain(topo, job, alloc)
     assert free.step_time_s <= plain.step_time_s * (1 + 1e-9)
-    assert free.step_time_s < both.step_time_s
+    assert free.step_time_s <= both.step_time_s * (1 + 1e-9)
 
 
 def test_a_job_that_fits_only_with_recomputation_gets_a_plan() -> None:

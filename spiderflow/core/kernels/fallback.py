@@ -13,7 +13,9 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
 
 * ``pos[i, :4]``: position ``i``'s ``(memory bytes per GPU left after the reserve, intra-node Gbit/s,
   inter-node Gbit/s, P_int)``, then ``pos[i, 4 + 4t : 8 + 4t]`` per tensor degree ``2^t`` tried: ``(T per
-  layer, activation bytes per layer, head activation bytes, head T)``; ``pos_i[i]``: ``(GPUs, GPUs per node,
+  layer, activation bytes per layer, head activation bytes, head T)`` (head bytes: the loss with one micro-batch
+  in flight, as the last sub-stage of a 1F1B chain holds, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`);
+  ``pos_i[i]``: ``(GPUs, GPUs per node,
   tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
   ``i + 1``.
 * ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,

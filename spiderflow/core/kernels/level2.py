@@ -33,7 +33,6 @@ __all__ = [
     "I_SIZE",
     "candidates",
     "coefficients",
-    "fsdp_hidden",
     "memory_caps",
     "memory_caps_all",
     "min_memory_config",
@@ -60,8 +59,16 @@ F_LAYER_PARAMS = 9  # P: parameters of one layer (the model family's, :attr:`Mod
 F_LAYER_FLOPS = 10  # f: forward FLOPs of one layer per micro-batch (:func:`spiderflow.core.costmodel.layer_fwd_flops`)
 F_EMBED_PARAMS = 11  # E: the embedding's parameters (first sub-stage of an embedding block)
 F_HEAD_PARAMS = 12  # H: the head's parameters (last sub-stage of a head block)
-F_LOGIT_BYTES = 13  # the loss's bytes per logit value (:data:`spiderflow.core.costmodel.LOGIT_BYTES`)
-F_SIZE = 14
+F_LOGIT_SAVED_BYTES = 13  # the loss's bytes per logit value and in-flight micro-batch (costmodel.LOGIT_SAVED_BYTES)
+F_LOGIT_ONCE_BYTES = 14  # the loss's bytes per logit value held once (costmodel.LOGIT_ONCE_BYTES)
+# Work outside the blocks a profile measured on the cluster (Cluster fields of the same names; 0: not measured,
+# :func:`spiderflow.core.costmodel.measured_outer_time`, :func:`spiderflow.core.costmodel.measured_step_extra`).
+F_EMBEDDING_US_PER_TOKEN = 15  # the embedding's fwd+bwd µs per token (sub-stage 0 of an embedding block)
+F_HEAD_US_PER_TOKEN = 16  # the head's and loss's fwd+bwd µs per token (replaces the head's FLOPs)
+F_EMBEDDING_OPTIMIZER_MS = 17  # the embedding's optimizer step, ms per training step
+F_HEAD_OPTIMIZER_MS = 18  # the head's optimizer step, ms per training step
+F_DATA_MS_PER_SAMPLE = 19  # the input pipeline, ms per sample of the first stage
+F_SIZE = 20
 
 # ``it``: the problem's integers (flags 0/1).
 I_GPUS = 0
@@ -86,10 +93,11 @@ I_BYTES_PER_PARAM = 18  # replicated weights, grads and optimizer state per para
 I_VALUE_BYTES = 19  # v: bytes of one activation or gradient value in the job's precision
 I_FSDP_BYTES_PER_PARAM = 20  # the same on an FSDP shard
 I_ALLOW_RECOMPUTE = 21  # candidates with activation recomputation
-I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1, all-gathers hidden behind compute)
+I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1; one all-gather per step)
 I_KV_HEADS = 23  # key/value heads (grouped-query attention; = heads otherwise): t divides them too
 I_GRAD_BYTES = 24  # bytes of one gradient value in the data-parallel sync (costmodel.grad_bytes_per_value)
-I_SIZE = 25
+I_GATHER_BYTES = 25  # bytes of one parameter value FSDP all-gathers (costmodel.PARAM_GATHER_BYTES)
+I_SIZE = 26
 
 # A candidate's row: ``(t, p, d, recompute, fsdp)``.
 C_TP = 0
@@ -133,15 +141,19 @@ def _divides(tp: int, gpus: int, g: int, heads: int, kv_heads: int, hidden: int)
 
 
 @kernel
-def _time_terms(fl: FArr, it: IArr, tp: int, dp: int, recompute: bool) -> tuple[float, float, float, float, float]:
-    r"""``(τ, η_head, γ, δ_E, δ_H)``: a layer's fwd+bwd seconds, the head's, and the FSDP all-gather seconds
-    (before forward and before backward) per layer, of the embedding and of the head, for one replica of
+def _time_terms(fl: FArr, it: IArr, tp: int, recompute: bool) -> tuple[float, float, float]:
+    r"""``(τ, η_head, η_emb)``: a layer's fwd+bwd seconds, the head's and the embedding's, for one replica of
     ``t``-way tensor parallelism (:func:`spiderflow.core.costmodel.stage_compute_time`):
 
     * ``τ = c·f/(t·F) + o + n_AR·AR_t(v·b·s·h, B_tp)``, ``c = 3`` (``4`` with recomputation: the blocks'
       forward runs again in backward) and ``n_AR = 4`` (``6``);
-    * ``η_head = 3·2·b·s·h·V/(t·F)`` (the head is never recomputed);
-    * ``γ = 2·AG_d(v·P/t, B_dp)``, ``δ_E = 2·AG_d(v·E/t, B_dp)``, ``δ_H = 2·AG_d(v·H/t, B_dp)``."""
+    * ``η_head = 3·2·b·s·h·V/(t·F)`` (the head is never recomputed), or where a profile measured the head
+      and its loss, ``η_c·b·s`` (µs per token; not divided by ``t``: the executor replicates the head);
+    * ``η_emb = e_c·b·s`` where a profile measured the embedding, else 0
+      (:func:`spiderflow.core.costmodel.measured_outer_time`).
+
+    FSDP adds nothing per micro-batch: the executor all-gathers a stage's parameters once per step, priced
+    with the gradient sync (:func:`coefficients`' ``α``, ``β``)."""
     h = it[I_HIDDEN]
     v = it[I_VOCAB]
     b = it[I_MICRO_BATCH]
@@ -155,38 +167,19 @@ def _time_terms(fl: FArr, it: IArr, tp: int, dp: int, recompute: bool) -> tuple[
         tau = 4.0 * fl[F_LAYER_FLOPS] / flops_rate + fl[F_LAYER_OVERHEAD_S] + 6 * ar
     else:
         tau = 3.0 * fl[F_LAYER_FLOPS] / flops_rate + fl[F_LAYER_OVERHEAD_S] + 4 * ar
-    eta_head = 6.0 * b * s * h * v / flops_rate  # 3·2·b·s·h·V / rate (3.0 * 2.0 is exactly 6.0)
-    dp_bw = fl[F_INTRA_GBPS] if tp * dp <= g else fl[F_INTER_GBPS]
-    gamma = 2.0 * _fsdp_gather_time(vb * fl[F_LAYER_PARAMS] / tp, dp, dp_bw)
-    delta_e = 2.0 * _fsdp_gather_time(vb * fl[F_EMBED_PARAMS] / tp, dp, dp_bw)
-    delta_h = 2.0 * _fsdp_gather_time(vb * fl[F_HEAD_PARAMS] / tp, dp, dp_bw)
-    return tau, eta_head, gamma, delta_e, delta_h
-
-
-@kernel
-def fsdp_hidden(fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool) -> bool:
-    """Whether FSDP's all-gathers hide behind compute on every sub-stage of candidate ``(t, p, d)`` whatever
-    its layer count: ``γ·ℓ + δ_j ≤ τ·ℓ + η_j`` at ``ℓ = 1`` and ``ℓ = L_b`` (both sides are linear in ``ℓ``),
-    ``δ_j``/``η_j`` the embedding's gather on sub-stage 0 of an embedding block and the head's gather and
-    compute on the last sub-stage of a head block. Then the cost model's ``max(T_s, 2·AG)`` is ``T_s`` and
-    the stage time stays linear in its layers, as level 2's model needs; FSDP candidates whose gathers could
-    show are not offered (:func:`candidates`)."""
-    tau, eta_head, gamma, delta_e, delta_h = _time_terms(fl, it, tp, dp, recompute)
-    top = it[I_LAYERS]
-    for j in range(pp):
-        head = it[I_HAS_HEAD] != 0 and j == pp - 1
-        eta = eta_head if head else 0.0
-        delta = (delta_e if (it[I_HAS_EMBED] != 0 and j == 0) else 0.0) + (delta_h if head else 0.0)
-        if gamma + delta > tau + eta or gamma * top + delta > tau * top + eta:
-            return False
-    return True
+    if fl[F_HEAD_US_PER_TOKEN] != 0.0:
+        eta_head = fl[F_HEAD_US_PER_TOKEN] * b * s / 1e6
+    else:
+        eta_head = 6.0 * b * s * h * v / flops_rate  # 3·2·b·s·h·V / rate (3.0 * 2.0 is exactly 6.0)
+    eta_embed = fl[F_EMBEDDING_US_PER_TOKEN] * b * s / 1e6 if fl[F_EMBEDDING_US_PER_TOKEN] != 0.0 else 0.0
+    return tau, eta_head, eta_embed
 
 
 @kernel
 def candidates(fl: FArr, it: IArr) -> IArr:
     """Every admissible ``(t, p, d, recompute, fsdp)`` of the problem (rows), ordered by ``(t, p)``, then the
     plain candidate, FSDP, recomputation, both: :func:`spiderflow.core.tpa.level2.block_candidates`. FSDP only
-    with ``d > 1`` replicas and where :func:`fsdp_hidden`; each option only where the problem allows it."""
+    with ``d > 1`` replicas; each option only where the problem allows it."""
     gpus = it[I_GPUS]
     g = it[I_GPUS_PER_NODE]
     heads = it[I_HEADS]
@@ -210,8 +203,7 @@ def candidates(fl: FArr, it: IArr) -> IArr:
                     continue
                 for rc in range(n_rc):
                     for fs in range(2):
-                        if fs == 1 and (it[I_ALLOW_FSDP] == 0 or dp < 2
-                                        or not fsdp_hidden(fl, it, tp, pp, dp, rc == 1)):
+                        if fs == 1 and (it[I_ALLOW_FSDP] == 0 or dp < 2):
                             continue
                         if rep == 1:
                             out[q, C_TP] = tp
@@ -230,26 +222,33 @@ def candidates(fl: FArr, it: IArr) -> IArr:
 @kernel
 def coefficients(
     fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool, fsdp: bool, mu: FArr, nu: FArr, beta: FArr
-) -> tuple[float, float, float, float]:
+) -> tuple[float, float, float, float, float]:
     r"""Candidate ``(t, p, d)``'s constants (with recomputation and FSDP as ``recompute``/``fsdp`` say):
-    ``(τ, η_head, α, P_in)`` returned, ``μ_j``, ``ν_j``, ``β_j`` written into ``mu[:pp]``, ``nu[:pp]``,
+    ``(τ, η_head, η_emb, α, P_in)`` returned, ``μ_j``, ``ν_j``, ``β_j`` written into ``mu[:pp]``, ``nu[:pp]``,
     ``beta[:pp]``. With the cost model's symbols (:mod:`spiderflow.core.costmodel`; ``F`` the GPU's FLOP/s in the
     job's precision, ``P``, ``E``, ``H`` the parameters of a layer, of the embedding and of the head and ``f``
     a layer's forward FLOPs, all from the model family; ``v`` the precision's value bytes, ``AR_k(x, B)`` the
     ring all-reduce, ``AG_k(x, B)`` the ring all-gather/reduce-scatter):
 
-    * ``τ``, ``η_head``: :func:`_time_terms`;
+    * ``τ``, ``η_head`` (on the last sub-stage of a head block), ``η_emb`` (on sub-stage 0 of an embedding
+      block): :func:`_time_terms`;
     * ``κ_j = ⌈m/d⌉`` (GPipe) or ``max(1, min(⌈m/d⌉, φ·(R + p − j)))``, then ``min(κ_j, K)`` under a cap;
     * ``μ_j = σ·P/(t·d_σ) + κ_j·a`` with ``σ`` the state bytes per parameter (replicated: by precision;
       FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``) and ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
       activations a block keeps (``v·s·b·h``, its input, with recomputation);
     * ``ν_j = σ·X_j/(t·d_σ) + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
-      last of a head block) plus ``κ_j·λ·b·s·V/t`` (the loss, ``λ`` = ``fl[F_LOGIT_BYTES]``) on the head
-      sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
+      last of a head block) plus ``(κ_j·λ + λ₁)·b·s·V/t`` (the loss, :func:`spiderflow.core.costmodel.loss_bytes`:
+      ``λ`` = ``fl[F_LOGIT_SAVED_BYTES]`` per in-flight micro-batch, ``λ₁`` = ``fl[F_LOGIT_ONCE_BYTES]`` once) on
+      the head sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
       activations rebuilt in backward under recomputation;
     * ``α = S_d(γ·P/t, B_dp) + u``; ``β_j = S_d(γ·X_j/t, B_dp)`` (0 when ``X_j = 0``; ``γ`` the gradient
-      bytes per value, ``it[I_GRAD_BYTES]``), ``S = AR`` for
-      replicas, ``AG`` (the gradients' reduce-scatter) under FSDP;
+      bytes per value, ``it[I_GRAD_BYTES]``), ``S = AR`` for replicas; under FSDP ``S_d(x) = AG_d(x) +
+      AG_d(π·x/γ)``: the gradients' reduce-scatter and the step's one all-gather of the parameters (``π`` the
+      gathered bytes per parameter, ``it[I_GATHER_BYTES]``; :func:`spiderflow.core.costmodel._dp_sync_time`);
+      ``β_j`` also carries the per-step work outside the blocks a profile measured
+      (:func:`spiderflow.core.costmodel.measured_step_extra`): on sub-stage 0 of an embedding block the
+      embedding's optimizer step and the input pipeline of its ``⌈m/d⌉·b`` samples, on the head sub-stage the
+      head's optimizer step;
     * ``P_in = w·b·s·h / B_inter`` (the cluster's wire format in the job's precision).
 
     ``B_tp`` is the intra-node bandwidth when ``t ≤ g``, ``B_dp`` when ``t·d ≤ g``, else the inter-node one."""
@@ -262,17 +261,19 @@ def coefficients(
     g = it[I_GPUS_PER_NODE]
     vb = it[I_VALUE_BYTES]
     gb = it[I_GRAD_BYTES]
+    pg = it[I_GATHER_BYTES]
     intra = fl[F_INTRA_GBPS]
     inter = fl[F_INTER_GBPS]
     params_per_layer = fl[F_LAYER_PARAMS]
-    tau, eta_head, _, _, _ = _time_terms(fl, it, tp, dp, recompute)
+    tau, eta_head, eta_embed = _time_terms(fl, it, tp, recompute)
     act_full = s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp))
     act_layer = float(vb) * s * b * h if recompute else act_full
     per_replica = math.ceil(m / dp)
     stage_gpus = tp * dp
     dp_bw = intra if stage_gpus <= g else inter
     if fsdp:
-        alpha = _fsdp_gather_time(gb * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S]
+        alpha = (_fsdp_gather_time(gb * params_per_layer / tp, dp, dp_bw)
+                 + _fsdp_gather_time(pg * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S])
         bpp = it[I_FSDP_BYTES_PER_PARAM]
         shards = tp * dp
     else:
@@ -299,16 +300,23 @@ def coefficients(
         if recompute:
             const += act_full
         if head:
-            const += inflight * fl[F_LOGIT_BYTES] * b * s * v / tp
+            const += (inflight * fl[F_LOGIT_SAVED_BYTES] + fl[F_LOGIT_ONCE_BYTES]) * b * s * v / tp
         nu[j] = const
         if extra_params == 0.0:
             beta[j] = 0.0
         elif fsdp:
-            beta[j] = _fsdp_gather_time(gb * extra_params / tp, dp, dp_bw)
+            beta[j] = (_fsdp_gather_time(gb * extra_params / tp, dp, dp_bw)
+                       + _fsdp_gather_time(pg * extra_params / tp, dp, dp_bw))
         else:
             beta[j] = _allreduce_time(gb * extra_params / tp, dp, dp_bw, 0.0)
+        if embed:
+            step = fl[F_EMBEDDING_OPTIMIZER_MS] / 1e3 + fl[F_DATA_MS_PER_SAMPLE] * (b * per_replica) / 1e3
+            if step != 0.0:
+                beta[j] += step
+        if head and fl[F_HEAD_OPTIMIZER_MS] != 0.0:
+            beta[j] += fl[F_HEAD_OPTIMIZER_MS] / 1e3
     p_in = _transfer_time(float(it[I_WIRE_BYTES]) * b * s * h, inter, 0.0)
-    return tau, eta_head, alpha, p_in
+    return tau, eta_head, eta_embed, alpha, p_in
 
 
 @kernel
@@ -451,7 +459,8 @@ def _least_a(levels: FArr, alpha: float, betas: FArr, lb: int, limits: IArr, bid
 @kernel
 def _config_cost(
     m: int, pp: int, dp: int, floor_s: float, gib: float, has_head: bool, tau: float, eta_head: float,
-    alpha: float, p_in: float, mu: FArr, nu: FArr, beta: FArr, layers: IArr, figs: FArr,
+    alpha: float, p_in: float, mu: FArr, nu: FArr, beta: FArr, layers: IArr, figs: FArr, has_embed: bool,
+    eta_embed: float,
 ) -> tuple[float, float, float]:
     """:func:`spiderflow.core.tpa.level2.config_cost`: per sub-stage compute, memory (GiB) and gradient sync into
     ``figs[0:3, :pp]``; returns ``(objective, intra-cluster boundary, peak memory)``."""
@@ -462,6 +471,8 @@ def _config_cost(
     for j in range(pp):
         n = layers[j]
         c = tau * n + (eta_head if (has_head and j == pp - 1) else 0.0)
+        if has_embed and j == 0 and eta_embed != 0.0:
+            c += eta_embed
         mem = (mu[j] * n + nu[j]) / gib
         ar = alpha * n + beta[j]
         figs[0, j] = c
@@ -486,12 +497,13 @@ def _config_cost(
 def _best_split(
     m: int, dp: int, pp: int, lb: int, floor_s: float, has_head: bool, tau: float, eta_head: float,
     alpha: float, beta: FArr, mu: FArr, nu: FArr, p_in: float, caps: IArr, bound: float, out: IArr,
-    fscr: FArr, iscr: IArr, lscr: FArr,
+    fscr: FArr, iscr: IArr, lscr: FArr, first_eta: float,
 ) -> bool:
     """The optimal layers per sub-stage of one candidate into ``out[:pp]`` (``False``: nothing fits memory
     or nothing beats ``bound``): :func:`spiderflow.core.tpa.level2.solve_block_exact`'s best split (bottleneck
     enumeration over ``Z``, water-filling for ``A``). Scratch: ``fscr`` ``(3, ≥ pp)``, ``iscr`` ``(5, ≥ pp)``,
-    ``lscr`` ``(2, ·)`` (best ``≥ 3·lb``: at most three distinct ``β``, two distinct ``η``)."""
+    ``lscr`` ``(2, ·)`` (best ``≥ 3·lb``: at most three distinct ``β`` and ``η``). ``first_eta``: the measured
+    embedding's ``η`` on sub-stage 0 of an embedding block (else 0)."""
     if pp > lb:
         return False
     least = caps[0]
@@ -503,6 +515,8 @@ def _best_split(
         return False
     last_eta = eta_head if has_head else 0.0  # η_j: the head on the last sub-stage, else 0
     if pp == 1:
+        if first_eta != 0.0:
+            last_eta += first_eta
         one = fscr[0, :1]
         one[0] = beta[0]
         a_inf = _first_level(_levels(alpha, one, lb, lscr[0]), alpha, beta[0], lb)
@@ -516,6 +530,7 @@ def _best_split(
     etas = fscr[0, :pp]
     etas[:] = 0.0
     etas[pp - 1] = last_eta
+    etas[0] += first_eta
     flat = _pmax(p_in, floor_s)
     eta_sum = 0.0
     for j in range(pp):
@@ -585,8 +600,8 @@ def _best_split(
 @kernel
 def _all_coefficients(
     fl: FArr, it: IArr, cands: IArr
-) -> tuple[IArr, FArr, FArr, FArr, FArr, FArr, FArr, FArr]:
-    """Every candidate's constants: ``(start, τ, η_head, α, P_in, μ, ν, β)`` (per-sub-stage ones flat)."""
+) -> tuple[IArr, FArr, FArr, FArr, FArr, FArr, FArr, FArr, FArr]:
+    """Every candidate's constants: ``(start, τ, η_head, α, P_in, μ, ν, β, η_emb)`` (per-sub-stage ones flat)."""
     nk = cands.shape[0]
     start = np.empty(nk + 1, np.int64)
     start[0] = 0
@@ -594,6 +609,7 @@ def _all_coefficients(
         start[i + 1] = start[i] + cands[i, 1]
     tau = np.empty(nk, np.float64)
     eta = np.empty(nk, np.float64)
+    eta_e = np.empty(nk, np.float64)
     alpha = np.empty(nk, np.float64)
     p_in = np.empty(nk, np.float64)
     mu = np.empty(start[nk], np.float64)
@@ -602,10 +618,10 @@ def _all_coefficients(
     for i in range(nk):
         s0 = start[i]
         s1 = start[i + 1]
-        tau[i], eta[i], alpha[i], p_in[i] = coefficients(
+        tau[i], eta[i], eta_e[i], alpha[i], p_in[i] = coefficients(
             fl, it, cands[i, C_TP], cands[i, C_PP], cands[i, C_DP], cands[i, C_RECOMPUTE] != 0,
             cands[i, C_FSDP] != 0, mu[s0:s1], nu[s0:s1], beta[s0:s1])
-    return start, tau, eta, alpha, p_in, mu, nu, beta
+    return start, tau, eta, alpha, p_in, mu, nu, beta, eta_e
 
 
 @kernel
@@ -620,10 +636,11 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
     nk = cands.shape[0]
     if nk == 0 or lb < 1:
         return 0, 0, 0, 0, 0, 0.0, 0.0
-    start, tau, eta, alpha, p_ins, mu, nu, beta = _all_coefficients(fl, it, cands)
+    start, tau, eta, alpha, p_ins, mu, nu, beta, eta_e = _all_coefficients(fl, it, cands)
     m = it[I_M]
     memory_bound = it[I_MEMORY_BOUND] != 0
     has_head = it[I_HAS_HEAD] != 0
+    has_embed = it[I_HAS_EMBED] != 0
     floor_s = fl[F_FLOOR_S]
     gib = fl[F_GIB]
     cap_gib = fl[F_MEMORY_GIB]
@@ -657,6 +674,8 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
                 continue
         p_in = p_ins[i] if pp > 1 else 0.0
         e = eta[i] if has_head else 0.0
+        if has_embed and eta_e[i] != 0.0:
+            e += eta_e[i]
         fill = tau[i] * lb + e + 2 * (pp - 1) * p_in
         beta_sum = 0.0
         for q in range(s0, s1):
@@ -673,7 +692,7 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
             for j in range(pp):
                 lay[j] = base + (1 if j < extra else 0)
             obj, _, peak = _config_cost(m, pp, dp, floor_s, gib, has_head, tau[i], eta[i], alpha[i], p_ins[i],
-                                        mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs)
+                                        mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs, has_embed, eta_e[i])
             if not memory_bound or peak <= cap_gib:
                 upper = _pmin(upper, obj)
     limit = upper * _UP
@@ -691,10 +710,11 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
         s1 = start[i + 1]
         _caps_into(mu[s0:s1], nu[s0:s1], pp, cap_gib, gib, lb, memory_bound, caps)
         if not _best_split(m, dp, pp, lb, floor_s, has_head, tau[i], eta[i], alpha[i], beta[s0:s1], mu[s0:s1],
-                           nu[s0:s1], p_ins[i], caps[:pp], best_obj if have else math.inf, lay, fscr, iscr, lscr):
+                           nu[s0:s1], p_ins[i], caps[:pp], best_obj if have else math.inf, lay, fscr, iscr, lscr,
+                           eta_e[i] if has_embed else 0.0):
             continue
         obj, boundary, peak = _config_cost(m, pp, dp, floor_s, gib, has_head, tau[i], eta[i], alpha[i], p_ins[i],
-                                           mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs)
+                                           mu[s0:s1], nu[s0:s1], beta[s0:s1], lay, figs, has_embed, eta_e[i])
         if memory_bound and peak > cap_gib:
             continue
         if not have or obj < best_obj * _TIE:
@@ -728,7 +748,7 @@ def memory_caps_all(fl: FArr, it: IArr) -> tuple[IArr, IArr, IArr]:
     """:func:`memory_caps` of every candidate: ``(candidates, start, caps)``, candidate ``i``'s caps at
     ``caps[start[i]:start[i + 1]]``."""
     cands = candidates(fl, it)
-    start, _, _, _, _, mu, nu, _ = _all_coefficients(fl, it, cands)
+    start, _, _, _, _, mu, nu, _, _ = _all_coefficients(fl, it, cands)
     caps = np.empty(start[-1], np.int64)
     for i in range(cands.shape[0]):
         s0 = start[i]
@@ -743,7 +763,7 @@ def min_peak_fits(fl: FArr, it: IArr) -> bool:
     """:func:`spiderflow.core.tpa.level2.min_peak_fits`: some candidate's sub-stages each hold one layer and their
     most layers within memory add up to ``L_b``."""
     cands = candidates(fl, it)
-    start, _, _, _, _, mu, nu, _ = _all_coefficients(fl, it, cands)
+    start, _, _, _, _, mu, nu, _, _ = _all_coefficients(fl, it, cands)
     cap = fl[F_MEMORY_GIB]
     gib = fl[F_GIB]
     top = it[I_LAYERS]
@@ -774,7 +794,7 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> P
     nk = cands.shape[0]
     if nk == 0:
         return 0, 0, 0, 0, 0, 0.0, 0.0
-    start, tau, eta, alpha, p_ins, mu, nu, beta = _all_coefficients(fl, it, cands)
+    start, tau, eta, alpha, p_ins, mu, nu, beta, eta_e = _all_coefficients(fl, it, cands)
     gib = fl[F_GIB]
     layers = it[I_LAYERS]
     width = 1
@@ -811,7 +831,7 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> P
     s1 = start[i + 1]
     obj, boundary, _ = _config_cost(it[I_M], cands[i, 1], cands[i, 2], fl[F_FLOOR_S], gib, it[I_HAS_HEAD] != 0,
                                     tau[i], eta[i], alpha[i], p_ins[i], mu[s0:s1], nu[s0:s1], beta[s0:s1],
-                                    layers_out, figs_out)
+                                    layers_out, figs_out, it[I_HAS_EMBED] != 0, eta_e[i])
     return cands[i, C_TP], cands[i, C_PP], cands[i, C_DP], cands[i, C_RECOMPUTE], cands[i, C_FSDP], obj, boundary
 
 
@@ -819,8 +839,8 @@ def min_memory_config(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> P
 def _warm() -> None:
     fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
                    12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256,
-                   18.0])
-    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4], np.int64)
+                   4.0, 14.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4, 4], np.int64)
     assert fl.shape[0] == F_SIZE and it.shape[0] == I_SIZE
     lay = np.empty(4, np.int64)
     figs = np.empty((3, 4), np.float64)
@@ -831,4 +851,3 @@ def _warm() -> None:
     memory_caps_all(fl, it)
     mu = np.empty(2, np.float64)
     coefficients(fl, it, 1, 2, 2, False, False, mu, mu.copy(), mu.copy())
-    fsdp_hidden(fl, it, 1, 2, 2, False)

@@ -54,10 +54,16 @@ def score_rows(
     """Score every row of ``chains`` (GPUs ``gpus``) into the ``*_out`` arrays.
 
     Per-cluster tables (columns indexed by cluster): ``fig`` rows flops, memory bytes, intra and inter
-    Gbit/s, watts, $/kWh; ``ints`` rows GPUs per node and the largest TP degree; ``per_layer_t[t]`` and
+    Gbit/s, watts, $/kWh, then the work outside the blocks a profile measured (0 where not): the embedding's
+    seconds per micro-batch (added to the first position's ``T``), its optimizer's seconds per step and the
+    input pipeline's seconds per micro-batch (times ``⌈m/d⌉``; both added to the first position's ``Y``), the
+    head's optimizer's seconds per step (added to the last position's ``Y``); ``ints`` rows GPUs per node and
+    the largest TP degree; ``per_layer_t[t]`` and
     ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: w·p/t, activation bytes
     per layer, w·p_embed/t, head bytes, gradient bytes per value (``w`` state bytes per parameter; rates and
-    bytes in the job's precision). ``p``: activation transfer seconds between clusters. ``reserved``:
+    bytes in the job's precision; head bytes: the loss of a last stage holding one micro-batch, which 1F1B's
+    last position does, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`).
+    ``p``: activation transfer seconds between clusters. ``reserved``:
     bytes of every GPU kept free. Outputs: step (``inf`` where not finite), dollars per step, GPUs used,
     feasibility, Σ capacity / L and the water-filled layer split (``N × K``).
     """
@@ -153,12 +159,21 @@ def score_rows(
                     tt = _TP[ti]
                     d_t = g1 // tt if g1 // tt > 1 else 1
                     ts = ell[q] * per_layer_t[ti, c] + (head_t[ti, c] if last else 0.0)
+                    if q == 0 and fig[6, c] != 0.0:
+                        ts += fig[6, c]
                     local = inf
                     ys = 0.0
                     if tt <= ints[1, c] and g1 % tt == 0:
                         b_dp = fig[2, c] if tt * d_t <= ints[0, c] else fig[3, c]
                         if d_t > 1:
                             ys = _allreduce_time(by_tp[4, tt] * params / tt, d_t, b_dp, 0.0)
+                        outer = 0.0
+                        if q == 0:
+                            outer = fig[7, c] + fig[8, c] * math.ceil(m / d_t)
+                        if last:
+                            outer += fig[9, c]
+                        if outer != 0.0:
+                            ys += outer
                         local = (m - 1) * ts / d_t + ts + ys
                         if local != local:
                             local = inf
@@ -395,7 +410,7 @@ def _warm() -> None:
     flops = np.array([1e14, 2e14])
     g = np.zeros_like(chains)
     greedy_rows(chains, free, flops, 8, g)
-    fig = np.ones((6, 2))
+    fig = np.ones((10, 2))
     ints = np.full((2, 2), 8, dtype=np.int64)
     pl = np.ones((4, 2))
     by_tp = np.ones((5, 9))

@@ -63,7 +63,8 @@ import structlog
 
 from spiderflow.core.costmodel import (
     GIB,
-    LOGIT_BYTES,
+    LOGIT_ONCE_BYTES,
+    LOGIT_SAVED_BYTES,
     RESERVED_GIB,
     activation_bytes,
     allreduce_time,
@@ -139,7 +140,11 @@ class TopoArrays:
     ``lat`` latency in seconds (``n × n``); ``tp_cap`` largest power-of-two TP degree per cluster;
     ``flops_fp32``/``flops_tf32`` the achieved FLOP/s in those precisions
     (:func:`~spiderflow.core.costmodel.compute_rate_tflops`; :meth:`rate` picks one); ``wire`` bytes per
-    activation value each cluster's GPU type sends (:attr:`~spiderflow.core.catalog.GpuType.wire_bytes`).
+    activation value each cluster's GPU type sends (:attr:`~spiderflow.core.catalog.GpuType.wire_bytes`);
+    ``outer`` (5 × n) the work outside the blocks a profile measured (0 where not):
+    ``embedding_us_per_token``, ``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``,
+    ``data_ms_per_sample`` (:func:`~spiderflow.core.costmodel.measured_outer_time`,
+    :func:`~spiderflow.core.costmodel.measured_step_extra`).
     """
 
     names: tuple[str, ...]
@@ -157,6 +162,7 @@ class TopoArrays:
     flops_fp32: FArr
     flops_tf32: FArr
     wire: IArr
+    outer: FArr
 
     def rate(self, precision: Precision) -> FArr:
         """Achieved FLOP/s per GPU in ``precision`` (``flops`` for bf16/fp16)."""
@@ -193,6 +199,9 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         flops_fp32=np.array([compute_rate_tflops(c, Precision.FP32) * 1e12 for c in cl]),
         flops_tf32=np.array([compute_rate_tflops(c, Precision.TF32) * 1e12 for c in cl]),
         wire=np.array([c.gpu_type.wire_bytes for c in cl], dtype=np.int64),
+        outer=np.array([[c.embedding_us_per_token for c in cl], [c.head_us_per_token for c in cl],
+                        [c.embedding_optimizer_ms for c in cl], [c.head_optimizer_ms for c in cl],
+                        [c.data_ms_per_sample for c in cl]], dtype=np.float64).reshape(5, len(cl)),
     )
     memo.arrays = arrays
     return arrays
@@ -236,8 +245,12 @@ class JobConsts:
         """Activation bytes one in-flight micro-batch pins per layer on one GPU at TP degree ``tp``."""
         return self.s * self.b * self.h * (10.0 + 24.0 / tp + 5.0 * self.heads * self.s / (self.h * tp))
 
-    def act_head(self, tp: float | FArr) -> Any:
-        return LOGIT_BYTES * self.b * self.s * self.vocab / tp
+    def act_head(self, tp: float | FArr, in_flight: int = 1) -> Any:
+        """The loss's bytes per GPU of the last stage with ``in_flight`` micro-batches in flight
+        (:func:`~spiderflow.core.costmodel.loss_bytes`: the saved log-softmax per micro-batch, the logits' copies
+        and gradients once). The chain scorers price 1F1B, whose last stage holds one micro-batch: their tables
+        take the default, and their ``in-flight × head bytes`` at the last position is this figure."""
+        return (in_flight * LOGIT_SAVED_BYTES + LOGIT_ONCE_BYTES) * self.b * self.s * self.vocab / tp
 
 
 def job_consts(job: JobSpec) -> JobConsts:
@@ -314,10 +327,12 @@ class ScoreTables:
 
     ta: TopoArrays
     jc: JobConsts
-    fig: FArr  # (6, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh
+    fig: FArr  # (10, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh, then the measured work
+    # outside the blocks: the embedding's seconds per micro-batch, its optimizer's seconds per step, the input
+    # pipeline's seconds per micro-batch (b samples), the head's optimizer's seconds per step
     ints: IArr  # (2, n): GPUs per node, largest TP degree
     per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) seconds per layer
-    head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F)
+    head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F), or the measured head's η·b·s (not divided by t)
     by_tp: FArr  # (5, 9): indexed by TP degree 1..8: w·p/t, activation bytes per layer, w·p_embed/t, head bytes,
     # gradient bytes per value (w: state bytes per parameter; all in the job's precision)
 
@@ -331,12 +346,16 @@ def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
     with np.errstate(divide="ignore", invalid="ignore"):
         per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
+    # Measured head and loss (costmodel.measured_outer_time): replicated under TP, so the same at every degree.
+    head_t = np.where(ta.outer[1] != 0.0, ta.outer[1] * jc.b * jc.s / 1e6, head_t)
+    outer = np.stack([np.where(ta.outer[0] != 0.0, ta.outer[0] * jc.b * jc.s / 1e6, 0.0), ta.outer[2] / 1e3,
+                      ta.outer[4] * jc.b / 1e3, ta.outer[3] / 1e3])
     by_tp = np.zeros((5, 9))
     for t in (1, 2, 4, 8):
         by_tp[:, t] = (jc.state_bytes * jc.p_layer / t, jc.act_layer(t), jc.state_bytes * jc.p_embed / t,
                        jc.act_head(t), jc.grad_bytes)
     return ScoreTables(
-        ta=ta, jc=jc, fig=np.stack([rate, ta.mem, ta.intra, ta.inter, ta.watts, ta.price]),
+        ta=ta, jc=jc, fig=np.concatenate([np.stack([rate, ta.mem, ta.intra, ta.inter, ta.watts, ta.price]), outer]),
         ints=np.stack([ta.gpn, ta.tp_cap]), per_layer_t=np.asarray(per_layer_t, dtype=np.float64),
         head_t=np.asarray(head_t, dtype=np.float64), by_tp=by_tp,
     )
@@ -411,19 +430,23 @@ def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tup
     Memoised process-wide (bounded, :func:`_position_row`) on the job's constants, the cluster's figures and
     ``g``: a pure function of those values, shared by every snapshot that has such a cluster."""
     return _position_row(jc, compute_rate_tflops(c, jc.precision) * 1e12, c.gpu_memory_gib, c.gpus_per_node,
-                         c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g)
+                         c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g,
+                         c.head_us_per_token)
 
 
 @lru_cache(maxsize=50_000)
 def _position_row(jc: JobConsts, fl: float, mem_gib: float, gpn: int, intra: float, inter: float, wire: float,
-                  g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
+                  g: int, head_us: float = 0.0) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """:func:`_position` of a cluster with these figures (``fl`` FLOP/s per GPU in the job's precision,
-    ``wire`` activation bytes on the wire)."""
+    ``wire`` activation bytes on the wire, ``head_us`` the head's measured µs per token, 0 if not measured:
+    then the head's ``T`` is that time at every degree, as :func:`~spiderflow.core.costmodel.stage_compute_time`
+    prices it, instead of its FLOPs)."""
     row: list[float] = [mem_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
-        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), 3.0 * jc.head_f / (tp * fl)]
+        head_t = head_us * jc.b * jc.s / 1e6 if head_us else 3.0 * jc.head_f / (tp * fl)
+        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), head_t]
         tp *= 2
     n = (len(row) - 4) // 4
     row += [0.0] * (POS_WIDTH - len(row))

@@ -19,13 +19,14 @@ Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, g
   (:func:`~spiderflow.core.costmodel.compute_rate_tflops`), ``A`` its value bytes (``A_u`` in the sending
   cluster's wire format, :func:`~spiderflow.core.costmodel.wire_bytes`), ``w`` bytes of state per parameter
   (16 in bf16/fp16, 20 in fp32/tf32) and ``g`` bytes per gradient value (2 or 4);
-- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks;
+- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks (its FLOPs,
+  or the head's measured time where a profile measured it, :func:`~spiderflow.core.costmodel.measured_outer_time`);
 - ``P_uv`` = ``A_u / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
   ``I_c = A_c / B_inter(c)`` between two stages inside ``c``;
 - ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · g /(t·B_dp));
 - memory coefficients in bytes, rounded up: ``μ_t = w·P_layer/t`` per layer, ``ε_t = w·V·h/t`` per
-  embedding/head, ``a_t`` activation bytes per layer and micro-batch, ``g_t = λ·b·s·V/t`` the loss (``λ`` =
-  :data:`~spiderflow.core.costmodel.LOGIT_BYTES`); the cap
+  embedding/head, ``a_t`` activation bytes per layer and micro-batch, ``g_t`` the loss of the last stage, which
+  holds one micro-batch under 1F1B (:func:`~spiderflow.core.costmodel.loss_bytes`: ``(4 + 14)·b·s·V/t``); the cap
   ``M_c − R``.
 
 Variables:
@@ -102,7 +103,6 @@ from ortools.sat.python import cp_model
 
 from spiderflow.core.costmodel import (
     GIB,
-    LOGIT_BYTES,
     RESERVED_GIB,
     activation_bytes,
     allreduce_time,
@@ -111,6 +111,7 @@ from spiderflow.core.costmodel import (
     fits_memory,
     grad_bytes_per_value,
     layer_fwd_flops,
+    loss_bytes,
     state_bytes_per_param,
     transfer_time,
     wire_bytes,
@@ -228,7 +229,7 @@ def _layer_capacity(c: Cluster, job: JobSpec, t: int, d: int, rank: int, first: 
     free = c.gpu_memory_gib * GIB - RESERVED_GIB * GIB
     w = state_bytes_per_param(job.precision)
     free -= w * mdl.embedding_params * (int(first) + int(last)) / t
-    free -= k * LOGIT_BYTES * b * s * mdl.vocab / t if last else 0.0
+    free -= loss_bytes(mdl, b, s, t, k) if last else 0.0
     per_layer = w * mdl.params_per_layer / t + k * s * b * mdl.hidden * (
         10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))
     return max(0, int(free // per_layer))
@@ -729,11 +730,12 @@ class _Model:
         btp = c.intra_node_gbps if t <= c.gpus_per_node else c.inter_node_gbps
         return _Coefs(
             alpha=ticks(3.0 * f / (t * F) + 4 * allreduce_time(A, t, btp)),
-            beta=ticks(3.0 * head / (t * F)),
+            # the head and its loss: measured where a profile did (replicated under TP), else their FLOPs
+            beta=ticks(c.head_us_per_token * b * s / 1e6 if c.head_us_per_token else 3.0 * head / (t * F)),
             mem_layer=math.ceil(w * mdl.params_per_layer / t),
             mem_embed=math.ceil(w * mdl.embedding_params / t),
             act_layer=math.ceil(s * b * mdl.hidden * (10.0 + 24.0 / t + 5.0 * mdl.heads * s / (mdl.hidden * t))),
-            logits=math.ceil(LOGIT_BYTES * b * s * mdl.vocab / t),
+            logits=math.ceil(loss_bytes(mdl, b, s, t, 1)),  # the last stage of a 1F1B chain holds one
         )
 
     def _hint(self, plan: Plan) -> None:

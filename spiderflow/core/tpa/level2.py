@@ -10,7 +10,8 @@ Candidates ``k = (t_k, p_k, d_k)``: ``t_k`` divides ``g`` (a tensor group never 
 multiple of ``g`` (whole nodes, over the inter-node bandwidth); ``t_k`` divides the heads, the key/value
 heads (tensor parallelism shards whole heads, as the executor requires) and the hidden size; ``p_k ≤ L_b``;
 ``d_k ≤ m`` (every replica gets a micro-batch). Each candidate also comes with activation recomputation,
-with FSDP-sharded replicas (``d_k > 1``, where the all-gathers hide behind compute) and with both — a
+with FSDP-sharded replicas (``d_k > 1``; the parameters all-gathered once per step, priced with the gradient
+sync) and with both — a
 second tier, solved only where no plain candidate fits memory (:func:`plain`); its constants are the cost
 model's for those options (:func:`spiderflow.core.kernels.level2.coefficients`).
 
@@ -26,14 +27,17 @@ Because ``ℓ_{k,·} = 0`` whenever ``x_k = 0``, every constraint below is linea
 
 Constants (from :mod:`spiderflow.core.costmodel`, linear in ``ℓ`` for a fixed ``k``)
     ``T_{k,j} = τ_k·ℓ_{k,j} + η_{k,j}``  (``τ_k`` per-layer fwd+bwd time incl. TP all-reduces,
-    ``η`` the head on the last sub-stage of a head-holding block);
+    ``η`` the head on the last sub-stage of a head-holding block — its FLOPs at the blocks' rate, or its
+    measured time where a profile measured it — plus the measured embedding on sub-stage 0 of an embedding
+    block);
     ``M_{k,j} = μ_{k,j}·ℓ_{k,j} + ν_{k,j}`` bytes per GPU with ``κ_{k,j} = min(⌈m/d_k⌉, φ·(R + p_k − j), K)``
     micro-batches in flight (``R`` stages downstream of the block, ``φ`` the schedule's depth factor:
     1 for 1F1B, 2 for the latency-aware schedule, ``K`` the schedule's in-flight cap if any; GPipe holds
     ``⌈m/d_k⌉``);
     ``A_{k,j} = α_k·ℓ_{k,j} + β_{k,j}`` the sub-stage's gradient sync: ring all-reduce of its gradients over
-    ``d_k`` replicas plus the optimizer step (``α_k`` includes ``u``, the cluster's calibrated optimizer
-    seconds per layer; the cost model's ``T_dp`` term);
+    ``d_k`` replicas (FSDP: reduce-scatter plus the step's one all-gather) plus the optimizer step (``α_k``
+    includes ``u``, the cluster's calibrated optimizer seconds per layer; ``β`` the measured per-step work
+    outside the blocks: embedding and head optimizer steps, input pipeline; the cost model's ``T_dp`` term);
     ``F_k = τ_k·L_b + η_k + 2(p_k−1)·P_in`` the fill (one micro-batch through the block) and the
     intra-cluster boundaries ``P_in`` over the inter-node bandwidth (activations in the cluster's wire
     format, as the cost model sends them). ``τ_k`` includes the cluster's calibrated fixed time per layer.
@@ -91,7 +95,9 @@ from ortools.sat.python import cp_model
 from spiderflow.core.catalog import ModelSpec
 from spiderflow.core.costmodel import (
     GIB,
-    LOGIT_BYTES,
+    LOGIT_ONCE_BYTES,
+    LOGIT_SAVED_BYTES,
+    PARAM_GATHER_BYTES,
     RESERVED_GIB,
     compute_rate_tflops,
     grad_bytes_per_value,
@@ -156,6 +162,13 @@ class ClusterShape:
     layer_overhead_s: float = 0.0  # fixed fwd+bwd seconds per layer and micro-batch (calibrated; else 0)
     optimizer_s: float = 0.0  # optimizer step seconds per layer and training step (calibrated; else 0)
     wire_bytes: int = 2  # bytes per activation value on the wire (the GPU type's; 4 for the CPU executor)
+    # Work outside the blocks a profile measured (the Cluster fields of the same names; 0: not measured, the
+    # head then priced by its FLOPs at the blocks' rate; costmodel.measured_outer_time, measured_step_extra).
+    embedding_us_per_token: float = 0.0
+    head_us_per_token: float = 0.0
+    embedding_optimizer_ms: float = 0.0
+    head_optimizer_ms: float = 0.0
+    data_ms_per_sample: float = 0.0
 
     @classmethod
     def of(cls, c: Cluster, precision: Precision = Precision.BF16) -> ClusterShape:
@@ -171,6 +184,11 @@ class ClusterShape:
             layer_overhead_s=float(getattr(c, "layer_overhead_ms", 0.0) or 0.0) / 1e3,
             optimizer_s=float(getattr(c, "optimizer_ms_per_layer", 0.0) or 0.0) / 1e3,
             wire_bytes=wire_bytes(c, precision),
+            embedding_us_per_token=c.embedding_us_per_token,
+            head_us_per_token=c.head_us_per_token,
+            embedding_optimizer_ms=c.embedding_optimizer_ms,
+            head_optimizer_ms=c.head_optimizer_ms,
+            data_ms_per_sample=c.data_ms_per_sample,
         )
 
 
@@ -257,7 +275,7 @@ class BlockConfig:
 
 def block_candidates(p: BlockProblem) -> list[Degrees]:
     """Every admissible candidate (module docstring), ordered by ``(t, p)``, each followed by its variants with
-    FSDP (``d > 1``, all-gathers hidden behind compute: :func:`spiderflow.core.kernels.level2.fsdp_hidden`),
+    FSDP (``d > 1``),
     recomputation, and both, as the problem allows."""
     return list(_candidates(p))
 
@@ -289,7 +307,8 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
     fl = np.array(
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
          sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len),
-         LOGIT_BYTES),
+         LOGIT_SAVED_BYTES, LOGIT_ONCE_BYTES, sh.embedding_us_per_token, sh.head_us_per_token,
+         sh.embedding_optimizer_ms, sh.head_optimizer_ms, sh.data_ms_per_sample),
         dtype=np.float64,
     )
     it = np.array(
@@ -297,7 +316,7 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
          p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
          p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
          p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
-         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision)),
+         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES),
         dtype=np.int64,
     )
     return fl, it
@@ -336,6 +355,27 @@ class _Coeffs:
     alpha: float  # gradient sync seconds per layer (all-reduce + optimizer step)
     beta: tuple[float, ...]  # all-reduce constant seconds, per sub-stage
     p_in: float  # intra-cluster boundary seconds
+    eta_embed: float = 0.0  # the measured embedding's seconds on sub-stage 0 of an embedding block (else 0)
+
+    def stage_time(self, p: BlockProblem, k: Degrees, j: int, n: int) -> float:
+        """``T_{k,j}`` of sub-stage ``j`` holding ``n`` layers: ``τ·n + η_{k,j}`` (the head on the last
+        sub-stage of a head block, the measured embedding on sub-stage 0 of an embedding block), in the
+        kernel's order of operations (:func:`spiderflow.core.kernels.level2.coefficients`)."""
+        t = self.tau * n + (self.eta_head if (p.has_head and j == k.pp - 1) else 0.0)
+        if p.has_embed and j == 0 and self.eta_embed != 0.0:
+            t += self.eta_embed
+        return t
+
+    def eta(self, p: BlockProblem, k: Degrees, j: int) -> float:
+        """``η_{k,j}``: the stage time's constant on sub-stage ``j``."""
+        return self.stage_time(p, k, j, 0)
+
+    def eta_total(self, p: BlockProblem) -> float:
+        """``Σ_j η_{k,j}``: the head's and the measured embedding's time in the block."""
+        e = self.eta_head if p.has_head else 0.0
+        if p.has_embed and self.eta_embed != 0.0:
+            e += self.eta_embed
+        return e
 
 
 _COEFFS: dict[tuple[object, ...], _Coeffs] = {}
@@ -361,17 +401,17 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
     beta = np.empty(k.pp, np.float64)
-    tau, eta_head, alpha, p_in = kernels.coefficients(fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
-    return _Coeffs(tau, eta_head, tuple(mu.tolist()), tuple(nu.tolist()), alpha, tuple(beta.tolist()), p_in)
+    tau, eta_head, eta_embed, alpha, p_in = kernels.coefficients(
+        fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
+    return _Coeffs(tau, eta_head, tuple(mu.tolist()), tuple(nu.tolist()), alpha, tuple(beta.tolist()), p_in,
+                   eta_embed)
 
 
 def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _Coeffs | None = None) -> BlockConfig:
     """The cost-model figures of candidate ``k`` with the given layers per sub-stage (no feasibility check);
     ``coeffs``: ``k``'s constants for ``p`` when the caller has them already."""
     c = coeffs if coeffs is not None else _coeffs(p, k)
-    compute = tuple(
-        c.tau * n + (c.eta_head if (p.has_head and j == k.pp - 1) else 0.0) for j, n in enumerate(layers)
-    )
+    compute = tuple(c.stage_time(p, k, j, n) for j, n in enumerate(layers))
     mem = tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
     ar = tuple(c.alpha * n + c.beta[j] for j, n in enumerate(layers))
     p_in = c.p_in if k.pp > 1 else 0.0
@@ -426,7 +466,7 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
         if p.memory_bound and any(c.mu[j] + c.nu[j] > cap for j in range(k.pp)):
             continue
         p_in = c.p_in if k.pp > 1 else 0.0
-        eta = c.eta_head if p.has_head else 0.0
+        eta = c.eta_total(p)
         fill = c.tau * p.layers + eta + 2 * (k.pp - 1) * p_in
         lower = (
             (p.m - 1) * max((c.tau * p.layers + eta) / (k.pp * k.dp), p_in, p.floor_s)
@@ -440,19 +480,20 @@ def _prune(p: BlockProblem, cands: list[Degrees], *, upper: float = math.inf) ->
                 upper = min(upper, balanced.objective_s)
     survivors = [(k, c) for k, c, lower in kept if lower <= upper * (1.0 + 1e-9)]
     survivors = [(k, c) for i, (k, c) in enumerate(survivors)
-                 if not any(_dominates(p, other, oc, k, c) for j, (other, oc) in enumerate(survivors)
-                            if j != i and (j < i or not _dominates(p, k, c, other, oc)))]
+                 if not any(_dominates(p, other, oc, k, c) for other, oc in survivors[:i])]
     return [k for k, _ in survivors], [c for _, c in survivors]
 
 
 def _dominates(p: BlockProblem, a: Degrees, ca: _Coeffs, b: Degrees, cb: _Coeffs) -> bool:
     """Whether candidate ``a`` (same degrees as ``b``, other options) is at least as good as ``b`` for every
     split: no larger time or sync constants, the same boundary, and memory caps that hold at least as many
-    layers per sub-stage — so every split of ``b`` is one of ``a`` with no larger objective (``b`` may go;
-    of two candidates that dominate each other the first stays)."""
+    layers per sub-stage — so every split of ``b`` is one of ``a`` with no larger objective. :func:`_prune`
+    lets only an earlier candidate remove a later one it dominates, so that of two that tie (FSDP's step
+    all-gather plus reduce-scatter moves the bytes of the replicas' all-reduce) the first stays, as the exact
+    solver keeps the first of equal objectives."""
     if (a.tp, a.pp, a.dp) != (b.tp, b.pp, b.dp) or a == b or ca.p_in != cb.p_in:
         return False
-    if ca.tau > cb.tau or ca.eta_head > cb.eta_head or ca.alpha > cb.alpha:
+    if ca.tau > cb.tau or ca.eta_head > cb.eta_head or ca.eta_embed > cb.eta_embed or ca.alpha > cb.alpha:
         return False
     if any(x > y for x, y in zip(ca.beta, cb.beta, strict=True)):
         return False
@@ -500,7 +541,7 @@ def symmetric_pairs(p: BlockProblem, k: Degrees) -> list[int]:
     """
     c = _coeffs(p, k)
     u = memory_caps(p, k)
-    eta = [c.eta_head if (p.has_head and j == k.pp - 1) else 0.0 for j in range(k.pp)]
+    eta = [c.eta(p, k, j) for j in range(k.pp)]
     return [
         j for j in range(k.pp - 1)
         if eta[j] == eta[j + 1] and c.beta[j] == c.beta[j + 1] and u[j] <= u[j + 1]
@@ -562,19 +603,20 @@ def _solve_cpsat(p: BlockProblem, *, time_limit_s: float, hint: BlockConfig | No
         tau = t_int(c.tau)
         p_in = c.p_in if k.pp > 1 else 0.0
         # Upper bounds from the rounded integer coefficients, so rounding can never cut a solution off.
-        z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(p_in) + t_int(p.floor_s), f"z{i}")
+        z_k = model.new_int_var(0, tau * lb + t_int(c.eta_head) + t_int(c.eta_embed) + t_int(p_in)
+                                + t_int(p.floor_s), f"z{i}")
         a_k = model.new_int_var(0, t_int(c.alpha) * lb + max(t_int(b) for b in c.beta), f"a{i}")
         zs.append(z_k)
         as_.append(a_k)
         for j, ell in enumerate(row):
-            eta = t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0
+            eta = _eta_int(p, k, c, j, t_int)
             model.add(z_k * k.dp >= tau * ell + eta * x)  # (5)
             model.add(a_k >= t_int(c.alpha) * ell + t_int(c.beta[j]) * x)  # (6)
         if k.pp > 1:
             model.add(z_k >= t_int(p_in) * x)  # (5) a boundary can be the bottleneck too
         if p.floor_s > 0:
             model.add(z_k >= t_int(p.floor_s) * x)  # (5) the rest of the chain's bottleneck
-        fill = c.tau * lb + (c.eta_head if p.has_head else 0.0) + 2 * (k.pp - 1) * p_in
+        fill = c.tau * lb + c.eta_total(p) + 2 * (k.pp - 1) * p_in
         terms.extend([(p.m - 1) * z_k, a_k, t_int(fill) * x])
     model.minimize(sum(terms))
     if hint is not None:
@@ -621,13 +663,18 @@ def _add_hint(
         k = cands[n]
         p_in = c.p_in if k.pp > 1 else 0.0
         z = max(
-            [math.ceil((t_int(c.tau) * ell + (t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0)) / k.dp)
-             for j, ell in enumerate(layers)]
+            [math.ceil((t_int(c.tau) * ell + _eta_int(p, k, c, j, t_int)) / k.dp) for j, ell in enumerate(layers)]
             + [t_int(p_in) if k.pp > 1 else 0, t_int(p.floor_s) if p.floor_s > 0 else 0]
         )
         a = max(t_int(c.alpha) * ell + t_int(c.beta[j]) for j, ell in enumerate(layers))
         model.add_hint(z_k, z)
         model.add_hint(a_k, a)
+
+
+def _eta_int(p: BlockProblem, k: Degrees, c: _Coeffs, j: int, t_int: Callable[[float], int]) -> int:
+    """``η_{k,j}`` in the model's integer units (the head's and the embedding's, each rounded)."""
+    e = t_int(c.eta_head) if (p.has_head and j == k.pp - 1) else 0
+    return e + (t_int(c.eta_embed) if (p.has_embed and j == 0) else 0)
 
 
 def _ordered(p: BlockProblem, k: Degrees, layers: list[int]) -> list[int]:
