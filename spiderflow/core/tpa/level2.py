@@ -79,8 +79,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -708,6 +709,11 @@ def _cpsat_memo(p: BlockProblem) -> BlockConfig | None:
     return out
 
 
+_family_key = attrgetter(*(f.name for f in fields(BlockProblem) if f.name != "downstream"))
+"""Every field of a problem but its in-flight depth, as a tuple: equal for two problems exactly when
+``replace(p, downstream=-1)`` is (a family of :class:`_Cached`), without building that problem."""
+
+
 class _Cached:
     """A level-2 solver memoised on the (hashable, frozen) problem, solving as few problems as it can.
 
@@ -720,7 +726,7 @@ class _Cached:
     def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None]) -> None:
         self._solve = solve
         self._answers: dict[BlockProblem, BlockConfig | None] = {}
-        self._families: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
+        self._families: dict[tuple[object, ...], list[tuple[int | None, BlockConfig | None]]] = {}
 
     def clear(self) -> None:
         self._answers.clear()
@@ -750,7 +756,7 @@ class _Cached:
         """The optimum of ``p`` already solved for a shallower in-flight depth of the same block when it fits,
         else ``solve()`` (``p`` solved), remembered for the deeper ones."""
         cap = p.shape.memory_gib
-        family = replace(p, downstream=-1)
+        family = _family_key(p)  # the fields of replace(p, downstream=-1): the same keys, not built
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
         solved = self._families.setdefault(family, [])
