@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from spiderflow.core.catalog import model_preset
 from spiderflow.core.costmodel import evaluate
 from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Topology
+from spiderflow.core.errors import SpiderFlowError
 from spiderflow.core.tpa import level1 as l1
 from spiderflow.core.tpa import level2 as l2
 from spiderflow.core.tpa import planner
@@ -96,7 +97,7 @@ def test_plan_chain_plans_what_the_plain_passes_plan(monkeypatch: pytest.MonkeyP
                     mp.setattr(planner, "evaluate_split", counting)
                 try:
                     outcomes.append(_without_timing(planner.plan_chain(topo, job, alloc, max_in_flight=cap)))
-                except Exception as e:  # noqa: BLE001 - the same error either way
+                except SpiderFlowError as e:  # the same error either way
                     outcomes.append(repr(e))
         assert outcomes[0] == outcomes[1], job.id
     assert resolves >= 10
@@ -131,8 +132,8 @@ def test_unexplained_splits_solve_the_same_blocks(monkeypatch: pytest.MonkeyPatc
                 for i, explain in enumerate((True, False)):
                     l2.cache_clear()
 
-                    def recording(p: BlockProblem, i: int = i) -> BlockConfig | None:
-                        asked[i].append(p)
+                    def recording(p: BlockProblem, into: list[BlockProblem] = asked[i]) -> BlockConfig | None:
+                        into.append(p)
                         return l2._EXACT(p)
 
                     monkeypatch.setattr(l1, "block_bound_cached", recording)
@@ -198,7 +199,7 @@ def test_an_evaluated_candidate_is_not_evaluated_again() -> None:
     for topo, job, alloc in _chains(range(6)):
         try:
             plan = planner.plan_chain(topo, job, alloc)
-        except Exception:  # noqa: BLE001 - an unschedulable chain has no plan to check
+        except SpiderFlowError:  # an unschedulable chain has no plan to check
             continue
         ev = evaluate(plan, topo, job)
         step = plan.step_time_s
