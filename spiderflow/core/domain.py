@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 from spiderflow.core import ids
 from spiderflow.core.catalog import GpuType, ModelSpec, gpu_type
-from spiderflow.core.errors import ValidationError
+from spiderflow.core.errors import NotFoundError, ValidationError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -250,8 +250,6 @@ class Topology:
         return {n: i for i, n in enumerate(self.names)}
 
     def cluster(self, name: str) -> Cluster:
-        from spiderflow.core.errors import NotFoundError
-
         try:
             return self.clusters[self.index[name]]
         except KeyError:

@@ -1,6 +1,6 @@
 """Kernels of SpinSearch's beam (:func:`spiderflow.core.placement.spinsearch.search_chains`): the hops each
 cluster may extend a chain by, and one level's extensions of the beam; and of the layer-split search that
-plans a chain (:mod:`spiderflow.core.tpa.level1`): a block's layer cap.
+plans a chain (:mod:`spiderflow.core.tpa.level1`): a block's layer cap, and its bisected memory cap.
 
 Chains are rows of cluster indices, left-aligned; every row of a beam has the same length.
 """
@@ -11,9 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 from spiderflow.core.kernels import kernel, register_warmup
-from spiderflow.core.kernels.level2 import memory_caps_all
+from spiderflow.core.kernels.level2 import I_HAS_EMBED, I_HAS_HEAD, I_LAYERS, memory_caps_all, min_peak_fits
 
-__all__ = ["block_layer_cap", "extend_beam", "neighbour_table"]
+__all__ = ["bisect_memory_cap", "block_layer_cap", "extend_beam", "neighbour_table"]
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
@@ -103,6 +103,29 @@ def block_layer_cap(fl: FArr, it: IArr) -> int:
     return best
 
 
+@kernel
+def bisect_memory_cap(fl: FArr, it: IArr, c: int, n: int, total: int) -> int:
+    """Level 1's memory cap of block ``c`` of an ``n``-block chain (``n ≥ 2``) of a ``total``-layer model
+    (:func:`spiderflow.core.tpa.level1.memory_caps`): the most layers ``ℓ ∈ [1, total − (n − 1)]`` for which
+    :func:`~spiderflow.core.kernels.level2.min_peak_fits` holds, by bisection (``lo, hi = 1, total − (n − 1)``;
+    ``mid = ⌈(lo + hi)/2⌉``; ``lo = mid`` where it fits, else ``hi = mid − 1``). Each probe sets the block's
+    layers and its embedding/head flags in ``it`` (block 0 starts at layer 0, the last block ends at the
+    last layer, a middle one starts at layer 1); ``it`` is left at the last probe."""
+    lo = 1
+    hi = total - (n - 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        first = 0 if c == 0 else (total - mid if c == n - 1 else 1)
+        it[I_LAYERS] = mid
+        it[I_HAS_EMBED] = 1 if first == 0 else 0
+        it[I_HAS_HEAD] = 1 if first + mid == total else 0
+        if min_peak_fits(fl, it):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 @register_warmup
 def _warm() -> None:
     order = np.array([[1, 0], [0, 1]], dtype=np.int64)
@@ -114,3 +137,4 @@ def _warm() -> None:
                    4.0, 14.0, 0.0, 0.0, 0.0, 0.0, 0.0])
     it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4, 4], np.int64)
     block_layer_cap(fl, it)
+    bisect_memory_cap(fl, it.copy(), 0, 2, 8)

@@ -56,7 +56,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 
 from spiderflow.core.catalog import ModelSpec
 from spiderflow.core.costmodel import (
@@ -68,8 +68,7 @@ from spiderflow.core.costmodel import (
     wire_bytes,
 )
 from spiderflow.core.domain import Cluster, Precision, Schedule, Topology
-from spiderflow.core.kernels import level2 as kernels
-from spiderflow.core.kernels.search import block_layer_cap
+from spiderflow.core.kernels.search import bisect_memory_cap, block_layer_cap
 from spiderflow.core.tpa.level2 import (
     BlockConfig,
     BlockProblem,
@@ -131,6 +130,22 @@ class ChainContext:
     def __post_init__(self) -> None:
         object.__setattr__(self, "shapes", tuple(ClusterShape.of(c, self.precision) for c in self.clusters))
 
+    def with_options(
+        self, *, schedule: Schedule | None = None, recompute: bool | None = None, fsdp: bool | None = None,
+    ) -> ChainContext:
+        """This context with another schedule or level-2 options: ``dataclasses.replace`` of those fields,
+        keeping the cluster shapes already derived (they depend on neither)."""
+        out = object.__new__(ChainContext)
+        for name in _CONTEXT_FIELDS:
+            object.__setattr__(out, name, getattr(self, name))
+        if schedule is not None:
+            object.__setattr__(out, "schedule", schedule)
+        if recompute is not None:
+            object.__setattr__(out, "recompute", recompute)
+        if fsdp is not None:
+            object.__setattr__(out, "fsdp", fsdp)
+        return out
+
     @classmethod
     def build(
         cls, topo: Topology, clusters: Sequence[Cluster], gpus: Sequence[int], model: ModelSpec, *,
@@ -174,6 +189,10 @@ class ChainContext:
             allow_recompute=self.recompute,
             allow_fsdp=self.fsdp,
         )
+
+
+_CONTEXT_FIELDS = tuple(f.name for f in fields(ChainContext))
+"""Every field of a context, derived ones included (:meth:`ChainContext.with_options` copies them)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,10 +254,11 @@ BlockSolver = Callable[[BlockProblem], BlockConfig | None]
 
 
 def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: int, downstream: int,
-           solver: BlockSolver | None = None) -> tuple[BlockConfig | None, float, float]:
+           solver: BlockSolver | None = None, explain: bool = True) -> tuple[BlockConfig | None, float, float]:
     """``(config, need_gib_if_infeasible, capacity)`` of one block, memoised per call of :func:`level1` on what
     its problem depends on: the cluster, the layer count, whether it holds the embedding and the head, and
-    the stages downstream (a block's first layer matters only through the first two)."""
+    the stages downstream (a block's first layer matters only through the first two). ``explain=False``
+    (no memo): an infeasible block's need is not priced (``inf``)."""
     key = (c, layers, first == 0, first + layers == ctx.model.layers, downstream)
     cap = ctx.clusters[c].gpu_memory_gib
     if memo is not None:
@@ -248,7 +268,9 @@ def _block(ctx: ChainContext, memo: _Memo | None, c: int, first: int, layers: in
     p = ctx.problem(c, first, layers, downstream)
     cfg = (solver or block_bound_cached)(p)
     need = 0.0
-    if cfg is None:
+    if cfg is None and not explain:
+        need = math.inf
+    elif cfg is None:
         worst = min_memory_config(p)
         need = max(worst.memory_gib) if worst is not None else math.inf
     if memo is not None:
@@ -262,7 +284,7 @@ def memory_caps(ctx: ChainContext) -> list[int]:
     degrees first; where their caps cannot hold every layer, with recomputation and FSDP too (level 2's
     second tier)."""
     if ctx.recompute or ctx.fsdp:
-        caps = _memory_caps(replace(ctx, recompute=False, fsdp=False))
+        caps = _memory_caps(ctx.with_options(recompute=False, fsdp=False))
         if min(caps) >= 1 and sum(caps) >= ctx.model.layers:
             return caps
     return _memory_caps(ctx)
@@ -275,22 +297,12 @@ def _memory_caps(ctx: ChainContext) -> list[int]:
         return [L]
     caps: list[int] = []
     for c in range(n):
-        lo, hi = 1, L - (n - 1)
         # One problem per block, its layer count and embedding/head flags set per probe (the only fields the
-        # probes change): min_peak_fits of ctx.problem(c, first, mid, n − 1 − c) without building each problem.
-        fl, it = problem_vectors(ctx.problem(c, 0 if c == 0 else 1, hi, n - 1 - c))
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            # Block 0 holds the embedding, the last block the head, the others neither.
-            first = 0 if c == 0 else (L - mid if c == n - 1 else 1)
-            it[kernels.I_LAYERS] = mid
-            it[kernels.I_HAS_EMBED] = first == 0
-            it[kernels.I_HAS_HEAD] = first + mid == L
-            if kernels.min_peak_fits(fl, it):
-                lo = mid
-            else:
-                hi = mid - 1
-        caps.append(lo)
+        # probes change): min_peak_fits of ctx.problem(c, first, mid, n − 1 − c) without building each problem,
+        # the bisection in one kernel call (block 0 holds the embedding, the last block the head, the others
+        # neither).
+        fl, it = problem_vectors(ctx.problem(c, 0 if c == 0 else 1, L - (n - 1), n - 1 - c))
+        caps.append(int(bisect_memory_cap(fl, it, c, n, L)))
     return caps
 
 
@@ -352,10 +364,15 @@ def water_filled_split(layers: int, weights: Sequence[float], caps: Sequence[int
 
 
 def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | None = None,
-                   solver: BlockSolver | None = None) -> SplitEval:
+                   solver: BlockSolver | None = None, explain: bool = True) -> SplitEval:
     """Step 2 of the module docstring (``memo``: a dict shared by evaluations of one context and solver;
     ``solver``: level 2's exact optimum (the module's ``block_bound_cached``, looked up at call time) by
-    default, :func:`~spiderflow.core.tpa.level2.solve_block_cached` for CP-SAT)."""
+    default, :func:`~spiderflow.core.tpa.level2.solve_block_cached` for CP-SAT). ``explain=False``, for a
+    caller that only keeps a feasible split: an infeasible split's blocks are solved all the same (the same
+    level-2 questions), but the least memory of the blocks no configuration fits is not priced (their
+    ``need_gib`` is ``inf``)."""
+    if memo is not None and not explain:
+        raise ValueError("evaluate_split: a memo holds priced blocks; explain=False takes none")
     n = len(split)
     firsts = [0] * n
     acc = 0
@@ -367,7 +384,7 @@ def evaluate_split(ctx: ChainContext, split: Sequence[int], *, memo: _Memo | Non
     downstream = 0
     pps = [1] * n
     for c in range(n - 1, -1, -1):
-        cfg, need, cap = _block(ctx, memo, c, firsts[c], split[c], min(downstream, ctx.m), solver)
+        cfg, need, cap = _block(ctx, memo, c, firsts[c], split[c], min(downstream, ctx.m), solver, explain)
         configs[c] = cfg
         if cfg is None:
             bad.append(BlockInfeasibility(chain_index=c, stage_index=-1, need_gib=need, capacity_gib=cap))

@@ -83,8 +83,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from operator import attrgetter
 from typing import Literal
 
 import numpy as np
@@ -412,7 +413,7 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
     ``coeffs``: ``k``'s constants for ``p`` when the caller has them already."""
     c = coeffs if coeffs is not None else _coeffs(p, k)
     compute = tuple(c.stage_time(p, k, j, n) for j, n in enumerate(layers))
-    mem = tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
+    mem = _memory_gib(c, layers)
     ar = tuple(c.alpha * n + c.beta[j] for j, n in enumerate(layers))
     p_in = c.p_in if k.pp > 1 else 0.0
     obj = (p.m - 1) * max(max(compute) / k.dp, p_in, p.floor_s) + sum(compute) + 2 * (k.pp - 1) * p_in + max(ar)
@@ -420,6 +421,21 @@ def config_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...], coeffs: _C
         tp=k.tp, pp=k.pp, dp=k.dp, layers=layers, compute_s=compute, memory_gib=mem, allreduce_s=ar,
         intra_boundary_s=p_in, objective_s=obj, recompute=k.recompute, fsdp=k.fsdp,
     )
+
+
+def _memory_gib(c: _Coeffs, layers: tuple[int, ...]) -> tuple[float, ...]:
+    """GiB per GPU of each sub-stage holding ``layers`` (a configuration's ``memory_gib``)."""
+    return tuple((c.mu[j] * n + c.nu[j]) / GIB for j, n in enumerate(layers))
+
+
+def _fitting_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...]) -> BlockConfig | None:
+    """:func:`config_cost` of ``k`` with ``layers`` when its peak memory fits ``p``'s GPUs
+    (``max(memory_gib) ≤ memory_gib``), else ``None``: the memory is tested before the other figures are
+    built."""
+    c = _coeffs(p, k)
+    if not max(_memory_gib(c, layers)) <= p.shape.memory_gib:
+        return None
+    return config_cost(p, k, layers, c)
 
 
 def _balanced(n_layers: int, parts: int) -> tuple[int, ...]:
@@ -755,6 +771,11 @@ def _cpsat_memo(p: BlockProblem) -> BlockConfig | None:
     return out
 
 
+_family_key = attrgetter(*(f.name for f in fields(BlockProblem) if f.name != "downstream"))
+"""Every field of a problem but its in-flight depth, as a tuple: equal for two problems exactly when
+``replace(p, downstream=-1)`` is (a family of :class:`_Cached`), without building that problem."""
+
+
 class _Cached:
     """A level-2 solver memoised on the (hashable, frozen) problem, solving as few problems as it can.
 
@@ -767,7 +788,7 @@ class _Cached:
     def __init__(self, solve: Callable[[BlockProblem], BlockConfig | None]) -> None:
         self._solve = solve
         self._answers: dict[BlockProblem, BlockConfig | None] = {}
-        self._families: dict[BlockProblem, list[tuple[int | None, BlockConfig | None]]] = {}
+        self._families: dict[tuple[object, ...], list[tuple[int | None, BlockConfig | None]]] = {}
 
     def clear(self) -> None:
         self._answers.clear()
@@ -796,16 +817,15 @@ class _Cached:
     def _family(self, p: BlockProblem, solve: Callable[[], BlockConfig | None]) -> BlockConfig | None:
         """The optimum of ``p`` already solved for a shallower in-flight depth of the same block when it fits,
         else ``solve()`` (``p`` solved), remembered for the deeper ones."""
-        cap = p.shape.memory_gib
-        family = replace(p, downstream=-1)
+        family = _family_key(p)  # the fields of replace(p, downstream=-1): the same keys, not built
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
         solved = self._families.setdefault(family, [])
         for d, prev in solved:
             if prev is None or p.downstream is None or d is None or d > p.downstream:
                 continue
-            cfg = config_cost(p, prev.degrees, prev.layers)
-            if max(cfg.memory_gib) <= cap:
+            cfg = _fitting_cost(p, prev.degrees, prev.layers)
+            if cfg is not None:
                 return cfg
         out = solve()
         solved.append((p.downstream, out))
@@ -861,8 +881,8 @@ class _ExactCached(_Cached):
             cfg = self._exact(fl, free, width, options)
             if cfg is None:
                 return None
-            cfg = config_cost(p, cfg.degrees, cfg.layers)
-            if max(cfg.memory_gib) <= p.shape.memory_gib:
+            cfg = _fitting_cost(p, cfg.degrees, cfg.layers)
+            if cfg is not None:
                 return cfg
         return self._family(p, lambda: self._exact(fl, it, width, options))
 

@@ -210,37 +210,65 @@ def _memory_error(ctx: ChainContext, ev: SplitEval) -> UnschedulableError:
 def _schedule_plans(
     ctx: ChainContext, ev: SplitEval, allowed: Sequence[Schedule], topo: Topology, job: JobSpec,
     objective: Objective, max_in_flight: int | None, *, resolve: BlockSolver | None | Literal[False],
+    pending: dict[Schedule, ChainContext | None] | None = None,
 ) -> list[_Candidate]:
     """The evaluated plans of ``ev``'s split under each allowed schedule (with their simulator inputs), with
     their window-aware objective
     (:func:`~spiderflow.core.tpa.timeline.window_estimate`): the same stages where they fit the schedule's
     in-flight memory, else the split re-solved for it (``resolve``: the level-2 solver; ``False``: no
-    re-solve, the schedule is skipped)."""
+    re-solve, the schedule is skipped).
+
+    ``pending`` (one dict per split, shared by the calls for that split): a call with ``resolve=False``
+    records there, per schedule it left out, the schedule's context when the split only needs a re-solve
+    (its stages exceed the schedule's memory) and ``None`` when the schedule is out whatever the solver
+    (its order, its cap or its stages rule it out); a later call on the same split then skips the latter
+    and re-solves the former without building and pricing the unfitting plan again. Same candidates."""
     out: list[_Candidate] = []
     n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
     for sched in allowed:
-        if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
-            continue
-        if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
-            continue  # Megatron's interleaved order needs m to be a multiple of the stage count
+        recorded = pending is not None and resolve is not False and sched in pending
+        known = pending[sched] if pending is not None and recorded else None
+        if recorded and known is None:
+            continue  # ruled out for this split by a check that does not depend on the solver
         chunks = INTERLEAVE_CHUNKS if sched is Schedule.INTERLEAVED_1F1B else 1
-        sctx = replace(ctx, schedule=sched)
-        raw = plan_from_split(sctx, ev, chunks=chunks)
-        if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(raw) > max_in_flight:
-            continue  # its order holds more than the cap and cannot be capped
-        if not plan_fits_memory(raw, topo, job):
-            if resolve is False:
+        if known is None:
+            if n_stages == 1 and sched is not Schedule.ONE_F_ONE_B and Schedule.ONE_F_ONE_B in allowed:
+                _note_out(pending, resolve, sched, None)
                 continue
-            sev = evaluate_split(sctx, ev.split, solver=resolve)
+            if sched is Schedule.INTERLEAVED_1F1B and ctx.m % n_stages:
+                _note_out(pending, resolve, sched, None)
+                continue  # Megatron's interleaved order needs m to be a multiple of the stage count
+            sctx = ctx.with_options(schedule=sched)
+            raw = plan_from_split(sctx, ev, chunks=chunks)
+            if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(raw) > max_in_flight:
+                _note_out(pending, resolve, sched, None)
+                continue  # its order holds more than the cap and cannot be capped
+            fits = plan_fits_memory(raw, topo, job)
+        else:
+            sctx, fits = known, False  # recorded: the split's stages exceed this schedule's memory
+        if not fits:
+            if resolve is False:
+                _note_out(pending, resolve, sched, sctx)
+                continue
+            sev = evaluate_split(sctx, ev.split, solver=resolve, explain=False)
             if not sev.feasible:
                 continue
             raw = plan_from_split(sctx, sev, chunks=chunks)
         plan, bd = evaluate_with_breakdown(raw, topo, job)
         if sched is Schedule.INTERLEAVED_1F1B and any(st.layers < chunks for st in plan.stages):
+            if fits:
+                _note_out(pending, resolve, sched, None)
             continue
         timing = plan_stage_timing(plan, topo, job, bd=bd)
         out.append((objective_score(plan, objective, window_estimate(plan, topo, job, timing=timing)), plan, timing))
     return out
+
+
+def _note_out(pending: dict[Schedule, ChainContext | None] | None, resolve: BlockSolver | None | Literal[False],
+              sched: Schedule, sctx: ChainContext | None) -> None:
+    """Record in ``pending`` why a ``resolve=False`` call left ``sched`` out (:func:`_schedule_plans`)."""
+    if pending is not None and resolve is False:
+        pending[sched] = sctx
 
 
 _Candidate = tuple[float, Plan, StageInputs]
@@ -392,10 +420,12 @@ def plan_chain(
     sim = _Simulations(topo, job, objective)
     polished: list[tuple[ChainContext, SplitEval]] = []
     ranked: list[_Candidate] = []
+    left_out: dict[int, dict[Schedule, ChainContext | None]] = {}  # per count: the schedules round 1 left out
     for ctx, ev in sorted(results, key=lambda r: r[1].step_s):
         pev = polish(ctx, ev)
         polished.append((ctx, pev))
-        ranked += _schedule_plans(ctx, pev, allowed, topo, job, objective, max_in_flight, resolve=False)
+        ranked += _schedule_plans(ctx, pev, allowed, topo, job, objective, max_in_flight, resolve=False,
+                                  pending=left_out.setdefault(ctx.m, {}))
     best = sim.best(ranked)
     # The schedules whose memory the split's configurations exceed, re-solved for every count (a re-solve costs
     # a level-2 solve per block), the counts whose other schedules score best first.
@@ -405,7 +435,7 @@ def plan_chain(
         ctx, pev = polished[i]
         have = {p.schedule for _, p, _ in ranked if p.micro_batches == ctx.m}
         extra += _schedule_plans(ctx, pev, [s for s in allowed if s not in have], topo, job, objective,
-                                 max_in_flight, resolve=None)
+                                 max_in_flight, resolve=None, pending=left_out.get(ctx.m))
     if extra:
         more = sim.best(extra if best is None else [(-math.inf, best[1], _timing_of(best[1], ranked)), *extra])
         if more is not None:
@@ -430,7 +460,7 @@ def plan_chain(
     ctx, ev = next((c, e) for c, e in results if c.m == plan.micro_batches)
     crossings = dp_crossing(ctx, ev, topo)
     gain = max((d.gain_s for d in crossings), default=-math.inf)
-    plan = evaluate_on_timeline(plan, topo, job, step_s=sim_step)
+    plan = evaluate_on_timeline(plan, topo, job, step_s=sim_step, evaluated=True)  # a candidate: evaluated
     extras = dict(plan.extras)
     extras.update(
         micro_batch_size=float(job.global_batch // plan.micro_batches),

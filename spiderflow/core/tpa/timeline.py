@@ -548,13 +548,19 @@ def plan_stage_timing(plan: Plan, topo: Topology, job: JobSpec, *, bd: Breakdown
     pairs = {(a, a + 1) for a in range(n - 1)} | {(a + 1, a) for a in range(n - 1)}
     if n > 1:
         pairs |= {(n - 1, 0), (0, n - 1)}  # interleaving wraps from the last stage to the first
+    sent: dict[str, tuple[float, float]] = {}  # per sending cluster: (activation bytes, its inter-node Gbit/s)
     for a, c in sorted(pairs):
         if a != c:
             ca, cb = plan.stages[a].cluster, plan.stages[c].cluster
-            # activations travel in the sending cluster's wire format, as the cost model charges them
-            nbytes = activation_bytes(job.model, b, job.seq_len, wire_bytes(topo.cluster(ca), job.precision))
+            known = sent.get(ca)
+            if known is None:
+                src = topo.cluster(ca)
+                # activations travel in the sending cluster's wire format, as the cost model charges them
+                known = sent[ca] = (activation_bytes(job.model, b, job.seq_len, wire_bytes(src, job.precision)),
+                                    src.inter_node_gbps)
+            nbytes = known[0]
             if ca == cb:
-                gbps = topo.cluster(ca).inter_node_gbps
+                gbps = known[1]
                 lms = 0.0
             else:
                 gbps = topo.bandwidth_gbps(ca, cb)
@@ -650,18 +656,22 @@ TIMELINE_STEP_KEY = "timeline_step_s"
 CLOSED_FORM_STEP_KEY = "closed_form_step_s"
 
 
-def evaluate_on_timeline(plan: Plan, topo: Topology, job: JobSpec, *, step_s: float | None = None) -> Plan:
+def evaluate_on_timeline(
+    plan: Plan, topo: Topology, job: JobSpec, *, step_s: float | None = None, evaluated: bool = False,
+) -> Plan:
     """``plan`` with the prediction every policy reports and is compared on: the cost model's figures
     (:func:`~spiderflow.core.costmodel.evaluate`: memory per GPU, the closed form), its step the exact
     timeline's (:func:`simulate_plan` of its schedule, ``m`` and replicas), throughput and dollars per step
     from that step. ``extras`` gains ``timeline_step_s`` (= ``step_time_s``) and ``closed_form_step_s``.
-    ``step_s``: the timeline step when the caller has simulated it already. Idempotent; raises
+    ``step_s``: the timeline step when the caller has simulated it already; ``evaluated``: ``plan`` is
+    :func:`~spiderflow.core.costmodel.evaluate`'s output already (it reads only the stages, ``m``, the schedule
+    and the extras, so evaluating it again gives the same figures; they are kept). Idempotent; raises
     :class:`ScheduleDeadlockError` (a ``ValueError``) for an order the replica layout cannot run."""
     if step_s is None:
         ev, bd = evaluate_with_breakdown(plan, topo, job)
         step = simulate_plan(ev, topo, job, record=False, timing=plan_stage_timing(ev, topo, job, bd=bd)).step_s
     else:
-        ev, step = evaluate(plan, topo, job), step_s
+        ev, step = (plan if evaluated else evaluate(plan, topo, job)), step_s
     closed = ev.step_time_s
     usd = ev.usd_per_step * (step / closed) if closed > 0 and math.isfinite(closed) else ev.usd_per_step
     extras = dict(ev.extras)
