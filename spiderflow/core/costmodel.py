@@ -74,7 +74,8 @@ Precision, sharding and recomputation (the formulas above are the bf16, replicat
   bf16 peak (:func:`compute_rate_tflops`); activation and TP all-reduce values take ``value_bytes(p)`` (2 for
   bf16/fp16, 4 for fp32/tf32), gradient values 4 in every precision (:data:`GRAD_REDUCE_BYTES`); replicated
   state is 20 bytes/parameter in fp32/tf32 (:func:`state_bytes_per_param`).
-- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus a two-block unsharded working copy. As the executor runs
+- ``fsdp`` stages: state ``16·params_s/(t·d)`` plus the stage unsharded through the step
+  (``(8 + c)·params_s/t``, ``c`` autocast's 2-byte weight copy under bf16/fp16). As the executor runs
   FSDP2 inside a pipeline (``exec/parallel.py``: ``fully_shard(..., reshard_after_forward=False)``, no
   ``MixedPrecisionPolicy``; ``FsdpSync`` unshards every module once at the start of a step, keeps it unsharded
   through all micro-batches' forwards and backwards — no reshard after backward — and reduce-scatters and
@@ -129,6 +130,7 @@ from spiderflow.core.schedules import plan_max_in_flight
 
 __all__ = [
     "BYTES_PER_PARAM",
+    "FSDP_UNSHARDED_BYTES",
     "GIB",
     "GRAD_REDUCE_BYTES",
     "LOGIT_BYTES",
@@ -147,6 +149,7 @@ __all__ = [
     "evaluate_with_breakdown",
     "exposed_dp_sync",
     "exposed_tp_comm",
+    "fsdp_unsharded_bytes_per_param",
     "grad_bytes_per_value",
     "in_flight_microbatches",
     "layer_activation_bytes",
@@ -384,6 +387,21 @@ def state_bytes_per_param(precision: Precision = Precision.BF16, sharding: Shard
     return BYTES_PER_PARAM if precision in (Precision.BF16, Precision.FP16) else 20
 
 
+FSDP_UNSHARDED_BYTES = 8
+"""Bytes per parameter an FSDP stage holds unsharded through a step, on top of its shard: the fp32 parameters
+all-gathered at the step's start (4) and their fp32 gradients, accumulated unsharded over the step's
+micro-batches until the drain's reduce-scatter (4). The executor (``exec/parallel.py`` ``FsdpSync``) turns
+off resharding after forward and after backward and gradient sync for the step, so both stay whole."""
+
+
+def fsdp_unsharded_bytes_per_param(precision: Precision = Precision.BF16) -> int:
+    """Bytes per parameter an FSDP stage holds beyond its shard during a step: :data:`FSDP_UNSHARDED_BYTES`,
+    plus under ``bf16``/``fp16`` autocast's copy of every weight kept for the backward (2, as for replicas:
+    :func:`state_bytes_per_param`)."""
+    cast = BYTES_PER_PARAM - 16 if precision in (Precision.BF16, Precision.FP16) else 0
+    return FSDP_UNSHARDED_BYTES + cast
+
+
 def fsdp_gather_time(nbytes: float, d: int, gbps: float) -> float:
     """Ring all-gather (or reduce-scatter) of ``nbytes`` over ``d`` members: ``(d−1)/d · x/B``."""
     if d <= 1:
@@ -513,9 +531,10 @@ def stage_memory_bytes(
     """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
 
     Weights, gradients and optimizer state: :func:`state_bytes_per_param` per parameter, divided by ``tp``
-    and, under ``fsdp``, by ``dp`` — plus FSDP's unsharded working copy of two blocks (the one computing and
-    the one prefetched; parameters and gradients in the precision's value size; the executor's
-    step-granular FSDP keeps the whole stage unsharded through a step, which this term does not price yet).
+    and, under ``fsdp``, by ``dp`` — plus, under ``fsdp``, the whole stage unsharded through the step
+    (:func:`fsdp_unsharded_bytes_per_param` per parameter, divided by ``tp`` only): the executor's
+    step-granular FSDP gathers every parameter at the step's start and accumulates full gradients until the
+    drain.
     With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
@@ -525,7 +544,7 @@ def stage_memory_bytes(
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
     if fsdp:
-        state += 2.0 * 2.0 * precision.value_bytes * model.params_per_layer / tp
+        state += fsdp_unsharded_bytes_per_param(precision) * params / tp
     act = in_flight * stage_activation_bytes_per_microbatch(
         model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention,
         selective=selective,

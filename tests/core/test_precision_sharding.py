@@ -61,7 +61,15 @@ def test_recompute_by_hand() -> None:
 def test_fsdp_by_hand() -> None:
     params = 2 * 12 * 1024**2
     got = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4)
-    work = 2 * 2 * 2 * 12 * 1024**2  # two blocks, params + grads, bf16
+    # the whole stage unsharded through a step: fp32 parameters and accumulated fp32 gradients, and
+    # autocast's bf16 copy of every weight
+    assert cm.fsdp_unsharded_bytes_per_param(Precision.BF16) == 10
+    assert cm.fsdp_unsharded_bytes_per_param(Precision.FP32) == 8
+    work = 10 * params
+    # so FSDP needs less memory than replicas only from three shards on (16/d + 10 < 18 in bf16)
+    for d, fewer in ((2, False), (3, True)):
+        replica = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1)
+        assert (cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=d) < replica) is fewer
     act = 2 * S * B * 1024 * (10 + 24 + 5 * 8 * S / 1024)
     assert got == pytest.approx(16 * params / 4 + work + act + cm.RESERVED_GIB * cm.GIB)
     fused = cm.stage_memory_bytes(M, 1, 2, 1, B, S, 1, sharding=Sharding.FSDP, dp=4, fused_attention=True)

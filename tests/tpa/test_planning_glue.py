@@ -100,7 +100,7 @@ def test_plan_chain_plans_what_the_plain_passes_plan(monkeypatch: pytest.MonkeyP
                 except SpiderFlowError as e:  # the same error either way
                     outcomes.append(repr(e))
         assert outcomes[0] == outcomes[1], job.id
-    assert resolves >= 5  # the re-solve path is exercised (7 and more on these chains)
+    assert resolves >= 3  # the re-solve path is exercised (4 under the cap of two, more without)
 
 
 def test_context_with_options_is_replace() -> None:

@@ -97,7 +97,8 @@ I_ALLOW_FSDP = 22  # candidates with FSDP-sharded replicas (d > 1; one all-gathe
 I_KV_HEADS = 23  # key/value heads (grouped-query attention; = heads otherwise): t divides them too
 I_GRAD_BYTES = 24  # bytes of one gradient value in the data-parallel sync (costmodel.grad_bytes_per_value)
 I_GATHER_BYTES = 25  # bytes of one parameter value FSDP all-gathers (costmodel.PARAM_GATHER_BYTES)
-I_SIZE = 26
+I_FSDP_UNSHARDED_BYTES = 26  # bytes per parameter an FSDP stage holds unsharded through a step
+I_SIZE = 27
 
 # A candidate's row: ``(t, p, d, recompute, fsdp)``.
 C_TP = 0
@@ -233,13 +234,15 @@ def coefficients(
     * ``τ``, ``η_head`` (on the last sub-stage of a head block), ``η_emb`` (on sub-stage 0 of an embedding
       block): :func:`_time_terms`;
     * ``κ_j = ⌈m/d⌉`` (GPipe) or ``max(1, min(⌈m/d⌉, φ·(R + p − j)))``, then ``min(κ_j, K)`` under a cap;
-    * ``μ_j = σ·P/(t·d_σ) + κ_j·a`` with ``σ`` the state bytes per parameter (replicated: by precision;
-      FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``) and ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
+    * ``μ_j = σ·P/(t·d_σ) + ω·P/t + κ_j·a`` with ``σ`` the state bytes per parameter (replicated: by
+      precision; FSDP: on the shard, ``d_σ = d``; else ``d_σ = 1``), ``ω`` the bytes per parameter an FSDP
+      stage holds unsharded through a step (``it[I_FSDP_UNSHARDED_BYTES]``; 0 for replicas) and
+      ``a = s·b·h·(10 + 24/t + 5·a_h·s/(h·t))`` the
       activations a block keeps (``v·s·b·h``, its input, with recomputation);
-    * ``ν_j = σ·X_j/(t·d_σ) + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
+    * ``ν_j = σ·X_j/(t·d_σ) + ω·X_j/t + reserve`` (``X_j``: ``E`` on sub-stage 0 of an embedding block, ``H`` on the
       last of a head block) plus ``(κ_j·λ + λ₁)·b·s·V/t`` (the loss, :func:`spiderflow.core.costmodel.loss_bytes`:
       ``λ`` = ``fl[F_LOGIT_SAVED_BYTES]`` per in-flight micro-batch, ``λ₁`` = ``fl[F_LOGIT_ONCE_BYTES]`` once) on
-      the head sub-stage, plus FSDP's unsharded two-block working copy ``2·2·v·P/t``, plus one block's full
+      the head sub-stage, plus one block's full
       activations rebuilt in backward under recomputation;
     * ``α = S_d(γ·P/t, B_dp) + u``; ``β_j = S_d(γ·X_j/t, B_dp)`` (0 when ``X_j = 0``; ``γ`` the gradient
       bytes per value, ``it[I_GRAD_BYTES]``), ``S = AR`` for replicas; under FSDP ``S_d(x) = AG_d(x) +
@@ -275,10 +278,12 @@ def coefficients(
         alpha = (_fsdp_gather_time(gb * params_per_layer / tp, dp, dp_bw)
                  + _fsdp_gather_time(pg * params_per_layer / tp, dp, dp_bw) + fl[F_OPTIMIZER_S])
         bpp = it[I_FSDP_BYTES_PER_PARAM]
+        unsharded = float(it[I_FSDP_UNSHARDED_BYTES])
         shards = tp * dp
     else:
         alpha = _allreduce_time(gb * params_per_layer / tp, dp, dp_bw, 0.0) + fl[F_OPTIMIZER_S]
         bpp = it[I_BYTES_PER_PARAM]
+        unsharded = 0.0
         shards = tp
     gpipe = it[I_HAS_DOWNSTREAM] == 0
     downstream = it[I_DOWNSTREAM]
@@ -296,7 +301,8 @@ def coefficients(
         mu[j] = bpp * params_per_layer / shards + inflight * act_layer
         const = bpp * extra_params / shards + reserved
         if fsdp:
-            const += 2.0 * 2.0 * vb * params_per_layer / tp
+            mu[j] += unsharded * params_per_layer / tp
+            const += unsharded * extra_params / tp
         if recompute:
             const += act_full
         if head:
@@ -840,7 +846,7 @@ def _warm() -> None:
     fl = np.array([100.0, 16.0, 600.0, 100.0, 0.0, 0.0, 0.0, float(1 << 30), 0.5 * float(1 << 30),
                    12.0 * 256 * 256, 24.0 * 128 * 256 * 256 + 4.0 * 128 * 128 * 256, 512.0 * 256, 512.0 * 256,
                    4.0, 14.0, 0.0, 0.0, 0.0, 0.0, 0.0])
-    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4, 4], np.int64)
+    it = np.array([4, 4, 2, 2, 256, 4, 512, 1, 128, 4, 1, 1, 1, 0, 0, 1, 1, 1, 16, 2, 16, 1, 1, 4, 4, 4, 10], np.int64)
     assert fl.shape[0] == F_SIZE and it.shape[0] == I_SIZE
     lay = np.empty(4, np.int64)
     figs = np.empty((3, 4), np.float64)

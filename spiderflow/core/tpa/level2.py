@@ -101,6 +101,7 @@ from spiderflow.core.costmodel import (
     PARAM_GATHER_BYTES,
     RESERVED_GIB,
     compute_rate_tflops,
+    fsdp_unsharded_bytes_per_param,
     grad_bytes_per_value,
     layer_fwd_flops,
     state_bytes_per_param,
@@ -317,7 +318,8 @@ def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
          p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
          p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
          p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
-         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES),
+         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES,
+         fsdp_unsharded_bytes_per_param(p.precision)),
         dtype=np.int64,
     )
     return fl, it
