@@ -91,8 +91,8 @@ COMMAND_MODULES: dict[str, str] = {
 }
 """The module of :mod:`spiderflow.cli.commands` that registers each command. ``spiderflow COMMAND ...`` imports
 only that module (every command's imports would cost each CLI process about a second at start); the root
-``--help``, an unknown command and the completion scripts build the whole parser. A test checks the table
-against what the modules register."""
+``--help`` and an unknown command build the whole parser, and so does ``completion`` when it renders a
+script. A test checks the table against what the modules register."""
 
 
 def build_parser(command: str | None = None, service: str | None = None) -> argparse.ArgumentParser:
@@ -111,7 +111,7 @@ def build_parser(command: str | None = None, service: str | None = None) -> argp
     serve.LOAD_SERVICES = command is None or command in ("serve", "completion")
     serve.ONLY_SERVICE = service if command == "serve" and service in serve.SERVICES else None
     names = sorted(info.name for info in pkgutil.iter_modules(commands.__path__))
-    if command in COMMAND_MODULES and command != "completion":
+    if command in COMMAND_MODULES:
         names = [COMMAND_MODULES[command]]
     elif command == "completion-job-ids":
         names = ["completion"]

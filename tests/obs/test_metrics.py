@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -139,6 +140,9 @@ class Stack:
         return str(self.procs[name].ready_doc["metrics"])
 
     def close(self) -> None:
+        for name, proc in self.procs.items():  # the agents stop side by side, then the services
+            if name.startswith("agent-"):
+                proc.signal(signal.SIGTERM)
         for proc in reversed(list(self.procs.values())):
             proc.stop(grace_s=5)
         self.etcd.close()
