@@ -6,17 +6,19 @@ from __future__ import annotations
 import argparse
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from services.scheduler.observe import JobObserver
 from services.scheduler.repo import JobRepository
 from services.scheduler.topology_source import TopologySource
 from spiderflow.core.domain import Topology
-from spiderflow.dashboard.server import DashboardServer, DashboardSources, StartedDashboard, start_dashboard
 from spiderflow.jobs import JobRecord
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.runtime import parse_hostport
 from spiderflow.security.auth import Authenticator, TokenTable
+
+if TYPE_CHECKING:  # the server (aiohttp) is imported only when a dashboard is asked for
+    from spiderflow.dashboard.server import DashboardSources, StartedDashboard
 
 __all__ = ["add_dashboard_argument", "start_scheduler_dashboard"]
 
@@ -28,6 +30,8 @@ def add_dashboard_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _sources(repo: JobRepository, topology: TopologySource, observer: JobObserver) -> DashboardSources:
+    from spiderflow.dashboard.server import DashboardSources
+
     async def jobs() -> list[JobRecord]:
         stored, _ = await repo.list()
         return [s.record for s in stored]
@@ -64,6 +68,8 @@ async def start_scheduler_dashboard(args: argparse.Namespace, repo: JobRepositor
     """The dashboard of ``--dashboard-listen`` (None when not asked for), with the API's authentication."""
     if not getattr(args, "dashboard_listen", None):
         return None
+    from spiderflow.dashboard.server import DashboardServer, start_dashboard
+
     host, port = parse_hostport(args.dashboard_listen, field="--dashboard-listen")
     tokens = TokenTable.load(Path(args.tokens)) if getattr(args, "tokens", None) else None
     tls_dir = getattr(args, "tls_dir", None)

@@ -33,7 +33,7 @@ from spiderflow.core.errors import (
 )
 from spiderflow.runtime import configure_logging
 
-__all__ = ["build_parser", "main"]
+__all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 
 def _fail(e: object) -> None:
@@ -82,9 +82,23 @@ def _version() -> str:
         return "0.1.0 (source tree)"
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The whole parser; given the ``command`` about to run, commands it does not need may register
-    lighter parsers (``serve`` skips importing the services)."""
+COMMAND_MODULES: dict[str, str] = {
+    "agent": "agent", "cancel": "jobs", "certs": "certs", "completion": "completion", "context": "context",
+    "delete": "observe", "estimate": "estimate", "jobs": "jobs", "logs": "observe", "metrics": "observe",
+    "model": "model", "plan": "plan", "profile": "profile", "serve": "serve", "simulate": "simulate",
+    "status": "jobs", "submit": "jobs", "testbed": "testbed", "topology": "topology", "trace": "trace",
+    "up": "up", "watch": "jobs",
+}
+"""The module of :mod:`spiderflow.cli.commands` that registers each command. ``spiderflow COMMAND ...`` imports
+only that module (every command's imports would cost each CLI process about a second at start); the root
+``--help`` and an unknown command build the whole parser, and so does ``completion`` when it renders a
+script. A test checks the table against what the modules register."""
+
+
+def build_parser(command: str | None = None, service: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or, given the ``command`` about to run (and for ``serve``, the
+    ``service``), one holding only what that command needs: its own module's parsers (see
+    :data:`COMMAND_MODULES`); ``serve`` then imports only the chosen service."""
     parser = _Parser(
         prog="spiderflow",
         description="Topology-aware scheduling of LLM training across decentralized GPU clusters.",
@@ -95,8 +109,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from spiderflow.cli.commands import serve
 
     serve.LOAD_SERVICES = command is None or command in ("serve", "completion")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+    serve.ONLY_SERVICE = service if command == "serve" and service in serve.SERVICES else None
+    names = sorted(info.name for info in pkgutil.iter_modules(commands.__path__))
+    if command in COMMAND_MODULES:
+        names = [COMMAND_MODULES[command]]
+    elif command == "completion-job-ids":
+        names = ["completion"]
+    for name in names:
+        module = importlib.import_module(f"{commands.__name__}.{name}")
         module.register(sub)
     _name_commands(parser)
     _document(parser)
@@ -231,7 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = words[0] if words and not words[0].startswith("-") else ""
     if command == "completion" and "--job-ids" in words:  # asked at every <TAB>: no service imports
         command = "completion-job-ids"
-    parser = build_parser(command)
+    service = words[1] if command == "serve" and len(words) > 1 else None
+    parser = build_parser(command, service)
     args = _parse(parser, argv)
     # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
     configure_logging(level="warning")

@@ -40,10 +40,9 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from spiderflow.core import ids
-from spiderflow.core.cycle import WaitState
 from spiderflow.core.domain import Cluster, JobSpec, Link, Plan, Topology
 from spiderflow.core.errors import CorruptRecordError, ValidationError
 from spiderflow.exec.spec import CheckpointManifest, manifest_from_dict, manifest_to_dict
@@ -58,6 +57,10 @@ from spiderflow.formats import (
 from spiderflow.jobs import JobRecord, JobState, Progress, Transition
 from spiderflow.store import keys
 from spiderflow.store.keys import Key, KeyKind
+
+if TYPE_CHECKING:  # imported where a wait is decoded: the cycle loads the planner and its compiled kernels,
+    # which the agents, the topology service and the CLI never need
+    from spiderflow.core.cycle import WaitState
 
 __all__ = [
     "AllocationRecord",
@@ -594,9 +597,9 @@ class LeaderRecord:
         return self.address.encode()
 
 
-Record = (Registration | PeerAddress | LeaseOwner | ProfileRecord | LinkRecord | JobRecord | RequestRecord
-          | AllocationRecord | Assignment | WaitState | RendezvousInfo | CheckpointRecord | MetricsRecord
-          | DroppedPoints | LeaderRecord)
+Record: TypeAlias = ("Registration | PeerAddress | LeaseOwner | ProfileRecord | LinkRecord | JobRecord"
+                     " | RequestRecord | AllocationRecord | Assignment | WaitState | RendezvousInfo"
+                     " | CheckpointRecord | MetricsRecord | DroppedPoints | LeaderRecord")
 """Any stored record."""
 
 
@@ -711,6 +714,8 @@ def _wait_from_doc(key: str, raw: Any) -> WaitState:
                 and isinstance(item[1], int) and not isinstance(item[1], bool)):
             raise r.error(f"claim[{i}]", "must be a [cluster, gpus] pair", item)
         claim.append((item[0], item[1]))
+    from spiderflow.core.cycle import WaitState
+
     return WaitState(until=r.number("until"), gpus=r.integer("gpus", minimum=0), claim=tuple(claim),
                      run_s=r.number("run_s"), reason=r.string("reason"))
 
@@ -718,13 +723,18 @@ def _wait_from_doc(key: str, raw: Any) -> WaitState:
 # ---------------------------------------------------------------------------------------------- the codec
 
 
+_SELF_ENCODING = (Registration, PeerAddress, LeaseOwner, ProfileRecord, LinkRecord, RequestRecord, AllocationRecord,
+                  Assignment, RendezvousInfo, CheckpointRecord, MetricsRecord, DroppedPoints, LeaderRecord)
+"""The records that encode themselves (all but :class:`~spiderflow.jobs.JobRecord` and the core's WaitState)."""
+
+
 def encode(record: Record) -> bytes:
     """The stored value of ``record`` (what :func:`decode` reads back under the record's key)."""
     if isinstance(record, JobRecord):
         return _encode_job(record)
-    if isinstance(record, WaitState):
-        return _dump(_wait_to_doc(record))
-    return record.encode()
+    if isinstance(record, _SELF_ENCODING):
+        return record.encode()
+    return _dump(_wait_to_doc(record))  # the one record kind defined by the core: a WaitState
 
 
 def _decode_job(k: Key, value: bytes) -> JobRecord:

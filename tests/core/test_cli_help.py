@@ -4,12 +4,15 @@ where it has one), and help output that fits 80 columns."""
 from __future__ import annotations
 
 import argparse
+import importlib
+import pkgutil
 import shlex
 from collections.abc import Iterator
 
 import pytest
 
-from spiderflow.cli.main import build_parser
+from spiderflow.cli import commands
+from spiderflow.cli.main import COMMAND_MODULES, build_parser
 
 
 def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...],
@@ -60,3 +63,24 @@ def test_help_shows_defaults_and_version(capsys: pytest.CaptureFixture[str], mon
     with pytest.raises(SystemExit) as e:
         root.parse_args(["--version"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("spiderflow ")
+
+
+
+def test_each_command_builds_the_parser_of_its_own_module_only() -> None:
+    """``spiderflow COMMAND`` imports only the module :data:`COMMAND_MODULES` names for it: the table names every
+    command the modules register, and the parser built for one command holds that module's commands, each
+    with the same help as in the whole parser; ``serve SERVICE`` keeps the chosen service's options."""
+    registered: dict[str, str] = {}
+    for info in pkgutil.iter_modules(commands.__path__):
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+        registered.update(dict.fromkeys(sub.choices, info.name))
+    assert registered == COMMAND_MODULES
+    full = {path: p.format_help() for path, p in _walk(build_parser()) if path}
+    for command, module in COMMAND_MODULES.items():
+        only = {path: p.format_help() for path, p in _walk(build_parser(command)) if path}
+        assert {path[0] for path in only} == {c for c, m in COMMAND_MODULES.items() if m == module}, command
+        if command != "serve":
+            assert only == {path: text for path, text in full.items() if path[0] in {p[0] for p in only}}, command
+    served = {path: p.format_help() for path, p in _walk(build_parser("serve", "topology")) if path}
+    assert served[("serve", "topology")] == full[("serve", "topology")]

@@ -6,18 +6,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from spiderflow.cli.commands.completion import render
 from spiderflow.cli.commands.topology import draw_map
 from spiderflow.core.domain import Cluster, Link, Topology
 from spiderflow.procs import ManagedProcess, spiderflow_argv
+from spiderflow.proto.topology.v1 import topology_pb2, topology_pb2_grpc
+from spiderflow.rpc import convert
 from spiderflow.store.process import EtcdProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -117,6 +121,19 @@ def test_draw_map_places_clusters_at_lat_lon(tmp_path: Path) -> None:
     assert empty.read_bytes().startswith(PNG_MAGIC)
 
 
+def _live_links(address: str) -> int:
+    """How many directed links the topology service at ``address`` has measured (0 when it does not answer)."""
+    channel = grpc.insecure_channel(address)
+    try:
+        resp = topology_pb2_grpc.TopologyStub(channel).GetTopology(  # type: ignore[no-untyped-call]
+            topology_pb2.GetTopologyRequest(), timeout=5)
+    except grpc.RpcError:
+        return 0
+    finally:
+        channel.close()
+    return len(convert.topology_from_proto(resp.topology).links) if resp.topology.clusters else 0
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """etcd, the topology service and three agents on loopback; yields the service address once all six
@@ -130,21 +147,26 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "serve", "topology", "--listen", "127.0.0.1:0", "--etcd", etcd.endpoint, "--log-format", "json"),
             log_dir=tmp).start()
         procs.append(service)
-        for name, gpus in (("virginia", "16"), ("ohio", "8"), ("oregon", "4")):
-            procs.append(ManagedProcess(f"agent-{name}", spiderflow_argv(
-                "agent", "--cluster", name, "--etcd", etcd.endpoint, "--topology-service", service.address,
-                "--listen", "127.0.0.1:0", "--gpu", "A100-80G", "--nodes", "1", "--gpus-per-node", gpus,
-                "--probe-period", "1", "--probe-bytes", "262144", "--probe-chunk-bytes", "65536",
-                "--probe-max-s", "1", "--probe-echoes", "3", "--log-format", "json"), log_dir=tmp).start())
+        agents = [ManagedProcess(f"agent-{name}", spiderflow_argv(
+            "agent", "--cluster", name, "--etcd", etcd.endpoint, "--topology-service", service.address,
+            "--listen", "127.0.0.1:0", "--gpu", "A100-80G", "--nodes", "1", "--gpus-per-node", gpus,
+            "--probe-period", "1", "--probe-bytes", "262144", "--probe-chunk-bytes", "65536",
+            "--probe-max-s", "1", "--probe-echoes", "3", "--log-format", "json"), log_dir=tmp)
+            for name, gpus in (("virginia", "16"), ("ohio", "8"), ("oregon", "4"))]
+        for agent in agents:  # side by side: their interpreter starts overlap
+            procs.append(agent.spawn())
+        for agent in agents:
+            agent.wait_ready(timeout=60)
+        # Polled in this process (a CLI process per poll would cost a second of CPU each): the tests below
+        # run the CLI against the measured graph.
         deadline = time.monotonic() + 45
-        while True:
-            r = cli("topology", "show", "--topology-service", service.address, "--json")
-            if r.returncode == 0 and len(json.loads(r.stdout)["links"]) >= 6:
-                break
-            assert time.monotonic() < deadline, r.stdout + r.stderr
-            time.sleep(0.5)
+        while (links := _live_links(service.address)) < 6:
+            assert time.monotonic() < deadline, f"{links} directed links measured"
+            time.sleep(0.3)
         yield service.address
     finally:
+        for p in procs[1:]:  # the agents stop side by side, then the service
+            p.signal(signal.SIGTERM)
         for p in reversed(procs):
             p.stop(grace_s=5)
         etcd.close()

@@ -163,12 +163,14 @@ async def test_services_reach_a_tls_etcd_with_users(tls_auth_etcd: EtcdProcess, 
                        text=True, timeout=60)
     assert r.returncode == 2 and "--etcd-tls-dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     sched = ManagedProcess("sched", _scheduler_argv(endpoint, "--etcd-tls-dir", client, "--etcd-user", "root"),
-                           log_dir=tmp_path, env={"SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).start(timeout=60)
+                           log_dir=tmp_path, env={"SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).spawn()
     topo = ManagedProcess("topology", spiderflow_argv(
         "serve", "topology", "--listen", "127.0.0.1:0", "--etcd", endpoint, "--log-format", "json",
     ), log_dir=tmp_path, env={"SPIDERFLOW_ETCD_TLS_DIR": client, "SPIDERFLOW_ETCD_USER": "root",
-                              "SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).start(timeout=60)
+                              "SPIDERFLOW_ETCD_PASSWORD": PASSWORD}).spawn()  # side by side with the scheduler
     try:
+        sched.wait_ready(timeout=60)
+        topo.wait_ready(timeout=60)
         await submit_tiny_job_to_success(sched.address, "tls1")
         async with open_channel(topo.address) as ch:
             resp = await topology_pb2_grpc.TopologyStub(ch).GetTopology(  # type: ignore[no-untyped-call]

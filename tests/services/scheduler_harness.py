@@ -23,14 +23,30 @@ TOPOLOGY = ROOT / "examples/topology-3.yaml"
 TERMINAL = {types_pb2.JOB_STATE_SUCCEEDED, types_pb2.JOB_STATE_FAILED, types_pb2.JOB_STATE_CANCELLED}
 
 
-def start_replica(etcd: str, tmp: Path, name: str, *extra: str, topology: Path = TOPOLOGY) -> ManagedProcess:
-    """A scheduler replica on ``topology`` (a file); ``extra`` flags come last and override the defaults."""
+def start_replica(etcd: str, tmp: Path, name: str, *extra: str, topology: Path = TOPOLOGY,
+                  wait: bool = True) -> ManagedProcess:
+    """A scheduler replica on ``topology`` (a file); ``extra`` flags come last and override the defaults.
+    With ``wait=False`` it is only spawned (``wait_ready`` before using it)."""
     argv = spiderflow_argv(
         "serve", "scheduler", "--listen", "127.0.0.1:0", "--etcd", etcd, "--topology", str(topology),
         "--executor", "sim", "--sim-min-s", "0.2", "--sim-max-s", "0.4", "--lease-ttl", "2",
         "--cycle-interval", "1", "--log-format", "json", *extra,
     )
-    return ManagedProcess(name, argv, log_dir=tmp).start(timeout=60)
+    proc = ManagedProcess(name, argv, log_dir=tmp)
+    return proc.start(timeout=60) if wait else proc.spawn()
+
+
+def start_replicas(etcd: str, tmp: Path, *names: str) -> list[ManagedProcess]:
+    """Replicas started side by side (their interpreter starts overlap); all stopped if one fails to start."""
+    procs = [start_replica(etcd, tmp, name, wait=False) for name in names]
+    try:
+        for proc in procs:
+            proc.wait_ready(timeout=60)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return procs
 
 
 def job_json(i: int, *, tenant: str = "t") -> dict[str, object]:

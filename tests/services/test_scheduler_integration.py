@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -14,6 +15,7 @@ from scheduler_harness import (
     ids,
     placements,
     start_replica,
+    start_replicas,
     submit_request,
     wait_all_terminal,
 )
@@ -48,8 +50,7 @@ async def _submit_all(addresses: list[str], n: int, clients: int, retries: int =
 
 
 async def test_200_jobs_8_clients_two_replicas(etcd: EtcdProcess, tmp_path: Path) -> None:
-    a = start_replica(etcd.endpoint, tmp_path, "sched-a")
-    b = start_replica(etcd.endpoint, tmp_path, "sched-b")
+    a, b = start_replicas(etcd.endpoint, tmp_path, "sched-a", "sched-b")
     try:
         await _submit_all([a.address, b.address], 200, clients=8)
         jobs = await wait_all_terminal([a.address, b.address], 200, timeout=240)
@@ -78,8 +79,7 @@ async def _leader_address(etcd: str) -> str | None:
 
 
 async def test_leader_sigkill_failover(etcd: EtcdProcess, tmp_path: Path) -> None:
-    a = start_replica(etcd.endpoint, tmp_path, "sched-a")
-    b = start_replica(etcd.endpoint, tmp_path, "sched-b")
+    a, b = start_replicas(etcd.endpoint, tmp_path, "sched-a", "sched-b")
     procs = {a.address: a, b.address: b}
     try:
         for _ in range(100):
@@ -136,6 +136,22 @@ async def test_restart_with_etcd_intact_keeps_everything(etcd: EtcdProcess, tmp_
         a2.stop()
 
 
+@pytest.fixture(scope="module")
+def one_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """One etcd and one replica for the malformed-job cases: (etcd endpoint, scheduler address). Each case
+    checks that it wrote nothing, so they share them."""
+    etcd = EtcdProcess()
+    try:
+        etcd.start()
+        a = start_replica(etcd.endpoint, tmp_path_factory.mktemp("malformed"), "sched")
+        try:
+            yield etcd.endpoint, a.address
+        finally:
+            a.stop()
+    finally:
+        etcd.close()
+
+
 @pytest.mark.parametrize(
     ("mutate", "field"),
     [
@@ -147,18 +163,18 @@ async def test_restart_with_etcd_intact_keeps_everything(etcd: EtcdProcess, tmp_
     ],
 )
 async def test_malformed_jobs_invalid_argument_and_nothing_written(
-    etcd: EtcdProcess, tmp_path: Path, mutate: object, field: str
+    one_replica: tuple[str, str], mutate: object, field: str
 ) -> None:
     from google.protobuf import json_format
     from scheduler_harness import job_json
 
-    a = start_replica(etcd.endpoint, tmp_path, "sched")
-    store = EtcdStore(etcd.endpoint)
+    endpoint, address = one_replica
+    store = EtcdStore(endpoint)
     try:
         before = await store.revision()
         job = job_json(1)
         mutate(job)  # type: ignore[operator]
-        channel = open_channel(a.address)
+        channel = open_channel(address)
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         try:
             try:
@@ -181,4 +197,3 @@ async def test_malformed_jobs_invalid_argument_and_nothing_written(
         assert all(kv.key.startswith(keys.ELECTIONS) for kv in changed if kv.mod_revision > before), after
     finally:
         await store.close()
-        a.stop()

@@ -9,7 +9,7 @@ from typing import Any
 
 from spiderflow.runtime import configure_logging, run_until_signalled
 
-__all__ = ["SERVICES", "register"]
+__all__ = ["LOAD_SERVICES", "ONLY_SERVICE", "SERVICES", "register"]
 
 SERVICES: dict[str, tuple[str, str]] = {
     "planner": ("services.planner.main", "the stateless TPA planner (Plan, Estimate)"),
@@ -30,6 +30,11 @@ off unless the command is ``serve`` (or ``completion``): the services load the p
 compiled kernels, which every other command would otherwise pay for at start."""
 
 
+ONLY_SERVICE: str | None = None
+"""When set (by the entry point, for ``spiderflow serve SERVICE``), :func:`register` imports only that service;
+the others get a parser without their options (a service's imports are seconds of start-up)."""
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run a SpiderFlow service (planner, scheduler, topology)",
                        epilog="example: spiderflow serve planner --listen 127.0.0.1:50053")
@@ -39,6 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             ssub.add_parser(name, help=help_text)
         return
     for name, (modname, help_text) in SERVICES.items():
+        if ONLY_SERVICE is not None and name != ONLY_SERVICE:
+            ssub.add_parser(name, help=help_text)
+            continue
         try:
             module: Any = importlib.import_module(modname)
         except ModuleNotFoundError as e:
