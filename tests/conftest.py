@@ -33,7 +33,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     a change to a kernel's module, the first processes to need it would otherwise each compile every kernel
     at once (a minute of CPU apiece on this machine), racing their own start-up deadlines."""
     from spiderflow.core.kernels import warm
+    from spiderflow.kernel_cache import drop_stale
 
+    drop_stale()  # a kernel whose callee in another module changed must not load from the cache
     warm()
 
 

@@ -256,6 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(parser, argv)
     # Quiet by default: library events at warning and above go to stderr; services and agents reconfigure.
     configure_logging(level="warning")
+    if command in ("up", "plan", "simulate", "estimate") or service in ("scheduler", "planner"):  # kernels run
+        from spiderflow.kernel_cache import drop_stale
+
+        drop_stale()
     try:
         code = args.func(args)
         return int(code or 0)

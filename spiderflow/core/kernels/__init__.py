@@ -14,7 +14,10 @@ Compilation happens once per install: ``cache=True`` stores the machine code in 
 kernel's module (or numba's user-wide cache, or ``NUMBA_CACHE_DIR``, where the package directory is
 read-only) the first time a kernel runs, which takes one to a few seconds per kernel; a later process loads
 it in milliseconds. :func:`warm` loads (or compiles) every kernel on tiny inputs. Policies call it when they
-are constructed, so no placement decision pays the load; a service pays it once at start-up.
+are constructed, so no placement decision pays the load; a service pays it once at start-up. numba
+invalidates a cached kernel only when its own module changes, not a kernel it calls from another module:
+the commands that run kernels and the test session first call :func:`spiderflow.kernel_cache.drop_stale`,
+which drops every cached kernel when any kernel module's source changed.
 """
 
 from __future__ import annotations
