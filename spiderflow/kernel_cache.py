@@ -37,8 +37,9 @@ def sources_digest(package: Path | None = None) -> str:
 
 def drop_stale(package: Path | None = None) -> bool:
     """Remove the cached kernels (``__pycache__/*.nbi``, ``*.nbc``) when the sources changed since they were
-    stamped, and stamp the current digest; ``True`` when something was removed. Does nothing where the cache
-    directory is missing or read-only (numba then caches elsewhere and compiles what it cannot find)."""
+    stamped, and stamp the current digest (creating the cache directory first, so that a fresh checkout's
+    first kernels are cached under a stamp); ``True`` when something was removed. Does nothing where the
+    package directory is read-only (numba then caches elsewhere and compiles what it cannot find)."""
     root = package or _package_dir()
     cache = root / "__pycache__"
     stamp = cache / STAMP
@@ -50,6 +51,7 @@ def drop_stale(package: Path | None = None) -> bool:
         pass
     removed = False
     try:
+        cache.mkdir(exist_ok=True)  # stamped before the first kernel is cached, so no later check drops it
         for path in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
             path.unlink(missing_ok=True)
             removed = True

@@ -33,9 +33,15 @@ def test_a_change_in_any_kernel_module_drops_every_cached_kernel(tmp_path: Path)
     assert not any(path.exists() for path in cached)
 
 
-def test_a_missing_cache_directory_is_left_alone(tmp_path: Path) -> None:
+def test_a_fresh_checkout_is_stamped_before_its_first_kernel_is_cached(tmp_path: Path) -> None:
+    """No cache directory yet (nothing compiled): it is created and stamped, so the kernels compiled next are
+    kept by every later check instead of being dropped as unvouched for."""
     pkg = tmp_path / "kernels"
     pkg.mkdir()
     (pkg / "level2.py").write_text("A = 1\n")
     assert not drop_stale(pkg)
-    assert not (pkg / "__pycache__").exists()
+    assert (pkg / "__pycache__" / STAMP).read_text().strip() == sources_digest(pkg)
+    compiled = pkg / "__pycache__" / "level2.f-1.py311.nbi"
+    compiled.write_bytes(b"x")
+    assert not drop_stale(pkg)
+    assert compiled.exists()
