@@ -525,10 +525,17 @@ class Executor:
                 with contextlib.suppress(BaseException):
                     await reporter
             if run.cancelled.is_set():
-                for h in handles:
-                    await h.stop(s.stop_grace_s)
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
+                if not all_run.done() and all(w.done for w in state.values()):
+                    # Every rank said it is done (its last checkpoint written) and is tearing down: the job
+                    # may already be marked finished from that progress; let the ranks exit on their own
+                    # within the grace rather than signalling them mid-exit.
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(asyncio.shield(all_run), s.stop_grace_s)
+                if not all_run.done():
+                    for h in handles:
+                        await h.stop(s.stop_grace_s)
+                    with contextlib.suppress(BaseException):
+                        await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
                 raise _Cancelled
             results = await all_run
         finally:
