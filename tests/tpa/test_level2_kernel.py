@@ -215,6 +215,15 @@ def test_fixed_cases_match(name: str) -> None:
     _check(_CASES[name])
 
 
+def _substage_layers(spec: ModelSpec, has_embed: bool, has_head: bool, pp: int, j: int, n: int) -> tuple[int, int]:
+    """The model layers ``(first, last)`` sub-stage ``j`` of ``pp`` holding ``n`` layers stands for: layer 0
+    when it holds the embedding, the last layers when it holds the head, else layers from 1."""
+    embed = has_embed and j == 0
+    head = has_head and j == pp - 1
+    first = 0 if embed else (spec.layers - n if head else 1)
+    return first, first + n - 1
+
+
 @pytest.mark.parametrize("precision", list(Precision))
 @pytest.mark.parametrize("model", ["llama3-70b", "llama3-8b", "gpt3-13b", "llama-tiny"])
 def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision: Precision) -> None:
@@ -237,11 +246,8 @@ def test_every_candidate_is_priced_as_the_cost_model_does(model: str, precision:
             layers = (n_layers - k.pp + 1,) + (1,) * (k.pp - 1)
             cfg = l2.config_cost(p, k, layers)
             for j, n in enumerate(layers):
-                embed = has_embed and j == 0
-                head = has_head and j == k.pp - 1
-                first = 0 if embed else (spec.layers - n if head else 1)
-                last = first + n - 1
-                assert (first == 0, last == spec.layers - 1) == (embed, head)
+                first, last = _substage_layers(spec, has_embed, has_head, k.pp, j, n)
+                assert (first == 0, last == spec.layers - 1) == (has_embed and j == 0, has_head and j == k.pp - 1)
                 sharding = Sharding.FSDP if k.fsdp else Sharding.REPLICATE
                 t = costmodel.stage_compute_time(spec, c, first, last, k.tp, b, s, precision=precision,
                                                  recompute=k.recompute)
@@ -278,10 +284,7 @@ def test_measured_outer_work_is_priced_as_the_cost_model_does(model: str, precis
             layers = (n_layers - k.pp + 1,) + (1,) * (k.pp - 1)
             cfg = l2.config_cost(p, k, layers)
             for j, n in enumerate(layers):
-                embed = has_embed and j == 0
-                head = has_head and j == k.pp - 1
-                first = 0 if embed else (spec.layers - n if head else 1)
-                last = first + n - 1
+                first, last = _substage_layers(spec, has_embed, has_head, k.pp, j, n)
                 t = costmodel.stage_compute_time(spec, c, first, last, k.tp, b, s, precision=precision,
                                                  recompute=k.recompute)
                 assert cfg.compute_s[j] == pytest.approx(t, rel=1e-9), (k, j)
