@@ -63,6 +63,7 @@ from agent.probe import Ingress, ProbeResult, probe_peer
 from agent.profiler import DeviceProfile, profile_cpu, profile_devices
 from agent.registration import PeerAddress, Registration
 from agent.service import AgentService
+from agent.workers import WorkerBoard
 from spiderflow import joblogs, metrics
 from spiderflow.core.domain import Cluster
 from spiderflow.core.errors import (
@@ -185,6 +186,9 @@ class Agent:
         self._profile_now = asyncio.Event()
         self._new_peer = asyncio.Event()
         self._ingress = Ingress()
+        self.workers = WorkerBoard()
+        """The workers of the attempts this cluster runs (the executor writes it; GetStatus and
+        WatchWorkers read it)."""
         self.log = log.bind(cluster=config.cluster, agent_id=self.agent_id)
         self._metadata = bearer_metadata(config.token)
         self.refused: UnauthenticatedError | PermissionDeniedError | None = None
@@ -243,6 +247,7 @@ class Agent:
         for peer, p in sorted(self._probes.items()):
             msg.probes.add(peer=peer, bandwidth_gbps=p.bandwidth_gbps or 0.0, latency_ms=p.latency_ms,
                            measured_at=_ts(p.measured_at))
+        msg.workers.extend(self.workers.snapshot())
         return msg
 
     # -- life cycle -------------------------------------------------------------------------------------
@@ -256,7 +261,8 @@ class Agent:
             from spiderflow.security.auth import Authenticator, AuthInterceptor
 
             interceptors.append(AuthInterceptor(Authenticator(certificates=True)))
-        service = AgentService(self, work_dir=work_dir_of(self.config), cluster=self.config.cluster)
+        service = AgentService(self, work_dir=work_dir_of(self.config), cluster=self.config.cluster,
+                               workers=self.workers)
         self._server = await serve([service], host=host, port=port, credentials=self._server_credentials,
                                    interceptors=interceptors)
         if self.config.advertise:

@@ -46,6 +46,9 @@ plane's ``Control`` API, :mod:`agent.remote_store`; the agent holds no etcd cred
   ``<mesh>/checkpoints``); on real clusters a file system every agent mounts at the same path
   (NFS, Lustre, a bucket through a FUSE mount). The rank-0 agent's ``checkpoint_dir`` is the one every rank
   uses (it travels in the rendezvous).
+- **Workers.** Every rank's state (starting, running with its last step, succeeded, failed with its exit
+  code and error, stopped) and the progress events go to the agent's :class:`agent.workers.WorkerBoard`,
+  which its ``GetStatus`` and ``WatchWorkers`` RPCs show.
 - **Busy.** ``on_busy(True)`` while any worker of this agent runs, ``on_busy(False)`` after the last
   one exited (the agent pauses bulk probes meanwhile: :meth:`agent.agent.Agent.set_busy`).
 
@@ -71,6 +74,7 @@ import structlog
 
 from agent.launchers.base import GroupResult, Launcher, LaunchError, LaunchHandle, StageGroup, stage_groups
 from agent.launchers.local import LocalLauncher
+from agent.workers import WorkerBoard
 from spiderflow import joblogs
 from spiderflow.core.errors import CorruptRecordError, NotFoundError, SpiderFlowError, UnavailableError, ValidationError
 from spiderflow.exec.preflight import preflight
@@ -84,6 +88,7 @@ from spiderflow.exec.spec import (
     ranks_of_cluster,
     spec_to_dict,
 )
+from spiderflow.proto.agent.v1 import agent_pb2
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.proto.types.v1 import types_pb2
 from spiderflow.security import ids
@@ -223,8 +228,11 @@ class Executor:
     """Runs this cluster's assignments (see the module docstring)."""
 
     def __init__(self, settings: ExecutorSettings, store: Store, reporter: Reporter, *,
-                 on_busy: Callable[[bool], None] | None = None, launcher: Launcher | None = None) -> None:
+                 on_busy: Callable[[bool], None] | None = None, launcher: Launcher | None = None,
+                 workers: WorkerBoard | None = None) -> None:
         self.settings = settings
+        self.workers = workers if workers is not None else WorkerBoard()
+        """Where the state of every rank this executor starts is kept (the agent's RPCs read it)."""
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(host=settings.host)
         self.store = store
         self.reporter = reporter
@@ -321,6 +329,7 @@ class Executor:
                 await self._report_outcomes(run, {s: f"agent executor error: {type(e).__name__}: {e}"
                                                   for s in a.stages}, bound)
         finally:
+            self.workers.end_attempt(a.job, a.attempt, reason=run.reason or "the agent's run of the attempt ended")
             self._finished.add((a.job, a.attempt))
             if self.runs.get(a.job) is run:
                 del self.runs[a.job]
@@ -460,6 +469,11 @@ class Executor:
         new_progress = asyncio.Event()
         state = {r.rank: _RankState(info=r) for r in ranks}
         handles: list[LaunchHandle] = []
+        pids: dict[int, int] = {}
+
+        def worker(r: RankInfo) -> agent_pb2.Worker:
+            return agent_pb2.Worker(rank=r.rank, stage=r.stage, replica=r.replica, tp_rank=r.tp_rank,
+                                    pid=pids.get(r.rank, 0))
 
         async def on_line(rank: int, text: str) -> None:
             w = state.get(rank)
@@ -472,6 +486,10 @@ class Executor:
             if not isinstance(ev, dict):
                 return
             kind = ev.get("event")
+            if kind == "step":
+                with contextlib.suppress(TypeError, ValueError):
+                    self.workers.update(a.job, a.attempt, worker(w.info), agent_pb2.WORKER_STATE_RUNNING,
+                                        step=int(ev["step"]))
             if kind == "step" and w.info.replica == 0 and w.info.tp_rank == 0:
                 # one rank per stage reports: the last stage's event moves the job, the others add their
                 # stage's busy time to the metrics history
@@ -482,6 +500,7 @@ class Executor:
                     stage=w.info.stage, stage_busy_s=max(0.0, float(ev.get("busy_s") or 0.0)),
                 ))
                 new_progress.set()
+                self.workers.progress(pending[-1])
             elif kind == "checkpoint":
                 await self._record_checkpoint(run, ev.get("manifest"), bound)
             elif kind == "error":
@@ -497,15 +516,24 @@ class Executor:
                 group = StageGroup(job=a.job, attempt=a.attempt, ranks=members, spec_path=spec_path, run_dir=run_dir,
                                    gpus_per_node=s.gpus_per_node, python=s.python)
                 try:
-                    handles.append(await self.launcher.launch(group))
+                    handle = await self.launcher.launch(group)
                 except LaunchError as e:
                     launch_error = str(e)
+                    for r in members:
+                        self.workers.update(a.job, a.attempt, worker(r), agent_pb2.WORKER_STATE_FAILED,
+                                            error=f"{self.launcher.kind.value} launcher: {launch_error}")
                     bound.warning("executor.launch_failed", launcher=self.launcher.kind.value, error=launch_error,
                                   ranks=[r.rank for r in members])
                     break
+                handles.append(handle)
+                pids.update(handle.pids)
+                for r in members:
+                    self.workers.update(a.job, a.attempt, worker(r), agent_pb2.WORKER_STATE_STARTING)
             if launch_error:
                 for h in handles:
                     await h.stop(s.stop_grace_s)
+                self.workers.end_attempt(a.job, a.attempt, reason="stopped: another group of this cluster's ranks "
+                                                                  "could not start")
                 await self._report_outcomes(run, {st: f"{self.launcher.kind.value} launcher: {launch_error}"
                                                   for st in a.stages}, bound)
                 return
@@ -536,6 +564,12 @@ class Executor:
                         await h.stop(s.stop_grace_s)
                     with contextlib.suppress(BaseException):
                         await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
+                if all_run.done() and not all_run.cancelled() and all_run.exception() is None:
+                    for res in all_run.result():  # ranks that finished before the stop reached them
+                        for rank, code in res.exit_codes.items():
+                            if code == 0 and state[rank].done:
+                                self.workers.update(a.job, a.attempt, worker(state[rank].info),
+                                                    agent_pb2.WORKER_STATE_SUCCEEDED, exit_code=0)
                 raise _Cancelled
             results = await all_run
         finally:
@@ -550,6 +584,8 @@ class Executor:
             for rank, code in res.exit_codes.items():
                 w = state[rank]
                 if code == 0 and w.done:
+                    self.workers.update(a.job, a.attempt, worker(w.info), agent_pb2.WORKER_STATE_SUCCEEDED,
+                                        exit_code=0)
                     continue
                 if res.preempted and not w.error:
                     err = f"stopped by the workload manager: {res.preempted}"
@@ -557,6 +593,8 @@ class Executor:
                     err = w.error or ("worker exited with " + (str(code) if code is not None else "no status"))
                 tail = res.errors.get(rank, "")
                 text = f"rank {rank}: {err}" + (f"\n{tail}" if tail and tail not in err else "")
+                self.workers.update(a.job, a.attempt, worker(w.info), agent_pb2.WORKER_STATE_FAILED,
+                                    exit_code=code if code is not None else -1, error=text)
                 errors.setdefault(w.info.stage, text)
                 if res.preempted:
                     preempted.add(w.info.stage)
@@ -661,7 +699,8 @@ class Executor:
             return
 
 
-def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] | None = None) -> Executor:
+def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] | None = None,
+                 workers: WorkerBoard | None = None) -> Executor:
     """The executor of an agent: ``config`` is its :class:`agent.config.AgentConfig` (``scheduler`` must be
     set), ``address`` the agent's advertised ``host:port`` (its host is where ranks bind). The executor
     owns its client of the control plane (:class:`agent.remote_store.RemoteStore`: assignments, rendezvous,
@@ -691,6 +730,7 @@ def executor_for(config: Any, address: str, *, on_busy: Callable[[bool], None] |
                                token=getattr(config, "token", None))
     store = RemoteStore(config.scheduler, cluster=config.cluster, tls_dir=getattr(config, "tls_dir", None),
                         token=getattr(config, "token", None))
-    ex = Executor(settings, store, reporter, on_busy=on_busy, launcher=launcher_for(config, host=host))
+    ex = Executor(settings, store, reporter, on_busy=on_busy, launcher=launcher_for(config, host=host),
+                  workers=workers)
     ex.owns_clients = True
     return ex

@@ -8,7 +8,11 @@
 - While the cluster trains (:meth:`agent.agent.Agent.set_busy`), both bulk probes are refused (or cut
   short) with UNAVAILABLE; echoes are still answered.
 - ``GetStatus``: the reported profile, the agent's identity and address, ``training``, the latest probe
-  of each peer.
+  of each peer, and every worker of the attempts this agent runs or recently ran
+  (:class:`agent.workers.WorkerBoard`).
+- ``WatchWorkers``: the current state of each known worker (of ``job_id``, or all), then every change
+  and the training progress as they happen, until the caller cancels. A watcher that falls
+  :data:`agent.workers.WATCH_QUEUE` events behind is ended with RESOURCE_EXHAUSTED and watches again.
 
 - ``ReadLogs``: the workers' output this agent keeps (:mod:`spiderflow.joblogs`), from byte offsets
   (``0 ≤ offset ≤`` :data:`MAX_LOG_OFFSET`, else INVALID_ARGUMENT naming ``offsets[i].offset``; ``attempt``
@@ -16,11 +20,13 @@
   (PERMISSION_DENIED otherwise): tenants read their logs through the scheduler, which checks the job's
   tenant.
 
-Stage control (StartStages, StopStages, WatchWorkers) is not served by this class (UNIMPLEMENTED).
+Workers start and stop only through the scheduler's assignments (:mod:`agent.executor`): a job is
+stopped with the scheduler's ``CancelJob``, which the agent follows; there is no RPC that starts or
+stops workers behind the scheduler's back.
 
 Callers (when the server authenticates, i.e. serves mTLS): the probes only peer agents, the control-plane
-services and the admin; GetStatus only the control plane and the admin. A tenant's certificate is
-PERMISSION_DENIED on every RPC (:func:`require_caller`).
+services and the admin; GetStatus, WatchWorkers and ReadLogs only the control plane and the admin. A
+tenant's certificate is PERMISSION_DENIED on every RPC (:func:`require_caller`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,9 @@ from typing import Protocol
 import grpc.aio
 
 from agent.probe import Ingress
+from agent.workers import WATCH_QUEUE, WorkerBoard
 from spiderflow import joblogs
-from spiderflow.core.errors import PermissionDeniedError, UnavailableError, ValidationError
+from spiderflow.core.errors import PermissionDeniedError, ResourceExhaustedError, UnavailableError, ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.errors import map_domain_errors
 from spiderflow.security.identity import Role, current_principal
@@ -83,10 +90,12 @@ LOG_POLL_S = 0.25
 class AgentService(agent_pb2_grpc.AgentServicer):
     """Thin adapter over an :class:`AgentState`."""
 
-    def __init__(self, state: AgentState, *, work_dir: Path | None = None, cluster: str = "") -> None:
+    def __init__(self, state: AgentState, *, work_dir: Path | None = None, cluster: str = "",
+                 workers: WorkerBoard | None = None) -> None:
         self.state = state
         self.work_dir = work_dir
         self.cluster = cluster
+        self.workers = workers if workers is not None else WorkerBoard()
 
     async def ProbeEcho(
         self, request: agent_pb2.ProbeEchoRequest, context: grpc.aio.ServicerContext
@@ -140,6 +149,28 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> agent_pb2.GetStatusResponse:
         require_caller(STATUS_CALLERS, "GetStatus")
         return self.state.status()
+
+    async def WatchWorkers(
+        self, request: agent_pb2.WatchWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[agent_pb2.WatchWorkersResponse]:
+        require_caller(STATUS_CALLERS, "WatchWorkers")
+        with self.workers.watch(request.job_id) as watch:
+            overflow = asyncio.ensure_future(watch.overflowed.wait())
+            try:
+                while True:
+                    if watch.queue.empty():
+                        got = asyncio.ensure_future(watch.queue.get())
+                        await asyncio.wait([got, overflow], return_when=asyncio.FIRST_COMPLETED)
+                        if not got.done():
+                            got.cancel()
+                            break
+                        yield got.result()
+                    else:
+                        yield watch.queue.get_nowait()
+            finally:
+                overflow.cancel()
+        raise ResourceExhaustedError(f"this watch fell {WATCH_QUEUE} events behind and was ended; watch again "
+                                     "(the current state comes first)")
 
     async def ReadLogs(
         self, request: agent_pb2.ReadLogsRequest, context: grpc.aio.ServicerContext

@@ -182,6 +182,10 @@ class KubernetesHandle:
     def ident(self) -> str:
         return f"kubernetes job {self.config.namespace}/{self.group.name}"
 
+    @property
+    def pids(self) -> dict[int, int]:
+        return {}  # the workers run on the workload manager's nodes
+
     def _follow(self, pod: str, push: Callable[[str | None], None]) -> None:
         """Stream a pod's log into ``push`` (a thread: the client is synchronous); None at the end."""
         try:

@@ -46,6 +46,10 @@ class LocalHandle:
     def ident(self) -> str:
         return "pids " + ",".join(str(p.proc.pid) for p in self._procs)
 
+    @property
+    def pids(self) -> dict[int, int]:
+        return {p.info.rank: p.proc.pid for p in self._procs}
+
     async def run(self, on_line: LineSink) -> GroupResult:
         async def read(p: _Proc) -> None:
             assert p.proc.stdout is not None

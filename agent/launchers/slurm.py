@@ -163,6 +163,10 @@ class SlurmHandle:
     def ident(self) -> str:
         return f"slurm job {self.job_id}"
 
+    @property
+    def pids(self) -> dict[int, int]:
+        return {}  # the workers run on the workload manager's nodes
+
     async def poll(self) -> tuple[str, str]:
         """``(state, reason)`` now: from ``squeue``, else ``sacct``; ``("UNKNOWN", why)`` when the controller
         answers that it no longer knows the job and ``sacct`` does not either; ``("", error)`` when the

@@ -4,6 +4,8 @@
 - an assignment runs: progress reaches the scheduler with the assignment's attempt, checkpoints land in
   ``checkpoints/<job>``, the stage's outcome is reported once (with the final progress), busy goes on and
   off, the rendezvous key is removed afterwards, worker logs are in the work dir;
+- the agent's worker board follows each rank (starting, running with its step, succeeded; stopped when
+  the assignment goes) and carries the progress events, which a watcher sees in order;
 - a deleted assignment stops its workers without any report;
 - a plan the executor cannot run (tensor parallelism) fails its stage at once, with the reason;
 - values: assignment and rendezvous round trips, peer-looking errors.
@@ -23,6 +25,7 @@ from agent.executor import Assignment, Executor, ExecutorSettings, RendezvousInf
 from spiderflow.core.catalog import MODEL_PRESETS
 from spiderflow.core.domain import Plan, Schedule, Stage
 from spiderflow.formats import job_from_dict, job_to_dict, plan_to_dict
+from spiderflow.proto.agent.v1 import agent_pb2
 from spiderflow.proto.scheduler.v1 import scheduler_pb2
 from spiderflow.store import keys
 from spiderflow.store.memory import MemoryStore
@@ -81,8 +84,18 @@ async def _executor(tmp_path: Path, every: int = 2) -> AsyncIterator[tuple[Execu
 
 async def test_an_assignment_runs_reports_and_checkpoints(tmp_path: Path) -> None:
     async with _executor(tmp_path) as (ex, store, rec, busy):
-        await store.put(keys.assignment_key(CLUSTER, "j1"), _assignment("j1", steps=4))
-        await asyncio.wait_for(rec.outcome.wait(), 150)
+        with ex.workers.watch("j1") as watch:
+            await store.put(keys.assignment_key(CLUSTER, "j1"), _assignment("j1", steps=4))
+            await asyncio.wait_for(rec.outcome.wait(), 150)
+        seen = [watch.queue.get_nowait() for _ in range(watch.queue.qsize())]
+        states = [(e.worker.state, e.worker.step) for e in seen if e.HasField("worker")]
+        assert states == [(agent_pb2.WORKER_STATE_STARTING, 0)] + [(agent_pb2.WORKER_STATE_RUNNING, s)
+                                                                   for s in (1, 2, 3, 4)] \
+            + [(agent_pb2.WORKER_STATE_SUCCEEDED, 4)]
+        assert [e.progress.step for e in seen if e.HasField("progress")] == [1, 2, 3, 4]
+        [final_worker] = ex.workers.snapshot("j1")
+        assert (final_worker.attempt, final_worker.worker.rank, final_worker.exit_code) == (1, 0, 0)
+        assert final_worker.worker.pid > 0 and not final_worker.error
         final = rec.requests[-1]
         assert [(o.stage, o.succeeded, o.error) for o in final.outcomes] == [(0, True, "")]
         assert all(r.attempt == 1 and r.cluster == CLUSTER and r.job_id == "j1" for r in rec.requests)
@@ -116,6 +129,8 @@ async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -
         assert not ex.runs
         assert busy == [True, False]
         assert not any(r.outcomes for r in rec.requests)
+        [stopped] = ex.workers.snapshot("j2")
+        assert stopped.state == agent_pb2.WORKER_STATE_STOPPED and stopped.error == "assignment removed"
 
 
 async def test_a_plan_the_executor_cannot_run_fails_the_stage_with_the_reason(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ async def test_an_agent_serves_only_the_control_plane_and_peer_probes(certs: Pat
     server = await serve([AgentService(_AgentState())], credentials=server_credentials(certs / "agent-ohio"),
                          interceptors=[AuthInterceptor(Authenticator(certificates=True))])
     try:
-        async def calls(bundle: str) -> tuple[Code, Code]:
+        async def calls(bundle: str) -> tuple[Code, Code, Code]:
             async with open_channel(server.address, credentials=_creds(certs, bundle)) as ch:
                 stub = agent_pb2_grpc.AgentStub(ch)
                 status = await _code(stub.GetStatus(agent_pb2.GetStatusRequest(), timeout=10))
@@ -180,12 +180,17 @@ async def test_an_agent_serves_only_the_control_plane_and_peer_probes(certs: Pat
                     async for _ in stub.ProbeDownload(agent_pb2.ProbeDownloadRequest(total_bytes=4 << 20), timeout=30):
                         pass
 
-                return status, await _code(download())
+                async def watch() -> None:  # no worker: an allowed watch stays open until its deadline
+                    async for _ in stub.WatchWorkers(agent_pb2.WatchWorkersRequest(), timeout=1):
+                        pass
 
-        assert await calls("tenant-alice") == (Code.PERMISSION_DENIED, Code.PERMISSION_DENIED)
-        assert await calls("agent-virginia") == (Code.PERMISSION_DENIED, Code.OK)  # a peer probes
-        assert await calls("topology") == (Code.OK, Code.OK)
-        assert await calls("admin") == (Code.OK, Code.OK)
+                return status, await _code(download()), await _code(watch())
+
+        assert await calls("tenant-alice") == (Code.PERMISSION_DENIED,) * 3
+        # a peer probes, and reads nothing else
+        assert await calls("agent-virginia") == (Code.PERMISSION_DENIED, Code.OK, Code.PERMISSION_DENIED)
+        assert await calls("topology") == (Code.OK, Code.OK, Code.DEADLINE_EXCEEDED)
+        assert await calls("admin") == (Code.OK, Code.OK, Code.DEADLINE_EXCEEDED)
     finally:
         await server.stop(grace_s=0)
 

@@ -101,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             else:
                 from agent.executor import executor_for
 
-                executor = executor_for(config, agent.address, on_busy=agent.set_busy)
+                executor = executor_for(config, agent.address, on_busy=agent.set_busy, workers=agent.workers)
                 await asyncio.gather(agent.run(stop), executor.run(stop))
         finally:
             if metrics:

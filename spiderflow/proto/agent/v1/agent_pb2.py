@@ -26,17 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from spiderflow.proto.types.v1 import types_pb2 as spiderflow_dot_proto_dot_types_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%spiderflow/proto/agent/v1/agent.proto\x12\x13spiderflow.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%spiderflow/proto/types/v1/types.proto\"5\n\x10ProbeEchoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"6\n\x11ProbeEchoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"2\n\x12ProbeUploadRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\">\n\x13ProbeUploadResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"P\n\x14ProbeDownloadRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x05\"%\n\x15ProbeDownloadResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"H\n\nRendezvous\x12\x15\n\rstore_address\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\"M\n\x0e\x43heckpointSpec\x12\x11\n\tdirectory\x18\x01 \x01(\t\x12\x13\n\x0b\x65very_steps\x18\x02 \x01(\x05\x12\x13\n\x0bresume_step\x18\x03 \x01(\x03\"-\n\x08\x44\x61taSpec\x12\x0c\n\x04seed\x18\x01 \x01(\x03\x12\x13\n\x0btoken_files\x18\x02 \x03(\t\"\x9f\x03\n\x12StartStagesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12)\n\x03job\x18\x03 \x01(\x0b\x32\x1c.spiderflow.types.v1.JobSpec\x12\'\n\x04plan\x18\x04 \x01(\x0b\x32\x19.spiderflow.types.v1.Plan\x12\x0e\n\x06stages\x18\x05 \x03(\x05\x12\x33\n\nrendezvous\x18\x06 \x01(\x0b\x32\x1f.spiderflow.agent.v1.Rendezvous\x12\x37\n\ncheckpoint\x18\x07 \x01(\x0b\x32#.spiderflow.agent.v1.CheckpointSpec\x12+\n\x04\x64\x61ta\x18\x08 \x01(\x0b\x32\x1d.spiderflow.agent.v1.DataSpec\x12=\n\x03\x65nv\x18\t \x03(\x0b\x32\x30.spiderflow.agent.v1.StartStagesRequest.EnvEntry\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\x06Worker\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05stage\x18\x02 \x01(\x05\x12\x0f\n\x07replica\x18\x03 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x04 \x01(\x05\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"C\n\x13StartStagesResponse\x12,\n\x07workers\x18\x01 \x03(\x0b\x32\x1b.spiderflow.agent.v1.Worker\"U\n\x11StopStagesRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07grace_s\x18\x04 \x01(\x01\"B\n\x12StopStagesResponse\x12,\n\x07stopped\x18\x01 \x03(\x0b\x32\x1b.spiderflow.agent.v1.Worker\"\xbd\x01\n\x0cWorkerStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12+\n\x06worker\x18\x03 \x01(\x0b\x32\x1b.spiderflow.agent.v1.Worker\x12/\n\x05state\x18\x04 \x01(\x0e\x32 .spiderflow.agent.v1.WorkerState\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\x92\x01\n\tPeerProbe\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x02 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x03 \x01(\x01R\nlatency_ms\x12/\n\x0bmeasured_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x12\n\x10GetStatusRequest\"\x8b\x02\n\x11GetStatusResponse\x12-\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08training\x18\x04 \x01(\x08\x12\x32\n\x07workers\x18\x05 \x03(\x0b\x32!.spiderflow.agent.v1.WorkerStatus\x12.\n\x06probes\x18\x06 \x03(\x0b\x32\x1e.spiderflow.agent.v1.PeerProbe\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x13WatchWorkersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8c\x01\n\x14WatchWorkersResponse\x12\x33\n\x06worker\x18\x01 \x01(\x0b\x32!.spiderflow.agent.v1.WorkerStatusH\x00\x12\x36\n\x08progress\x18\x02 \x01(\x0b\x32\".spiderflow.types.v1.ProgressEventH\x00\x42\x07\n\x05\x65vent\"O\n\x0eReadLogsOffset\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x96\x01\n\x0fReadLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\x34\n\x07offsets\x18\x06 \x03(\x0b\x32#.spiderflow.agent.v1.ReadLogsOffset\"p\n\x10ReadLogsResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c*\xaf\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x02\x12\x1a\n\x16WORKER_STATE_SUCCEEDED\x10\x03\x12\x17\n\x13WORKER_STATE_FAILED\x10\x04\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x05\x32\x90\x06\n\x05\x41gent\x12Z\n\tProbeEcho\x12%.spiderflow.agent.v1.ProbeEchoRequest\x1a&.spiderflow.agent.v1.ProbeEchoResponse\x12\x62\n\x0bProbeUpload\x12\'.spiderflow.agent.v1.ProbeUploadRequest\x1a(.spiderflow.agent.v1.ProbeUploadResponse(\x01\x12h\n\rProbeDownload\x12).spiderflow.agent.v1.ProbeDownloadRequest\x1a*.spiderflow.agent.v1.ProbeDownloadResponse0\x01\x12`\n\x0bStartStages\x12\'.spiderflow.agent.v1.StartStagesRequest\x1a(.spiderflow.agent.v1.StartStagesResponse\x12]\n\nStopStages\x12&.spiderflow.agent.v1.StopStagesRequest\x1a\'.spiderflow.agent.v1.StopStagesResponse\x12Z\n\tGetStatus\x12%.spiderflow.agent.v1.GetStatusRequest\x1a&.spiderflow.agent.v1.GetStatusResponse\x12\x65\n\x0cWatchWorkers\x12(.spiderflow.agent.v1.WatchWorkersRequest\x1a).spiderflow.agent.v1.WatchWorkersResponse0\x01\x12Y\n\x08ReadLogs\x12$.spiderflow.agent.v1.ReadLogsRequest\x1a%.spiderflow.agent.v1.ReadLogsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%spiderflow/proto/agent/v1/agent.proto\x12\x13spiderflow.agent.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%spiderflow/proto/types/v1/types.proto\"5\n\x10ProbeEchoRequest\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"6\n\x11ProbeEchoResponse\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"2\n\x12ProbeUploadRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\">\n\x13ProbeUploadResponse\x12\x16\n\x0e\x62ytes_received\x18\x01 \x01(\x03\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\"P\n\x14ProbeDownloadRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x05\"%\n\x15ProbeDownloadResponse\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\"T\n\x06Worker\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\r\n\x05stage\x18\x02 \x01(\x05\x12\x0f\n\x07replica\x18\x03 \x01(\x05\x12\x0f\n\x07tp_rank\x18\x04 \x01(\x05\x12\x0b\n\x03pid\x18\x05 \x01(\x05\"\xbd\x01\n\x0cWorkerStatus\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12+\n\x06worker\x18\x03 \x01(\x0b\x32\x1b.spiderflow.agent.v1.Worker\x12/\n\x05state\x18\x04 \x01(\x0e\x32 .spiderflow.agent.v1.WorkerState\x12\x0c\n\x04step\x18\x05 \x01(\x03\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\r\n\x05\x65rror\x18\x07 \x01(\t\"\x92\x01\n\tPeerProbe\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12&\n\x0e\x62\x61ndwidth_gbps\x18\x02 \x01(\x01R\x0e\x62\x61ndwidth_gbps\x12\x1e\n\nlatency_ms\x18\x03 \x01(\x01R\nlatency_ms\x12/\n\x0bmeasured_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x12\n\x10GetStatusRequest\"\x8b\x02\n\x11GetStatusResponse\x12-\n\x07\x63luster\x18\x01 \x01(\x0b\x32\x1c.spiderflow.types.v1.Cluster\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x10\n\x08training\x18\x04 \x01(\x08\x12\x32\n\x07workers\x18\x05 \x03(\x0b\x32!.spiderflow.agent.v1.WorkerStatus\x12.\n\x06probes\x18\x06 \x03(\x0b\x32\x1e.spiderflow.agent.v1.PeerProbe\x12.\n\nstarted_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"%\n\x13WatchWorkersRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x8c\x01\n\x14WatchWorkersResponse\x12\x33\n\x06worker\x18\x01 \x01(\x0b\x32!.spiderflow.agent.v1.WorkerStatusH\x00\x12\x36\n\x08progress\x18\x02 \x01(\x0b\x32\".spiderflow.types.v1.ProgressEventH\x00\x42\x07\n\x05\x65vent\"O\n\x0eReadLogsOffset\x12\x0f\n\x07\x61ttempt\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0e\n\x06stream\x18\x03 \x01(\t\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"\x96\x01\n\x0fReadLogsRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06\x66ollow\x18\x04 \x01(\x08\x12\x0e\n\x06stream\x18\x05 \x01(\t\x12\x34\n\x07offsets\x18\x06 \x03(\x0b\x32#.spiderflow.agent.v1.ReadLogsOffset\"p\n\x10ReadLogsResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06stream\x18\x04 \x01(\t\x12\x0e\n\x06offset\x18\x05 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c*\xaf\x01\n\x0bWorkerState\x12\x1c\n\x18WORKER_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_STATE_STARTING\x10\x01\x12\x18\n\x14WORKER_STATE_RUNNING\x10\x02\x12\x1a\n\x16WORKER_STATE_SUCCEEDED\x10\x03\x12\x17\n\x13WORKER_STATE_FAILED\x10\x04\x12\x18\n\x14WORKER_STATE_STOPPED\x10\x05\x32\xcf\x04\n\x05\x41gent\x12Z\n\tProbeEcho\x12%.spiderflow.agent.v1.ProbeEchoRequest\x1a&.spiderflow.agent.v1.ProbeEchoResponse\x12\x62\n\x0bProbeUpload\x12\'.spiderflow.agent.v1.ProbeUploadRequest\x1a(.spiderflow.agent.v1.ProbeUploadResponse(\x01\x12h\n\rProbeDownload\x12).spiderflow.agent.v1.ProbeDownloadRequest\x1a*.spiderflow.agent.v1.ProbeDownloadResponse0\x01\x12Z\n\tGetStatus\x12%.spiderflow.agent.v1.GetStatusRequest\x1a&.spiderflow.agent.v1.GetStatusResponse\x12\x65\n\x0cWatchWorkers\x12(.spiderflow.agent.v1.WatchWorkersRequest\x1a).spiderflow.agent.v1.WatchWorkersResponse0\x01\x12Y\n\x08ReadLogs\x12$.spiderflow.agent.v1.ReadLogsRequest\x1a%.spiderflow.agent.v1.ReadLogsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'spiderflow.proto.agent.v1.agent_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STARTSTAGESREQUEST_ENVENTRY']._loaded_options = None
-  _globals['_STARTSTAGESREQUEST_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_WORKERSTATE']._serialized_start=2572
-  _globals['_WORKERSTATE']._serialized_end=2747
+  _globals['_WORKERSTATE']._serialized_start=1730
+  _globals['_WORKERSTATE']._serialized_end=1905
   _globals['_PROBEECHOREQUEST']._serialized_start=134
   _globals['_PROBEECHOREQUEST']._serialized_end=187
   _globals['_PROBEECHORESPONSE']._serialized_start=189
@@ -49,42 +47,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROBEDOWNLOADREQUEST']._serialized_end=441
   _globals['_PROBEDOWNLOADRESPONSE']._serialized_start=443
   _globals['_PROBEDOWNLOADRESPONSE']._serialized_end=480
-  _globals['_RENDEZVOUS']._serialized_start=482
-  _globals['_RENDEZVOUS']._serialized_end=554
-  _globals['_CHECKPOINTSPEC']._serialized_start=556
-  _globals['_CHECKPOINTSPEC']._serialized_end=633
-  _globals['_DATASPEC']._serialized_start=635
-  _globals['_DATASPEC']._serialized_end=680
-  _globals['_STARTSTAGESREQUEST']._serialized_start=683
-  _globals['_STARTSTAGESREQUEST']._serialized_end=1098
-  _globals['_STARTSTAGESREQUEST_ENVENTRY']._serialized_start=1056
-  _globals['_STARTSTAGESREQUEST_ENVENTRY']._serialized_end=1098
-  _globals['_WORKER']._serialized_start=1100
-  _globals['_WORKER']._serialized_end=1184
-  _globals['_STARTSTAGESRESPONSE']._serialized_start=1186
-  _globals['_STARTSTAGESRESPONSE']._serialized_end=1253
-  _globals['_STOPSTAGESREQUEST']._serialized_start=1255
-  _globals['_STOPSTAGESREQUEST']._serialized_end=1340
-  _globals['_STOPSTAGESRESPONSE']._serialized_start=1342
-  _globals['_STOPSTAGESRESPONSE']._serialized_end=1408
-  _globals['_WORKERSTATUS']._serialized_start=1411
-  _globals['_WORKERSTATUS']._serialized_end=1600
-  _globals['_PEERPROBE']._serialized_start=1603
-  _globals['_PEERPROBE']._serialized_end=1749
-  _globals['_GETSTATUSREQUEST']._serialized_start=1751
-  _globals['_GETSTATUSREQUEST']._serialized_end=1769
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1772
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2039
-  _globals['_WATCHWORKERSREQUEST']._serialized_start=2041
-  _globals['_WATCHWORKERSREQUEST']._serialized_end=2078
-  _globals['_WATCHWORKERSRESPONSE']._serialized_start=2081
-  _globals['_WATCHWORKERSRESPONSE']._serialized_end=2221
-  _globals['_READLOGSOFFSET']._serialized_start=2223
-  _globals['_READLOGSOFFSET']._serialized_end=2302
-  _globals['_READLOGSREQUEST']._serialized_start=2305
-  _globals['_READLOGSREQUEST']._serialized_end=2455
-  _globals['_READLOGSRESPONSE']._serialized_start=2457
-  _globals['_READLOGSRESPONSE']._serialized_end=2569
-  _globals['_AGENT']._serialized_start=2750
-  _globals['_AGENT']._serialized_end=3534
+  _globals['_WORKER']._serialized_start=482
+  _globals['_WORKER']._serialized_end=566
+  _globals['_WORKERSTATUS']._serialized_start=569
+  _globals['_WORKERSTATUS']._serialized_end=758
+  _globals['_PEERPROBE']._serialized_start=761
+  _globals['_PEERPROBE']._serialized_end=907
+  _globals['_GETSTATUSREQUEST']._serialized_start=909
+  _globals['_GETSTATUSREQUEST']._serialized_end=927
+  _globals['_GETSTATUSRESPONSE']._serialized_start=930
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1197
+  _globals['_WATCHWORKERSREQUEST']._serialized_start=1199
+  _globals['_WATCHWORKERSREQUEST']._serialized_end=1236
+  _globals['_WATCHWORKERSRESPONSE']._serialized_start=1239
+  _globals['_WATCHWORKERSRESPONSE']._serialized_end=1379
+  _globals['_READLOGSOFFSET']._serialized_start=1381
+  _globals['_READLOGSOFFSET']._serialized_end=1460
+  _globals['_READLOGSREQUEST']._serialized_start=1463
+  _globals['_READLOGSREQUEST']._serialized_end=1613
+  _globals['_READLOGSRESPONSE']._serialized_start=1615
+  _globals['_READLOGSRESPONSE']._serialized_end=1727
+  _globals['_AGENT']._serialized_start=1908
+  _globals['_AGENT']._serialized_end=2499
 # @@protoc_insertion_point(module_scope)

@@ -74,63 +74,6 @@ class ProbeDownloadResponse(_message.Message):
     data: bytes
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
-class Rendezvous(_message.Message):
-    __slots__ = ("store_address", "world_size", "backend")
-    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
-    BACKEND_FIELD_NUMBER: _ClassVar[int]
-    store_address: str
-    world_size: int
-    backend: str
-    def __init__(self, store_address: _Optional[str] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
-
-class CheckpointSpec(_message.Message):
-    __slots__ = ("directory", "every_steps", "resume_step")
-    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
-    EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
-    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
-    directory: str
-    every_steps: int
-    resume_step: int
-    def __init__(self, directory: _Optional[str] = ..., every_steps: _Optional[int] = ..., resume_step: _Optional[int] = ...) -> None: ...
-
-class DataSpec(_message.Message):
-    __slots__ = ("seed", "token_files")
-    SEED_FIELD_NUMBER: _ClassVar[int]
-    TOKEN_FILES_FIELD_NUMBER: _ClassVar[int]
-    seed: int
-    token_files: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, seed: _Optional[int] = ..., token_files: _Optional[_Iterable[str]] = ...) -> None: ...
-
-class StartStagesRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "job", "plan", "stages", "rendezvous", "checkpoint", "data", "env")
-    class EnvEntry(_message.Message):
-        __slots__ = ("key", "value")
-        KEY_FIELD_NUMBER: _ClassVar[int]
-        VALUE_FIELD_NUMBER: _ClassVar[int]
-        key: str
-        value: str
-        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
-    JOB_FIELD_NUMBER: _ClassVar[int]
-    PLAN_FIELD_NUMBER: _ClassVar[int]
-    STAGES_FIELD_NUMBER: _ClassVar[int]
-    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
-    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    ENV_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    attempt: int
-    job: _types_pb2.JobSpec
-    plan: _types_pb2.Plan
-    stages: _containers.RepeatedScalarFieldContainer[int]
-    rendezvous: Rendezvous
-    checkpoint: CheckpointSpec
-    data: DataSpec
-    env: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., job: _Optional[_Union[_types_pb2.JobSpec, _Mapping]] = ..., plan: _Optional[_Union[_types_pb2.Plan, _Mapping]] = ..., stages: _Optional[_Iterable[int]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., checkpoint: _Optional[_Union[CheckpointSpec, _Mapping]] = ..., data: _Optional[_Union[DataSpec, _Mapping]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
-
 class Worker(_message.Message):
     __slots__ = ("rank", "stage", "replica", "tp_rank", "pid")
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -144,30 +87,6 @@ class Worker(_message.Message):
     tp_rank: int
     pid: int
     def __init__(self, rank: _Optional[int] = ..., stage: _Optional[int] = ..., replica: _Optional[int] = ..., tp_rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
-
-class StartStagesResponse(_message.Message):
-    __slots__ = ("workers",)
-    WORKERS_FIELD_NUMBER: _ClassVar[int]
-    workers: _containers.RepeatedCompositeFieldContainer[Worker]
-    def __init__(self, workers: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
-
-class StopStagesRequest(_message.Message):
-    __slots__ = ("job_id", "attempt", "reason", "grace_s")
-    JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
-    REASON_FIELD_NUMBER: _ClassVar[int]
-    GRACE_S_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    attempt: int
-    reason: str
-    grace_s: float
-    def __init__(self, job_id: _Optional[str] = ..., attempt: _Optional[int] = ..., reason: _Optional[str] = ..., grace_s: _Optional[float] = ...) -> None: ...
-
-class StopStagesResponse(_message.Message):
-    __slots__ = ("stopped",)
-    STOPPED_FIELD_NUMBER: _ClassVar[int]
-    stopped: _containers.RepeatedCompositeFieldContainer[Worker]
-    def __init__(self, stopped: _Optional[_Iterable[_Union[Worker, _Mapping]]] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("job_id", "attempt", "worker", "state", "step", "exit_code", "error")

@@ -50,16 +50,6 @@ class AgentStub:
                 request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadRequest.SerializeToString,
                 response_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadResponse.FromString,
                 _registered_method=True)
-        self.StartStages = channel.unary_unary(
-                '/spiderflow.agent.v1.Agent/StartStages',
-                request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesRequest.SerializeToString,
-                response_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesResponse.FromString,
-                _registered_method=True)
-        self.StopStages = channel.unary_unary(
-                '/spiderflow.agent.v1.Agent/StopStages',
-                request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesRequest.SerializeToString,
-                response_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesResponse.FromString,
-                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/spiderflow.agent.v1.Agent/GetStatus',
                 request_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.GetStatusRequest.SerializeToString,
@@ -103,20 +93,6 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def StartStages(self, request, context):
-        """Start the worker processes of the plan's stages that run on this cluster.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def StopStages(self, request, context):
-        """Stop a job's workers on this cluster (gracefully, then by force after `grace_s`).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def GetStatus(self, request, context):
         """The agent's cluster profile, its workers and its latest probe results.
         """
@@ -125,7 +101,9 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchWorkers(self, request, context):
-        """Worker state changes and progress on this cluster as they happen (for a job, or all jobs).
+        """The current state of this cluster's workers (of a job, or all), then their state changes and the
+        training progress as they happen, until the caller cancels. Callers: services and admins only. A
+        watcher that falls far behind is ended with RESOURCE_EXHAUSTED and watches again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -157,16 +135,6 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ProbeDownload,
                     request_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadRequest.FromString,
                     response_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadResponse.SerializeToString,
-            ),
-            'StartStages': grpc.unary_unary_rpc_method_handler(
-                    servicer.StartStages,
-                    request_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesRequest.FromString,
-                    response_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesResponse.SerializeToString,
-            ),
-            'StopStages': grpc.unary_unary_rpc_method_handler(
-                    servicer.StopStages,
-                    request_deserializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesRequest.FromString,
-                    response_serializer=spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -266,60 +234,6 @@ class Agent:
             '/spiderflow.agent.v1.Agent/ProbeDownload',
             spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadRequest.SerializeToString,
             spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.ProbeDownloadResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StartStages(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/spiderflow.agent.v1.Agent/StartStages',
-            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesRequest.SerializeToString,
-            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StartStagesResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def StopStages(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/spiderflow.agent.v1.Agent/StopStages',
-            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesRequest.SerializeToString,
-            spiderflow_dot_proto_dot_agent_dot_v1_dot_agent__pb2.StopStagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
