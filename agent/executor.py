@@ -37,7 +37,8 @@ plane's ``Control`` API, :mod:`agent.remote_store`; the agent holds no etcd cred
   connection, a timeout) is held back for ``failure_grace_s``: when a cluster dies, its agent's lease
   expires and the scheduler re-places the job (deleting this assignment) — that is a re-placement, not a
   failure of the job. Only if the assignment is still there after the grace is the failure reported.
-- **Checkpoints.** Every ``checkpoint_every`` steps each stage saves its shard under
+- **Checkpoints.** Every ``checkpoint_every`` steps (the job's own, else the rank-0 agent's
+  :attr:`ExecutorSettings.checkpoint_every`) each stage saves its shard under
   ``<checkpoint_dir>/<job>/attempt-<n>/``; once all have saved (a barrier in the workers) rank 0 prints the
   manifest and its agent writes it to ``checkpoints/<job>`` (compare-and-swap, only a newer step
   replaces an older one). A later attempt — any clusters, any layer split — resumes from it by
@@ -409,7 +410,8 @@ class Executor:
         info = RendezvousInfo(
             host=s.host, port=int(server.port),
             checkpoint_dir=str(ids.inside(s.checkpoint_dir, a.job, f"attempt-{a.attempt}").resolve()),
-            checkpoint_every=s.checkpoint_every, resume=resume,
+            checkpoint_every=a.spec.checkpoint_every if a.spec.checkpoint_every is not None else s.checkpoint_every,
+            resume=resume,
         )
         await self.store.put(key, records.encode(info))
         bound.info("executor.rendezvous_published", host=info.host, port=info.port,

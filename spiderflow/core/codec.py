@@ -95,7 +95,7 @@ _LINK_FIELDS = {"a": str, "b": str, "bandwidth_gbps": float, "latency_ms": float
 _JOB_FIELDS = {
     "id": str, "model": object, "global_batch": int, "micro_batch": int, "seq_len": int, "steps": int,
     "gpus": dict, "arrival_s": float, "priority": int, "tenant": str, "precision": str, "data": dict,
-    "optimizer": dict, "constraints": dict,
+    "optimizer": dict, "constraints": dict, "checkpoint_every": int,
 }
 _MODEL_FIELDS = {
     "name": str, "layers": int, "hidden": int, "heads": int, "vocab": int, "family": str, "kv_heads": int,
@@ -375,6 +375,8 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         out["optimizer"] = optimizer_to_dict(job.optimizer)
     if not job.constraints.empty:
         out["constraints"] = constraints_to_dict(job.constraints)
+    if job.checkpoint_every is not None:
+        out["checkpoint_every"] = job.checkpoint_every
     return out
 
 

@@ -631,7 +631,9 @@ class JobSpec:
     """A training job, as in the trace file format (field names match the proto and the file).
 
     ``data`` and ``optimizer`` say what it trains on and how (defaults: synthetic tokens, AdamW at a
-    constant ``1e-3``); ``constraints`` where it may run (default: anywhere)."""
+    constant ``1e-3``); ``constraints`` where it may run (default: anywhere). ``checkpoint_every``: steps
+    between checkpoints (0: none, so a re-placed job starts over; ``None``: the agents' default, their
+    ``--checkpoint-every``)."""
 
     id: str
     model: ModelSpec
@@ -647,6 +649,7 @@ class JobSpec:
     data: DataSpec = field(default_factory=DataSpec)
     optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
     constraints: Constraints = field(default_factory=Constraints)
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.constraints, Constraints):
@@ -661,6 +664,8 @@ class JobSpec:
             )
         _int("seq_len", self.seq_len, minimum=1)
         _int("steps", self.steps, minimum=1)
+        if self.checkpoint_every is not None:
+            _int("checkpoint_every", self.checkpoint_every, minimum=0)
         _positive("arrival_s", self.arrival_s, allow_zero=True)
         _int("priority", self.priority, minimum=-1000)
         if self.priority > 1000:

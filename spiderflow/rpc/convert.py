@@ -236,7 +236,7 @@ def model_spec_from_proto(msg: types_pb2.ModelSpec, *, field: str = "model") -> 
     return model_from_value(raw, field=field)
 
 
-_JOB_OPTIONAL = ("global_batch", "micro_batch", "seq_len", "steps", "arrival_s", "priority")
+_JOB_OPTIONAL = ("global_batch", "micro_batch", "seq_len", "steps", "arrival_s", "priority", "checkpoint_every")
 
 
 _DATA_STRINGS = ("kind", "path", "dtype", "tokenizer", "text_field", "cache_dir")
@@ -282,6 +282,7 @@ def job_to_proto(job: JobSpec) -> types_pb2.JobSpec:
         micro_batch=job.micro_batch, seq_len=job.seq_len, steps=job.steps,
         gpus=types_pb2.GpuRange(min=job.gpus.min, max=job.gpus.max), arrival_s=job.arrival_s,
         priority=job.priority, tenant=job.tenant, precision=job.precision.value,
+        checkpoint_every=job.checkpoint_every,
     )
     if job.data != _DEFAULT_DATA:
         msg.data.CopyFrom(data_to_proto(job.data))

@@ -6,7 +6,8 @@
   off, the rendezvous key is removed afterwards, worker logs are in the work dir;
 - the agent's worker board follows each rank (starting, running with its step, succeeded; stopped when
   the assignment goes) and carries the progress events, which a watcher sees in order;
-- a deleted assignment stops its workers without any report;
+- a deleted assignment stops its workers without any report; a job's own checkpoint interval overrides
+  the agent's;
 - a plan the executor cannot run (tensor parallelism) fails its stage at once, with the reason;
 - values: assignment and rendezvous round trips, peer-looking errors.
 """
@@ -53,9 +54,9 @@ class Recorder:
         return None
 
 
-def _assignment(job: str, steps: int, attempt: int = 1, tp: int = 1) -> bytes:
+def _assignment(job: str, steps: int, attempt: int = 1, tp: int = 1, checkpoint_every: int | None = None) -> bytes:
     spec = job_from_dict({"id": job, "model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32,
-                          "steps": steps, "gpus": {"min": 1, "max": tp}})
+                          "steps": steps, "gpus": {"min": 1, "max": tp}, "checkpoint_every": checkpoint_every})
     plan = Plan(stages=(Stage(cluster=CLUSTER, first_layer=0, last_layer=MODEL_PRESETS["gpt-tiny"].layers - 1,
                               tp=tp),),
                 micro_batches=2, schedule=Schedule.ONE_F_ONE_B)
@@ -119,8 +120,14 @@ async def test_an_assignment_runs_reports_and_checkpoints(tmp_path: Path) -> Non
 async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -> None:
     async with _executor(tmp_path, every=0) as (ex, store, rec, busy):
         key = keys.assignment_key(CLUSTER, "j2")
-        await store.put(key, _assignment("j2", steps=10_000))
+        # the agent saves no checkpoint (every=0), the job asks for one every step: the job's setting wins
+        await store.put(key, _assignment("j2", steps=10_000, checkpoint_every=1))
         await asyncio.wait_for(rec.progress.wait(), 150)
+        for _ in range(300):
+            if await store.get(keys.checkpoint_key("j2")) is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert await store.get(keys.checkpoint_key("j2")) is not None
         await store.delete(key)
         for _ in range(100):
             if not ex.runs:

@@ -93,6 +93,7 @@ def jobs(draw: st.DrawFn) -> JobSpec:
         gpus=GpuRange(min=lo, max=lo + draw(st.integers(0, 64))),
         arrival_s=draw(st.floats(0, 1e6, allow_nan=False)), priority=draw(st.integers(-1000, 1000)),
         tenant=draw(names), precision=draw(st.sampled_from(list(Precision))),
+        checkpoint_every=draw(st.none() | st.integers(0, 10**4)),
     )
 
 
@@ -265,6 +266,7 @@ def test_defaults_apply_when_optional_fields_are_unset() -> None:
     job = cv.job_from_proto(json_format.Parse(json.dumps(minimal), types_pb2.JobSpec()))
     assert job == job_from_dict(minimal)
     assert (job.micro_batch, job.seq_len, job.steps, job.tenant, job.priority) == (1, 2048, 1, "default", 0)
+    assert job.checkpoint_every is None  # the agents' own setting applies
 
 
 def test_topology_file_json_parses_as_proto() -> None:
@@ -318,6 +320,7 @@ def _job_msg(**over: Any) -> types_pb2.JobSpec:
         ({"micro_batch": 0}, "job.micro_batch"),
         ({"seq_len": -5}, "job.seq_len"),
         ({"priority": 5000}, "job.priority"),
+        ({"checkpoint_every": -1}, "job.checkpoint_every"),
     ],
 )
 def test_invalid_job_names_the_field(over: dict[str, Any], field: str) -> None:

@@ -68,7 +68,8 @@ def client(args: argparse.Namespace) -> Client:
 SUBMIT_DEFAULTS: dict[str, Any] = {"global_batch": 8, "micro_batch": 1, "seq_len": 2048, "steps": 10,
                                    "gpus": {"min": 1, "max": 8}, "priority": 0, "tenant": "default"}
 """What ``submit --model`` uses for the options not given (a job FILE's own values win over these)."""
-_OVERRIDES = ("id", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "priority", "tenant", "precision")
+_OVERRIDES = ("id", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "priority", "tenant", "precision",
+              "checkpoint_every")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -392,6 +393,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tenant", help="tenant the job is billed to (default: default, or your certificate's)")
     p.add_argument("--precision", choices=[v.value for v in Precision],
                    help="training precision (default bf16: fp32 master weights and optimizer state)")
+    p.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="steps between checkpoints (0: none; default: the agents' setting)")
     p.add_argument("--policy", help="placement policy (default: the scheduler's, spinsearch)")
     p.add_argument("--request-id", help="idempotency key; a retry with the same key creates nothing (default: "
                                         "a random one)")

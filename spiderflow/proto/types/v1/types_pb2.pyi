@@ -150,7 +150,7 @@ class GpuRange(_message.Message):
     def __init__(self, min: _Optional[int] = ..., max: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision", "data", "optimizer", "constraints")
+    __slots__ = ("id", "model", "global_batch", "micro_batch", "seq_len", "steps", "gpus", "arrival_s", "priority", "tenant", "precision", "data", "optimizer", "constraints", "checkpoint_every")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class JobSpec(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
     CONSTRAINTS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     id: str
     model: _struct_pb2.Value
     global_batch: int
@@ -179,7 +180,8 @@ class JobSpec(_message.Message):
     data: TrainingData
     optimizer: OptimizerConfig
     constraints: ResourceConstraints
-    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ..., data: _Optional[_Union[TrainingData, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., constraints: _Optional[_Union[ResourceConstraints, _Mapping]] = ...) -> None: ...
+    checkpoint_every: int
+    def __init__(self, id: _Optional[str] = ..., model: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., global_batch: _Optional[int] = ..., micro_batch: _Optional[int] = ..., seq_len: _Optional[int] = ..., steps: _Optional[int] = ..., gpus: _Optional[_Union[GpuRange, _Mapping]] = ..., arrival_s: _Optional[float] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., precision: _Optional[str] = ..., data: _Optional[_Union[TrainingData, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerConfig, _Mapping]] = ..., constraints: _Optional[_Union[ResourceConstraints, _Mapping]] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
 
 class ResourceConstraints(_message.Message):
     __slots__ = ("gpu_types", "clusters", "exclude_clusters", "regions", "exclude_regions")
