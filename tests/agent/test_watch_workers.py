@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from idle_agent import IdleAgentState
 
 import agent.workers
-from agent.probe import Ingress
 from agent.service import AgentService
 from agent.workers import WorkerBoard
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
@@ -32,19 +32,10 @@ def _w(rank: int, stage: int = 0) -> agent_pb2.Worker:
     return agent_pb2.Worker(rank=rank, stage=stage)
 
 
-class _State:
-    busy = False
-    serve_cap_bytes = 1 << 20
-    ingress = Ingress()
-
-    def status(self) -> agent_pb2.GetStatusResponse:
-        return agent_pb2.GetStatusResponse()
-
-
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[WorkerBoard, RpcServer]]:
     board = WorkerBoard()
-    server = await serve([AgentService(_State(), workers=board)])
+    server = await serve([AgentService(IdleAgentState(), workers=board)])
     try:
         yield board, server
     finally:

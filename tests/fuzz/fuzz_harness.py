@@ -36,8 +36,8 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from idle_agent import IdleAgentState
 
-from agent.probe import Ingress
 from agent.registration import Registration
 from agent.service import AgentService
 from services.planner.service import PlannerService
@@ -50,7 +50,7 @@ from services.topology.service import TopologyService
 from spiderflow import joblogs
 from spiderflow.formats import job_from_dict
 from spiderflow.jobs import JobRecord, JobState, Progress
-from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
+from spiderflow.proto.agent.v1 import agent_pb2_grpc
 from spiderflow.proto.control.v1 import control_pb2_grpc
 from spiderflow.proto.planner.v1 import planner_pb2_grpc
 from spiderflow.proto.scheduler.v1 import scheduler_pb2_grpc
@@ -81,17 +81,6 @@ WRONG_TOKENS = {"tenant:alice": "fz-tenant-alice-token-0001", "agent:fz": "fz-ag
                 "agent:other": "fz-agent-other-token-00001"}
 """Bearer tokens of the authenticating agent server: the control plane's, and identities that may not read logs."""
 WRONG_IDENTITY = " (wrong identity)"
-
-
-class _AgentState:
-    """An idle agent for :class:`~agent.service.AgentService` (bulk probes up to 1 MiB)."""
-
-    busy = False
-    serve_cap_bytes = 1 << 20
-    ingress = Ingress()
-
-    def status(self) -> agent_pb2.GetStatusResponse:
-        return agent_pb2.GetStatusResponse()
 
 
 class _LongLeases(EtcdStore):
@@ -139,14 +128,14 @@ class FuzzTarget:
         stderr.write_bytes(b"warming up\n" + b"x" * 3000 + b"\nno newline at the end")
         server = await serve([SchedulerService(repo, max_watches=64), PlannerService(),
                               TopologyService(self._store, topo_repo, tick_s=0.2),
-                              AgentService(_AgentState(), work_dir=self._work, cluster="fz"),
+                              AgentService(IdleAgentState(), work_dir=self._work, cluster="fz"),
                               ControlService(self._control_store)])
         reg = Registration(cluster="fz", agent_id="fz-agent", principal="fz-agent", address=server.address)
         await self._store.put(keys.cluster_key("fz"), reg.encode(), lease=lease)
         await self._seed_jobs(repo)
         tokens = TokenTable({CONTROL_TOKEN: parse_principal("service:scheduler"),
                              **{tok: parse_principal(who) for who, tok in WRONG_TOKENS.items()}})
-        self._auth_server = await serve([AgentService(_AgentState(), work_dir=self._work, cluster="fz")],
+        self._auth_server = await serve([AgentService(IdleAgentState(), work_dir=self._work, cluster="fz")],
                                         interceptors=[AuthInterceptor(Authenticator(tokens=tokens))])
         self._repo = repo
         return server

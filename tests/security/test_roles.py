@@ -14,8 +14,8 @@ from typing import Any
 import grpc
 import grpc.aio
 import pytest
+from idle_agent import IdleAgentState
 
-from agent.probe import Ingress
 from agent.service import AgentService
 from services.planner.service import PlannerService
 from services.scheduler.repo import JobRepository
@@ -158,17 +158,9 @@ async def test_service_certificates_are_not_tenants_or_admins(
     assert (await repo.get("alice~a-1")).record.state is JobState.PENDING
 
 
-class _AgentState:
-    busy = False
-    serve_cap_bytes = 8 << 20
-    ingress = Ingress()
-
-    def status(self) -> agent_pb2.GetStatusResponse:
-        return agent_pb2.GetStatusResponse()
-
-
 async def test_an_agent_serves_only_the_control_plane_and_peer_probes(certs: Path) -> None:
-    server = await serve([AgentService(_AgentState())], credentials=server_credentials(certs / "agent-ohio"),
+    server = await serve([AgentService(IdleAgentState(serve_cap_bytes=8 << 20))],
+                         credentials=server_credentials(certs / "agent-ohio"),
                          interceptors=[AuthInterceptor(Authenticator(certificates=True))])
     try:
         async def calls(bundle: str) -> tuple[Code, Code, Code]:
