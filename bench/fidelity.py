@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from spiderflow.core.catalog import ModelFamily, ModelSpec  # noqa: E402
 from spiderflow.core.costmodel import (  # noqa: E402
+    FSDP_PER_BLOCK_KEY,
     OVERLAP_KEY,
     SELECTIVE_RECOMPUTE_KEY,
     allreduce_time,
@@ -111,7 +112,9 @@ def framework_extras(rec: dict[str, Any]) -> dict[str, float]:
     """The cost model's framework options for a record (:func:`spiderflow.core.costmodel.plan_options`), set
     only where the record's source says the framework runs them: ``overlap`` for Megatron-LM's
     ``--tp-comm-overlap`` / ``--overlap-grad-reduce``, ``selective_recompute`` for torchtitan's op-level
-    selective checkpointing (``plan.selective_ac_option == 'op'``). torchtitan's eager fp32 loss
+    selective checkpointing (``plan.selective_ac_option == 'op'``), ``fsdp_per_block`` for torchtitan's FSDP2
+    without pipelining (``framework.fsdp == 'per_block'``: resharded after each block's forward, gathered in
+    bf16). torchtitan's eager fp32 loss
     (``framework.loss == 'eager_fp32_upcast'``) is the executor's own, which the cost model always prices
     (:data:`spiderflow.core.costmodel.LOGIT_BYTES`)."""
     fw, p = rec.get("framework", {}), rec["plan"]
@@ -120,6 +123,8 @@ def framework_extras(rec: dict[str, Any]) -> dict[str, float]:
         extras[OVERLAP_KEY] = 1.0
     if p.get("activation_checkpointing") == "selective" and p.get("selective_ac_option") == "op":
         extras[SELECTIVE_RECOMPUTE_KEY] = 1.0
+    if fw.get("fsdp") == "per_block" and p.get("sharding") == "fsdp":
+        extras[FSDP_PER_BLOCK_KEY] = 1.0
     return extras
 
 

@@ -102,6 +102,13 @@ above, and the planner never sets them: they describe how other frameworks run a
   stages without full recomputation keep, per block, its input, the attention output and the output of
   every odd-numbered matmul (1st, 3rd, …); the even-numbered matmuls and everything else are recomputed in
   backward (:func:`selective_saved_bytes`, :func:`selective_recompute_flops`).
+- ``fsdp_per_block`` (:data:`FSDP_PER_BLOCK_KEY`; torchtitan's FSDP2 without pipelining: ``fully_shard`` per
+  block with ``reshard_after_forward=True`` and ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``): an ``fsdp`` stage gathers each block's parameters in the compute dtype before its
+  forward and again before its backward, prefetched behind the neighbouring block's compute, so
+  ``T_s ← max(T_s, 2·AG_d(v·params_s/t))`` and the step's sync is the gradients' reduce-scatter alone; it
+  holds two blocks unsharded at a time (the one computing and the one prefetched, parameters and gradients
+  in the compute dtype: ``2·2·v·params_layer/t`` on top of the shard) instead of the whole stage.
 
 ``step_time = T_pipe + T_dp``; ``throughput = global_batch · s / step_time`` tokens/s.
 Fidelity against published GPU measurements and our executed runs: ``bench/fidelity.py`` (BENCHMARKS.md).
@@ -130,6 +137,7 @@ from spiderflow.core.schedules import plan_max_in_flight
 
 __all__ = [
     "BYTES_PER_PARAM",
+    "FSDP_PER_BLOCK_KEY",
     "FSDP_UNSHARDED_BYTES",
     "GIB",
     "GRAD_REDUCE_BYTES",
@@ -205,6 +213,9 @@ OVERLAP_KEY = "overlap"
 """``plan.extras`` key: communication overlapped with compute as Megatron-LM runs it (module docstring)."""
 SELECTIVE_RECOMPUTE_KEY = "selective_recompute"
 """``plan.extras`` key: op-level selective activation checkpointing as torchtitan runs it (module docstring)."""
+FSDP_PER_BLOCK_KEY = "fsdp_per_block"
+"""``plan.extras`` key: FSDP resharded per block after forward, gathering in the compute dtype, as torchtitan
+runs it without pipelining (module docstring)."""
 DDP_BUCKET_PARAMS = 40_000_000
 """Megatron-core's default gradient bucket (``max(4·10⁷, 10⁶·d)`` parameters; ``megatron/core/distributed/
 distributed_data_parallel.py``)."""
@@ -217,6 +228,7 @@ class PlanOptions:
 
     overlap: bool = False
     selective_recompute: bool = False
+    fsdp_per_block: bool = False
 
 
 def _flag(plan: Plan, key: str) -> bool:
@@ -227,9 +239,11 @@ def _flag(plan: Plan, key: str) -> bool:
 
 
 def plan_options(plan: Plan) -> PlanOptions:
-    """The framework options ``plan.extras`` carries (:data:`OVERLAP_KEY`, :data:`SELECTIVE_RECOMPUTE_KEY`); a
-    value other than 0 or 1 raises :class:`~spiderflow.core.errors.ValidationError` naming the key."""
-    return PlanOptions(overlap=_flag(plan, OVERLAP_KEY), selective_recompute=_flag(plan, SELECTIVE_RECOMPUTE_KEY))
+    """The framework options ``plan.extras`` carries (:data:`OVERLAP_KEY`, :data:`SELECTIVE_RECOMPUTE_KEY`,
+    :data:`FSDP_PER_BLOCK_KEY`); a value other than 0 or 1 raises
+    :class:`~spiderflow.core.errors.ValidationError` naming the key."""
+    return PlanOptions(overlap=_flag(plan, OVERLAP_KEY), selective_recompute=_flag(plan, SELECTIVE_RECOMPUTE_KEY),
+                       fsdp_per_block=_flag(plan, FSDP_PER_BLOCK_KEY))
 
 
 def _block_matmul_widths(model: ModelSpec) -> tuple[int, ...]:
@@ -420,10 +434,11 @@ with FSDP2 and no ``MixedPrecisionPolicy``, so ``param_dtype`` is the parameters
 def stage_compute_time(
     model: ModelSpec, cluster: Cluster, first: int, last: int, tp: int, b: int, s: int, *,
     precision: Precision = Precision.BF16, recompute: bool = False, selective: bool = False,
-    overlap: bool = False,
+    overlap: bool = False, fsdp_per_block_dp: int = 1,
 ) -> float:
     """``T_s``: forward + backward seconds of one micro-batch on one replica (compute, the per-layer fixed
-    overhead, TP all-reduces).
+    overhead, TP all-reduces; with ``fsdp_per_block_dp = d > 1`` at least the per-block parameter gathers of
+    the ``fsdp_per_block`` framework option over ``d`` shards, which prefetching hides behind compute).
 
     ``precision`` sets the compute rate (:func:`compute_rate_tflops`) and the TP all-reduce's value size;
     ``recompute`` runs the blocks' forward a second time in backward (4 instead of 3 forward-equivalents per
@@ -456,7 +471,12 @@ def stage_compute_time(
     if overlap and comm > 0.0:
         matmuls = fwd_passes * layers * 2.0 * b * s * model.params_per_layer / rate
         comm = exposed_tp_comm(comm, matmuls, tp)
-    return compute + comm
+    t = compute + comm
+    if fsdp_per_block_dp > 1:  # each block gathered before its forward and again before its backward
+        gather = 2.0 * fsdp_gather_time(vb * stage_params(model, first, last) / tp, fsdp_per_block_dp,
+                                        _dp_bandwidth(cluster, tp * fsdp_per_block_dp))
+        t = max(t, gather)
+    return t
 
 
 def measured_outer_time(model: ModelSpec, cluster: Cluster, first: int, last: int, b: int, s: int) -> float:
@@ -526,7 +546,7 @@ def stage_activation_bytes_per_microbatch(
 def stage_memory_bytes(
     model: ModelSpec, first: int, last: int, tp: int, b: int, s: int, in_flight: int, *,
     precision: Precision = Precision.BF16, sharding: Sharding = Sharding.REPLICATE, dp: int = 1,
-    recompute: bool = False, fused_attention: bool = False, selective: bool = False,
+    recompute: bool = False, fused_attention: bool = False, selective: bool = False, fsdp_per_block: bool = False,
 ) -> float:
     """``M_s``: bytes per GPU with ``in_flight`` micro-batches of activations held.
 
@@ -534,7 +554,8 @@ def stage_memory_bytes(
     and, under ``fsdp``, by ``dp`` — plus, under ``fsdp``, the whole stage unsharded through the step
     (:func:`fsdp_unsharded_bytes_per_param` per parameter, divided by ``tp`` only): the executor's
     step-granular FSDP gathers every parameter at the step's start and accumulates full gradients until the
-    drain.
+    drain; with ``fsdp_per_block`` (the framework option) two blocks' parameters and gradients in the compute
+    dtype instead (the block computing and the one prefetched).
     With ``recompute`` the held
     activations are the blocks' inputs, plus one block's full activations rebuilt during backward; with
     ``selective`` (not ``recompute``) they are :func:`selective_saved_bytes` per block, plus likewise one block
@@ -543,7 +564,9 @@ def stage_memory_bytes(
     params = stage_params(model, first, last)
     fsdp = sharding is Sharding.FSDP and dp > 1
     state = state_bytes_per_param(precision, sharding) * params / (tp * (dp if fsdp else 1))
-    if fsdp:
+    if fsdp and fsdp_per_block:
+        state += 2.0 * 2.0 * precision.value_bytes * model.params_per_layer / tp
+    elif fsdp:
         state += fsdp_unsharded_bytes_per_param(precision) * params / tp
     act = in_flight * stage_activation_bytes_per_microbatch(
         model, first, last, tp, b, s, recompute=recompute, precision=precision, fused_attention=fused_attention,
@@ -615,20 +638,22 @@ def boundary_time(
 
 
 def _dp_sync_time(
-    model: ModelSpec, st: Stage, c: Cluster, precision: Precision, *, overlap: bool = False, compute_s: float = 0.0
+    model: ModelSpec, st: Stage, c: Cluster, precision: Precision, *, overlap: bool = False, compute_s: float = 0.0,
+    per_block: bool = False,
 ) -> float:
     """Gradient synchronisation of one stage: ring all-reduce of its gradients (replicated), or under ``fsdp``
     their reduce-scatter over the shards plus the step's one all-gather of the fp32 parameters
     (``AG_d`` of :data:`PARAM_GATHER_BYTES` per parameter, :func:`fsdp_gather_time`); gradient values in
     :func:`grad_bytes_per_value`. With ``overlap`` only :func:`exposed_dp_sync` of the gradients' part, behind
     the backward (``⅔·compute_s``) of the last micro-batch (the gather runs before the step's first forward:
-    never hidden)."""
+    never hidden). ``per_block`` (the ``fsdp_per_block`` framework option): the gathers run per block inside
+    the micro-batches (:func:`stage_compute_time`), so the sync is the reduce-scatter alone."""
     params = stage_params(model, st.first_layer, st.last_layer) / st.tp
     nbytes = float(grad_bytes_per_value(precision)) * params
     bw = _dp_bandwidth(c, st.gpus)
     if st.sharding is Sharding.FSDP:
         t = fsdp_gather_time(nbytes, st.dp, bw)
-        gather = fsdp_gather_time(PARAM_GATHER_BYTES * params, st.dp, bw)
+        gather = 0.0 if per_block else fsdp_gather_time(PARAM_GATHER_BYTES * params, st.dp, bw)
     else:
         t = allreduce_time(nbytes, st.dp, bw)
         gather = 0.0
@@ -651,14 +676,16 @@ def breakdown(
     compute = tuple(
         stage_compute_time(model, c, st.first_layer, st.last_layer, st.tp, b, s, precision=precision,
                            recompute=st.recompute,
-                           selective=opts.selective_recompute, overlap=opts.overlap)
+                           selective=opts.selective_recompute, overlap=opts.overlap,
+                           fsdp_per_block_dp=st.dp if opts.fsdp_per_block and st.sharding is Sharding.FSDP else 1)
         for st, c in zip(stages, clusters, strict=True)
     )
     bounds = tuple(boundary_time(topo, model, stages[i], stages[i + 1], b, s, precision)
                    for i in range(len(stages) - 1))
     chunks = int(plan.extras.get("chunks", 2 if plan.schedule is Schedule.INTERLEAVED_1F1B else 1))
     pipe = pipeline_step_time(compute, [st.dp for st in stages], bounds, plan.micro_batches, chunks)
-    ar = tuple(_dp_sync_time(model, st, c, precision, overlap=opts.overlap, compute_s=t)
+    ar = tuple(_dp_sync_time(model, st, c, precision, overlap=opts.overlap, compute_s=t,
+                             per_block=opts.fsdp_per_block)
                for st, c, t in zip(stages, clusters, compute, strict=True))
     opt = tuple((st.last_layer - st.first_layer + 1) * c.optimizer_ms_per_layer / 1e3
                 for st, c in zip(stages, clusters, strict=True))
@@ -725,6 +752,7 @@ def _stage_memory_gib(plan: Plan, model: ModelSpec, b: int, s: int, precision: P
             in_flight_microbatches(plan.schedule, plan.micro_batches, st.dp, i, n, max_in_flight=cap),
             precision=precision, sharding=st.sharding, dp=st.dp, recompute=st.recompute,
             fused_attention=fused_attention, selective=opts.selective_recompute,
+            fsdp_per_block=opts.fsdp_per_block,
         ) / GIB
         for i, st in enumerate(plan.stages)
     )

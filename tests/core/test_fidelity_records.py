@@ -15,7 +15,17 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import fidelity  # type: ignore[import-not-found]  # noqa: E402
 
-from spiderflow.core.costmodel import OVERLAP_KEY, SELECTIVE_RECOMPUTE_KEY, evaluate  # noqa: E402
+from spiderflow.core.costmodel import (  # noqa: E402
+    FSDP_PER_BLOCK_KEY,
+    OVERLAP_KEY,
+    SELECTIVE_RECOMPUTE_KEY,
+    breakdown,
+    evaluate,
+    fsdp_unsharded_bytes_per_param,
+    stage_memory_bytes,
+    stage_params,
+)
+from spiderflow.core.domain import Plan, Sharding  # noqa: E402
 
 
 def test_records_carry_sources_and_the_options_their_sources_state() -> None:
@@ -26,7 +36,10 @@ def test_records_carry_sources_and_the_options_their_sources_state() -> None:
         extras = fidelity.framework_extras(rec)
         if "Megatron-LM" in rec["source"]["url"]:
             assert extras == {OVERLAP_KEY: 1.0}
-        elif rec["plan"]["activation_checkpointing"] == "selective":
+            continue
+        # every torchtitan record runs FSDP without pipelining: resharded per block after forward
+        assert extras.pop(FSDP_PER_BLOCK_KEY) == 1.0 and "reshard_after_forward" in rec["framework"]["fsdp_source"]
+        if rec["plan"]["activation_checkpointing"] == "selective":
             assert extras == {SELECTIVE_RECOMPUTE_KEY: 1.0}
         else:
             assert extras == {}
@@ -51,3 +64,25 @@ def test_options_only_change_what_they_describe(rid: str) -> None:
         assert on.step_time_s < off.step_time_s and on.memory_gib_per_gpu == off.memory_gib_per_gpu
     else:  # selective recomputation costs time and saves activations; the fp32 loss adds its buffers
         assert on.step_time_s > off.step_time_s and max(on.memory_gib_per_gpu) < max(off.memory_gib_per_gpu)
+
+
+def test_fsdp_per_block_gathers_per_block_and_holds_two_blocks() -> None:
+    """torchtitan's FSDP (the option) against the executor's step-granular FSDP on the same plan: the
+    gathers move from the step's sync into the micro-batches (bf16, hidden behind compute where it is longer),
+    and the stage holds two blocks unsharded instead of all of them."""
+    rec = next(r for r in fidelity.load_records() if r["id"] == "tt-2412-t3-fsdp")
+    plan, topo, job = fidelity.gpu_case(rec, options=False)
+    per_block = Plan(stages=plan.stages, micro_batches=plan.micro_batches, schedule=plan.schedule,
+                     extras={FSDP_PER_BLOCK_KEY: 1.0})
+    kw = {"micro_batch": job.micro_batch, "seq_len": job.seq_len, "precision": job.precision}
+    step, block = breakdown(plan, topo, job.model, **kw), breakdown(per_block, topo, job.model, **kw)
+    assert block.allreduce_s[0] < step.allreduce_s[0]  # the reduce-scatter alone
+    assert block.compute_s[0] >= step.compute_s[0]
+    st = plan.stages[0]
+    args = (job.model, st.first_layer, st.last_layer, st.tp, job.micro_batch, job.seq_len, 1)
+    whole = stage_memory_bytes(*args, sharding=Sharding.FSDP, dp=st.dp)
+    two_blocks = stage_memory_bytes(*args, sharding=Sharding.FSDP, dp=st.dp, fsdp_per_block=True)
+    params = stage_params(job.model, st.first_layer, st.last_layer)
+    v = job.precision.value_bytes
+    assert whole - two_blocks == pytest.approx(
+        (fsdp_unsharded_bytes_per_param(job.precision) * params - 2 * 2 * v * job.model.params_per_layer) / st.tp)
