@@ -25,7 +25,7 @@ For each run: the chain, the plan's predicted step time (the cost model on the l
 topology: calibrated TFLOPS × mfu, per-layer overhead and optimizer time, probed links) and the measured
 mean step time from the job's progress events (steps after the first; progress is coalesced by the agent,
 so these are the reported steps), plus, as a cross-check, the mean of every step of the last-stage worker
-(its ``done`` event in the mesh's work dir) and every rank's step breakdown
+(its ``done`` event in its stdout file, kept in its agent's work dir) and every rank's step breakdown
 (:data:`spiderflow.exec.runtime.PHASES`, wall and CPU time). Prints a table and the ratio
 ``firstfit / spinsearch`` of measured mean step times (issue 7's target: ≥ 1.3) and writes a JSON summary
 (``--out``) with the agents' calibration figures.
@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from spiderflow import joblogs  # noqa: E402
 from spiderflow.core.domain import Cluster, Link, Topology  # noqa: E402
 from spiderflow.core.errors import UnavailableError  # noqa: E402
 from spiderflow.core.placement import get_policy, load_builtin_policies  # noqa: E402
@@ -120,21 +121,28 @@ def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
     raise UnavailableError(f"links not all measured within {timeout:.0f} s: {len(topo.links)} of {want}")
 
 
-def worker_done_events(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, dict[str, Any]]:
-    """Every rank's ``done`` event (step times, per-phase breakdown) from the agents' work dirs."""
+def worker_done_events(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[int, dict[str, Any]]:
+    """Every rank's ``done`` event (step times, per-phase breakdown) of ``attempt`` of ``job_id``, read from
+    the workers' stdout files in every agent's work dir under ``agents_dir`` (``<agents_dir>/<cluster>``,
+    :attr:`spiderflow.mesh.LocalMesh.agents_dir`), where the executor keeps them
+    (:func:`spiderflow.joblogs.find_logs`: ``<work_dir>/logs/<job>/attempt-<n>/<cluster>/rank-<r>.out``)."""
     out: dict[int, dict[str, Any]] = {}
-    for f in mesh_dir.glob(f"agents/*/{job_id}/attempt-{attempt}/rank-*.out"):
-        for line in f.read_text().splitlines():
-            if line.startswith("{"):
-                ev = json.loads(line)
-                if ev.get("event") == "done":
-                    out[int(ev["rank"])] = ev
+    if not agents_dir.is_dir():
+        return out
+    for work_dir in sorted(p for p in agents_dir.iterdir() if p.is_dir()):
+        for log in joblogs.find_logs(work_dir, job=job_id, attempt=attempt,
+                                     streams=frozenset({joblogs.LogStream.STDOUT})):
+            for line in log.path.read_text().splitlines():
+                if line.startswith("{"):
+                    ev = json.loads(line)
+                    if ev.get("event") == "done":
+                        out[int(ev["rank"])] = ev
     return out
 
 
-def worker_step_times(mesh_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
+def worker_step_times(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
     """Every rank's step times (its ``done`` event) from the agents' work dirs."""
-    done = worker_done_events(mesh_dir, job_id, attempt)
+    done = worker_done_events(agents_dir, job_id, attempt)
     return {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
 
 
@@ -166,7 +174,7 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
         raise RuntimeError(f"{policy}: job ended {final.state}: {final.reason}")
     plan = final.plan
     reported = [t for step, t in sorted(progress.items()) if step > 1]
-    done = worker_done_events(mesh.workdir, final.id)
+    done = worker_done_events(mesh.agents_dir, final.id)
     ranks = {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
     last_rank = max(ranks) if ranks else None
     worker = ranks[last_rank][1:] if last_rank is not None else []

@@ -103,7 +103,15 @@ from spiderflow.core.queueing import (
     reserve_at,
 )
 from spiderflow.core.tenancy import Entry, TenantQuota, arrange
-from spiderflow.core.tpa.timeline import result_on_timeline
+
+
+def result_on_timeline(result: PlacementResult, topo: Topology, job: JobSpec) -> PlacementResult:
+    """:func:`spiderflow.core.tpa.timeline.result_on_timeline`, imported on the first decision that has a plan to
+    re-score: importing the cycle (every scheduler start) does not load the planner and its compiled kernels."""
+    from spiderflow.core.tpa.timeline import result_on_timeline as on_timeline
+
+    return on_timeline(result, topo, job)
+
 
 __all__ = [
     "Advance",

@@ -328,3 +328,63 @@ def test_the_model_prices_a_measured_head_and_the_loss_as_the_cost_model() -> No
         assert co.beta != 0 and co.logits == math.ceil(LOGIT_BYTES * b * s * 8192 / t)
         assert co.logits == math.ceil(loss_bytes(TINY_MODEL, b, s, t, 1))
         assert _Model._coefs(measured, t, job, b, 1.0, head, 1.0, ticks).beta == ticks(1.5 * b * s / 1e6)
+
+
+MEASURED_TERMS = {  # a profile's measured work outside the blocks, and a range of sizes that matter here
+    "embedding_us_per_token": (2.0, 20.0), "head_us_per_token": (2.0, 20.0), "embedding_optimizer_ms": (5.0, 50.0),
+    "head_optimizer_ms": (5.0, 50.0), "data_ms_per_sample": (2.0, 20.0),
+}
+
+
+def _random_plans(topo: Topology, job: JobSpec, rng: np.random.Generator, n: int) -> list[Plan]:
+    """``n`` plans of the ILP's space (a chain of distinct reachable clusters, one block of even sub-stages per
+    cluster, every block's GPUs within its free ones, the job's GPU range in all)."""
+    from spiderflow.core.placement.ilp import degree_options
+
+    L, names, out = job.model.layers, [c.name for c in topo.clusters if c.free > 0], []
+    while len(out) < n:
+        k = int(rng.integers(1, min(3, len(names)) + 1))
+        chain = [names[i] for i in rng.permutation(len(names))[:k]]
+        if any(topo.bandwidth_gbps(a, b) <= 0 for a, b in itertools.pairwise(chain)):
+            continue
+        cuts = sorted(int(x) for x in rng.choice(np.arange(1, L), size=k - 1, replace=False))
+        bounds = (0, *cuts, L)
+        stages: list[Stage] = []
+        for i, name in enumerate(chain):
+            opts = [o for o in degree_options(topo.cluster(name), job) if o[2] <= bounds[i + 1] - bounds[i]]
+            t, d, p = opts[int(rng.integers(len(opts)))]
+            stages += _block(name, bounds[i], bounds[i + 1] - bounds[i], t, d, p)
+        plan = Plan(stages=tuple(stages), micro_batches=job.global_batch // job.micro_batch,
+                    schedule=Schedule.ONE_F_ONE_B)
+        if job.gpus.min <= plan.gpus <= job.gpus.max and fits_memory(evaluate(plan, topo, job), topo)[0]:
+            out.append(evaluate(plan, topo, job))
+    return out
+
+
+@pytest.mark.parametrize("term", sorted(MEASURED_TERMS))
+def test_the_model_prices_every_measured_term_as_the_closed_form(term: str) -> None:
+    """Each measured term a profile may carry (the embedding's and the head's time per token, their optimizer
+    steps, the input pipeline per sample), alone on generated clusters: the model's objective for a plan (its
+    decisions fixed) is the cost model's step time of that plan, and the term moves it."""
+    from dataclasses import replace
+
+    from ortools.sat.python import cp_model
+
+    from spiderflow.core.placement.ilp import _Model
+
+    lo, hi = MEASURED_TERMS[term]
+    for seed in range(3):
+        base, job = _random_instance(seed)
+        rng = np.random.default_rng(100 + seed)
+        topo = Topology(clusters=tuple(replace(c, memory_gib=80.0, **{term: float(rng.uniform(lo, hi))})
+                                       for c in base.clusters), links=base.links)
+        bare = Topology(clusters=tuple(replace(c, memory_gib=80.0) for c in base.clusters), links=base.links)
+        for plan in _random_plans(topo, job, rng, 3):
+            assert plan.step_time_s > evaluate(plan, bare, job).step_time_s * (1 + 1e-3)  # the term counts
+            built = _Model(topo, job, plan)
+            solver = cp_model.CpSolver()
+            solver.parameters.fix_variables_to_their_hinted_value = True
+            solver.parameters.num_workers = 1
+            solver.parameters.max_time_in_seconds = 10.0
+            assert solver.solve(built.model) == cp_model.OPTIMAL
+            assert solver.objective_value * built.tick == pytest.approx(plan.step_time_s, rel=2e-5), plan

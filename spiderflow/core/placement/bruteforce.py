@@ -13,7 +13,10 @@ Objective (``Budget.objective``): minimise step time, dollars per step, or ``ste
 fewer GPUs. Constraints: (1) ``tp·dp ≤ free`` per cluster; (2) ``G_min ≤ Σ tp·dp ≤ G_max``;
 (3) every stage fits its GPUs' memory (exact 1F1B in-flight counts); (4) ``k ≤ L``.
 Scores use the cost model's formulas exactly (the winner is re-evaluated by
-:func:`spiderflow.core.costmodel.evaluate`); ``optimal`` is reported ``True``: optimal within this space.
+:func:`spiderflow.core.costmodel.evaluate`), the work outside the blocks that a profile measured included
+(the embedding's and the head's time per micro-batch, their optimizer steps and the input pipeline, as
+:func:`~spiderflow.core.costmodel.measured_outer_time` and :func:`~spiderflow.core.costmodel.measured_step_extra`
+price them); ``optimal`` is reported ``True``: optimal within this space.
 
 Complexity: ``Σ_k P(n, k) · Π_i |options_i| · C(L−1, k−1)`` evaluations, vectorised per chain. Refuses more
 than :data:`MAX_CLUSTERS` clusters, and instances whose count exceeds :data:`MAX_EVALUATIONS`, with
@@ -91,10 +94,22 @@ def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: i
     fl = compute_rate_tflops(c, jc.precision) * 1e12  # the job's precision, as the cost model
     b_tp = np.where(tp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     ar_tp = allreduce_times(jc.act, tp, b_tp)
-    t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (3.0 * jc.head_f / (tp * fl) if last else 0.0)
+    # the head and its loss: their measured time where a profile measured it (not divided by tp), else FLOPs
+    head = (c.head_us_per_token * jc.b * jc.s / 1e6 if c.head_us_per_token else 3.0 * jc.head_f / (tp * fl))
+    t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (head if last else 0.0)
+    if first and c.embedding_us_per_token:  # the measured embedding (costmodel.measured_outer_time)
+        t = t + c.embedding_us_per_token * jc.b * jc.s / 1e6
     params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.head_params if last else 0.0)
     b_dp = np.where(tp * dp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     y = allreduce_times(jc.grad_bytes * params / tp, dp, b_dp)
+    # the measured per-step work with the stage's gradient sync (costmodel.measured_step_extra)
+    extra = np.zeros_like(dp, dtype=np.float64)
+    if first and (c.embedding_optimizer_ms or c.data_ms_per_sample):
+        extra = extra + (c.embedding_optimizer_ms / 1e3 + c.data_ms_per_sample * (jc.b * np.ceil(jc.m / dp)) / 1e3)
+    if last and c.head_optimizer_ms:
+        extra = extra + c.head_optimizer_ms / 1e3
+    if extra.any():
+        y = y + extra
     inflight = np.minimum(np.ceil(jc.m / dp), k - i)
     tpf = tp.astype(np.float64)
     act = ell * jc.act_layer(tpf) + (jc.act_head(tpf) if last else 0.0)

@@ -21,6 +21,11 @@ Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, g
   (16 in bf16/fp16, 20 in fp32/tf32) and ``g`` bytes per gradient value (2 or 4);
 - ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks (its FLOPs,
   or the head's measured time where a profile measured it, :func:`~spiderflow.core.costmodel.measured_outer_time`);
+- the rest of the work outside the blocks that a profile measured on ``c`` (0 where not, as in
+  :func:`~spiderflow.core.costmodel.measured_outer_time` and :func:`~spiderflow.core.costmodel.measured_step_extra`):
+  ``η_c`` the embedding's ticks per micro-batch (on the chain's first stage, not divided by ``t``), ``ω_c`` the
+  first stage's ticks per step (the embedding's optimizer step) plus ``δ_c`` per sample of its input pipeline
+  (``δ_c·b·⌈m/d⌉`` for option ``o``: ``ω_co``), ``ω'_c`` the last stage's (the head's optimizer step);
 - ``P_uv`` = ``A_u / b_uv + l_uv`` from the widest-path matrices (arc ``u → v`` absent when unreachable);
   ``I_c = A_c / B_inter(c)`` between two stages inside ``c``;
 - ``γ_co`` ticks per parameter of the gradient all-reduce of option ``o`` (2(d−1)/d · g /(t·B_dp));
@@ -39,7 +44,8 @@ Variables:
   ``c``'s last stage; ``q_c = Σ_o ⌈m/d_o⌉·x_co``; 1F1B in-flight micro-batches ``k_c = min(q_c, r_c)``
   (first stage of the block) and ``k'_c = min(q_c, e_c)`` (last stage); ``kh_c = k_c·hi_c``,
   ``kl_c = k'_c·lo_c``;
-- ``T_c`` Σ of the block's stage times, ``Z`` pipeline bottleneck, ``Y`` slowest gradient all-reduce (ticks).
+- ``T_c`` Σ of the block's stage times, ``Z`` pipeline bottleneck, ``Y`` slowest gradient all-reduce with the
+  stage's measured per-step work (ticks).
 
 Constraints (numbered as in the code):
 
@@ -50,11 +56,13 @@ Constraints (numbered as in the code):
 4. AddCircuit over the arcs: the used clusters form one path depot → … → depot (the chain);
 5. ``last_c ⇒ r_c = p_c``; ``a_uv ⇒ r_u = r_v + p_u``; ``¬u_c ⇒ r_c = 0``;
 6. ``k_c = min(q_c, r_c)``, ``k'_c = min(q_c, e_c)``; ``kh_c = k_c·hi_c``, ``kl_c = k'_c·lo_c``;
-7. ``x_co ⇒ T_c ≥ α_ct n_c + β_ct last_c``, ``d·Z ≥ α_ct hi_c``, ``d·Z ≥ α_ct lo_c + β_ct last_c``
-   (block compute; slowest stage per replica; the head rides on the block's last, ``⌊·⌋``-sized, stage);
+7. ``x_co ⇒ T_c ≥ α_ct n_c + β_ct last_c + η_c first_c``, ``d·Z ≥ α_ct hi_c + η_c first_c``,
+   ``d·Z ≥ α_ct lo_c + β_ct last_c`` (for ``p = 1``: ``d·Z ≥ α_ct n_c + β_ct last_c + η_c first_c``)
+   (block compute; slowest stage per replica; the head rides on the block's last, ``⌊·⌋``-sized, stage, the
+   measured embedding on its first);
 8. ``Z ≥ P_uv · a_uv``; ``x_co ∧ p_o > 1 ⇒ Z ≥ I_c``          (boundary transfers in the bottleneck);
-9. ``x_co ⇒ Y ≥ γ_co (12h²·hi_c + Vh·first_c)`` and ``Y ≥ γ_co (12h²·lo_c + Vh·last_c)``
-   (for ``p = 1`` one stage: ``Y ≥ γ_co (12h²·n_c + Vh·(first_c + last_c))``);
+9. ``x_co ⇒ Y ≥ γ_co (12h²·hi_c + Vh·first_c) + ω_co first_c`` and ``Y ≥ γ_co (12h²·lo_c + Vh·last_c) + ω'_c last_c``
+   (for ``p = 1`` one stage: ``Y ≥ γ_co (12h²·n_c + Vh·(first_c + last_c)) + ω_co first_c + ω'_c last_c``);
 10. memory per GPU, first and last stage of the block (the middle ones are dominated by the first):
     ``x_co ⇒ μ_t hi_c + ε_t first_c + a_t kh_c ≤ M_c − R`` and
     ``μ_t lo_c + ε_t last_c + a_t kl_c + g_t last_c ≤ M_c − R``
@@ -112,6 +120,7 @@ from spiderflow.core.costmodel import (
     grad_bytes_per_value,
     layer_fwd_flops,
     loss_bytes,
+    measured_outer_time,
     state_bytes_per_param,
     transfer_time,
     wire_bytes,
@@ -342,7 +351,8 @@ class _Coefs:
 def _cluster_signature(topo: Topology, i: int) -> tuple[object, ...]:
     c = topo.clusters[i]
     return (c.gpu, c.nodes, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps, c.free,
-            c.tflops, c.mfu, c.memory_gib)
+            c.tflops, c.mfu, c.memory_gib, c.embedding_us_per_token, c.head_us_per_token, c.embedding_optimizer_ms,
+            c.head_optimizer_ms, c.data_ms_per_sample)
 
 
 def _identical_pairs(topo: Topology, candidates: Sequence[int]) -> list[tuple[int, int]]:
@@ -599,7 +609,8 @@ class _Model:
         for i in cand:
             c = topo.clusters[i]
             t_hi = max(t_hi, ticks(3.0 * (L * f + head) / (compute_rate_tflops(c, job.precision) * 1e12)
-                                   + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)) + 1)
+                                   + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)
+                                   + measured_outer_time(mdl, c, 0, L - 1, b, s)) + 1)
         z_hi = max(t_hi, max(ptick.values(), default=0), max(itick.values(), default=0), 1)
         z = model.new_int_var(0, z_hi, "Z")
         y = model.new_int_var(0, 1 << 50, "Y")
@@ -652,6 +663,9 @@ class _Model:
             model.add_multiplication_equality(klo, [kl, lo])
             coefs = {t: self._coefs(c, t, job, b, f, head, A, ticks) for t in tp_options(c, job)}
             cap = math.floor(c.gpu_memory_gib * GIB) - math.ceil(RESERVED_GIB * GIB)
+            # the embedding and the per-step work a profile measured (0 where not: the constraints unchanged)
+            eta_e = ticks(c.embedding_us_per_token * b * s / 1e6) if c.embedding_us_per_token else 0
+            opt_head = ticks(c.head_optimizer_ms / 1e3)
             for t, d, p, v in xs:
                 co = coefs[t]
                 # (2) even split inside the block
@@ -660,8 +674,14 @@ class _Model:
                 model.add(p * hi >= n).only_enforce_if(v)
                 model.add(p * hi <= n + p - 1).only_enforce_if(v)
                 # (7) block compute and its slowest stage per replica
-                model.add(tblk >= co.alpha * n + co.beta * last).only_enforce_if(v)
-                model.add(d * z >= co.alpha * hi).only_enforce_if(v)
+                if eta_e:
+                    model.add(tblk >= co.alpha * n + co.beta * last + eta_e * first).only_enforce_if(v)
+                    model.add(d * z >= co.alpha * hi + eta_e * first).only_enforce_if(v)
+                    if p == 1:  # one stage holds the embedding and the head (hi = lo = n)
+                        model.add(d * z >= co.alpha * n + co.beta * last + eta_e * first).only_enforce_if(v)
+                else:
+                    model.add(tblk >= co.alpha * n + co.beta * last).only_enforce_if(v)
+                    model.add(d * z >= co.alpha * hi).only_enforce_if(v)
                 model.add(d * z >= co.alpha * lo + co.beta * last).only_enforce_if(v)
                 # (8) boundaries inside the block
                 if p > 1:
@@ -671,7 +691,16 @@ class _Model:
                 bdp = c.intra_node_gbps if t * d <= c.gpus_per_node else c.inter_node_gbps
                 per_param = allreduce_time(grad_bytes_per_value(job.precision) / t, d, bdp) / tick
                 gl, ge = math.ceil(per_param * p_layer), math.ceil(per_param * emb)
-                if per_param > 0 and p == 1:
+                # with the stage's measured per-step work (costmodel.measured_step_extra)
+                opt_first = ticks(c.embedding_optimizer_ms / 1e3 + c.data_ms_per_sample * b * math.ceil(m / d) / 1e3)
+                if opt_first or opt_head:
+                    if p == 1:
+                        model.add(y >= gl * n + ge * (first + last) + opt_first * first
+                                  + opt_head * last).only_enforce_if(v)
+                    else:
+                        model.add(y >= gl * hi + ge * first + opt_first * first).only_enforce_if(v)
+                        model.add(y >= gl * lo + ge * last + opt_head * last).only_enforce_if(v)
+                elif per_param > 0 and p == 1:
                     model.add(y >= gl * n + ge * (first + last)).only_enforce_if(v)
                 elif per_param > 0:
                     model.add(y >= gl * hi + ge * first).only_enforce_if(v)

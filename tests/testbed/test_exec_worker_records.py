@@ -1,0 +1,48 @@
+"""``bench/testbed_exec.py`` finds every rank's ``done`` event where the executor keeps a worker's stdout
+(:func:`spiderflow.joblogs.rank_log_paths` under each agent's work dir ``<agents_dir>/<cluster>``), so its
+worker-measured step time is reported instead of ``null``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from spiderflow import joblogs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("testbed_exec", ROOT / "bench" / "testbed_exec.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("testbed_exec", mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _write(agents: Path, cluster: str, job: str, attempt: int, rank: int, lines: list[str]) -> None:
+    out, err = joblogs.rank_log_paths(agents / cluster, job=job, attempt=attempt, cluster=cluster, rank=rank)
+    out.write_text("".join(f"{x}\n" for x in lines))
+    err.write_text('{"event": "done", "rank": 99}\n')  # stderr is never read as a record
+
+
+def _done(rank: int, times: list[float]) -> str:
+    return json.dumps({"event": "done", "rank": rank, "step_times_s": times, "phases": {"forward": 0.1}})
+
+
+def test_done_events_are_read_from_every_agents_worker_stdout(tmp_path: Path) -> None:
+    bench = _bench()
+    agents = tmp_path / "agents"
+    _write(agents, "alpha", "job-1", 1, 0, ['{"event": "step", "step": 1}', "not json", _done(0, [0.5, 0.2])])
+    _write(agents, "bravo", "job-1", 1, 1, [_done(1, [0.6, 0.3, 0.3])])
+    _write(agents, "bravo", "job-1", 2, 1, [_done(1, [9.0])])  # another attempt
+    _write(agents, "bravo", "job-2", 1, 2, [_done(2, [9.0])])  # another job
+    done = bench.worker_done_events(agents, "job-1")
+    assert sorted(done) == [0, 1] and done[0]["phases"] == {"forward": 0.1}
+    assert bench.worker_step_times(agents, "job-1") == {0: [0.5, 0.2], 1: [0.6, 0.3, 0.3]}
+    assert bench.worker_step_times(agents, "job-1", attempt=2) == {1: [9.0]}
+    assert bench.worker_done_events(tmp_path / "absent", "job-1") == {}
