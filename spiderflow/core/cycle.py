@@ -130,11 +130,11 @@ __all__ = [
 ]
 
 DEFER_MARGIN = 0.25
+"""A later start must beat starting now by this fraction of the objective to wait (SpinSearch's own margin)."""
 OUTLOOK_SIZE = 32
 """How many of the most recent arrivals an :class:`~spiderflow.core.domain.Outlook` is built from (the
 empirical mix and the observed rate): enough that the trace mix's rarest model (6 %) appears about twice,
 few enough that an old mix fades."""
-"""A later start must beat starting now by this fraction of the objective to wait (SpinSearch's own margin)."""
 MAX_LOOKAHEAD = 4
 """Release points a generic wait pricing plans at, soonest first (each is one decision of the policy)."""
 
