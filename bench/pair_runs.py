@@ -2,9 +2,10 @@
 
 A SpinSearch variant (e.g. `bench/paper.py --parts system --sim-policies spinsearch --gpu-price 4`) is run
 alone; its ratios need the baselines' runs of the same traces, which an earlier grid holds. This takes the
-baselines' runs (every label but `spinsearch`) of `--baselines FILE` and the SpinSearch runs of the
-`RUNS` files, computes the grid and per-cell summaries exactly as `bench/paper.py` does
-(:func:`paper.summarize_system`), and writes them as JSON (``--out``) with a plain-text digest on stdout.
+baselines' runs (every label but `spinsearch`) of `--baselines FILE` (repeatable: e.g. one file per
+topology kind) and the SpinSearch runs of the `RUNS` files, computes the grid and per-cell summaries
+exactly as `bench/paper.py` does (:func:`paper.summarize_system`), and writes them as JSON (``--out``)
+with a plain-text digest on stdout.
 Runs are matched by topology kind, load, seed and wait setting; the SpinSearch runs must not overlap.
 
     .venv/bin/python bench/pair_runs.py --baselines bench/results/paper-grid.json \
