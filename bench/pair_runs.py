@@ -2,9 +2,10 @@
 
 A SpinSearch variant (e.g. `bench/paper.py --parts system --sim-policies spinsearch --gpu-price 4`) is run
 alone; its ratios need the baselines' runs of the same traces, which an earlier grid holds. This takes the
-baselines' runs (every label but `spinsearch`) of `--baselines FILE` and the SpinSearch runs of the
-`RUNS` files, computes the grid and per-cell summaries exactly as `bench/paper.py` does
-(:func:`paper.summarize_system`), and writes them as JSON (``--out``) with a plain-text digest on stdout.
+baselines' runs (every label but `spinsearch`) of `--baselines FILE` (repeatable: e.g. one file per
+topology kind) and the SpinSearch runs of the `RUNS` files, computes the grid and per-cell summaries
+exactly as `bench/paper.py` does (:func:`paper.summarize_system`), and writes them as JSON (``--out``)
+with a plain-text digest on stdout.
 Runs are matched by topology kind, load, seed and wait setting; the SpinSearch runs must not overlap.
 
     .venv/bin/python bench/pair_runs.py --baselines bench/results/paper-grid.json \
@@ -41,11 +42,12 @@ def _fmt(x: dict[str, Any] | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--baselines", type=Path, required=True, help="a bench/paper.py output holding the baselines' runs")
+    ap.add_argument("--baselines", type=Path, required=True, action="append",
+                    help="a bench/paper.py output holding the baselines' runs (repeat for several, e.g. one per kind)")
     ap.add_argument("--out", type=Path, required=True, help="where the paired summaries go (JSON)")
     ap.add_argument("runs", type=Path, nargs="+", help="bench/paper.py outputs holding SpinSearch's runs")
     args = ap.parse_args(argv)
-    runs = [r for r in _runs(args.baselines, ap) if r["label"] != REFERENCE]
+    runs = [r for b in args.baselines for r in _runs(b, ap) if r["label"] != REFERENCE]
     seen: set[tuple[Any, ...]] = set()
     for path in args.runs:
         for r in _runs(path, ap):
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(key)
             runs.append(r)
     part = summarize_system({"runs": runs})
-    doc = {"baselines": str(args.baselines), "runs": [str(p) for p in args.runs],
+    doc = {"baselines": [str(b) for b in args.baselines], "runs": [str(p) for p in args.runs],
            "grid": part["grid"], "cells": part["cells"], "targets": targets({"system": part})}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

@@ -34,7 +34,8 @@ One run measures three parts on the same topologies (the pure computation is :mo
    and timeline), then the geometric mean over the seeds with a 95% interval; the cell's best baseline is
    the hardest one. Simulations run in ``--workers`` processes (results do not depend on it).
    ``--gpu-price λ`` runs SpinSearch with its priced choice (a shadow price of the GPUs under pressure on the pool)
-   in the simulations; 0 (default): its fastest plan.
+   in the simulations; 0 (default): its fastest plan. ``--lookahead`` runs SpinSearch with its region matching
+   against the arrivals expected while a job runs (:mod:`spiderflow.core.placement.lookahead`).
 
 Topologies (``--kinds``): generated ``geo``, ``hub`` and ``mesh`` (``--clusters`` clusters, the seed is the
 topology's seed too) and the bundled presets ``aws-10-dtfm`` and ``ibm-10-latency`` (fixed topology; partly
@@ -324,13 +325,14 @@ def _worker_init() -> None:
 
 
 def system_setups(policies: Sequence[str], ilp_limit: float, trials: int, population: int,
-                  gpu_price: float = 0.0) -> list[PolicySetup]:
+                  gpu_price: float = 0.0, lookahead: bool = False) -> list[PolicySetup]:
     out = []
     for p in policies:
         if p not in REGISTRY:
             continue
-        if p == REFERENCE and gpu_price:
-            out.append(PolicySetup(label=p, name=p, options=SearchOptions(gpu_price=gpu_price)))
+        if p == REFERENCE and (gpu_price or lookahead):
+            out.append(PolicySetup(label=p, name=p, options=SearchOptions(gpu_price=gpu_price or None,
+                                                                          lookahead=lookahead or None)))
         elif p.startswith("ilp"):
             out.append(PolicySetup(label=p, name=p, time_limit_s=ilp_limit))
         elif p == "genetic":
@@ -628,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-price", type=float, default=0.0,
                     help="SpinSearch's shadow price λ of the GPUs a plan holds under pressure on the pool, in the "
                          "simulations (default 0: its fastest plan)")
+    ap.add_argument("--lookahead", action="store_true",
+                    help="SpinSearch's region matching against the expected arrivals, in the simulations")
     ap.add_argument("--workers", type=int, default=2, help="processes for the simulations")
     ap.add_argument("--parts", default="placement,curves,system", help="which parts to run")
     ap.add_argument("--quick", action="store_true",
@@ -694,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
                                        args.curve_instances)
         if "system" in parts:
             setups = system_setups(sim_policies, args.sim_ilp_limit, args.sim_genetic_trials,
-                                   args.sim_genetic_population, args.gpu_price)
+                                   args.sim_genetic_population, args.gpu_price, args.lookahead)
             doc["system"] = system_part(args.kinds, args.loads, args.seeds, args.clusters, args.jobs, setups,
                                         args.workers, search_kinds=args.sim_search_kinds,
                                         search_loads=args.sim_search_loads)

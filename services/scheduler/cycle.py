@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -48,6 +48,7 @@ from services.scheduler.topology_source import TopologySource
 from spiderflow import metrics
 from spiderflow.core import costmodel
 from spiderflow.core.cycle import (
+    OUTLOOK_SIZE,
     CycleDecision,
     CycleInput,
     CycleOptions,
@@ -163,6 +164,11 @@ class _Cached:
             self._inner = self.owner.build_policy(self.name)
         return self._inner
 
+    @property
+    def lookahead(self) -> bool:
+        """Whether the policy looks ahead (the cycle then passes it the arrivals' outlook)."""
+        return bool(getattr(self.inner, "lookahead", False))
+
     def place(self, topo: Topology, job: JobSpec, budget: Budget = Budget()) -> PlacementResult:  # noqa: B008
         return self.owner.place_cached(self.name, self.inner, topo, job, budget)
 
@@ -224,6 +230,10 @@ class SchedulingCycle:
         # the queue's view of each queued job, kept between cycles (its estimates cost ~0.1 ms a job, paid
         # by every queued job in every cycle otherwise): keyed by what it is computed from
         self._views: dict[tuple[str, float, int, float | None], QueuedJob] = {}
+        self._arrivals: deque[tuple[float, JobSpec]] = deque(maxlen=OUTLOOK_SIZE)
+        """The most recent submissions seen in the queue, ``(created_at, spec)`` in that order: the outlook of a
+        policy that looks ahead (:attr:`spiderflow.core.cycle.CycleInput.arrivals`)."""
+        self._arrival_ids: dict[str, None] = {}
         self._version = 0
         self._pool_revision = -1
         self._holders: set[str] = set()
@@ -386,8 +396,10 @@ class SchedulingCycle:
     def _decide(self, topo: Topology, free: dict[str, int], queue: list[StoredJob], holding: list[Holder],
                 now: float, gone: frozenset[str]) -> CycleResult:
         """One pure cycle (:func:`spiderflow.core.cycle.run_cycle`) on this snapshot."""
+        self._note_arrivals(queue)
         state = CycleInput(topology=topo.with_free(free), now=now, version=self._version, gone=gone,
-                           queue=[self._entry(sj, topo) for sj in queue], holding=holding)
+                           queue=[self._entry(sj, topo) for sj in queue], holding=holding,
+                           arrivals=tuple(self._arrivals))
         options = CycleOptions(queue=self.queue_policy, budget=self.budget, wait=self.wait_for_releases,
                                tenant_quota=self.tenant_quota, fair_share=self.fair_share)
         views = self._views
@@ -414,6 +426,17 @@ class SchedulingCycle:
         if revision != self._pool_revision or not self._holders <= holders:
             self._version += 1
         self._pool_revision, self._holders = revision, set(holders)
+
+    def _note_arrivals(self, queue: list[StoredJob]) -> None:
+        """Add the queued jobs not seen before to the recent arrivals, by submission time."""
+        new = sorted((sj.record.created_at, sj.record.id, sj.record.spec) for sj in queue
+                     if sj.record.id not in self._arrival_ids)
+        for at, jid, spec in new:
+            self._arrival_ids[jid] = None
+            if not self._arrivals or at >= self._arrivals[-1][0]:
+                self._arrivals.append((at, spec))
+        while len(self._arrival_ids) > 16 * OUTLOOK_SIZE:  # ids of old arrivals: oldest first
+            del self._arrival_ids[next(iter(self._arrival_ids))]
 
     def _entry(self, sj: StoredJob, topo: Topology) -> QueueEntry:
         """The cycle's view of a queued job: its remaining steps from its last checkpoint, the network share

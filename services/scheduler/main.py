@@ -95,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-price", type=float, default=None,
                    help="spinsearch: shadow price λ ≥ 0 of the GPUs a plan holds on a busy pool (default 0: the "
                         "fastest plan; docs/architecture.md)")
+    p.add_argument("--lookahead", action="store_true",
+                   help="spinsearch: match jobs to regions against the arrivals expected while each runs (the "
+                        "observed rate and mix of the last submissions; docs/architecture.md)")
     p.add_argument("--level2", choices=LEVEL2_CHOICES, default="exact",
                    help="TPA's solver for the blocks of an in-process plan: the exact optimum (default) or the "
                         "CP-SAT model")
@@ -464,7 +467,8 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
                          interceptors=[RpcMetricsInterceptor(), *security.interceptors])
     replica = SchedulerReplica(
         store, repo, topology, address=server.address, default_policy=args.policy,
-        search_options=None if args.gpu_price is None else SearchOptions(gpu_price=args.gpu_price),
+        search_options=(None if args.gpu_price is None and not args.lookahead
+                        else SearchOptions(gpu_price=args.gpu_price, lookahead=args.lookahead or None)),
         planner=(RemotePlanner(args.planner, credentials=security.client_credentials) if args.planner
                  else None), executor=executor, wake=wake,
         cycle_interval=args.cycle_interval, min_cycle_interval=args.min_cycle_interval, lease_ttl=args.lease_ttl,

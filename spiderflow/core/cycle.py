@@ -26,7 +26,9 @@ The cycle
    Every budget also carries the demand on the pool besides the job (:attr:`~spiderflow.core.domain.Budget.
    demand_gpus`: the GPUs held, including by jobs placed earlier in this cycle, plus the minimum GPUs of the
    other queued jobs not placed yet), which a policy may use to price the GPUs its plan holds (SpinSearch's
-   ``gpu_price``).
+   ``gpu_price``). A policy that looks ahead (SpinSearch's ``lookahead``) also gets the
+   :attr:`~spiderflow.core.domain.Budget.outlook`: the observed arrival rate and the last
+   :data:`OUTLOOK_SIZE` arrivals' specs (:attr:`CycleInput.arrivals`, which the caller keeps).
 4. **admit** with EASY backfilling (:func:`spiderflow.core.queueing.admits`): the first job in order that does
    not start becomes the *head* and gets a reservation (at the time it waits for, if it waits); at most
    ``queue.backfill_depth`` jobs behind it are tried, the rest are left pending ("queued behind").
@@ -87,6 +89,7 @@ from spiderflow.core.domain import (
 )
 from spiderflow.core.errors import SpiderFlowError, UnschedulableError
 from spiderflow.core.placement.base import PlacementPolicy, WaitPricer
+from spiderflow.core.placement.lookahead import arrivals_outlook
 from spiderflow.core.queueing import (
     Claim,
     Holding,
@@ -136,6 +139,10 @@ __all__ = [
 
 DEFER_MARGIN = 0.25
 """A later start must beat starting now by this fraction of the objective to wait (SpinSearch's own margin)."""
+OUTLOOK_SIZE = 32
+"""How many of the most recent arrivals an :class:`~spiderflow.core.domain.Outlook` is built from (the
+empirical mix and the observed rate): enough that the trace mix's rarest model (6 %) appears about twice,
+few enough that an old mix fades."""
 MAX_LOOKAHEAD = 4
 """Release points a generic wait pricing plans at, soonest first (each is one decision of the policy)."""
 
@@ -236,7 +243,9 @@ class CycleInput:
     version (bumped whenever GPUs are given back or the topology changes; a failed decision is tried again
     only after that or when more GPUs are free); ``topology_may_change``: whether the topology may still
     grow (if not, a job that does not fit the whole idle pool is rejected); ``decisions_before``: decisions
-    made before this cycle (seeds)."""
+    made before this cycle (seeds); ``arrivals``: the most recent arrivals the caller has seen, ``(time_s,
+    spec)`` in arrival order (at most :data:`OUTLOOK_SIZE` are used; empty: none known), for a policy that
+    looks ahead."""
 
     topology: Topology
     queue: Sequence[QueueEntry]
@@ -246,6 +255,7 @@ class CycleInput:
     gone: frozenset[str] = frozenset()
     topology_may_change: bool = True
     decisions_before: int = 0
+    arrivals: tuple[tuple[float, JobSpec], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -541,6 +551,7 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
     # The demand on the pool (Budget.demand_gpus): the GPUs held plus the queued jobs' minimum GPUs; a job
     # placed in this cycle moves from the second term to the first.
     demand = sum(g for h in st.holding for _, g in h.gpus) + sum(entries[q.id].spec.gpus.min for q in ordered)
+    outlook = arrivals_outlook(state.arrivals, OUTLOOK_SIZE) if state.arrivals else None
     for qj in ordered:
         e = entries[qj.id]
         jid = qj.id
@@ -578,6 +589,8 @@ def run_cycle(state: CycleInput, policy: PlacementPolicy, options: CycleOptions,
             if options.wait:
                 budget = replace(budget, releases=_releases(st, clock, jid, state.gone, allowed))
             budget = replace(budget, demand_gpus=max(0, demand - e.spec.gpus.min))
+            if outlook is not None and getattr(pol, "lookahead", False):
+                budget = replace(budget, outlook=outlook)
             total_before = total_v
             c0 = time.process_time()
             w0 = time.perf_counter()

@@ -889,13 +889,33 @@ class Budget:
     ``demand_gpus`` is the demand on the pool besides this job that the scheduler sees at this decision:
     the GPUs held by running jobs plus the minimum GPUs of every other queued job not placed (yet) in this
     cycle. A policy may price the GPUs a plan holds by it (SpinSearch's ``gpu_price``); 0: an idle pool
-    and an empty queue, or the caller does not know."""
+    and an empty queue, or the caller does not know.
+
+    ``outlook`` is what the scheduler has seen of the arrivals (:class:`Outlook`), given only to a policy
+    that looks ahead (SpinSearch's ``lookahead``); ``None``: not known or not asked for."""
 
     time_limit_s: float | None = None
     seed: int = 0
     objective: Objective = Objective.JCT
     releases: tuple[Release, ...] = ()
     demand_gpus: int = 0
+    outlook: Outlook | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outlook:
+    """The arrivals a scheduler has seen, as an online forecast of the jobs still to come: ``rate_per_s``
+    the observed arrival rate (jobs per second, > 0) and ``mix`` the specs of the most recent arrivals (the
+    empirical job mix; their ``steps`` are the whole jobs')."""
+
+    rate_per_s: float
+    mix: tuple[JobSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rate_per_s, int | float) and math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
+            raise ValidationError("outlook.rate_per_s", "must be a finite number > 0", self.rate_per_s)
+        if not self.mix:
+            raise ValidationError("outlook.mix", "must hold at least one job", len(self.mix))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -440,3 +440,35 @@ def test_search_options_reach_the_policies_the_scheduler_builds() -> None:
     assert isinstance(built, SpinSearch) and built.gpu_price == 2.0
     default = plain.build_policy("spinsearch")
     assert isinstance(default, SpinSearch) and default.gpu_price == 0.0
+
+
+async def test_the_scheduler_passes_the_arrivals_outlook_to_a_policy_that_looks_ahead() -> None:
+    from spiderflow.core.placement.options import SearchOptions
+
+    repo = JobRepository(MemoryStore())
+    cycle = SchedulingCycle(repo, StaticTopologySource(_topo()), default_policy="spinsearch",
+                            search_options=SearchOptions(lookahead=True))
+    budgets: list[Budget] = []
+    build = cycle.build_policy
+
+    def recording(name: str) -> SpinSearch:
+        pol = build(name)
+        assert isinstance(pol, SpinSearch) and pol.lookahead
+        place = pol.place
+
+        def spy(topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+            budgets.append(budget or Budget())
+            return place(topo, job, budget)
+
+        pol.place = spy  # type: ignore[method-assign]
+        return pol
+
+    cycle.build_policy = recording  # type: ignore[method-assign]
+    for i, at in enumerate((100.0, 160.0)):
+        spec = replace(JOB, id=f"j{i}", gpus=replace(JOB.gpus, min=4, max=4))
+        await repo.submit_record(replace(repo.new_record(spec, f"r{i}"), created_at=at))
+    await cycle.run()
+    seen = [b.outlook for b in budgets]
+    assert seen and all(o is not None for o in seen)
+    assert seen[0] is not None and seen[0].rate_per_s == pytest.approx(1 / 60)
+    assert [j.id for j in seen[0].mix] == ["j0", "j1"]

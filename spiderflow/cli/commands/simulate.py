@@ -81,7 +81,7 @@ def _simulate(args: argparse.Namespace) -> int:
         raise CliError(f"--time-limit: must be > 0 (got {args.time_limit})", EXIT_USAGE)
     try:
         options = SearchOptions(trials=args.trials, population=args.population, hint=args.hint,
-                                gpu_price=args.gpu_price)
+                                gpu_price=args.gpu_price, lookahead=args.lookahead or None)
         for p in policies:
             make_policy(p, options)  # unknown names and bad options fail before any simulation runs
     except ValidationError as e:
@@ -179,6 +179,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from spiderflow.cli.commands.plan import add_search_options
 
     add_search_options(p)
+    p.add_argument("--lookahead", action="store_true",
+                   help="spinsearch: match jobs to regions against the arrivals expected while each runs (the "
+                        "observed rate and mix of the last arrivals; see spiderflow.core.placement.lookahead)")
     p.add_argument("--overhead", choices=["measured", "fixed"], default="measured",
                    help="feed measured decision times into simulated time (default) or a fixed 10 ms")
     p.add_argument("--events", help="topology events file ({\"events\": [...]})")

@@ -21,12 +21,14 @@ class SearchOptions:
     ``hint``: the policies whose best plan warm-starts ``ilp`` (see :func:`spiderflow.core.placement.ilp.parse_hint`;
     ``None``: its default, the other baselines); ``gpu_price``: SpinSearch's shadow price λ of the GPUs a
     plan holds under pressure on the pool (:class:`~spiderflow.core.placement.spinsearch.SpinSearch`; ``None``
-    or 0: its fastest plan)."""
+    or 0: its fastest plan); ``lookahead``: SpinSearch's region matching against the expected arrivals
+    (:mod:`spiderflow.core.placement.lookahead`; ``None`` or false: off)."""
 
     trials: int | None = None
     population: int | None = None
     hint: str | None = None
     gpu_price: float | None = None
+    lookahead: bool | None = None
 
     def __post_init__(self) -> None:
         if self.trials is not None and (isinstance(self.trials, bool) or self.trials < 0):
@@ -37,6 +39,8 @@ class SearchOptions:
         if price is not None and (isinstance(price, bool) or not isinstance(price, int | float)
                                   or not math.isfinite(price) or price < 0):
             raise ValidationError("gpu_price", "must be a finite number ≥ 0", self.gpu_price)
+        if self.lookahead is not None and not isinstance(self.lookahead, bool):
+            raise ValidationError("lookahead", "must be true or false", self.lookahead)
 
 
 def make_policy(name: str, options: SearchOptions | None = None, *, planner: Planner | None = None) -> PlacementPolicy:
@@ -56,4 +60,6 @@ def make_policy(name: str, options: SearchOptions | None = None, *, planner: Pla
 
     if isinstance(policy, SpinSearch) and opts.gpu_price:
         policy.gpu_price = float(opts.gpu_price)
+    if isinstance(policy, SpinSearch) and opts.lookahead:
+        policy.lookahead = True
     return policy

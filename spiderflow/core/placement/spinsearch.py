@@ -59,6 +59,13 @@ Search:
      takes a whole region for a few per cent, and the next job finds only slow GPUs left; per-job greed is
      optimal for the job, not for the jobs arriving after it. Measured on the benchmark grid
      (BENCHMARKS.md): no gain in plan throughput or JCT beyond noise, hence off by default.
+  5c. *region matching* (optional, ``lookahead``, ``jct`` only, when the scheduler passes an
+     :class:`~spiderflow.core.domain.Outlook` of the arrivals in :attr:`Budget.outlook`): the finalists and
+     one whole-cluster allocation per distinct cluster are valued by the job's log run time plus the log
+     slowdown it causes the typical arrival, times the arrivals expected to want those GPUs while it runs
+     (:mod:`spiderflow.core.placement.lookahead`); a non-finalist with a lower value replaces the finalists.
+     When a finalist wins, nothing changes. Measured on the benchmark grid (BENCHMARKS.md, "Region matching
+     by look-ahead"): no gain in plan throughput, lower mean-JCT ratios, hence off by default.
   6. start now or wait (:func:`wait_or_start`, when the scheduler passes expected GPU releases in
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
@@ -122,6 +129,7 @@ from spiderflow.core.placement.common import (
     transfer_matrix,
     unschedulable,
 )
+from spiderflow.core.placement.lookahead import cluster_class, lookahead_choice
 
 __all__ = [
     "DEFER_MARGIN", "MAX_LOOKAHEAD", "PRESSURE_CAP", "TRIM_TOLERANCE", "ChainCandidate", "SpinSearch", "fewer_gpus",
@@ -790,11 +798,16 @@ class SpinSearch:
 
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
-        planner: Planner | None = LOCAL_PLANNER, gpu_price: float = 0.0,
+        planner: Planner | None = LOCAL_PLANNER, gpu_price: float = 0.0, lookahead: bool = False,
     ) -> None:
         """``planner`` plans the chosen chain (in process by default, or the Planner service) and its plan
         is kept when better than the level-1 plan; ``None``: the level-1 plans only. ``gpu_price`` (λ ≥ 0)
-        turns on the priced choice (module docstring, step 5b) for ``jct``; 0: the fastest plan."""
+        turns on the priced choice (module docstring, step 5b) for ``jct``; 0: the fastest plan.
+        ``lookahead`` turns on the region matching of step 5c (:mod:`~spiderflow.core.placement.lookahead`),
+        which needs the scheduler's :attr:`Budget.outlook`."""
+        if not isinstance(lookahead, bool):
+            raise ValidationError("lookahead", "must be true or false", lookahead)
+        self.lookahead = lookahead
         if isinstance(gpu_price, bool) or not isinstance(gpu_price, int | float) or not (
                 math.isfinite(gpu_price) and gpu_price >= 0):
             raise ValidationError("gpu_price", "must be a finite number ≥ 0", gpu_price)
@@ -831,6 +844,13 @@ class SpinSearch:
             if pick is not None:
                 allocs = [list(pick[0])]
                 stats["gpu_price"] = price
+        if self.lookahead and budget.outlook is not None and budget.objective is Objective.JCT:
+            # Step 5c: region matching against the arrivals expected while the job runs.
+            choice = lookahead_choice(topo, job, [tuple((c, g) for c, g in a) for a in allocs], budget.outlook,
+                                      self._without_classes(topo, job, allocs[0] if allocs else []))
+            if choice is not None and not choice.finalist:
+                allocs = [list(choice.allocation)]
+                stats["lookahead_gain"] = choice.best_value - choice.value
         # With releases to weigh, the level-1 plans decide between starting now and waiting (the same
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
@@ -874,6 +894,21 @@ class SpinSearch:
             status=PlacementStatus.SUCCESS, policy=self.name, plan=fin.plan, planning_seconds=elapsed,
             optimal=None, stats={**stats, "tpa": 1.0 if fin.planner == "tpa" else 0.0},
         )
+
+    def _without_classes(self, topo: Topology, job: JobSpec, alloc: list[tuple[str, int]]) -> list[Allocation]:
+        """Step 5c's alternatives: for each cluster class (:func:`~spiderflow.core.placement.lookahead.
+        cluster_class`) that ``alloc`` uses, the best chains of the search on the pool without that class."""
+        out: list[Allocation] = []
+        for cls in dict.fromkeys(cluster_class(topo.cluster(c)) for c, _ in alloc):
+            masked = topo.with_free({c.name: 0 for c in topo.clusters if cluster_class(c) == cls})
+            if masked.total_free_gpus < job.gpus.min:
+                continue
+            cands, _ = search_chains(masked, job, objective=Objective.JCT, beam_width=self.beam_width,
+                                     neighbours=self.neighbours, seeds=self.seeds, keep=self.finalists)
+            names = masked.names
+            out += [tuple((names[u], int(g)) for u, g in zip(c.chain, c.gpus, strict=True))
+                    for c in cands[: self.finalists]]
+        return out
 
     def price_wait(self, topo: Topology, job: JobSpec, now: Plan, budget: Budget) -> Wait | None:
         """Start on ``now`` or wait for ``budget.releases`` (:func:`wait_or_start` with this policy's search

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum, StrEnum
@@ -50,6 +51,7 @@ from typing import Any
 import structlog
 
 from spiderflow.core.cycle import (
+    OUTLOOK_SIZE,
     Advance,
     CycleInput,
     CycleOptions,
@@ -325,6 +327,7 @@ class _Sim:
                 raise ValidationError("jobs.id", "duplicate job id", j.id)
             self.jobs[j.id] = _Job(spec=j, record=JobRecord(id=j.id, arrival_s=j.arrival_s))
         self.queue: dict[str, None] = {}
+        self.arrivals: deque[tuple[float, JobSpec]] = deque(maxlen=OUTLOOK_SIZE)  # for a policy that looks ahead
         self.running: dict[str, None] = {}
         self.heap: list[tuple[float, int, int, Any]] = []
         self.counter = 0
@@ -377,6 +380,7 @@ class _Sim:
                 j = self.jobs[payload]
                 j.enqueued_s = t
                 self.queue[payload] = None
+                self.arrivals.append((t, j.spec))
                 self._request_cycle(t)
             else:
                 self.cycle_pending = False
@@ -612,6 +616,7 @@ class _Sim:
             topology=self._snapshot(), queue=[self._entry(self.jobs[jid]) for jid in self.queue],
             holding=self._holders(), now=clock, version=self.version, gone=frozenset(self.lost),
             topology_may_change=self.pending_topology > 0, decisions_before=self.decision_seq,
+            arrivals=tuple(self.arrivals),
         )
         try:
             result = run_cycle(state, self.policy, self.options, queued=self._queued)
