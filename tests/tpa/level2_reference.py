@@ -11,13 +11,55 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any, cast
 
 import numpy as np
 
-from spiderflow.core.costmodel import GIB
+from spiderflow.core.costmodel import (
+    GIB,
+    LOGIT_ONCE_BYTES,
+    LOGIT_SAVED_BYTES,
+    PARAM_GATHER_BYTES,
+    RESERVED_GIB,
+    fsdp_unsharded_bytes_per_param,
+    grad_bytes_per_value,
+    layer_fwd_flops,
+    state_bytes_per_param,
+)
+from spiderflow.core.domain import Sharding
 from spiderflow.core.kernels import level2 as kernels
-from spiderflow.core.tpa.level2 import BlockConfig, BlockProblem, Degrees, _Coeffs, _vectors, plain
+from spiderflow.core.tpa.level2 import BlockConfig, BlockProblem, Degrees, FArray, IArray, _Coeffs, plain
+
+
+def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
+    """``p`` as the kernels' problem vectors, every field read from ``p`` (what
+    :func:`spiderflow.core.tpa.level2._vectors` builds from its per-cluster parts)."""
+    sh, model = p.shape, p.model
+    fl = np.array(
+        (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
+         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, float(model.params_per_layer),
+         layer_fwd_flops(model, p.micro_batch, p.seq_len), float(model.embedding_params), float(model.head_params),
+         LOGIT_SAVED_BYTES, LOGIT_ONCE_BYTES, sh.embedding_us_per_token, sh.head_us_per_token,
+         sh.embedding_optimizer_ms, sh.head_optimizer_ms, sh.data_ms_per_sample),
+        dtype=np.float64,
+    )
+    it = np.array(
+        (p.gpus, p.layers, sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch,
+         p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
+         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
+         p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
+         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES,
+         fsdp_unsharded_bytes_per_param(p.precision)),
+        dtype=np.int64,
+    )
+    return fl, it
+
+
+def _py(fn: Any) -> Callable[..., Any]:
+    """A compiled kernel's plain Python function (numba's ``py_func``)."""
+    return cast(Callable[..., Any], fn.py_func)
 
 
 def _divisors(n: int) -> list[int]:
@@ -67,7 +109,7 @@ def _compute_coeffs(p: BlockProblem, k: Degrees) -> _Coeffs:
     mu = np.empty(k.pp, np.float64)
     nu = np.empty(k.pp, np.float64)
     beta = np.empty(k.pp, np.float64)
-    tau, eta_head, eta_embed, alpha, p_in = kernels.coefficients.py_func(
+    tau, eta_head, eta_embed, alpha, p_in = _py(kernels.coefficients)(
         fl, it, k.tp, k.pp, k.dp, k.recompute, k.fsdp, mu, nu, beta)
     return _Coeffs(float(tau), float(eta_head), tuple(mu.tolist()), tuple(nu.tolist()), float(alpha),
                    tuple(beta.tolist()), float(p_in), float(eta_embed))

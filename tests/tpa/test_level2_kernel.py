@@ -126,6 +126,44 @@ def test_memoised_solves_match(p: BlockProblem) -> None:
         _same(ours(q), theirs(q))
 
 
+@settings(max_examples=60, deadline=None)
+@given(p=problems(), data=st.data())
+def test_vectors_from_shared_parts_match_the_plain_vectors(p: BlockProblem, data: st.DataObject) -> None:
+    """:func:`~spiderflow.core.tpa.level2._vectors` (the fields a chain cluster's blocks share memoised on
+    the shape and model objects) builds bitwise the vectors of every field read from the problem, for a
+    problem and other blocks of the same shape and model objects (other GPUs, layers, depths, floors, flags)."""
+    q = replace(p, gpus=data.draw(st.integers(1, 64)), layers=data.draw(st.integers(1, 80)),
+                downstream=data.draw(st.none() | st.integers(0, 16)), floor_s=data.draw(st.floats(0.0, 2.0)),
+                has_embed=not p.has_embed, memory_bound=not p.memory_bound, allow_fsdp=not p.allow_fsdp)
+    twin = replace(p, shape=replace(p.shape))  # an equal shape, another object
+    for r in (p, q, p, twin, replace(p, precision=data.draw(st.sampled_from(list(Precision))))):
+        fl, it = l2._vectors(r)
+        want_fl, want_it = ref._vectors(r)
+        assert (fl.dtype, it.dtype) == (want_fl.dtype, want_it.dtype)
+        assert fl.tobytes() == want_fl.tobytes() and it.tobytes() == want_it.tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(p=problems(), data=st.data())
+def test_fitting_cost_in_one_kernel_call_matches(p: BlockProblem, data: st.DataObject) -> None:
+    """:func:`~spiderflow.core.tpa.level2._fitting_vectors` (constants, figures and the memory test in one
+    kernel call) equals :func:`~spiderflow.core.tpa.level2._fitting_cost` and the reference's
+    :func:`config_cost` with its memory test, bitwise, for any degrees and split (fitting or not)."""
+    k = Degrees(tp=data.draw(st.integers(1, 8)), pp=data.draw(st.integers(1, 8)), dp=data.draw(st.integers(1, 8)),
+                recompute=data.draw(st.booleans()), fsdp=data.draw(st.booleans()))
+    layers = tuple(data.draw(st.lists(st.integers(1, 12), min_size=k.pp, max_size=k.pp)))
+    whole = ref.config_cost(p, k, layers)
+    want = whole if max(whole.memory_gib) <= p.shape.memory_gib else None
+    fl, it = l2._vectors(p)
+    got = l2._fitting_vectors(fl, it, whole)
+    _same(got, want)
+    _same(l2._fitting_cost(p, k, layers), want)
+    cfg = l2.solve_block_exact(p)
+    if cfg is not None:  # a solved configuration re-costed under its own problem is itself (where it fits)
+        _same(l2._fitting_vectors(fl, it, cfg), cfg if max(cfg.memory_gib) <= p.shape.memory_gib else None)
+    event("fits" if want is not None else "over memory")
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     slope=st.sampled_from([0.0, 1.0, 0.1]) | st.floats(0.0, 1e3) | st.floats(1e-280, 1e-200),

@@ -33,6 +33,7 @@ __all__ = [
     "I_SIZE",
     "candidates",
     "coefficients",
+    "fitting_cost",
     "memory_caps",
     "memory_caps_all",
     "min_memory_config",
@@ -739,6 +740,24 @@ def solve_exact(fl: FArr, it: IArr, layers_out: IArr, figs_out: FArr) -> Picked:
 
 
 @kernel
+def fitting_cost(
+    fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool, fsdp: bool, layers: IArr, figs: FArr
+) -> tuple[bool, float, float]:
+    """:func:`spiderflow.core.tpa.level2.config_cost` of candidate ``(tp, pp, dp, recompute, fsdp)`` with
+    ``layers[:pp]`` layers per sub-stage, and whether its peak memory fits (``max_j memory ≤ C``): the
+    candidate's constants (:func:`coefficients`) and its figures (compute, memory in GiB, gradient sync) into
+    ``figs[0:3, :pp]`` in one call. Returns ``(fits, objective, intra-cluster boundary)``."""
+    mu = np.empty(pp, np.float64)
+    nu = np.empty(pp, np.float64)
+    beta = np.empty(pp, np.float64)
+    tau, eta_head, eta_embed, alpha, p_in = coefficients(fl, it, tp, pp, dp, recompute, fsdp, mu, nu, beta)
+    obj, boundary, peak = _config_cost(it[I_M], pp, dp, fl[F_FLOOR_S], fl[F_GIB], it[I_HAS_HEAD] != 0, tau,
+                                       eta_head, alpha, p_in, mu, nu, beta, layers, figs, it[I_HAS_EMBED] != 0,
+                                       eta_embed)
+    return peak <= fl[F_MEMORY_GIB], obj, boundary
+
+
+@kernel
 def memory_caps(fl: FArr, it: IArr, tp: int, pp: int, dp: int, recompute: bool, fsdp: bool, out: IArr) -> None:
     """``u_j`` of candidate ``(tp, pp, dp, recompute, fsdp)`` into ``out[:pp]``: the most layers sub-stage ``j``
     holds within GPU memory (``L_b`` when memory is not bound)."""
@@ -857,3 +876,4 @@ def _warm() -> None:
     memory_caps_all(fl, it)
     mu = np.empty(2, np.float64)
     coefficients(fl, it, 1, 2, 2, False, False, mu, mu.copy(), mu.copy())
+    fitting_cost(fl, it, 1, 2, 2, False, False, np.array([2, 2], np.int64), figs)

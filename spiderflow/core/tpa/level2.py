@@ -303,23 +303,50 @@ def _model_figures(model: ModelSpec, micro_batch: int, seq_len: int) -> tuple[fl
             float(model.embedding_params), float(model.head_params))
 
 
-def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
-    """``p`` as the kernels' problem vectors (:mod:`spiderflow.core.kernels.level2`: ``fl`` and ``it``)."""
+_Parts = tuple[ClusterShape, ModelSpec, tuple[float, ...], tuple[float, ...], tuple[int, ...], tuple[int, ...],
+               tuple[int, ...]]
+_PARTS: dict[tuple[int, int, int, int, Precision], _Parts] = {}
+_PARTS_MAX = 4096
+
+
+def _parts(p: BlockProblem) -> _Parts:
+    """The fields of :func:`_vectors` that only depend on ``p``'s shape, model, micro-batch size, sequence and
+    precision — ``(shape, model, fl[:6], fl[7:], it[2:9], it[18:21], it[23:])`` — memoised on those objects'
+    identity (the entry keeps them alive and is checked against them, so an identity is never mistaken), so
+    the blocks of one chain cluster read the catalogue's and the cost model's figures once."""
     sh, model = p.shape, p.model
-    fl = np.array(
+    key = (id(sh), id(model), p.micro_batch, p.seq_len, p.precision)
+    hit = _PARTS.get(key)
+    if hit is not None and hit[0] is sh and hit[1] is model:
+        return hit
+    if len(_PARTS) >= _PARTS_MAX:
+        _PARTS.clear()
+    out: _Parts = (
+        sh, model,
         (sh.effective_tflops, sh.memory_gib, sh.intra_node_gbps, sh.inter_node_gbps, sh.layer_overhead_s,
-         sh.optimizer_s, p.floor_s, GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len),
-         LOGIT_SAVED_BYTES, LOGIT_ONCE_BYTES, sh.embedding_us_per_token, sh.head_us_per_token,
-         sh.embedding_optimizer_ms, sh.head_optimizer_ms, sh.data_ms_per_sample),
-        dtype=np.float64,
-    )
-    it = np.array(
-        (p.gpus, p.layers, sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch,
-         p.seq_len, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor, p.max_in_flight or 0,
-         p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound, state_bytes_per_param(p.precision),
-         p.precision.value_bytes, state_bytes_per_param(p.precision, Sharding.FSDP), p.allow_recompute,
-         p.allow_fsdp, model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES,
+         sh.optimizer_s),
+        (GIB, RESERVED_GIB * GIB, *_model_figures(model, p.micro_batch, p.seq_len), LOGIT_SAVED_BYTES,
+         LOGIT_ONCE_BYTES, sh.embedding_us_per_token, sh.head_us_per_token, sh.embedding_optimizer_ms,
+         sh.head_optimizer_ms, sh.data_ms_per_sample),
+        (sh.gpus_per_node, sh.wire_bytes, model.hidden, model.heads, model.vocab, p.micro_batch, p.seq_len),
+        (state_bytes_per_param(p.precision), p.precision.value_bytes,
+         state_bytes_per_param(p.precision, Sharding.FSDP)),
+        (model.kv_heads or model.heads, grad_bytes_per_value(p.precision), PARAM_GATHER_BYTES,
          fsdp_unsharded_bytes_per_param(p.precision)),
+    )
+    _PARTS[key] = out
+    return out
+
+
+def _vectors(p: BlockProblem) -> tuple[FArray, IArray]:
+    """``p`` as the kernels' problem vectors (:mod:`spiderflow.core.kernels.level2`: ``fl`` and ``it``); the
+    fields that do not vary between the blocks of a chain cluster come from :func:`_parts`."""
+    _, _, fl_head, fl_tail, it_shape, it_precision, it_tail = _parts(p)
+    fl = np.array((*fl_head, p.floor_s, *fl_tail), dtype=np.float64)
+    it = np.array(
+        (p.gpus, p.layers, *it_shape, p.m, p.downstream or 0, p.downstream is not None, p.depth_factor,
+         p.max_in_flight or 0, p.max_in_flight is not None, p.has_embed, p.has_head, p.memory_bound,
+         *it_precision, p.allow_recompute, p.allow_fsdp, *it_tail),
         dtype=np.int64,
     )
     return fl, it
@@ -438,6 +465,22 @@ def _fitting_cost(p: BlockProblem, k: Degrees, layers: tuple[int, ...]) -> Block
     if not max(_memory_gib(c, layers)) <= p.shape.memory_gib:
         return None
     return config_cost(p, k, layers, c)
+
+
+def _fitting_vectors(fl: FArray, it: IArray, cfg: BlockConfig) -> BlockConfig | None:
+    """:func:`_fitting_cost` of ``cfg``'s degrees and layers under the problem with vectors ``fl``/``it`` (one
+    kernel call, :func:`spiderflow.core.kernels.level2.fitting_cost`: the same figures, bit for bit)."""
+    pp = cfg.pp
+    figs = np.empty((3, pp), np.float64)
+    fits, obj, p_in = kernels.fitting_cost(fl, it, cfg.tp, pp, cfg.dp, cfg.recompute, cfg.fsdp,
+                                           np.array(cfg.layers, np.int64), figs)
+    if not fits:
+        return None
+    compute, mem, ar = figs.tolist()
+    return BlockConfig(
+        tp=cfg.tp, pp=pp, dp=cfg.dp, layers=cfg.layers, compute_s=tuple(compute), memory_gib=tuple(mem),
+        allreduce_s=tuple(ar), intra_boundary_s=p_in, objective_s=obj, recompute=cfg.recompute, fsdp=cfg.fsdp,
+    )
 
 
 def _balanced(n_layers: int, parts: int) -> tuple[int, ...]:
@@ -816,9 +859,12 @@ class _Cached:
             return cfg
         return self._family(p, lambda: self._solve(p))
 
-    def _family(self, p: BlockProblem, solve: Callable[[], BlockConfig | None]) -> BlockConfig | None:
+    def _family(self, p: BlockProblem, solve: Callable[[], BlockConfig | None],
+                fit: Callable[[BlockConfig], BlockConfig | None] | None = None) -> BlockConfig | None:
         """The optimum of ``p`` already solved for a shallower in-flight depth of the same block when it fits,
-        else ``solve()`` (``p`` solved), remembered for the deeper ones."""
+        else ``solve()`` (``p`` solved), remembered for the deeper ones. ``fit(prev)``: :func:`_fitting_cost`
+        of ``prev``'s degrees and layers under ``p`` (the default; a caller with ``p``'s vectors passes the
+        kernel's, :func:`_fitting_vectors`)."""
         family = _family_key(p)  # the fields of replace(p, downstream=-1): the same keys, not built
         if len(self._families) >= _MAX_ANSWERS:
             self._families.clear()
@@ -826,7 +872,7 @@ class _Cached:
         for d, prev in solved:
             if prev is None or p.downstream is None or d is None or d > p.downstream:
                 continue
-            cfg = _fitting_cost(p, prev.degrees, prev.layers)
+            cfg = _fitting_cost(p, prev.degrees, prev.layers) if fit is None else fit(prev)
             if cfg is not None:
                 return cfg
         out = solve()
@@ -883,10 +929,10 @@ class _ExactCached(_Cached):
             cfg = self._exact(fl, free, width, options)
             if cfg is None:
                 return None
-            cfg = _fitting_cost(p, cfg.degrees, cfg.layers)
+            cfg = _fitting_vectors(fl, it, cfg)
             if cfg is not None:
                 return cfg
-        return self._family(p, lambda: self._exact(fl, it, width, options))
+        return self._family(p, lambda: self._exact(fl, it, width, options), lambda prev: _fitting_vectors(fl, it, prev))
 
     def _exact(self, fl: FArray, it: IArray, width: int, options: bool) -> BlockConfig | None:
         """:func:`solve_block_exact` of the problem with vectors ``fl``/``it`` (``options``: it allows
@@ -930,6 +976,7 @@ def cache_clear() -> None:
     _memory_caps.cache_clear()
     _candidates.cache_clear()
     _model_figures.cache_clear()
+    _PARTS.clear()
     STATS.cpsat_solves = 0
     STATS.cpsat_seconds = 0.0
     STATS.cpsat_improved_hint = 0

@@ -77,7 +77,9 @@ from spiderflow.core.tpa.timeline import (
     window_estimate,
 )
 
-__all__ = ["micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split", "with_in_flight_cap"]
+__all__ = [
+    "micro_batch_candidates", "objective_score", "plan_chain", "plan_from_split", "split_stages", "with_in_flight_cap",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -118,9 +120,9 @@ def objective_score(plan: Plan, objective: Objective, step_s: float) -> float:
     return step_s
 
 
-def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Plan:
-    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order); the context's
-    in-flight cap goes to ``extras["max_in_flight"]`` for the 1F1B family."""
+def split_stages(ctx: ChainContext, ev: SplitEval) -> tuple[Stage, ...]:
+    """The stages of a feasible split (block ``c``'s sub-stages consecutive, in chain order): the same for every
+    schedule of the split."""
     stages: list[Stage] = []
     first = 0
     for cl, cfg in zip(ctx.clusters, ev.configs, strict=True):
@@ -130,10 +132,19 @@ def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1) -> Pla
             stages.append(Stage(cluster=cl.name, first_layer=first, last_layer=first + n - 1, tp=cfg.tp, dp=cfg.dp,
                                 sharding=cfg.sharding, recompute=cfg.recompute))
             first += n
+    return tuple(stages)
+
+
+def plan_from_split(ctx: ChainContext, ev: SplitEval, *, chunks: int = 1,
+                    stages: tuple[Stage, ...] | None = None) -> Plan:
+    """The plan of a feasible split (its :func:`split_stages`; ``stages``: those when the caller has them
+    already) under the context's schedule; the context's in-flight cap goes to ``extras["max_in_flight"]``
+    for the 1F1B family."""
     extras = {"chunks": float(chunks)} if ctx.schedule is Schedule.INTERLEAVED_1F1B else {}
     if ctx.max_in_flight is not None and ctx.schedule in _CAPPED:
         extras[MAX_IN_FLIGHT_KEY] = float(ctx.max_in_flight)
-    return Plan(stages=tuple(stages), micro_batches=ctx.m, schedule=ctx.schedule, extras=extras)
+    return Plan(stages=split_stages(ctx, ev) if stages is None else stages, micro_batches=ctx.m,
+                schedule=ctx.schedule, extras=extras)
 
 
 def with_in_flight_cap(plan: Plan, topo: Topology, job: JobSpec, max_in_flight: int) -> Plan:
@@ -225,6 +236,7 @@ def _schedule_plans(
     and re-solves the former without building and pricing the unfitting plan again. Same candidates."""
     out: list[_Candidate] = []
     n_stages = sum(cfg.pp for cfg in ev.configs if cfg is not None)
+    stages: tuple[Stage, ...] | None = None  # ev's stages, built once for all its schedules
     for sched in allowed:
         recorded = pending is not None and resolve is not False and sched in pending
         known = pending[sched] if pending is not None and recorded else None
@@ -239,7 +251,9 @@ def _schedule_plans(
                 _note_out(pending, resolve, sched, None)
                 continue  # Megatron's interleaved order needs m to be a multiple of the stage count
             sctx = ctx.with_options(schedule=sched)
-            raw = plan_from_split(sctx, ev, chunks=chunks)
+            if stages is None:
+                stages = split_stages(ctx, ev)
+            raw = plan_from_split(sctx, ev, chunks=chunks, stages=stages)
             if max_in_flight is not None and sched not in _CAPPED and _peak_in_flight(raw) > max_in_flight:
                 _note_out(pending, resolve, sched, None)
                 continue  # its order holds more than the cap and cannot be capped
