@@ -428,9 +428,12 @@ cycle collector several times per call)."""
 
 
 def warm_and_freeze() -> None:
-    """Load the placement kernels, then move every object alive (modules, kernels, the parsed topology) to
-    the collector's permanent generation, so its full collections no longer scan the start-up's objects
-    again and again while the process serves."""
+    """Load the placement kernels and the planner's timeline (the cycle re-scores plans on it; imported here,
+    off the leader's first decision, and not at import time, so the process serves sooner), then move every
+    object alive (modules, kernels, the parsed topology) to the collector's permanent generation, so its full
+    collections no longer scan the start-up's objects again and again while the process serves."""
+    import spiderflow.core.tpa.timeline  # noqa: F401
+
     warm_kernels()
     gc.freeze()
 
