@@ -82,7 +82,8 @@ class _ChainEval:
         self._cache = _BLOCK_CACHE
         self._shapes = [
             (compute_rate_tflops(c, self.jc.precision), c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps,
-             c.inter_node_gbps, c.gpu_type.wire_bytes)
+             c.inter_node_gbps, c.gpu_type.wire_bytes, c.head_us_per_token, c.embedding_us_per_token,
+             c.embedding_optimizer_ms, c.data_ms_per_sample, c.head_optimizer_ms)
             for c in self.clusters
         ]
         # Everything a block key shares per position, interned to one int (hashing the job's constants on
@@ -130,8 +131,10 @@ class _ChainEval:
         tp = 1
         while tp <= min(_MAX_TP, c.gpus_per_node, g):
             ar_tp = allreduce_time(jc.act, tp, c.intra_node_gbps if tp <= c.gpus_per_node else c.inter_node_gbps)
-            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp),
-                        3.0 * jc.head_f / (tp * fl)))
+            # A measured head (costmodel.measured_outer_time) runs replicated: the same time at every degree.
+            head_time = (c.head_us_per_token * jc.b * jc.s / 1e6 if c.head_us_per_token
+                         else 3.0 * jc.head_f / (tp * fl))
+            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), head_time))
             tp *= 2
         if len(_DEGREE_CONSTS) >= _BLOCK_CACHE_MAX:
             _DEGREE_CONSTS.clear()
@@ -148,6 +151,15 @@ class _ChainEval:
         exact, slack = self.exact, self.slack
         head = last == jc.layers - 1
         has_embed = first == 0
+        # The work outside the blocks a profile measured (costmodel.measured_outer_time, measured_step_extra):
+        # the embedding's time per micro-batch on sub-stage 0 of the embedding block, its optimizer step and
+        # the input pipeline (b samples per micro-batch of a replica) and the head's optimizer step per step
+        # with the sub-stage's gradient sync.
+        emb_us = c.embedding_us_per_token
+        emb_t = (emb_us * jc.b * jc.s / 1e6 if emb_us else 0.0) if has_embed else 0.0
+        emb_opt = c.embedding_optimizer_ms / 1e3
+        data_mb = c.data_ms_per_sample * jc.b / 1e3
+        head_opt = c.head_optimizer_ms / 1e3
         for tp, per_t, act_l, act_h, head_time in self._degree_consts(pid, c, g, fl):
             head_t = head_time if head else 0.0
             for pp in _PP_CHOICES:
@@ -169,13 +181,17 @@ class _ChainEval:
                 # early sub-stages hold more micro-batches) or, when the block ends with the head, big ones
                 # first. Only the first of each size group, the first (embedding) and the last (head)
                 # sub-stage can be the worst for memory and Y.
-                tsum = nl * per_t + head_t
+                tsum = nl * per_t + head_t + emb_t
                 top = base + 1 if rem else base
                 for big_first in (False, True) if rem and head_t > 0 else (False,):
                     # sizes[j]: ``base + 1`` for j < rem (big first) or j ≥ pp − rem (small first), else ``base``.
                     n_small = pp - rem
                     last_size = base if big_first else top
-                    tmax = max(last_size * per_t + head_t, top * per_t)
+                    if pp == 1:  # one sub-stage: the embedding's and the head's
+                        tmax = max(last_size * per_t + head_t + emb_t, top * per_t)
+                    else:
+                        first_size = top if big_first else base
+                        tmax = max(last_size * per_t + head_t, top * per_t, first_size * per_t + emb_t)
                     local = (m - 1) * max(tmax / dp, p_stage) + tsum
                     if best is not None and best.excess <= 0.0 and local + bounds >= best.local:
                         # Its objective without the gradient all-reduce (≥ 0) already ties or loses to a
@@ -189,10 +205,13 @@ class _ChainEval:
                         is_last = j == pp - 1 and head
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             jc.head_params if is_last else 0.0)
-                        if dp > 1:
-                            y = allreduce_time(jc.grad_bytes * params / tp, dp, bdp)
-                            if y > ymax:
-                                ymax = y
+                        y = allreduce_time(jc.grad_bytes * params / tp, dp, bdp) if dp > 1 else 0.0
+                        if j == 0 and has_embed:
+                            y += emb_opt + data_mb * per_replica
+                        if is_last:
+                            y += head_opt
+                        if y > ymax:
+                            ymax = y
                         inflight = min(per_replica, s_total - (offset + j))
                         act = sz * act_l + (act_h if is_last else 0.0)
                         x = jc.state_bytes * params / tp + inflight * act - mem

@@ -1,7 +1,8 @@
 """The compiled level-1 fallback planner returns exactly what its plain Python formulation
 (``fallback_reference``) returns: the same plans (every field; floats bitwise), the same errors with the same
 messages, the same memory-first structures and the same split evaluations and blocks, on random topologies,
-jobs and allocations, memory-tight ones included (70B models on few GPUs, clusters with little memory)."""
+jobs and allocations, memory-tight ones included (70B models on few GPUs, clusters with little memory), with
+and without the work outside the blocks a profile measures."""
 
 from __future__ import annotations
 
@@ -30,6 +31,18 @@ MODELS = sorted(MODEL_PRESETS)
 
 
 @st.composite
+def measured(draw: st.DrawFn, c: Cluster) -> Cluster:
+    """``c`` with some of the work outside the blocks a profile measures (the embedding's and the head's µs
+    per token, their optimizer steps, the input pipeline per sample; 0: not measured)."""
+    def term(hi: float) -> st.SearchStrategy[float]:
+        return st.one_of(st.just(0.0), st.floats(hi / 1000, hi))
+
+    return replace(c, embedding_us_per_token=draw(term(50.0)), head_us_per_token=draw(term(50.0)),
+                   embedding_optimizer_ms=draw(term(200.0)), head_optimizer_ms=draw(term(200.0)),
+                   data_ms_per_sample=draw(term(20.0)))
+
+
+@st.composite
 def generated(draw: st.DrawFn, *, big: bool = False) -> Case:
     """A chain of 1-5 distinct clusters of a generated topology (some clusters busy), any GPUs up to the free
     ones (``big``: llama3-70b on at most 4, 16 or 64 GPUs per cluster), and a job in any precision whose GPU
@@ -38,6 +51,8 @@ def generated(draw: st.DrawFn, *, big: bool = False) -> Case:
     topo = generate_topology(n, draw(st.integers(0, 500)), draw(st.sampled_from(["geo", "hub", "mesh"])))
     if draw(st.booleans()):
         topo = topo.with_free({c.name: draw(st.integers(0, c.total_gpus)) for c in topo.clusters})
+    if draw(st.booleans()):
+        topo = replace(topo, clusters=tuple(draw(measured(c)) for c in topo.clusters))
     usable = [c for c in topo.clusters if c.free >= 1]
     assume(usable)
     k = draw(st.integers(1, min(len(usable), 5)))
@@ -63,6 +78,8 @@ def tight(draw: st.DrawFn) -> Case:
                 gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])), memory_gib=draw(st.sampled_from([1.5, 3.0, 8.0])))
         for i in range(n)
     )
+    if draw(st.booleans()):
+        clusters = tuple(draw(measured(c)) for c in clusters)
     links = tuple(Link(a=f"c{i}", b=f"c{i + 1}", bandwidth_gbps=10.0, latency_ms=5.0) for i in range(n - 1))
     alloc = [(c.name, draw(st.integers(1, c.total_gpus))) for c in clusters]
     m = draw(st.sampled_from([2, 4, 8, 16]))

@@ -15,7 +15,13 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
   inter-node Gbit/s, P_int)``, then ``pos[i, 4 + 4t : 8 + 4t]`` per tensor degree ``2^t`` tried: ``(T per
   layer, activation bytes per layer, head activation bytes, head T)`` (head bytes: the loss with one micro-batch
   in flight, as the last sub-stage of a 1F1B chain holds, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`);
-  ``pos_i[i]``: ``(GPUs, GPUs per node,
+  then ``pos[i, 20:24]``: the work outside the blocks a profile measured on the position's cluster (0 where
+  not): the embedding's seconds per micro-batch (on sub-stage 0 of a block holding layer 0, in its ``T``),
+  the embedding's optimizer step and the input pipeline's seconds per micro-batch of ``b`` samples (per step,
+  times ``⌈m/dp⌉``, on that sub-stage), the head's optimizer step (per step, on the head sub-stage): the
+  per-step terms join the sub-stage's gradient sync in ``Y``, as :func:`spiderflow.core.costmodel.breakdown`
+  adds them to its optimizer step (:func:`~spiderflow.core.costmodel.measured_outer_time`,
+  :func:`~spiderflow.core.costmodel.measured_step_extra`); ``pos_i[i]``: ``(GPUs, GPUs per node,
   tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
   ``i + 1``.
 * ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,
@@ -43,7 +49,7 @@ from numba import njit
 from spiderflow.core.kernels import kernel, register_warmup
 from spiderflow.core.kernels.formulas import allreduce_time as _allreduce_time
 
-__all__ = ["POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
+__all__ = ["OUTER", "POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
@@ -57,8 +63,13 @@ _SHRINK = 1 - 1e-12
 _CAP_SLACK = 1.0 + 1e-9
 """Relative slack on the layers a sub-stage holds: never below the cost model's count (it sums the terms in
 another order)."""
-POS_WIDTH = 20
-"""Columns of ``pos``: four per position, four per tensor degree ``1, 2, 4, 8``."""
+POS_WIDTH = 24
+"""Columns of ``pos``: four per position, four per tensor degree ``1, 2, 4, 8``, then :data:`OUTER` columns of
+measured work outside the blocks."""
+OUTER = 20
+"""First column of ``pos`` holding the measured work outside the blocks: embedding seconds per micro-batch,
+embedding optimizer seconds per step, input-pipeline seconds per micro-batch, head optimizer seconds per
+step."""
 
 
 def _inline(fn: F) -> F:
@@ -90,6 +101,10 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     m = job_i[0]
     exact = job_i[2] != 0
     slack = job_i[3]
+    emb_t = pos[i, OUTER] if has_embed else 0.0
+    emb_opt = pos[i, OUTER + 1]
+    data_mb = pos[i, OUTER + 2]
+    head_opt = pos[i, OUTER + 3]
     inf = math.inf
     found = False
     b_excess = inf
@@ -126,7 +141,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                 per_replica = math.ceil(m / dp)
                 p_stage = p_int if pp > 1 else 0.0
                 bounds = 2 * (pp - 1) * p_int
-                tsum = nl * per_t + head_t
+                tsum = nl * per_t + head_t + emb_t
                 top = base + 1 if rem else base
                 n_small = pp - rem
                 orders = 2 if rem and head_t > 0 else 1
@@ -134,8 +149,14 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                     big_first = order == 1
                     last_size = base if big_first else top
                     a = last_size * per_t + head_t
+                    if pp == 1:
+                        a += emb_t
                     b = top * per_t
                     tmax = b if b > a else a
+                    if pp > 1:
+                        c = (top if big_first else base) * per_t + emb_t  # sub-stage 0 (the embedding)
+                        if c > tmax:
+                            tmax = c
                     r = tmax / dp
                     local = (m - 1) * (p_stage if p_stage > r else r) + tsum
                     if found and b_excess <= 0.0 and local + bounds >= b_local:
@@ -155,10 +176,13 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         is_last = j == pp - 1 and head
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             p_head if is_last else 0.0)
-                        if dp > 1:
-                            y = _allreduce_time(w_grad * params / tp, dp, bdp, 0.0)
-                            if y > ymax:
-                                ymax = y
+                        y = _allreduce_time(w_grad * params / tp, dp, bdp, 0.0) if dp > 1 else 0.0
+                        if j == 0 and has_embed:
+                            y += emb_opt + data_mb * per_replica
+                        if is_last:
+                            y += head_opt
+                        if y > ymax:
+                            ymax = y
                         ahead = ds + pp - j
                         inflight = per_replica if per_replica <= ahead else ahead
                         act = sz * act_l + (act_h if is_last else 0.0)
