@@ -1,5 +1,4 @@
-"""1F1B vs the latency-aware schedule at equal memory, executed for real on the emulated testbed (issue 4's
-executed target).
+"""1F1B vs the latency-aware schedule at equal memory, executed for real on the emulated testbed.
 
 ::
 

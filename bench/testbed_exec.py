@@ -1,4 +1,4 @@
-"""SpiderFlow's plan vs ``firstfit``'s plan, run for real on the emulated testbed (issue 7).
+"""SpiderFlow's plan vs ``firstfit``'s plan, run for real on the emulated testbed.
 
 ::
 
@@ -27,7 +27,7 @@ mean step time from the job's progress events (steps after the first; progress i
 so these are the reported steps), plus, as a cross-check, the mean of every step of the last-stage worker
 (its ``done`` event in its stdout file, kept in its agent's work dir) and every rank's step breakdown
 (:data:`spiderflow.exec.runtime.PHASES`, wall and CPU time). Prints a table and the ratio
-``firstfit / spinsearch`` of measured mean step times (issue 7's target: ≥ 1.3) and writes a JSON summary
+``firstfit / spinsearch`` of measured mean step times (the target: ≥ 1.3) and writes a JSON summary
 (``--out``) with the agents' calibration figures.
 
 Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
