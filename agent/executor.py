@@ -477,6 +477,14 @@ class Executor:
             return agent_pb2.Worker(rank=r.rank, stage=r.stage, replica=r.replica, tp_rank=r.tp_rank,
                                     pid=pids.get(r.rank, 0))
 
+        def note_succeeded(results: list[GroupResult]) -> None:
+            """Mark the ranks that said they are done and exited 0."""
+            for res in results:
+                for rank, code in res.exit_codes.items():
+                    if code == 0 and state[rank].done:
+                        self.workers.update(a.job, a.attempt, worker(state[rank].info),
+                                            agent_pb2.WORKER_STATE_SUCCEEDED, exit_code=0)
+
         async def on_line(rank: int, text: str) -> None:
             w = state.get(rank)
             if w is None:
@@ -567,11 +575,7 @@ class Executor:
                     with contextlib.suppress(BaseException):
                         await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
                 if all_run.done() and not all_run.cancelled() and all_run.exception() is None:
-                    for res in all_run.result():  # ranks that finished before the stop reached them
-                        for rank, code in res.exit_codes.items():
-                            if code == 0 and state[rank].done:
-                                self.workers.update(a.job, a.attempt, worker(state[rank].info),
-                                                    agent_pb2.WORKER_STATE_SUCCEEDED, exit_code=0)
+                    note_succeeded(all_run.result())  # ranks that finished before the stop reached them
                 raise _Cancelled
             results = await all_run
         finally:
@@ -582,12 +586,11 @@ class Executor:
 
         errors: dict[int, str] = {}
         preempted: set[int] = set()
+        note_succeeded(results)
         for res in results:
             for rank, code in res.exit_codes.items():
                 w = state[rank]
                 if code == 0 and w.done:
-                    self.workers.update(a.job, a.attempt, worker(w.info), agent_pb2.WORKER_STATE_SUCCEEDED,
-                                        exit_code=0)
                     continue
                 if res.preempted and not w.error:
                     err = f"stopped by the workload manager: {res.preempted}"

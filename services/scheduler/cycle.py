@@ -396,7 +396,8 @@ class SchedulingCycle:
     def _decide(self, topo: Topology, free: dict[str, int], queue: list[StoredJob], holding: list[Holder],
                 now: float, gone: frozenset[str]) -> CycleResult:
         """One pure cycle (:func:`spiderflow.core.cycle.run_cycle`) on this snapshot."""
-        self._note_arrivals(queue)
+        if self.search_options is not None and self.search_options.lookahead:
+            self._note_arrivals(queue)  # only a policy that looks ahead reads them: no per-cycle scan otherwise
         state = CycleInput(topology=topo.with_free(free), now=now, version=self._version, gone=gone,
                            queue=[self._entry(sj, topo) for sj in queue], holding=holding,
                            arrivals=tuple(self._arrivals))
