@@ -370,7 +370,7 @@ class Executor:
             spec = TrainSpec(
                 job_id=a.job, model=a.spec.model, plan=a.plan, seq_len=a.spec.seq_len,
                 global_batch=a.spec.global_batch, steps=a.spec.steps, threads=1, data=a.spec.data,
-                optimizer=a.spec.optimizer,
+                optimizer=a.spec.optimizer, precision=a.spec.precision,
                 checkpoint_dir=info.checkpoint_dir if info.checkpoint_every else None,
                 checkpoint_every=info.checkpoint_every, resume_from=info.resume,
             )

@@ -4,8 +4,9 @@
 
 - with CUDA devices: their count (GPUs per node), catalog type (from the device name and memory), memory
   per GPU, and dense bf16 matmul TFLOPS of device 0 (timed ``n × n`` matmuls after a warm-up);
-- without: the CPU as one device of GPU type ``cpu`` — host memory, **measured** fp32 matmul TFLOPS and
-  the **calibrated** training efficiency ``mfu`` (:func:`profile_cpu`).
+- without: the CPU as one device of GPU type ``cpu`` — host memory, **measured** matmul TFLOPS and the
+  **calibrated** training efficiency ``mfu`` (:func:`profile_cpu`), both in bf16
+  (:data:`CPU_CALIBRATION_PRECISION`, the jobs' default precision, which the executor runs on CPU too).
 
 The timed loop runs for about ``seconds`` (after one warm-up) and counts ``2·n³`` FLOPs per matmul.
 torch is imported only when measuring. A declared cluster (:class:`~agent.config.GpuDeclaration`)
@@ -20,7 +21,8 @@ a rate plus a fixed cost. On a CPU the fixed cost is large — per-operator disp
 and small-kernel inefficiency do not shrink with ``b·s`` (on the 2-core dev machine, one thread, h=128:
 ~0.5 ms per layer against ~1.3 ms of FLOPs at gpt-tiny's s=64) — so one rate measured at one size
 mis-predicts every other size. :func:`measure_training_fit` therefore times forward + backward of one real
-transformer block (:class:`spiderflow.exec.model.Block`, the executor's module) at two sequence lengths
+transformer block (:class:`spiderflow.exec.model.Block`, the executor's module, under bf16 autocast over fp32
+weights as the executor runs a bf16 job: :data:`CPU_CALIBRATION_PRECISION`) at two sequence lengths
 (:data:`CALIBRATION_SEQ_LENS`, b=1, :data:`CALIBRATION_SHAPE`'s width) and fits the line
 ``t(F) = F / R + o`` through the two points, ``F = 3 · layer_fwd_flops`` (the cost model's own formula):
 ``R`` is the achieved training FLOP rate, ``o`` the fixed time per layer and micro-batch. The same rounds
@@ -102,6 +104,13 @@ CPU_WORKER_THREADS = 1
 CALIBRATION_SHAPE = {"hidden": 128, "heads": 4, "seq_len": 128, "batch": 1}
 """The block timed by :func:`measure_training_tflops` by default: gpt-tiny's layer width at twice its demo
 sequence length (``3 · layer_fwd_flops`` ≈ 0.18 GFLOP per iteration: ~4 ms on one core)."""
+
+CPU_CALIBRATION_PRECISION = "bf16"
+"""The precision :func:`measure_training_fit` times the block in: the jobs' default (``JobSpec.precision``),
+which the executor runs under bf16 autocast on CPU as on GPUs. Blocks in bf16 and fp32 run at different
+rates on a CPU (on the dev machine's AVX512-BF16 cores, h=128, one thread: bf16 1.5× slower than fp32 at
+32 tokens, 1.25× faster at 1,024), and the ``cpu`` type has no per-precision datasheet ratio, so a cluster's
+calibrated rate is its bf16 rate: jobs in other precisions are priced at it."""
 
 CALIBRATION_SEQ_LENS = (32, 256)
 """The two sequence lengths of :func:`measure_training_fit` (block of :data:`CALIBRATION_SHAPE`'s width,
@@ -307,17 +316,21 @@ def fit_rate_overhead(points: list[tuple[float, float]] | tuple[tuple[float, flo
 def measure_training_fit(
     *, hidden: int = CALIBRATION_SHAPE["hidden"], heads: int = CALIBRATION_SHAPE["heads"],
     seq_lens: tuple[int, ...] = CALIBRATION_SEQ_LENS, batch: int = 1, seconds: float = 0.5, rounds: int = 6,
-    matmul_size: int = 512, threads: int | None = CPU_WORKER_THREADS,
+    matmul_size: int = 512, threads: int | None = CPU_WORKER_THREADS, precision: str = CPU_CALIBRATION_PRECISION,
 ) -> TrainingFit:
     """Matmul TFLOPS and the rate + per-layer overhead fit of the module docstring. ``rounds`` rounds each
     time the matmul for ``seconds / rounds`` and every block size for ``1.5 · seconds / rounds`` (whole
     iterations, at least one) and the block's Adam step for ``0.25 · seconds / rounds``; the per-quantity
-    medians over rounds are used. Takes about ``(1.25 + 1.5 · len(seq_lens)) · seconds`` plus warm-up."""
+    medians over rounds are used. Takes about ``(1.25 + 1.5 · len(seq_lens)) · seconds`` plus warm-up.
+    ``precision`` (``bf16``, ``fp16``, ``fp32`` or ``tf32``): the block runs under
+    :func:`spiderflow.exec.parallel.autocast` and the matmul in that precision's compute dtype."""
     import torch
 
     from spiderflow.core.catalog import ModelSpec
     from spiderflow.core.costmodel import layer_fwd_flops
+    from spiderflow.core.domain import Precision
     from spiderflow.exec.model import Block
+    from spiderflow.exec.parallel import autocast, compute_dtype
 
     if rounds < 1 or not seq_lens:
         raise ValueError("need at least one round and one sequence length")
@@ -325,8 +338,9 @@ def measure_training_fit(
     flops = [3.0 * layer_fwd_flops(spec, batch, s) for s in seq_lens]
     with _torch_threads(threads), torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
-        a = torch.randn(matmul_size, matmul_size)
-        b = torch.randn(matmul_size, matmul_size)
+        mm_dtype = compute_dtype(Precision(precision))  # the matmul in the block's compute dtype
+        a = torch.randn(matmul_size, matmul_size).to(mm_dtype)
+        b = torch.randn(matmul_size, matmul_size).to(mm_dtype)
     with _torch_threads(threads), torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         block = Block(hidden, heads)
@@ -340,9 +354,13 @@ def measure_training_fit(
         def optimizer_step() -> None:
             adam.step()
 
+        cpu, prec = torch.device("cpu"), Precision(precision)
+
         def iteration(i: int) -> None:
             x, grad = inputs[i]
-            block(x).backward(grad)
+            with autocast(cpu, prec):  # as the executor runs a block in the job's precision
+                out = block(x)
+            out.backward(grad)
             block.zero_grad(set_to_none=True)
             x.grad = None
 

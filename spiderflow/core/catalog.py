@@ -31,10 +31,11 @@ class GpuType:
 
     ``peak_tflops``: dense bf16/fp16 TFLOPS; ``memory_gib``: device memory; ``power_w``: board power;
     ``default_mfu``: model-FLOPs utilisation assumed until measured; ``wire_bytes``: bytes per activation
-    value sent between pipeline stages (2 = bf16 on GPUs; 4 on ``cpu``, where the executor trains in fp32).
+    value sent between pipeline stages (2 = bf16; the executor sends activations in the job's compute dtype on every
+    device, so :func:`~spiderflow.core.costmodel.wire_bytes` widens it to 4 for fp32/tf32 jobs).
     ``fp32_tflops``: dense fp32 (CUDA-core) TFLOPS and ``tf32_tflops``: dense TF32 tensor-core TFLOPS from the
     same datasheets (``None``: no TF32 tensor cores, TF32 runs at the fp32 rate; both ``None``: the type's
-    rate does not depend on precision, as for ``cpu``, whose rate is measured in fp32).
+    rate does not depend on precision, as for ``cpu``, whose rate agents calibrate in bf16).
     """
 
     name: str
@@ -73,8 +74,7 @@ GPU_CATALOG: dict[str, GpuType] = {
         GpuType(name="RTX4090", peak_tflops=165.0, memory_gib=24, power_w=450, default_mfu=0.35,
                 fp32_tflops=82.6, tf32_tflops=82.6),
         # Local runs: the agent measures matmul TFLOPS and host memory; these are only defaults.
-        # The CPU executor (gloo) sends fp32 activations: 4 bytes per value on the wire.
-        GpuType(name="cpu", peak_tflops=0.05, memory_gib=16, power_w=65, default_mfu=0.5, wire_bytes=4),
+        GpuType(name="cpu", peak_tflops=0.05, memory_gib=16, power_w=65, default_mfu=0.5),
     )
 }
 

@@ -12,7 +12,8 @@ Symbols (units in brackets):
 - Per layer forward FLOPs ``f = 24·b·s·h² + 4·b·s²·h``; backward = 2 f; head forward ``2·b·s·h·V``.
 - Activation crossing a stage boundary: ``A = 2·b·s·h`` bytes (bf16), the gradient coming back the same;
   ``A_c = w_c·b·s·h`` on the wire from a stage on cluster ``c``, ``w_c`` its GPU type's ``wire_bytes``
-  (2 = bf16 on GPUs; 4 for ``cpu``: the CPU executor sends fp32 tensors, measured on the testbed).
+  (2 = bf16), widened to the precision's value size (:func:`wire_bytes`: the executor sends activations in the
+  job's compute dtype on every device, fp32 for fp32/tf32 jobs).
 
 Stage ``s`` (cluster ``c``, tensor degree ``t``, ``d`` replicas, layers ``ℓ_s``) per micro-batch:
 
@@ -351,8 +352,8 @@ def compute_rate_tflops(cluster: Cluster, precision: Precision = Precision.BF16)
     """Achieved TFLOPS per GPU of ``cluster`` in ``precision``: ``effective_tflops`` (measured-or-peak × mfu,
     a bf16 figure on GPUs) scaled by the GPU type's datasheet ratio of the precision's dense peak to the bf16
     peak (:meth:`spiderflow.core.catalog.GpuType.precision_tflops`: fp32 on CUDA cores, tf32 on TF32 tensor
-    cores). ``bf16``/``fp16`` and types without per-precision figures (``cpu``, measured in fp32) are
-    unscaled."""
+    cores). ``bf16``/``fp16`` and types without per-precision figures (``cpu``, calibrated in bf16 by the
+    agents, :data:`agent.profiler.CPU_CALIBRATION_PRECISION`) are unscaled."""
     if precision in (Precision.BF16, Precision.FP16):
         return cluster.effective_tflops
     gt = cluster.gpu_type

@@ -114,6 +114,8 @@ async def test_an_assignment_runs_reports_and_checkpoints(tmp_path: Path) -> Non
         assert busy == [True, False]
         run_dir = tmp_path / "work" / "logs" / "j1" / "attempt-1"
         assert next(run_dir.glob("*/rank-0.out")).read_text().count('"event": "step"') == 4
+        # the workers train in the job's precision (the JobSpec default, bf16), not the worker file's fp32
+        assert json.loads(next(run_dir.glob("*/worker-spec.json")).read_text())["precision"] == "bf16"
         assert not ex.runs
 
 

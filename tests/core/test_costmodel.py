@@ -8,7 +8,7 @@ import pytest
 
 from spiderflow.core import costmodel as cm
 from spiderflow.core.catalog import ModelSpec
-from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Schedule, Stage, Topology
+from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, Plan, Precision, Schedule, Stage, Topology
 
 # A small model whose numbers are easy to do by hand: L=4, h=1024, a=8, V=1000.
 M = ModelSpec(name="hand", layers=4, hidden=1024, heads=8, vocab=1000)
@@ -120,14 +120,16 @@ def test_widest_path_relay() -> None:
     assert topo.components() == [["a", "b", "c"]]
 
 
-def test_cpu_boundary_sends_fp32_activations_by_hand() -> None:
-    # The CPU executor sends fp32: A = 4·b·s·h = 4·2·512·1024 = 4 MiB; over 1 Gbit/s + 10 ms.
-    assert cm.activation_bytes(M, B, S, 4) == 4 * 2 * 512 * 1024
+def test_boundary_sends_the_jobs_compute_dtype_on_every_device_by_hand() -> None:
+    # bf16: A = 2·b·s·h = 2·2·512·1024 = 2 MiB over 1 Gbit/s + 10 ms, on CPU clusters as on GPU clusters;
+    # fp32: 4 bytes per value.
+    assert cm.activation_bytes(M, B, S, 2) == 2 * 2 * 512 * 1024
     cpu = [Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1, tflops=0.05, mfu=0.5) for n in ("p", "q")]
     topo = Topology(clusters=tuple(cpu), links=(Link(a="p", b="q", bandwidth_gbps=1.0, latency_ms=10.0),))
     a, b = (Stage(cluster=c.name, first_layer=i, last_layer=i) for i, c in enumerate(cpu))
-    assert cm.boundary_time(topo, M, a, b, B, S) == pytest.approx(4 * 2 * 512 * 1024 * 8 / 1e9 + 0.010)
-    # a GPU cluster keeps bf16 (2 bytes per value)
+    assert cm.boundary_time(topo, M, a, b, B, S) == pytest.approx(2 * 2 * 512 * 1024 * 8 / 1e9 + 0.010)
+    fp32 = cm.boundary_time(topo, M, a, b, B, S, Precision.FP32)
+    assert fp32 == pytest.approx(4 * 2 * 512 * 1024 * 8 / 1e9 + 0.010)
     gpu = Topology(clusters=(_cluster("p"), _cluster("q")),
                    links=(Link(a="p", b="q", bandwidth_gbps=1.0, latency_ms=10.0),))
     assert cm.boundary_time(gpu, M, a, b, B, S) == pytest.approx(2 * 2 * 512 * 1024 * 8 / 1e9 + 0.010)

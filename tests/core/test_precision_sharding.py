@@ -23,7 +23,7 @@ def test_compute_rate_per_precision_from_the_catalog() -> None:
     assert cm.compute_rate_tflops(c, Precision.FP32) == pytest.approx(bf16 * 67.0 / 989.0)
     assert cm.compute_rate_tflops(c, Precision.TF32) == pytest.approx(bf16 * 494.5 / 989.0)
     cpu = Cluster(name="c", gpu="cpu", nodes=1, gpus_per_node=1)
-    assert cm.compute_rate_tflops(cpu, Precision.FP32) == cpu.effective_tflops  # measured in fp32
+    assert cm.compute_rate_tflops(cpu, Precision.FP32) == cpu.effective_tflops  # one calibrated rate (bf16)
     v100 = Cluster(name="v", gpu="V100-32G", nodes=1, gpus_per_node=8)  # no TF32 cores: fp32 rate
     assert cm.compute_rate_tflops(v100, Precision.TF32) == cm.compute_rate_tflops(v100, Precision.FP32)
 
@@ -31,7 +31,8 @@ def test_compute_rate_per_precision_from_the_catalog() -> None:
 def test_bytes_per_precision() -> None:
     c, cpu = _h100(), Cluster(name="c", gpu="cpu", nodes=1, gpus_per_node=1)
     assert cm.wire_bytes(c, Precision.BF16) == 2 and cm.wire_bytes(c, Precision.FP32) == 4
-    assert cm.wire_bytes(cpu, Precision.BF16) == 4  # the CPU executor sends fp32
+    # the executor sends the job's compute dtype on CPU as on GPUs
+    assert cm.wire_bytes(cpu, Precision.BF16) == 2 and cm.wire_bytes(cpu, Precision.FP32) == 4
     assert all(cm.grad_bytes_per_value(p) == 4 for p in Precision)  # fp32 gradients are reduced in every precision
     assert cm.state_bytes_per_param(Precision.BF16) == cm.BYTES_PER_PARAM == 18
     assert cm.state_bytes_per_param(Precision.FP32) == 20
