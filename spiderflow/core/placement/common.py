@@ -29,7 +29,9 @@ Everything follows :mod:`spiderflow.core.costmodel` (same symbols, same formulas
    the work outside the blocks, ``T`` and ``Y`` take it as :func:`~spiderflow.core.costmodel.breakdown`
    does: the embedding's time per micro-batch in the ``T`` of the chain's first sub-stage, the head's in the
    last one's, and per step the embedding's optimizer and the input pipeline (``b·⌈m/d⌉`` samples) with the
-   first sub-stage's gradient all-reduce in its ``Y``, the head's optimizer with the last one's;
+   first sub-stage's gradient all-reduce in its ``Y``, the head's optimizer with the last one's; so do the
+   clusters' calibrated terms: ``layer_overhead_ms`` per layer in every sub-stage's ``T``,
+   ``optimizer_ms_per_layer`` per layer with every sub-stage's gradient all-reduce in its ``Y``;
 3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
    lexicographically (a move re-chooses the two blocks and, when their sub-stage counts change, every
    block before them). The search also starts from the scorer's memory-aware water-filled split and the
@@ -82,7 +84,7 @@ from spiderflow.core.costmodel import (
 )
 from spiderflow.core.domain import Cluster, JobSpec, Plan, PlanOptions, Precision, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
-from spiderflow.core.kernels.fallback import OUTER, POS_WIDTH, new_memo
+from spiderflow.core.kernels.fallback import OPTIMIZER, OUTER, POS_WIDTH, new_memo
 from spiderflow.core.kernels.fallback import evaluate_split as evaluate_split_kernel
 from spiderflow.core.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.core.kernels.fallback import optimise_split as optimise_split_kernel
@@ -422,48 +424,58 @@ class _Block:
     sizes: tuple[int, ...]
     tmax: float  # slowest sub-stage T
     tsum: float  # Σ sub-stage T
-    y: float  # max over sub-stages of the gradient all-reduce plus the measured per-step work
+    y: float  # max over sub-stages of the gradient all-reduce plus the calibrated optimizer step and the measured
+    # per-step work
     p_int: float  # internal boundary time
 
 
 def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """One chain position's row of the kernels' ``pos`` and ``pos_i`` (:mod:`spiderflow.core.kernels.fallback`):
     memory bytes per GPU left after the reserve, intra- and inter-node Gbit/s, ``P_int``, then per tensor
-    degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
-    activation bytes and head ``T`` (zeros for the degrees not tried), then the work outside the blocks a
-    profile measured (from :data:`~spiderflow.core.kernels.fallback.OUTER`: the embedding's seconds per
-    micro-batch, its optimizer's seconds per step, the input pipeline's seconds per micro-batch of ``b``
-    samples, the head optimizer's seconds per step; 0 where not measured); ``(g, GPUs per node, degrees
-    tried)``. Memoised process-wide (bounded, :func:`_position_row`) on the job's constants, the cluster's
-    figures and ``g``: a pure function of those values, shared by every snapshot that has such a cluster."""
+    degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer (the cluster's calibrated
+    ``layer_overhead_ms`` included), activation bytes per layer, head activation bytes and head ``T`` (zeros for
+    the degrees not tried), then the work outside the blocks a profile measured (from
+    :data:`~spiderflow.core.kernels.fallback.OUTER`: the embedding's seconds per micro-batch, its optimizer's
+    seconds per step, the input pipeline's seconds per micro-batch of ``b`` samples, the head optimizer's seconds
+    per step; 0 where not measured), then the calibrated optimizer seconds per layer and step
+    (:data:`~spiderflow.core.kernels.fallback.OPTIMIZER`, ``optimizer_ms_per_layer``; 0 unless calibrated);
+    ``(g, GPUs per node, degrees tried)``. Memoised process-wide (bounded, :func:`_position_row`) on the job's
+    constants, the cluster's figures and ``g``: a pure function of those values, shared by every snapshot that
+    has such a cluster."""
     return _position_row(jc, compute_rate_tflops(c, jc.precision) * 1e12, c.gpu_memory_gib, c.gpus_per_node,
                          c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g,
                          c.head_us_per_token, c.embedding_us_per_token, c.embedding_optimizer_ms,
-                         c.data_ms_per_sample, c.head_optimizer_ms)
+                         c.data_ms_per_sample, c.head_optimizer_ms, c.layer_overhead_ms, c.optimizer_ms_per_layer)
 
 
 @lru_cache(maxsize=50_000)
 def _position_row(jc: JobConsts, fl: float, mem_gib: float, gpn: int, intra: float, inter: float, wire: float,
                   g: int, head_us: float = 0.0, embed_us: float = 0.0, embed_opt_ms: float = 0.0,
-                  data_ms: float = 0.0, head_opt_ms: float = 0.0) -> tuple[tuple[float, ...], tuple[int, ...]]:
+                  data_ms: float = 0.0, head_opt_ms: float = 0.0, overhead_ms: float = 0.0,
+                  opt_ms: float = 0.0) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """:func:`_position` of a cluster with these figures (``fl`` FLOP/s per GPU in the job's precision,
     ``wire`` activation bytes on the wire, ``head_us`` the head's measured µs per token, 0 if not measured:
     then the head's ``T`` is that time at every degree, as :func:`~spiderflow.core.costmodel.stage_compute_time`
     prices it, instead of its FLOPs; ``embed_us``, ``embed_opt_ms``, ``data_ms``, ``head_opt_ms`` the
     profile's ``embedding_us_per_token``, ``embedding_optimizer_ms``, ``data_ms_per_sample`` and
     ``head_optimizer_ms``, 0 if not measured, as :func:`~spiderflow.core.costmodel.measured_outer_time` and
-    :func:`~spiderflow.core.costmodel.measured_step_extra` price them)."""
+    :func:`~spiderflow.core.costmodel.measured_step_extra` price them; ``overhead_ms`` and ``opt_ms`` the
+    cluster's calibrated ``layer_overhead_ms`` and ``optimizer_ms_per_layer``, 0 unless calibrated, as
+    :func:`~spiderflow.core.costmodel.stage_compute_time` and :func:`~spiderflow.core.costmodel.breakdown` price
+    them)."""
     row: list[float] = [mem_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
         head_t = head_us * jc.b * jc.s / 1e6 if head_us else 3.0 * jc.head_f / (tp * fl)
-        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), head_t]
+        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp + overhead_ms / 1e3, jc.act_layer(tp), jc.act_head(tp), head_t]
         tp *= 2
     n = (len(row) - 4) // 4
     row += [0.0] * (OUTER - len(row))
     row += [embed_us * jc.b * jc.s / 1e6 if embed_us else 0.0, embed_opt_ms / 1e3, data_ms * jc.b / 1e3,
             head_opt_ms / 1e3]
+    row += [0.0] * (OPTIMIZER - len(row))
+    row += [opt_ms / 1e3]
     return tuple(row), (g, gpn, n)
 
 
