@@ -13,8 +13,14 @@ Everything follows :mod:`spiderflow.core.costmodel` (same symbols, same formulas
 - every position runs at least one layer (``ℓ_i ← max(ℓ_i, 1)``);
 - ``tp_i`` = the power of two ≤ min(8, GPUs/node) dividing ``g_i`` that minimises the position's own
   ``(m−1)·T_i/d_i + T_i + Y_i``; ``d_i = g_i / tp_i``;
-- ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A)) (+ head on the last position)``;
-- ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i AR_{d_i}(2·params_i/tp_i)``.
+- ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A) + o_c) (+ head on the last position)``, ``o_c`` the cluster's
+  calibrated fixed time per layer (``layer_overhead_ms``; 0 unless calibrated);
+- ``Y_i = AR_{d_i}(g·params_i/tp_i) + ℓ_i·u_c``, ``g`` bytes per gradient value, ``u_c`` the calibrated optimizer
+  step per layer (``optimizer_ms_per_layer``; 0 unless calibrated);
+- ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i Y_i``;
+- where a profile measured the work outside the blocks, the embedding's time per micro-batch joins the first
+  position's ``T``, and its optimizer step, the input pipeline (``b·⌈m/d⌉`` samples) and the head's optimizer
+  step the first's and the last's ``Y`` (:func:`~spiderflow.core.costmodel.breakdown`).
 
 **Level-1 fallback planner** (:func:`fallback_plan_chain`, the exact planner used until
 :func:`spiderflow.core.tpa.plan_chain` exists). For an ordered allocation ``[(cluster, gpus), ...]``:
@@ -150,7 +156,8 @@ class TopoArrays:
     ``outer`` (5 × n) the work outside the blocks a profile measured (0 where not):
     ``embedding_us_per_token``, ``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``,
     ``data_ms_per_sample`` (:func:`~spiderflow.core.costmodel.measured_outer_time`,
-    :func:`~spiderflow.core.costmodel.measured_step_extra`).
+    :func:`~spiderflow.core.costmodel.measured_step_extra`); ``calibrated`` (2 × n) the clusters' calibrated
+    ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` (0 unless calibrated).
     """
 
     names: tuple[str, ...]
@@ -169,6 +176,7 @@ class TopoArrays:
     flops_tf32: FArr
     wire: IArr
     outer: FArr
+    calibrated: FArr
 
     def rate(self, precision: Precision) -> FArr:
         """Achieved FLOP/s per GPU in ``precision`` (``flops`` for bf16/fp16)."""
@@ -208,6 +216,8 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         outer=np.array([[c.embedding_us_per_token for c in cl], [c.head_us_per_token for c in cl],
                         [c.embedding_optimizer_ms for c in cl], [c.head_optimizer_ms for c in cl],
                         [c.data_ms_per_sample for c in cl]], dtype=np.float64).reshape(5, len(cl)),
+        calibrated=np.array([[c.layer_overhead_ms for c in cl], [c.optimizer_ms_per_layer for c in cl]],
+                            dtype=np.float64).reshape(2, len(cl)),
     )
     memo.arrays = arrays
     return arrays
@@ -333,11 +343,12 @@ class ScoreTables:
 
     ta: TopoArrays
     jc: JobConsts
-    fig: FArr  # (10, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh, then the measured work
+    fig: FArr  # (11, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh, then the measured work
     # outside the blocks: the embedding's seconds per micro-batch, its optimizer's seconds per step, the input
-    # pipeline's seconds per micro-batch (b samples), the head's optimizer's seconds per step
+    # pipeline's seconds per micro-batch (b samples), the head's optimizer's seconds per step; then the calibrated
+    # optimizer seconds per layer and step (u_c)
     ints: IArr  # (2, n): GPUs per node, largest TP degree
-    per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) seconds per layer
+    per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) + o_c seconds per layer (o_c calibrated)
     head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F), or the measured head's η·b·s (not divided by t)
     by_tp: FArr  # (5, 9): indexed by TP degree 1..8: w·p/t, activation bytes per layer, w·p_embed/t, head bytes,
     # gradient bytes per value (w: state bytes per parameter; all in the job's precision)
@@ -350,12 +361,13 @@ def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
     fl = rate[None, :]
     ar_tp = allreduce_times(jc.act, _TP_CHOICES[:, :, 0], ta.intra[None, :])
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
+        # with the calibrated fixed time per layer (costmodel.stage_compute_time; 0 unless calibrated)
+        per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp + ta.calibrated[0][None, :] / 1e3
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
     # Measured head and loss (costmodel.measured_outer_time): replicated under TP, so the same at every degree.
     head_t = np.where(ta.outer[1] != 0.0, ta.outer[1] * jc.b * jc.s / 1e6, head_t)
     outer = np.stack([np.where(ta.outer[0] != 0.0, ta.outer[0] * jc.b * jc.s / 1e6, 0.0), ta.outer[2] / 1e3,
-                      ta.outer[4] * jc.b / 1e3, ta.outer[3] / 1e3])
+                      ta.outer[4] * jc.b / 1e3, ta.outer[3] / 1e3, ta.calibrated[1] / 1e3])
     by_tp = np.zeros((5, 9))
     for t in (1, 2, 4, 8):
         by_tp[:, t] = (jc.state_bytes * jc.p_layer / t, jc.act_layer(t), jc.state_bytes * jc.p_embed / t,
