@@ -83,7 +83,8 @@ class _ChainEval:
         self._shapes = [
             (compute_rate_tflops(c, self.jc.precision), c.gpu_memory_gib, c.gpus_per_node, c.intra_node_gbps,
              c.inter_node_gbps, c.gpu_type.wire_bytes, c.head_us_per_token, c.embedding_us_per_token,
-             c.embedding_optimizer_ms, c.data_ms_per_sample, c.head_optimizer_ms)
+             c.embedding_optimizer_ms, c.data_ms_per_sample, c.head_optimizer_ms, c.layer_overhead_ms,
+             c.optimizer_ms_per_layer)
             for c in self.clusters
         ]
         # Everything a block key shares per position, interned to one int (hashing the job's constants on
@@ -122,7 +123,8 @@ class _ChainEval:
     def _degree_consts(self, pid: int, c: Cluster, g: int, fl: float) -> list[tuple[int, float, float, float, float]]:
         """Per tensor-parallel degree of a position: ``(tp, T per layer, activation bytes per layer, head
         activation bytes, head T)``, the same expressions for every block of that position (memoised on the
-        position's key prefix ``pid``: the job's constants, the cluster's figures and its GPUs)."""
+        position's key prefix ``pid``: the job's constants, the cluster's figures and its GPUs). ``T`` per layer
+        includes the cluster's calibrated fixed time per layer (``layer_overhead_ms``)."""
         hit = _DEGREE_CONSTS.get(pid)
         if hit is not None:
             return hit
@@ -134,7 +136,8 @@ class _ChainEval:
             # A measured head (costmodel.measured_outer_time) runs replicated: the same time at every degree.
             head_time = (c.head_us_per_token * jc.b * jc.s / 1e6 if c.head_us_per_token
                          else 3.0 * jc.head_f / (tp * fl))
-            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), head_time))
+            out.append((tp, 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp + c.layer_overhead_ms / 1e3, jc.act_layer(tp),
+                        jc.act_head(tp), head_time))
             tp *= 2
         if len(_DEGREE_CONSTS) >= _BLOCK_CACHE_MAX:
             _DEGREE_CONSTS.clear()
@@ -160,6 +163,7 @@ class _ChainEval:
         emb_opt = c.embedding_optimizer_ms / 1e3
         data_mb = c.data_ms_per_sample * jc.b / 1e3
         head_opt = c.head_optimizer_ms / 1e3
+        opt_l = c.optimizer_ms_per_layer / 1e3  # the calibrated optimizer step per layer, with the gradient sync
         for tp, per_t, act_l, act_h, head_time in self._degree_consts(pid, c, g, fl):
             head_t = head_time if head else 0.0
             for pp in _PP_CHOICES:
@@ -206,6 +210,8 @@ class _ChainEval:
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             jc.head_params if is_last else 0.0)
                         y = allreduce_time(jc.grad_bytes * params / tp, dp, bdp) if dp > 1 else 0.0
+                        if opt_l != 0.0:
+                            y += sz * opt_l
                         if j == 0 and has_embed:
                             y += emb_opt + data_mb * per_replica
                         if is_last:

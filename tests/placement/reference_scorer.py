@@ -53,7 +53,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     pos = np.arange(chains.shape[1])[None, :]
     last = valid & (pos == (k - 1)[:, None])
     first = valid & (pos == 0)
-    fl, mem, intra, inter, watts, price, emb_t, emb_step, data_t, head_step = tables.fig[:, idx]
+    fl, mem, intra, inter, watts, price, emb_t, emb_step, data_t, head_step, opt_l = tables.fig[:, idx]
     gpn, tp_cap = tables.ints[:, idx]
     r = np.where(valid, g * fl, 0.0)
     g1 = np.maximum(g, 1)
@@ -104,6 +104,7 @@ def score_chains_reference(ta: TopoArrays, jc: JobConsts, p: FArr, chains: IArr,
     outer = np.where(first, emb_step + data_t * np.ceil(jc.m / d_t), 0.0)
     outer = np.where(last, outer + head_step, outer)
     ys = np.where(valid & (outer != 0.0), ys + outer, ys)
+    ys = np.where(valid & (opt_l != 0.0), ys + ell * opt_l, ys)  # the calibrated optimizer step per layer
     local = np.where(ok, (jc.m - 1) * ts / d_t + ts + ys, np.inf)
     local = np.where(np.isnan(local), np.inf, local)
     pick = local.argmin(axis=0)

@@ -2,7 +2,7 @@
 (``fallback_reference``) returns: the same plans (every field; floats bitwise), the same errors with the same
 messages, the same memory-first structures and the same split evaluations and blocks, on random topologies,
 jobs and allocations, memory-tight ones included (70B models on few GPUs, clusters with little memory), with
-and without the work outside the blocks a profile measures."""
+and without the work outside the blocks a profile measures and the clusters' calibrated terms."""
 
 from __future__ import annotations
 
@@ -33,13 +33,15 @@ MODELS = sorted(MODEL_PRESETS)
 @st.composite
 def measured(draw: st.DrawFn, c: Cluster) -> Cluster:
     """``c`` with some of the work outside the blocks a profile measures (the embedding's and the head's µs
-    per token, their optimizer steps, the input pipeline per sample; 0: not measured)."""
+    per token, their optimizer steps, the input pipeline per sample) and some calibrated terms (fixed time per
+    layer and micro-batch, optimizer step per layer); 0: not measured."""
     def term(hi: float) -> st.SearchStrategy[float]:
         return st.one_of(st.just(0.0), st.floats(hi / 1000, hi))
 
     return replace(c, embedding_us_per_token=draw(term(50.0)), head_us_per_token=draw(term(50.0)),
                    embedding_optimizer_ms=draw(term(200.0)), head_optimizer_ms=draw(term(200.0)),
-                   data_ms_per_sample=draw(term(20.0)))
+                   data_ms_per_sample=draw(term(20.0)), layer_overhead_ms=draw(term(20.0)),
+                   optimizer_ms_per_layer=draw(term(100.0)))
 
 
 @st.composite

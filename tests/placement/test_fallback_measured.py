@@ -1,8 +1,10 @@
 """The level-1 fallback planner's search prices the work outside the blocks that a profile measured (the
-embedding's and the head's time per micro-batch, their optimizer steps, the input pipeline per sample) as the
-cost model does: for the plan :func:`~spiderflow.core.placement.common.fallback_plan_chain` returns, the
-search's objective (the step of that split under its blocks' own sub-stage counts) is
-:func:`~spiderflow.core.costmodel.evaluate`'s step, each term set alone on generated chains."""
+embedding's and the head's time per micro-batch, their optimizer steps, the input pipeline per sample) and the
+clusters' calibrated terms (``layer_overhead_ms``: fixed time per layer and micro-batch; ``optimizer_ms_per_layer``:
+optimizer step per layer and training step) as the cost model does: for the plan
+:func:`~spiderflow.core.placement.common.fallback_plan_chain` returns, the search's objective (the step of that
+split under its blocks' own sub-stage counts) is :func:`~spiderflow.core.costmodel.evaluate`'s step, each term
+set alone on generated chains."""
 
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from spiderflow.core.topogen import generate_topology
 TERMS = {  # field: a range of sizes that matters next to these instances' steps
     "embedding_us_per_token": (20.0, 200.0), "head_us_per_token": (20.0, 200.0),
     "embedding_optimizer_ms": (50.0, 500.0), "head_optimizer_ms": (50.0, 500.0), "data_ms_per_sample": (5.0, 50.0),
+}
+
+CALIBRATED = {  # a cluster's calibrated field: a range of sizes that matters next to these instances' steps
+    "layer_overhead_ms": (2.0, 20.0), "optimizer_ms_per_layer": (10.0, 100.0),
 }
 
 Case = tuple[Topology, JobSpec, list[tuple[str, int]]]
@@ -69,13 +75,14 @@ def _with(topo: Topology, rng: np.random.Generator, ranges: dict[str, tuple[floa
 SEEDS = [1, 2, 4, 6, 26, 35]
 
 
-@pytest.mark.parametrize("term", sorted(TERMS))
-def test_fallback_search_prices_each_measured_term_as_the_cost_model(term: str) -> None:
+def _check_term(term: str, lo_hi: tuple[float, float]) -> None:
+    """``term`` alone, drawn per cluster from ``lo_hi``: the search's step of its plan is ``evaluate``'s, and the
+    term moves it on every seed."""
     counted = 0
     for seed in SEEDS:
         bare, job, alloc = _instance(seed)
         rng = np.random.default_rng(1000 + seed)
-        topo = _with(bare, rng, {term: TERMS[term]})
+        topo = _with(bare, rng, {term: lo_hi})
         plan = common.fallback_plan_chain(topo, job, alloc)
         assert plan.step_time_s == evaluate(plan, topo, job).step_time_s
         assert _search_step(topo, job, alloc, plan) == pytest.approx(plan.step_time_s, rel=1e-9), seed
@@ -84,11 +91,21 @@ def test_fallback_search_prices_each_measured_term_as_the_cost_model(term: str) 
     assert counted == len(SEEDS)
 
 
+@pytest.mark.parametrize("term", sorted(TERMS))
+def test_fallback_search_prices_each_measured_term_as_the_cost_model(term: str) -> None:
+    _check_term(term, TERMS[term])
+
+
+@pytest.mark.parametrize("term", sorted(CALIBRATED))
+def test_fallback_search_prices_each_calibrated_term_as_the_cost_model(term: str) -> None:
+    _check_term(term, CALIBRATED[term])
+
+
 def test_fallback_search_prices_every_measured_term_at_once_as_the_cost_model() -> None:
     for seed in SEEDS:
         bare, job, alloc = _instance(seed)
         rng = np.random.default_rng(2000 + seed)
-        topo = _with(bare, rng, TERMS)
+        topo = _with(bare, rng, TERMS | CALIBRATED)
         plan = common.fallback_plan_chain(topo, job, alloc)
         assert _search_step(topo, job, alloc, plan) == pytest.approx(plan.step_time_s, rel=1e-9), seed
 

@@ -361,18 +361,20 @@ def _random_plans(topo: Topology, job: JobSpec, rng: np.random.Generator, n: int
     return out
 
 
-@pytest.mark.parametrize("term", sorted(MEASURED_TERMS))
-def test_the_model_prices_every_measured_term_as_the_closed_form(term: str) -> None:
-    """Each measured term a profile may carry (the embedding's and the head's time per token, their optimizer
-    steps, the input pipeline per sample), alone on generated clusters: the model's objective for a plan (its
-    decisions fixed) is the cost model's step time of that plan, and the term moves it."""
+CALIBRATED_TERMS = {  # a cluster's calibrated fields, and a range of sizes that matter here
+    "layer_overhead_ms": (0.2, 2.0), "optimizer_ms_per_layer": (1.0, 10.0),
+}
+
+
+def _check_model_prices(term: str, lo: float, hi: float) -> None:
+    """``term`` alone, drawn per cluster from ``[lo, hi)`` on generated clusters: the model's objective for a plan
+    (its decisions fixed) is the cost model's step time of that plan, and the term moves it."""
     from dataclasses import replace
 
     from ortools.sat.python import cp_model
 
     from spiderflow.core.placement.ilp import _Model
 
-    lo, hi = MEASURED_TERMS[term]
     for seed in range(3):
         base, job = _random_instance(seed)
         rng = np.random.default_rng(100 + seed)
@@ -388,3 +390,32 @@ def test_the_model_prices_every_measured_term_as_the_closed_form(term: str) -> N
             solver.parameters.max_time_in_seconds = 10.0
             assert solver.solve(built.model) == cp_model.OPTIMAL
             assert solver.objective_value * built.tick == pytest.approx(plan.step_time_s, rel=2e-5), plan
+
+
+@pytest.mark.parametrize("term", sorted(MEASURED_TERMS))
+def test_the_model_prices_every_measured_term_as_the_closed_form(term: str) -> None:
+    """Each measured term a profile may carry (the embedding's and the head's time per token, their optimizer
+    steps, the input pipeline per sample), alone: :func:`_check_model_prices`."""
+    _check_model_prices(term, *MEASURED_TERMS[term])
+
+
+@pytest.mark.parametrize("term", sorted(CALIBRATED_TERMS))
+def test_the_model_prices_every_calibrated_term_as_the_closed_form(term: str) -> None:
+    """Each calibrated term of a cluster (the fixed time per layer and micro-batch, the optimizer step per layer
+    and training step), alone: :func:`_check_model_prices`."""
+    _check_model_prices(term, *CALIBRATED_TERMS[term])
+
+
+def test_clusters_differing_only_in_a_calibrated_term_are_not_interchangeable() -> None:
+    """Symmetry breaking (constraint 11) pairs only clusters identical in every attribute the model prices: a
+    calibrated term tells two otherwise identical clusters apart."""
+    from dataclasses import replace
+
+    from spiderflow.core.placement.ilp import _identical_pairs
+
+    a = Cluster(name="a", gpu="A100-80G", nodes=1, gpus_per_node=4)
+    links = (Link(a="a", b="b", bandwidth_gbps=10.0, latency_ms=1.0),)
+    assert _identical_pairs(Topology(clusters=(a, replace(a, name="b")), links=links), [0, 1]) == [(0, 1)]
+    for term in sorted(CALIBRATED_TERMS):
+        topo = Topology(clusters=(a, replace(a, name="b", **{term: 1.0})), links=links)  # type: ignore[arg-type]
+        assert _identical_pairs(topo, [0, 1]) == [], term

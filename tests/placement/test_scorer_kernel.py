@@ -20,7 +20,14 @@ from spiderflow.core.catalog import MODEL_PRESETS
 from spiderflow.core.domain import GpuRange, JobSpec, Precision, Topology
 from spiderflow.core.placement import spinsearch
 from spiderflow.core.placement.base import Objective
-from spiderflow.core.placement.common import allocate_greedy, job_consts, score_chains, score_tables, topo_arrays
+from spiderflow.core.placement.common import (
+    allocate_greedy,
+    job_consts,
+    score_chains,
+    score_tables,
+    topo_arrays,
+    transfer_matrix,
+)
 from spiderflow.core.topogen import generate_topology
 
 MODELS = sorted(m for m in MODEL_PRESETS if m != "gpt-tiny")
@@ -34,6 +41,8 @@ def instances(draw: st.DrawFn) -> tuple[object, ...]:
         topo = topo.with_free({c.name: draw(st.integers(0, c.total_gpus)) for c in topo.clusters})
     if draw(st.booleans()):  # a profile measured the work outside the blocks on some clusters
         topo = measured_outer(topo, draw(st.integers(0, 2**31)))
+    if draw(st.booleans()):  # agents calibrated some clusters
+        topo = calibrated(topo, draw(st.integers(0, 2**31)))
     batch = draw(st.sampled_from([8, 32, 128, 512]))
     micro = draw(st.sampled_from([d for d in (1, 2, 4, 8) if batch % d == 0]))
     lo = draw(st.integers(1, 64))
@@ -61,6 +70,23 @@ def measured_outer(topo: Topology, seed: int) -> Topology:
                         embedding_optimizer_ms=rng.choice([0.0, rng.uniform(0.1, 20.0)]),
                         head_optimizer_ms=rng.choice([0.0, rng.uniform(0.1, 20.0)]),
                         data_ms_per_sample=rng.choice([0.0, rng.uniform(0.01, 2.0)]))
+        out.append(c)
+    return replace(topo, clusters=tuple(out))
+
+
+CALIBRATED = {  # a cluster's calibrated field: a range of sizes that matters next to llama-tiny's steps
+    "layer_overhead_ms": (0.05, 2.0), "optimizer_ms_per_layer": (0.1, 20.0),
+}
+
+
+def calibrated(topo: Topology, seed: int, terms: tuple[str, ...] = tuple(CALIBRATED)) -> Topology:
+    """``topo`` with the calibrated ``terms`` (fixed time per layer and micro-batch, optimizer step per layer)
+    on some of its clusters (agents set these fields; 0 elsewhere: not calibrated)."""
+    rng = random.Random(seed)
+    out = []
+    for c in topo.clusters:
+        if rng.random() < 0.6:
+            c = replace(c, **{t: rng.choice([0.0, rng.uniform(*CALIBRATED[t])]) for t in terms})  # type: ignore[arg-type]
         out.append(c)
     return replace(topo, clusters=tuple(out))
 
@@ -183,14 +209,17 @@ def test_beam_kernels_equal_the_python_reference(
 
 
 def test_scorer_prices_measured_outer_work_as_the_closed_form() -> None:
-    """Where a profile measured the embedding, the head, their optimizer steps and the input pipeline, the
-    scorer's stage time ``T`` and per-step ``Y`` of every position (first, middle, last; every TP degree) equal
-    the closed form's (:func:`~spiderflow.core.costmodel.stage_compute_time`,
-    :func:`~spiderflow.core.costmodel.measured_step_extra`), and a one-GPU chain scores the closed form's step."""
+    """Where a profile measured the embedding, the head, their optimizer steps and the input pipeline, and where
+    agents calibrated a cluster's fixed time and optimizer step per layer, the scorer's stage time ``T`` and
+    per-step ``Y`` of every position (first, middle, last; every TP degree) equal the closed form's
+    (:func:`~spiderflow.core.costmodel.stage_compute_time`, :func:`~spiderflow.core.costmodel.measured_step_extra`
+    plus ``ℓ·optimizer_ms_per_layer``), and a one-GPU chain scores the closed form's step."""
     from spiderflow.core import costmodel
     from spiderflow.core.domain import Plan, Schedule, Stage
 
-    topo = measured_outer(generate_topology(8, 3, "geo"), 7)
+    topo = calibrated(measured_outer(generate_topology(8, 3, "geo"), 7), 4)
+    assert sum(c.layer_overhead_ms != 0.0 for c in topo.clusters) >= 2
+    assert sum(c.optimizer_ms_per_layer != 0.0 for c in topo.clusters) >= 2
     spec = MODEL_PRESETS["llama-tiny"]
     for precision in (Precision.BF16, Precision.FP32):
         job = JobSpec(id="j", model=spec, global_batch=64, micro_batch=4, seq_len=512, steps=1,
@@ -200,7 +229,6 @@ def test_scorer_prices_measured_outer_work_as_the_closed_form() -> None:
         b, s, m, n = jc.b, jc.s, jc.m, 3
         measured = 0
         for ci, c in enumerate(topo.clusters):
-            assert c.layer_overhead_ms == 0.0 and c.optimizer_ms_per_layer == 0.0  # the scorer prices neither
             measured += c.head_us_per_token != 0.0 or c.embedding_us_per_token != 0.0
             for ti, tp in enumerate((1, 2, 4, 8)):
                 if tp > ta.tp_cap[ci] or spec.heads % tp:
@@ -217,10 +245,40 @@ def test_scorer_prices_measured_outer_work_as_the_closed_form() -> None:
                     for d in (1, 3, 16):
                         y = (tables.fig[7, ci] + tables.fig[8, ci] * -(-m // d)) if is_first else 0.0
                         y += tables.fig[9, ci] if is_last else 0.0
+                        y += n * tables.fig[10, ci]
                         extra = costmodel.measured_step_extra(spec, c, first_layer, last_layer, b * -(-m // d))
+                        extra += n * c.optimizer_ms_per_layer / 1e3
                         assert y == pytest.approx(extra, rel=1e-9, abs=1e-15), (c.name, d)
             one = score_chains(ta, jc, spinsearch.transfer_matrix(ta, jc), np.array([[ci]]), np.array([[1]]), tables)
             plan = Plan(stages=(Stage(cluster=c.name, first_layer=0, last_layer=spec.layers - 1),), micro_batches=m,
                         schedule=Schedule.ONE_F_ONE_B)
             assert one.step[0] == pytest.approx(costmodel.evaluate(plan, topo, job).step_time_s, rel=1e-9), c.name
         assert measured >= 2
+
+
+@pytest.mark.parametrize("term", sorted(CALIBRATED))
+def test_scorer_prices_each_calibrated_term_as_the_closed_form(term: str) -> None:
+    """Each calibrated term alone (on some clusters): a one-GPU chain of each cluster scores the closed form's
+    step of the plan it stands for (one stage of every layer; ``T`` with ``L·layer_overhead_ms``, ``Y`` the
+    optimizer's ``L·optimizer_ms_per_layer``), and the term moves it."""
+    from spiderflow.core import costmodel
+    from spiderflow.core.domain import Plan, Schedule, Stage
+
+    bare = generate_topology(8, 3, "geo")
+    topo = calibrated(bare, 10, (term,))
+    spec = MODEL_PRESETS["llama-tiny"]
+    job = JobSpec(id="j", model=spec, global_batch=64, micro_batch=4, seq_len=512, steps=1,
+                  gpus=GpuRange(min=1, max=64))
+    ta, jc = topo_arrays(topo), job_consts(job)
+    p = transfer_matrix(ta, jc)
+    counted = 0
+    for ci, c in enumerate(topo.clusters):
+        one = score_chains(ta, jc, p, np.array([[ci]]), np.array([[1]]))
+        plan = Plan(stages=(Stage(cluster=c.name, first_layer=0, last_layer=spec.layers - 1),), micro_batches=jc.m,
+                    schedule=Schedule.ONE_F_ONE_B)
+        want = costmodel.evaluate(plan, topo, job).step_time_s
+        assert one.step[0] == pytest.approx(want, rel=1e-9), c.name
+        if getattr(c, term):
+            counted += 1
+            assert want > costmodel.evaluate(plan, bare, job).step_time_s * (1 + 1e-3), c.name  # the term counts
+    assert counted >= 2

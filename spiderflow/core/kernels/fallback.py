@@ -13,17 +13,21 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
 
 * ``pos[i, :4]``: position ``i``'s ``(memory bytes per GPU left after the reserve, intra-node Gbit/s,
   inter-node Gbit/s, P_int)``, then ``pos[i, 4 + 4t : 8 + 4t]`` per tensor degree ``2^t`` tried: ``(T per
-  layer, activation bytes per layer, head activation bytes, head T)`` (head bytes: the loss with one micro-batch
-  in flight, as the last sub-stage of a 1F1B chain holds, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`);
+  layer, activation bytes per layer, head activation bytes, head T)`` (``T`` per layer with the cluster's
+  calibrated fixed time per layer ``o_c``, as :func:`spiderflow.core.costmodel.stage_compute_time` adds it; head
+  bytes: the loss with one micro-batch in flight, as the last sub-stage of a 1F1B chain holds,
+  :meth:`~spiderflow.core.placement.common.JobConsts.act_head`);
   then ``pos[i, 20:24]``: the work outside the blocks a profile measured on the position's cluster (0 where
   not): the embedding's seconds per micro-batch (on sub-stage 0 of a block holding layer 0, in its ``T``),
   the embedding's optimizer step and the input pipeline's seconds per micro-batch of ``b`` samples (per step,
   times ``⌈m/dp⌉``, on that sub-stage), the head's optimizer step (per step, on the head sub-stage): the
   per-step terms join the sub-stage's gradient sync in ``Y``, as :func:`spiderflow.core.costmodel.breakdown`
   adds them to its optimizer step (:func:`~spiderflow.core.costmodel.measured_outer_time`,
-  :func:`~spiderflow.core.costmodel.measured_step_extra`); ``pos_i[i]``: ``(GPUs, GPUs per node,
-  tensor degrees tried)``; ``hops[i]``: the activation transfer seconds between positions ``i`` and
-  ``i + 1``.
+  :func:`~spiderflow.core.costmodel.measured_step_extra`); ``pos[i, 24]`` (:data:`OPTIMIZER`): the cluster's
+  calibrated optimizer seconds per layer and step ``u_c`` (0 unless calibrated; a sub-stage of ``ℓ`` layers adds
+  ``ℓ·u_c`` to its ``Y``, as :func:`~spiderflow.core.costmodel.breakdown` adds it to its gradient sync);
+  ``pos_i[i]``: ``(GPUs, GPUs per node, tensor degrees tried)``; ``hops[i]``: the activation transfer seconds
+  between positions ``i`` and ``i + 1``.
 * ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,
   gradient bytes per value)`` (the last two in the job's precision: 16 and 2 in bf16); ``job_i``:
   ``(micro-batches, layers, exact GPUs (0/1), slack)``.
@@ -49,7 +53,8 @@ from numba import njit
 from spiderflow.core.kernels import kernel, register_warmup
 from spiderflow.core.kernels.formulas import allreduce_time as _allreduce_time
 
-__all__ = ["OUTER", "POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo", "optimise_split"]
+__all__ = ["OPTIMIZER", "OUTER", "POS_WIDTH", "PP_CHOICES", "evaluate_split", "memory_first", "new_memo",
+           "optimise_split"]
 
 FArr = npt.NDArray[np.float64]
 IArr = npt.NDArray[np.int64]
@@ -63,13 +68,16 @@ _SHRINK = 1 - 1e-12
 _CAP_SLACK = 1.0 + 1e-9
 """Relative slack on the layers a sub-stage holds: never below the cost model's count (it sums the terms in
 another order)."""
-POS_WIDTH = 24
-"""Columns of ``pos``: four per position, four per tensor degree ``1, 2, 4, 8``, then :data:`OUTER` columns of
-measured work outside the blocks."""
+POS_WIDTH = 25
+"""Columns of ``pos``: four per position, four per tensor degree ``1, 2, 4, 8``, then from :data:`OUTER` four
+columns of measured work outside the blocks, then the calibrated optimizer time per layer (:data:`OPTIMIZER`)."""
 OUTER = 20
 """First column of ``pos`` holding the measured work outside the blocks: embedding seconds per micro-batch,
 embedding optimizer seconds per step, input-pipeline seconds per micro-batch, head optimizer seconds per
 step."""
+OPTIMIZER = 24
+"""Column of ``pos`` holding the cluster's calibrated optimizer seconds per layer and training step (0 unless
+calibrated)."""
 
 
 def _inline(fn: F) -> F:
@@ -105,6 +113,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     emb_opt = pos[i, OUTER + 1]
     data_mb = pos[i, OUTER + 2]
     head_opt = pos[i, OUTER + 3]
+    opt_l = pos[i, OPTIMIZER]
     inf = math.inf
     found = False
     b_excess = inf
@@ -177,6 +186,8 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                         params = sz * p_layer + (p_embed if j == 0 and has_embed else 0.0) + (
                             p_head if is_last else 0.0)
                         y = _allreduce_time(w_grad * params / tp, dp, bdp, 0.0) if dp > 1 else 0.0
+                        if opt_l != 0.0:
+                            y += sz * opt_l
                         if j == 0 and has_embed:
                             y += emb_opt + data_mb * per_replica
                         if is_last:

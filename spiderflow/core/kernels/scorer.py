@@ -57,9 +57,10 @@ def score_rows(
     Gbit/s, watts, $/kWh, then the work outside the blocks a profile measured (0 where not): the embedding's
     seconds per micro-batch (added to the first position's ``T``), its optimizer's seconds per step and the
     input pipeline's seconds per micro-batch (times ``⌈m/d⌉``; both added to the first position's ``Y``), the
-    head's optimizer's seconds per step (added to the last position's ``Y``); ``ints`` rows GPUs per node and
-    the largest TP degree; ``per_layer_t[t]`` and
-    ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: w·p/t, activation bytes
+    head's optimizer's seconds per step (added to the last position's ``Y``), then the cluster's calibrated
+    optimizer seconds per layer and step (times the position's layers ``ℓ``, added to its ``Y``); ``ints`` rows
+    GPUs per node and the largest TP degree; ``per_layer_t[t]`` (the calibrated fixed time per layer included)
+    and ``head_t[t]`` per TP choice ``t ∈ (1, 2, 4, 8)``; ``by_tp[:, t]`` per TP degree: w·p/t, activation bytes
     per layer, w·p_embed/t, head bytes, gradient bytes per value (``w`` state bytes per parameter; rates and
     bytes in the job's precision; head bytes: the loss of a last stage holding one micro-batch, which 1F1B's
     last position does, :meth:`~spiderflow.core.placement.common.JobConsts.act_head`).
@@ -174,6 +175,8 @@ def score_rows(
                             outer += fig[9, c]
                         if outer != 0.0:
                             ys += outer
+                        if fig[10, c] != 0.0:
+                            ys += ell[q] * fig[10, c]
                         local = (m - 1) * ts / d_t + ts + ys
                         if local != local:
                             local = inf
@@ -410,7 +413,7 @@ def _warm() -> None:
     flops = np.array([1e14, 2e14])
     g = np.zeros_like(chains)
     greedy_rows(chains, free, flops, 8, g)
-    fig = np.ones((10, 2))
+    fig = np.ones((11, 2))
     ints = np.full((2, 2), 8, dtype=np.int64)
     pl = np.ones((4, 2))
     by_tp = np.ones((5, 9))

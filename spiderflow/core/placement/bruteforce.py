@@ -13,8 +13,11 @@ Objective (``Budget.objective``): minimise step time, dollars per step, or ``ste
 fewer GPUs. Constraints: (1) ``tp·dp ≤ free`` per cluster; (2) ``G_min ≤ Σ tp·dp ≤ G_max``;
 (3) every stage fits its GPUs' memory (exact 1F1B in-flight counts); (4) ``k ≤ L``.
 Scores use the cost model's formulas exactly (the winner is re-evaluated by
-:func:`spiderflow.core.costmodel.evaluate`), the work outside the blocks that a profile measured included
-(the embedding's and the head's time per micro-batch, their optimizer steps and the input pipeline, as
+:func:`spiderflow.core.costmodel.evaluate`), the clusters' calibrated terms included (``layer_overhead_ms`` per
+layer in ``T``, ``optimizer_ms_per_layer`` per layer with the stage's gradient sync in ``Y``, as
+:func:`~spiderflow.core.costmodel.stage_compute_time` and :func:`~spiderflow.core.costmodel.breakdown` price
+them), and so is the work outside the blocks that a profile measured (the embedding's and the head's time per
+micro-batch, their optimizer steps and the input pipeline, as
 :func:`~spiderflow.core.costmodel.measured_outer_time` and :func:`~spiderflow.core.costmodel.measured_step_extra`
 price them); ``optimal`` is reported ``True``: optimal within this space.
 
@@ -86,7 +89,9 @@ def count_evaluations(topo: Topology, job: JobSpec) -> int:
 
 
 def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: int) -> tuple[FArr, ...]:
-    """Per option × block length ``ℓ = 0..L``: T, T/dp, Y, memory-ok (as float 0/1), GPUs, watts·price."""
+    """Per option × block length ``ℓ = 0..L``: T, T/dp, Y, memory-ok (as float 0/1), GPUs, watts·price
+    (``T`` with the cluster's calibrated fixed time per layer, ``Y`` the gradient sync with the calibrated
+    optimizer step per layer and the measured per-step work)."""
     tp = np.array([o[0] for o in opts], dtype=np.int64)[:, None]
     dp = np.array([o[1] for o in opts], dtype=np.int64)[:, None]
     ell = np.arange(jc.layers + 1, dtype=np.float64)[None, :]
@@ -96,12 +101,17 @@ def _tables(c: Cluster, opts: list[tuple[int, int]], jc: JobConsts, i: int, k: i
     ar_tp = allreduce_times(jc.act, tp, b_tp)
     # the head and its loss: their measured time where a profile measured it (not divided by tp), else FLOPs
     head = (c.head_us_per_token * jc.b * jc.s / 1e6 if c.head_us_per_token else 3.0 * jc.head_f / (tp * fl))
-    t = ell * (3.0 * jc.f / (tp * fl) + 4.0 * ar_tp) + (head if last else 0.0)
+    per_layer = 3.0 * jc.f / (tp * fl) + 4.0 * ar_tp
+    if c.layer_overhead_ms:  # the calibrated fixed time per layer and micro-batch (costmodel.stage_compute_time)
+        per_layer = per_layer + c.layer_overhead_ms / 1e3
+    t = ell * per_layer + (head if last else 0.0)
     if first and c.embedding_us_per_token:  # the measured embedding (costmodel.measured_outer_time)
         t = t + c.embedding_us_per_token * jc.b * jc.s / 1e6
     params = ell * jc.p_layer + (jc.p_embed if first else 0.0) + (jc.head_params if last else 0.0)
     b_dp = np.where(tp * dp <= c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps).astype(np.float64)
     y = allreduce_times(jc.grad_bytes * params / tp, dp, b_dp)
+    if c.optimizer_ms_per_layer:  # the calibrated optimizer step per layer, with the gradient sync (breakdown)
+        y = y + ell * (c.optimizer_ms_per_layer / 1e3)
     # the measured per-step work with the stage's gradient sync (costmodel.measured_step_extra)
     extra = np.zeros_like(dp, dtype=np.float64)
     if first and (c.embedding_optimizer_ms or c.data_ms_per_sample):

@@ -13,8 +13,14 @@ Everything follows :mod:`spiderflow.core.costmodel` (same symbols, same formulas
 - every position runs at least one layer (``ℓ_i ← max(ℓ_i, 1)``);
 - ``tp_i`` = the power of two ≤ min(8, GPUs/node) dividing ``g_i`` that minimises the position's own
   ``(m−1)·T_i/d_i + T_i + Y_i``; ``d_i = g_i / tp_i``;
-- ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A)) (+ head on the last position)``;
-- ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i AR_{d_i}(2·params_i/tp_i)``.
+- ``T_i = ℓ_i·(3f / (tp_i F_c) + 4·AR_tp(A) + o_c) (+ head on the last position)``, ``o_c`` the cluster's
+  calibrated fixed time per layer (``layer_overhead_ms``; 0 unless calibrated);
+- ``Y_i = AR_{d_i}(g·params_i/tp_i) + ℓ_i·u_c``, ``g`` bytes per gradient value, ``u_c`` the calibrated optimizer
+  step per layer (``optimizer_ms_per_layer``; 0 unless calibrated);
+- ``step = (m−1)·max(max_i T_i/d_i, max P) + Σ T_i + 2 Σ P + max_i Y_i``;
+- where a profile measured the work outside the blocks, the embedding's time per micro-batch joins the first
+  position's ``T``, and its optimizer step, the input pipeline (``b·⌈m/d⌉`` samples) and the head's optimizer
+  step the first's and the last's ``Y`` (:func:`~spiderflow.core.costmodel.breakdown`).
 
 **Level-1 fallback planner** (:func:`fallback_plan_chain`, the exact planner used until
 :func:`spiderflow.core.tpa.plan_chain` exists). For an ordered allocation ``[(cluster, gpus), ...]``:
@@ -29,7 +35,9 @@ Everything follows :mod:`spiderflow.core.costmodel` (same symbols, same formulas
    the work outside the blocks, ``T`` and ``Y`` take it as :func:`~spiderflow.core.costmodel.breakdown`
    does: the embedding's time per micro-batch in the ``T`` of the chain's first sub-stage, the head's in the
    last one's, and per step the embedding's optimizer and the input pipeline (``b·⌈m/d⌉`` samples) with the
-   first sub-stage's gradient all-reduce in its ``Y``, the head's optimizer with the last one's;
+   first sub-stage's gradient all-reduce in its ``Y``, the head's optimizer with the last one's; so do the
+   clusters' calibrated terms: ``layer_overhead_ms`` per layer in every sub-stage's ``T``,
+   ``optimizer_ms_per_layer`` per layer with every sub-stage's gradient all-reduce in its ``Y``;
 3. move one boundary by one or four layers at a time while ``(memory excess, step time)`` improves
    lexicographically (a move re-chooses the two blocks and, when their sub-stage counts change, every
    block before them). The search also starts from the scorer's memory-aware water-filled split and the
@@ -82,7 +90,7 @@ from spiderflow.core.costmodel import (
 )
 from spiderflow.core.domain import Cluster, JobSpec, Plan, PlanOptions, Precision, Schedule, Stage, Topology
 from spiderflow.core.errors import UnschedulableError, ValidationError
-from spiderflow.core.kernels.fallback import OUTER, POS_WIDTH, new_memo
+from spiderflow.core.kernels.fallback import OPTIMIZER, OUTER, POS_WIDTH, new_memo
 from spiderflow.core.kernels.fallback import evaluate_split as evaluate_split_kernel
 from spiderflow.core.kernels.fallback import memory_first as memory_first_kernel
 from spiderflow.core.kernels.fallback import optimise_split as optimise_split_kernel
@@ -148,7 +156,8 @@ class TopoArrays:
     ``outer`` (5 × n) the work outside the blocks a profile measured (0 where not):
     ``embedding_us_per_token``, ``head_us_per_token``, ``embedding_optimizer_ms``, ``head_optimizer_ms``,
     ``data_ms_per_sample`` (:func:`~spiderflow.core.costmodel.measured_outer_time`,
-    :func:`~spiderflow.core.costmodel.measured_step_extra`).
+    :func:`~spiderflow.core.costmodel.measured_step_extra`); ``calibrated`` (2 × n) the clusters' calibrated
+    ``layer_overhead_ms`` and ``optimizer_ms_per_layer`` (0 unless calibrated).
     """
 
     names: tuple[str, ...]
@@ -167,6 +176,7 @@ class TopoArrays:
     flops_tf32: FArr
     wire: IArr
     outer: FArr
+    calibrated: FArr
 
     def rate(self, precision: Precision) -> FArr:
         """Achieved FLOP/s per GPU in ``precision`` (``flops`` for bf16/fp16)."""
@@ -206,6 +216,8 @@ def topo_arrays(topo: Topology) -> TopoArrays:
         outer=np.array([[c.embedding_us_per_token for c in cl], [c.head_us_per_token for c in cl],
                         [c.embedding_optimizer_ms for c in cl], [c.head_optimizer_ms for c in cl],
                         [c.data_ms_per_sample for c in cl]], dtype=np.float64).reshape(5, len(cl)),
+        calibrated=np.array([[c.layer_overhead_ms for c in cl], [c.optimizer_ms_per_layer for c in cl]],
+                            dtype=np.float64).reshape(2, len(cl)),
     )
     memo.arrays = arrays
     return arrays
@@ -331,11 +343,12 @@ class ScoreTables:
 
     ta: TopoArrays
     jc: JobConsts
-    fig: FArr  # (10, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh, then the measured work
+    fig: FArr  # (11, n): flops, memory bytes, intra and inter Gbit/s, watts, $/kWh, then the measured work
     # outside the blocks: the embedding's seconds per micro-batch, its optimizer's seconds per step, the input
-    # pipeline's seconds per micro-batch (b samples), the head's optimizer's seconds per step
+    # pipeline's seconds per micro-batch (b samples), the head's optimizer's seconds per step; then the calibrated
+    # optimizer seconds per layer and step (u_c)
     ints: IArr  # (2, n): GPUs per node, largest TP degree
-    per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) seconds per layer
+    per_layer_t: FArr  # (4, n): per TP choice, 3f/(t·F) + 4·AR_t(A) + o_c seconds per layer (o_c calibrated)
     head_t: FArr  # (4, n): per TP choice, 3·f_head/(t·F), or the measured head's η·b·s (not divided by t)
     by_tp: FArr  # (5, 9): indexed by TP degree 1..8: w·p/t, activation bytes per layer, w·p_embed/t, head bytes,
     # gradient bytes per value (w: state bytes per parameter; all in the job's precision)
@@ -348,12 +361,13 @@ def score_tables(ta: TopoArrays, jc: JobConsts) -> ScoreTables:
     fl = rate[None, :]
     ar_tp = allreduce_times(jc.act, _TP_CHOICES[:, :, 0], ta.intra[None, :])
     with np.errstate(divide="ignore", invalid="ignore"):
-        per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp
+        # with the calibrated fixed time per layer (costmodel.stage_compute_time; 0 unless calibrated)
+        per_layer_t = 3.0 * jc.f / (_TP_CHOICES[:, :, 0] * fl) + 4.0 * ar_tp + ta.calibrated[0][None, :] / 1e3
         head_t = 3.0 * jc.head_f / (_TP_CHOICES[:, :, 0] * fl)
     # Measured head and loss (costmodel.measured_outer_time): replicated under TP, so the same at every degree.
     head_t = np.where(ta.outer[1] != 0.0, ta.outer[1] * jc.b * jc.s / 1e6, head_t)
     outer = np.stack([np.where(ta.outer[0] != 0.0, ta.outer[0] * jc.b * jc.s / 1e6, 0.0), ta.outer[2] / 1e3,
-                      ta.outer[4] * jc.b / 1e3, ta.outer[3] / 1e3])
+                      ta.outer[4] * jc.b / 1e3, ta.outer[3] / 1e3, ta.calibrated[1] / 1e3])
     by_tp = np.zeros((5, 9))
     for t in (1, 2, 4, 8):
         by_tp[:, t] = (jc.state_bytes * jc.p_layer / t, jc.act_layer(t), jc.state_bytes * jc.p_embed / t,
@@ -422,48 +436,58 @@ class _Block:
     sizes: tuple[int, ...]
     tmax: float  # slowest sub-stage T
     tsum: float  # Σ sub-stage T
-    y: float  # max over sub-stages of the gradient all-reduce plus the measured per-step work
+    y: float  # max over sub-stages of the gradient all-reduce plus the calibrated optimizer step and the measured
+    # per-step work
     p_int: float  # internal boundary time
 
 
 def _position(jc: JobConsts, c: Cluster, g: int) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """One chain position's row of the kernels' ``pos`` and ``pos_i`` (:mod:`spiderflow.core.kernels.fallback`):
     memory bytes per GPU left after the reserve, intra- and inter-node Gbit/s, ``P_int``, then per tensor
-    degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer, activation bytes per layer, head
-    activation bytes and head ``T`` (zeros for the degrees not tried), then the work outside the blocks a
-    profile measured (from :data:`~spiderflow.core.kernels.fallback.OUTER`: the embedding's seconds per
-    micro-batch, its optimizer's seconds per step, the input pipeline's seconds per micro-batch of ``b``
-    samples, the head optimizer's seconds per step; 0 where not measured); ``(g, GPUs per node, degrees
-    tried)``. Memoised process-wide (bounded, :func:`_position_row`) on the job's constants, the cluster's
-    figures and ``g``: a pure function of those values, shared by every snapshot that has such a cluster."""
+    degree ``tp = 2^t ≤ min(8, GPUs/node, g)`` the block's ``T`` per layer (the cluster's calibrated
+    ``layer_overhead_ms`` included), activation bytes per layer, head activation bytes and head ``T`` (zeros for
+    the degrees not tried), then the work outside the blocks a profile measured (from
+    :data:`~spiderflow.core.kernels.fallback.OUTER`: the embedding's seconds per micro-batch, its optimizer's
+    seconds per step, the input pipeline's seconds per micro-batch of ``b`` samples, the head optimizer's seconds
+    per step; 0 where not measured), then the calibrated optimizer seconds per layer and step
+    (:data:`~spiderflow.core.kernels.fallback.OPTIMIZER`, ``optimizer_ms_per_layer``; 0 unless calibrated);
+    ``(g, GPUs per node, degrees tried)``. Memoised process-wide (bounded, :func:`_position_row`) on the job's
+    constants, the cluster's figures and ``g``: a pure function of those values, shared by every snapshot that
+    has such a cluster."""
     return _position_row(jc, compute_rate_tflops(c, jc.precision) * 1e12, c.gpu_memory_gib, c.gpus_per_node,
                          c.intra_node_gbps, c.inter_node_gbps, jc.wire_act(c.gpu_type.wire_bytes), g,
                          c.head_us_per_token, c.embedding_us_per_token, c.embedding_optimizer_ms,
-                         c.data_ms_per_sample, c.head_optimizer_ms)
+                         c.data_ms_per_sample, c.head_optimizer_ms, c.layer_overhead_ms, c.optimizer_ms_per_layer)
 
 
 @lru_cache(maxsize=50_000)
 def _position_row(jc: JobConsts, fl: float, mem_gib: float, gpn: int, intra: float, inter: float, wire: float,
                   g: int, head_us: float = 0.0, embed_us: float = 0.0, embed_opt_ms: float = 0.0,
-                  data_ms: float = 0.0, head_opt_ms: float = 0.0) -> tuple[tuple[float, ...], tuple[int, ...]]:
+                  data_ms: float = 0.0, head_opt_ms: float = 0.0, overhead_ms: float = 0.0,
+                  opt_ms: float = 0.0) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """:func:`_position` of a cluster with these figures (``fl`` FLOP/s per GPU in the job's precision,
     ``wire`` activation bytes on the wire, ``head_us`` the head's measured µs per token, 0 if not measured:
     then the head's ``T`` is that time at every degree, as :func:`~spiderflow.core.costmodel.stage_compute_time`
     prices it, instead of its FLOPs; ``embed_us``, ``embed_opt_ms``, ``data_ms``, ``head_opt_ms`` the
     profile's ``embedding_us_per_token``, ``embedding_optimizer_ms``, ``data_ms_per_sample`` and
     ``head_optimizer_ms``, 0 if not measured, as :func:`~spiderflow.core.costmodel.measured_outer_time` and
-    :func:`~spiderflow.core.costmodel.measured_step_extra` price them)."""
+    :func:`~spiderflow.core.costmodel.measured_step_extra` price them; ``overhead_ms`` and ``opt_ms`` the
+    cluster's calibrated ``layer_overhead_ms`` and ``optimizer_ms_per_layer``, 0 unless calibrated, as
+    :func:`~spiderflow.core.costmodel.stage_compute_time` and :func:`~spiderflow.core.costmodel.breakdown` price
+    them)."""
     row: list[float] = [mem_gib * GIB - RESERVED_GIB * GIB, intra, inter, transfer_time(wire, inter, 0.0)]
     tp = 1
     while tp <= min(_MAX_TP, gpn, g):
         ar_tp = allreduce_time(jc.act, tp, intra if tp <= gpn else inter)
         head_t = head_us * jc.b * jc.s / 1e6 if head_us else 3.0 * jc.head_f / (tp * fl)
-        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp, jc.act_layer(tp), jc.act_head(tp), head_t]
+        row += [3.0 * jc.f / (tp * fl) + 4.0 * ar_tp + overhead_ms / 1e3, jc.act_layer(tp), jc.act_head(tp), head_t]
         tp *= 2
     n = (len(row) - 4) // 4
     row += [0.0] * (OUTER - len(row))
     row += [embed_us * jc.b * jc.s / 1e6 if embed_us else 0.0, embed_opt_ms / 1e3, data_ms * jc.b / 1e3,
             head_opt_ms / 1e3]
+    row += [0.0] * (OPTIMIZER - len(row))
+    row += [opt_ms / 1e3]
     return tuple(row), (g, gpn, n)
 
 

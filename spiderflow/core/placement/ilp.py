@@ -19,8 +19,11 @@ Constants, all times integerised in ticks of ``τ`` seconds (``τ = min(1 µs, g
   (:func:`~spiderflow.core.costmodel.compute_rate_tflops`), ``A`` its value bytes (``A_u`` in the sending
   cluster's wire format, :func:`~spiderflow.core.costmodel.wire_bytes`), ``w`` bytes of state per parameter
   (16 in bf16/fp16, 20 in fp32/tf32) and ``g`` bytes per gradient value (2 or 4);
-- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp)), ``β_ct`` head ticks (its FLOPs,
+- ``α_ct`` ticks per layer of one micro-batch (3·f/(t·F_c) + 4·AR_t(A, B_tp) + o_c, ``o_c`` the cluster's
+  calibrated fixed time per layer, ``layer_overhead_ms``, 0 unless calibrated), ``β_ct`` head ticks (its FLOPs,
   or the head's measured time where a profile measured it, :func:`~spiderflow.core.costmodel.measured_outer_time`);
+- ``υ_c`` ticks per layer of the optimizer step (``optimizer_ms_per_layer``, 0 unless calibrated), after the
+  drain with the stage's gradient all-reduce, as :func:`~spiderflow.core.costmodel.breakdown` prices it;
 - the rest of the work outside the blocks that a profile measured on ``c`` (0 where not, as in
   :func:`~spiderflow.core.costmodel.measured_outer_time` and :func:`~spiderflow.core.costmodel.measured_step_extra`):
   ``η_c`` the embedding's ticks per micro-batch (on the chain's first stage, not divided by ``t``), ``ω_c`` the
@@ -45,7 +48,7 @@ Variables:
   (first stage of the block) and ``k'_c = min(q_c, e_c)`` (last stage); ``kh_c = k_c·hi_c``,
   ``kl_c = k'_c·lo_c``;
 - ``T_c`` Σ of the block's stage times, ``Z`` pipeline bottleneck, ``Y`` slowest gradient all-reduce with the
-  stage's measured per-step work (ticks).
+  stage's optimizer step (calibrated) and measured per-step work (ticks).
 
 Constraints (numbered as in the code):
 
@@ -61,8 +64,9 @@ Constraints (numbered as in the code):
    (block compute; slowest stage per replica; the head rides on the block's last, ``⌊·⌋``-sized, stage, the
    measured embedding on its first);
 8. ``Z ≥ P_uv · a_uv``; ``x_co ∧ p_o > 1 ⇒ Z ≥ I_c``          (boundary transfers in the bottleneck);
-9. ``x_co ⇒ Y ≥ γ_co (12h²·hi_c + Vh·first_c) + ω_co first_c`` and ``Y ≥ γ_co (12h²·lo_c + Vh·last_c) + ω'_c last_c``
-   (for ``p = 1`` one stage: ``Y ≥ γ_co (12h²·n_c + Vh·(first_c + last_c)) + ω_co first_c + ω'_c last_c``);
+9. ``x_co ⇒ Y ≥ γ_co (12h²·hi_c + Vh·first_c) + υ_c hi_c + ω_co first_c`` and
+   ``Y ≥ γ_co (12h²·lo_c + Vh·last_c) + υ_c lo_c + ω'_c last_c`` (for ``p = 1`` one stage:
+   ``Y ≥ γ_co (12h²·n_c + Vh·(first_c + last_c)) + υ_c n_c + ω_co first_c + ω'_c last_c``);
 10. memory per GPU, first and last stage of the block (the middle ones are dominated by the first):
     ``x_co ⇒ μ_t hi_c + ε_t first_c + a_t kh_c ≤ M_c − R`` and
     ``μ_t lo_c + ε_t last_c + a_t kl_c + g_t last_c ≤ M_c − R``
@@ -352,7 +356,7 @@ def _cluster_signature(topo: Topology, i: int) -> tuple[object, ...]:
     c = topo.clusters[i]
     return (c.gpu, c.nodes, c.gpus_per_node, c.intra_node_gbps, c.inter_node_gbps, c.free,
             c.tflops, c.mfu, c.memory_gib, c.embedding_us_per_token, c.head_us_per_token, c.embedding_optimizer_ms,
-            c.head_optimizer_ms, c.data_ms_per_sample)
+            c.head_optimizer_ms, c.data_ms_per_sample, c.layer_overhead_ms, c.optimizer_ms_per_layer)
 
 
 def _identical_pairs(topo: Topology, candidates: Sequence[int]) -> list[tuple[int, int]]:
@@ -610,7 +614,8 @@ class _Model:
             c = topo.clusters[i]
             t_hi = max(t_hi, ticks(3.0 * (L * f + head) / (compute_rate_tflops(c, job.precision) * 1e12)
                                    + 4 * L * allreduce_time(A, c.gpus_per_node, c.inter_node_gbps)
-                                   + measured_outer_time(mdl, c, 0, L - 1, b, s)) + 1)
+                                   + measured_outer_time(mdl, c, 0, L - 1, b, s)
+                                   + L * c.layer_overhead_ms / 1e3) + 1)
         z_hi = max(t_hi, max(ptick.values(), default=0), max(itick.values(), default=0), 1)
         z = model.new_int_var(0, z_hi, "Z")
         y = model.new_int_var(0, 1 << 50, "Y")
@@ -666,6 +671,7 @@ class _Model:
             # the embedding and the per-step work a profile measured (0 where not: the constraints unchanged)
             eta_e = ticks(c.embedding_us_per_token * b * s / 1e6) if c.embedding_us_per_token else 0
             opt_head = ticks(c.head_optimizer_ms / 1e3)
+            opt_layer = ticks(c.optimizer_ms_per_layer / 1e3)  # υ_c: the calibrated optimizer step per layer
             for t, d, p, v in xs:
                 co = coefs[t]
                 # (2) even split inside the block
@@ -690,7 +696,8 @@ class _Model:
                 # (9) gradient all-reduce (ticks per parameter × parameters of the stage)
                 bdp = c.intra_node_gbps if t * d <= c.gpus_per_node else c.inter_node_gbps
                 per_param = allreduce_time(grad_bytes_per_value(job.precision) / t, d, bdp) / tick
-                gl, ge = math.ceil(per_param * p_layer), math.ceil(per_param * emb)
+                # per layer: its gradients' share and the calibrated optimizer step (costmodel.breakdown)
+                gl, ge = math.ceil(per_param * p_layer) + opt_layer, math.ceil(per_param * emb)
                 # with the stage's measured per-step work (costmodel.measured_step_extra)
                 opt_first = ticks(c.embedding_optimizer_ms / 1e3 + c.data_ms_per_sample * b * math.ceil(m / d) / 1e3)
                 if opt_first or opt_head:
@@ -700,9 +707,9 @@ class _Model:
                     else:
                         model.add(y >= gl * hi + ge * first + opt_first * first).only_enforce_if(v)
                         model.add(y >= gl * lo + ge * last + opt_head * last).only_enforce_if(v)
-                elif per_param > 0 and p == 1:
+                elif (per_param > 0 or opt_layer) and p == 1:
                     model.add(y >= gl * n + ge * (first + last)).only_enforce_if(v)
-                elif per_param > 0:
+                elif per_param > 0 or opt_layer:
                     model.add(y >= gl * hi + ge * first).only_enforce_if(v)
                     model.add(y >= gl * lo + ge * last).only_enforce_if(v)
                 # (10) memory per GPU of the block's first and last stage
@@ -758,7 +765,8 @@ class _Model:
         w = state_bytes_per_param(job.precision)
         btp = c.intra_node_gbps if t <= c.gpus_per_node else c.inter_node_gbps
         return _Coefs(
-            alpha=ticks(3.0 * f / (t * F) + 4 * allreduce_time(A, t, btp)),
+            # per layer: compute, the TP all-reduces and the calibrated fixed time (costmodel.stage_compute_time)
+            alpha=ticks(3.0 * f / (t * F) + 4 * allreduce_time(A, t, btp) + c.layer_overhead_ms / 1e3),
             # the head and its loss: measured where a profile did (replicated under TP), else their FLOPs
             beta=ticks(c.head_us_per_token * b * s / 1e6 if c.head_us_per_token else 3.0 * head / (t * F)),
             mem_layer=math.ceil(w * mdl.params_per_layer / t),
