@@ -407,11 +407,12 @@ def calibrate_mfu(matmul_tflops: float, training_tflops: float) -> float:
     return min(1.0, training_tflops / matmul_tflops)
 
 
-def profile_cpu(*, seconds: float = 0.5, threads: int = CPU_WORKER_THREADS) -> DeviceProfile:
+def profile_cpu(*, seconds: float = 0.5, threads: int = CPU_WORKER_THREADS,
+                precision: str = CPU_CALIBRATION_PRECISION) -> DeviceProfile:
     """The CPU as one ``cpu`` "GPU" (one worker with ``threads`` threads): host memory, matmul TFLOPS, the
     calibrated ``mfu`` and ``layer_overhead_ms`` (module docstring; :func:`measure_training_fit`). Takes
     about ``4 × seconds``."""
-    fit = measure_training_fit(seconds=seconds, threads=threads)
+    fit = measure_training_fit(seconds=seconds, threads=threads, precision=precision)
     mfu = calibrate_mfu(fit.matmul_tflops, fit.rate_tflops)
     overhead = fit.layer_overhead_ms
     log.info("agent.calibrated", gpu="cpu", matmul_tflops=fit.matmul_tflops, training_tflops=fit.rate_tflops,
@@ -783,7 +784,7 @@ def build_profile(
     seconds: float = 0.5, repeats: int = 3, collectives: dict[str, dict[str, float]] | None = None,
     outer: list[tuple[int, int]] | None = None,
 ) -> dict[str, object]:
-    """A profile document (``docs/profiles.md``) of this machine: on CPU the agent's calibration
+    """A profile document (``docs/profiles.md``) of this machine: on CPU the agent's calibration in ``precision``
     (:func:`profile_cpu`: matmul TFLOPS, mfu, per-layer and optimizer times) and the named blocks
     (``(hidden, heads)``) timed at every micro-batch × sequence length; on a CUDA device its matmul TFLOPS
     (:func:`measure_matmul_tflops`) and the blocks timed on ``cuda:0`` in ``precision``. ``outer``
@@ -805,9 +806,10 @@ def build_profile(
                                                                precision=precision)},
         }
     else:
-        prof = profile_cpu(seconds=seconds)
-        gpu, device, precision = "cpu", "cpu", "fp32"  # the CPU executor trains in fp32
-        entry = {"matmul_tflops": {"fp32": prof.tflops}, "mfu": prof.mfu,
+        # the executor trains in the job's precision on CPU as on GPUs: calibration and blocks in ``precision``
+        prof = profile_cpu(seconds=seconds, precision=precision)
+        gpu, device = "cpu", "cpu"
+        entry = {"matmul_tflops": {precision: prof.tflops}, "mfu": prof.mfu,
                  "layer_overhead_ms": prof.layer_overhead_ms, "optimizer_ms_per_layer": prof.optimizer_ms_per_layer}
     timed = []
     for hidden, heads in blocks:

@@ -467,7 +467,7 @@ def _apply_cluster(c: Cluster, e: DeviceEntry, model: ModelSpec | None, precisio
     else:
         mt = e.matmul_tflops.get("bf16") or e.matmul_tflops.get("fp16")
         if mt is None and e.matmul_tflops and c.gpu_type.fp32_tflops is None:
-            mt = e.matmul_tflops.get("fp32")  # a type measured in fp32 only (cpu)
+            mt = e.matmul_tflops.get("fp32")  # a CPU profile written in fp32 (``spiderflow profile --precision fp32``)
         if mt is not None:
             changes["tflops"] = mt
         if e.mfu is not None:

@@ -211,6 +211,7 @@ with torch.no_grad():
     logits = stage(ids)
 if dist.get_rank() == 0:
     torch.save(logits, out)
+dist.barrier()  # neither rank tears gloo down while the other may still use a pair (an abort at exit)
 dist.destroy_process_group()
 """
 

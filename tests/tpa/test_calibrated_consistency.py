@@ -1,5 +1,5 @@
 """The calibrated terms (``layer_overhead_ms``: fixed fwd+bwd per layer and micro-batch; ``optimizer_ms_per_layer``:
-Adam per layer and step) and the CPU wire format reach the closed form, level 1/2 and the timeline alike:
+Adam per layer and step) and the wire format reach the closed form, level 1/2 and the timeline alike:
 hand-computed values on a case where they must coincide."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ STAGES = (Stage(cluster="a", first_layer=0, last_layer=1), Stage(cluster="b", fi
 def _hand_step() -> float:
     t0 = 3 * 2 * F / RATE + 2 * O_MS / 1e3  # stage a: 2 layers
     t1 = 3 * (2 * F + HEAD) / RATE + 2 * O_MS / 1e3  # stage b: 2 layers + head (the bottleneck)
-    p = 4 * 32 * 64 * 8 / 10e9  # fp32 activations of the cpu executor over 10 Gbit/s, no latency
+    p = 2 * 32 * 64 * 8 / 10e9  # bf16 activations (the job's compute dtype) over 10 Gbit/s, no latency
     # the 1F1B window (2 in flight on stage a) hides the round trip: T_0 + 2P ≤ T_1
     assert t0 + 2 * p <= t1
     opt = max(2 * U_MS["a"], 2 * U_MS["b"]) / 1e3  # stages step in parallel: the slower one, 6 ms

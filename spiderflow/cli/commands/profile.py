@@ -1,11 +1,11 @@
 """``spiderflow profile``: measure this node and write a hardware profile (``docs/profiles.md``).
 
-On a CPU node: the agent's calibration (matmul TFLOPS, mfu, per-layer and optimizer times) plus the blocks
-of ``--model`` (or ``--block HIDDEN:HEADS``) timed at every ``--micro-batches`` × ``--seq-lens``. On a CUDA
-node: matmul TFLOPS of ``cuda:0`` in ``--precision`` and the same blocks timed there. Launched by
-``torchrun`` (``WORLD_SIZE > 1``) every rank joins the process group (NCCL on GPUs, gloo on CPUs) and the
-collective micro-benchmarks fill the profile's ``nccl`` entry (``intra_node`` when all ranks share the
-node, else ``inter_node``); rank 0 writes the file.
+On a CPU node: the agent's calibration in ``--precision`` (matmul TFLOPS, mfu, per-layer and optimizer times)
+plus the blocks of ``--model`` (or ``--block HIDDEN:HEADS``) timed at every ``--micro-batches`` ×
+``--seq-lens``. On a CUDA node: matmul TFLOPS of ``cuda:0`` in ``--precision`` and the same blocks timed
+there. Launched by ``torchrun`` (``WORLD_SIZE > 1``) every rank joins the process group (NCCL on GPUs, gloo on
+CPUs) and the collective micro-benchmarks fill the profile's ``nccl`` entry (``intra_node`` when all ranks
+share the node, else ``inter_node``); rank 0 writes the file.
 """
 
 from __future__ import annotations
