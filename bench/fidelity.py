@@ -268,6 +268,9 @@ def testbed_rows() -> list[dict[str, Any]]:
         topo = Topology(clusters=clusters, links=topo.links)
         j = d["job"]
         model = ModelSpec(name="testbed", **j["model"])
+        # Runs recorded before the agents passed the job's precision to the workers trained in fp32 (4-byte
+        # activations, the calibration in fp32 too): they are priced in the precision they ran in.
+        precision = Precision(d.get("executed_precision", "fp32"))
         for run in d["runs"]:
             if run.get("measured_step_s") is None:
                 continue
@@ -275,7 +278,7 @@ def testbed_rows() -> list[dict[str, Any]]:
                                  dp=s["gpus"]) for s in run["stages"])
             plan = Plan(stages=stages, micro_batches=int(run["micro_batches"]), schedule=Schedule(run["schedule"]))
             job = JobSpec(id=run["job"], model=model, global_batch=j["global_batch"], micro_batch=j["micro_batch"],
-                          seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus))
+                          seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus), precision=precision)
             closed, tl, _ = predict(plan, topo, job)
             meas = float(run["measured_step_s"])
             rows.append({
