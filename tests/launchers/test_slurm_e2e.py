@@ -42,7 +42,9 @@ from spiderflow.sdk import Client
 pytestmark = [pytest.mark.heavy, pytest.mark.timeout(600)]
 
 EVERY = 2
-JOB = {"model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32, "gpus": {"min": 2, "max": 2}}
+# fp32: the workers train in the job's precision, and the losses are checked against the fp32 ground truth
+JOB = {"model": "gpt-tiny", "global_batch": 4, "micro_batch": 2, "seq_len": 32, "gpus": {"min": 2, "max": 2},
+       "precision": "fp32"}
 
 
 def test_a_job_across_a_local_and_a_slurm_cluster(slurm: SlurmCluster, tmp_path: Path,
