@@ -334,11 +334,12 @@ def measure_training_fit(
 
     if rounds < 1 or not seq_lens:
         raise ValueError("need at least one round and one sequence length")
+    prec = Precision(precision)
     spec = ModelSpec(name="calibration", layers=1, hidden=hidden, heads=heads, vocab=1)
     flops = [3.0 * layer_fwd_flops(spec, batch, s) for s in seq_lens]
     with _torch_threads(threads), torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
-        mm_dtype = compute_dtype(Precision(precision))  # the matmul in the block's compute dtype
+        mm_dtype = compute_dtype(prec)  # the matmul in the block's compute dtype
         a = torch.randn(matmul_size, matmul_size).to(mm_dtype)
         b = torch.randn(matmul_size, matmul_size).to(mm_dtype)
     with _torch_threads(threads), torch.random.fork_rng(devices=[]):
@@ -354,7 +355,7 @@ def measure_training_fit(
         def optimizer_step() -> None:
             adam.step()
 
-        cpu, prec = torch.device("cpu"), Precision(precision)
+        cpu = torch.device("cpu")
 
         def iteration(i: int) -> None:
             x, grad = inputs[i]

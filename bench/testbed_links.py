@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from spiderflow.cli.common import csv_ints  # noqa: E402
+
 PATTERNS = ("single", "train", "late")
 TRAIN = 4
 POST_AHEAD_S = 0.3
@@ -109,7 +111,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     topo = Topology(clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("a", "b")),
                     links=(Link(a="a", b="b", bandwidth_gbps=args.mbit / 1000.0, latency_ms=args.ms),))
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes: list[int] = args.sizes
     prefix = args.prefix or f"tl{os.getpid() % 10000}"
     cleanup(prefix)
     t0 = time.monotonic()
@@ -118,7 +120,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
         outs = [Path(tmp) / f"rank-{r}.json" for r in (0, 1)]
         procs = [tb.exec(c, [sys.executable, str(Path(__file__).resolve()), "--worker", str(r), "--host", host,
-                             "--sizes", args.sizes, "--repeats", str(args.repeats), "--worker-out", str(outs[r])],
+                             "--sizes", ",".join(map(str, sizes)), "--repeats", str(args.repeats),
+                             "--worker-out", str(outs[r])],
                          env=env, stdin=subprocess.DEVNULL)
                  for r, c in ((0, "a"), (1, "b"))]
         for r, p in enumerate(procs):
@@ -156,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mbit", type=float, default=20.0)
     p.add_argument("--ms", type=float, default=60.0)
-    p.add_argument("--sizes", default="4096,262144,524288", help="message sizes in bytes (even), comma-separated")
+    p.add_argument("--sizes", type=csv_ints(minimum=2), default=[4096, 262144, 524288],
+                   help="message sizes in bytes (even), comma-separated")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'tl…')")
     p.add_argument("--timeout", type=float, default=300.0)
@@ -166,9 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-out", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker >= 0:
-        worker(args.worker, args.host, [int(x) for x in args.sizes.split(",")], args.repeats, args.worker_out)
+        worker(args.worker, args.host, args.sizes, args.repeats, args.worker_out)
         return 0
-    if any(int(x) <= 0 or int(x) % 2 for x in args.sizes.split(",")) or args.repeats < 1:
+    if not args.sizes or any(x % 2 for x in args.sizes) or args.repeats < 1:
         p.error("--sizes must be positive even byte counts and --repeats ≥ 1")
     if os.geteuid() != 0:
         p.error("needs root (network namespaces, tc, iptables)")
