@@ -10,9 +10,16 @@ first differing decision the pools the later jobs find differ, so a per-job rati
 decision with the state it was taken in. This script separates the two. It simulates ``bench/paper.py``'s
 traces (same topology, seeds, load, 12 jobs, fixed 0.01 s overhead, waiting for releases on and off) with
 SpinSearch deciding, and at every placement call (decisions now and the cycle's priced futures alike) asks
-the baseline to place the same job on the same topology state. Per call: both plans' GPUs and closed-form
-step times. Summary per wait setting: calls, the geometric mean of baseline ÷ SpinSearch step time (> 1:
-SpinSearch's plan faster on the same state), and on how many calls each was faster by more than 3 %.
+the baseline to place the same job on the same topology state (``--time-limit``: the baseline's limit per
+call, as the grid's ``--sim-ilp-limit`` for ``ilp``). Per call: both plans' GPUs, their step times on the
+exact timeline and the plans themselves. Summary per wait setting: calls, the geometric mean of baseline ÷
+SpinSearch step time (> 1: SpinSearch's plan faster on the same state), and on how many calls each was
+faster by more than 3 %.
+
+::
+
+    .venv/bin/python bench/shadow_decisions.py --kind geo --load 1.0 --baseline ilp --time-limit 0.1 \
+        --out bench/results/shadow-geo-1.0-ilp.json
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,33 +38,50 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.paper import _quiet, _topology  # noqa: E402
-from spiderflow.core.domain import JobSpec, Topology  # noqa: E402
+from spiderflow.core.domain import JobSpec, Plan, Topology  # noqa: E402
 from spiderflow.core.placement import get_policy  # noqa: E402
 from spiderflow.core.placement.base import Budget, PlacementResult  # noqa: E402
 from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
+from spiderflow.core.sim.grid import timeline_step_s  # noqa: E402
 from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
+
+
+def describe(plan: Plan) -> str:
+    """A plan in one line: each stage as ``cluster[first-last] tp×dp``, then schedule and micro-batches."""
+    stages = " → ".join(f"{s.cluster}[{s.first_layer}-{s.last_layer}] {s.tp}×{s.dp}" for s in plan.stages)
+    return f"{stages} | {plan.schedule.value}, m={plan.micro_batches}"
 
 
 class Shadowed:
     """SpinSearch deciding; ``baseline`` asked the same question on the same state, its answer recorded."""
 
-    def __init__(self, baseline: str) -> None:
+    def __init__(self, baseline: str, time_limit_s: float | None = None) -> None:
         self.main, self.other = get_policy("spinsearch"), get_policy(baseline)
         self.name = "spinsearch"
+        self.time_limit_s = time_limit_s
         self.calls: list[dict[str, Any]] = []
 
     def __getattr__(self, key: str) -> Any:
         return getattr(self.main, key)
 
     def place(self, topo: Topology, job: JobSpec, budget: Budget | None = None) -> PlacementResult:
+        budget = budget or Budget()
         res = self.main.place(topo, job, budget)
-        other = self.other.place(topo, job, budget)
+        asked = budget
+        if self.time_limit_s is not None:
+            asked = replace(asked, time_limit_s=self.time_limit_s)
+        other = self.other.place(topo, job, asked)
+        mine = res.plan if res.ok else None
+        theirs = other.plan if other.ok else None
         self.calls.append({
             "job": job.id, "free_gpus": sum(c.free for c in topo.clusters),
-            "spinsearch_gpus": res.plan.gpus if res.ok and res.plan else None,
-            "baseline_gpus": other.plan.gpus if other.ok and other.plan else None,
-            "spinsearch_step_s": res.plan.step_time_s if res.ok and res.plan else None,
-            "baseline_step_s": other.plan.step_time_s if other.ok and other.plan else None})
+            "spinsearch_gpus": mine.gpus if mine else None,
+            "baseline_gpus": theirs.gpus if theirs else None,
+            # Both plans on the exact timeline (a policy may report its plan's closed-form step).
+            "spinsearch_step_s": timeline_step_s(mine, topo, job) if mine else None,
+            "baseline_step_s": timeline_step_s(theirs, topo, job) if theirs else None,
+            "spinsearch_plan": describe(mine) if mine else None,
+            "baseline_plan": describe(theirs) if theirs else None})
         return res
 
 
@@ -68,21 +93,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--clusters", type=int, default=12, help="clusters of a generated topology kind")
     ap.add_argument("--baseline", default="bace")
+    ap.add_argument("--time-limit", type=float, default=None,
+                    help="the baseline's wall-clock limit per call (s), as the grid's --sim-ilp-limit")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     _quiet()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     doc: dict[str, Any] = {"command": " ".join(["bench/shadow_decisions.py", *(argv or sys.argv[1:])]),
                            "kind": args.kind, "load": args.load, "seeds": seeds, "baseline": args.baseline,
+                           "time_limit_s": args.time_limit,
                            "summary": {}, "calls": []}
     for wait in (True, False):
         both: list[dict[str, Any]] = []
         for seed in seeds:
             topo = _topology(args.kind, args.clusters, seed)
             trace = generate_trace(args.jobs, seed, args.load, topo)
-            policy = Shadowed(args.baseline)
+            policy = Shadowed(args.baseline, args.time_limit)
             cfg = SimConfig(seed=seed, overhead=OverheadMode.FIXED, fixed_overhead_s=0.01, releases=wait)
-            simulate(topo, trace, policy, cfg)  # type: ignore[arg-type]
+            simulate(topo, trace, policy, cfg)
             for c in policy.calls:
                 doc["calls"].append({"wait": wait, "seed": seed, **c})
             both += [c for c in policy.calls if c["spinsearch_step_s"] and c["baseline_step_s"]]

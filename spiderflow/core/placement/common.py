@@ -109,6 +109,7 @@ __all__ = [
     "TopoArrays",
     "allocate_greedy",
     "cached_plan",
+    "chain_allocation",
     "check_plan",
     "diagnose",
     "fallback_plan_chain",
@@ -948,6 +949,23 @@ def plan_cache_stats() -> dict[str, int]:
     return {**_PLAN_CACHE_STATS, "size": len(_PLAN_CACHE)}
 
 
+def chain_allocation(plan: Plan) -> list[tuple[str, int]] | None:
+    """The chain allocation ``plan`` uses — ``(cluster, GPUs)`` in chain order, a cluster's consecutive
+    stages summed — as :func:`plan_chain` takes it; ``None`` when no allocation describes the plan (replicas
+    spread over clusters, or a cluster that appears twice apart)."""
+    out: list[tuple[str, int]] = []
+    for s in plan.stages:
+        if s.replicas:
+            return None
+        if out and out[-1][0] == s.cluster:
+            out[-1] = (s.cluster, out[-1][1] + s.tp * s.dp)
+        elif any(c == s.cluster for c, _ in out):
+            return None
+        else:
+            out.append((s.cluster, s.tp * s.dp))
+    return out
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Finalised:
     """The outcome of :func:`finalise`: the plan, which planner made it, and the time spent planning."""
@@ -967,12 +985,14 @@ def finalise(
     planner: Planner | None = LOCAL_PLANNER,
     tolerance: float = 0.0,
     force: bool = False,
+    replan: int = 1,
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
-    ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan that chain
-    with it and keep whichever of the two plans of the chain scores better on the exact timeline (TPA's
-    prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the level-1 plans are compared among
-    themselves on the closed form). ``force``: ask the planner for
+    ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan the ``replan``
+    best allocations by their level-1 plans with it — each allocation as given and, where its level-1 plan
+    leaves GPUs idle, the GPUs that plan uses — and keep the best of these plans and the best level-1 plan
+    on the exact timeline (TPA's prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the
+    level-1 plans are ranked among themselves on the closed form). ``force``: ask the planner for
     the first allocation even when the level-1 planner found no plan (its error then names the binding
     constraint); ``planner=None``: the level-1 plans only. Where the level-1 planner found no allocation's
     memory enough, the planner is asked for the first one too: TPA may fit it with recomputation or FSDP.
@@ -984,10 +1004,10 @@ def finalise(
     """
     t0 = time.perf_counter()
     best: Plan | None = None
-    best_alloc: Sequence[tuple[str, int]] = ()
     best_val = math.inf
     err: UnschedulableError | None = None
-    for alloc in allocations:
+    ranked: list[tuple[float, int, Plan, Sequence[tuple[str, int]]]] = []
+    for i, alloc in enumerate(allocations):
         try:
             plan = cached_plan("fallback", topo, job, alloc, objective,
                                lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o))
@@ -998,25 +1018,40 @@ def finalise(
             continue
         val = plan_objective(plan, objective)
         if val < best_val * (1 - tolerance) or best is None:
-            best, best_val, best_alloc = plan, val, alloc
+            best, best_val = plan, val
+            ranked.insert(0, (val, i, plan, alloc))
+        else:
+            ranked.append((val, i, plan, alloc))
     used = "fallback"
     # The level-1 planner plans replicated stages without recomputation: where memory stopped it on every
     # allocation, TPA (which may recompute and shard) gets the first one.
     over_memory = best is None and err is not None and err.constraint == "memory"
     if planner is not None and (best is not None or force or over_memory) and tpa_available():
-        target = best_alloc if best is not None else (allocations[0] if allocations else ())
-        if target:
+        # The chosen level-1 plan first, then the others by their objective.
+        order = ranked[:1] + sorted(ranked[1:], key=lambda r: (r[0], r[1]))
+        targets: list[list[tuple[str, int]]] = []
+        for _, _, fplan, alloc in order[: max(replan, 1)]:
+            for target in ([(c, int(g)) for c, g in alloc], chain_allocation(fplan)):
+                # A level-1 plan may leave some of its allocation's GPUs idle (a count it cannot factor
+                # into tp × dp); TPA, which uses exactly the GPUs it is given, plans those GPUs too.
+                if target is not None and target not in targets:
+                    targets.append(target)
+        if not targets and allocations:
+            targets.append([(c, int(g)) for c, g in allocations[0]])
+        timed = False
+        for target in targets:
             try:
                 tplan = planner.plan(topo, job, target, PlanOptions(objective=objective, explain=best is None))
-                if best is not None:  # the two plans compared on TPA's prediction, the exact timeline
+                if best is not None and not timed:  # the plans compared on TPA's prediction, the exact timeline
                     from spiderflow.core.tpa.timeline import evaluate_on_timeline
 
-                    best = evaluate_on_timeline(best, topo, job)
+                    best, timed = evaluate_on_timeline(best, topo, job), True
                     best_val = plan_objective(best, objective)
-                if not check_plan(tplan, topo, job) and (
-                    best is None or plan_objective(tplan, objective) <= best_val
-                ):
-                    best, used = tplan, "tpa"
+                if check_plan(tplan, topo, job):
+                    continue
+                val = plan_objective(tplan, objective)
+                if best is None or (val <= best_val if used == "fallback" else val < best_val * (1 - tolerance)):
+                    best, used, best_val = tplan, "tpa", val
             except UnschedulableError as e:
                 err = err or e
             except Exception as e:  # the TPA planner failed; keep the level-1 plan of the same chain

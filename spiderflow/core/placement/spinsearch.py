@@ -43,9 +43,13 @@ Search:
      (shift 1, 2, 4 or a node's worth between positions while the estimate improves; for ``jct`` drop
      GPUs worth less than :data:`TRIM_TOLERANCE` of the estimate — constraint 2);
   5. plan the ``T`` best distinct chains (tuned and untuned GPU vectors; the untuned wins only by more
-     than :data:`TRIM_TOLERANCE`) with the level-1 planner on the exact cost model, keep the best valid
-     plan, and re-plan that chain with TPA when it is importable (:func:`~spiderflow.core.placement.common.
-     finalise`); if no finalist fits memory exactly, the remaining candidates are tried.
+     than :data:`TRIM_TOLERANCE`), and the best single-cluster candidate when no finalist is one, with the
+     level-1 planner on the exact cost model; re-plan every one of them with TPA when it is importable
+     (also on the GPUs its level-1 plan uses, where that plan leaves some idle) and keep the best plan on
+     the exact timeline (:func:`~spiderflow.core.placement.common.finalise` with ``replan``). The scorer
+     and the level-1 planner price a cluster as one stage, so the chain they rank first is not always the
+     one TPA, pipelining inside clusters, plans fastest. If no finalist fits memory exactly, the remaining
+     candidates are tried.
   5b. *priced choice* (optional, ``gpu_price`` λ > 0, ``jct`` only, and only on a busy pool): the
      finalists and fewer-GPU variants of them (:func:`fewer_gpus`) are planned by the level-1 planner and
      the one with the least priced finish time ``S·step·(1 + λ·ρ·g/F)`` is kept (:func:`priced_choice`),
@@ -837,6 +841,12 @@ class SpinSearch:
         # (pipelining inside a cluster); they win only by more than TRIM_TOLERANCE.
         allocs += [[(names[u], g) for u, g in zip(c.chain, c.untrimmed, strict=True)]
                    for c in cands[: self.finalists] if c.untrimmed]
+        if not any(len(c.chain) == 1 for c in cands[: self.finalists]):
+            # The best single cluster too: the scorer prices a cluster as one stage, so a cluster that
+            # pipelines inside itself can beat chains the scorer ranks above it.
+            single = next((c for c in cands[self.finalists :] if len(c.chain) == 1), None)
+            if single is not None:
+                allocs.append([(names[single.chain[0]], (single.untrimmed or single.gpus)[0])])
         price = self.gpu_price * queue_pressure(budget.demand_gpus, topo.total_free_gpus)
         if price > 0 and budget.objective is Objective.JCT:
             # Step 5b: the GPUs are priced by the demand on the pool; the pick is then planned as usual.
@@ -855,7 +865,8 @@ class SpinSearch:
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
         first = None if weigh else self.planner
-        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE)
+        fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE,
+                       replan=len(allocs))
         tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
@@ -881,7 +892,8 @@ class SpinSearch:
                     stats=stats, reason=reason, wait=Wait(after_s=after, plan=later, reason=reason),
                 )
             if self.planner is not None:
-                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol)
+                fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
+                               replan=len(allocs))
                 plan_s += fin.plan_seconds
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))
