@@ -285,8 +285,9 @@ class _Planner:
 
 @pytest.mark.parametrize("policy", ["spinsearch", "bace"])
 async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_better_plan_is_kept(policy: str) -> None:
-    """SpinSearch and ``bace`` choose the chain with its level-1 plan and ask their planner (the Planner
-    service) for the plan of exactly that allocation; its plan is kept when it is no worse, else the level-1
+    """SpinSearch and ``bace`` choose with their level-1 plans and ask their planner (the Planner service)
+    for plans of exactly the allocations they chose: ``bace`` for its one chain, SpinSearch for each of its
+    finalists, the level-1 favourite first. The planner's plan is kept when it is no worse, else the level-1
     plan is (a worse answer never replaces it)."""
     for worse in (False, True):
         repo = JobRepository(MemoryStore())
@@ -294,9 +295,13 @@ async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_bette
         cycle = SchedulingCycle(repo, StaticTopologySource(_three_regions()), planner=planner, default_policy=policy)
         await repo.submit(BIG, "r-big")
         assert (await cycle.run()).placed == ["big"]
-        assert len(planner.asked) == 1
+        assert len(planner.asked) == 1 if policy == "bace" else len(planner.asked) >= 1
         plan = (await repo.get("big")).record.plan
-        assert plan is not None and plan.gpus_by_cluster() == dict(planner.asked[0])
+        assert plan is not None
+        if worse:  # the level-1 plan of the allocation asked first
+            assert plan.gpus_by_cluster() == dict(planner.asked[0])
+        else:
+            assert plan.gpus_by_cluster() in [dict(a) for a in planner.asked]
         # Every plan is re-scored on the exact timeline (timeline_step_s); only TPA's says its micro-batch size.
         assert plan.extras["timeline_step_s"] == plan.step_time_s
         if worse:
