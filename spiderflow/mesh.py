@@ -290,18 +290,26 @@ class LocalMesh:
         return proc
 
     def wait_for_clusters(self, n: int, timeout: float = 60.0) -> Topology:
-        """Block until the topology service lists ``n`` clusters (their agents registered and profiled)."""
+        """Block until the topology service lists ``n`` clusters (their agents registered and profiled) and a
+        measured link for every link of the mesh's topology (each pair's agents have probed it once).
+
+        Without the links, the scheduler would place the first job on the figures of the links measured so
+        far (a pair not yet probed is priced through the others), and re-place it a moment later when the
+        rest arrive."""
         from spiderflow.sdk import Client
 
+        want = {frozenset((link.a, link.b)) for link in self.topology.links}
         deadline = time.monotonic() + timeout
         last = 0
+        measured = 0
         why = ""
         while time.monotonic() < deadline:
             try:
                 with Client(self.address("scheduler"), topology=self.address("topology"), timeout_s=5) as sf:
                     topo = sf.topology()
                 last = len(topo.clusters)
-                if last >= n:
+                measured = len(want & {frozenset((link.a, link.b)) for link in topo.links})
+                if last >= n and measured == len(want):
                     return topo
             except UnavailableError:  # not answering yet
                 pass
@@ -311,7 +319,10 @@ class LocalMesh:
                 if not proc.alive():
                     raise UnavailableError(f"agent {name} exited: {proc.tail()}")
             time.sleep(0.25)
-        raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s{why}")
+        if last < n:
+            raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s{why}")
+        raise UnavailableError(f"only {measured} of the {len(want)} links between the clusters were measured "
+                               f"within {timeout:.0f} s")
 
     def stop(self) -> None:
         if self._stopped:

@@ -74,8 +74,11 @@ def server() -> Iterator[tuple[str, _Blocking]]:
         srv.stop(grace=None)
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+#: Starts the command with SIGINT ignored: the disposition survives ``exec``. (A ``preexec_fn`` would do the
+#: same, but it makes ``subprocess`` fork while this process's gRPC server threads run, and gRPC's fork
+#: handlers are then skipped: the child's gRPC poller failed with "Bad file descriptor" under load.)
+_SIGINT_IGNORED = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                   "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
@@ -93,9 +96,9 @@ def test_sigint_while_the_stream_is_blocked_cancels_it_and_exits_at_once(
     servicer.ended[name].clear()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPIDERFLOW_")}
     env.update(PYTHONPATH=str(ROOT), SPIDERFLOW_CONFIG=str(ROOT / "nonexistent-config.yaml"))
-    proc = subprocess.Popen([sys.executable, "-m", "spiderflow.cli.main", *args, "--address", address], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ignore_sigint if inherited == "ignored" else None)
+    wrapper = [sys.executable, "-c", _SIGINT_IGNORED] if inherited == "ignored" else [sys.executable]
+    proc = subprocess.Popen([*wrapper, "-m", "spiderflow.cli.main", *args, "--address", address], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
