@@ -8,6 +8,8 @@ and a cluster on whole nodes that the scorer ranks below others.
 
 from __future__ import annotations
 
+import pytest
+
 from spiderflow.core.domain import JobSpec, Topology
 from spiderflow.core.placement import get_policy
 from spiderflow.core.placement.common import chain_allocation, check_plan, finalise, plan_cache_clear
@@ -53,9 +55,19 @@ def test_replan_takes_the_best_tpa_plan_of_several_allocations() -> None:
     assert one.plan.step_time_s > both.plan.step_time_s * 1.1  # re-planning only the level-1 favourite
 
 
-def test_spinsearch_replans_every_finalist() -> None:
+def test_spinsearch_replans_more_than_its_level1_favourite() -> None:
     topo, job = _case(5, {"c010-us-west-2": 2, "c007-us-west3": 20})
     res = get_policy("spinsearch").place(topo, job)
     assert res.ok and res.plan is not None
     assert res.plan.step_time_s <= plan_chain(topo, job, [("c007-us-west3", 20)]).step_time_s * (1 + 1e-9)
 
+
+
+def test_replan_must_be_a_positive_integer() -> None:
+    from spiderflow.core.errors import ValidationError
+    from spiderflow.core.placement.spinsearch import REPLAN, SpinSearch
+
+    assert SpinSearch().replan == REPLAN
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValidationError, match="replan"):
+            SpinSearch(replan=bad)  # type: ignore[arg-type]

@@ -286,9 +286,9 @@ class _Planner:
 @pytest.mark.parametrize("policy", ["spinsearch", "bace"])
 async def test_with_a_planner_service_the_policy_chooses_the_chain_and_the_better_plan_is_kept(policy: str) -> None:
     """SpinSearch and ``bace`` choose with their level-1 plans and ask their planner (the Planner service)
-    for plans of exactly the allocations they chose: ``bace`` for its one chain, SpinSearch for each of its
-    finalists, the level-1 favourite first. The planner's plan is kept when it is no worse, else the level-1
-    plan is (a worse answer never replaces it)."""
+    for plans of exactly the allocations they chose: ``bace`` for its one chain, SpinSearch for its best
+    allocations by their level-1 plans, the favourite first. The planner's plan is kept when it is no
+    worse, else the level-1 plan is (a worse answer never replaces it)."""
     for worse in (False, True):
         repo = JobRepository(MemoryStore())
         planner = _Planner(worse=worse)

@@ -44,11 +44,12 @@ Search:
      GPUs worth less than :data:`TRIM_TOLERANCE` of the estimate — constraint 2);
   5. plan the ``T`` best distinct chains (tuned and untuned GPU vectors; the untuned wins only by more
      than :data:`TRIM_TOLERANCE`), and the best single-cluster candidate when no finalist is one, with the
-     level-1 planner on the exact cost model; re-plan every one of them with TPA when it is importable
-     (also on the GPUs its level-1 plan uses, where that plan leaves some idle) and keep the best plan on
-     the exact timeline (:func:`~spiderflow.core.placement.common.finalise` with ``replan``). The scorer
-     and the level-1 planner price a cluster as one stage, so the chain they rank first is not always the
-     one TPA, pipelining inside clusters, plans fastest. If no finalist fits memory exactly, the remaining
+     level-1 planner on the exact cost model; re-plan the :data:`REPLAN` best of them by their level-1
+     plans with TPA when it is importable (each also on the GPUs its level-1 plan uses, where that plan
+     leaves some idle) and keep the best plan on the exact timeline
+     (:func:`~spiderflow.core.placement.common.finalise` with ``replan``). The scorer and the level-1
+     planner price a cluster as one stage, so the chain they rank first is not always the one TPA,
+     pipelining inside clusters, plans fastest. If no finalist fits memory exactly, the remaining
      candidates are tried.
   5b. *priced choice* (optional, ``gpu_price`` λ > 0, ``jct`` only, and only on a busy pool): the
      finalists and fewer-GPU variants of them (:func:`fewer_gpus`) are planned by the level-1 planner and
@@ -143,6 +144,11 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 TRIM_TOLERANCE = 1e-3
+REPLAN = 2
+"""How many allocations of the final step TPA re-plans, best level-1 plan first (each also on the GPUs its
+level-1 plan uses, where that plan leaves some idle). Each costs a TPA plan (about 5–60 ms cold); on the
+planning-time instances (BENCHMARKS.md) 2 keeps every decision at 64 clusters under 25 ms, where 3 reached
+50 ms and every finalist 77 ms for plans at most 9 % faster."""
 DEFER_MARGIN = 0.25
 """Waiting must promise a finish at least this much (relative) earlier than starting now: the released
 GPUs may go to another job first and the release times are estimates."""
@@ -803,15 +809,20 @@ class SpinSearch:
     def __init__(
         self, *, beam_width: int = 8, neighbours: int = 10, seeds: int = 12, finalists: int = 2,
         planner: Planner | None = LOCAL_PLANNER, gpu_price: float = 0.0, lookahead: bool = False,
+        replan: int = REPLAN,
     ) -> None:
         """``planner`` plans the chosen chain (in process by default, or the Planner service) and its plan
         is kept when better than the level-1 plan; ``None``: the level-1 plans only. ``gpu_price`` (λ ≥ 0)
         turns on the priced choice (module docstring, step 5b) for ``jct``; 0: the fastest plan.
         ``lookahead`` turns on the region matching of step 5c (:mod:`~spiderflow.core.placement.lookahead`),
-        which needs the scheduler's :attr:`Budget.outlook`."""
+        which needs the scheduler's :attr:`Budget.outlook`. ``replan`` (≥ 1): how many of the final
+        allocations TPA re-plans (step 5, :data:`REPLAN`)."""
         if not isinstance(lookahead, bool):
             raise ValidationError("lookahead", "must be true or false", lookahead)
         self.lookahead = lookahead
+        if isinstance(replan, bool) or not isinstance(replan, int) or replan < 1:
+            raise ValidationError("replan", "must be an integer ≥ 1", replan)
+        self.replan = replan
         if isinstance(gpu_price, bool) or not isinstance(gpu_price, int | float) or not (
                 math.isfinite(gpu_price) and gpu_price >= 0):
             raise ValidationError("gpu_price", "must be a finite number ≥ 0", gpu_price)
@@ -866,7 +877,7 @@ class SpinSearch:
         weigh = bool(budget.releases)
         first = None if weigh else self.planner
         fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE,
-                       replan=len(allocs))
+                       replan=self.replan)
         tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
@@ -893,7 +904,7 @@ class SpinSearch:
                 )
             if self.planner is not None:
                 fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
-                               replan=len(allocs))
+                               replan=self.replan)
                 plan_s += fin.plan_seconds
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))
