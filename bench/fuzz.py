@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "fuzz"), str(ROOT / "tests")]  # the harness imports tests/idle_agent.py
 
 from fuzz_harness import WRONG_IDENTITY, FuzzTarget  # noqa: E402
 from hypothesis import HealthCheck, given, seed, settings  # noqa: E402

@@ -45,14 +45,19 @@ from typing import Any, TypeVar
 
 import structlog
 
-from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.core.domain import JobSpec, Topology
-from spiderflow.core.errors import SpiderFlowError
-from spiderflow.core.placement import REGISTRY, load_builtin_policies
-from spiderflow.core.placement.base import Budget, PlacementResult, get_policy
-from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
-from spiderflow.core.sim.tracegen import generate_trace
-from spiderflow.core.topogen import generate_topology
+# The checkout this script is in, ahead of any installed one: run from another checkout, it measures that code.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spiderflow.cli.common import check_outputs, csv_ints  # noqa: E402
+from spiderflow.core.domain import JobSpec, Topology  # noqa: E402
+from spiderflow.core.errors import SpiderFlowError  # noqa: E402
+from spiderflow.core.placement import REGISTRY, load_builtin_policies  # noqa: E402
+from spiderflow.core.placement.base import Budget, PlacementResult, get_policy  # noqa: E402
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
+from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
+from spiderflow.core.topogen import generate_topology  # noqa: E402
 
 POLICIES = ("spinsearch", "ilp", "genetic")
 

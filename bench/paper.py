@@ -72,12 +72,17 @@ from typing import Any
 
 import structlog
 
-from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.core.domain import Budget, JobSpec, Topology
-from spiderflow.core.placement import REGISTRY, load_builtin_policies
-from spiderflow.core.placement.options import SearchOptions
-from spiderflow.core.sim.engine import SimConfig, simulate
-from spiderflow.core.sim.grid import (
+# The checkout this script is in, ahead of any installed one: run from another checkout, it measures that code.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spiderflow.cli.common import check_outputs, csv_ints  # noqa: E402
+from spiderflow.core.domain import Budget, JobSpec, Topology  # noqa: E402
+from spiderflow.core.placement import REGISTRY, load_builtin_policies  # noqa: E402
+from spiderflow.core.placement.options import SearchOptions  # noqa: E402
+from spiderflow.core.sim.engine import SimConfig, simulate  # noqa: E402
+from spiderflow.core.sim.grid import (  # noqa: E402
     REFERENCE,
     PolicySetup,
     budget_curve,
@@ -89,10 +94,10 @@ from spiderflow.core.sim.grid import (
     ratio_summary,
     run_system,
 )
-from spiderflow.core.sim.metrics import summarize
-from spiderflow.core.sim.tracegen import generate_trace
-from spiderflow.core.topogen import generate_topology
-from spiderflow.presets import PRESETS, resolve_topology
+from spiderflow.core.sim.metrics import summarize  # noqa: E402
+from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
+from spiderflow.core.topogen import generate_topology  # noqa: E402
+from spiderflow.presets import PRESETS, resolve_topology  # noqa: E402
 
 GENERATED = ("geo", "hub", "mesh")
 KINDS = (*GENERATED, *PRESETS)

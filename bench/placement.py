@@ -45,15 +45,20 @@ import structlog
 from rich.console import Console
 from rich.table import Table
 
-from spiderflow.cli.common import check_outputs, csv_ints
-from spiderflow.core.catalog import model_preset
-from spiderflow.core.domain import GpuRange, JobSpec
-from spiderflow.core.errors import SpiderFlowError
-from spiderflow.core.placement import REGISTRY, clear_memos, load_builtin_policies
-from spiderflow.core.placement.base import Budget, PlacementPolicy
-from spiderflow.core.placement.spinsearch import SpinSearch
-from spiderflow.core.topogen import generate_topology
-from spiderflow.core.tpa.timeline import result_on_timeline
+# The checkout this script is in, ahead of any installed one: run from another checkout, it measures that code.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spiderflow.cli.common import check_outputs, csv_ints  # noqa: E402
+from spiderflow.core.catalog import model_preset  # noqa: E402
+from spiderflow.core.domain import GpuRange, JobSpec  # noqa: E402
+from spiderflow.core.errors import SpiderFlowError  # noqa: E402
+from spiderflow.core.placement import REGISTRY, clear_memos, load_builtin_policies  # noqa: E402
+from spiderflow.core.placement.base import Budget, PlacementPolicy  # noqa: E402
+from spiderflow.core.placement.spinsearch import SpinSearch  # noqa: E402
+from spiderflow.core.topogen import generate_topology  # noqa: E402
+from spiderflow.core.tpa.timeline import result_on_timeline  # noqa: E402
 
 JOBS: tuple[tuple[str, int, int], ...] = (
     ("gpt3-1.3b", 16, 32),

@@ -40,12 +40,17 @@ from typing import Any
 
 import structlog
 
-from spiderflow.core.domain import JobSpec, Plan, Topology
-from spiderflow.core.placement import get_policy
-from spiderflow.core.placement.base import Budget, PlacementResult
-from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
-from spiderflow.core.sim.tracegen import generate_trace
-from spiderflow.core.topogen import generate_topology
+# The checkout this script is in, ahead of any installed one: run from another checkout, it measures that code.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from spiderflow.core.domain import JobSpec, Plan, Topology  # noqa: E402
+from spiderflow.core.placement import get_policy  # noqa: E402
+from spiderflow.core.placement.base import Budget, PlacementResult  # noqa: E402
+from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate  # noqa: E402
+from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
+from spiderflow.core.topogen import generate_topology  # noqa: E402
 
 RUNS: dict[str, tuple[str, int, int, float | None, bool]] = {
     # name: (policy, clusters, jobs, time limit per decision, wait for releases)
