@@ -225,9 +225,13 @@ async def test_concurrent_binders_exactly_one_wins(store: Store) -> None:
     await store.put("/alloc/b", b"0")
     await store.put("/alloc/c", b"0")
 
+    # Both read before either commits (without the barrier, a slow store can let one binder read after the
+    # other's commit, and then both rightly win).
+    both_read = asyncio.Barrier(2)
+
     async def bind(job: str, clusters: list[str]) -> bool:
         snapshot = [await store.get(f"/alloc/{c}") for c in clusters]
-        await asyncio.sleep(0)
+        await both_read.wait()
         try:
             await store.commit([unchanged(kv) for kv in snapshot if kv is not None],
                                [Put(key=f"/alloc/{c}", value=job.encode()) for c in clusters])
