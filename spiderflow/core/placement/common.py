@@ -1006,7 +1006,8 @@ def finalise(
     best: Plan | None = None
     best_val = math.inf
     err: UnschedulableError | None = None
-    ranked: list[tuple[float, int, Plan, Sequence[tuple[str, int]]]] = []
+    valid: list[tuple[float, int, Plan, Sequence[tuple[str, int]]]] = []  # (objective, index, plan, allocation)
+    chosen = -1  # the entry of valid whose plan is best
     for i, alloc in enumerate(allocations):
         try:
             plan = cached_plan("fallback", topo, job, alloc, objective,
@@ -1018,17 +1019,16 @@ def finalise(
             continue
         val = plan_objective(plan, objective)
         if val < best_val * (1 - tolerance) or best is None:
-            best, best_val = plan, val
-            ranked.insert(0, (val, i, plan, alloc))
-        else:
-            ranked.append((val, i, plan, alloc))
+            best, best_val, chosen = plan, val, len(valid)
+        valid.append((val, i, plan, alloc))
     used = "fallback"
     # The level-1 planner plans replicated stages without recomputation: where memory stopped it on every
     # allocation, TPA (which may recompute and shard) gets the first one.
     over_memory = best is None and err is not None and err.constraint == "memory"
     if planner is not None and (best is not None or force or over_memory) and tpa_available():
         # The chosen level-1 plan first, then the others by their objective.
-        order = ranked[:1] + sorted(ranked[1:], key=lambda r: (r[0], r[1]))
+        rest = valid[:chosen] + valid[chosen + 1 :]
+        order = [valid[chosen], *sorted(rest, key=lambda r: (r[0], r[1]))] if valid else []
         targets: list[list[tuple[str, int]]] = []
         for _, _, fplan, alloc in order[: max(replan, 1)]:
             for target in ([(c, int(g)) for c, g in alloc], chain_allocation(fplan)):
