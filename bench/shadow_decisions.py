@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the baseline's wall-clock limit per call (s), as the grid's --sim-ilp-limit")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    if args.time_limit is not None and not args.time_limit > 0:
+        ap.error(f"--time-limit must be > 0 seconds (got {args.time_limit:g})")
     _quiet()
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     doc: dict[str, Any] = {"command": " ".join(["bench/shadow_decisions.py", *(argv or sys.argv[1:])]),

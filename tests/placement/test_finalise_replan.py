@@ -2,8 +2,8 @@
 
 The cases are decisions of the paper grid (``geo``, 12 clusters, seed 5) where the plan an exact solver
 found on the same state was faster than SpinSearch's because TPA never saw the allocation that holds it:
-the GPUs a level-1 plan actually uses, an allocation the level-1 planner ranks second on its closed form,
-and a cluster on whole nodes that the scorer ranks below others.
+the GPUs a level-1 plan actually uses, and an allocation the level-1 planner ranks second on its closed
+form.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from __future__ import annotations
 import pytest
 
 from spiderflow.core.domain import JobSpec, Topology
+from spiderflow.core.errors import ValidationError
 from spiderflow.core.placement import get_policy
 from spiderflow.core.placement.common import chain_allocation, check_plan, finalise, plan_cache_clear
+from spiderflow.core.placement.spinsearch import REPLAN, SpinSearch
 from spiderflow.core.sim.tracegen import generate_trace
 from spiderflow.core.topogen import generate_topology
 from spiderflow.core.tpa import plan_chain
@@ -62,11 +64,7 @@ def test_spinsearch_replans_more_than_its_level1_favourite() -> None:
     assert res.plan.step_time_s <= plan_chain(topo, job, [("c007-us-west3", 20)]).step_time_s * (1 + 1e-9)
 
 
-
 def test_replan_must_be_a_positive_integer() -> None:
-    from spiderflow.core.errors import ValidationError
-    from spiderflow.core.placement.spinsearch import REPLAN, SpinSearch
-
     assert SpinSearch().replan == REPLAN
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValidationError, match="replan"):
