@@ -68,7 +68,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -96,7 +96,7 @@ from spiderflow.core.sim.grid import (  # noqa: E402
 )
 from spiderflow.core.sim.metrics import summarize  # noqa: E402
 from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
-from spiderflow.core.topogen import generate_topology  # noqa: E402
+from spiderflow.core.topogen import TopologyKind, generate_topology  # noqa: E402
 from spiderflow.presets import PRESETS, resolve_topology  # noqa: E402
 
 GENERATED = ("geo", "hub", "mesh")
@@ -127,8 +127,8 @@ def _csv_kinds(text: str) -> list[str]:
 
 
 def _topology(kind: str, clusters: int, seed: int) -> Topology:
-    if kind == "geo" or kind == "hub" or kind == "mesh":
-        return generate_topology(clusters, seed, kind)
+    if kind in GENERATED:
+        return generate_topology(clusters, seed, cast(TopologyKind, kind))
     return resolve_topology(kind)
 
 
