@@ -3,7 +3,9 @@
 One run measures three parts on the same topologies (the pure computation is :mod:`spiderflow.core.sim.grid`):
 
 1. **Placement only** (paired instances). For every topology and seed, ``--instances`` jobs (the trace
-   generator's models in turn, each with its GPU range and batch) on a partly busy pool; every policy
+   generator's models in turn, each with its GPU range and batch; set ``mix``) and ``--large-instances`` of
+   its largest models, llama3-70b first (set ``large``: jobs the pool holds only across clusters, where the
+   chain and the split between regions matter) on a partly busy pool; every policy
    decides exactly these instances, one after the other in this process (nothing else of this script runs
    meanwhile), with its own budget (``ilp``: ``--ilp-limit`` s, hinted by the other baselines; ``genetic``:
    the published population 100 and 4,900 trials, capped at ``--ilp-limit`` s; ``ilp`` hinted with
@@ -11,7 +13,7 @@ One run measures three parts on the same topologies (the pure computation is :mo
    Figures: plan throughput (tokens/s of the plan) in the closed form every policy optimises *and* in the
    exact timeline of one step; SpinSearch ÷ policy as geometric means with 95% intervals over the instances
    both placed; wall and process-CPU time per decision and in total (ratio of means = ratio of the totals of
-   the same decisions).
+   the same decisions); how many plans use more than one cluster; per kind, over all, and per instance set.
 2. **Quality against time** on ``--curve-instances`` large jobs (gpt3-6.7b, llama3-70b, ...) on each topology
    of ``--curve-kinds`` at seed 1:
    ``ilp`` at each time limit of ``--curve-ilp`` (s) and ``genetic`` at each trial budget of
@@ -54,6 +56,7 @@ the machine's load average and the run's wall and CPU time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -95,7 +98,7 @@ from spiderflow.core.sim.grid import (  # noqa: E402
     run_system,
 )
 from spiderflow.core.sim.metrics import summarize  # noqa: E402
-from spiderflow.core.sim.tracegen import generate_trace  # noqa: E402
+from spiderflow.core.sim.tracegen import MODEL_MIX, generate_trace  # noqa: E402
 from spiderflow.core.topogen import TopologyKind, generate_topology  # noqa: E402
 from spiderflow.presets import PRESETS, resolve_topology  # noqa: E402
 
@@ -165,44 +168,60 @@ def placement_setups(limit: float, policies: Sequence[str] = PLACE_POLICIES, *, 
     return out
 
 
+def placement_instances(seed: int, per_seed: int, large: int) -> list[tuple[str, JobSpec]]:
+    """The placement instances of one topology and seed, as (set, job): ``per_seed`` of the trace mix's models
+    in turn (set ``mix``), then ``large`` of its largest models, llama3-70b first (set ``large``; ids
+    ``large-…``), which a partly busy pool of regions can hold only across several clusters."""
+    out = [("mix", instance_job((seed - 1) * per_seed + i)) for i in range(per_seed)]
+    for j in range(large):
+        job = instance_job(len(MODEL_MIX) - 1 - j % len(MODEL_MIX))
+        out.append(("large", dataclasses.replace(job, id="large-" + job.id.removeprefix("inst-"))))
+    return out
+
+
 def placement_part(kinds: Sequence[str], seeds: Sequence[int], per_seed: int, clusters: int, limit: float,
-                   policies: Sequence[str] = PLACE_POLICIES) -> dict[str, Any]:
+                   policies: Sequence[str] = PLACE_POLICIES, *, large: int = 0) -> dict[str, Any]:
     setups = placement_setups(limit, policies)
     rows: list[dict[str, Any]] = []
     for s in setups:
         policy = s.build()
         t0 = time.perf_counter()
+        n = 0
         for kind in kinds:
             for seed in seeds:
                 topo = _topology(kind, clusters, seed)
                 if kind not in GENERATED:
                     topo = occupy(topo, seed)
                 topo.bandwidth_matrix  # noqa: B018 - paths once, outside the timed decisions
-                for i in range(per_seed):
-                    job = instance_job((seed - 1) * per_seed + i)
+                for i, (iset, job) in enumerate(placement_instances(seed, per_seed, large)):
                     d = decide(policy, topo, job, Budget(time_limit_s=s.time_limit_s, seed=seed * 1000 + i))
-                    rows.append({"label": s.label, "kind": kind, "seed": seed, "job": job.id, **d})
-        _log(f"placement {s.label:>22}: {time.perf_counter() - t0:.1f} s for {len(kinds) * len(seeds) * per_seed} "
-             "instances")
+                    rows.append({"label": s.label, "kind": kind, "seed": seed, "job": job.id, "set": iset,
+                                 "clusters": len(d.get("chain") or ()), **d})
+                    n += 1
+        _log(f"placement {s.label:>22}: {time.perf_counter() - t0:.1f} s for {n} instances")
     return {"setups": [{"label": s.label, "budget": s.describe()} for s in setups], "rows": rows,
             "summary": placement_summary(rows)}
 
 
 def placement_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per topology kind (and ``all``) and policy: instances placed, SpinSearch ÷ policy plan throughput
+    """Per topology kind (and ``all``, and ``all (set)`` per instance set when there are several) and policy:
+    instances placed, plans on more than one cluster, SpinSearch ÷ policy plan throughput
     (geometric mean, 95% CI, over the instances both placed; closed form and timeline), mean wall/CPU per
     decision, totals, and the overhead ratios policy ÷ SpinSearch (ratio of the means of the same
     decisions)."""
     out: list[dict[str, Any]] = []
     kinds = sorted({r["kind"] for r in rows}, key=lambda k: KINDS.index(k) if k in KINDS else 99)
-    for kind in [*kinds, "all"]:
-        sel = [r for r in rows if kind in ("all", r["kind"])]
+    sets = list(dict.fromkeys(r.get("set", "mix") for r in rows))
+    groups = [*kinds, "all", *([f"all ({s})" for s in sets] if len(sets) > 1 else [])]
+    for kind in groups:
+        sel = [r for r in rows if kind in ("all", r["kind"], f"all ({r.get('set', 'mix')})")]
         ref = {(r["kind"], r["seed"], r["job"]): r for r in sel if r["label"] == REFERENCE}
         labels = list(dict.fromkeys(r["label"] for r in sel))
         for label in labels:
             mine = [r for r in sel if r["label"] == label]
             row: dict[str, Any] = {"kind": kind, "label": label, "instances": len(mine),
-                                   "placed": sum(1 for r in mine if r.get("tps"))}
+                                   "placed": sum(1 for r in mine if r.get("tps")),
+                                   "multi_cluster": sum(1 for r in mine if len(r.get("chain") or ()) > 1)}
             for key in ("tps", "tps_timeline"):
                 ratios = [ref[k][key] / r[key] for r in mine
                           if (k := (r["kind"], r["seed"], r["job"])) in ref and ref[k].get(key) and r.get(key)]
@@ -483,15 +502,16 @@ def markdown(doc: dict[str, Any]) -> str:
                   "Plan throughput SpinSearch ÷ policy (geometric mean [95% CI] over the instances both placed; "
                   "closed form and exact timeline); overhead policy ÷ SpinSearch = ratio of the total times of the "
                   "same decisions.", "",
-                  "| topology | policy | placed | only SS placed | only policy placed | tput ratio (closed form) | "
-                  "tput ratio (timeline) | ms/decision wall | ms/decision CPU | total s | overhead ÷ SS wall | "
-                  "CPU | ILP gap / proven |",
-                  "|" + "---|" * 13]
+                  "| topology | policy | placed | on > 1 cluster | only SS placed | only policy placed | "
+                  "tput ratio (closed form) | tput ratio (timeline) | ms/decision wall | ms/decision CPU | total s | "
+                  "overhead ÷ SS wall | CPU | ILP gap / proven |",
+                  "|" + "---|" * 14]
         for r in pl["summary"]:
             gap = f"{r['mean_gap']:.2g} / {r['proven']}" if "mean_gap" in r else ""
             if "hint_in_model" in r:
                 gap += " (hint in model " + ", ".join(f"{k}: {v}" for k, v in r["hint_in_model"].items()) + ")"
-            lines.append(f"| {r['kind']} | {r['label']} | {r['placed']}/{r['instances']} | {r['ref_only']} | "
+            lines.append(f"| {r['kind']} | {r['label']} | {r['placed']}/{r['instances']} | "
+                         f"{r.get('multi_cluster', '–')} | {r['ref_only']} | "
                          f"{r['policy_only']} | {_ci(r['tps_ratio'])} | {_ci(r['tps_timeline_ratio'])} | "
                          f"{1000 * r['mean_wall_s']:.4g} | {1000 * r['mean_cpu_s']:.4g} | {r['total_wall_s']:.4g} | "
                          f"{_f(r['wall_s_ratio'])} | {_f(r['cpu_s_ratio'])} | {gap} |")
@@ -616,6 +636,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=csv_ints(minimum=1), default=[1, 2, 3, 4, 5])
     ap.add_argument("--jobs", type=int, default=12, help="jobs per simulated trace")
     ap.add_argument("--instances", type=int, default=1, help="placement instances per topology and seed")
+    ap.add_argument("--large-instances", type=int, default=1,
+                    help="placement instances of the largest models (llama3-70b, gpt3-13b, ...) per topology and "
+                         "seed, beside --instances: jobs a partly busy pool holds only across clusters")
     ap.add_argument("--ilp-limit", type=float, default=3.0, help="ilp/genetic limit per placement decision (s)")
     ap.add_argument("--curve-ilp", type=_csv_floats, default=[0.1, 1.0, 3.0, 30.0], help="ilp time limits (s)")
     ap.add_argument("--curve-genetic", type=csv_ints(minimum=0), default=[0, 100, 500, 4900],
@@ -654,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("clusters", "jobs", "instances", "workers", "curve_instances", "sim_genetic_population"):
         if getattr(args, name) < 1:
             ap.error(f"argument --{name.replace('_', '-')}: must be ≥ 1 (got {getattr(args, name)})")
+    if args.large_instances < 0:
+        ap.error(f"argument --large-instances: must be ≥ 0 (got {args.large_instances})")
     for name in ("ilp_limit", "sim_ilp_limit"):
         if not math.isfinite(getattr(args, name)) or getattr(args, name) <= 0:
             ap.error(f"argument --{name.replace('_', '-')}: must be a positive number")
@@ -696,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if "placement" in parts:
             doc["placement"] = placement_part(args.kinds, args.seeds, args.instances, args.clusters, args.ilp_limit,
-                                              place_policies)
+                                              place_policies, large=args.large_instances)
         if "curves" in parts:
             curve_kinds = [k for k in args.curve_kinds if k in args.kinds] or args.kinds[:1]
             doc["curves"] = curve_part(curve_kinds, args.clusters, args.curve_ilp, args.curve_genetic,

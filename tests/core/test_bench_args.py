@@ -40,6 +40,7 @@ def test_csv_ints_names_the_bad_item(text: str, why: str) -> None:
     ("paper", ["--kinds", "geo,nope"], "argument --kinds: unknown nope"),
     ("paper", ["--loads", "0.5,0"], "argument --loads: '0.5,0': give positive numbers"),
     ("paper", ["--jobs", "0"], "argument --jobs: must be ≥ 1 (got 0)"),
+    ("paper", ["--large-instances", "-1"], "argument --large-instances: must be ≥ 0 (got -1)"),
     ("paper", ["--sim-policies", "spinsearch,nope"], "argument --sim-policies: unknown nope"),
     ("paper", ["--parts", "placement,nope"], "argument --parts: unknown nope"),
     ("paper", ["--gpu-price", "-1"], "argument --gpu-price: must be a finite number ≥ 0"),

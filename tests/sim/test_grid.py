@@ -101,14 +101,20 @@ def test_paper_bench_smallest_cell_end_to_end(tmp_path: Path) -> None:
     """The whole script on one preset, one seed, one load and two jobs: all three parts, every figure."""
     out = tmp_path / "paper.json"
     argv = ["--kinds", "aws-10-dtfm", "--seeds", "1", "--loads", "1", "--jobs", "2", "--instances", "1",
-            "--place-policies", "spinsearch,bace", "--ilp-limit", "0.05", "--curve-ilp", "0.05",
-            "--curve-genetic", "0,4", "--sim-policies", "spinsearch,firstfit", "--workers", "1", "--out", str(out)]
+            "--large-instances", "1", "--place-policies", "spinsearch,bace", "--ilp-limit", "0.05",
+            "--curve-ilp", "0.05", "--curve-genetic", "0,4", "--sim-policies", "spinsearch,firstfit", "--workers", "1",
+            "--out", str(out)]
     assert _paper().main(argv) == 0
     doc = json.loads(out.read_text())
     labels = {r["label"] for r in doc["placement"]["summary"]}
     assert labels == {"spinsearch", "bace"}
-    ss = next(r for r in doc["placement"]["summary"] if r["label"] == "spinsearch" and r["kind"] == "all")
-    assert ss["placed"] == 1 and ss["tps_ratio"]["estimate"] == pytest.approx(1.0)
+    ss = {r["kind"]: r for r in doc["placement"]["summary"] if r["label"] == "spinsearch"}
+    assert ss["all"]["placed"] == 2 and ss["all"]["tps_ratio"]["estimate"] == pytest.approx(1.0)
+    # one instance of the trace mix and one llama3-70b, which the partly busy preset holds only across regions
+    assert {r["job"]: r["set"] for r in doc["placement"]["rows"] if r["label"] == "spinsearch"} == {
+        "inst-000-gpt3-1.3b": "mix", "large-005-llama3-70b": "large"}
+    assert (ss["all (mix)"]["instances"], ss["all (large)"]["instances"]) == (1, 1)
+    assert ss["all (large)"]["multi_cluster"] == 1
     assert [p["label"] for p in doc["curves"]["summary"]["points"]] == ["spinsearch", "ilp@0.05s", "genetic@0",
                                                                          "genetic@4"]
     runs = doc["system"]["runs"]
