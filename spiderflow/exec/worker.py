@@ -158,5 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once its events are flushed, without interpreter finalisation.
+
+    A worker's outcome is its last event and its exit code. Tearing down the interpreter after a finished run
+    destroys torch's C++ objects while their threads may still be running, and gloo can then abort the process
+    ("terminate called without an active exception", SIGABRT) after it reported ``done``, which the agent
+    would read as a failed rank. Everything the run writes (checkpoints, exports, manifests) is closed before
+    ``main`` returns, so nothing is lost by skipping finalisation."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -213,6 +213,8 @@ if dist.get_rank() == 0:
     torch.save(logits, out)
 dist.barrier()  # neither rank tears gloo down while the other may still use a pair (an abort at exit)
 dist.destroy_process_group()
+from spiderflow.exec.worker import exit_now
+exit_now(0)  # as a worker ends: no interpreter finalisation, where gloo's threads can abort the process
 """
 
 
