@@ -63,7 +63,7 @@ def _degree_sequences(opts: list[list[tuple[int, int, int]]], budget: int) -> li
     """Every choice of one (t, d, p) per chain position whose GPUs add up to at most ``budget``."""
     if not opts:
         return [[]]
-    out = []
+    out: list[list[tuple[int, int, int]]] = []
     for t, d, p in opts[0]:
         if t * d * p <= budget - (len(opts) - 1):
             out.extend([(t, d, p), *rest] for rest in _degree_sequences(opts[1:], budget - t * d * p))
@@ -118,7 +118,7 @@ def _assert_valid(plan: Plan, topo: Topology, job: JobSpec) -> None:
 def test_ilp_proves_optimality_and_matches_exhaustive_enumeration(seed: int) -> None:
     topo, job = _random_instance(seed)
     best = _brute_force(topo, job)
-    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=30, seed=seed))
+    res = IlpPolicy(hint="own", planner=None).place(topo, job, Budget(time_limit_s=30, seed=seed))
     if best is None:
         assert not res.ok
         assert res.status in (PlacementStatus.UNSCHEDULABLE, PlacementStatus.UNRESOLVABLE)
@@ -139,7 +139,7 @@ def test_memory_binds_and_forces_a_longer_chain() -> None:
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     topo = Topology(clusters=cs, links=links)
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=20))
+    res = IlpPolicy(hint="own", planner=None).place(topo, job, Budget(time_limit_s=20))
     best = _brute_force(topo, job)
     assert best is not None and len(best.stages) >= 2
     assert res.ok and res.plan is not None and res.optimal
@@ -152,7 +152,7 @@ def test_greedy_hint_is_feasible_and_never_better_than_the_optimum() -> None:
     for seed in range(3):
         topo, job = _random_instance(seed + 10)
         hint = greedy_plan(topo, job)
-        res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=20))
+        res = IlpPolicy(hint="own", planner=None).place(topo, job, Budget(time_limit_s=20))
         if hint is not None:
             _assert_valid(hint, topo, job)
             assert res.ok and res.plan is not None
@@ -169,7 +169,7 @@ def test_plans_respect_constraints_on_a_generated_topology() -> None:
     topo = _generated(12)
     for name, gpus in (("gpt3-1.3b", GpuRange(min=8, max=32)), ("gpt3-13b", GpuRange(min=16, max=64))):
         job = JobSpec(id=name, model=model_preset(name), global_batch=128, seq_len=2048, gpus=gpus)
-        res = get_policy("ilp").place(topo, job, Budget(time_limit_s=4))
+        res = IlpPolicy(planner=None).place(topo, job, Budget(time_limit_s=4))
         assert res.ok and res.plan is not None, res.reason
         _assert_valid(res.plan, topo, job)
         assert res.optimal in (True, False)
@@ -186,7 +186,7 @@ def test_time_limit_is_honoured_on_64_clusters() -> None:
     topo = _generated(64)
     job = JobSpec(id="big", model=model_preset("llama3-70b"), global_batch=256, seq_len=2048,
                   gpus=GpuRange(min=64, max=256))
-    res = IlpPolicy(workers=2, hint="own").place(topo, job, Budget(time_limit_s=3))
+    res = IlpPolicy(workers=2, hint="own", planner=None).place(topo, job, Budget(time_limit_s=3))
     assert res.ok and res.plan is not None, res.reason
     _assert_valid(res.plan, topo, job)
     assert res.stats["wall_s"] <= 3 + 1.0  # CP-SAT's own clock, within its limit
@@ -199,7 +199,7 @@ def test_time_limit_is_honoured_on_64_clusters() -> None:
 def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
     topo, job = _random_instance(1)
     job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=100, max=200))
-    res = IlpPolicy(hint="own").place(topo, job)
+    res = IlpPolicy(hint="own", planner=None).place(topo, job)
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "gpus.min" and "100" in res.reason
     assert res.planning_seconds >= 0
@@ -208,7 +208,7 @@ def test_too_few_gpus_in_the_topology_is_unresolvable() -> None:
 def test_too_few_free_gpus_is_unschedulable() -> None:
     cs = (Cluster(name="a", gpu="H100-80G", nodes=2, gpus_per_node=8, free_gpus=4),)
     job = JobSpec(id="x", model=TINY_MODEL, global_batch=16, seq_len=512, gpus=GpuRange(min=8, max=16))
-    res = IlpPolicy(hint="own").place(Topology(clusters=cs), job)
+    res = IlpPolicy(hint="own", planner=None).place(Topology(clusters=cs), job)
     assert res.status is PlacementStatus.UNSCHEDULABLE
     assert res.constraint == "free_gpus" and "4 are free" in res.reason
 
@@ -217,7 +217,7 @@ def test_model_larger_than_all_memory_is_unresolvable_with_reason() -> None:
     cs = (Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=2), Cluster(name="b", gpu="T4", nodes=1, gpus_per_node=2))
     topo = Topology(clusters=cs, links=(Link(a="a", b="b", bandwidth_gbps=5, latency_ms=2),))
     job = JobSpec(id="x", model=model_preset("llama3-70b"), global_batch=8, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own", planner=None).place(topo, job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "memory" and "GiB" in res.reason
 
@@ -227,7 +227,7 @@ def test_memory_fit_needing_busy_gpus_is_unschedulable() -> None:
                for i, f in enumerate((1, 1, 0, 0)))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=4))
-    res = IlpPolicy(hint="own").place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own", planner=None).place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNSCHEDULABLE
     assert res.constraint == "memory" and "more GPUs were free" in res.reason
     assert res.stats["cp_status"] == 3.0  # proven infeasible by CP-SAT, not by the quick pre-check
@@ -238,7 +238,7 @@ def test_activation_memory_proven_infeasible_is_unresolvable() -> None:
     cs = tuple(Cluster(name=f"m{i}", gpu="A100-40G", nodes=1, gpus_per_node=1, memory_gib=1.3) for i in range(4))
     links = tuple(Link(a=f"m{i}", b=f"m{i + 1}", bandwidth_gbps=10.0, latency_ms=1.0) for i in range(3))
     job = JobSpec(id="mem", model=TINY_MODEL, global_batch=8, seq_len=512, gpus=GpuRange(min=1, max=2))
-    res = IlpPolicy(hint="own").place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own", planner=None).place(Topology(clusters=cs, links=links), job, Budget(time_limit_s=10))
     assert res.status is PlacementStatus.UNRESOLVABLE
     assert res.constraint == "memory" and "tiny6" in res.reason
     assert res.stats["cp_status"] == 3.0
@@ -257,7 +257,7 @@ def test_registered_and_deterministic_objective() -> None:
 def test_property_every_ilp_plan_respects_free_gpus_memory_and_range(seed: int, lo: int, width: int) -> None:
     topo, job = _random_instance(seed, clusters=3)
     job = JobSpec(id="h", model=TINY_MODEL, global_batch=16, seq_len=1024, gpus=GpuRange(min=lo, max=lo + width))
-    res = IlpPolicy(hint="own").place(topo, job, Budget(time_limit_s=10))
+    res = IlpPolicy(hint="own", planner=None).place(topo, job, Budget(time_limit_s=10))
     if res.ok:
         assert res.plan is not None
         _assert_valid(res.plan, topo, job)
@@ -278,15 +278,15 @@ def test_hint_options_decomposed_variant_and_upper_reference_on_a_small_instance
         with pytest.raises(ValidationError):
             parse_hint(bad)
     topo, job = _random_instance(3)
-    base = IlpPolicy(hint="baselines").place(topo, job, Budget(time_limit_s=10))
+    base = IlpPolicy(hint="baselines", planner=None).place(topo, job, Budget(time_limit_s=10))
     assert base.ok and base.plan is not None
     _assert_valid(base.plan, topo, job)
     if base.stats["cp_status"] in (2.0, 4.0) and base.stats["hint_in_model"] in (1.0, 2.0, 4.0):
         assert base.plan.step_time_s <= base.stats["hint_step_s"] * (1 + 1e-6)
-    dec = get_policy("ilp-decomposed").place(topo, job, Budget(time_limit_s=10))
+    dec = IlpPolicy(decomposed=True, planner=None).place(topo, job, Budget(time_limit_s=10))
     assert dec.ok and dec.plan is not None and dec.policy == "ilp-decomposed" and dec.stats["decomposed"] == 1.0
     _assert_valid(dec.plan, topo, job)
-    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=10))
+    ref = IlpPolicy(hint="spinsearch", planner=None).place(topo, job, Budget(time_limit_s=10))
     assert ref.ok and ref.plan is not None and ref.stats["hint_source"] in (-1.0, 0.0)
 
 
@@ -301,7 +301,7 @@ def test_spinsearch_hint_with_smaller_micro_batches_enters_the_model_whole() -> 
     topo, job = generate_topology(12, 2, "geo"), instance_job(2)
     ss = get_policy("spinsearch").place(topo, job, Budget(seed=2000))
     assert ss.ok and ss.plan is not None and ss.plan.micro_batches != job.micro_batches_total
-    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=2, seed=2000))
+    ref = IlpPolicy(hint="spinsearch", planner=None).place(topo, job, Budget(time_limit_s=2, seed=2000))
     assert ref.ok and ref.plan is not None
     assert ref.stats["hint_in_model"] == 4.0 and ref.stats["hint_source"] == 0.0
     assert ref.plan.step_time_s <= ss.plan.extras["closed_form_step_s"] * (1 + 1e-6)
@@ -341,7 +341,8 @@ def _random_plans(topo: Topology, job: JobSpec, rng: np.random.Generator, n: int
     cluster, every block's GPUs within its free ones, the job's GPU range in all)."""
     from spiderflow.core.placement.ilp import degree_options
 
-    L, names, out = job.model.layers, [c.name for c in topo.clusters if c.free > 0], []
+    L, names = job.model.layers, [c.name for c in topo.clusters if c.free > 0]
+    out: list[Plan] = []
     while len(out) < n:
         k = int(rng.integers(1, min(3, len(names)) + 1))
         chain = [names[i] for i in rng.permutation(len(names))[:k]]
@@ -378,7 +379,7 @@ def _check_model_prices(term: str, lo: float, hi: float) -> None:
     for seed in range(3):
         base, job = _random_instance(seed)
         rng = np.random.default_rng(100 + seed)
-        topo = Topology(clusters=tuple(replace(c, memory_gib=80.0, **{term: float(rng.uniform(lo, hi))})
+        topo = Topology(clusters=tuple(replace(c, memory_gib=80.0, **{term: float(rng.uniform(lo, hi))})  # type: ignore[arg-type]
                                        for c in base.clusters), links=base.links)
         bare = Topology(clusters=tuple(replace(c, memory_gib=80.0) for c in base.clusters), links=base.links)
         for plan in _random_plans(topo, job, rng, 3):
@@ -419,3 +420,42 @@ def test_clusters_differing_only_in_a_calibrated_term_are_not_interchangeable() 
     for term in sorted(CALIBRATED_TERMS):
         topo = Topology(clusters=(a, replace(a, name="b", **{term: 1.0})), links=links)  # type: ignore[arg-type]
         assert _identical_pairs(topo, [0, 1]) == [], term
+
+
+def test_the_answer_is_the_fastest_on_the_timeline_of_the_model_plan_its_replanned_allocation_and_the_hint() -> None:
+    """The registered ``ilp`` ends as greedy and bace do: its model's plan, that plan's allocation re-planned
+    by the planner, and the hint policies' best plan, compared on the exact timeline; the upper reference
+    (SpinSearch's plan as the hint) is therefore never slower there than SpinSearch."""
+    from spiderflow.core.placement.common import LOCAL_PLANNER
+    from spiderflow.core.sim.grid import instance_job
+    from spiderflow.core.topogen import generate_topology
+    from spiderflow.core.tpa.timeline import evaluate_on_timeline
+
+    assert get_policy("ilp").planner is LOCAL_PLANNER  # type: ignore[attr-defined]
+    topo, job = generate_topology(12, 2, "geo"), instance_job(5)  # llama3-70b: several clusters
+    budget = Budget(time_limit_s=1, seed=1)
+    policy = IlpPolicy(planner=None)
+    model = policy.place(topo, job, budget)
+    assert model.ok and model.plan is not None and model.stats["finish"] == 0.0
+    hint = get_policy("greedy").place(topo, job, Budget(seed=1)).plan
+    assert hint is not None
+    stats: dict[str, float] = {}
+    finished = IlpPolicy()._finish(topo, job, budget, model.plan, hint, stats)
+    assert stats["finish"] in (0.0, 1.0, 2.0) and stats["finish_s"] > 0
+    assert finished.extras["timeline_step_s"] == finished.step_time_s
+    for other in (model.plan, hint):
+        assert finished.step_time_s <= evaluate_on_timeline(other, topo, job).step_time_s * (1 + 1e-9)
+    _assert_valid_on_timeline(finished, topo, job)
+    ss = get_policy("spinsearch").place(topo, job, Budget(seed=1))
+    ref = IlpPolicy(hint="spinsearch").place(topo, job, Budget(time_limit_s=1, seed=1))
+    assert ss.plan is not None and ref.plan is not None
+    assert ref.plan.step_time_s <= ss.plan.step_time_s * (1 + 1e-9)
+
+
+def _assert_valid_on_timeline(plan: Plan, topo: Topology, job: JobSpec) -> None:
+    from spiderflow.core.tpa.timeline import evaluate_on_timeline
+
+    assert plan.layers == job.model.layers and job.gpus.min <= plan.gpus <= job.gpus.max
+    assert all(g <= topo.cluster(name).free for name, g in plan.gpus_by_cluster().items())
+    assert fits_memory(plan, topo)[0]
+    assert evaluate_on_timeline(plan, topo, job).step_time_s == pytest.approx(plan.step_time_s)

@@ -55,7 +55,7 @@ def make_policy(name: str, options: SearchOptions | None = None, *, planner: Pla
         return GeneticPolicy(population=opts.population if opts.population is not None else POPULATION,
                              trials=opts.trials if opts.trials is not None else TRIALS)
     if isinstance(policy, IlpPolicy) and opts.hint is not None:
-        return IlpPolicy(hint=opts.hint, decomposed=policy.decomposed)
+        return IlpPolicy(hint=opts.hint, decomposed=policy.decomposed, planner=policy.planner)
     from spiderflow.core.placement.spinsearch import SpinSearch
 
     if isinstance(policy, SpinSearch) and opts.gpu_price:
