@@ -34,6 +34,14 @@ def test_plan_json_reports_what_the_genetic_search_did(capsys: pytest.CaptureFix
     assert doc["search"]["evaluations"] >= 1 and doc["step_time_s"] <= doc["search"]["initial_step_s"]
 
 
+def test_plan_json_reports_the_solver_and_the_finishing_step_of_ilp(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--topology", "aws-10-dtfm", "--model", "gpt3-1.3b", "--gpus", "4", "--policy", "ilp",
+                 "--time-limit", "2", "--json"]) == 0
+    search = json.loads(capsys.readouterr().out)["search"]
+    assert {"cp_status", "hint_in_model", "finish", "finish_s"} <= set(search)
+    assert search["finish"] in (0, 1, 2) and search["finish_s"] >= 0
+
+
 @pytest.mark.parametrize(("args", "flag"), [(["--policy", "ilp", "--hint", "nosuch"], "--hint"),
                                              (["--policy", "genetic", "--trials", "-1"], "--trials")])
 def test_bad_search_options_are_usage_errors(args: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:

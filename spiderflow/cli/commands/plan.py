@@ -135,8 +135,8 @@ def add_search_options(p: Any) -> None:
 
 
 _SEARCH_KEYS = ("trials", "evaluations", "population", "shapes", "initial_step_s", "cp_status", "objective_s",
-                "bound_s", "gap", "hint_step_s", "hint_source", "hint_in_model", "candidates", "paths_planned",
-                "target_gpus")
+                "bound_s", "gap", "hint_step_s", "hint_source", "hint_in_model", "finish", "finish_s", "candidates",
+                "paths_planned", "target_gpus")
 
 
 def _table(doc: dict[str, Any]) -> None:
