@@ -212,6 +212,8 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
     ranks = {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
     last_rank = max(ranks) if ranks else None
     worker = ranks[last_rank][1:] if last_rank is not None else []
+    phases: dict[str, dict[str, float]] = {str(r): {k: round(v, 6) for k, v in (ev.get("phases") or {}).items()}
+                                           for r, ev in sorted(done.items())}
     result = {
         "policy": policy, "placed": True, "job": final.id, "chain": list(plan.chain), "schedule": str(plan.schedule),
         "micro_batches": plan.micro_batches,
@@ -224,11 +226,15 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
         "worker_median_step_s": statistics.median(worker) if worker else None,
         "last_loss": final.progress.get("loss"),
         # where each rank's steps went (mean seconds per step after the first; wall and CPU time)
-        "phases": {str(r): {k: round(v, 6) for k, v in (ev.get("phases") or {}).items()}
-                   for r, ev in sorted(done.items())},
+        "phases": phases,
     }
-    result["timeline_on_measured_compute_s"] = timeline_on_measured_compute(
-        plan, live, job_from_dict(spec), result["phases"])
+    try:
+        result["timeline_on_measured_compute_s"] = timeline_on_measured_compute(
+            plan, live, job_from_dict(spec), phases)
+    except ValueError as e:  # a rank's phases the timeline cannot take (ValidationError names which)
+        result["timeline_on_measured_compute_s"] = None
+        result["timeline_on_measured_compute_error"] = str(e)
+        print(f"[{policy}] no timeline on the measured compute: {e}", flush=True)
     measured = f"{result['measured_step_s']:.3f}" if reported else "-"
     print(f"[{policy}] chain {' → '.join(plan.chain)} ({plan.schedule}, m={plan.micro_batches}): predicted "
           f"{plan.step_time_s:.3f} s, measured {measured} s "

@@ -71,3 +71,21 @@ def test_the_slow_chain_moves_to_the_count_the_timeline_prefers() -> None:
     assert plan.step_time_s == pytest.approx(1.3122, rel=1e-3)
     old = plan_chain(topo, job, alloc, micro_batches=[8], schedules=[Schedule.LATENCY_AWARE])
     assert old.step_time_s > 1.3 * plan.step_time_s
+
+
+def test_stage_times_given_to_the_timeline_must_be_finite() -> None:
+    """A caller's stage times (measured ones) that are not finite are refused naming the stage, not simulated
+    into an op order that seems to deadlock."""
+    import dataclasses
+
+    from spiderflow.core.errors import ValidationError
+    from spiderflow.core.tpa.timeline import plan_stage_timing
+
+    _, topo, job, alloc = CORPUS[0]
+    plan = plan_chain(topo, job, alloc)
+    stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
+    assert simulate_plan(plan, topo, job, record=False, timing=(stages, ser, lat, chunks)).step_s == plan.step_time_s
+    for bad in (float("inf"), float("nan"), -1.0):
+        broken = [dataclasses.replace(stages[0], compute_s=bad), *stages[1:]]
+        with pytest.raises(ValidationError, match=r"timing\.stages\[0\]\.compute_s"):
+            simulate_plan(plan, topo, job, record=False, timing=(broken, ser, lat, chunks))
