@@ -74,8 +74,8 @@ def test_the_slow_chain_moves_to_the_count_the_timeline_prefers() -> None:
 
 
 def test_stage_times_given_to_the_timeline_must_be_finite() -> None:
-    """A caller's stage times (measured ones) that are not finite are refused naming the stage, not simulated
-    into an op order that seems to deadlock."""
+    """An infinite stage time (a caller's measured one) is refused naming the stage, not reported as an op
+    order that deadlocks."""
     import dataclasses
 
     from spiderflow.core.errors import ValidationError
@@ -85,7 +85,7 @@ def test_stage_times_given_to_the_timeline_must_be_finite() -> None:
     plan = plan_chain(topo, job, alloc)
     stages, ser, lat, chunks = plan_stage_timing(plan, topo, job)
     assert simulate_plan(plan, topo, job, record=False, timing=(stages, ser, lat, chunks)).step_s == plan.step_time_s
-    for bad in (float("inf"), float("nan"), -1.0):
-        broken = [dataclasses.replace(stages[0], compute_s=bad), *stages[1:]]
+    broken = [dataclasses.replace(stages[0], compute_s=float("inf")), *stages[1:]]
+    for record in (False, True):
         with pytest.raises(ValidationError, match=r"timing\.stages\[0\]\.compute_s"):
-            simulate_plan(plan, topo, job, record=False, timing=(broken, ser, lat, chunks))
+            simulate_plan(plan, topo, job, record=record, timing=(broken, ser, lat, chunks))

@@ -717,25 +717,28 @@ def simulate_plan(
     and its steady state (:func:`_steady_extrapolation`; equal to the full simulation up to float rounding,
     ~1e-14 relative). The plan's in-flight cap (``plan.extras["max_in_flight"]``) caps the warm-ups.
     ``timing``: the plan's :func:`plan_stage_timing` when the caller has it (likewise for
-    :func:`window_estimate` and :func:`step_lower_bound`); a stage time in it that is not a finite number
-    ≥ 0 is a :class:`ValidationError` naming the stage (an infinite one would otherwise read as a deadlock).
+    :func:`window_estimate` and :func:`step_lower_bound`). An infinite stage time never ends: the op order
+    cannot complete, which is reported as a :class:`ValidationError` naming the stage, not as a deadlock.
     """
-    if timing is not None:
-        for i, st in enumerate(timing[0]):
+    stages, ser, lat, chunks = timing if timing is not None else plan_stage_timing(plan, topo, job)
+    cap = plan_max_in_flight(plan)
+    try:
+        if not record:
+            return _simulate_memo(
+                plan.schedule, plan.micro_batches, chunks, tuple(stages),
+                tuple(tuple(r) for r in ser), tuple(tuple(r) for r in lat), cap,
+            )
+        orders = plan_orders(plan.schedule, plan.micro_batches, [st.replicas for st in stages], chunks=chunks,
+                             max_in_flight=cap)
+        return simulate(stages, orders, ser, lat, chunks=chunks, record=record)
+    except ScheduleDeadlockError:
+        # Checked only here, off the hot path: an infinite stage time never ends, which reads as a deadlock.
+        for i, st in enumerate(stages):
             for name in ("compute_s", "allreduce_s"):
                 v = getattr(st, name)
                 if not (math.isfinite(v) and v >= 0.0):
-                    raise ValidationError(f"timing.stages[{i}].{name}", "must be a finite number ≥ 0", v)
-    stages, ser, lat, chunks = timing if timing is not None else plan_stage_timing(plan, topo, job)
-    cap = plan_max_in_flight(plan)
-    if not record:
-        return _simulate_memo(
-            plan.schedule, plan.micro_batches, chunks, tuple(stages),
-            tuple(tuple(r) for r in ser), tuple(tuple(r) for r in lat), cap,
-        )
-    orders = plan_orders(plan.schedule, plan.micro_batches, [st.replicas for st in stages], chunks=chunks,
-                         max_in_flight=cap)
-    return simulate(stages, orders, ser, lat, chunks=chunks, record=record)
+                    raise ValidationError(f"timing.stages[{i}].{name}", "must be a finite number ≥ 0", v) from None
+        raise
 
 
 @lru_cache(maxsize=4096)
