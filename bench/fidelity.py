@@ -13,14 +13,16 @@ Records:
   and peak memory of Llama 3.1 8B/70B on H100 with FSDP/TP) and Megatron-LM's README model table (per-GPU
   model teraFLOP/s of GPT models from 1.7B to 462B on H100 with TP/PP/DP). Configuration the source does
   not state is listed per record under ``assumed``.
-- ``bench/results/testbed_exec*.json``: our executed runs on the CPU testbed (``bench/testbed_exec.py``),
-  re-predicted from the calibration the run stored and the links it configured.
+- ``bench/results/testbed_exec*.json`` and ``testbed_best*.json``: every executed run of ours on the CPU
+  testbed (``bench/testbed_exec.py``, against firstfit and against the best baselines, one record per policy
+  and round), re-predicted from the calibration the run stored and the links it configured.
 
 Per record: measured and predicted step time (s), their ratio ``predicted / measured`` and the absolute
 error ``|predicted − measured| / measured``; memory likewise where the source gives it. Summary: median and
 worst absolute error (GPU records and testbed runs separately), memory error and the worst
 under-prediction, and the rank correlation (Spearman) between predicted and measured per-GPU throughput
-across the plans of one job (records sharing a ``group``; each testbed file is one job with two plans).
+across the distinct plans of one job (records sharing a ``group``; each testbed file is one job, and the
+records of one plan — several policies or rounds ran it — count once, averaged).
 
 Measured step time: ``tokens_per_step / (tokens/s per GPU × GPUs)`` for torchtitan; for Megatron-LM
 ``F / (GPUs × TFLOP/s per GPU)`` with ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, the model-FLOPs count
@@ -74,6 +76,7 @@ from spiderflow.core.domain import (  # noqa: E402
     Cluster,
     GpuRange,
     JobSpec,
+    Link,
     Plan,
     Precision,
     Schedule,
@@ -84,7 +87,10 @@ from spiderflow.core.domain import (  # noqa: E402
 from spiderflow.core.tpa import simulate_plan  # noqa: E402
 
 RECORDS = ROOT / "bench" / "fidelity_records.json"
-TESTBED = sorted((ROOT / "bench" / "results").glob("testbed_exec*.json"))
+TESTBED = sorted((ROOT / "bench" / "results").glob("testbed_exec*.json")) + sorted(
+    (ROOT / "bench" / "results").glob("testbed_best*.json"))
+"""Every executed run of ours on the CPU testbed: ``bench/testbed_exec.py``'s runs against firstfit
+(``testbed_exec*``) and against the best baselines (``testbed_best*``, one record per policy and round)."""
 CLUSTER = "gpu"
 
 
@@ -257,6 +263,10 @@ def testbed_rows() -> list[dict[str, Any]]:
         t = d["topology"]
         topo = testbed_topology(slow_mbit=t["slow_mbit"], slow_ms=t["slow_ms"], fast_mbit=t["fast_mbit"],
                                 fast_ms=t["fast_ms"], gpus=t["gpus_per_cluster"])
+        if "links" in t:  # the links as the run laid them out (every topology kind: slow-link, ring)
+            topo = Topology(clusters=topo.clusters, links=tuple(
+                Link(a=x["a"], b=x["b"], bandwidth_gbps=float(x["mbit"]) / 1000.0, latency_ms=float(x["ms"]))
+                for x in t["links"]))
         cal = d["calibration"]
         clusters = tuple(
             Cluster(name=c.name, gpu=c.gpu, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
@@ -282,9 +292,11 @@ def testbed_rows() -> list[dict[str, Any]]:
             closed, tl, _ = predict(plan, topo, job)
             meas = float(run["measured_step_s"])
             rows.append({
-                "id": f"{path.stem}/{run['policy']}", "kind": "testbed", "source": str(path.relative_to(ROOT)),
+                "id": f"{path.stem}/{run['policy']}" + (f"#{run['round']}" if "round" in run else ""),
+                "kind": "testbed", "source": str(path.relative_to(ROOT)),
                 "table": f"runs[{run['policy']}] {run['schedule']} m={run['micro_batches']}",
-                "group": path.stem, "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl,
+                "group": path.stem, "plan": f"{' → '.join(plan.chain)} {run['schedule']} m={run['micro_batches']}",
+                "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl,
                 "predicted_closed_s": closed, "ratio": tl / meas, "ratio_closed": closed / meas,
                 "abs_err": abs(tl - meas) / meas,
                 "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
@@ -330,15 +342,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     if mem:
         out["memory"] = {"n": len(mem), "median_abs_err": statistics.median(abs(r["mem_err"]) for r in mem),
                          "worst_under": min(r["mem_err"] for r in mem)}
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for r in rows:
-        if r.get("group"):
-            groups.setdefault(r["group"], []).append(r)
-    out["rank"] = {
-        g: {"n": len(rs), "spearman": spearman([r["measured_per_gpu_tput"] for r in rs],
-                                               [r["predicted_per_gpu_tput"] for r in rs])}
-        for g, rs in sorted(groups.items()) if len(rs) >= 2
-    }
+        if r.get("group"):  # records of one plan (several policies or rounds ran it) count once, averaged
+            groups.setdefault(r["group"], {}).setdefault(r.get("plan") or r["id"], []).append(r)
+    out["rank"] = {}
+    for g, plans in sorted(groups.items()):
+        if len(plans) < 2:
+            continue
+        mean = [(statistics.fmean(r["measured_per_gpu_tput"] for r in rs),
+                 statistics.fmean(r["predicted_per_gpu_tput"] for r in rs)) for rs in plans.values()]
+        out["rank"][g] = {"n": len(plans), "records": sum(len(rs) for rs in plans.values()),
+                          "spearman": spearman([m for m, _ in mean], [p for _, p in mean])}
     return out
 
 
@@ -384,7 +399,8 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
         lines.append(f"- memory: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst signed "
                      f"{s['worst_under']:+.1%}")
     for g, s in summ["rank"].items():
-        lines.append(f"- rank correlation {g} (n={s['n']}): {s['spearman']:+.2f}")
+        recs = f", {s['records']} records" if s.get("records", s["n"]) != s["n"] else ""
+        lines.append(f"- rank correlation {g} (n={s['n']} distinct plans{recs}): {s['spearman']:+.2f}")
     terms = [r for r in rows if "terms" in r]
     if terms:
         lines += ["", "Shares of the predicted (timeline) step and the utilisation the measurement implies:", "",
