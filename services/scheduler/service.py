@@ -408,7 +408,10 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             r = stored.record
             if principal is not None:
                 authz.authorize_report(principal, request.cluster, r.id, _clusters(r))
-            if r.terminal or request.attempt != r.attempt:
+            if request.attempt != r.attempt:
+                return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
+            if r.terminal:
+                await self._record_late(request, r, principal.name if principal is not None else request.cluster)
                 return scheduler_pb2.ReportProgressResponse(accepted=False, stop=True)
             if request.cluster and request.cluster not in r.allocation:
                 raise NotFoundError(f"cluster {request.cluster!r} runs no stage of job {r.id}")
@@ -457,6 +460,16 @@ class SchedulerService(scheduler_pb2_grpc.SchedulerServicer):
             return scheduler_pb2.ReportProgressResponse(accepted=True, stop=new.terminal)
         raise PreconditionError(f"job {request.job_id} is changing too fast; retry the report")
 
+    async def _record_late(self, request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cluster: str) -> None:
+        """Keep the late stage events of a report on a job that has ended (:func:`_late_events`): the report is
+        not accepted (the job does not move), but its stages' busy times are part of the job's history."""
+        late = _late_events(request, r, cluster)
+        if late:
+            try:
+                await self.observer.record(r, late, now=self.repo.clock())
+            except SpiderFlowError as e:  # best effort, as for an accepted report
+                log.warning("scheduler.metrics_not_recorded", job=r.id, error=str(e))
+
 
     async def GetJobLogs(
         self, request: scheduler_pb2.GetJobLogsRequest, context: grpc.aio.ServicerContext
@@ -494,6 +507,21 @@ MAX_EVENTS = 10_000
 """Progress events in one report at most."""
 MAX_ERROR = 4096
 """Longest worker error of an outcome (characters)."""
+
+
+def _late_events(request: scheduler_pb2.ReportProgressRequest, r: JobRecord,
+                 cluster: str) -> list[types_pb2.ProgressEvent]:
+    """The events of a report on ``r``'s attempt that arrived after the job ended which still belong in its
+    metrics history: another stage's busy times (the last stage's success ends the job, and a stage before
+    it may report its last steps after that). None from a cluster that ran no stage of the job, or from a
+    report that :func:`_check_report` refuses."""
+    if request.cluster and request.cluster not in _clusters(r):  # an ended job has released its allocation
+        return []
+    try:
+        _check_report(request, r, cluster)
+    except SpiderFlowError:
+        return []
+    return [e for e in request.progress if not _of_last_stage(e, r)]
 
 
 def _check_report(request: scheduler_pb2.ReportProgressRequest, r: JobRecord, cluster: str) -> int:

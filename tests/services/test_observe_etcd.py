@@ -1,8 +1,9 @@
 """The scheduler's history of a job and its end, as a real process on a real etcd (one replica for the module,
 ``--executor agents``: the test plays the agents), on two single-GPU clusters:
 
-- per-stage busy time in the metrics history: a two-stage job whose two agents each report their own stage,
-  read back through the SDK and `spiderflow metrics` at 80 columns;
+- per-stage busy time in the metrics history: a two-stage job whose two agents each report their own stage
+  (the first stage's last step after the last stage's success ended the job, too), read back through the SDK
+  and `spiderflow metrics` at 80 columns;
 - retention of finished jobs: the leader deletes the oldest finished jobs with their metrics, reports and
   request ids (``--retain-finished-jobs 1``) while jobs that have not finished stay.
 """
@@ -92,7 +93,7 @@ async def test_each_stage_reports_its_busy_time_next_to_the_prediction(mesh: Mes
                     cluster=cluster, job_id="two-stage", attempt=job.attempt, progress=events), timeout=5)
 
             # stage 0 reports first: the job does not move (only the last stage's events carry the loss)
-            await report(first, *(_event(s, 0, 0.010 * s) for s in (1, 2, 3)))
+            await report(first, *(_event(s, 0, 0.010 * s) for s in (1, 2)))
             assert (await client.get("two-stage")).progress.get("step", 0) == 0
             await report(last, *(_event(s, 1, 0.020 * s, loss=5.0 - s) for s in (1, 2)))
             # a stage the caller does not run, and one outside the plan: refused, naming the field
@@ -107,6 +108,19 @@ async def test_each_stage_reports_its_busy_time_next_to_the_prediction(mesh: Mes
             predicted = m.points[0].predicted_stage_busy_s
             assert len(predicted) == 2 and all(v > 0 for v in predicted)
             assert m.points[0].loss == 4.0
+            # the last stage's success ends the job; stage 0's last step, reported after that, is not accepted
+            # (the job does not move) but its busy time is kept in the history
+            await stub.ReportProgress(scheduler_pb2.ReportProgressRequest(
+                cluster=last, job_id="two-stage", attempt=job.attempt, progress=[_event(3, 1, 0.060, loss=2.0)],
+                outcomes=[scheduler_pb2.WorkerOutcome(stage=1, succeeded=True)]), timeout=5)
+            assert (await client.get("two-stage")).state == "SUCCEEDED"
+            late = await stub.ReportProgress(scheduler_pb2.ReportProgressRequest(
+                cluster=first, job_id="two-stage", attempt=job.attempt, progress=[_event(3, 0, 0.030)],
+                outcomes=[scheduler_pb2.WorkerOutcome(stage=0, succeeded=True)]), timeout=5)
+            assert (late.accepted, late.stop) == (False, True)
+            m = await client.metrics("two-stage")
+            assert [p.step for p in m.points] == [1, 2, 3]
+            assert m.points[2].stage_busy_s == (0.030, 0.060)
     finally:
         await channel.close()
     # the CLI table at 80 columns (piped): the per-stage column, no line over 80 characters
