@@ -51,6 +51,26 @@ def test_bace_counts_gpus_by_its_own_rule_and_keeps_the_cheapest_feasible_path()
             assert cheapest.usd_per_step <= other.usd_per_step + 1e-12
 
 
+def test_bace_fits_a_model_across_regions_with_the_planner_then_with_more_gpus() -> None:
+    """llama3-70b on partly busy 12-region pools, where the level-1 planner fits no path of bace's 64 GPUs:
+    TPA fits the cheapest one (seed 1); where it cannot either, the search runs again at twice the GPUs
+    (seed 2)."""
+    from spiderflow.core.placement.bace import bace_allocation
+    from spiderflow.core.sim.grid import instance_job
+
+    job = instance_job(5)
+    assert job.model.name == "llama3-70b"
+    topo = generate_topology(12, 1, "geo")
+    assert bace_gpus(topo, job) == 64
+    level1, g1, _ = bace_allocation(topo, job, planner=None)
+    planned, g, _ = bace_allocation(topo, job)
+    assert (g1, g) == (128, 64) and sum(n for _, n in planned) == 64 < sum(n for _, n in level1)
+    topo = generate_topology(12, 2, "geo")
+    res = Bace().place(topo, job)
+    assert res.ok and res.plan is not None and not check_plan(res.plan, topo, job)
+    assert bace_gpus(topo, job) == 64 and res.stats["target_gpus"] == 128.0 and len(res.plan.chain) > 1
+
+
 def test_greedy_is_registered_and_beats_every_single_candidate_it_tried() -> None:
     assert REGISTRY["greedy"] is Greedy
     topo = generate_topology(8, 1)

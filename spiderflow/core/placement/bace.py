@@ -28,6 +28,10 @@ What we do
    (exact memory; paths it cannot fit are dropped); the one with the least predicted $ per step (ties:
    step time) wins, and the first round with any feasible path ends the search. Its chain is then
    re-planned by TPA for the budget's objective (:func:`~spiderflow.core.placement.common.finalise`).
+   When the level-1 planner fits no path of any round (a model that needs pipelining inside a cluster,
+   recomputation or FSDP), TPA is asked for the cheapest path of the first round that had any, as every
+   policy's planner step does for its first allocation; when that fails too, steps 2–4 run again with
+   twice ``G`` (up to the GPU range's maximum and the free GPUs).
 
 ``O(R·n²)`` path construction for ``R`` threshold rounds, plus up to ``n`` level-1 plans per round.
 
@@ -154,23 +158,38 @@ def _initial_theta(topo: Topology, job: JobSpec, gpus: int) -> float:
     return 3.0 * (jc.layers * jc.f + jc.head_f) / rate if rate > 0 else math.inf
 
 
-def bace_allocation(topo: Topology, job: JobSpec) -> tuple[list[tuple[str, int]], int, int]:
+def bace_allocation(topo: Topology, job: JobSpec, *, planner: Planner | None = LOCAL_PLANNER,
+                    ) -> tuple[list[tuple[str, int]], int, int]:
     """Steps 1–4 of the module docstring: ``(chain, G, paths planned)``; the chain is empty when no
-    bandwidth-feasible path can hold the model."""
+    bandwidth-feasible path can hold the model. When the level-1 planner fits none of the memory-aware paths
+    of any round, ``planner`` is asked for the cheapest path of the first round that had any (it may fit
+    it by pipelining inside clusters, recomputation or FSDP, as it does for every policy's final plan); when
+    that fails too, the search runs again with twice ``G`` (up to ``min(gpus.max, free GPUs)``). ``G`` in
+    the result is the count of the search that succeeded (or the last one tried)."""
     gpus = bace_gpus(topo, job)
     if gpus <= 0:
         return [], 0, 0
-    theta = _initial_theta(topo, job, gpus)
+    hi = min(job.gpus.max, topo.total_free_gpus)
     planned = 0
-    for rnd in range(17):
-        paths = bace_paths(topo, job, gpus, theta if rnd < 16 else math.inf)
-        if paths:
-            planned += len(paths)
-            fin = finalise(topo, job, paths, objective=Objective.COST, planner=None)
+    while True:
+        theta = _initial_theta(topo, job, gpus)
+        first: list[list[tuple[str, int]]] = []
+        for rnd in range(17):
+            paths = bace_paths(topo, job, gpus, theta if rnd < 16 else math.inf)
+            if paths:
+                planned += len(paths)
+                first = first or paths
+                fin = finalise(topo, job, paths, objective=Objective.COST, planner=None)
+                if fin.plan is not None and not check_plan(fin.plan, topo, job):
+                    return _allocation_of(fin.plan), gpus, planned
+            theta = theta * 2 if math.isfinite(theta) else theta
+        if first and planner is not None:
+            fin = finalise(topo, job, first, objective=Objective.COST, planner=planner)
             if fin.plan is not None and not check_plan(fin.plan, topo, job):
                 return _allocation_of(fin.plan), gpus, planned
-        theta = theta * 2 if math.isfinite(theta) else theta
-    return [], gpus, planned
+        if gpus >= hi:
+            return [], gpus, planned
+        gpus = min(2 * gpus, hi)  # the count's memory did not hold the plan: twice the GPUs, up to the most
 
 
 def _allocation_of(plan: Plan) -> list[tuple[str, int]]:
@@ -199,7 +218,7 @@ class Bace:
         bad = diagnose(topo, job, self.name)
         if bad is not None:
             return replace(bad, planning_seconds=time.perf_counter() - t0)
-        alloc, gpus, planned = bace_allocation(topo, job)
+        alloc, gpus, planned = bace_allocation(topo, job, planner=self.planner)
         stats = {"target_gpus": float(gpus), "paths_planned": float(planned)}
         if not alloc:
             return replace(unschedulable(self.name, UnschedulableError(
