@@ -111,7 +111,8 @@ class JobObserver:
     # -- metrics --------------------------------------------------------------------------------------
 
     async def record(self, r: JobRecord, events: Sequence[types_pb2.ProgressEvent], *, now: float) -> None:
-        """Keep the points of one accepted report (events of ``r``'s attempt newer than its progress)."""
+        """Keep the points of one report on ``r``'s attempt: an accepted report's events newer than its progress,
+        or, on a job that has ended, another stage's events that arrived after the last stage's success."""
         if not events:
             return
         last = len(r.plan.stages) - 1 if r.plan is not None else 0
