@@ -6,10 +6,14 @@ per cluster inside its namespace. The test waits until every directed pair has a
 checks every link against the configured pair figure (bandwidth ±15 %, latency ±20 % or ±3 ms)
 through GetTopology and through ``spiderflow topology show --json`` (and the table). Then:
 
-* a link re-shaped with :meth:`Testbed.set_link` shows its new figures in WatchTopology within two probe
+* a link re-shaped with :meth:`Testbed.set_link` shows its new level in WatchTopology within two probe
   periods (the change is made just after a report of that link; each period may carry up to 10 % jitter
   and a sample is reported at the end of the round that took it, so the bound is ``2 × 1.1 × period +
-  one round``; the smoothing takes a change after two agreeing outliers);
+  one round``; the smoothing takes a change after two agreeing outliers). The new level is the figure
+  within ±25 % of the new rate: probes just after a rate increase run on TCP and HTTP/2 windows still
+  sized for the old rate and read low (a 50 → 200 Mbit/s change on a 120 ms round trip read 150–180 Mbit/s
+  for up to three rounds on a loaded machine), so the figure then settles within the ±15 % tolerance by
+  the agent's sixth report after the change;
 * an agent killed with SIGKILL takes its cluster out of the graph within its lease TTL (plus delivery
   slack), and comes back when restarted.
 
@@ -245,10 +249,11 @@ async def test_live_topology_matches_the_testbed_and_follows_changes_and_agent_l
         # Two probe periods (with their 10 % jitter) plus one probe round, plus 2 s for process scheduling on a
         # loaded machine (the figure is measured as the watch delivers it, not when the agent measured it).
         bound = 2 * 1.1 * PERIOD_S + ROUND_S + 2.0
-        seen: float | None = None
+        seen: float | None = None  # the new level shown (±25 %)
+        settled: float | None = None  # within the ±15 % tolerance
         last = None
-        deadline = changed_at + bound + 30  # observe past the bound, assert the bound below
-        while seen is None and time.monotonic() < deadline:
+        deadline = changed_at + 6 * 1.1 * PERIOD_S + ROUND_S + 30  # observe past the bounds, assert them below
+        while settled is None and time.monotonic() < deadline:
             try:
                 msg = await next_message(deadline)
             except TimeoutError:
@@ -257,19 +262,25 @@ async def test_live_topology_matches_the_testbed_and_follows_changes_and_agent_l
                 if ch.kind == KIND.KIND_LINK_UPSERTED and (ch.link.a, ch.link.b) == (A, D):
                     last = (_mbit(ch.link.bandwidth_gbps), ch.link.latency_ms, time.monotonic() - changed_at)
                     print(f"  watch: {A}->{D} {last[0]:.1f} Mbit/s {last[1]:.1f} ms at +{last[2]:.1f} s")
-                    if _bw_ok(ch.link.bandwidth_gbps, target.bandwidth_gbps) \
-                            and _lat_ok(ch.link.latency_ms, target.latency_ms):
+                    if not _lat_ok(ch.link.latency_ms, target.latency_ms):
+                        continue
+                    if seen is None and abs(ch.link.bandwidth_gbps / target.bandwidth_gbps - 1) <= 0.25:
                         seen = last[2]
-        print(f"set_link {A}->{D} 50 -> 200 Mbit/s: reflected after {seen} s (bound {bound:.1f} s); "
-              f"pairs re-shaped: {sorted(changed)}")
-        assert seen is not None, f"{A}->{D} never reached {target}; last update {last}"
-        # The protocol's promise is in probe rounds: the smoothed figure follows by the second report of a → d's
-        # agent after the change. On a quiet machine that is within ``bound``; when the machine is slow its
-        # rounds are too, so the bound is the second report's time (as the agent logged it) plus the same 2 s.
+                    if _bw_ok(ch.link.bandwidth_gbps, target.bandwidth_gbps):
+                        settled = last[2]
+        print(f"set_link {A}->{D} 50 -> 200 Mbit/s: new level after {seen} s (bound {bound:.1f} s), within "
+              f"±15 % after {settled} s; pairs re-shaped: {sorted(changed)}")
+        assert seen is not None and settled is not None, f"{A}->{D} never reached {target}; last update {last}"
+        # The protocol's promise is in probe rounds: the smoothed figure shows the new level by the second report
+        # of a → d's agent after the change, and settles by the sixth. On a quiet machine the second is within
+        # ``bound``; when the machine is slow its rounds are too, so the bounds are those reports' times (as the
+        # agent logged them) plus the same 2 s.
         reports = [t - changed_wall for t in _report_times(mesh.agents[A].log_path) if t > changed_wall]
-        by_rounds = reports[1] + 2.0 if len(reports) >= 2 else math.inf
         print(f"reports of {A}'s agent after the change at +{', +'.join(f'{t:.1f}' for t in reports)} s")
+        by_rounds = reports[1] + 2.0 if len(reports) >= 2 else math.inf
         assert seen <= max(bound, by_rounds), f"{A}->{D} took {seen:.1f} s > {max(bound, by_rounds):.1f} s"
+        settle_bound = max(6 * 1.1 * PERIOD_S + ROUND_S + 2.0, reports[5] + 2.0 if len(reports) >= 6 else math.inf)
+        assert settled <= settle_bound, f"{A}->{D} settled after {settled:.1f} s > {settle_bound:.1f} s"
 
         # 3. SIGKILL an agent: its cluster leaves within the lease TTL; restarted, it comes back.
         victim = C
