@@ -65,11 +65,12 @@ class _ChainEval:
     """Evaluates layer splits of one ordered allocation with the exact cost-model formulas."""
 
     def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
-                 cache: dict[tuple[Any, ...], _Block] | None = None, slack: int = 0):
+                 cache: dict[tuple[Any, ...], _Block] | None = None, slack: int = 0, every_shape: bool = False):
         self.jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
         self.exact = exact_gpus
+        self.every = every_shape and not exact_gpus  # every shape competes alike (finalise's extra allocation)
         self.slack = slack if exact_gpus else 0  # GPUs each cluster may leave unused in exact mode
         self.hops = []
         for (a, _), (b, _) in itertools.pairwise(alloc):
@@ -89,7 +90,7 @@ class _ChainEval:
         ]
         # Everything a block key shares per position, interned to one int (hashing the job's constants on
         # every lookup dominated the local search).
-        self._pid = [_prefix_id((self.jc, shape, g, self.exact, self.slack))
+        self._pid = [_prefix_id((self.jc, shape, g, self.exact, self.slack, self.every))
                      for shape, g in zip(self._shapes, self.gpus, strict=True)]
         self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
 
@@ -108,7 +109,7 @@ class _ChainEval:
         # Pass 1: configurations using all g GPUs (and pp = 1); pass 2, only if nothing fits memory: the others
         # (with exact GPUs pass 1 already took every configuration there is).
         for exhaustive in (False, True):
-            if exhaustive and (self.exact or (best is not None and best.excess <= 0)):
+            if exhaustive and (self.exact or self.every or (best is not None and best.excess <= 0)):
                 break
             best = self._configs(self._pid[i], best, exhaustive, g, c, fl, mem, nl, first, last, offset,
                                  total_stages_other)
@@ -173,7 +174,7 @@ class _ChainEval:
                 if exact:
                     if dp * tp * pp < g - slack:
                         continue
-                elif (dp * tp * pp == g or pp == 1) == exhaustive:
+                elif not self.every and (dp * tp * pp == g or pp == 1) == exhaustive:
                     continue  # pass 1 takes these, pass 2 the rest (re-taking pass 1's could not change its best)
                 base, rem = divmod(nl, pp)
                 s_total = total_stages_other + pp
@@ -450,7 +451,7 @@ def _memory_first_plan(ev: _ChainEval, allocation: Sequence[tuple[str, int]]) ->
 
 def fallback_plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
-    _cache: dict[tuple[Any, ...], _Block] | None = None,
+    _cache: dict[tuple[Any, ...], _Block] | None = None, every_shape: bool = False,
 ) -> Plan:
     """The level-1 planner of the module docstring for an ordered ``allocation`` of ``(cluster, gpus)``.
 
@@ -461,7 +462,7 @@ def fallback_plan_chain(
     """
     del objective
     _validate_allocation(topo, job, allocation)
-    ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache)
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False, cache=_cache, every_shape=every_shape)
     weights = [g * compute_rate_tflops(c, ev.jc.precision) for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev

@@ -107,6 +107,9 @@ def _same(got: Any, want: Any) -> None:
 def _check_plans(case: Case) -> None:
     topo, job, alloc = case
     _same(_outcome(common.fallback_plan_chain, topo, job, alloc), _outcome(ref.fallback_plan_chain, topo, job, alloc))
+    # Every shape competing alike (finalise's extra allocation for TPA).
+    _same(_outcome(lambda *a: common.fallback_plan_chain(*a, every_shape=True), topo, job, alloc),
+          _outcome(lambda *a: ref.fallback_plan_chain(*a, every_shape=True), topo, job, alloc))
 
 
 @settings(max_examples=150, deadline=None)
@@ -136,17 +139,18 @@ def _split(draw: st.DrawFn, layers: int, k: int) -> list[int]:
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.one_of(generated(), generated(big=True), tight()), st.booleans(), st.integers(0, 8), st.data())
+@given(st.one_of(generated(), generated(big=True), tight()), st.booleans(), st.integers(0, 8), st.booleans(),
+       st.data())
 def test_split_evaluations_and_memory_first_structures_equal_the_reference(
-        case: Case, exact: bool, slack: int, data: st.DataObject) -> None:
+        case: Case, exact: bool, slack: int, every: bool, data: st.DataObject) -> None:
     """Blocks and ``(excess, step)`` of random splits under random sub-stage counts (many distinct counts
     downstream of each position, some beyond the micro-batch count, where the block memo shares entries), in
-    exact-GPU mode with slack too; the memory-first structures."""
+    exact-GPU mode with slack too, and with every shape competing alike; the memory-first structures."""
     topo, job, alloc = case
     k, layers = len(alloc), job.model.layers
     assume(k <= layers)
-    ev = common._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack)
-    want = ref._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack)
+    ev = common._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack, every_shape=every)
+    want = ref._ChainEval(topo, job, alloc, exact_gpus=exact, slack=slack, every_shape=every)
     _same(common.memory_first_split(ev), ref.memory_first_split(want))
     for _ in range(10):
         sizes = _split(data.draw, layers, k)

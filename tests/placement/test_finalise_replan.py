@@ -69,3 +69,29 @@ def test_replan_must_be_a_positive_integer() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValidationError, match="replan"):
             SpinSearch(replan=bad)  # type: ignore[arg-type]
+
+
+def test_tpa_plans_the_gpus_of_the_level1_plan_in_which_every_shape_competes() -> None:
+    # gpt3-2.7b (32 layers, 64 micro-batches) on the 31 free H100s of one cluster. The level-1 planner prefers
+    # shapes that use all of a count's GPUs and so plans 28 (tp 4 × dp 7); TPA, held to exactly 31 (a prime),
+    # can only run dp 31 or pp 31. With every shape competing alike the level-1 plan takes 30
+    # (pp 3 × tp 2 × dp 5), and TPA's plan of 30 (pp 5 × dp 6) is the fastest on the exact timeline.
+    from spiderflow.core.placement.common import fallback_plan_chain
+    from spiderflow.core.sim.grid import instance_job
+
+    topo = generate_topology(12, 2, "geo")
+    job = instance_job(1)
+    assert job.model.name == "gpt3-2.7b"
+    topo = topo.with_free({c.name: 31 if c.name == "c009-eu-west-1" else 0 for c in topo.clusters})
+    alloc = [("c009-eu-west-1", 31)]
+    plan_cache_clear()
+    assert chain_allocation(fallback_plan_chain(topo, job, alloc)) == [("c009-eu-west-1", 28)]
+    every = fallback_plan_chain(topo, job, alloc, every_shape=True)
+    assert chain_allocation(every) == [("c009-eu-west-1", 30)]
+    fin = finalise(topo, job, [alloc])
+    on = {g: plan_chain(topo, job, [("c009-eu-west-1", g)]).step_time_s for g in (28, 30, 31)}
+    assert fin.plan is not None and fin.planner == "tpa" and fin.plan.gpus == 30
+    assert fin.plan.step_time_s == on[30] < 0.95 * min(on[28], on[31])
+    # SpinSearch on the same state ends on that plan.
+    res = SpinSearch().place(topo, job)
+    assert res.plan is not None and res.plan.gpus == 30 and res.plan.step_time_s == on[30]

@@ -119,8 +119,9 @@ def test_nothing_fits_is_proven_before_the_search(monkeypatch: pytest.MonkeyPatc
 def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With a level-1 plan of the chain in hand, a TPA failure is not reported (the level-1 plan is kept), so
-    TPA is asked not to explain it — for the allocation and for the GPUs the level-1 plan uses, which leave
-    some idle; without one (``force=True``), its explanation is the answer."""
+    TPA is asked not to explain it — for the allocation, for the GPUs the level-1 plan uses, which leave some
+    idle, and for those of the level-1 plan with every shape competing; without one (``force=True``), its
+    explanation is the answer."""
     import spiderflow.core.tpa as tpa
 
     topo, job, alloc = memory_bound_chain()
@@ -134,9 +135,9 @@ def test_finalise_asks_tpa_for_a_brief_answer_only_when_it_holds_a_level1_plan(
     monkeypatch.setattr(tpa, "plan_chain", failing)
     common.plan_cache_clear()
     fin = common.finalise(topo, job, [alloc])
-    assert fin.plan is not None and fin.planner == "fallback" and seen == [False, False]
+    assert fin.plan is not None and fin.planner == "fallback" and seen == [False, False, False]
     small = Topology(clusters=(Cluster(name="a", gpu="T4", nodes=1, gpus_per_node=8, free_gpus=2),), links=())
     big = JobSpec(id="j", model=model_preset("llama3-70b"), global_batch=64, gpus=GpuRange(min=1, max=8))
     fin = common.finalise(small, big, [[("a", 2)]], force=True)
-    assert fin.plan is None and seen == [False, False, True] and fin.error is not None
+    assert fin.plan is None and seen == [False, False, False, True] and fin.error is not None
     common.plan_cache_clear()

@@ -30,7 +30,8 @@ Encoding of one evaluator (an ordered allocation of ``k`` clusters, built by
   between positions ``i`` and ``i + 1``.
 * ``job_f``: ``(parameters per layer, embedding parameters, head parameters, state bytes per parameter,
   gradient bytes per value)`` (the last two in the job's precision: 16 and 2 in bf16); ``job_i``:
-  ``(micro-batches, layers, exact GPUs (0/1), slack)``.
+  ``(micro-batches, layers, GPU mode, slack)``; GPU mode 0: prefer shapes that use every GPU, 1: exact GPUs
+  (at most ``slack`` idle), 2: every shape ``⌊g/(tp·pp)⌋`` alike (see :func:`_search_block`).
 * Block memo (a block depends only on its position, its layer count and the stages downstream of its
   start, given that every block holds at least one layer; at ``m`` or more stages downstream every sub-stage
   holds all its micro-batches, so counts are capped at ``D = min(m, 16·k)``, ``slots.shape[1] − 1``): entry
@@ -92,8 +93,10 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                   job_f: FArr, job_i: IArr, out_f: FArr, out_i: IArr, e: int) -> None:
     """Choose block ``i``'s configuration (``nl`` layers, ``ds`` stages downstream of its start) into
     ``out_f[e]``/``out_i[e]``: pass 1 over the configurations using every GPU (and ``pp = 1``), pass 2 over the
-    others only when nothing of pass 1 fits memory (exact GPUs: one pass over the configurations leaving at
-    most ``slack`` GPUs idle). Nothing valid: ``tp = pp = 1``, ``dp = g``, infinite excess and times."""
+    others only when nothing of pass 1 fits memory (exact GPUs, mode 1: one pass over the configurations leaving
+    at most ``slack`` GPUs idle; every shape, mode 2: one pass over all of them, so ``pp 3 × tp 2 × dp 5`` on 30
+    of 31 GPUs competes with ``tp 4 × dp 7`` on 28). Nothing valid: ``tp = pp = 1``, ``dp = g``, infinite excess
+    and times."""
     mem = pos[i, 0]
     intra = pos[i, 1]
     inter = pos[i, 2]
@@ -107,7 +110,8 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     w_state = job_f[3]
     w_grad = job_f[4]
     m = job_i[0]
-    exact = job_i[2] != 0
+    exact = job_i[2] == 1
+    every = job_i[2] == 2
     slack = job_i[3]
     emb_t = pos[i, OUTER] if has_embed else 0.0
     emb_opt = pos[i, OUTER + 1]
@@ -127,7 +131,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
     b_y = 0.0
     for pass_no in range(2):
         exhaustive = pass_no == 1
-        if exhaustive and (exact or (found and b_excess <= 0)):
+        if exhaustive and (exact or every or (found and b_excess <= 0)):
             break
         for t in range(ntp):
             tp = 1 << t
@@ -142,7 +146,7 @@ def _search_block(i: int, nl: int, ds: int, has_embed: bool, head: bool, pos: FA
                 if exact:
                     if dp * tp * pp < g - slack:
                         continue
-                elif (dp * tp * pp == g or pp == 1) == exhaustive:
+                elif not every and (dp * tp * pp == g or pp == 1) == exhaustive:
                     continue
                 base = nl // pp
                 rem = nl % pp

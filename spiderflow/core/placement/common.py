@@ -498,7 +498,7 @@ class _ChainEval:
     stages downstream of its start; the blocks chosen are memoised per evaluator."""
 
     def __init__(self, topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]], *, exact_gpus: bool,
-                 slack: int = 0):
+                 slack: int = 0, every_shape: bool = False):
         self.jc = jc = job_consts(job)
         self.clusters = [topo.cluster(c) for c, _ in alloc]
         self.gpus = [g for _, g in alloc]
@@ -514,7 +514,8 @@ class _ChainEval:
         self.pos_i = np.array([x for r in rows for x in r[1]], dtype=np.int64).reshape(k, 3)
         self.job_f = np.array([jc.p_layer, jc.p_embed, jc.head_params, jc.state_bytes, jc.grad_bytes],
                               dtype=np.float64)
-        self.job_i = np.array([jc.m, jc.layers, int(exact_gpus), self.slack], dtype=np.int64)
+        mode = 1 if exact_gpus else 2 if every_shape else 0  # the kernel's GPU mode
+        self.job_i = np.array([jc.m, jc.layers, mode, self.slack], dtype=np.int64)
         self.hop_arr = np.array(self.hops, dtype=np.float64)
         self.memo = new_memo(k, jc.layers, jc.m)
         self.memory_first: tuple[int, tuple[list[int], list[_Shape]] | None] | None = None  # memory_first_split
@@ -702,6 +703,7 @@ def _memory_first_plan(ev: _ChainEval, allocation: Sequence[tuple[str, int]]) ->
 
 def fallback_plan_chain(
     topo: Topology, job: JobSpec, allocation: Sequence[tuple[str, int]], *, objective: Objective = Objective.JCT,
+    every_shape: bool = False,
 ) -> Plan:
     """The level-1 planner of the module docstring for an ordered ``allocation`` of ``(cluster, gpus)``.
 
@@ -709,10 +711,15 @@ def fallback_plan_chain(
     to keep the job's GPU minimum). Raises :class:`UnschedulableError` (``constraint`` = ``memory``,
     ``layers`` or ``free_gpus``) when no split fits. ``objective`` is accepted for interface parity; the
     split minimises step time (for fixed GPUs, dollars per step are proportional to it).
+
+    A block prefers the shapes that use all of its cluster's GPUs (and ``pp = 1`` with ``dp = ⌊g/tp⌋``), and
+    takes a pipelined shape that leaves some idle only when none of those fits memory. ``every_shape``: all
+    shapes ``(tp, pp, ⌊g/(tp·pp)⌋)`` compete alike (on 31 GPUs, ``pp 3 × tp 2 × dp 5`` on 30 against
+    ``tp 4 × dp 7`` on 28); :func:`finalise` asks for this plan's GPUs as one more allocation for TPA.
     """
     del objective
     _validate_allocation(topo, job, allocation)
-    ev = _ChainEval(topo, job, allocation, exact_gpus=False)
+    ev = _ChainEval(topo, job, allocation, exact_gpus=False, every_shape=every_shape)
     weights = [g * compute_rate_tflops(c, ev.jc.precision) for (_, g), c in zip(allocation, ev.clusters, strict=True)]
     start = _proportional_split(weights, job.model.layers)
     first_ev = ev
@@ -976,6 +983,19 @@ class Finalised:
     error: UnschedulableError | None
 
 
+def _every_shape_allocation(topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]],
+                            objective: Objective) -> list[tuple[str, int]] | None:
+    """The GPUs per cluster of ``alloc``'s level-1 plan with every shape competing alike
+    (:func:`fallback_plan_chain` with ``every_shape``), or None when that plan fails."""
+    try:
+        plan = cached_plan("fallback", topo, job, alloc, objective,
+                           lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o, every_shape=True),
+                           variant="every-shape")
+    except UnschedulableError:
+        return None
+    return chain_allocation(plan)
+
+
 def finalise(
     topo: Topology,
     job: JobSpec,
@@ -990,7 +1010,9 @@ def finalise(
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan the ``replan``
     best allocations by their level-1 plans with it — each allocation as given and, where its level-1 plan
-    leaves GPUs idle, the GPUs that plan uses — and keep the best of these plans and the best level-1 plan
+    leaves GPUs idle, the GPUs that plan uses; for the best one also the GPUs of its level-1 plan with every
+    shape competing alike (``fallback_plan_chain(every_shape=True)``) — and keep the best of these plans and
+    the best level-1 plan
     on the exact timeline (TPA's prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the
     level-1 plans are ranked among themselves on the closed form). ``force``: ask the planner for
     the first allocation even when the level-1 planner found no plan (its error then names the binding
@@ -1030,10 +1052,13 @@ def finalise(
         rest = valid[:chosen] + valid[chosen + 1 :]
         order = [valid[chosen], *sorted(rest, key=lambda r: (r[0], r[1]))] if valid else []
         targets: list[list[tuple[str, int]]] = []
-        for _, _, fplan, alloc in order[: max(replan, 1)]:
-            for target in ([(c, int(g)) for c, g in alloc], chain_allocation(fplan)):
-                # A level-1 plan may leave some of its allocation's GPUs idle (a count it cannot factor
-                # into tp × dp); TPA, which uses exactly the GPUs it is given, plans those GPUs too.
+        for rank, (_, _, fplan, alloc) in enumerate(order[: max(replan, 1)]):
+            # A level-1 plan may leave some of its allocation's GPUs idle (a count it cannot factor into
+            # tp × dp); TPA, which uses exactly the GPUs it is given, plans those GPUs too. For the best
+            # allocation, so does the level-1 plan in which every shape competes alike: 31 GPUs run best as
+            # 30 (pp 3 × tp 2 × dp 5) more often than as 28, and TPA cannot find that count on 31.
+            for target in ([(c, int(g)) for c, g in alloc], chain_allocation(fplan),
+                           _every_shape_allocation(topo, job, alloc, objective) if rank == 0 else None):
                 if target is not None and target not in targets:
                     targets.append(target)
         if not targets and allocations:

@@ -46,7 +46,8 @@ Search:
      than :data:`TRIM_TOLERANCE`), and the best single-cluster candidate when no finalist is one, with the
      level-1 planner on the exact cost model; re-plan the :data:`REPLAN` best of them by their level-1
      plans with TPA when it is importable (each also on the GPUs its level-1 plan uses, where that plan
-     leaves some idle) and keep the best plan on the exact timeline
+     leaves some idle; the best also on the GPUs of its level-1 plan with every shape competing alike) and
+     keep the best plan on the exact timeline
      (:func:`~spiderflow.core.placement.common.finalise` with ``replan``). The scorer and the level-1
      planner price a cluster as one stage, so the chain they rank first is not always the one TPA,
      pipelining inside clusters, plans fastest. If no finalist fits memory exactly, the remaining
