@@ -984,16 +984,17 @@ class Finalised:
 
 
 def _every_shape_allocation(topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]],
-                            objective: Objective) -> list[tuple[str, int]] | None:
+                            objective: Objective, level1: Plan) -> list[tuple[str, int]] | None:
     """The GPUs per cluster of ``alloc``'s level-1 plan with every shape competing alike
-    (:func:`fallback_plan_chain` with ``every_shape``), or None when that plan fails."""
+    (:func:`fallback_plan_chain` with ``every_shape``) when that plan is better by ``objective`` than
+    ``level1``, the allocation's level-1 plan (only then is it worth a TPA plan); else None."""
     try:
         plan = cached_plan("fallback", topo, job, alloc, objective,
                            lambda t, j, a, o: fallback_plan_chain(t, j, a, objective=o, every_shape=True),
                            variant="every-shape")
     except UnschedulableError:
         return None
-    return chain_allocation(plan)
+    return chain_allocation(plan) if plan_objective(plan, objective) < plan_objective(level1, objective) else None
 
 
 def finalise(
@@ -1011,7 +1012,8 @@ def finalise(
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan the ``replan``
     best allocations by their level-1 plans with it — each allocation as given and, where its level-1 plan
     leaves GPUs idle, the GPUs that plan uses; for the best one also the GPUs of its level-1 plan with every
-    shape competing alike (``fallback_plan_chain(every_shape=True)``) — and keep the best of these plans and
+    shape competing alike (``fallback_plan_chain(every_shape=True)``) where that plan is the better level-1
+    plan — and keep the best of these plans and
     the best level-1 plan
     on the exact timeline (TPA's prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the
     level-1 plans are ranked among themselves on the closed form). ``force``: ask the planner for
@@ -1058,7 +1060,7 @@ def finalise(
             # allocation, so does the level-1 plan in which every shape competes alike: 31 GPUs run best as
             # 30 (pp 3 × tp 2 × dp 5) more often than as 28, and TPA cannot find that count on 31.
             for target in ([(c, int(g)) for c, g in alloc], chain_allocation(fplan),
-                           _every_shape_allocation(topo, job, alloc, objective) if rank == 0 else None):
+                           _every_shape_allocation(topo, job, alloc, objective, fplan) if rank == 0 else None):
                 if target is not None and target not in targets:
                     targets.append(target)
         if not targets and allocations:
