@@ -459,3 +459,26 @@ def _assert_valid_on_timeline(plan: Plan, topo: Topology, job: JobSpec) -> None:
     assert all(g <= topo.cluster(name).free for name, g in plan.gpus_by_cluster().items())
     assert fits_memory(plan, topo)[0]
     assert evaluate_on_timeline(plan, topo, job).step_time_s == pytest.approx(plan.step_time_s)
+
+
+def test_decomposed_answers_with_the_hint_when_its_fixed_chain_admits_no_plan_of_the_model() -> None:
+    """llama3-70b on a partly busy 12-cluster hub (the placement benchmark's ``large`` instance, seed 1): the
+    best hint's chain holds the model only with what its planner may use and the model lacks, so the model
+    with that chain fixed is infeasible. ``ilp-decomposed`` answers with that hint plan, finished on the
+    timeline, instead of failing."""
+    import time
+
+    from spiderflow.core.placement.common import check_plan
+    from spiderflow.core.sim.grid import instance_job
+    from spiderflow.core.sim.tracegen import MODEL_MIX
+    from spiderflow.core.topogen import generate_topology
+
+    topo = generate_topology(12, 1, "hub")
+    job = instance_job(len(MODEL_MIX) - 1)
+    assert job.model.name == "llama3-70b"
+    t0 = time.perf_counter()
+    res = IlpPolicy(decomposed=True).place(topo, job, Budget(time_limit_s=3, seed=1))
+    assert res.ok and res.plan is not None, res.reason
+    assert res.stats["chain_infeasible"] == 1.0 and res.stats["from_hint"] in (1.0, 2.0)
+    assert res.optimal is False and not check_plan(res.plan, topo, job)
+    assert time.perf_counter() - t0 < 30

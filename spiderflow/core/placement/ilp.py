@@ -535,6 +535,15 @@ class IlpPolicy:
                 fallback = self._finish(topo, job, budget, fallback, foreign, stats)
                 return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=fallback,
                                        planning_seconds=time.perf_counter() - t0, optimal=False, stats=stats)
+        if status == cp_model.INFEASIBLE and self.decomposed and best is not None:
+            # The chain fixed from ``best`` admits no plan of the model (which lacks what ``best``'s planner may
+            # use: recomputation, FSDP, uneven sub-stages): the answer is ``best`` itself, the search's plan of
+            # that chain, finished as every answer is.
+            stats["from_hint"] = 2.0 if better else 1.0
+            stats["chain_infeasible"] = 1.0
+            answer = self._finish(topo, job, budget, best, foreign, stats)
+            return PlacementResult(status=PlacementStatus.SUCCESS, policy=self.name, plan=answer,
+                                   planning_seconds=time.perf_counter() - t0, optimal=False, stats=stats)
         if status == cp_model.INFEASIBLE:
             return self._infeasible(topo, job, t0, stats, limit)
         return self._fail(PlacementStatus.UNSCHEDULABLE if status == cp_model.UNKNOWN else PlacementStatus.ERROR,
