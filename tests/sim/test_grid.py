@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 
 from spiderflow.core.sim.grid import (
+    PolicySetup,
+    budget_curve,
+    cold_start,
     geomean_ci,
     instance_job,
     mean_ci,
@@ -126,3 +129,28 @@ def test_paper_bench_smallest_cell_end_to_end(tmp_path: Path) -> None:
     assert set(doc["targets"]) >= {"wait", "no_wait", "time_to_spinsearch_quality"}
     md = out.with_suffix(".md").read_text()
     assert "## Placement only" in md and "## Full system" in md and doc["commit"] in md
+
+
+def test_every_setup_starts_cold_warm_process_and_no_memo_of_another(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cold_start`` decides once untimed and then leaves no memoised plan; ``budget_curve`` runs it before
+    every setup, so the setups' timed decisions all start from the same state (and give the same answers as
+    decisions without it)."""
+    from spiderflow.core.placement import load_builtin_policies
+    from spiderflow.core.placement.common import plan_cache_stats
+    from spiderflow.core.sim import grid
+    from spiderflow.core.topogen import generate_topology
+
+    load_builtin_policies()
+    topo = generate_topology(6, 3, "geo")
+    job = instance_job(1)
+    setup = PolicySetup(label="spinsearch", name="spinsearch")
+    cold_start(setup, topo, job, [topo])
+    assert plan_cache_stats()["size"] == 0 and len(topo.memo.searches) == len(topo.memo.hops) == 0
+    calls: list[str] = []
+    real = grid.cold_start
+    monkeypatch.setattr(grid, "cold_start", lambda s, *a: (calls.append(s.label), real(s, *a))[-1])
+    setups = [setup, PolicySetup(label="greedy", name="greedy")]
+    rows = budget_curve(setups, [(topo, job), (topo, instance_job(2))], seed=1)
+    assert calls == ["spinsearch", "greedy"] and len(rows) == 4
+    again = budget_curve(setups, [(topo, job), (topo, instance_job(2))], seed=1)
+    assert [r.get("step_timeline_s") for r in rows] == [r.get("step_timeline_s") for r in again]

@@ -189,12 +189,33 @@ def decide(policy: PlacementPolicy, topo: Topology, job: JobSpec, budget: Budget
     return out
 
 
+WARMUP_LIMIT_S = 0.5
+"""Time limit of :func:`cold_start`'s untimed decision (enough for a solver's start-up, not its search)."""
+
+
+def cold_start(setup: PolicySetup, topo: Topology, job: JobSpec, topologies: Sequence[Topology]) -> None:
+    """Put the process where each policy's timed decisions start from: ``setup``'s policy decides ``job`` on
+    ``topo`` once, untimed (the process's one-time costs: compiled kernels loaded, modules imported, a
+    solver's start-up; limit :data:`WARMUP_LIMIT_S`), then every memo is cleared
+    (:func:`spiderflow.core.placement.clear_memos` with ``topologies``). So the first policy of a run does not
+    pay the process's start-up for the others, and no policy's decisions are warmed by the memos (plans, level-2
+    solves, timelines) an earlier policy left."""
+    from spiderflow.core.placement import clear_memos
+
+    limit = WARMUP_LIMIT_S if setup.time_limit_s is None else min(setup.time_limit_s, WARMUP_LIMIT_S)
+    decide(setup.build(), topo, job, Budget(time_limit_s=limit, seed=0))
+    clear_memos(topo, *topologies)
+
+
 def budget_curve(setups: Sequence[PolicySetup], instances: Sequence[tuple[Topology, JobSpec]], *,
                  seed: int) -> list[dict[str, Any]]:
-    """Every setup decides every instance (in order; one policy object per setup): rows of ``label``,
-    ``instance`` index and the :func:`decide` figures."""
+    """Every setup decides every instance (in order; one policy object per setup), each setup from a cold
+    start (:func:`cold_start` on the first instance): rows of ``label``, ``instance`` index and the
+    :func:`decide` figures."""
     rows: list[dict[str, Any]] = []
     for s in setups:
+        if instances:
+            cold_start(s, *instances[0], [t for t, _ in instances])
         policy = s.build()
         for i, (topo, job) in enumerate(instances):
             d = decide(policy, topo, job, Budget(time_limit_s=s.time_limit_s, seed=seed * 1000003 + i))
