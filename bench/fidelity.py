@@ -19,8 +19,9 @@ Records:
 
 Per record: measured and predicted step time (s), their ratio ``predicted / measured`` and the absolute
 error ``|predicted − measured| / measured``; memory likewise where the source gives it. Summary: median and
-worst absolute error (GPU records and testbed runs separately), memory error and the worst
-under-prediction, and the rank correlation (Spearman) between predicted and measured per-GPU throughput
+worst absolute error (GPU records and testbed runs separately), the testbed runs by how many ranks their
+plan runs (the emulated clusters share this host's cores, and the agents calibrate side by side), memory
+error and the worst under-prediction, and the rank correlation (Spearman) between predicted and measured per-GPU throughput
 across the distinct plans of one job (records sharing a ``group``; each testbed file is one job, and the
 records of one plan — several policies or rounds ran it — count once, averaged).
 
@@ -338,6 +339,18 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[kind] = {"n": len(sel), "median_abs_err": statistics.median(errs), "worst_abs_err": worst["abs_err"],
                          "worst_id": worst["id"], "median_ratio": statistics.median(r["ratio"] for r in sel),
                          "median_abs_err_closed": statistics.median(abs(r["ratio_closed"] - 1) for r in sel)}
+    # Testbed records by their ranks: the emulated clusters share this host's cores (the agents calibrate
+    # side by side at start), so how many ranks a plan runs decides how far its compute is from calibration.
+    by_ranks: dict[int, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "testbed":
+            by_ranks.setdefault(int(r["gpus"]), []).append(r)
+    out["testbed_by_ranks"] = {
+        str(k): {"n": len(v), "median_ratio": statistics.median(r["ratio"] for r in v),
+                 "min_ratio": min(r["ratio"] for r in v), "max_ratio": max(r["ratio"] for r in v),
+                 "median_abs_err": statistics.median(r["abs_err"] for r in v)}
+        for k, v in sorted(by_ranks.items())
+    }
     mem = [r for r in rows if "mem_err" in r]
     if mem:
         out["memory"] = {"n": len(mem), "median_abs_err": statistics.median(abs(r["mem_err"]) for r in mem),
@@ -394,6 +407,10 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
             lines.append(f"- {kind}: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst "
                          f"{s['worst_abs_err']:.1%} ({s['worst_id']}), median ratio {s['median_ratio']:.3f}; closed "
                          f"form median |error| {s['median_abs_err_closed']:.1%}")
+    for k, s in summ.get("testbed_by_ranks", {}).items():
+        lines.append(f"- testbed plans on {k} ranks: n={s['n']}, ratio (predicted / measured) median "
+                     f"{s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}, median |error| "
+                     f"{s['median_abs_err']:.1%}")
     if "memory" in summ:
         s = summ["memory"]
         lines.append(f"- memory: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst signed "
