@@ -9,8 +9,9 @@ One run measures three parts on the same topologies (the pure computation is :mo
    decides exactly these instances, one after the other in this process (nothing else of this script runs
    meanwhile), each policy from a cold start (:func:`~spiderflow.core.sim.grid.cold_start`: one untimed
    decision warms the process, then every memo is cleared, so the first policy does not pay the process's
-   start-up for the others and none is warmed by another's memos), with its own budget (``ilp``: ``--ilp-limit`` s, hinted by the other baselines; ``genetic``:
-   the published population 100 and 4,900 trials, capped at ``--ilp-limit`` s; ``ilp`` hinted with
+   start-up for the others and none is warmed by another's memos), with its own budget (``ilp``:
+   ``--ilp-limit`` s, hinted by the other baselines; ``genetic``: the published population 100 and 4,900
+   trials, capped at ``--ilp-limit`` s; ``ilp`` hinted with
    SpinSearch's own plan is the *upper reference*, reported beside the baselines, never counted as one).
    Figures: plan throughput (tokens/s of the plan) in the closed form every policy optimises *and* in the
    exact timeline of one step; SpinSearch ÷ policy as geometric means with 95% intervals over the instances
