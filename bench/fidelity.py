@@ -21,9 +21,9 @@ Per record: measured and predicted step time (s), their ratio ``predicted / meas
 error ``|predicted − measured| / measured``; memory likewise where the source gives it. Summary: median and
 worst absolute error (GPU records and testbed runs separately), the testbed runs by how many ranks their
 plan runs (the emulated clusters share this host's cores, and the agents calibrate side by side), memory
-error and the worst under-prediction, and the rank correlation (Spearman) between predicted and measured per-GPU throughput
-across the distinct plans of one job (records sharing a ``group``; each testbed file is one job, and the
-records of one plan — several policies or rounds ran it — count once, averaged).
+error and the worst under-prediction, and the rank correlation (Spearman) between predicted and measured
+per-GPU throughput across the distinct plans of one job (records sharing a ``group``; each testbed file is
+one job, and the records of one plan — several policies or rounds ran it — count once, averaged).
 
 Measured step time: ``tokens_per_step / (tokens/s per GPU × GPUs)`` for torchtitan; for Megatron-LM
 ``F / (GPUs × TFLOP/s per GPU)`` with ``F = 72·B·s·l·h²·(1 + s/(6h) + V/(12·l·h))``, the model-FLOPs count
