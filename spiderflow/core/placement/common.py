@@ -1013,13 +1013,12 @@ def finalise(
     best allocations by their level-1 plans with it — each allocation as given and, where its level-1 plan
     leaves GPUs idle, the GPUs that plan uses; for the best one also the GPUs of its level-1 plan with every
     shape competing alike (``fallback_plan_chain(every_shape=True)``) where that plan is the better level-1
-    plan — and keep the best of these plans and
-    the best level-1 plan
-    on the exact timeline (TPA's prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the
-    level-1 plans are ranked among themselves on the closed form). ``force``: ask the planner for
-    the first allocation even when the level-1 planner found no plan (its error then names the binding
-    constraint); ``planner=None``: the level-1 plans only. Where the level-1 planner found no allocation's
-    memory enough, the planner is asked for the first one too: TPA may fit it with recomputation or FSDP.
+    plan — and keep the best of these plans and the best level-1 plan on the exact timeline (TPA's
+    prediction, :func:`spiderflow.core.tpa.timeline.evaluate_on_timeline`; the level-1 plans are ranked
+    among themselves on the closed form). ``force``: ask the planner for the first allocation even when the
+    level-1 planner found no plan (its error then names the binding constraint); ``planner=None``: the
+    level-1 plans only. Where the level-1 planner found no allocation's memory enough, the planner is asked
+    for the first one too: TPA may fit it with recomputation or FSDP.
 
     A later allocation replaces an earlier one only when better by more than ``tolerance`` (relative), so
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than

@@ -42,6 +42,7 @@ from spiderflow.core.catalog import model_preset
 from spiderflow.core.cycle import CycleResult, Outcome
 from spiderflow.core.domain import Budget, GpuRange, JobSpec, Plan, Topology
 from spiderflow.core.errors import SpiderFlowError
+from spiderflow.core.placement import clear_memos
 from spiderflow.core.placement.base import PlacementPolicy
 from spiderflow.core.placement.options import SearchOptions, make_policy
 from spiderflow.core.sim.engine import OverheadMode, SimConfig, simulate
@@ -200,8 +201,6 @@ def cold_start(setup: PolicySetup, topo: Topology, job: JobSpec, topologies: Seq
     (:func:`spiderflow.core.placement.clear_memos` with ``topologies``). So the first policy of a run does not
     pay the process's start-up for the others, and no policy's decisions are warmed by the memos (plans, level-2
     solves, timelines) an earlier policy left."""
-    from spiderflow.core.placement import clear_memos
-
     limit = WARMUP_LIMIT_S if setup.time_limit_s is None else min(setup.time_limit_s, WARMUP_LIMIT_S)
     decide(setup.build(), topo, job, Budget(time_limit_s=limit, seed=0))
     clear_memos(topo, *topologies)
