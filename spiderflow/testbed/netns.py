@@ -10,8 +10,8 @@ Contract
   plus ``route_localnet`` on that interface), so etcd and gRPC services listening on loopback work
   unchanged. Host ↔ cluster traffic is neither delayed nor shaped.
 * Each directed cluster pair ``a → b`` gets the topology's widest-path bandwidth (htb class on the
-  router; its bucket is 1 ms at the rate and the router's veths send single-segment packets, so an idle
-  link passes no burst above its rate) and one-way latency (the delay relay,
+  router; its bucket is 1 ms at the rate and the router's veths send packets of at most 1 ms at the slowest
+  rate into them, so an idle link passes no burst above its rate) and one-way latency (the delay relay,
   :mod:`spiderflow.testbed.relay`, a child process in the router namespace reached by nat REDIRECT of
   cluster-to-cluster TCP). Only TCP is delayed; other
   protocols and ``passthrough_ports`` are forwarded directly (bandwidth-shaped, no added latency).
@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,12 +141,25 @@ def _rate(gbps: float) -> str:
     return f"{max(round(gbps * 1e9), 8000)}bit"
 
 
+_FRAME_BYTES = 1514
+#: The most segments a GSO packet can carry (64 KiB at a 1448-byte MSS).
+_MAX_GSO_SEGS = 44
+
+
 def _burst(gbps: float) -> int:
-    """htb burst: 1 ms at the class rate, at least two full-size frames. The router's veths send single-segment
-    packets (``gso_max_segs 1``), so no 64 KiB GSO packet needs a larger bucket, and an idle link does not
-    pass a message's first tens of KiB faster than its rate (a 64 KiB bucket made a 256 KiB message over
-    20 Mbit/s arrive 13 % early)."""
-    return int(max(gbps * 1e9 / 8 * 0.001, 2 * 1514))
+    """htb burst: 1 ms at the class rate, at least two full-size frames. The router's veths send GSO packets of
+    at most 1 ms at the slowest rate into them (:func:`_gso_segs`), so no 64 KiB GSO packet needs a larger
+    bucket, and an idle link does not pass a message's first tens of KiB faster than its rate (a 64 KiB bucket
+    made a 256 KiB message over 20 Mbit/s arrive 13 % early)."""
+    return int(max(gbps * 1e9 / 8 * 0.001, 2 * _FRAME_BYTES))
+
+
+def _gso_segs(slowest_gbps: float) -> int:
+    """``gso_max_segs`` of a router veth: segments of at most 1 ms at the slowest pair rate into that cluster
+    (1 .. 44). TCP on the router (the relay's sockets) then builds packets no larger than every htb bucket on
+    that veth, while fast pairs are not cut into single segments: one segment per packet costs the relay and
+    the kernel so much CPU that a 400 Mbit/s pair carried 320-360 Mbit/s on a 2-core machine (383 with 4)."""
+    return int(min(max(slowest_gbps * 1e9 / 8 * 0.001 // _FRAME_BYTES, 1), _MAX_GSO_SEGS))
 
 
 def _namespaces() -> list[str]:
@@ -623,6 +636,7 @@ class Testbed:
             lines.append(self._class_cmd("replace", d.router_iface, s.index, p.bandwidth_gbps))
         if lines:
             _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+            self._size_gso(sorted({dst for _, dst in changed}))
         self._write_relay_config()  # what a restarted relay starts from
         self._control({"op": "set", "pairs": self._pair_rows()})
         self._write_state("up")
@@ -745,7 +759,7 @@ class Testbed:
             _sh(["ip", "-n", r, "link", "add", s.router_iface, "type", "veth", "peer", "name", CLUSTER_IFACE,
                  "netns", s.netns])
             _sh(["ip", "-n", r, "addr", "add", f"{s.gateway}/24", "dev", s.router_iface])
-            # one segment per packet towards the cluster: the htb bucket stays small (see _burst)
+            # one segment per packet until _shape sizes the GSO packets for this cluster's pairs
             _sh(["ip", "-n", r, "link", "set", s.router_iface, "gso_max_segs", "1", "up"])
             _sh(["ip", "-n", s.netns, "addr", "add", f"{s.address}/24", "dev", CLUSTER_IFACE])
             _sh(["ip", "-n", s.netns, "link", "set", CLUSTER_IFACE, "up"])
@@ -786,6 +800,18 @@ class Testbed:
                 lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip src {s.address}/32 "
                              f"flowid 1:{s.index + 1:x}")
         _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+        self._size_gso([d.name for d in layout.clusters])
+
+    def _size_gso(self, destinations: Iterable[str]) -> None:
+        """Set each destination's router veth ``gso_max_segs`` from the slowest pair into it (:func:`_gso_segs`).
+        The kernel reads it when a connection is set up, so a connection opened before a rate decrease keeps
+        its larger packets (at most 1 ms at the old rate) until it reconnects."""
+        layout, pairs = self.layout, self.pairs()
+        for name in destinations:
+            slowest = min((p.bandwidth_gbps for (src, dst), p in pairs.items() if dst == name and src != name),
+                          default=0.0)
+            _sh(["ip", "-n", layout.router_netns, "link", "set", layout.slot(name).router_iface,
+                 "gso_max_segs", str(_gso_segs(slowest))])
 
     def _redirect(self) -> None:
         layout = self.layout

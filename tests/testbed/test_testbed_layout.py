@@ -97,3 +97,13 @@ def test_update_link_creates_a_missing_link_only_with_both_figures() -> None:
         update_link(topo, b, d, bandwidth_gbps=1.0)
     p = pair_figures(update_link(topo, b, d, bandwidth_gbps=1.0, latency_ms=2))
     assert (p[(b, d)].bandwidth_gbps, p[(d, b)].latency_ms) == (1.0, 2)
+
+
+def test_gso_packets_of_a_router_veth_stay_within_1_ms_of_its_slowest_pair() -> None:
+    from spiderflow.testbed.netns import _burst, _gso_segs
+
+    assert _gso_segs(0.02) == 1 and _gso_segs(0.0) == 1  # 2.5 KB per ms: one segment
+    assert _gso_segs(0.05) == 4 and _gso_segs(0.4) == 33
+    assert _gso_segs(10.0) == 44  # a 64 KiB GSO packet at most
+    for gbps in (0.01, 0.05, 0.1, 0.4, 1.0, 10.0):
+        assert _gso_segs(gbps) * 1514 <= max(_burst(gbps), 1514)

@@ -140,6 +140,13 @@ def test_configured_figures_cover_the_required_range(testbed: Testbed) -> None:
     assert figures[(C, A)] == (0.1, 35) and figures[(A, C)] == (0.2, 25)  # widest path beats the direct link
 
 
+def _gso_max_segs(tb: Testbed) -> dict[str, int]:
+    out = subprocess.run(["ip", "-n", tb.layout.router_netns, "-d", "-j", "link", "show"], capture_output=True,
+                         text=True, check=True).stdout
+    by_iface = {link["ifname"]: int(link["gso_max_segs"]) for link in json.loads(out)}
+    return {s.name: by_iface[s.router_iface] for s in tb.layout.clusters}
+
+
 def test_set_link_changes_are_measurable(testbed: Testbed) -> None:
     before_rtt = _rtt_ms(testbed, A, B)
     changed = testbed.set_link(A, B, bandwidth_gbps=0.1, latency_ms=30)
@@ -449,6 +456,23 @@ def test_supervised_commands_are_restarted_when_they_exit(testbed: Testbed, tmp_
     assert first.poll() is not None
     state = json.loads(testbed.state_file.read_text())
     assert any(s["cluster"] == D and s["pid"] != first.pid for s in state["supervised"])
+
+
+def test_gso_packets_towards_a_cluster_follow_the_slowest_pair_into_it(testbed: Testbed, state_dir: Path) -> None:
+    # every cluster of the module's testbed has a 50 Mbit/s pair into it (D's link, relayed through A)
+    assert _gso_max_segs(testbed) == {A: 4, B: 4, C: 4, D: 4}
+    topo = Topology(
+        clusters=tuple(Cluster(name=n, gpu="cpu", nodes=1, gpus_per_node=1) for n in ("x", "y", "z")),
+        links=(Link(a="x", b="y", bandwidth_gbps=0.4, latency_ms=5),
+               Link(a="y", b="z", bandwidth_gbps=0.02, latency_ms=5, directed=True),
+               Link(a="z", b="y", bandwidth_gbps=0.4, latency_ms=5, directed=True)),
+    )
+    cleanup("sfgso", state_dir=state_dir)
+    with Testbed(topo, prefix="sfgso", state_dir=state_dir) as tb:
+        assert _gso_max_segs(tb) == {"x": 33, "y": 33, "z": 1}
+        tb.set_link("x", "y", bandwidth_gbps=0.1)
+        assert _gso_max_segs(tb) == {"x": 8, "y": 8, "z": 1}
+    assert _gone("sfgso") == []
 
 
 def test_a_dead_relay_is_restarted_with_the_current_figures(state_dir: Path) -> None:
