@@ -227,6 +227,9 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
         "last_loss": final.progress.get("loss"),
         # where each rank's steps went (mean seconds per step after the first; wall and CPU time)
         "phases": phases,
+        # the links between the plan's neighbouring stages as the agents measured them when it was planned
+        "live_links": [{"src": a, "dst": b, "gbps": live.bandwidth_gbps(a, b), "ms": live.latency_ms(a, b)}
+                       for a, b in zip(plan.chain, plan.chain[1:], strict=False)],
     }
     try:
         result["timeline_on_measured_compute_s"] = timeline_on_measured_compute(
