@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -228,7 +229,9 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
         # where each rank's steps went (mean seconds per step after the first; wall and CPU time)
         "phases": phases,
         # the links between the plan's neighbouring stages as the agents measured them when it was planned
-        "live_links": [{"src": a, "dst": b, "gbps": live.bandwidth_gbps(a, b), "ms": live.latency_ms(a, b)}
+        # (null where the snapshot had no link yet)
+        "live_links": [{"src": a, "dst": b, "gbps": live.bandwidth_gbps(a, b) or None,
+                        "ms": live.latency_ms(a, b) if math.isfinite(live.latency_ms(a, b)) else None}
                        for a, b in zip(plan.chain, plan.chain[1:], strict=False)],
     }
     try:
