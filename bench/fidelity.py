@@ -53,6 +53,7 @@ import json
 import math
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,7 @@ def testbed_rows() -> list[dict[str, Any]]:
                           seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus), precision=precision)
             closed, tl, _ = predict(plan, topo, job)
             meas = float(run["measured_step_s"])
+            shares = _share_repricing(plan, topo, job, cal, run, int(d.get("host_cores", 0)))
             rows.append({
                 "id": f"{path.stem}/{run['policy']}" + (f"#{run['round']}" if "round" in run else ""),
                 "kind": "testbed", "source": str(path.relative_to(ROOT)),
@@ -301,8 +303,45 @@ def testbed_rows() -> list[dict[str, Any]]:
                 "predicted_closed_s": closed, "ratio": tl / meas, "ratio_closed": closed / meas,
                 "abs_err": abs(tl - meas) / meas,
                 "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
+                **{f"ratio_{k}": v / meas for k, v in shares.items()},
             })
     return rows
+
+
+def _share_repricing(plan: Plan, topo: Topology, job: JobSpec, cal: dict[str, dict[str, float]],
+                     run: dict[str, Any], cores: int) -> dict[str, float]:
+    """A diagnosis, not a prediction: the run's timeline step with each cluster's calibration re-scaled from
+    the core share its agent calibrated at (``share``, four agents side by side) to another share, as the
+    agent scales its per-core figures to its own (``agent/profiler.py``): ``at_job_share``, the share the
+    stage's ranks measured (CPU ÷ wall time of forward + backward); ``at_cores_per_rank``,
+    ``min(1, host cores / the plan's ranks)``. Only for runs whose file stores the shares (empty otherwise)."""
+    if not all("share" in cal.get(c, {}) for c in plan.chain) or not run.get("phases"):
+        return {}
+    phases = run["phases"]
+    measured = {}
+    for i, st in enumerate(plan.stages):
+        ph = phases.get(str(i))
+        if not ph or ph["forward_s"] + ph["backward_s"] <= 0:
+            return {}
+        measured[st.cluster] = (ph["forward_cpu_s"] + ph["backward_cpu_s"]) / (ph["forward_s"] + ph["backward_s"])
+    out = {"at_job_share": measured}
+    if cores > 0:
+        out["at_cores_per_rank"] = {c: min(1.0, cores / plan.gpus) for c in plan.chain}
+
+    def at(target: dict[str, float]) -> float:
+        clusters = []
+        for c in topo.clusters:
+            if c.name not in target:
+                clusters.append(c)
+                continue
+            k, to = cal[c.name], target[c.name]
+            f = k["share"] / to  # wall time per unit of work scales with 1 / share
+            clusters.append(replace(c, tflops=c.tflops / f if c.tflops else c.tflops,
+                                    layer_overhead_ms=(c.layer_overhead_ms or 0.0) * f,
+                                    optimizer_ms_per_layer=(c.optimizer_ms_per_layer or 0.0) * f))
+        return predict(plan, Topology(clusters=tuple(clusters), links=topo.links), job)[1]
+
+    return {k: at(v) for k, v in out.items()}
 
 
 def _ranks(xs: list[float]) -> list[float]:
@@ -351,6 +390,14 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                  "median_abs_err": statistics.median(r["abs_err"] for r in v)}
         for k, v in sorted(by_ranks.items())
     }
+    for key in ("ratio_at_job_share", "ratio_at_cores_per_rank"):
+        rs = [r for r in rows if key in r]
+        if rs:
+            errs = [abs(r[key] - 1.0) for r in rs]
+            out[key.removeprefix("ratio_")] = {
+                "n": len(rs), "median_ratio": statistics.median(r[key] for r in rs),
+                "median_abs_err": statistics.median(errs), "within_10": sum(e <= 0.10 for e in errs),
+                "as_predicted_median_abs_err": statistics.median(r["abs_err"] for r in rs)}
     mem = [r for r in rows if "mem_err" in r]
     if mem:
         out["memory"] = {"n": len(mem), "median_abs_err": statistics.median(abs(r["mem_err"]) for r in mem),
@@ -411,6 +458,14 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
         lines.append(f"- testbed plans on {k} ranks: n={s['n']}, ratio (predicted / measured) median "
                      f"{s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}, median |error| "
                      f"{s['median_abs_err']:.1%}")
+    for key, what in (("at_job_share", "the share their ranks measured"),
+                      ("at_cores_per_rank", "min(1, host cores / ranks)")):
+        if key in summ:
+            s = summ[key]
+            lines.append(f"- testbed runs re-priced at {what} (a diagnosis; runs that store the calibration's "
+                         f"share): n={s['n']}, median ratio {s['median_ratio']:.3f}, median |error| "
+                         f"{s['median_abs_err']:.1%} ({s['within_10']} within ±10 %; as predicted "
+                         f"{s['as_predicted_median_abs_err']:.1%})")
     if "memory" in summ:
         s = summ["memory"]
         lines.append(f"- memory: n={s['n']}, median |error| {s['median_abs_err']:.1%}, worst signed "

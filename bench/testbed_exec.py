@@ -44,6 +44,7 @@ Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -148,6 +149,20 @@ def worker_done_events(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[
                     if ev.get("event") == "done":
                         out[int(ev["rank"])] = ev
     return out
+
+
+def calibration_share(agent_log: Path) -> dict[str, float]:
+    """What the agent's CPU calibration saw (its ``agent.calibrated`` event): ``share``, the core share its
+    thread got (CPU ÷ wall time), and the per-core figures the wall-clock ones were scaled from. Empty when
+    the log holds no such event."""
+    keys = ("share", "cpu_training_tflops", "cpu_layer_overhead_ms", "cpu_matmul_tflops")
+    with contextlib.suppress(OSError):
+        for line in agent_log.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if isinstance(ev, dict) and ev.get("event") == "agent.calibrated":
+                    return {k: float(ev[k]) for k in keys if isinstance(ev.get(k), int | float)}
+    return {}
 
 
 def worker_step_times(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
@@ -310,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     with LocalMesh(topo, testbed=True, testbed_prefix=prefix) as mesh:
         with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
             live = wait_for_links(sf, len(topo.clusters), timeout=120)
+        shares = {c.name: calibration_share(mesh.workdir / "logs" / f"agent-{c.name}.log") for c in live.clusters}
         print("live topology (agent-measured):", flush=True)
         for c in live.clusters:
             print(f"  {c.name}: tflops {c.tflops}, mfu {c.mfu}, effective {c.effective_tflops:.4f}, "
@@ -344,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         "executed_precision": job_from_dict(job(args, "x", gpus)).precision.value,
         "calibration": {c.name: {"tflops": c.tflops, "mfu": c.mfu, "effective_tflops": c.effective_tflops,
                                  "layer_overhead_ms": c.layer_overhead_ms,
-                                 "optimizer_ms_per_layer": c.optimizer_ms_per_layer} for c in live.clusters},
+                                 "optimizer_ms_per_layer": c.optimizer_ms_per_layer,
+                                 **shares.get(c.name, {})} for c in live.clusters},
+        "host_cores": len(os.sched_getaffinity(0)),  # the cores every cluster's agent and workers share
         "load_average_before": list(load_before),
         "runs": results,
         "per_policy": {k: {"chain": v["chain"], "stages": v["stages"], "measured_step_s": v["measured_step_s"],
