@@ -224,7 +224,10 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
         raise RuntimeError(f"{policy}: job ended {final.state}: {final.reason}")
     plan = final.plan
     reported = [t for step, t in sorted(progress.items()) if step > 1]
-    done = worker_done_events(mesh.agents_dir, final.id)
+    # a rank's last output lines may reach its log file just after the job is reported done
+    deadline = time.monotonic() + 10.0
+    while len(done := worker_done_events(mesh.agents_dir, final.id)) < plan.gpus and time.monotonic() < deadline:
+        time.sleep(0.2)
     ranks = {r: [float(t) for t in ev["step_times_s"]] for r, ev in done.items()}
     last_rank = max(ranks) if ranks else None
     worker = ranks[last_rank][1:] if last_rank is not None else []
