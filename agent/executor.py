@@ -29,7 +29,9 @@ plane's ``Control`` API, :mod:`agent.remote_store`; the agent holds no etcd cred
   accepted by the relay and then reset).
 - **Progress.** Step events of the last stage's replica 0 (the one that knows the global batch's loss)
   go to the scheduler's ``ReportProgress`` with the assignment's attempt, coalesced at most every
-  ``report_interval_s``: step, loss, step time, tokens/s. ``stop=true`` in the answer stops the run.
+  ``report_interval_s``: step, loss, step time, tokens/s. ``stop=true`` in the answer stops the run. A run
+  stopped by the scheduler or by its assignment's removal reports the events it had not reported yet once,
+  best effort (a stage before the last may finish its last steps just after the job ended).
 - **Outcomes.** When this agent's workers have exited: one ``WorkerOutcome`` per stage it runs
   (``succeeded`` when every rank of the stage exited 0; otherwise ``error`` = the worker's error event and
   the last lines of its stderr). The final progress travels in the same request as the outcomes, so the
@@ -219,6 +221,10 @@ class _Run:
         if not self.cancelled.is_set():
             self.reason = reason
             self.cancelled.set()
+
+
+FLUSH_TIMEOUT_S = 5.0
+"""How long a stopped run's last progress report may take (:meth:`Executor._flush_progress`)."""
 
 
 class _Cancelled(Exception):
@@ -576,6 +582,7 @@ class Executor:
                         await asyncio.wait_for(all_run, s.stop_grace_s + 30.0)
                 if all_run.done() and not all_run.cancelled() and all_run.exception() is None:
                     note_succeeded(all_run.result())  # ranks that finished before the stop reached them
+                await self._flush_progress(run, pending, bound)
                 raise _Cancelled
             results = await all_run
         finally:
@@ -647,6 +654,23 @@ class Executor:
                 run.cancel("the scheduler asked to stop")
                 return
             await asyncio.sleep(self.settings.report_interval_s)
+
+    async def _flush_progress(self, run: _Run, pending: list[types_pb2.ProgressEvent], bound: Any) -> None:
+        """Report the progress events a stopped run had not reported yet, once and best effort. A stage that is
+        not the last may finish its last steps just after the last stage's success ended the job, which removes
+        the assignments; the scheduler keeps such late stage events (their busy times) in the job's metrics
+        and ignores events of an attempt that is no longer current."""
+        if not pending:
+            return
+        a = run.assignment
+        req = scheduler_pb2.ReportProgressRequest(cluster=self.settings.cluster, job_id=a.job, attempt=a.attempt,
+                                                  progress=list(pending))
+        try:
+            await asyncio.wait_for(self.reporter.report(req), FLUSH_TIMEOUT_S)
+        except (SpiderFlowError, TimeoutError) as e:
+            bound.info("executor.late_progress_not_reported", events=len(pending), error=str(e))
+        else:
+            pending.clear()
 
     async def _report_outcomes(self, run: _Run, outcomes: dict[int, str], bound: Any,
                                progress: list[types_pb2.ProgressEvent] | None = None,

@@ -6,8 +6,8 @@
   off, the rendezvous key is removed afterwards, worker logs are in the work dir;
 - the agent's worker board follows each rank (starting, running with its step, succeeded; stopped when
   the assignment goes) and carries the progress events, which a watcher sees in order;
-- a deleted assignment stops its workers without any report; a job's own checkpoint interval overrides
-  the agent's;
+- a deleted assignment stops its workers without an outcome; the progress it had not reported yet is
+  reported once; a job's own checkpoint interval overrides the agent's;
 - a plan the executor cannot run (tensor parallelism) fails its stage at once, with the reason;
 - values: assignment and rendezvous round trips, peer-looking errors.
 """
@@ -140,6 +140,54 @@ async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -
         assert not any(r.outcomes for r in rec.requests)
         [stopped] = ex.workers.snapshot("j2")
         assert stopped.state == agent_pb2.WORKER_STATE_STOPPED and stopped.error == "assignment removed"
+
+
+class HeldRecorder(Recorder):
+    """A recorder whose first progress report hangs (a slow scheduler), so that step events pile up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = True
+
+    async def report(self, request: scheduler_pb2.ReportProgressRequest) -> tuple[bool, bool]:
+        if request.progress and self.first:
+            self.first = False
+            self.progress.set()
+            await asyncio.Event().wait()  # cancelled with the run
+        return await super().report(request)
+
+
+async def test_a_stopped_run_reports_the_progress_it_had_not_reported(tmp_path: Path) -> None:
+    store = MemoryStore()
+    rec = HeldRecorder()
+    settings = ExecutorSettings(cluster=CLUSTER, host="127.0.0.1", work_dir=tmp_path / "work",
+                                checkpoint_dir=tmp_path / "ckpt", checkpoint_every=0, failure_grace_s=1.0)
+    ex = Executor(settings, store, rec)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ex.run(stop))
+    try:
+        key = keys.assignment_key(CLUSTER, "j5")
+        with ex.workers.watch("j5") as watch:
+            await store.put(key, _assignment("j5", steps=10_000))
+            await asyncio.wait_for(rec.progress.wait(), 150)  # the first report hangs from here on
+            seen = 0
+            while seen < 3:  # three more steps run meanwhile
+                ev = await asyncio.wait_for(watch.queue.get(), 60)
+                seen += ev.HasField("progress")
+        await store.delete(key)
+        for _ in range(100):
+            if not ex.runs:
+                break
+            await asyncio.sleep(0.1)
+        assert not ex.runs
+        [late] = rec.requests  # the flush after the stop, not the hung report
+        assert not late.outcomes and late.attempt == 1 and late.job_id == "j5"
+        steps = [p.step for p in late.progress]
+        assert steps == sorted(steps) and steps[0] == 1 and steps[-1] >= 3  # beyond the hung report's step 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await store.close()
 
 
 async def test_a_plan_the_executor_cannot_run_fails_the_stage_with_the_reason(tmp_path: Path) -> None:
