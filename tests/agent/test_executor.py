@@ -65,10 +65,10 @@ def _assignment(job: str, steps: int, attempt: int = 1, tp: int = 1, checkpoint_
 
 
 @contextlib.asynccontextmanager
-async def _executor(tmp_path: Path, every: int = 2) -> AsyncIterator[tuple[Executor, MemoryStore, Recorder,
-                                                                            list[bool]]]:
+async def _executor(tmp_path: Path, every: int = 2, rec: Recorder | None = None) -> AsyncIterator[
+        tuple[Executor, MemoryStore, Recorder, list[bool]]]:
     store = MemoryStore()
-    rec = Recorder()
+    rec = rec or Recorder()
     busy: list[bool] = []
     settings = ExecutorSettings(cluster=CLUSTER, host="127.0.0.1", work_dir=tmp_path / "work",
                                 checkpoint_dir=tmp_path / "ckpt", checkpoint_every=every, failure_grace_s=1.0)
@@ -130,12 +130,7 @@ async def test_a_deleted_assignment_stops_its_workers_silently(tmp_path: Path) -
                 break
             await asyncio.sleep(0.1)
         assert await store.get(keys.checkpoint_key("j2")) is not None
-        await store.delete(key)
-        for _ in range(100):
-            if not ex.runs:
-                break
-            await asyncio.sleep(0.1)
-        assert not ex.runs
+        await _remove(ex, store, key)
         assert busy == [True, False]
         assert not any(r.outcomes for r in rec.requests)
         [stopped] = ex.workers.snapshot("j2")
@@ -157,15 +152,18 @@ class HeldRecorder(Recorder):
         return await super().report(request)
 
 
+async def _remove(ex: Executor, store: MemoryStore, key: str) -> None:
+    """Delete an assignment and wait until its run has stopped."""
+    await store.delete(key)
+    for _ in range(100):
+        if not ex.runs:
+            break
+        await asyncio.sleep(0.1)
+    assert not ex.runs
+
+
 async def test_a_stopped_run_reports_the_progress_it_had_not_reported(tmp_path: Path) -> None:
-    store = MemoryStore()
-    rec = HeldRecorder()
-    settings = ExecutorSettings(cluster=CLUSTER, host="127.0.0.1", work_dir=tmp_path / "work",
-                                checkpoint_dir=tmp_path / "ckpt", checkpoint_every=0, failure_grace_s=1.0)
-    ex = Executor(settings, store, rec)
-    stop = asyncio.Event()
-    task = asyncio.create_task(ex.run(stop))
-    try:
+    async with _executor(tmp_path, every=0, rec=HeldRecorder()) as (ex, store, rec, _):
         key = keys.assignment_key(CLUSTER, "j5")
         with ex.workers.watch("j5") as watch:
             await store.put(key, _assignment("j5", steps=10_000))
@@ -174,20 +172,11 @@ async def test_a_stopped_run_reports_the_progress_it_had_not_reported(tmp_path: 
             while seen < 3:  # three more steps run meanwhile
                 ev = await asyncio.wait_for(watch.queue.get(), 60)
                 seen += ev.HasField("progress")
-        await store.delete(key)
-        for _ in range(100):
-            if not ex.runs:
-                break
-            await asyncio.sleep(0.1)
-        assert not ex.runs
+        await _remove(ex, store, key)
         [late] = rec.requests  # the flush after the stop, not the hung report
         assert not late.outcomes and late.attempt == 1 and late.job_id == "j5"
         steps = [p.step for p in late.progress]
         assert steps == sorted(steps) and steps[0] == 1 and steps[-1] >= 3  # beyond the hung report's step 1
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        await store.close()
 
 
 async def test_a_plan_the_executor_cannot_run_fails_the_stage_with_the_reason(tmp_path: Path) -> None:
