@@ -636,7 +636,7 @@ class Testbed:
             lines.append(self._class_cmd("replace", d.router_iface, s.index, p.bandwidth_gbps))
         if lines:
             _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
-            self._size_gso(sorted({dst for _, dst in changed}))
+            self._size_gso(after, sorted({dst for _, dst in changed}))
         self._write_relay_config()  # what a restarted relay starts from
         self._control({"op": "set", "pairs": self._pair_rows()})
         self._write_state("up")
@@ -800,18 +800,20 @@ class Testbed:
                 lines.append(f"filter add dev {dev} parent 1: protocol ip prio 1 u32 match ip src {s.address}/32 "
                              f"flowid 1:{s.index + 1:x}")
         _sh(["tc", "-n", layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
-        self._size_gso([d.name for d in layout.clusters])
+        self._size_gso(pairs, [d.name for d in layout.clusters])
 
-    def _size_gso(self, destinations: Iterable[str]) -> None:
-        """Set each destination's router veth ``gso_max_segs`` from the slowest pair into it (:func:`_gso_segs`).
-        The kernel reads it when a connection is set up, so a connection opened before a rate decrease keeps
-        its larger packets (at most 1 ms at the old rate) until it reconnects."""
-        layout, pairs = self.layout, self.pairs()
+    def _size_gso(self, pairs: Mapping[tuple[str, str], PairShaping], destinations: Iterable[str]) -> None:
+        """Set each destination's router veth ``gso_max_segs`` from the slowest of ``pairs`` into it
+        (:func:`_gso_segs`), in one ``ip -batch``. The kernel reads it when a connection is set up, so a
+        connection opened before a rate decrease keeps its larger packets (at most 1 ms at the old rate) until
+        it reconnects."""
+        lines = []
         for name in destinations:
             slowest = min((p.bandwidth_gbps for (src, dst), p in pairs.items() if dst == name and src != name),
                           default=0.0)
-            _sh(["ip", "-n", layout.router_netns, "link", "set", layout.slot(name).router_iface,
-                 "gso_max_segs", str(_gso_segs(slowest))])
+            lines.append(f"link set dev {self.layout.slot(name).router_iface} gso_max_segs {_gso_segs(slowest)}")
+        if lines:
+            _sh(["ip", "-n", self.layout.router_netns, "-batch", "-"], stdin="\n".join(lines) + "\n")
 
     def _redirect(self) -> None:
         layout = self.layout
