@@ -31,11 +31,13 @@ the compute its ranks measured (:func:`timeline_on_measured_compute`). Prints a 
 ``firstfit / spinsearch`` of measured mean step times (the target: ≥ 1.3) and writes a JSON summary
 (``--out``) with the agents' calibration figures.
 
-The agents share this host's cores: they calibrate side by side at start (four calibrations on the cores
-at once), while a three-stage job's workers compete less (three workers, and less still when they wait on
-a slow link), so the calibrated compute rate is the host's under a load the job does not recreate. The
-predicted step carries that error; the timeline on measured compute shows what the links and schedule
-alone predict.
+Every cluster gets its own CPU (``--cpus-per-gpu auto``: a cgroup quota of ``0.8 × cores ÷ workers`` per
+worker, and idle vCPUs poll before halting: :mod:`spiderflow.testbed.cpu`), so each agent calibrates at the
+share its cluster's workers get later, whatever the other clusters do. With ``--cpus-per-gpu none`` the
+clusters share the host's cores, as every run before the quota did: the agents then calibrate side by side
+at start (four calibrations on the cores at once), while a three-stage job's workers compete less (three
+workers, and less still when they wait on a slow link), so the calibrated rate is the host's under a load
+the job does not recreate. The timeline on measured compute shows what the links and schedule alone predict.
 
 Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
 Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed down --prefix P``.
@@ -196,6 +198,22 @@ def timeline_on_measured_compute(plan: Plan, topo: Topology, spec: JobSpec,
     return simulate_plan(plan, topo, spec, record=False, timing=(measured, ser, lat, chunks)).step_s
 
 
+def cpu_quota(option: str, host_cores: int, workers: int) -> float | None:
+    """``--cpus-per-gpu``: ``None`` for ``none``; ``auto`` gives every worker an equal part of four fifths of the
+    host's cores, at most one core; else the number given (cores, > 0)."""
+    if option == "none":
+        return None
+    if option == "auto":
+        return min(1.0, 0.8 * host_cores / max(workers, 1))
+    try:
+        value = float(option)
+    except ValueError:
+        raise ValueError(f"a number of cores, 'auto' or 'none' (got {option!r})") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"must be a positive number of cores (got {option!r})")
+    return value
+
+
 def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[int, int] = (3, 3)) -> dict[str, Any]:
     spec = job(args, policy, gpus)
     with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
@@ -307,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1, help="rounds of --order (per policy: the median of its runs)")
     p.add_argument("--topology", choices=sorted(TOPOLOGIES), default="slow-link",
                    help="slow-link: 3 clusters wanted, every path to charlie slow; ring: 2-4 clusters wanted")
+    p.add_argument("--cpus-per-gpu", default="auto", metavar="CORES|auto|none",
+                   help="each cluster's CPU quota per worker (spiderflow.testbed.cpu): a number of cores; 'auto' "
+                        "(default) = 0.8 × the host's cores ÷ all clusters' workers (at most 1), leaving a fifth "
+                        "for the control plane and the relay; 'none': the clusters share the host's cores")
     p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'tbx…')")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default="", help="write the JSON summary here")
@@ -321,11 +343,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.prices == "regional":  # as the bundled presets' regions: electricity differs, bace follows the cheapest
         topo = replace(topo, clusters=tuple(replace(c, electricity_usd_per_kwh=round(0.05 + 0.03 * i, 4))
                                             for i, c in enumerate(topo.clusters)))
+    host_cores = len(os.sched_getaffinity(0))
+    try:
+        cpus_per_gpu = cpu_quota(args.cpus_per_gpu, host_cores, sum(c.total_gpus for c in topo.clusters))
+    except ValueError as e:
+        print(f"--cpus-per-gpu: {e}", file=sys.stderr)
+        return 2
     prefix = args.prefix or "tbx" + uuid.uuid4().hex[:5]
     results: list[dict[str, Any]] = []
     load_before = os.getloadavg()
     t0 = time.monotonic()
-    with LocalMesh(topo, testbed=True, testbed_prefix=prefix) as mesh:
+    with LocalMesh(topo, testbed=True, testbed_prefix=prefix, cpus_per_gpu=cpus_per_gpu) as mesh:
         with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
             live = wait_for_links(sf, len(topo.clusters), timeout=120)
         shares = {c.name: calibration_share(mesh.workdir / "logs" / f"agent-{c.name}.log") for c in live.clusters}
@@ -365,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "layer_overhead_ms": c.layer_overhead_ms,
                                  "optimizer_ms_per_layer": c.optimizer_ms_per_layer,
                                  **shares.get(c.name, {})} for c in live.clusters},
-        "host_cores": len(os.sched_getaffinity(0)),  # the cores every cluster's agent and workers share
+        "host_cores": host_cores,  # the cores every cluster's agent and workers share
+        "cpus_per_gpu": cpus_per_gpu,  # each cluster's CPU quota per worker (None: the clusters share the cores)
         "load_average_before": list(load_before),
         "runs": results,
         "per_policy": {k: {"chain": v["chain"], "stages": v["stages"], "measured_step_s": v["measured_step_s"],

@@ -102,7 +102,7 @@ class LocalMesh:
                  etcd_tls: bool = False, service_ports: dict[str, int] | None = None,
                  cluster_args: Mapping[str, Sequence[str]] | None = None,
                  agents_dir: Path | None = None, dashboard_port: int | None = None,
-                 gateway: bool = False) -> None:
+                 gateway: bool = False, cpus_per_gpu: float | None = None) -> None:
         self.topology = topology
         self._own_dir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="spiderflow-mesh-"))
@@ -113,6 +113,12 @@ class LocalMesh:
 
             raise ValidationError("--gateway", "needs --testbed (the firewall and the NAT live in its namespaces)")
         self.gateway = gateway
+        if cpus_per_gpu is not None and not testbed:
+            from spiderflow.core.errors import ValidationError
+
+            raise ValidationError("--cpus-per-gpu", "needs --testbed (the limits are per testbed cluster)")
+        self.cpus_per_gpu = cpus_per_gpu
+        """With the testbed: each cluster's CPU quota per "GPU" (:mod:`spiderflow.testbed.cpu`); None: none."""
         self.testbed_prefix = testbed_prefix
         self.scheduler_args = list(scheduler_args)
         self.agent_args = list(agent_args)
@@ -209,7 +215,8 @@ class LocalMesh:
 
             testbed = Testbed(self.topology, prefix=self.testbed_prefix,
                               gateway_port=GATEWAY_PORT if self.gateway else None,
-                              gateway_redirect_port=GATEWAY_REDIRECT_PORT if self.gateway else None)
+                              gateway_redirect_port=GATEWAY_REDIRECT_PORT if self.gateway else None,
+                              cpus_per_gpu=self.cpus_per_gpu)
             testbed.up()  # cleans up after itself if it fails; never take down another run's testbed of this prefix
             self.testbed = testbed
             host = testbed.host_address
@@ -280,7 +287,7 @@ class LocalMesh:
             env = {k: v for k, v in self.testbed.environment(c.name).items() if k.startswith(("SPIDERFLOW_TESTBED",
                                                                                                 "GLOO_", "TP_"))}
             proc = ManagedProcess(f"agent-{c.name}", argv, log_dir=self.workdir / "logs", env=env,
-                                  prefix=["ip", "netns", "exec", self.testbed.netns(c.name)])
+                                  prefix=self.testbed.launch_prefix(c.name))
         else:
             proc = ManagedProcess(f"agent-{c.name}", argv, log_dir=self.workdir / "logs")
         if not wait:

@@ -21,6 +21,7 @@ from spiderflow.core.errors import SpiderFlowError
 from spiderflow.procs import ManagedProcess, spiderflow_argv
 from spiderflow.store.process import EtcdProcess
 from spiderflow.testbed import Testbed, check_environment, cleanup
+from spiderflow.testbed.cpu import cpu_hierarchy
 
 __all__ = ["NICE", "ROOT", "LiveMesh", "leftovers_of_testbed", "live_mesh", "netns_skip_reason"]
 
@@ -54,6 +55,9 @@ def leftovers_of_testbed(prefix: str) -> list[str]:
             left.append(f"{exe} rule")
     if f"{prefix}-host" in subprocess.run(["ip", "route"], capture_output=True, text=True).stdout:
         left.append("host route")
+    hierarchy = cpu_hierarchy()
+    if hierarchy is not None and hierarchy.base(prefix).exists():
+        left.append(f"cgroup {hierarchy.base(prefix)}")
     return left
 
 

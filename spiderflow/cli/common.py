@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -132,6 +133,17 @@ def csv_ints(*, minimum: int) -> Callable[[str], list[int]]:
         return out
 
     return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` for a finite number > 0 (a bad value is a usage error naming it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number (got {text!r})")
+    return value
 
 
 def fit_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *,

@@ -31,9 +31,16 @@ Contract
 * :meth:`Testbed.partition` cuts one cluster off (its router-side veth goes down: nothing reaches or leaves
   the namespace, neither peers nor the host's services; processes inside keep running and their sockets
   stay open, as in a network partition) and :meth:`Testbed.heal` reconnects it with the same shaping.
+* ``cpus_per_gpu`` (cores): each cluster gets a CPU quota of ``cpus_per_gpu × total_gpus`` cores (a cgroup per
+  cluster, :mod:`spiderflow.testbed.cpu`) that every process started in it runs under, so a cluster's compute
+  is its own, as on real hardware, instead of whatever the other clusters on this host leave free; in a
+  KVM guest, idle vCPUs then poll for up to a quota period before halting while the testbed is up
+  (``halt_poll``; a halted vCPU resumes its worker on cold caches). ``None`` (the default): no limit.
+  :meth:`Testbed.launch_prefix` is the argv prefix that starts a command in a cluster (its cgroup, then its
+  namespace).
 * :meth:`Testbed.down` removes everything (processes in the namespaces, namespaces, veths, the host
-  rule, the state file); a failed :meth:`Testbed.up` calls it before re-raising. :func:`cleanup` does
-  the same from names alone for a crashed run. State lives in ``<state_dir>/<prefix>.json``
+  rule, the cgroups, the state file); a failed :meth:`Testbed.up` calls it before re-raising.
+  :func:`cleanup` does the same from names alone for a crashed run. State lives in ``<state_dir>/<prefix>.json``
   (``/run/spiderflow-testbed`` by default) so :meth:`Testbed.attach` finds a detached testbed.
 
 Requires root, ``ip``, ``tc`` and ``iptables`` (nft or legacy backend, whichever works).
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -59,9 +67,25 @@ from typing import Any
 import structlog
 
 from spiderflow.core.domain import Topology
-from spiderflow.core.errors import NotFoundError, PermissionDeniedError, PreconditionError, SpiderFlowError
+from spiderflow.core.errors import (
+    NotFoundError,
+    PermissionDeniedError,
+    PreconditionError,
+    SpiderFlowError,
+    ValidationError,
+)
 from spiderflow.formats import topology_from_dict, topology_to_dict
 from spiderflow.gateway.protocol import GatewayConfig, GatewayPeer
+from spiderflow.testbed.cpu import (
+    DEFAULT_PERIOD_US,
+    CpuGroup,
+    cpu_hierarchy,
+    create_group,
+    hold_halt_polling,
+    join_prefix,
+    release_halt_polling,
+    remove_groups,
+)
 from spiderflow.testbed.layout import (
     CLUSTER_IFACE,
     DEFAULT_CLASS_MINOR,
@@ -224,6 +248,11 @@ def cleanup(prefix: str, *, state_dir: Path | None = None) -> list[str]:
     for ns in mine:
         if _sh(["ip", "netns", "del", ns], check=False).returncode == 0:
             removed.append(f"netns {ns}")
+    hierarchy = cpu_hierarchy()
+    if hierarchy is not None:
+        removed += remove_groups(hierarchy, prefix)
+    if release_halt_polling(prefix):
+        removed.append("halt-polling hold (restored)")
     d = state_dir or default_state_dir()
     for f in sorted(d.glob(f"{prefix}.*")) + sorted(d.glob(f"{prefix}-*.log")):
         with contextlib.suppress(FileNotFoundError):
@@ -281,7 +310,9 @@ class Testbed:
 
     ``relay_port`` is where the relay listens in the router namespace; ``passthrough_ports`` are
     destination ports forwarded without the relay (no added latency); ``connect_retry_s`` bounds how long
-    the relay retries a refused onward connect.
+    the relay retries a refused onward connect; ``cpus_per_gpu`` limits each cluster's CPU (module docstring;
+    ``cpu_period_us`` is the quota's period) and, unless ``halt_poll`` is False, lets a virtual machine's
+    idle vCPUs poll for up to that period before halting (:func:`spiderflow.testbed.cpu.hold_halt_polling`).
     """
 
     __test__ = False  # not a pytest test class despite the name
@@ -301,8 +332,17 @@ class Testbed:
         gateway_port: int | None = None,
         gateway_redirect_port: int | None = None,
         gateway_firewall: bool = True,
+        cpus_per_gpu: float | None = None,
+        cpu_period_us: int = DEFAULT_PERIOD_US,
+        halt_poll: bool = True,
     ) -> None:
         self.prefix = validate_prefix(prefix)
+        if cpus_per_gpu is not None and not (cpus_per_gpu > 0 and math.isfinite(cpus_per_gpu)):
+            raise ValidationError("cpus_per_gpu", f"must be a positive number of cores, got {cpus_per_gpu!r}")
+        self.cpus_per_gpu = cpus_per_gpu
+        self.cpu_period_us = cpu_period_us
+        self.halt_poll = halt_poll
+        self._halt_poll_ns: int | None = None
         self.topology = topology
         self.relay_port = relay_port
         self.passthrough_ports = tuple(int(p) for p in passthrough_ports)
@@ -327,6 +367,7 @@ class Testbed:
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._is_up = False
+        self._cpu_groups: dict[str, CpuGroup] = {}
 
     # ----------------------------------------------------------------- paths and names
     @property
@@ -354,6 +395,19 @@ class Testbed:
 
     def netns(self, cluster: str) -> str:
         return self.layout.slot(cluster).netns
+
+    def cpu_limit(self, cluster: str) -> float | None:
+        """``cluster``'s CPU quota in cores (``cpus_per_gpu × total_gpus``), or ``None`` when unlimited."""
+        if self.cpus_per_gpu is None:
+            return None
+        return self.cpus_per_gpu * self.topology.cluster(cluster).total_gpus
+
+    def launch_prefix(self, cluster: str) -> list[str]:
+        """The argv prefix that runs a command in ``cluster``: into its CPU cgroup (when limited), then into
+        its network namespace."""
+        ns = self.netns(cluster)
+        group = self._cpu_groups.get(cluster)
+        return [*(join_prefix(group) if group is not None else []), "ip", "netns", "exec", ns]
 
     def gateway_config(self, cluster: str, *, tls_dir: str | None = None) -> GatewayConfig:
         """The ``gateway:`` section of ``cluster``'s agent on this testbed (needs ``gateway_port`` and
@@ -421,6 +475,7 @@ class Testbed:
         try:
             self._write_state("starting")
             self._create_namespaces()
+            self._limit_cpu()
             self._create_links()
             self._shape()
             self._redirect()
@@ -465,6 +520,8 @@ class Testbed:
                 p.wait(timeout=3)
         removed = cleanup(self.prefix, state_dir=self.state_dir)
         self._is_up = False
+        self._cpu_groups.clear()
+        self._halt_poll_ns = None
         self._relay = None
         self._children.clear()
         self._supervised.clear()
@@ -491,11 +548,16 @@ class Testbed:
             gateway_port=state.get("gateway_port"),
             gateway_redirect_port=state.get("gateway_redirect_port"),
             gateway_firewall=bool(state.get("gateway_firewall", True)),
+            cpus_per_gpu=state.get("cpus_per_gpu"),
+            cpu_period_us=int(state.get("cpu_period_us", DEFAULT_PERIOD_US)),
         )
         tb._layout = plan_layout(tb.topology, prefix=prefix, octet=int(state["octet"]))
         tb._backend = str(state.get("iptables", "iptables"))
         tb._relay_pid = int(state.get("relay_pid", 0))
         tb._is_up = state.get("status") == "up"
+        tb._cpu_groups = {c: CpuGroup(Path(g["path"]), float(g["cores"]), int(g["period_us"]))
+                          for c, g in (state.get("cpu_groups") or {}).items()}
+        tb._halt_poll_ns = state.get("guest_halt_poll_ns")
         return tb
 
     # ----------------------------------------------------------------- processes
@@ -521,10 +583,9 @@ class Testbed:
         **popen: Any,
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` in ``cluster``'s namespace (its own session). :meth:`down` terminates it."""
-        ns = self.netns(cluster)
         popen.setdefault("start_new_session", True)
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            ["ip", "netns", "exec", ns, *argv], env=self.environment(cluster, env), **popen
+            [*self.launch_prefix(cluster), *argv], env=self.environment(cluster, env), **popen
         )
         self._children.append(proc)
         return proc
@@ -539,9 +600,8 @@ class Testbed:
         env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` in ``cluster``'s namespace to completion; text output captured."""
-        ns = self.netns(cluster)
         return subprocess.run(
-            ["ip", "netns", "exec", ns, *argv],
+            [*self.launch_prefix(cluster), *argv],
             env=self.environment(cluster, env),
             capture_output=True,
             text=True,
@@ -557,7 +617,7 @@ class Testbed:
         def start() -> subprocess.Popen[bytes]:
             with open(logfile, "ab") as out:
                 p: subprocess.Popen[bytes] = subprocess.Popen(
-                    ["ip", "netns", "exec", self.netns(cluster), *argv],
+                    [*self.launch_prefix(cluster), *argv],
                     env=self.environment(cluster),
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -695,6 +755,7 @@ class Testbed:
             "router_netns": layout.router_netns,
             "relay_port": self.relay_port,
             "relay": relay,
+            "guest_halt_poll_ns": self._halt_poll_ns,
             "clusters": [
                 {
                     "name": s.name,
@@ -702,6 +763,7 @@ class Testbed:
                     "address": s.address,
                     "present": s.netns in present,
                     "partitioned": s.name in cut,
+                    "cpu_cores": self.cpu_limit(s.name),
                     "pids": procs[s.netns],
                 }
                 for s in layout.clusters
@@ -729,6 +791,11 @@ class Testbed:
             "gateway_port": self.gateway_port,
             "gateway_redirect_port": self.gateway_redirect_port,
             "gateway_firewall": self.gateway_firewall,
+            "cpus_per_gpu": self.cpus_per_gpu,
+            "cpu_period_us": self.cpu_period_us,
+            "cpu_groups": {c: {"path": str(g.path), "cores": g.cores, "period_us": g.period_us}
+                           for c, g in self._cpu_groups.items()},
+            "guest_halt_poll_ns": self._halt_poll_ns,
             "iptables": self._backend,
             "topology": topology_to_dict(self.topology),
             "supervised": [{"cluster": s.cluster, "argv": s.argv, "pid": s.proc.pid} for s in self._supervised],
@@ -751,6 +818,22 @@ class Testbed:
                 "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter; echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter",
             )
         self._in_ns(layout.router_netns, "echo 1 > /proc/sys/net/ipv4/ip_forward")
+
+    def _limit_cpu(self) -> None:
+        """One cgroup per cluster with its CPU quota (nothing without ``cpus_per_gpu``)."""
+        if self.cpus_per_gpu is None:
+            return
+        hierarchy = cpu_hierarchy()
+        if hierarchy is None:
+            raise PreconditionError("cpus_per_gpu needs the cgroup cpu controller (none is writable here)")
+        for s in self.layout.clusters:
+            cores = self.cpu_limit(s.name)
+            assert cores is not None
+            self._cpu_groups[s.name] = create_group(hierarchy, self.prefix, s.netns, cores,
+                                                    period_us=self.cpu_period_us)
+        if self.halt_poll:
+            self._halt_poll_ns = hold_halt_polling(self.prefix, self.cpu_period_us * 1000)
+            log.info("testbed_halt_polling", prefix=self.prefix, guest_halt_poll_ns=self._halt_poll_ns)
 
     def _create_links(self) -> None:
         layout = self.layout

@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, print_json
+from spiderflow.cli.common import EXIT_USAGE, CliError, add_json_flag, console, positive_float, print_json
 from spiderflow.core.errors import PermissionDeniedError, PreconditionError
 
 __all__ = ["register"]
@@ -63,11 +63,12 @@ def _commands(args: argparse.Namespace, tb: Any) -> list[tuple[str, list[str]]]:
 
 def _summary(status: dict[str, Any]) -> Table:
     t = Table(title=f"testbed {status['prefix']} ({status['subnet']}, host {status['host_address']})")
-    for col in ("cluster", "netns", "address", "processes"):
+    for col in ("cluster", "netns", "address", "cpu cores", "processes"):
         t.add_column(col)
     for c in status["clusters"]:
+        cores = c.get("cpu_cores")
         t.add_row(c["name"], c["netns"] + ("" if c["present"] else " (missing)"), c["address"],
-                  str(len(c["pids"])))
+                  "host's" if cores is None else f"{cores:g}", str(len(c["pids"])))
     return t
 
 
@@ -99,6 +100,7 @@ def _up(args: argparse.Namespace) -> int:
         passthrough_ports=args.passthrough_port or (),
         connect_retry_s=args.connect_retry,
         state_dir=_state_dir(args),
+        cpus_per_gpu=args.cpus_per_gpu,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -262,6 +264,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     help="how long the relay retries a refused onward connect (default 10)")
     up.add_argument("--passthrough-port", type=int, action="append",
                     help="TCP destination port forwarded without added latency (repeatable)")
+    up.add_argument("--cpus-per-gpu", type=positive_float, default=None, metavar="CORES",
+                    help="limit each cluster's processes to CORES × its GPUs cores of this host (a cgroup CPU quota "
+                         "per cluster: its compute is its own, whatever the other clusters run); default: no limit")
     up.add_argument("--command", action="append", metavar="TEMPLATE",
                     help="command to run and supervise in every cluster; {cluster} {address} {host} "
                          "{netns} {prefix} are substituted")

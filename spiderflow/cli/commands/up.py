@@ -40,7 +40,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from spiderflow.cli.commands.jobs import add_data_and_optimizer_options, data_and_optimizer, parse_gpus, prepare_data
-from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, print_json
+from spiderflow.cli.common import EXIT_FAILED, EXIT_USAGE, CliError, console, positive_float, print_json
 from spiderflow.cli.constraints import add_constraint_options
 from spiderflow.contexts import DEFAULT_ADDRESSES, add_context, config_path, remove_context, state_dir
 from spiderflow.core.domain import Topology
@@ -120,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
         raise CliError("--testbed needs root (network namespaces and traffic shaping)", EXIT_USAGE)
     if args.gateway and not args.testbed:
         raise CliError("--gateway needs --testbed (the firewall and the NAT live in its namespaces)", EXIT_USAGE)
+    if args.cpus_per_gpu is not None and not args.testbed:
+        raise CliError("--cpus-per-gpu needs --testbed (the limits are per testbed cluster)", EXIT_USAGE)
     clusters = args.clusters if args.clusters is not None else 3
     topo = load_topology(args.topology) if args.topology else sample_topology(clusters)
     if args.steps < 1:
@@ -140,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     mesh = LocalMesh(topo, workdir=workdir, testbed=args.testbed, keep_workdir=args.data_dir is not None,
                      testbed_prefix=args.testbed_prefix, etcd_tls=args.etcd_tls, service_ports=ports,
                      agents_dir=agents_dir, dashboard_port=None if args.no_dashboard else args.dashboard_port,
-                     gateway=args.gateway, profile_seconds=args.profile_seconds)
+                     gateway=args.gateway, profile_seconds=args.profile_seconds, cpus_per_gpu=args.cpus_per_gpu)
     code = 0
     context: str | None = None
     try:
@@ -236,6 +238,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gateway", action="store_true",
                    help="with --testbed: clusters reach each other only through their gateways (one mTLS port; "
                         "the router drops every other cross-cluster TCP)")
+    p.add_argument("--cpus-per-gpu", type=positive_float, default=None, metavar="CORES",
+                   help="with --testbed: limit each cluster to CORES × its GPUs cores of this host (a cgroup CPU "
+                        "quota: a cluster's compute is its own, as on separate machines); default: no limit")
     p.add_argument("--etcd-tls", action="store_true",
                    help="etcd serves TLS only and requires client certificates (generated under the data dir); "
                         "every component connects with --etcd-tls-dir")
