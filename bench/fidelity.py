@@ -15,12 +15,14 @@ Records:
   not state is listed per record under ``assumed``.
 - ``bench/results/testbed_exec*.json`` and ``testbed_best*.json``: every executed run of ours on the CPU
   testbed (``bench/testbed_exec.py``, against firstfit and against the best baselines, one record per policy
-  and round), re-predicted from the calibration the run stored and the links it configured.
+  and round), re-predicted from the calibration the run stored and the links its planner saw (the agents'
+  measured figures between the plan's stages, where the run stored them; else the links it configured).
 
 Per record: measured and predicted step time (s), their ratio ``predicted / measured`` and the absolute
 error ``|predicted − measured| / measured``; memory likewise where the source gives it. Summary: median and
 worst absolute error (GPU records and testbed runs separately), the testbed runs by how many ranks their
-plan runs (the emulated clusters share this host's cores, and the agents calibrate side by side), memory
+plan runs (the emulated clusters share this host's cores, and the agents calibrate side by side) and by how
+the clusters got their CPU (sharing the host's cores, or each its own quota: ``--cpus-per-gpu``), memory
 error and the worst under-prediction, and the rank correlation (Spearman) between predicted and measured
 per-GPU throughput across the distinct plans of one job (records sharing a ``group``; each testbed file is
 one job, and the records of one plan — several policies or rounds ran it — count once, averaged).
@@ -291,21 +293,36 @@ def testbed_rows() -> list[dict[str, Any]]:
             plan = Plan(stages=stages, micro_batches=int(run["micro_batches"]), schedule=Schedule(run["schedule"]))
             job = JobSpec(id=run["job"], model=model, global_batch=j["global_batch"], micro_batch=j["micro_batch"],
                           seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus), precision=precision)
-            closed, tl, _ = predict(plan, topo, job)
+            seen = _on_live_links(topo, run.get("live_links"))
+            closed, tl, _ = predict(plan, seen, job)
             meas = float(run["measured_step_s"])
-            shares = _share_repricing(plan, topo, job, cal, run, int(d.get("host_cores", 0)))
+            shares = _share_repricing(plan, seen, job, cal, run, int(d.get("host_cores", 0)))
             rows.append({
                 "id": f"{path.stem}/{run['policy']}" + (f"#{run['round']}" if "round" in run else ""),
                 "kind": "testbed", "source": str(path.relative_to(ROOT)),
                 "table": f"runs[{run['policy']}] {run['schedule']} m={run['micro_batches']}",
                 "group": path.stem, "plan": f"{' → '.join(plan.chain)} {run['schedule']} m={run['micro_batches']}",
-                "gpus": plan.gpus, "measured_s": meas, "predicted_s": tl,
+                "gpus": plan.gpus, "cpus_per_gpu": d.get("cpus_per_gpu"), "measured_s": meas, "predicted_s": tl,
                 "predicted_closed_s": closed, "ratio": tl / meas, "ratio_closed": closed / meas,
                 "abs_err": abs(tl - meas) / meas,
                 "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
                 **{f"ratio_{k}": v / meas for k, v in shares.items()},
             })
     return rows
+
+
+def _on_live_links(topo: Topology, live: list[dict[str, Any]] | None) -> Topology:
+    """``topo`` with the links between the plan's neighbouring stages as the agents measured them when the
+    plan was made (the run's ``live_links``: each pair's widest-path figures, about 4 % below the configured
+    bandwidth and 1 ms above its latency), so the record is priced on what its planner saw. Only those pairs
+    remain linked (the plans price no other pair). Runs without them, or with a pair not yet measured, keep
+    the configured links."""
+    if not live or any(x.get("gbps") is None or x.get("ms") is None for x in live):
+        return topo
+    pairs = {tuple(sorted((x["src"], x["dst"]))): x for x in live}
+    return Topology(clusters=topo.clusters, links=tuple(
+        Link(a=x["src"], b=x["dst"], bandwidth_gbps=float(x["gbps"]), latency_ms=float(x["ms"]))
+        for x in pairs.values()))
 
 
 def _share_repricing(plan: Plan, topo: Topology, job: JobSpec, cal: dict[str, dict[str, float]],
@@ -390,6 +407,20 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                  "median_abs_err": statistics.median(r["abs_err"] for r in v)}
         for k, v in sorted(by_ranks.items())
     }
+    # Testbed records by how the clusters got their CPU: sharing the host's cores, or each its own quota
+    # (``--cpus-per-gpu``: the agents calibrate at the share the job's workers get).
+    by_cpu: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["kind"] == "testbed":
+            by_cpu.setdefault("shared" if r.get("cpus_per_gpu") is None else "quota", []).append(r)
+    out["testbed_by_cpu"] = {
+        k: {"n": len(v), "median_ratio": statistics.median(r["ratio"] for r in v),
+            "min_ratio": min(r["ratio"] for r in v), "max_ratio": max(r["ratio"] for r in v),
+            "median_abs_err": statistics.median(r["abs_err"] for r in v),
+            "worst_abs_err": max(r["abs_err"] for r in v),
+            "within_10": sum(r["abs_err"] <= 0.10 for r in v)}
+        for k, v in sorted(by_cpu.items())
+    }
     for key in ("ratio_at_job_share", "ratio_at_cores_per_rank"):
         rs = [r for r in rows if key in r]
         if rs:
@@ -458,6 +489,12 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
         lines.append(f"- testbed plans on {k} ranks: n={s['n']}, ratio (predicted / measured) median "
                      f"{s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}, median |error| "
                      f"{s['median_abs_err']:.1%}")
+    for k, s in summ.get("testbed_by_cpu", {}).items():
+        how = ("each cluster its own CPU quota (--cpus-per-gpu)" if k == "quota"
+               else "the clusters sharing the host's cores")
+        lines.append(f"- testbed runs with {how}: n={s['n']}, {s['within_10']} within ±10 %, median |error| "
+                     f"{s['median_abs_err']:.1%}, worst {s['worst_abs_err']:.1%}, ratio (predicted / measured) "
+                     f"median {s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}")
     for key, what in (("at_job_share", "the share their ranks measured"),
                       ("at_cores_per_rank", "min(1, host cores / ranks)")):
         if key in summ:
