@@ -121,13 +121,15 @@ def job(args: argparse.Namespace, policy: str, gpus: tuple[int, int] = (3, 3)) -
 
 
 def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
-    """The live topology once every cluster pair has a measured link (the agents' probes)."""
+    """The live topology once every cluster pair has a measured link in both directions (each direction is
+    its source agent's probe; a cluster whose own probes have not landed yet is unreachable from)."""
     deadline = time.monotonic() + timeout
-    want = n_clusters * (n_clusters - 1) // 2
+    want = n_clusters * (n_clusters - 1)
     topo = sf.topology()
     while time.monotonic() < deadline:
         topo = sf.topology()
-        pairs = {frozenset((link.a, link.b)) for link in topo.links if link.bandwidth_gbps > 0}
+        pairs = {(a, b) for link in topo.links if link.bandwidth_gbps > 0
+                 for a, b in ((link.a, link.b), (link.b, link.a))[: 1 if link.directed else 2]}
         if len(topo.clusters) >= n_clusters and len(pairs) >= want:
             return topo
         time.sleep(1.0)

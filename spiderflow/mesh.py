@@ -298,14 +298,15 @@ class LocalMesh:
 
     def wait_for_clusters(self, n: int, timeout: float = 60.0) -> Topology:
         """Block until the topology service lists ``n`` clusters (their agents registered and profiled) and a
-        measured link for every link of the mesh's topology (each pair's agents have probed it once).
+        measured link in both directions of every link of the mesh's topology (each end's agent has probed
+        it once: every measured link is one direction, its source agent's).
 
         Without the links, the scheduler would place the first job on the figures of the links measured so
-        far (a pair not yet probed is priced through the others), and re-place it a moment later when the
-        rest arrive."""
+        far (a pair not yet probed is priced through the others, a cluster whose own probes have not landed
+        is unreachable from), and re-place it a moment later when the rest arrive."""
         from spiderflow.sdk import Client
 
-        want = {frozenset((link.a, link.b)) for link in self.topology.links}
+        want = {(a, b) for link in self.topology.links for a, b in ((link.a, link.b), (link.b, link.a))}
         deadline = time.monotonic() + timeout
         last = 0
         measured = 0
@@ -315,7 +316,8 @@ class LocalMesh:
                 with Client(self.address("scheduler"), topology=self.address("topology"), timeout_s=5) as sf:
                     topo = sf.topology()
                 last = len(topo.clusters)
-                measured = len(want & {frozenset((link.a, link.b)) for link in topo.links})
+                measured = len(want & {(a, b) for link in topo.links
+                                       for a, b in ((link.a, link.b), (link.b, link.a))[: 1 if link.directed else 2]})
                 if last >= n and measured == len(want):
                     return topo
             except UnavailableError:  # not answering yet
@@ -328,7 +330,7 @@ class LocalMesh:
             time.sleep(0.25)
         if last < n:
             raise UnavailableError(f"only {last} of {n} clusters registered within {timeout:.0f} s{why}")
-        raise UnavailableError(f"only {measured} of the {len(want)} links between the clusters were measured "
+        raise UnavailableError(f"only {measured} of the {len(want)} link directions between the clusters were measured "
                                f"within {timeout:.0f} s")
 
     def stop(self) -> None:

@@ -981,6 +981,8 @@ class Finalised:
     planner: str
     plan_seconds: float
     error: UnschedulableError | None
+    challenger: int = -1
+    """The index of the challenger (``finalise(challengers=...)``) whose plan was kept; -1: none was."""
 
 
 def _every_shape_allocation(topo: Topology, job: JobSpec, alloc: Sequence[tuple[str, int]],
@@ -1007,6 +1009,9 @@ def finalise(
     tolerance: float = 0.0,
     force: bool = False,
     replan: int = 1,
+    challengers: Sequence[Sequence[tuple[str, int]]] = (),
+    challengers_may_grow: bool = True,
+    challenger_margin: float = 0.0,
 ) -> Finalised:
     """Plan each candidate allocation with the fast level-1 planner, keep the best valid plan by
     ``objective``, then (with a ``planner``: in process, TPA, or the Planner service) re-plan the ``replan``
@@ -1024,6 +1029,13 @@ def finalise(
     callers list preferred allocations (e.g. fewer GPUs) first. A TPA failure other than
     :class:`UnschedulableError` is logged and the level-1 plan kept (the chain is still planned by the
     shared cost model).
+
+    ``challengers`` (with a ``planner``, once a plan was kept): allocations the caller's estimate could not
+    tell from the candidates (e.g. a search's near-ties below its finalists). Each is planned by the
+    ``planner`` and replaces the kept plan when better on the exact timeline by more than ``tolerance``: the
+    result is never worse than without challengers, at one planner call each. ``challengers_may_grow=False``:
+    only a challenger's plan that holds no more GPUs than the kept plan may replace it;
+    ``challenger_margin``: a challenger must be better by more than this (relative; at least ``tolerance``).
     """
     t0 = time.perf_counter()
     best: Plan | None = None
@@ -1082,7 +1094,48 @@ def finalise(
                 err = err or e
             except Exception as e:  # the TPA planner failed; keep the level-1 plan of the same chain
                 _log.warning("placement.tpa_failed", job=job.id, error=repr(e), chain=[c for c, _ in target])
-    return Finalised(plan=best, planner=used, plan_seconds=time.perf_counter() - t0, error=err)
+    won = -1
+    if challengers and best is not None and planner is not None and tpa_available():
+        best, used, won = _challenge(topo, job, best, used, challengers, objective, planner,
+                                     max(tolerance, challenger_margin), None if challengers_may_grow else best.gpus)
+    return Finalised(plan=best, planner=used, plan_seconds=time.perf_counter() - t0, error=err, challenger=won)
+
+
+def _challenge(topo: Topology, job: JobSpec, best: Plan, used: str,
+               challengers: Sequence[Sequence[tuple[str, int]]], objective: Objective, planner: Planner,
+               tolerance: float, max_gpus: int | None) -> tuple[Plan, str, int]:
+    """:func:`finalise`'s challengers against ``best``: each planned by ``planner`` (TPA: the schedule and
+    micro-batch count chosen on the exact timeline; the level-1 planner's closed form can rank a chain's
+    schedules otherwise) and kept when better on the exact timeline by more than ``tolerance`` and holding at
+    most ``max_gpus`` GPUs (None: any). Returns the kept plan, its planner and the winning challenger's index
+    (-1: none)."""
+    from spiderflow.core.tpa.timeline import CLOSED_FORM_STEP_KEY, TIMELINE_STEP_KEY, evaluate_on_timeline
+
+    kept_plan, kept_used = best, used
+    if best.extras.get(TIMELINE_STEP_KEY) == best.step_time_s and CLOSED_FORM_STEP_KEY in best.extras:
+        best_val = plan_objective(best, objective)  # the planner's own timeline step (TPA's plans)
+    else:
+        try:
+            best_val = plan_objective(evaluate_on_timeline(best, topo, job), objective)
+        except ValueError:  # an order the timeline cannot run: nothing to compare the challengers with
+            return kept_plan, kept_used, -1
+    won = -1
+    for i, alloc in enumerate(challengers):
+        if max_gpus is not None and sum(int(g) for _, g in alloc) > max_gpus:
+            continue  # its plan could hold fewer GPUs than it is given, but TPA uses exactly those
+        try:
+            tplan = planner.plan(topo, job, [(c, int(g)) for c, g in alloc], PlanOptions(objective=objective))
+        except UnschedulableError:
+            continue
+        except Exception as e:  # the TPA planner failed on this challenger; the kept plan stands
+            _log.warning("placement.tpa_failed", job=job.id, error=repr(e), chain=[c for c, _ in alloc])
+            continue
+        if check_plan(tplan, topo, job) or (max_gpus is not None and tplan.gpus > max_gpus):
+            continue
+        val = plan_objective(tplan, objective)
+        if val < best_val * (1 - tolerance):
+            kept_plan, kept_used, best_val, won = tplan, "tpa", val, i
+    return kept_plan, kept_used, won
 
 
 # --------------------------------------------------------------------------------------------------

@@ -72,6 +72,11 @@ Search:
      (:mod:`spiderflow.core.placement.lookahead`); a non-finalist with a lower value replaces the finalists.
      When a finalist wins, nothing changes. Measured on the benchmark grid (BENCHMARKS.md, "Region matching
      by look-ahead"): no gain in plan throughput, lower mean-JCT ratios, hence off by default.
+  5d. *challengers*: up to :data:`CHALLENGERS` candidates below the finalists whose estimate is within
+     :data:`NEAR_TIE` of the best are planned by TPA too, and replace the finalists' plan when faster on the
+     exact timeline by more than :data:`NEAR_TIE` (the scorer's closed form cannot tell chains that close
+     apart) — with more GPUs than that plan only when no other job holds or waits for GPUs
+     (:attr:`Budget.demand_gpus` = 0).
   6. start now or wait (:func:`wait_or_start`, when the scheduler passes expected GPU releases in
      :attr:`Budget.releases`): if starting on the GPUs released by some ``a_i`` scores the whole job
      (finish time for ``jct``, dollars for ``cost``) better than starting now by more than
@@ -150,6 +155,18 @@ REPLAN = 2
 level-1 plan uses, where that plan leaves some idle). Each costs a TPA plan (about 5–60 ms cold); on the
 planning-time instances (BENCHMARKS.md) 2 keeps every decision at 64 clusters under 25 ms, where 3 reached
 50 ms and every finalist 77 ms for plans at most 9 % faster."""
+NEAR_TIE = 0.02
+CHALLENGERS = 2
+"""Step 5d: up to ``CHALLENGERS`` candidates below the finalists whose estimate is within ``NEAR_TIE``
+(relative) of the best candidate's are challengers of the finalists' plan
+(:func:`~spiderflow.core.placement.common.finalise`): each costs a TPA plan, kept when faster on the exact
+timeline by more than ``NEAR_TIE`` too. The scorer prices a chain as one stage per cluster with the closed
+form, so chains it ranks within a few percent can be 10 % apart on the exact timeline: on the emulated
+testbed's ring (four clusters, 0.4 of a core each) it ranked a 3-cluster chain 1.3 % behind the best
+2-cluster chain, the level-1 planner gave that chain 1F1B at m = 4 (0.567 s on the timeline), and TPA GPipe
+at m = 16, 8 % ahead of the best finalist (0.411 against 0.447 s). The margin keeps the finalists' plan
+where a challenger is barely faster: on the simulated traces, a challenger kept for 0.6 % took a cluster
+the next small jobs needed, and the trace's mean JCT rose by up to 21 %."""
 DEFER_MARGIN = 0.25
 """Waiting must promise a finish at least this much (relative) earlier than starting now: the released
 GPUs may go to another job first and the release times are estimates."""
@@ -877,8 +894,22 @@ class SpinSearch:
         # planner prices the future, so the two compare); TPA then re-plans only a chain that starts now.
         weigh = bool(budget.releases)
         first = None if weigh else self.planner
+        # Step 5d: candidates below the finalists that the estimate cannot tell from the best one.
+        best_score = cands[0].score if cands else math.inf
+        challengers = [[(names[u], g) for u, g in zip(c.chain, c.gpus, strict=True)]
+                       for c in cands[self.finalists :]
+                       if c.score <= best_score * (1 + NEAR_TIE)][:CHALLENGERS]
+        challengers = [a for a in challengers if a not in allocs]
+        if challengers:
+            stats["challengers"] = float(len(challengers))
+        # A challenger may hold more GPUs than the finalists' plan only when no other job holds or waits for
+        # any: a few per cent faster for this job on GPUs the next job needs is a loss for the pool.
+        grow = budget.demand_gpus <= 0
         fin = finalise(topo, job, allocs, objective=budget.objective, planner=first, tolerance=TRIM_TOLERANCE,
-                       replan=self.replan)
+                       replan=self.replan, challengers=challengers, challengers_may_grow=grow,
+                       challenger_margin=NEAR_TIE)
+        if fin.challenger >= 0:
+            stats["challenger_won"] = float(fin.challenger)
         tol = TRIM_TOLERANCE
         if fin.plan is None and len(cands) > self.finalists:
             # The scorer's memory model is optimistic for these; the next candidates may fit exactly.
@@ -905,7 +936,10 @@ class SpinSearch:
                 )
             if self.planner is not None:
                 fin = finalise(topo, job, allocs, objective=budget.objective, planner=self.planner, tolerance=tol,
-                               replan=self.replan)
+                               replan=self.replan, challengers=challengers, challengers_may_grow=grow,
+                               challenger_margin=NEAR_TIE)
+                if fin.challenger >= 0:
+                    stats["challenger_won"] = float(fin.challenger)
                 plan_s += fin.plan_seconds
         elapsed = time.perf_counter() - t0
         stats.update(search_seconds=search_s, plan_seconds=plan_s, finalists=float(len(allocs)))
