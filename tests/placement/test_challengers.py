@@ -5,18 +5,25 @@ The case is the emulated testbed's ``ring`` run with each cluster its own CPU qu
 (``bench/results/testbed_best-ring-quota.json``: the agents' calibration and the configured links): the
 scorer ranked the 3-cluster chain 1.3 % behind its two finalists (both 2-cluster), and the timeline puts
 TPA's plan of it 8 % ahead, which the three baselines found and ran 3-4 % faster.
+
+The same topology with one cluster's outgoing links missing (a live snapshot before that cluster's agent has
+measured them) checks that no chain is planned through a pair reachable one way only.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 import spiderflow.core.placement.spinsearch as spinsearch
 from spiderflow.core.domain import Cluster, GpuRange, JobSpec, Link, ModelSpec, Topology
+from spiderflow.core.errors import UnschedulableError
 from spiderflow.core.placement import clear_memos
 from spiderflow.core.placement.base import Budget
 from spiderflow.core.placement.common import check_plan, finalise
 from spiderflow.core.topogen import generate_topology
+from spiderflow.core.tpa import plan_chain
 from spiderflow.core.tpa.timeline import evaluate_on_timeline
 
 # name: (tflops, mfu, layer_overhead_ms, optimizer_ms_per_layer) as the agents calibrated them
@@ -104,3 +111,33 @@ def test_spinsearch_keeps_its_gpus_when_other_jobs_hold_or_wait_for_some() -> No
     clear_memos(topo)
     res = spinsearch.SpinSearch().place(topo, job, Budget(seed=0, demand_gpus=1))
     assert res.plan is not None and res.plan.gpus == 2 and "challenger_won" not in res.stats
+
+
+def test_a_cluster_whose_own_links_are_not_measured_yet_is_not_chained() -> None:
+    # A live snapshot right after start: every agent measures its own outgoing links, and delta's have not
+    # landed, so nothing reaches back from delta. A chain through delta could send activations there but
+    # never get its gradients back (the timeline deadlocks on such a plan).
+    topo, job = _ring()
+    # alpha and bravo at half the rate, so the fast pair charlie–delta is the place to be
+    clusters = tuple(replace(c, tflops=(c.tflops or 0.0) / 2) if c.name in ("alpha", "bravo") else c
+                     for c in topo.clusters)
+    full = Topology(clusters=clusters, links=topo.links)
+    clear_memos(full)
+    best = spinsearch.SpinSearch().place(full, job, Budget(seed=0))
+    assert best.plan is not None and "delta" in best.plan.chain
+    one_way = tuple(Link(a=a, b=b, bandwidth_gbps=lk.bandwidth_gbps, latency_ms=lk.latency_ms, directed=True)
+                    for lk in topo.links for a, b in ((lk.a, lk.b), (lk.b, lk.a)) if a != "delta")
+    partial = Topology(clusters=clusters, links=one_way)
+    clear_memos(partial)
+    res = spinsearch.SpinSearch().place(partial, job, Budget(seed=0))
+    assert res.plan is not None and "delta" not in res.plan.chain
+    assert evaluate_on_timeline(res.plan, partial, job).step_time_s > 0
+
+
+def test_tpa_names_the_missing_direction_of_a_chain() -> None:
+    topo, job = _ring()
+    one_way = tuple(Link(a=a, b=b, bandwidth_gbps=lk.bandwidth_gbps, latency_ms=lk.latency_ms, directed=True)
+                    for lk in topo.links for a, b in ((lk.a, lk.b), (lk.b, lk.a)) if a != "delta")
+    partial = Topology(clusters=topo.clusters, links=one_way)
+    with pytest.raises(UnschedulableError, match="no network path from cluster delta back to cluster charlie"):
+        plan_chain(partial, job, [("charlie", 1), ("delta", 1)])

@@ -289,9 +289,12 @@ def job_consts(job: JobSpec) -> JobConsts:
 
 def transfer_matrix(ta: TopoArrays, jc: JobConsts) -> FArr:
     """``P_uv`` seconds for one activation between every pair (widest path; ``inf`` if unreachable), in the
-    sending cluster's wire format and the job's precision (:meth:`JobConsts.wire_act`)."""
+    sending cluster's wire format and the job's precision (:meth:`JobConsts.wire_act`). A pair is reachable
+    only if both directions are: a pipeline sends activations ``u → v`` and gradients back ``v → u`` (a live
+    snapshot can hold one direction before the other's agent has measured it)."""
     sent = np.array([jc.wire_act(int(w)) for w in ta.wire], dtype=np.float64)[:, None]
     p = transfer_times(sent, ta.bw, ta.lat_ms)
+    p[np.isinf(p.T)] = np.inf
     np.fill_diagonal(p, 0.0)
     return p
 

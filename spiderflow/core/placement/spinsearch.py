@@ -17,7 +17,8 @@ Constraints:
       objective by more than :data:`TRIM_TOLERANCE` (relative);
   (3) memory: every stage fits its GPUs (capacity water-filling in the scorer, exact check at the end);
   (4) ``k ≤ L`` (each cluster gets ≥ 1 contiguous layer block);
-  (5) consecutive clusters are reachable (``P_{c_i c_{i+1}} < ∞``).
+  (5) consecutive clusters are reachable both ways (``P_{c_i c_{i+1}} < ∞``; :func:`transfer_matrix` makes a
+      pair unreachable when either direction is: activations go forward, gradients back).
 
 Pruning rules (links of the complete widest-path graph that a chain may use as a hop):
   (a) *activation-stream rule* (BACE-Pipe's bandwidth-aware pathfinder): a hop ``u → v`` is kept only if

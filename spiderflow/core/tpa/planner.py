@@ -199,6 +199,9 @@ def _validate(topo: Topology, allocation: Sequence[tuple[str, int]]) -> tuple[li
     for u, v in itertools.pairwise(clusters):
         if u.name != v.name and topo.bandwidth_gbps(u.name, v.name) <= 0:
             raise UnschedulableError(f"no network path from cluster {u.name} to cluster {v.name}", constraint="link")
+        if u.name != v.name and topo.bandwidth_gbps(v.name, u.name) <= 0:  # the gradients go back
+            raise UnschedulableError(f"no network path from cluster {v.name} back to cluster {u.name} (the "
+                                     f"gradients' direction)", constraint="link")
     return clusters, gpus
 
 
