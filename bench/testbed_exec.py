@@ -28,8 +28,9 @@ so these are the reported steps), plus, as a cross-check, the mean of every step
 (its ``done`` event in its stdout file, kept in its agent's work dir) and every rank's step breakdown
 (:data:`spiderflow.exec.runtime.PHASES`, wall and CPU time), and the exact timeline of the plan re-run on
 the compute its ranks measured (:func:`timeline_on_measured_compute`). Prints a table and the ratio
-``firstfit / spinsearch`` of measured mean step times (the target: ≥ 1.3) and writes a JSON summary
-(``--out``) with the agents' calibration figures.
+``firstfit / spinsearch`` of measured mean step times (the target: ≥ 1.3), the spread between runs of one
+plan, whichever policies chose it (:func:`plan_spread`: differences between policies within it are not
+theirs), and writes a JSON summary (``--out``) with the agents' calibration figures.
 
 Every cluster gets its own CPU (``--cpus-per-gpu auto``: a cgroup quota of ``0.8 × cores ÷ workers`` per
 worker, and idle vCPUs poll before halting: :mod:`spiderflow.testbed.cpu`), so each agent calibrates at the
@@ -302,6 +303,25 @@ def _per_policy(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def plan_spread(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every plan (chain, layers, GPUs, schedule and micro-batch count) that ran more than once, whichever
+    policies chose it, with its measured step times and ``max ÷ min``: how far apart two runs of one plan
+    are on this machine. Differences between policies within that are not the policies'."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.get("measured_step_s"):
+            key = json.dumps([r["stages"], r["schedule"], r["micro_batches"]])
+            by.setdefault(key, []).append(r)
+    out = []
+    for runs in by.values():
+        if len(runs) > 1:
+            steps = [float(r["measured_step_s"]) for r in runs]
+            out.append({"chain": runs[0]["chain"], "schedule": runs[0]["schedule"],
+                        "micro_batches": runs[0]["micro_batches"], "policies": [r["policy"] for r in runs],
+                        "measured_s": steps, "max_over_min": max(steps) / min(steps)})
+    return sorted(out, key=lambda x: -len(x["measured_s"]))
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -404,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
                            "predicted_runs": v["predicted_runs"]} for k, v in by.items()},
         "ratio_firstfit_over_spinsearch": ratio,
         "policy_over_spinsearch": versus,
+        "plan_spread": plan_spread(results),
         "load_average_after": list(os.getloadavg()),
         "wall_s": time.monotonic() - t0,
     }
@@ -425,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
         pred = f"{v['predicted']:.2f}×" if v["predicted"] else "-"
         print(f"{name} / spinsearch step time: measured {meas}, predicted {pred}"
               + (" (same plan)" if v["same_plan"] else ""))
+    for sp in summary["plan_spread"]:
+        print(f"one plan, {len(sp['measured_s'])} runs ({', '.join(sp['policies'])}): {' → '.join(sp['chain'])} "
+              f"{sp['schedule']} m={sp['micro_batches']} measured {min(sp['measured_s']):.3f}–"
+              f"{max(sp['measured_s']):.3f} s ({sp['max_over_min']:.2f}×: the spread between runs of one plan)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")

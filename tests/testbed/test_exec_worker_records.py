@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from spiderflow import joblogs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,3 +48,26 @@ def test_done_events_are_read_from_every_agents_worker_stdout(tmp_path: Path) ->
     assert bench.worker_step_times(agents, "job-1") == {0: [0.5, 0.2], 1: [0.6, 0.3, 0.3]}
     assert bench.worker_step_times(agents, "job-1", attempt=2) == {1: [9.0]}
     assert bench.worker_done_events(tmp_path / "absent", "job-1") == {}
+
+
+def test_runs_of_one_plan_are_grouped_whichever_policy_chose_it() -> None:
+    bench = _bench()
+    stages = [{"cluster": "a", "layers": [0, 1], "gpus": 1}, {"cluster": "b", "layers": [2, 2], "gpus": 1}]
+    run = {"chain": ["a", "b"], "stages": stages, "schedule": "gpipe", "micro_batches": 8}
+    results = [run | {"policy": "spinsearch", "measured_step_s": 0.40},
+               run | {"policy": "ilp", "measured_step_s": 0.50},
+               run | {"policy": "bace", "measured_step_s": 0.45, "micro_batches": 16},  # another plan
+               run | {"policy": "greedy", "measured_step_s": None}]  # did not run
+    (spread,) = bench.plan_spread(results)
+    assert spread["policies"] == ["spinsearch", "ilp"] and spread["measured_s"] == [0.40, 0.50]
+    assert abs(spread["max_over_min"] - 1.25) < 1e-12
+
+
+def test_cpu_quota_option() -> None:
+    bench = _bench()
+    assert bench.cpu_quota("none", 2, 4) is None
+    assert bench.cpu_quota("auto", 2, 4) == 0.4 and bench.cpu_quota("auto", 16, 4) == 1.0
+    assert bench.cpu_quota("0.25", 2, 4) == 0.25
+    for bad in ("0", "-1", "lots", "inf"):
+        with pytest.raises(ValueError):
+            bench.cpu_quota(bad, 2, 4)
