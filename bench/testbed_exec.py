@@ -129,8 +129,7 @@ def wait_for_links(sf: Client, n_clusters: int, timeout: float) -> Topology:
     topo = sf.topology()
     while time.monotonic() < deadline:
         topo = sf.topology()
-        pairs = {(a, b) for link in topo.links if link.bandwidth_gbps > 0
-                 for a, b in ((link.a, link.b), (link.b, link.a))[: 1 if link.directed else 2]}
+        pairs = {pair for link in topo.links if link.bandwidth_gbps > 0 for pair in link.directions}
         if len(topo.clusters) >= n_clusters and len(pairs) >= want:
             return topo
         time.sleep(1.0)

@@ -306,7 +306,7 @@ class LocalMesh:
         is unreachable from), and re-place it a moment later when the rest arrive."""
         from spiderflow.sdk import Client
 
-        want = {(a, b) for link in self.topology.links for a, b in ((link.a, link.b), (link.b, link.a))}
+        want = {pair for link in self.topology.links for pair in ((link.a, link.b), (link.b, link.a))}
         deadline = time.monotonic() + timeout
         last = 0
         measured = 0
@@ -316,8 +316,7 @@ class LocalMesh:
                 with Client(self.address("scheduler"), topology=self.address("topology"), timeout_s=5) as sf:
                     topo = sf.topology()
                 last = len(topo.clusters)
-                measured = len(want & {(a, b) for link in topo.links
-                                       for a, b in ((link.a, link.b), (link.b, link.a))[: 1 if link.directed else 2]})
+                measured = len(want & {pair for link in topo.links for pair in link.directions})
                 if last >= n and measured == len(want):
                     return topo
             except UnavailableError:  # not answering yet

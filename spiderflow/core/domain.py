@@ -204,6 +204,11 @@ class Link:
         _positive(f"{where}.bandwidth_gbps", self.bandwidth_gbps)
         _positive(f"{where}.latency_ms", self.latency_ms, allow_zero=True)
 
+    @property
+    def directions(self) -> list[tuple[str, str]]:
+        """The directed pairs the link's figures hold for: ``(a, b)``, and ``(b, a)`` unless ``directed``."""
+        return [(self.a, self.b)] if self.directed else [(self.a, self.b), (self.b, self.a)]
+
 
 _CLUSTER_FIELDS = tuple(f.name for f in fields(Cluster))
 
@@ -232,14 +237,10 @@ class Topology:
             for end in ("a", "b"):
                 if getattr(link, end) not in seen:
                     raise ValidationError(f"links[{i}].{end}", "unknown cluster", getattr(link, end))
-            for pair in self._directions(link):
+            for pair in link.directions:
                 if pair in pairs:
                     raise ValidationError(f"links[{i}]", "duplicate link", f"{pair[0]}-{pair[1]}")
                 pairs.add(pair)
-
-    @staticmethod
-    def _directions(link: Link) -> list[tuple[str, str]]:
-        return [(link.a, link.b)] if link.directed else [(link.a, link.b), (link.b, link.a)]
 
     @cached_property
     def names(self) -> tuple[str, ...]:
@@ -260,7 +261,7 @@ class Topology:
         """Directed adjacency: ``(u, v) → link``."""
         out: dict[tuple[str, str], Link] = {}
         for link in self.links:
-            for pair in self._directions(link):
+            for pair in link.directions:
                 out[pair] = link
         return out
 

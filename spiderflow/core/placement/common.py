@@ -1112,10 +1112,10 @@ def _challenge(topo: Topology, job: JobSpec, best: Plan, used: str,
     schedules otherwise) and kept when better on the exact timeline by more than ``tolerance`` and holding at
     most ``max_gpus`` GPUs (None: any). Returns the kept plan, its planner and the winning challenger's index
     (-1: none)."""
-    from spiderflow.core.tpa.timeline import CLOSED_FORM_STEP_KEY, TIMELINE_STEP_KEY, evaluate_on_timeline
+    from spiderflow.core.tpa.timeline import carries_timeline, evaluate_on_timeline
 
     kept_plan, kept_used = best, used
-    if best.extras.get(TIMELINE_STEP_KEY) == best.step_time_s and CLOSED_FORM_STEP_KEY in best.extras:
+    if carries_timeline(best):
         best_val = plan_objective(best, objective)  # the planner's own timeline step (TPA's plans)
     else:
         try:

@@ -95,6 +95,7 @@ __all__ = [
     "Timeline",
     "TransferRecord",
     "cache_clear",
+    "carries_timeline",
     "default_warmup",
     "evaluate_on_timeline",
     "plan_orders",
@@ -683,8 +684,14 @@ def evaluate_on_timeline(
     )
 
 
+def carries_timeline(plan: Plan) -> bool:
+    """Whether ``plan``'s step is already its exact timeline step (the planner simulated it on the same
+    figures, as TPA does, or :func:`evaluate_on_timeline` put it there)."""
+    return plan.extras.get(TIMELINE_STEP_KEY) == plan.step_time_s and CLOSED_FORM_STEP_KEY in plan.extras
+
+
 def _on_timeline(plan: Plan, topo: Topology, job: JobSpec) -> Plan:
-    if plan.extras.get(TIMELINE_STEP_KEY) == plan.step_time_s and CLOSED_FORM_STEP_KEY in plan.extras:
+    if carries_timeline(plan):
         return plan  # the planner's own (it simulated the plan on the same figures)
     try:
         return evaluate_on_timeline(plan, topo, job)
