@@ -12,7 +12,10 @@ Life cycle (:meth:`Agent.run`):
    unreachable for a TTL), register again with a new lease. On shutdown the lease is revoked, so the
    cluster leaves the graph at once; if the process dies, it leaves within the TTL.
 4. **Report the profile** to the topology service after each registration and every
-   ``profile_interval_s``.
+   ``profile_interval_s``. **Re-measure** the devices (:meth:`Agent.recalibrate`) on ``SIGHUP``
+   (:meth:`Agent.request_recalibration`) and every ``recalibrate_interval_s`` (0, the default: only on
+   request), always at an idle moment, and report the new figures at once: a machine's speed drifts
+   (clocks, thermal limits, co-tenants on a shared host), and the planner prices plans on the last report.
 5. **Probe** every ``probe.period_s`` (with a per-agent jitter of up to 10 %): peers are the other
    registrations (their addresses); each is probed in turn (:mod:`agent.probe`), then all measurements go to the
    topology service in one ReportLinks. A target the service does not know (its lease just expired) is
@@ -171,6 +174,10 @@ class Agent:
         self._measure = measure
         self._busy = False
         self._busy_changed = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._busy_epoch = 0
+        self._recalibrate_now = asyncio.Event()
         self._registered = asyncio.Event()
         self._lease: Lease | None = None
         self._server: RpcServer | None = None
@@ -213,6 +220,11 @@ class Agent:
         if busy != self._busy:
             self._busy = busy
             self._busy_changed.set()
+            if busy:
+                self._busy_epoch += 1
+                self._idle.clear()
+            else:
+                self._idle.set()
             self.log.info("agent.busy" if busy else "agent.idle")
 
     # -- AgentState for the servicer ------------------------------------------------------------------
@@ -316,6 +328,7 @@ class Agent:
         tasks = [
             asyncio.create_task(self._register_loop(stop), name="agent-register"),
             asyncio.create_task(self._profile_loop(stop), name="agent-profile"),
+            asyncio.create_task(self._recalibrate_loop(stop), name="agent-recalibrate"),
             asyncio.create_task(self._probe_loop(stop), name="agent-probe"),
             asyncio.create_task(self._peer_watch_loop(stop), name="agent-peer-watch"),
             asyncio.create_task(self._log_retention_loop(stop), name="agent-log-retention"),
@@ -474,6 +487,46 @@ class Agent:
             self._profile_now.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._profile_now.wait(), self.config.profile_interval_s)
+
+    def request_recalibration(self) -> None:
+        """Re-measure the devices at the next idle moment (``SIGHUP``; :meth:`recalibrate`)."""
+        self._recalibrate_now.set()
+
+    async def recalibrate(self) -> bool:
+        """Measure the devices again, as at start, and report the new figures at once. Only while idle: a
+        measurement that a job's start overlaps (the cluster turned busy meanwhile) is discarded, since the
+        job's workers took part of the devices, and a declared cluster measures nothing. Returns whether a
+        new measurement replaced the reported figures."""
+        if self._busy or self._cluster is None:
+            return False
+        epoch = self._busy_epoch
+        t0 = time.monotonic()
+        measured = await asyncio.to_thread(self._measure, self.config)
+        if measured is None:
+            return False
+        if self._busy or epoch != self._busy_epoch:
+            self.log.info("agent.recalibration_discarded", reason="the cluster turned busy while measuring")
+            return False
+        before = self._cluster
+        self._cluster = build_cluster(self.config, measured)
+        self._profile_now.set()
+        self.log.info("agent.recalibrated", seconds=round(time.monotonic() - t0, 3),
+                      tflops=self._cluster.tflops, previous_tflops=before.tflops, mfu=self._cluster.mfu,
+                      previous_mfu=before.mfu, layer_overhead_ms=self._cluster.layer_overhead_ms,
+                      previous_layer_overhead_ms=before.layer_overhead_ms)
+        return True
+
+    async def _recalibrate_loop(self, stop: asyncio.Event) -> None:
+        interval = self.config.recalibrate_interval_s
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recalibrate_now.wait(), interval if interval > 0 else None)
+            self._recalibrate_now.clear()
+            await self._idle.wait()  # at the next idle moment
+            try:
+                await self.recalibrate()
+            except Exception as e:  # keep the figures reported so far
+                self.log.warning("agent.recalibration_failed", error=str(e), error_class=type(e).__name__)
 
     async def report_profile(self) -> int:
         """Send the profile now; returns the revision of the write."""

@@ -27,6 +27,7 @@ File format (every key optional except where the command line provides it)::
     lease_ttl_s: 8                 # registration lease; the cluster vanishes ≤ TTL after the agent dies
     profile_interval_s: 30         # re-send the profile this often
     profile_seconds: 0.5           # duration of the timed matmul
+    recalibrate_interval_s: 0      # re-measure the devices this often, when idle (0: only on SIGHUP)
     gpus:                          # declare an emulated cluster instead of profiling local devices
       gpu: A100-80G
       nodes: 2
@@ -283,6 +284,7 @@ class AgentConfig:
     lease_ttl_s: int = 8
     profile_interval_s: float = 30.0
     profile_seconds: float = 0.5
+    recalibrate_interval_s: float = 0.0
     gpus: GpuDeclaration | None = None
     free_gpus: int | None = None
     electricity_usd_per_kwh: float | None = None
@@ -335,6 +337,7 @@ class AgentConfig:
             raise ValidationError("lease_ttl_s", "must be an integer ≥ 1", self.lease_ttl_s)
         _pos("profile_interval_s", self.profile_interval_s)
         _pos("profile_seconds", self.profile_seconds)
+        _pos("recalibrate_interval_s", self.recalibrate_interval_s, zero=True)
         if self.free_gpus is not None:
             _pos("free_gpus", self.free_gpus, zero=True)
         if self.electricity_usd_per_kwh is not None:

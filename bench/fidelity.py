@@ -271,15 +271,7 @@ def testbed_rows() -> list[dict[str, Any]]:
             topo = Topology(clusters=topo.clusters, links=tuple(
                 Link(a=x["a"], b=x["b"], bandwidth_gbps=float(x["mbit"]) / 1000.0, latency_ms=float(x["ms"]))
                 for x in t["links"]))
-        cal = d["calibration"]
-        clusters = tuple(
-            Cluster(name=c.name, gpu=c.gpu, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                    tflops=cal[c.name]["tflops"], mfu=cal[c.name]["mfu"],
-                    layer_overhead_ms=cal[c.name]["layer_overhead_ms"],
-                    optimizer_ms_per_layer=cal[c.name]["optimizer_ms_per_layer"])
-            for c in topo.clusters
-        )
-        topo = Topology(clusters=clusters, links=topo.links)
+        configured = topo
         j = d["job"]
         model = ModelSpec(name="testbed", **j["model"])
         # Runs recorded before the agents passed the job's precision to the workers trained in fp32 (4-byte
@@ -293,6 +285,9 @@ def testbed_rows() -> list[dict[str, Any]]:
             plan = Plan(stages=stages, micro_batches=int(run["micro_batches"]), schedule=Schedule(run["schedule"]))
             job = JobSpec(id=run["job"], model=model, global_batch=j["global_batch"], micro_batch=j["micro_batch"],
                           seq_len=j["seq_len"], gpus=GpuRange(min=1, max=plan.gpus), precision=precision)
+            # the calibration the run was planned on: taken just before it (--recalibrate), else at start
+            cal = run.get("calibration") or d["calibration"]
+            topo = _calibrated(configured, cal)
             seen = _on_live_links(topo, run.get("live_links"))
             closed, tl, _ = predict(plan, seen, job)
             meas = float(run["measured_step_s"])
@@ -302,13 +297,24 @@ def testbed_rows() -> list[dict[str, Any]]:
                 "kind": "testbed", "source": str(path.relative_to(ROOT)),
                 "table": f"runs[{run['policy']}] {run['schedule']} m={run['micro_batches']}",
                 "group": path.stem, "plan": f"{' → '.join(plan.chain)} {run['schedule']} m={run['micro_batches']}",
-                "gpus": plan.gpus, "cpus_per_gpu": d.get("cpus_per_gpu"), "measured_s": meas, "predicted_s": tl,
+                "gpus": plan.gpus, "cpus_per_gpu": d.get("cpus_per_gpu"), "recalibrated": "calibration" in run,
+                "measured_s": meas, "predicted_s": tl,
                 "predicted_closed_s": closed, "ratio": tl / meas, "ratio_closed": closed / meas,
                 "abs_err": abs(tl - meas) / meas,
                 "measured_per_gpu_tput": 1.0 / (meas * plan.gpus), "predicted_per_gpu_tput": 1.0 / (tl * plan.gpus),
                 **{f"ratio_{k}": v / meas for k, v in shares.items()},
             })
     return rows
+
+
+def _calibrated(topo: Topology, cal: dict[str, dict[str, Any]]) -> Topology:
+    """``topo``'s clusters with the calibrated figures an agent reported (``cal[cluster]``)."""
+    return Topology(clusters=tuple(
+        Cluster(name=c.name, gpu=c.gpu, nodes=c.nodes, gpus_per_node=c.gpus_per_node,
+                tflops=cal[c.name]["tflops"], mfu=cal[c.name]["mfu"],
+                layer_overhead_ms=cal[c.name]["layer_overhead_ms"],
+                optimizer_ms_per_layer=cal[c.name]["optimizer_ms_per_layer"])
+        for c in topo.clusters), links=topo.links)
 
 
 def _on_live_links(topo: Topology, live: list[dict[str, Any]] | None) -> Topology:
@@ -412,7 +418,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_cpu: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["kind"] == "testbed":
-            by_cpu.setdefault("shared" if r.get("cpus_per_gpu") is None else "quota", []).append(r)
+            by_cpu.setdefault("shared" if r.get("cpus_per_gpu") is None
+                              else "quota, recalibrated" if r.get("recalibrated") else "quota", []).append(r)
     out["testbed_by_cpu"] = {
         k: {"n": len(v), "median_ratio": statistics.median(r["ratio"] for r in v),
             "min_ratio": min(r["ratio"] for r in v), "max_ratio": max(r["ratio"] for r in v),
@@ -490,8 +497,9 @@ def markdown(rows: list[dict[str, Any]], summ: dict[str, Any], title: str) -> st
                      f"{s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}, median |error| "
                      f"{s['median_abs_err']:.1%}")
     for k, s in summ.get("testbed_by_cpu", {}).items():
-        how = ("each cluster its own CPU quota (--cpus-per-gpu)" if k == "quota"
-               else "the clusters sharing the host's cores")
+        how = {"quota": "each cluster its own CPU quota (--cpus-per-gpu), calibrated at start",
+               "quota, recalibrated": "each cluster its own CPU quota, calibrated again just before each job "
+                                      "(--recalibrate)"}.get(k, "the clusters sharing the host's cores")
         lines.append(f"- testbed runs with {how}: n={s['n']}, {s['within_10']} within ±10 %, median |error| "
                      f"{s['median_abs_err']:.1%}, worst {s['worst_abs_err']:.1%}, ratio (predicted / measured) "
                      f"median {s['median_ratio']:.3f}, range {s['min_ratio']:.3f}–{s['max_ratio']:.3f}")

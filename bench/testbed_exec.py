@@ -40,6 +40,12 @@ at start (four calibrations on the cores at once), while a three-stage job's wor
 workers, and less still when they wait on a slow link), so the calibrated rate is the host's under a load
 the job does not recreate. The timeline on measured compute shows what the links and schedule alone predict.
 
+With ``--recalibrate`` every agent measures its CPU again just before each job (``SIGHUP``: the same
+calibration as at start, :meth:`agent.agent.Agent.recalibrate`), the job is planned on those figures, and
+each run stores them (``runs[].calibration``). This machine's speed drifts between runs by more than the
+model's error (the same plan measured up to 1.33× apart), so a calibration minutes old prices a run on
+another machine than the one it ran on.
+
 Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
 Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed down --prefix P``.
 """
@@ -155,18 +161,75 @@ def worker_done_events(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[
     return out
 
 
-def calibration_share(agent_log: Path) -> dict[str, float]:
-    """What the agent's CPU calibration saw (its ``agent.calibrated`` event): ``share``, the core share its
-    thread got (CPU ÷ wall time), and the per-core figures the wall-clock ones were scaled from. Empty when
-    the log holds no such event."""
-    keys = ("share", "cpu_training_tflops", "cpu_layer_overhead_ms", "cpu_matmul_tflops")
+CALIBRATION_KEYS = ("share", "cpu_training_tflops", "cpu_layer_overhead_ms", "cpu_matmul_tflops")
+
+
+def calibration_events(agent_log: Path) -> list[dict[str, float]]:
+    """What each of the agent's CPU calibrations saw (its ``agent.calibrated`` events, in order): ``share``,
+    the core share its thread got (CPU ÷ wall time), and the per-core figures the wall-clock ones were scaled
+    from."""
+    out: list[dict[str, float]] = []
     with contextlib.suppress(OSError):
         for line in agent_log.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 ev = json.loads(line)
                 if isinstance(ev, dict) and ev.get("event") == "agent.calibrated":
-                    return {k: float(ev[k]) for k in keys if isinstance(ev.get(k), int | float)}
-    return {}
+                    out.append({k: float(ev[k]) for k in CALIBRATION_KEYS if isinstance(ev.get(k), int | float)})
+    return out
+
+
+def calibration_share(agent_log: Path) -> dict[str, float]:
+    """The agent's first calibration (:func:`calibration_events`; the one at start). Empty when the log holds
+    none."""
+    events = calibration_events(agent_log)
+    return events[0] if events else {}
+
+
+def calibration_figures(c: Cluster) -> dict[str, Any]:
+    """A live cluster's calibrated figures, as the planner prices them."""
+    return {"tflops": c.tflops, "mfu": c.mfu, "effective_tflops": c.effective_tflops,
+            "layer_overhead_ms": c.layer_overhead_ms, "optimizer_ms_per_layer": c.optimizer_ms_per_layer}
+
+
+def recalibrate(mesh: LocalMesh, timeout: float = 120.0) -> dict[str, dict[str, Any]]:
+    """Every agent measures its CPU again (``SIGHUP``: :meth:`agent.agent.Agent.recalibrate`, the same
+    calibration as at start); returns each cluster's figures once the topology service carries them (plus
+    what the calibration saw, :func:`calibration_events`)."""
+    logs = {name: mesh.workdir / "logs" / f"agent-{name}.log" for name in mesh.agents}
+    before = {name: len(calibration_events(path)) for name, path in logs.items()}
+    for proc in mesh.agents.values():
+        if proc.pid is not None:
+            os.kill(proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while any(len(calibration_events(path)) <= before[name] for name, path in logs.items()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the agents did not recalibrate within {timeout:.0f} s")
+        time.sleep(0.25)
+    wanted = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
+    while True:
+        with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+            live = sf.topology()
+        seen = {c.name: c for c in live.clusters}
+        if all(name in seen and ev is not None and math.isclose(seen[name].tflops or 0.0, float(ev["tflops"]),
+                                                                 rel_tol=1e-9)
+               for name, ev in wanted.items()):
+            return {name: calibration_figures(seen[name]) | calibration_events(logs[name])[-1] for name in logs}
+        if time.monotonic() > deadline:
+            raise RuntimeError("the topology service did not take the agents' new calibrations within "
+                               f"{timeout:.0f} s")
+        time.sleep(0.25)
+        wanted = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
+
+
+def _last_event(log_path: Path, event: str) -> dict[str, Any] | None:
+    last = None
+    with contextlib.suppress(OSError):
+        for line in log_path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                ev = json.loads(line)
+                if isinstance(ev, dict) and ev.get("event") == event:
+                    last = ev
+    return last
 
 
 def worker_step_times(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
@@ -218,6 +281,7 @@ def cpu_quota(option: str, host_cores: int, workers: int) -> float | None:
 
 def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[int, int] = (3, 3)) -> dict[str, Any]:
     spec = job(args, policy, gpus)
+    calibration = recalibrate(mesh) if args.recalibrate else None
     with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
         live = sf.topology()
     # The same decision the scheduler is about to take, on the same live topology: a job the policy cannot
@@ -254,6 +318,7 @@ def run_one(mesh: LocalMesh, args: argparse.Namespace, policy: str, gpus: tuple[
     phases: dict[str, dict[str, float]] = {str(r): {k: round(v, 6) for k, v in (ev.get("phases") or {}).items()}
                                            for r, ev in sorted(done.items())}
     result = {
+        **({"calibration": calibration} if calibration is not None else {}),
         "policy": policy, "placed": True, "job": final.id, "chain": list(plan.chain), "schedule": str(plan.schedule),
         "micro_batches": plan.micro_batches,
         "stages": [{"cluster": s.cluster, "layers": [s.first_layer, s.last_layer], "gpus": s.gpus}
@@ -350,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="each cluster's CPU quota per worker (spiderflow.testbed.cpu): a number of cores; 'auto' "
                         "(default) = 0.8 × the host's cores ÷ all clusters' workers (at most 1), leaving a fifth "
                         "for the control plane and the relay; 'none': the clusters share the host's cores")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="before each job, every agent measures its CPU again (SIGHUP) and the job is planned on it")
     p.add_argument("--prefix", default="", help="testbed prefix (default: a fresh 'tbx…')")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--out", default="", help="write the JSON summary here")
@@ -410,10 +477,9 @@ def main(argv: list[str] | None = None) -> int:
         "job": {k: v for k, v in job(args, "x", gpus).items() if k not in ("id",)},
         # the precision the workers trained in (the agents pass the job's; bench/fidelity.py re-prices in it)
         "executed_precision": job_from_dict(job(args, "x", gpus)).precision.value,
-        "calibration": {c.name: {"tflops": c.tflops, "mfu": c.mfu, "effective_tflops": c.effective_tflops,
-                                 "layer_overhead_ms": c.layer_overhead_ms,
-                                 "optimizer_ms_per_layer": c.optimizer_ms_per_layer,
-                                 **shares.get(c.name, {})} for c in live.clusters},
+        # at start; with --recalibrate each run also carries the calibration taken just before it
+        "calibration": {c.name: calibration_figures(c) | shares.get(c.name, {}) for c in live.clusters},
+        "recalibrate": args.recalibrate,
         "host_cores": host_cores,  # the cores every cluster's agent and workers share
         "cpus_per_gpu": cpus_per_gpu,  # each cluster's CPU quota per worker (None: the clusters share the cores)
         "load_average_before": list(load_before),

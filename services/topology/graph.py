@@ -7,7 +7,8 @@ Stored records (JSON values, keys from :mod:`spiderflow.store.keys`)
 
 - ``clusters/<c>``: :class:`~spiderflow.store.records.Registration`, written by the agent under its lease.
 - ``profiles/<c>``: :class:`ProfileRecord`, written by the topology service: the cluster as last
-  reported, its ``tflops`` replaced by the smoothed figure, plus the smoothing state.
+  reported, its ``tflops`` replaced by the smoothed figure (a calibrated report is taken whole,
+  :func:`apply_profile`), plus the smoothing state.
 - ``links/<src>/<dst>``: :class:`LinkRecord`, written by the topology service: the smoothed bandwidth
   and latency of ``src → dst`` (:mod:`services.topology.smoothing` state of each) and when it was last
   updated (the service's clock, which is also what ages it).
@@ -157,21 +158,39 @@ def apply_measurement(
     return record, bw_out.accepted and lat_out.accepted
 
 
+CALIBRATED_FIELDS = ("tflops", "mfu", "layer_overhead_ms", "optimizer_ms_per_layer", "embedding_us_per_token",
+                     "head_us_per_token", "embedding_optimizer_ms", "head_optimizer_ms", "data_ms_per_sample")
+"""The fields one calibration measures together (an agent's :func:`agent.profiler.profile_cpu` or
+:func:`agent.profiler.calibrate_gpu`: ``mfu`` and the fixed costs are fitted against its ``tflops``)."""
+
+
 def apply_profile(
     prev: ProfileRecord | None, cluster: Cluster, *, agent_id: str, agent_address: str, measured_at: float,
     now: float, config: GraphConfig,
 ) -> tuple[ProfileRecord, bool]:
     """The new profile record for a reported ``cluster``: every field as reported, except ``tflops``,
     which is smoothed while the GPU type stays the same (an outlier keeps the previous figure).
+
+    A **calibrated** report (``mfu`` set: the agent measured ``tflops`` and fitted ``mfu`` and the fixed costs
+    against it, :data:`CALIBRATED_FIELDS`) is one set of figures whose product is the rate the cost model
+    prices: smoothing ``tflops`` alone would pair the new ``mfu`` with a blend of old and new ``tflops``. So it
+    is taken whole, through the same outlier test: an outlier keeps the previous calibrated set (until
+    ``shift_after`` agreeing samples confirm the change), anything else replaces it.
     Returns ``(record, accepted)`` (False: the tflops sample was held back as an outlier)."""
     series: Series | None = None
     accepted = True
-    if cluster.tflops is not None:
+    reported = cluster.tflops
+    if reported is not None:
         same = prev is not None and prev.cluster.gpu == cluster.gpu and prev.tflops is not None
-        series, outcome = observe(prev.tflops if same and prev else None, cluster.tflops, config.tflops,
+        series, outcome = observe(prev.tflops if same and prev else None, reported, config.tflops,
                                   Closeness.RATIO)
         accepted = outcome.accepted
-        cluster = replace(cluster, tflops=series.value)
+        if cluster.mfu is None:
+            cluster = replace(cluster, tflops=series.value)
+        elif not accepted and prev is not None:
+            cluster = replace(cluster, **{f: getattr(prev.cluster, f) for f in CALIBRATED_FIELDS})
+        else:
+            series = replace(series, value=reported)
     record = ProfileRecord(cluster=cluster, tflops=series, agent_id=agent_id, agent_address=agent_address,
                            measured_at=measured_at, updated_at=now)
     return record, accepted

@@ -200,3 +200,22 @@ async def test_killed_agent_leaves_within_ttl_and_comes_back(procs: Procs, servi
     procs.kill("agent-a", signal.SIGTERM)
     topo = await _wait_for(service, lambda t: t.names == ("b",), 2)
     assert topo.links == ()
+
+
+async def test_sighup_remeasures_the_cpu_and_reports_it(procs: Procs, service: str, etcd: EtcdProcess) -> None:
+    """``SIGHUP``: the agent calibrates its CPU again and the topology service carries the new figures."""
+    procs.start("agent-c", _agent_args("c", service, etcd, declared=False), timeout=60)
+    first = (await _wait_for(service, lambda t: t.names == ("c",), 30)).cluster("c")
+    procs.procs["agent-c"].send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 30
+    event: dict[str, object] | None = None
+    while event is None:
+        assert time.monotonic() < deadline, procs.log("agent-c")[-2000:]
+        for line in procs.log("agent-c").splitlines():
+            if '"agent.recalibrated"' in line:
+                event = json.loads(line)
+        await asyncio.sleep(0.2)
+    assert event["previous_tflops"] == pytest.approx(first.tflops)
+    now = await _wait_for(service, lambda t: t.cluster("c").tflops == pytest.approx(event["tflops"]), 10)
+    assert now.cluster("c").mfu == pytest.approx(event["mfu"])
+    assert procs.procs["agent-c"].poll() is None  # SIGHUP does not stop it

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import structlog
 
 from agent.agent import Agent
-from agent.config import load_config
+from agent.config import AgentConfig, load_config
+from agent.profiler import DeviceProfile
 from services.topology.graph import GraphConfig
 from services.topology.repo import TopologyRepo
 from services.topology.service import TopologyService
+from spiderflow.core.errors import ValidationError
 from spiderflow.proto.agent.v1 import agent_pb2, agent_pb2_grpc
 from spiderflow.rpc.server import open_channel, serve
 from spiderflow.store import keys
@@ -216,3 +218,107 @@ async def test_an_unreachable_etcd_is_retried_every_second_with_one_warning_per_
         await asyncio.wait_for(run, 10)
     failed = [e for e in logs if e["event"] == "agent.register_failed"]
     assert len(failed) == 1 and failed[0]["attempts"] == 1 and not ag.registered.is_set()
+
+
+class _Rates:
+    """A measurement that reports 1, 2, 3 … TFLOPS in turn; ``during`` runs inside each measurement."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.during: Callable[[], None] = lambda: None
+
+    def __call__(self, _config: AgentConfig) -> DeviceProfile:
+        self.calls += 1
+        self.during()
+        return DeviceProfile(gpu="cpu", count=1, memory_gib=4.0, tflops=float(self.calls), device_name="test",
+                             mfu=0.5, layer_overhead_ms=0.1 * self.calls)
+
+
+def _measured_agent(topo: str, etcd: EtcdProcess, rates: _Rates, **extra: object) -> Agent:
+    cfg = load_config(None, {"cluster": "m", "topology_service": topo, "etcd": etcd.endpoint, "lease_ttl_s": 2,
+                             "probe": {"period_s": 60.0}, **extra})
+    return Agent(cfg, measure=rates)
+
+
+async def _reported_tflops(repo: TopologyRepo, value: float, within_s: float = 10.0) -> None:
+    for _ in range(int(within_s / 0.05)):
+        snap = await repo.snapshot()
+        if snap.topology.clusters and snap.topology.cluster("m").tflops == value:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"tflops {value} not reported: {(await repo.snapshot()).topology.clusters}")
+
+
+async def test_recalibration_on_request_reports_the_new_figures(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    address, repo = topology
+    rates = _Rates()
+    agent = _measured_agent(address, etcd, rates)
+    stop = asyncio.Event()
+    await agent.start()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await _reported_tflops(repo, 1.0)  # the measurement at start
+        agent.request_recalibration()
+        await _reported_tflops(repo, 2.0)
+        assert agent.cluster is not None and agent.cluster.layer_overhead_ms == pytest.approx(0.2)
+        # while the cluster trains, a request waits for the next idle moment
+        agent.set_busy(True)
+        agent.request_recalibration()
+        await asyncio.sleep(0.3)
+        assert rates.calls == 2
+        agent.set_busy(False)
+        await _reported_tflops(repo, 3.0)
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+
+
+async def test_a_measurement_overlapped_by_a_job_is_discarded(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    address, _ = topology
+    rates = _Rates()
+    agent = _measured_agent(address, etcd, rates)
+    await agent.start()
+    try:
+        loop = asyncio.get_running_loop()
+        rates.during = lambda: asyncio.run_coroutine_threadsafe(_busy(agent), loop).result(5)
+        assert await agent.recalibrate() is False  # the job started while measuring
+        assert rates.calls == 2 and agent.cluster is not None and agent.cluster.tflops == 1.0
+        assert await agent.recalibrate() is False  # and nothing is measured while it runs
+        assert rates.calls == 2
+        rates.during = lambda: None
+        agent.set_busy(False)
+        assert await agent.recalibrate() is True and agent.cluster.tflops == 3.0
+    finally:
+        await agent.close()
+
+
+async def _busy(agent: Agent) -> None:
+    agent.set_busy(True)
+
+
+async def test_recalibration_interval_remeasures_while_idle(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    address, repo = topology
+    rates = _Rates()
+    agent = _measured_agent(address, etcd, rates, recalibrate_interval_s=0.2)
+    stop = asyncio.Event()
+    await agent.start()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await _reported_tflops(repo, 3.0)
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+
+
+def test_recalibration_interval_is_validated() -> None:
+    with pytest.raises(ValidationError, match="recalibrate_interval_s"):
+        load_config(None, {"cluster": "m", "topology_service": "127.0.0.1:1", "etcd": "127.0.0.1:2",
+                           "recalibrate_interval_s": -1})

@@ -86,3 +86,24 @@ def test_fsdp_per_block_gathers_per_block_and_holds_two_blocks() -> None:
     v = job.precision.value_bytes
     assert whole - two_blocks == pytest.approx(
         (fsdp_unsharded_bytes_per_param(job.precision) * params - 2 * 2 * v * job.model.params_per_layer) / st.tp)
+
+
+def test_a_recalibrated_run_is_priced_on_its_own_calibration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``--recalibrate`` run stores the calibration it was planned on; the record uses it, not the start's."""
+    src = ROOT / "bench" / "results" / "testbed_best-slow-link-recal.json"
+    doc = json.loads(src.read_text())
+    run = next(r for r in doc["runs"] if r.get("measured_step_s"))
+    assert "calibration" in run
+    base = {**doc, "runs": [{k: v for k, v in run.items() if k != "calibration"}]}
+    slower = {**doc, "runs": [{**run, "calibration": {c: {**v, "mfu": v["mfu"] / 2}
+                                                      for c, v in run["calibration"].items()}}]}
+    (tmp_path / "results").mkdir()
+    paths = []
+    for name, d in (("testbed_best-start.json", base), ("testbed_best-recal.json", slower)):
+        paths.append(tmp_path / "results" / name)
+        paths[-1].write_text(json.dumps(d))
+    monkeypatch.setattr(fidelity, "TESTBED", paths)
+    monkeypatch.setattr(fidelity, "ROOT", tmp_path)
+    start, recal = fidelity.testbed_rows()
+    assert not start["recalibrated"] and recal["recalibrated"]
+    assert recal["predicted_s"] > 1.3 * start["predicted_s"]  # half the rate: compute dominates this plan

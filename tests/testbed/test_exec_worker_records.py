@@ -71,3 +71,19 @@ def test_cpu_quota_option() -> None:
     for bad in ("0", "-1", "lots", "inf"):
         with pytest.raises(ValueError):
             bench.cpu_quota(bad, 2, 4)
+
+
+def test_calibration_events_are_read_in_order(tmp_path: Path) -> None:
+    """Each ``agent.calibrated`` event of an agent's log (at start, then one per re-calibration): the first is
+    the start's (``calibration_share``), the last the one a ``--recalibrate`` run was planned on."""
+    bench = _bench()
+    log = tmp_path / "agent-alpha.log"
+    events = [{"event": "agent.calibrated", "share": 0.40, "cpu_training_tflops": 0.075, "mfu": 0.4},
+              {"event": "agent.recalibrated", "tflops": 0.08},
+              {"event": "agent.calibrated", "share": 0.41, "cpu_training_tflops": 0.068}]
+    log.write_text("not json\n" + "".join(json.dumps(e) + "\n" for e in events))
+    assert bench.calibration_events(log) == [{"share": 0.40, "cpu_training_tflops": 0.075},
+                                             {"share": 0.41, "cpu_training_tflops": 0.068}]
+    assert bench.calibration_share(log) == {"share": 0.40, "cpu_training_tflops": 0.075}
+    assert bench.calibration_share(tmp_path / "missing.log") == {}
+    assert bench._last_event(log, "agent.recalibrated") == {"event": "agent.recalibrated", "tflops": 0.08}

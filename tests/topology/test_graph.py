@@ -207,3 +207,31 @@ def test_applying_the_diff_gives_the_new_topology(old: object, new: object) -> N
     assert isinstance(old, Topology) and isinstance(new, Topology)
     got = apply_changes(old, diff(old, new))
     assert got.clusters == new.clusters and got.links == new.links
+
+
+def _report(prev: ProfileRecord | None, tflops: float, mfu: float | None, overhead: float = 0.0,
+            gpu: str = "cpu") -> tuple[ProfileRecord, bool]:
+    return apply_profile(prev, Cluster(name="c", gpu=gpu, nodes=1, gpus_per_node=1, tflops=tflops, mfu=mfu,
+                                       layer_overhead_ms=overhead),
+                         agent_id="c-1", agent_address="127.0.0.1:1", measured_at=0.0, now=0.0, config=GraphConfig())
+
+
+def test_a_plain_tflops_report_is_smoothed() -> None:
+    first, _ = _report(None, 100.0, None)
+    second, ok = _report(first, 120.0, None)
+    assert ok and second.cluster.tflops == pytest.approx(106.0)  # α = 0.3
+
+
+def test_a_calibrated_report_is_taken_whole() -> None:
+    """``mfu`` and the fixed costs were fitted against the reported ``tflops``: the set moves together, so the
+    rate the cost model prices (``tflops × mfu``) is the one measured."""
+    first, _ = _report(None, 0.080, 0.40, overhead=5.0)
+    second, ok = _report(first, 0.070, 0.35, overhead=6.0)
+    c = second.cluster
+    assert ok and (c.tflops, c.mfu, c.layer_overhead_ms) == (0.070, 0.35, 6.0)
+    assert second.tflops is not None and second.tflops.value == 0.070 and second.tflops.samples == 2
+    # an outlier (> 2× off) keeps the previous set whole, until agreeing samples confirm the change
+    held, ok = _report(second, 0.200, 0.9, overhead=1.0)
+    assert not ok and (held.cluster.tflops, held.cluster.mfu, held.cluster.layer_overhead_ms) == (0.070, 0.35, 6.0)
+    shifted, ok = _report(held, 0.201, 0.9, overhead=1.0)
+    assert ok and (shifted.cluster.tflops, shifted.cluster.mfu, shifted.cluster.layer_overhead_ms) == (0.201, 0.9, 1.0)

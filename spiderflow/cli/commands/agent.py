@@ -1,4 +1,5 @@
-"""``spiderflow agent``: run a cluster's agent in the foreground (stops on SIGINT/SIGTERM, deregistering).
+"""``spiderflow agent``: run a cluster's agent in the foreground (stops on SIGINT/SIGTERM, deregistering;
+``SIGHUP`` re-measures the devices at the next idle moment and reports the new figures).
 
 ::
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +49,8 @@ def _config(args: argparse.Namespace) -> Any:
         "listen": args.listen, "advertise": args.advertise, "tls_dir": args.tls_dir, "agent_id": args.agent_id,
         "etcd_tls_dir": args.etcd_tls_dir, "etcd_user": args.etcd_user, "token": args.token,
         "lease_ttl_s": args.lease_ttl, "profile_interval_s": args.profile_interval,
-        "profile_seconds": args.profile_seconds, "free_gpus": args.free_gpus,
+        "profile_seconds": args.profile_seconds, "recalibrate_interval_s": args.recalibrate_interval,
+        "free_gpus": args.free_gpus,
         "electricity_usd_per_kwh": args.electricity, "region": args.region,
         "intra_node_gbps": args.intra_node_gbps, "inter_node_gbps": args.inter_node_gbps,
         "gpus": {"gpu": args.gpu, "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "tflops": args.tflops,
@@ -94,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
                 gateway = await _start_gateway(config, stop)
             agent = Agent(config)
             await agent.start()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, agent.request_recalibration)
             write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
                              agent_id=agent.agent_id, metrics=metrics.address if metrics else None)
             if config.scheduler is None:
@@ -153,6 +157,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--lease-ttl", type=int, help="registration lease TTL, seconds (default 8)")
     p.add_argument("--profile-interval", type=float, help="re-send the profile every S seconds (default 30)")
     p.add_argument("--profile-seconds", type=float, help="duration of the timed matmul (default 0.5)")
+    p.add_argument("--recalibrate-interval", type=float, metavar="S",
+                   help="re-measure the devices every S seconds while idle (default 0: only on SIGHUP)")
     g = p.add_argument_group("declared GPUs (emulated clusters)")
     g.add_argument("--gpu", help="catalog GPU type (e.g. A100-80G, or cpu); default: profile local devices")
     g.add_argument("--nodes", type=int)
