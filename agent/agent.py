@@ -286,6 +286,7 @@ class Agent:
             self._address = self._server.address
         measured = await asyncio.to_thread(self._measure, self.config)
         self._cluster = build_cluster(self.config, measured)
+        self._recalibrate_now.clear()  # a request made while measuring: this measurement answers it
         if self._store_factory is not None:
             self._store = self._store_factory(self.config.scheduler or self.config.etcd or "")
         elif self.config.scheduler:  # the control plane's Control API: no etcd credentials here

@@ -322,3 +322,30 @@ def test_recalibration_interval_is_validated() -> None:
     with pytest.raises(ValidationError, match="recalibrate_interval_s"):
         load_config(None, {"cluster": "m", "topology_service": "127.0.0.1:1", "etcd": "127.0.0.1:2",
                            "recalibrate_interval_s": -1})
+
+
+async def test_a_request_made_while_measuring_at_start_is_answered_by_that_measurement(
+    topology: tuple[str, TopologyRepo], etcd: EtcdProcess
+) -> None:
+    address, repo = topology
+    rates = _Rates()
+    agent = _measured_agent(address, etcd, rates)
+    loop = asyncio.get_running_loop()
+    # a SIGHUP while the agent measures at start (the signal handler runs on the loop)
+    rates.during = lambda: asyncio.run_coroutine_threadsafe(_request(agent), loop).result(5)
+    stop = asyncio.Event()
+    await agent.start()
+    rates.during = lambda: None
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        await _reported_tflops(repo, 1.0)
+        await asyncio.sleep(0.3)
+        assert rates.calls == 1
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+
+
+async def _request(agent: Agent) -> None:
+    agent.request_recalibration()

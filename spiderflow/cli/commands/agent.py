@@ -96,8 +96,10 @@ def _run(args: argparse.Namespace) -> int:
             if config.gateway is not None and config.gateway.enabled:  # first: peers' probes may cross it
                 gateway = await _start_gateway(config, stop)
             agent = Agent(config)
-            await agent.start()
+            # from now on SIGHUP re-measures instead of stopping the process (one made while the agent
+            # measures at start is answered by that measurement)
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, agent.request_recalibration)
+            await agent.start()
             write_ready_file(Path(args.ready_file) if args.ready_file else None, address=agent.address,
                              agent_id=agent.agent_id, metrics=metrics.address if metrics else None)
             if config.scheduler is None:
