@@ -44,7 +44,9 @@ With ``--recalibrate`` every agent measures its CPU again just before each job (
 calibration as at start, :meth:`agent.agent.Agent.recalibrate`), the job is planned on those figures, and
 each run stores them (``runs[].calibration``). This machine's speed drifts between runs by more than the
 model's error (the same plan measured up to 1.33× apart), so a calibration minutes old prices a run on
-another machine than the one it ran on.
+another machine than the one it ran on. The price: each policy then plans on its own draw of the
+calibration (a sample, like any measurement), so near-tied plans are told apart by noise; without it every
+policy plans on the same figures, which is the fairer setting for comparing policies. Off by default.
 
 Needs root (network namespaces, tc, iptables). Everything the run starts is stopped on exit (also on
 Ctrl-C / SIGTERM); a crashed run's testbed is removed with ``spiderflow testbed down --prefix P``.
