@@ -240,6 +240,20 @@ def _measured_agent(topo: str, etcd: EtcdProcess, rates: _Rates, **extra: object
     return Agent(cfg, measure=rates)
 
 
+@contextlib.asynccontextmanager
+async def _running(agent: Agent) -> AsyncIterator[Agent]:
+    """``agent`` started and running until the block ends."""
+    stop = asyncio.Event()
+    await agent.start()
+    run = asyncio.create_task(agent.run(stop))
+    try:
+        yield agent
+    finally:
+        stop.set()
+        with contextlib.suppress(BaseException):
+            await run
+
+
 async def _reported_tflops(repo: TopologyRepo, value: float, within_s: float = 10.0) -> None:
     for _ in range(int(within_s / 0.05)):
         snap = await repo.snapshot()
@@ -254,11 +268,7 @@ async def test_recalibration_on_request_reports_the_new_figures(
 ) -> None:
     address, repo = topology
     rates = _Rates()
-    agent = _measured_agent(address, etcd, rates)
-    stop = asyncio.Event()
-    await agent.start()
-    run = asyncio.create_task(agent.run(stop))
-    try:
+    async with _running(_measured_agent(address, etcd, rates)) as agent:
         await _reported_tflops(repo, 1.0)  # the measurement at start
         agent.request_recalibration()
         await _reported_tflops(repo, 2.0)
@@ -270,10 +280,6 @@ async def test_recalibration_on_request_reports_the_new_figures(
         assert rates.calls == 2
         agent.set_busy(False)
         await _reported_tflops(repo, 3.0)
-    finally:
-        stop.set()
-        with contextlib.suppress(BaseException):
-            await run
 
 
 async def test_a_measurement_overlapped_by_a_job_is_discarded(
@@ -306,16 +312,8 @@ async def test_recalibration_interval_remeasures_while_idle(
 ) -> None:
     address, repo = topology
     rates = _Rates()
-    agent = _measured_agent(address, etcd, rates, recalibrate_interval_s=0.2)
-    stop = asyncio.Event()
-    await agent.start()
-    run = asyncio.create_task(agent.run(stop))
-    try:
+    async with _running(_measured_agent(address, etcd, rates, recalibrate_interval_s=0.2)):
         await _reported_tflops(repo, 3.0)
-    finally:
-        stop.set()
-        with contextlib.suppress(BaseException):
-            await run
 
 
 def test_recalibration_interval_is_validated() -> None:
@@ -333,18 +331,11 @@ async def test_a_request_made_while_measuring_at_start_is_answered_by_that_measu
     loop = asyncio.get_running_loop()
     # a SIGHUP while the agent measures at start (the signal handler runs on the loop)
     rates.during = lambda: asyncio.run_coroutine_threadsafe(_request(agent), loop).result(5)
-    stop = asyncio.Event()
-    await agent.start()
-    rates.during = lambda: None
-    run = asyncio.create_task(agent.run(stop))
-    try:
+    async with _running(agent):
+        rates.during = lambda: None
         await _reported_tflops(repo, 1.0)
         await asyncio.sleep(0.3)
         assert rates.calls == 1
-    finally:
-        stop.set()
-        with contextlib.suppress(BaseException):
-            await run
 
 
 async def _request(agent: Agent) -> None:
