@@ -166,18 +166,24 @@ def worker_done_events(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[
 CALIBRATION_KEYS = ("share", "cpu_training_tflops", "cpu_layer_overhead_ms", "cpu_matmul_tflops")
 
 
-def calibration_events(agent_log: Path) -> list[dict[str, float]]:
-    """What each of the agent's CPU calibrations saw (its ``agent.calibrated`` events, in order): ``share``,
-    the core share its thread got (CPU ÷ wall time), and the per-core figures the wall-clock ones were scaled
-    from."""
-    out: list[dict[str, float]] = []
+def _log_events(agent_log: Path, event: str) -> list[dict[str, Any]]:
+    """Every ``event`` record of an agent's JSON log, in order (none when the file is missing)."""
+    out: list[dict[str, Any]] = []
     with contextlib.suppress(OSError):
         for line in agent_log.read_text().splitlines():
             with contextlib.suppress(ValueError):
                 ev = json.loads(line)
-                if isinstance(ev, dict) and ev.get("event") == "agent.calibrated":
-                    out.append({k: float(ev[k]) for k in CALIBRATION_KEYS if isinstance(ev.get(k), int | float)})
+                if isinstance(ev, dict) and ev.get("event") == event:
+                    out.append(ev)
     return out
+
+
+def calibration_events(agent_log: Path) -> list[dict[str, float]]:
+    """What each of the agent's CPU calibrations saw (its ``agent.calibrated`` events, in order): ``share``,
+    the core share its thread got (CPU ÷ wall time), and the per-core figures the wall-clock ones were scaled
+    from."""
+    return [{k: float(ev[k]) for k in CALIBRATION_KEYS if isinstance(ev.get(k), int | float)}
+            for ev in _log_events(agent_log, "agent.calibrated")]
 
 
 def calibration_share(agent_log: Path) -> dict[str, float]:
@@ -198,40 +204,29 @@ def recalibrate(mesh: LocalMesh, timeout: float = 120.0) -> dict[str, dict[str, 
     calibration as at start); returns each cluster's figures once the topology service carries them (plus
     what the calibration saw, :func:`calibration_events`)."""
     logs = {name: mesh.workdir / "logs" / f"agent-{name}.log" for name in mesh.agents}
-    before = {name: len(calibration_events(path)) for name, path in logs.items()}
+    before = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
     for proc in mesh.agents.values():
         if proc.pid is not None:
             os.kill(proc.pid, signal.SIGHUP)
     deadline = time.monotonic() + timeout
-    while any(len(calibration_events(path)) <= before[name] for name, path in logs.items()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the agents did not recalibrate within {timeout:.0f} s")
-        time.sleep(0.25)
-    wanted = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
     while True:
-        with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
-            live = sf.topology()
-        seen = {c.name: c for c in live.clusters}
-        if all(name in seen and ev is not None and math.isclose(seen[name].tflops or 0.0, float(ev["tflops"]),
-                                                                 rel_tol=1e-9)
-               for name, ev in wanted.items()):
-            return {name: calibration_figures(seen[name]) | calibration_events(logs[name])[-1] for name in logs}
+        done = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
+        if all(ev is not None and ev != before[name] for name, ev in done.items()):
+            with Client(mesh.address("scheduler"), topology=mesh.address("topology")) as sf:
+                seen = {c.name: c for c in sf.topology().clusters}
+            if all(name in seen and ev is not None
+                   and math.isclose(seen[name].tflops or 0.0, float(ev["tflops"]), rel_tol=1e-9)
+                   for name, ev in done.items()):
+                return {name: calibration_figures(seen[name]) | calibration_events(logs[name])[-1] for name in logs}
         if time.monotonic() > deadline:
-            raise RuntimeError("the topology service did not take the agents' new calibrations within "
+            raise RuntimeError(f"the agents' new calibrations did not reach the topology service within "
                                f"{timeout:.0f} s")
         time.sleep(0.25)
-        wanted = {name: _last_event(path, "agent.recalibrated") for name, path in logs.items()}
 
 
 def _last_event(log_path: Path, event: str) -> dict[str, Any] | None:
-    last = None
-    with contextlib.suppress(OSError):
-        for line in log_path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
-                if isinstance(ev, dict) and ev.get("event") == event:
-                    last = ev
-    return last
+    events = _log_events(log_path, event)
+    return events[-1] if events else None
 
 
 def worker_step_times(agents_dir: Path, job_id: str, attempt: int = 1) -> dict[int, list[float]]:
